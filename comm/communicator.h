@@ -1,0 +1,77 @@
+// How replicas talk: the one interface every backend implements (MPI now; NCCL and the parameter server plug
+// in behind it). The trainer sees communication only through it, so a step reads like the algorithm:
+// forward/backward, average gradients, optimizer step.
+//
+// Gradient averaging is split in two so that it can overlap with backward: the replica hands each gradient
+// segment to start_average() as soon as backward has finished it, and finish_average() waits for all of
+// them before the optimizer runs. Every rank must start the same segments in the same order.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/errors.h"
+
+namespace ddp::comm {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The backend's name as the config spells it ("mpi", ...), for logs and metrics.
+  virtual std::string backend() const = 0;
+
+  // Copies root's `data` into every rank's `data`.
+  virtual void broadcast(std::span<float> data, int root) = 0;
+  virtual void broadcast(std::span<double> data, int root) = 0;
+
+  // Starts averaging `segment` in place across ranks; returns at once. The memory must stay untouched until
+  // finish_average() returns.
+  virtual void start_average(std::span<float> segment) = 0;
+  // Waits until every started segment holds the average over all ranks.
+  virtual void finish_average() = 0;
+  // Both at once.
+  void average(std::span<float> data) {
+    start_average(data);
+    finish_average();
+  }
+
+  // In-place sum over ranks of a few numbers (metrics, counters).
+  virtual void sum(std::span<double> data) = 0;
+  virtual void barrier() = 0;
+  // Collective: root receives every rank's text in rank order (others get an empty vector).
+  virtual std::vector<std::string> gather(const std::string& text, int root) = 0;
+
+  // Collective: every rank passes its error (or nothing); every rank gets back the error of the lowest rank
+  // that had one, so one rank can print it and all can exit together instead of hanging.
+  virtual std::optional<std::string> first_error(const std::optional<std::string>& mine) = 0;
+};
+
+// Runs `work` on every rank; if it throws a UserError on any rank, every rank throws the lowest failing rank's
+// message. For checks of user input that run before (or between) collectives.
+template <typename Work>
+void agree_on_errors(Communicator& comm, Work&& work) {
+  std::optional<std::string> error;
+  try {
+    work();
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  if (auto first = comm.first_error(error)) throw UserError(*first);
+}
+
+// The MPI backend over `comm` (duplicated, so its traffic never mixes with other users of `comm`).
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
+
+// Picks the backend named by `comm.backend` ("auto" or "mpi" in this build). `reason` receives one line
+// saying why, for rank 0's log. Throws UserError for a backend that is unknown or unavailable.
+std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm, std::string* reason);
+
+}  // namespace ddp::comm

@@ -1,0 +1,140 @@
+// The MPI backend: gradient segments are averaged with non-blocking MPI_Iallreduce (sum, then one scale by
+// 1/size on every rank, so all ranks compute bit-identical averages from bit-identical sums).
+#include <mpi.h>
+
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/mpi_check.h"
+
+namespace ddp::comm {
+namespace {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm parent) {
+    DDP_CHECK_MPI(MPI_Comm_dup(parent, &comm_));
+    // Errors come back as codes and end the job through fatal(), with a message naming the call.
+    DDP_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    DDP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
+    DDP_CHECK_MPI(MPI_Comm_size(comm_, &size_));
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+
+  void broadcast(std::span<float> data, int root) override { broadcast_bytes(data.data(), data.size(), MPI_FLOAT, root); }
+  void broadcast(std::span<double> data, int root) override {
+    broadcast_bytes(data.data(), data.size(), MPI_DOUBLE, root);
+  }
+
+  void start_average(std::span<float> segment) override {
+    if (size_ == 1 || segment.empty()) return;
+    MPI_Request request = MPI_REQUEST_NULL;
+    DDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, segment.data(), checked_count(segment.size()), MPI_FLOAT, MPI_SUM,
+                                 comm_, &request));
+    pending_.push_back(Pending{segment, request});
+    // Without a progress thread, MPI advances non-blocking collectives only inside MPI calls: poke it.
+    std::vector<MPI_Request> requests = active_requests();
+    int done = 0;
+    DDP_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
+    write_back(requests);
+  }
+
+  void finish_average() override {
+    if (pending_.empty()) return;
+    std::vector<MPI_Request> requests = active_requests();
+    DDP_CHECK_MPI(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+    const float scale = 1.0f / static_cast<float>(size_);
+    for (const Pending& p : pending_) {
+      for (float& x : p.segment) x *= scale;
+    }
+    pending_.clear();
+  }
+
+  void sum(std::span<double> data) override {
+    if (size_ == 1 || data.empty()) return;
+    DDP_CHECK_MPI(
+        MPI_Allreduce(MPI_IN_PLACE, data.data(), checked_count(data.size()), MPI_DOUBLE, MPI_SUM, comm_));
+  }
+
+  void barrier() override { DDP_CHECK_MPI(MPI_Barrier(comm_)); }
+
+  std::vector<std::string> gather(const std::string& text, int root) override {
+    int length = static_cast<int>(text.size());
+    std::vector<int> lengths(rank_ == root ? static_cast<std::size_t>(size_) : 0);
+    DDP_CHECK_MPI(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, comm_));
+    std::vector<int> offsets(lengths.size());
+    int total = 0;
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      offsets[i] = total;
+      total += lengths[i];
+    }
+    std::string all(static_cast<std::size_t>(total), '\0');
+    DDP_CHECK_MPI(MPI_Gatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR,
+                              root, comm_));
+    std::vector<std::string> texts;
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      texts.push_back(all.substr(static_cast<std::size_t>(offsets[i]), static_cast<std::size_t>(lengths[i])));
+    }
+    return texts;
+  }
+
+  std::optional<std::string> first_error(const std::optional<std::string>& mine) override {
+    int candidate = mine ? rank_ : size_;
+    int first = size_;
+    DDP_CHECK_MPI(MPI_Allreduce(&candidate, &first, 1, MPI_INT, MPI_MIN, comm_));
+    if (first == size_) return std::nullopt;
+    std::string message = rank_ == first ? *mine : std::string();
+    int length = static_cast<int>(message.size());
+    DDP_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, first, comm_));
+    message.resize(static_cast<std::size_t>(length));
+    DDP_CHECK_MPI(MPI_Bcast(message.data(), length, MPI_CHAR, first, comm_));
+    return message;
+  }
+
+ private:
+  struct Pending {
+    std::span<float> segment;
+    MPI_Request request;
+  };
+
+  static int checked_count(std::size_t n) {
+    DDP_CHECK(n <= static_cast<std::size_t>(INT32_MAX));
+    return static_cast<int>(n);
+  }
+
+  template <typename T>
+  void broadcast_bytes(T* data, std::size_t n, MPI_Datatype type, int root) {
+    if (size_ == 1 || n == 0) return;
+    DDP_CHECK_MPI(MPI_Bcast(data, checked_count(n), type, root, comm_));
+  }
+
+  std::vector<MPI_Request> active_requests() const {
+    std::vector<MPI_Request> requests;
+    requests.reserve(pending_.size());
+    for (const Pending& p : pending_) requests.push_back(p.request);
+    return requests;
+  }
+  // MPI_Testall sets completed requests to MPI_REQUEST_NULL; keep ours in step.
+  void write_back(const std::vector<MPI_Request>& requests) {
+    for (std::size_t i = 0; i < pending_.size(); ++i) pending_[i].request = requests[i];
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<Pending> pending_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) { return std::make_unique<MpiCommunicator>(comm); }
+
+}  // namespace ddp::comm

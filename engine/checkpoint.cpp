@@ -1,0 +1,165 @@
+#include "engine/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "engine/errors.h"
+#include "io/hdf5_util.h"
+
+namespace ddp::engine {
+namespace {
+
+constexpr const char* kFormat = "ddptrain-checkpoint-1";
+
+using io::check_h5;
+using io::check_h5_id;
+using io::Hid;
+
+void write_double_attribute(hid_t loc, const char* name, double value) {
+  Hid space(check_h5_id(H5Screate(H5S_SCALAR), "H5Screate"), Hid::Kind::kDataspace);
+  Hid attr(check_h5_id(H5Acreate2(loc, name, H5T_NATIVE_DOUBLE, space.get(), H5P_DEFAULT, H5P_DEFAULT), name),
+           Hid::Kind::kAttribute);
+  check_h5(H5Awrite(attr.get(), H5T_NATIVE_DOUBLE, &value), name);
+}
+
+double read_double_attribute(hid_t loc, const std::string& file, const char* name) {
+  if (H5Aexists(loc, name) <= 0) throw UserError(file + ": checkpoint attribute '" + name + "' is missing");
+  Hid attr(check_h5_id(H5Aopen(loc, name, H5P_DEFAULT), name), Hid::Kind::kAttribute);
+  double value = 0;
+  check_h5(H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &value), name);
+  return value;
+}
+
+int64_t read_int(hid_t loc, const std::string& file, const char* name) {
+  return io::read_int_attribute(loc, file, name);
+}
+
+void write_floats(hid_t loc, const std::string& name, std::span<const float> data) {
+  const hsize_t dims[1] = {data.size()};
+  Hid space(check_h5_id(H5Screate_simple(1, dims, nullptr), "H5Screate_simple"), Hid::Kind::kDataspace);
+  Hid set(check_h5_id(H5Dcreate2(loc, name.c_str(), H5T_NATIVE_FLOAT, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                                 H5P_DEFAULT),
+                      name.c_str()),
+          Hid::Kind::kDataset);
+  check_h5(H5Dwrite(set.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), name.c_str());
+}
+
+std::vector<float> read_floats(hid_t loc, const std::string& file, const std::string& name, std::size_t expected) {
+  Hid set = io::open_dataset(loc, file, name);
+  const std::vector<int64_t> dims = io::dataset_dims(set.get());
+  if (dims.size() != 1 || static_cast<std::size_t>(dims[0]) != expected) {
+    throw UserError(file + ": checkpoint dataset " + name + " has the wrong size for this model");
+  }
+  std::vector<float> data(expected);
+  check_h5(H5Dread(set.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), name.c_str());
+  return data;
+}
+
+void fsync_path(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+void write_checkpoint(const std::string& path, const models::ModelShape& shape, std::span<const float> params,
+                      const Optimizer& optimizer, const TrainingProgress& progress, const std::string& config_ini) {
+  std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
+  io::quiet_hdf5_errors();
+  const std::filesystem::path final_path(path);
+  const std::string tmp = path + ".tmp";
+  {
+    const hid_t raw = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (raw < 0) throw UserError(tmp + ": cannot create the checkpoint file (check checkpoint.dir)");
+    Hid file(raw, Hid::Kind::kFile);
+    hid_t root = file.get();
+    io::write_string_attribute(root, "format", kFormat);
+    io::write_int_attribute(root, "vocab_size", shape.vocab_size);
+    io::write_int_attribute(root, "embedding_dim", shape.embedding_dim);
+    io::write_int_attribute(root, "hidden", shape.hidden);
+    io::write_int_attribute(root, "layers", shape.layers);
+    io::write_int_attribute(root, "epoch", progress.epoch);
+    io::write_int_attribute(root, "step_in_epoch", progress.step_in_epoch);
+    io::write_int_attribute(root, "global_step", progress.global_step);
+    io::write_int_attribute(root, "seed", static_cast<int64_t>(progress.seed));
+    io::write_int_attribute(root, "world_size", progress.world_size);
+    io::write_int_attribute(root, "batch_size", progress.batch_size);
+    write_double_attribute(root, "best_val_loss", progress.best_val_loss);
+    write_double_attribute(root, "loss_sum", progress.loss_sum);
+    write_double_attribute(root, "correct", progress.correct);
+    write_double_attribute(root, "count", progress.count);
+    io::write_string_attribute(root, "config", config_ini);
+    write_floats(root, "params", params);
+
+    const OptimizerState state = optimizer.state();
+    Hid group(check_h5_id(H5Gcreate2(root, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "optimizer"),
+              Hid::Kind::kGroup);
+    io::write_string_attribute(group.get(), "name", optimizer.name());
+    io::write_int_attribute(group.get(), "iterations", state.iterations);
+    std::string names;
+    for (const auto& [name, buffer] : state.buffers) {
+      write_floats(group.get(), name, buffer);
+      names += (names.empty() ? "" : ",") + name;
+    }
+    io::write_string_attribute(group.get(), "buffers", names);
+    check_h5(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "H5Fflush");
+  }
+  fsync_path(tmp, O_RDONLY);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw UserError(path + ": cannot move the new checkpoint into place");
+  }
+  const std::string dir = final_path.has_parent_path() ? final_path.parent_path().string() : ".";
+  fsync_path(dir, O_RDONLY | O_DIRECTORY);
+}
+
+Checkpoint read_checkpoint(const std::string& path) {
+  std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
+  io::quiet_hdf5_errors();
+  Hid file = io::open_file_readonly(path);
+  const hid_t root = file.get();
+  if (io::read_string_attribute(root, "format") != kFormat) {
+    throw UserError(path + ": not a ddptrain checkpoint (attribute format != " + kFormat + ")");
+  }
+  Checkpoint c;
+  c.shape.vocab_size = static_cast<int>(read_int(root, path, "vocab_size"));
+  c.shape.embedding_dim = static_cast<int>(read_int(root, path, "embedding_dim"));
+  c.shape.hidden = static_cast<int>(read_int(root, path, "hidden"));
+  c.shape.layers = static_cast<int>(read_int(root, path, "layers"));
+  if (c.shape.vocab_size <= 0 || c.shape.embedding_dim <= 0 || c.shape.hidden <= 0 || c.shape.layers <= 0) {
+    throw UserError(path + ": checkpoint has a non-positive model dimension");
+  }
+  const models::ParamLayout layout(c.shape);
+  c.params = read_floats(root, path, "params", layout.total_size());
+  TrainingProgress& p = c.progress;
+  p.epoch = read_int(root, path, "epoch");
+  p.step_in_epoch = read_int(root, path, "step_in_epoch");
+  p.global_step = read_int(root, path, "global_step");
+  p.seed = static_cast<uint64_t>(read_int(root, path, "seed"));
+  p.world_size = read_int(root, path, "world_size");
+  p.batch_size = read_int(root, path, "batch_size");
+  p.best_val_loss = read_double_attribute(root, path, "best_val_loss");
+  p.loss_sum = read_double_attribute(root, path, "loss_sum");
+  p.correct = read_double_attribute(root, path, "correct");
+  p.count = read_double_attribute(root, path, "count");
+  c.config_ini = io::read_string_attribute(root, "config");
+
+  Hid group(H5Gopen2(root, "optimizer", H5P_DEFAULT), Hid::Kind::kGroup);
+  if (!group.valid()) throw UserError(path + ": checkpoint group /optimizer is missing");
+  c.optimizer_name = io::read_string_attribute(group.get(), "name");
+  c.optimizer.iterations = io::read_int_attribute(group.get(), path, "iterations");
+  // The optimizer names its own buffers ("m,v" for Adam); the checkpoint only stores them.
+  std::stringstream names(io::read_string_attribute(group.get(), "buffers"));
+  for (std::string name; std::getline(names, name, ',');) {
+    c.optimizer.buffers.emplace_back(name, read_floats(group.get(), path, name, layout.total_size()));
+  }
+  return c;
+}
+
+}  // namespace ddp::engine

@@ -1,0 +1,52 @@
+// Checkpoints: one HDF5 file holding everything needed to continue a run exactly.
+//
+//   /params                 float32 [P]  the canonical flat layout (models/param_layout.h)
+//   /optimizer/<buffer>     float32 [P]  e.g. m and v for Adam; attributes name, iterations
+//   root attributes         format ("ddptrain-checkpoint-1"), vocab_size, embedding_dim, hidden, layers,
+//                           epoch, step_in_epoch, global_step, seed, world_size, batch_size,
+//                           best_val_loss, loss_sum, correct, count (the interrupted epoch's running sums),
+//                           config (the effective INI text)
+//
+// The data order is a pure function of (seed, epoch, step), so those attributes are the whole RNG state.
+// Files are written atomically: a temporary file in the same directory, fsync, then rename over the old one,
+// so a crash or preemption never leaves a half-written last.h5.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "engine/optimizer.h"
+#include "models/param_layout.h"
+
+namespace ddp::engine {
+
+struct TrainingProgress {
+  int64_t epoch = 0;          // epochs completed
+  int64_t step_in_epoch = 0;  // steps done in the epoch being trained (0 at an epoch boundary)
+  int64_t global_step = 0;
+  uint64_t seed = 0;
+  int64_t world_size = 1;
+  int64_t batch_size = 0;       // per rank
+  double best_val_loss = 0;     // meaningful once epoch > 0
+  double loss_sum = 0;          // running sums of the interrupted epoch, over all ranks
+  double correct = 0;
+  double count = 0;
+};
+
+struct Checkpoint {
+  models::ModelShape shape;
+  std::vector<float> params;
+  OptimizerState optimizer;
+  std::string optimizer_name;
+  TrainingProgress progress;
+  std::string config_ini;
+};
+
+void write_checkpoint(const std::string& path, const models::ModelShape& shape, std::span<const float> params,
+                      const Optimizer& optimizer, const TrainingProgress& progress, const std::string& config_ini);
+
+// Throws UserError naming the file for a missing, foreign or damaged checkpoint.
+Checkpoint read_checkpoint(const std::string& path);
+
+}  // namespace ddp::engine

@@ -1,0 +1,179 @@
+#include "engine/config.h"
+
+#include <boost/program_options.hpp>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "engine/errors.h"
+
+namespace po = boost::program_options;
+
+namespace ddp::engine {
+namespace {
+
+// Every config key, in one place: building the option list, --help and the effective config all walk it.
+template <typename C, typename Visitor>
+void visit_keys(C& c, Visitor&& key) {
+  key("", "device", c.device, "compute device: cpu, cuda or auto");
+  key("data", "path", c.data.path, "HDF5 dataset (schema in the README); `ddptrain prepare` makes one");
+  key("data", "prefetch", c.data.prefetch, "batches each rank reads ahead on its prefetch thread");
+  key("data", "validate", c.data.validate, "check token ids and labels of each rank's shard before training");
+  key("model", "embedding_dim", c.model.embedding_dim, "embedding width E");
+  key("model", "hidden", c.model.hidden, "LSTM hidden size H");
+  key("model", "layers", c.model.layers, "stacked LSTM layers");
+  key("train", "batch_size", c.train.batch_size, "samples per step on each rank (global batch = ranks x this)");
+  key("train", "epochs", c.train.epochs, "passes over the training split");
+  key("train", "learning_rate", c.train.learning_rate, "optimizer step size");
+  key("train", "optimizer", c.train.optimizer, "adam or sgd (with train.momentum)");
+  key("train", "momentum", c.train.momentum, "momentum of sgd");
+  key("train", "beta1", c.train.beta1, "Adam's first-moment decay");
+  key("train", "beta2", c.train.beta2, "Adam's second-moment decay");
+  key("train", "epsilon", c.train.epsilon, "Adam's epsilon (Keras's default 1e-7)");
+  key("train", "seed", c.train.seed, "seed of the initial parameters and of the data order, shared by all ranks");
+  key("train", "threads", c.train.threads, "BLAS threads per rank; 0: the node's cores divided by its ranks");
+  key("train", "max_steps_per_epoch", c.train.max_steps_per_epoch, "cap on steps per epoch; 0: the whole shard");
+  key("train", "stop_after_steps", c.train.stop_after_steps,
+      "stop after this many steps in all, writing last.h5 (continue with --resume); 0: never");
+  key("comm", "backend", c.comm.backend, "gradient averaging: auto, mpi (nccl and ps where built)");
+  key("checkpoint", "dir", c.checkpoint.dir, "run directory: config.ini, metrics.jsonl, last.h5, best.h5");
+  key("checkpoint", "every_steps", c.checkpoint.every_steps, "also write last.h5 every N steps; 0: per epoch");
+  key("log", "progress", c.log.progress, "auto (a live bar on a terminal, plain lines otherwise), bar or lines");
+  key("log", "interval", c.log.interval, "with plain lines: a progress line every N steps; 0: per epoch only");
+}
+
+std::string full_name(const char* section, const char* name) {
+  return section[0] ? std::string(section) + "." + name : std::string(name);
+}
+
+template <typename T>
+std::string value_text(const T& v) {
+  std::ostringstream out;
+  if constexpr (std::is_same_v<T, bool>) {
+    out << (v ? "true" : "false");
+  } else {
+    out.precision(17);
+    out << v;
+  }
+  return out.str();
+}
+
+po::options_description config_keys(Config& config) {
+  po::options_description keys("Configuration (INI key `section.key` as `[section] key = value`)");
+  visit_keys(config, [&](const char* section, const char* name, auto& field, const char* help) {
+    using T = std::decay_t<decltype(field)>;
+    const std::string key = full_name(section, name);
+    keys.add_options()(key.c_str(), po::value<T>(&field)->default_value(field, value_text(field)), help);
+  });
+  return keys;
+}
+
+void require(bool ok, const std::string& key, const std::string& value, const std::string& expected) {
+  if (!ok) throw UserError(key + " = " + value + ": " + expected);
+}
+
+void check_values(const Config& c) {
+  const std::set<std::string> devices{"cpu", "cuda", "auto"};
+  require(devices.count(c.device), "device", c.device, "expected cpu, cuda or auto");
+  require(c.data.prefetch >= 1, "data.prefetch", value_text(c.data.prefetch), "must be at least 1");
+  require(c.model.embedding_dim >= 1, "model.embedding_dim", value_text(c.model.embedding_dim), "must be positive");
+  require(c.model.hidden >= 1, "model.hidden", value_text(c.model.hidden), "must be positive");
+  require(c.model.layers >= 1, "model.layers", value_text(c.model.layers), "must be positive");
+  require(c.train.batch_size >= 1, "train.batch_size", value_text(c.train.batch_size), "must be positive");
+  require(c.train.epochs >= 1, "train.epochs", value_text(c.train.epochs), "must be positive");
+  require(c.train.learning_rate > 0, "train.learning_rate", value_text(c.train.learning_rate), "must be positive");
+  require(c.train.optimizer == "adam" || c.train.optimizer == "sgd", "train.optimizer", c.train.optimizer,
+          "expected adam or sgd");
+  require(c.train.momentum >= 0 && c.train.momentum < 1, "train.momentum", value_text(c.train.momentum),
+          "must be in [0, 1)");
+  require(c.train.beta1 >= 0 && c.train.beta1 < 1, "train.beta1", value_text(c.train.beta1), "must be in [0, 1)");
+  require(c.train.beta2 >= 0 && c.train.beta2 < 1, "train.beta2", value_text(c.train.beta2), "must be in [0, 1)");
+  require(c.train.epsilon > 0, "train.epsilon", value_text(c.train.epsilon), "must be positive");
+  require(c.train.threads >= 0, "train.threads", value_text(c.train.threads), "must be 0 (auto) or more");
+  require(c.train.max_steps_per_epoch >= 0, "train.max_steps_per_epoch", value_text(c.train.max_steps_per_epoch),
+          "must be 0 (no cap) or more");
+  require(c.train.stop_after_steps >= 0, "train.stop_after_steps", value_text(c.train.stop_after_steps),
+          "must be 0 (never) or more");
+  require(!c.checkpoint.dir.empty(), "checkpoint.dir", "\"\"", "must name a directory");
+  require(c.checkpoint.every_steps >= 0, "checkpoint.every_steps", value_text(c.checkpoint.every_steps),
+          "must be 0 or more");
+  require(c.log.progress == "auto" || c.log.progress == "bar" || c.log.progress == "lines", "log.progress",
+          c.log.progress, "expected auto, bar or lines");
+  require(c.log.interval >= 0, "log.interval", value_text(c.log.interval), "must be 0 or more");
+  require(c.resume == "no" || c.resume == "last" || c.resume == "auto", "--resume", c.resume,
+          "expected last (the default when given alone), auto or no");
+  if (c.data.path.empty()) throw UserError("data.path is not set: give it in the config file or as --data.path FILE");
+}
+
+}  // namespace
+
+std::string Config::to_ini() const {
+  std::ostringstream out;
+  std::string current = "";
+  out << "# Effective configuration of this run (ddptrain " << DDPTRAIN_VERSION << ")\n";
+  visit_keys(*this, [&](const char* section, const char* name, const auto& field, const char*) {
+    if (current != section) {
+      current = section;
+      out << "\n[" << section << "]\n";
+    }
+    out << name << " = " << value_text(field) << "\n";
+  });
+  return out.str();
+}
+
+ParsedConfig parse_config(const std::vector<std::string>& args) {
+  ParsedConfig parsed;
+  Config& config = parsed.config;
+
+  po::options_description general("General");
+  general.add_options()("help,h", "print this help and exit")("version", "print the version and exit")(
+      "config,c", po::value<std::string>(&config.config_file), "INI file with the keys below")(
+      "resume", po::value<std::string>(&config.resume)->implicit_value("last")->default_value("no"),
+      "continue from checkpoint.dir/last.h5: last (fails if absent), auto (if present), no");
+  po::options_description keys = config_keys(config);
+  po::options_description all;
+  all.add(general).add(keys);
+
+  std::ostringstream help;
+  help << "Usage: ddptrain [train] --config FILE [--section.key VALUE ...]\n"
+       << "       ddptrain prepare synthetic --output FILE [--train N --test M --vocab V --maxlen T --seed S]\n\n"
+       << all;
+  parsed.help = help.str();
+
+  po::variables_map vm;
+  try {
+    // Stored first, so the command line wins over the file.
+    po::store(po::command_line_parser(args).options(all).run(), vm);
+  } catch (const po::error& e) {
+    throw UserError(std::string("command line: ") + e.what());
+  }
+  if (vm.count("help")) {
+    parsed.action = ConfigAction::kHelp;
+    return parsed;
+  }
+  if (vm.count("version")) {
+    parsed.action = ConfigAction::kVersion;
+    return parsed;
+  }
+  if (vm.count("config")) {
+    const std::string path = vm["config"].as<std::string>();
+    if (!std::filesystem::is_regular_file(path)) throw UserError(path + ": config file not found");
+    std::ifstream file(path);
+    if (!file) throw UserError(path + ": cannot read the config file");
+    try {
+      po::store(po::parse_config_file(file, keys, /*allow_unregistered=*/false), vm);
+    } catch (const po::error& e) {
+      throw UserError(path + ": " + e.what());
+    }
+  }
+  try {
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UserError(std::string("config: ") + e.what());
+  }
+  check_values(config);
+  return parsed;
+}
+
+}  // namespace ddp::engine

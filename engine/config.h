@@ -1,0 +1,74 @@
+// The run's configuration: an INI file (--config) with sections [data] [model] [train] [comm] [checkpoint]
+// [log], and every key also on the command line as --section.key value. The command line wins over the file,
+// the file over the defaults. Unknown keys and bad values are UserErrors naming the key (and the file).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddp::engine {
+
+struct Config {
+  std::string config_file;  // --config, may be empty
+  std::string device = "auto";  // cpu | cuda | auto
+  std::string resume = "no";    // no | last | auto  (--resume alone means last)
+
+  struct Data {
+    std::string path;
+    int prefetch = 4;
+    bool validate = true;
+  } data;
+
+  struct Model {
+    int embedding_dim = 128;
+    int hidden = 128;
+    int layers = 1;
+  } model;
+
+  struct Train {
+    int batch_size = 32;  // per rank
+    int epochs = 15;
+    double learning_rate = 0.001;
+    std::string optimizer = "adam";  // adam | sgd
+    double momentum = 0.0;           // sgd only
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double epsilon = 1e-7;
+    uint64_t seed = 1;
+    int threads = 0;                  // BLAS threads per rank; 0: the node's cores / the node's ranks
+    int64_t max_steps_per_epoch = 0;  // 0: the whole shard
+    int64_t stop_after_steps = 0;     // stop (with last.h5 written) after this many steps in all; 0: never
+  } train;
+
+  struct Comm {
+    std::string backend = "auto";  // auto | mpi | nccl | ps
+  } comm;
+
+  struct Checkpoint {
+    std::string dir = "runs/latest";
+    int64_t every_steps = 0;  // also write last.h5 every N steps (0: at the end of each epoch only)
+  } checkpoint;
+
+  struct Log {
+    std::string progress = "auto";  // auto (bar on a terminal) | bar | lines
+    int64_t interval = 0;           // steps between plain progress lines (0: per-epoch lines only)
+  } log;
+
+  // The effective configuration as an INI text that --config can read back.
+  std::string to_ini() const;
+};
+
+// What the command line asked for.
+enum class ConfigAction { kRun, kHelp, kVersion };
+
+struct ParsedConfig {
+  ConfigAction action = ConfigAction::kRun;
+  Config config;
+  std::string help;  // the option list with defaults, for --help
+};
+
+// Parses argv (without the program name and subcommand). Throws UserError.
+ParsedConfig parse_config(const std::vector<std::string>& args);
+
+}  // namespace ddp::engine

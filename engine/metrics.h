@@ -1,0 +1,58 @@
+// What a run reports: the per-epoch line on rank 0's stdout (Keras-like), metrics.jsonl in the run
+// directory, and the progress shown during an epoch (a live bar on a terminal, plain lines otherwise).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace ddp::engine {
+
+struct EpochMetrics {
+  int64_t epoch = 0;  // 1-based
+  int64_t epochs = 0;
+  int64_t steps = 0;
+  double loss = 0;
+  double acc = 0;
+  double val_loss = 0;
+  double val_acc = 0;
+  double epoch_time_s = 0;  // training and evaluation
+  double train_time_s = 0;
+  double eval_time_s = 0;
+  double step_time_ms = 0;   // training time / steps
+  double samples_per_s = 0;  // training samples of all ranks per second
+  double data_wait_s = 0;    // rank 0's time blocked on its prefetcher
+  int world_size = 1;
+  std::string backend;
+  std::string device;
+};
+
+// "Epoch 3/15 - 782 steps - 18.2s - 0.73ms/step - loss: 0.2127 - acc: 0.9186 - val_loss: ... - val_acc: ..."
+std::string format_epoch_line(const EpochMetrics& m);
+// One JSON object on one line.
+std::string to_json(const EpochMetrics& m);
+// Appends `line` and a newline to `path`, creating it if needed. Throws UserError if it cannot.
+void append_line(const std::string& path, const std::string& line);
+
+// Progress within an epoch. Live mode redraws one line with \r at most 10 times a second; line mode prints
+// a plain line every `interval` steps (none if 0).
+class Progress {
+ public:
+  Progress(bool live, int64_t interval, int64_t epoch, int64_t epochs, int64_t total_steps);
+  // Running mean loss and accuracy of this rank's steps so far.
+  void update(int64_t step, double loss, double acc);
+  // Clears the live line before the epoch line is printed.
+  void finish();
+
+ private:
+  bool live_;
+  int64_t interval_;
+  int64_t epoch_;
+  int64_t epochs_;
+  int64_t total_;
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point last_draw_;
+  bool drawn_ = false;
+};
+
+}  // namespace ddp::engine

@@ -1,0 +1,43 @@
+// Optimizers over a span of the flat parameter buffer. They know nothing of the model: the data-parallel
+// trainer gives them the whole buffer, a parameter server (later) the shard it owns. State is a set of named
+// flat buffers so checkpoints can save and restore it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace ddp::engine {
+
+struct OptimizerSettings {
+  std::string name = "adam";  // adam | sgd
+  double learning_rate = 0.001;
+  double beta1 = 0.9;     // adam
+  double beta2 = 0.999;   // adam
+  double epsilon = 1e-7;  // adam (Keras's default)
+  double momentum = 0.0;  // sgd
+};
+
+struct OptimizerState {
+  int64_t iterations = 0;
+  std::vector<std::pair<std::string, std::vector<float>>> buffers;  // e.g. {"m", ...}, {"v", ...}
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // params -= update(grads); both spans have the size given at construction.
+  virtual void step(std::span<float> params, std::span<const float> grads) = 0;
+  virtual OptimizerState state() const = 0;
+  // Throws UserError if the state's buffers do not match this optimizer (kind or size).
+  virtual void load_state(const OptimizerState& state) = 0;
+  virtual std::string name() const = 0;
+};
+
+// Adam as Keras computes it: m, v moments; lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t);
+// p -= lr_t * m / (sqrt(v) + epsilon). SGD as Keras: v = momentum * v - lr * g; p += v.
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerSettings& settings, std::size_t size);
+
+}  // namespace ddp::engine

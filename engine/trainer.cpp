@@ -1,0 +1,373 @@
+#include "engine/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+
+#include "engine/checkpoint.h"
+#include "engine/errors.h"
+#include "engine/optimizer.h"
+#include "io/batch_reader.h"
+#include "models/initializers.h"
+#include "models/replica.h"
+
+namespace ddp::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+struct RunFiles {
+  std::filesystem::path dir;
+  std::string last() const { return (dir / "last.h5").string(); }
+  std::string best() const { return (dir / "best.h5").string(); }
+  std::string metrics() const { return (dir / "metrics.jsonl").string(); }
+  std::string config() const { return (dir / "config.ini").string(); }
+};
+
+class TrainingRun {
+ public:
+  TrainingRun(const Config& config, const Topology& topology, comm::Communicator& comm,
+              const io::DatasetInfo& data)
+      : config_(config),
+        topology_(topology),
+        comm_(comm),
+        data_(data),
+        files_{config.checkpoint.dir},
+        shape_{data.vocab_size, config.model.embedding_dim, config.model.hidden, config.model.layers},
+        replica_(models::make_cpu_replica(shape_)),
+        optimizer_(make_optimizer(optimizer_settings(config), replica_->layout().total_size())),
+        train_shard_(io::shard_of(data.train_size, comm.rank(), comm.size(), /*cover_all=*/false)),
+        test_shard_(io::shard_of(data.test_size, comm.rank(), comm.size(), /*cover_all=*/true)) {
+    const int64_t per_epoch =
+        io::BatchReader::batches_per_epoch(train_shard_.size(), config.train.batch_size, /*drop_last=*/true);
+    steps_per_epoch_ = config.train.max_steps_per_epoch > 0
+                           ? std::min(per_epoch, config.train.max_steps_per_epoch)
+                           : per_epoch;
+    if (steps_per_epoch_ < 1) {
+      throw UserError(data.path + ": /train has " + std::to_string(data.train_size) + " samples, fewer than " +
+                      std::to_string(comm.size()) + " ranks x train.batch_size " +
+                      std::to_string(config.train.batch_size));
+    }
+  }
+
+  TrainResult run() {
+    prepare_run_directory();
+    start_from_checkpoint_or_seed();
+    log_start();
+
+    TrainResult result;
+    for (int64_t epoch = progress_.epoch; epoch < config_.train.epochs && !stop_requested(); ++epoch) {
+      std::optional<EpochMetrics> metrics = train_epoch(epoch);
+      if (!metrics) break;  // stopped in the middle of the epoch, last.h5 written
+      result.history.push_back(*metrics);
+    }
+    result.params.assign(replica_->params().begin(), replica_->params().end());
+    return result;
+  }
+
+ private:
+  static OptimizerSettings optimizer_settings(const Config& c) {
+    return {c.train.optimizer, c.train.learning_rate, c.train.beta1, c.train.beta2, c.train.epsilon, c.train.momentum};
+  }
+
+  bool is_root() const { return comm_.rank() == 0; }
+
+  void prepare_run_directory() {
+    comm::agree_on_errors(comm_, [&] {
+      if (!is_root()) return;
+      std::error_code ec;
+      std::filesystem::create_directories(files_.dir, ec);
+      if (ec) throw UserError("checkpoint.dir = " + files_.dir.string() + ": cannot create it (" + ec.message() + ")");
+      std::ofstream out(files_.config());
+      out << config_.to_ini();
+      if (!out) throw UserError(files_.config() + ": cannot write the effective config");
+    });
+  }
+
+  // Rank 0 reads last.h5 (or initializes from the seed) and broadcasts everything, so ranks need not share
+  // a file system and all start bit-identical.
+  void start_from_checkpoint_or_seed() {
+    const bool want_resume = config_.resume == "last" || (config_.resume == "auto" && last_exists_on_root());
+    std::vector<double> header(9, 0.0);
+    comm::agree_on_errors(comm_, [&] {
+      if (!is_root()) return;
+      if (!want_resume) {
+        models::initialize_keras(replica_->layout(), replica_->params(), config_.train.seed);
+        progress_.seed = config_.train.seed;
+        return;
+      }
+      if (!std::filesystem::exists(files_.last())) {
+        throw UserError(files_.last() + ": --resume was given but there is no checkpoint to resume from");
+      }
+      Checkpoint c = read_checkpoint(files_.last());
+      if (!(c.shape == shape_)) {
+        throw UserError(files_.last() + ": the checkpoint's model (vocab " + std::to_string(c.shape.vocab_size) +
+                        ", embedding " + std::to_string(c.shape.embedding_dim) + ", hidden " +
+                        std::to_string(c.shape.hidden) + ", layers " + std::to_string(c.shape.layers) +
+                        ") differs from the config's and the dataset's");
+      }
+      if (c.optimizer_name != optimizer_->name()) {
+        throw UserError(files_.last() + ": checkpoint was trained with " + c.optimizer_name +
+                        ", the config asks for train.optimizer = " + optimizer_->name());
+      }
+      std::copy(c.params.begin(), c.params.end(), replica_->params().begin());
+      optimizer_->load_state(c.optimizer);
+      progress_ = c.progress;
+      if (progress_.world_size != comm_.size() || progress_.batch_size != config_.train.batch_size) {
+        std::printf("warning: %s was written by %lld ranks x batch %lld; resuming with %d x %d changes the data "
+                    "order from here on\n",
+                    files_.last().c_str(), static_cast<long long>(progress_.world_size),
+                    static_cast<long long>(progress_.batch_size), comm_.size(), config_.train.batch_size);
+      }
+      if (progress_.step_in_epoch >= steps_per_epoch_) {
+        progress_.step_in_epoch = 0;  // the interrupted epoch had finished its steps
+      }
+      resumed_ = true;
+    });
+
+    // Broadcast the starting point.
+    comm_.broadcast(replica_->params(), 0);
+    header = {static_cast<double>(progress_.epoch),    static_cast<double>(progress_.step_in_epoch),
+              static_cast<double>(progress_.global_step), progress_.best_val_loss,
+              progress_.loss_sum,                       progress_.correct,
+              progress_.count,                          resumed_ ? 1.0 : 0.0,
+              static_cast<double>(progress_.seed)};
+    comm_.broadcast(std::span<double>(header), 0);
+    progress_.epoch = static_cast<int64_t>(header[0]);
+    progress_.step_in_epoch = static_cast<int64_t>(header[1]);
+    progress_.global_step = static_cast<int64_t>(header[2]);
+    progress_.best_val_loss = header[3];
+    resumed_ = header[7] != 0.0;
+    progress_.seed = static_cast<uint64_t>(header[8]);
+    // Running sums of an interrupted epoch are global: keep them on rank 0 only, so the next sum adds them once.
+    if (!is_root()) progress_.loss_sum = progress_.correct = progress_.count = 0;
+    progress_.world_size = comm_.size();
+    progress_.batch_size = config_.train.batch_size;
+
+    OptimizerState state = optimizer_->state();
+    std::vector<double> iterations{static_cast<double>(state.iterations)};
+    comm_.broadcast(std::span<double>(iterations), 0);
+    state.iterations = static_cast<int64_t>(iterations[0]);
+    for (auto& [name, buffer] : state.buffers) comm_.broadcast(std::span<float>(buffer), 0);
+    optimizer_->load_state(state);
+  }
+
+  bool last_exists_on_root() {
+    std::vector<double> exists{is_root() && std::filesystem::exists(files_.last()) ? 1.0 : 0.0};
+    comm_.broadcast(std::span<double>(exists), 0);
+    return exists[0] != 0.0;
+  }
+
+  void log_start() {
+    char line[512];
+    std::snprintf(line, sizeof(line), "rank %d/%d on %s (local rank %d/%d): device %s, train rows [%lld, %lld)",
+                  comm_.rank(), comm_.size(), topology_.host.c_str(), topology_.local_rank, topology_.local_size,
+                  topology_.device.c_str(), static_cast<long long>(train_shard_.begin),
+                  static_cast<long long>(train_shard_.end));
+    const std::vector<std::string> lines = comm_.gather(line, 0);
+    if (!is_root()) return;
+    for (const std::string& l : lines) std::printf("%s\n", l.c_str());
+    std::printf("data %s: train %lld, test %lld, vocab %d, maxlen %d\n", data_.path.c_str(),
+                static_cast<long long>(data_.train_size), static_cast<long long>(data_.test_size), data_.vocab_size,
+                data_.maxlen);
+    std::printf("model: embedding %d, LSTM %d x %d, %zu parameters; %s lr %g; batch %d per rank x %d ranks; "
+                "%lld steps per epoch\n",
+                shape_.embedding_dim, shape_.layers, shape_.hidden, replica_->layout().total_size(),
+                optimizer_->name().c_str(), config_.train.learning_rate, config_.train.batch_size, comm_.size(),
+                static_cast<long long>(steps_per_epoch_));
+    if (resumed_) {
+      std::printf("resumed from %s: %lld epochs and %lld steps done\n", files_.last().c_str(),
+                  static_cast<long long>(progress_.epoch), static_cast<long long>(progress_.step_in_epoch));
+    }
+    std::fflush(stdout);
+  }
+
+  bool live_progress() const {
+    if (config_.log.progress == "bar") return true;
+    if (config_.log.progress == "lines") return false;
+    return isatty(STDOUT_FILENO) != 0;
+  }
+
+  bool stop_requested() const {
+    return config_.train.stop_after_steps > 0 && progress_.global_step >= config_.train.stop_after_steps;
+  }
+
+  // The epoch's metrics, or nothing if the run stopped before the epoch's end.
+  std::optional<EpochMetrics> train_epoch(int64_t epoch) {
+    const auto epoch_start = Clock::now();
+    const int64_t first = progress_.step_in_epoch;
+    io::BatchReaderOptions options;
+    options.path = data_.path;
+    options.split = "train";
+    options.shard = train_shard_;
+    options.batch_size = config_.train.batch_size;
+    options.shuffle = true;
+    options.seed = config_.train.seed;
+    options.epoch = epoch;
+    options.drop_last = true;
+    options.first_batch = first;
+    options.max_batches = steps_per_epoch_ - first;
+    options.prefetch = config_.data.prefetch;
+    io::BatchReader reader(options);
+
+    std::optional<Progress> progress;
+    if (is_root()) progress.emplace(live_progress(), config_.log.interval, epoch + 1, config_.train.epochs,
+                                    steps_per_epoch_);
+    std::span<float> params = replica_->params();
+    std::span<float> grads = replica_->grads();
+    models::BatchStats local;
+    const models::GradientReadyFn on_ready = [&](const models::ParamSegment& segment) {
+      comm_.start_average(grads.subspan(segment.offset, segment.size));
+    };
+
+    int64_t step = first;
+    while (const io::Batch* batch = reader.next()) {
+      const models::BatchView view{batch->tokens.data(), batch->labels.data(), batch->batch_size, batch->seq};
+      local += replica_->train_step(view, on_ready);
+      comm_.finish_average();
+      optimizer_->step(params, grads);
+      ++step;
+      ++progress_.global_step;
+      progress_.step_in_epoch = step;
+      if (progress) {
+        progress->update(step, local.loss_sum / static_cast<double>(local.count),
+                         static_cast<double>(local.correct) / static_cast<double>(local.count));
+      }
+      if (step == steps_per_epoch_) continue;  // the epoch's end writes last.h5 anyway
+      if (stop_requested()) {
+        if (progress) progress->finish();
+        save_mid_epoch(local);
+        return std::nullopt;
+      }
+      if (config_.checkpoint.every_steps > 0 && step % config_.checkpoint.every_steps == 0) save_mid_epoch(local);
+    }
+    if (progress) progress->finish();
+    const double train_time = seconds_since(epoch_start);
+
+    // Training sums over all ranks (plus what an interrupted run had already summed, held by rank 0).
+    std::vector<double> sums{local.loss_sum + progress_.loss_sum, static_cast<double>(local.correct) + progress_.correct,
+                             static_cast<double>(local.count) + progress_.count};
+    comm_.sum(sums);
+    progress_.loss_sum = progress_.correct = progress_.count = 0;
+
+    const auto eval_start = Clock::now();
+    const models::BatchStats val = evaluate();
+    const double eval_time = seconds_since(eval_start);
+
+    EpochMetrics m;
+    m.epoch = epoch + 1;
+    m.epochs = config_.train.epochs;
+    m.steps = steps_per_epoch_;
+    m.loss = sums[0] / sums[2];
+    m.acc = sums[1] / sums[2];
+    m.val_loss = val.loss_sum / static_cast<double>(val.count);
+    m.val_acc = static_cast<double>(val.correct) / static_cast<double>(val.count);
+    m.train_time_s = train_time;
+    m.eval_time_s = eval_time;
+    m.epoch_time_s = seconds_since(epoch_start);
+    const int64_t steps_run = steps_per_epoch_ - first;
+    m.step_time_ms = steps_run > 0 ? 1000.0 * train_time / static_cast<double>(steps_run) : 0.0;
+    m.samples_per_s = static_cast<double>(steps_run) * config_.train.batch_size * comm_.size() / train_time;
+    m.data_wait_s = reader.wait_seconds();
+    m.world_size = comm_.size();
+    m.backend = comm_.backend();
+    m.device = topology_.device;
+
+    progress_.epoch = epoch + 1;
+    progress_.step_in_epoch = 0;
+    const bool best = progress_.epoch == 1 || m.val_loss < progress_.best_val_loss;
+    if (best) progress_.best_val_loss = m.val_loss;
+    finish_epoch_on_root(m, best);
+    return m;
+  }
+
+  models::BatchStats evaluate() {
+    io::BatchReaderOptions options;
+    options.path = data_.path;
+    options.split = "test";
+    options.shard = test_shard_;
+    options.batch_size = config_.train.batch_size;
+    options.shuffle = false;
+    options.drop_last = false;
+    options.prefetch = config_.data.prefetch;
+    models::BatchStats local;
+    if (test_shard_.size() > 0) {
+      io::BatchReader reader(options);
+      while (const io::Batch* batch = reader.next()) {
+        local += replica_->evaluate({batch->tokens.data(), batch->labels.data(), batch->batch_size, batch->seq});
+      }
+    }
+    std::vector<double> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
+    comm_.sum(sums);
+    return {sums[0], static_cast<int64_t>(sums[1]), static_cast<int64_t>(sums[2])};
+  }
+
+  // Problems writing the run directory after training started end the job (exit 2) rather than leave the
+  // other ranks waiting in the next collective.
+  template <typename Work>
+  void on_root_or_abort(Work&& work) {
+    if (!is_root()) return;
+    try {
+      work();
+    } catch (const UserError& e) {
+      fatal(e.what(), __FILE__, __LINE__, kExitUserError);
+    }
+  }
+
+  void finish_epoch_on_root(const EpochMetrics& m, bool best) {
+    on_root_or_abort([&] {
+      std::printf("%s\n", format_epoch_line(m).c_str());
+      std::fflush(stdout);
+      append_line(files_.metrics(), to_json(m));
+      write_checkpoint(files_.last(), shape_, replica_->params(), *optimizer_, progress_, config_.to_ini());
+      if (best) std::filesystem::copy_file(files_.last(), files_.best(), std::filesystem::copy_options::overwrite_existing);
+    });
+  }
+
+  void save_mid_epoch(const models::BatchStats& local) {
+    std::vector<double> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
+    comm_.sum(sums);
+    on_root_or_abort([&] {
+      TrainingProgress snapshot = progress_;
+      snapshot.loss_sum += sums[0];
+      snapshot.correct += sums[1];
+      snapshot.count += sums[2];
+      write_checkpoint(files_.last(), shape_, replica_->params(), *optimizer_, snapshot, config_.to_ini());
+    });
+  }
+
+  const Config& config_;
+  const Topology& topology_;
+  comm::Communicator& comm_;
+  const io::DatasetInfo& data_;
+  RunFiles files_;
+  models::ModelShape shape_;
+  std::unique_ptr<models::Replica> replica_;
+  std::unique_ptr<Optimizer> optimizer_;
+  io::Shard train_shard_;
+  io::Shard test_shard_;
+  int64_t steps_per_epoch_ = 0;
+  TrainingProgress progress_;
+  bool resumed_ = false;
+};
+
+}  // namespace
+
+TrainResult train(const Config& config, const Topology& topology, comm::Communicator& comm,
+                  const io::DatasetInfo& data) {
+  std::unique_ptr<TrainingRun> run;
+  comm::agree_on_errors(comm, [&] { run = std::make_unique<TrainingRun>(config, topology, comm, data); });
+  return run->run();
+}
+
+}  // namespace ddp::engine

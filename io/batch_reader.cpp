@@ -1,0 +1,246 @@
+#include "io/batch_reader.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+#include "engine/errors.h"
+#include "io/hdf5_util.h"
+
+namespace ddp::io {
+
+namespace {
+
+// splitmix64's finalizer: a strong 64-bit mixer (every input bit flips about half the output bits).
+uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ULL;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t splitmix64(uint64_t& state) {
+  state += 0x9E3779B97F4A7C15ULL;
+  return mix64(state);
+}
+
+// The permutation seed of one epoch: every (seed, epoch) pair gets an unrelated order.
+uint64_t epoch_seed(uint64_t seed, int64_t epoch) {
+  return mix64(seed ^ mix64(static_cast<uint64_t>(epoch) + 0x632BE59BD9B4E019ULL));
+}
+
+uint64_t checked_shard_size(const BatchReaderOptions& o) {
+  if (o.shard.begin < 0 || o.shard.end < o.shard.begin) {
+    throw std::invalid_argument("BatchReader: bad shard [" + std::to_string(o.shard.begin) + ", " +
+                                std::to_string(o.shard.end) + ")");
+  }
+  return static_cast<uint64_t>(o.shard.size());
+}
+
+void validate(const BatchReaderOptions& o) {
+  if (o.split != "train" && o.split != "test")
+    throw std::invalid_argument("BatchReader: unknown split " + o.split);
+  if (o.batch_size < 1) throw std::invalid_argument("BatchReader: batch_size must be at least 1");
+  if (o.prefetch < 1) throw std::invalid_argument("BatchReader: prefetch must be at least 1");
+  if (o.first_batch < 0) throw std::invalid_argument("BatchReader: first_batch must not be negative");
+  if (o.max_batches < -1) throw std::invalid_argument("BatchReader: max_batches must be -1 or more");
+}
+
+}  // namespace
+
+IndexPermutation::IndexPermutation(uint64_t n, uint64_t seed) : n_(n) {
+  // Smallest domain 4^h >= n (h >= 1), so cycle-walking needs fewer than 4 steps on average.
+  while (half_bits_ < 32 && (uint64_t{1} << (2 * half_bits_)) < n_) ++half_bits_;
+  half_mask_ = (uint64_t{1} << half_bits_) - 1;
+  uint64_t state = seed;
+  for (uint64_t& key : keys_) key = splitmix64(state);
+}
+
+uint64_t IndexPermutation::round_function(uint64_t half, int round) const {
+  return mix64(half ^ keys_[round]) & half_mask_;
+}
+
+uint64_t IndexPermutation::operator()(uint64_t i) const {
+  if (i >= n_)
+    throw std::out_of_range("IndexPermutation: index " + std::to_string(i) + " >= " + std::to_string(n_));
+  // A Feistel network is a bijection of [0, 4^h); applying it until the value falls below n walks the cycle
+  // through i and so stays a bijection of [0, n).
+  uint64_t value = i;
+  do {
+    uint64_t left = value >> half_bits_;
+    uint64_t right = value & half_mask_;
+    for (int round = 0; round < 4; ++round) {
+      const uint64_t next = left ^ round_function(right, round);
+      left = right;
+      right = next;
+    }
+    value = (left << half_bits_) | right;
+  } while (value >= n_);
+  return value;
+}
+
+// The file and both datasets stay open for the reader's lifetime; the dataspaces and scratch buffers are only
+// touched by the prefetch thread.
+struct BatchReader::Source {
+  Hid file;
+  Hid x;
+  Hid y;
+  Hid x_space;
+  Hid y_space;
+  std::vector<hsize_t> rows;    // the batch's row numbers, sorted
+  std::vector<uint8_t> labels;  // raw labels before conversion to float
+};
+
+int64_t BatchReader::batches_per_epoch(int64_t shard_size, int batch_size, bool drop_last) {
+  if (shard_size < 0 || batch_size < 1)
+    throw std::invalid_argument("batches_per_epoch: bad shard or batch size");
+  return drop_last ? shard_size / batch_size : (shard_size + batch_size - 1) / batch_size;
+}
+
+BatchReader::BatchReader(const BatchReaderOptions& options)
+    : options_(options), permutation_(checked_shard_size(options), epoch_seed(options.seed, options.epoch)) {
+  validate(options_);
+  const std::string& path = options_.path;
+  const std::string x_name = "/" + options_.split + "/x";
+  const std::string y_name = "/" + options_.split + "/y";
+  source_ = std::make_unique<Source>();
+  {
+    std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+    source_->file = open_file_readonly(path);
+    source_->x = open_dataset(source_->file.get(), path, x_name);
+    source_->y = open_dataset(source_->file.get(), path, y_name);
+    const std::vector<int64_t> x_dims = dataset_dims(source_->x.get());
+    const std::vector<int64_t> y_dims = dataset_dims(source_->y.get());
+    if (x_dims.size() != 2 || y_dims.size() != 1 || x_dims[0] != y_dims[0]) {
+      throw UserError(path + ": " + x_name + " and " + y_name + " must be [N, maxlen] and [N]");
+    }
+    if (options_.shard.end > x_dims[0]) {
+      throw UserError(path + ": shard [" + std::to_string(options_.shard.begin) + ", " +
+                      std::to_string(options_.shard.end) + ") is outside " + x_name + " of " +
+                      std::to_string(x_dims[0]) + " rows");
+    }
+    seq_ = static_cast<int>(x_dims[1]);
+    source_->x_space =
+        Hid(check_h5_id(H5Dget_space(source_->x.get()), "H5Dget_space"), Hid::Kind::kDataspace);
+    source_->y_space =
+        Hid(check_h5_id(H5Dget_space(source_->y.get()), "H5Dget_space"), Hid::Kind::kDataspace);
+  }
+  const int64_t per_epoch = batches_per_epoch(options_.shard.size(), options_.batch_size, options_.drop_last);
+  num_batches_ = std::max<int64_t>(0, per_epoch - options_.first_batch);
+  if (options_.max_batches >= 0) num_batches_ = std::min(num_batches_, options_.max_batches);
+  // One slot more than the read-ahead: the caller holds one batch while `prefetch` others are filled.
+  ring_.resize(static_cast<size_t>(options_.prefetch) + 1);
+  source_->rows.reserve(static_cast<size_t>(options_.batch_size));
+  source_->labels.reserve(static_cast<size_t>(options_.batch_size));
+  if (num_batches_ > 0) thread_ = std::thread(&BatchReader::prefetch_loop, this);
+}
+
+BatchReader::~BatchReader() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+const Batch* BatchReader::next() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (consumed_ >= num_batches_) return nullptr;
+  if (produced_ == consumed_ && !error_) {
+    const auto start = std::chrono::steady_clock::now();
+    cv_.wait(lock, [this] { return produced_ > consumed_ || error_; });
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  // Batches read before a failure are still handed out; the error surfaces where the failed batch would be.
+  if (produced_ == consumed_) std::rethrow_exception(error_);
+  const Batch* batch = &ring_[static_cast<size_t>(consumed_ % static_cast<int64_t>(ring_.size()))];
+  ++consumed_;
+  lock.unlock();
+  cv_.notify_all();
+  return batch;
+}
+
+void BatchReader::prefetch_loop() {
+  try {
+    const int64_t slots = static_cast<int64_t>(ring_.size());
+    for (int64_t t = 0; t < num_batches_; ++t) {
+      Batch* slot = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        // produced_ - consumed_ < prefetch keeps the slot of batch consumed_ - 1, which the caller holds,
+        // intact.
+        cv_.wait(lock, [&] { return stop_ || produced_ - consumed_ < options_.prefetch; });
+        if (stop_) return;
+        slot = &ring_[static_cast<size_t>(produced_ % slots)];
+      }
+      read_batch(options_.first_batch + t, *slot);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++produced_;
+      }
+      cv_.notify_all();
+    }
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      error_ = std::current_exception();
+    }
+    cv_.notify_all();
+  }
+}
+
+void BatchReader::read_batch(int64_t batch_index, Batch& out) {
+  const int64_t batch_size = options_.batch_size;
+  const int64_t first = batch_index * batch_size;
+  const int64_t count = std::min(batch_size, options_.shard.size() - first);
+  std::vector<hsize_t>& rows = source_->rows;
+  rows.resize(static_cast<size_t>(count));
+  for (int64_t j = 0; j < count; ++j) {
+    const uint64_t position = static_cast<uint64_t>(first + j);
+    const uint64_t offset = options_.shuffle ? permutation_(position) : position;
+    rows[j] = static_cast<hsize_t>(options_.shard.begin) + offset;
+  }
+  // File order: one selection of few, merged blocks, and a deterministic order inside the batch.
+  std::sort(rows.begin(), rows.end());
+
+  out.index = batch_index;
+  out.batch_size = static_cast<int>(count);
+  out.seq = seq_;
+  out.tokens.resize(static_cast<size_t>(count * seq_));
+  out.labels.resize(static_cast<size_t>(count));
+  source_->labels.resize(static_cast<size_t>(count));
+
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  const hsize_t columns = static_cast<hsize_t>(seq_);
+  for (const hid_t space : {source_->x_space.get(), source_->y_space.get()}) {
+    H5S_seloper_t operation = H5S_SELECT_SET;
+    for (size_t i = 0; i < rows.size();) {
+      size_t end = i + 1;
+      while (end < rows.size() && rows[end] == rows[end - 1] + 1) ++end;
+      const hsize_t start[2] = {rows[i], 0};
+      const hsize_t block[2] = {static_cast<hsize_t>(end - i), columns};
+      const hsize_t one[2] = {1, 1};
+      check_h5(H5Sselect_hyperslab(space, operation, start, nullptr, one, block), "H5Sselect_hyperslab");
+      operation = H5S_SELECT_OR;
+      i = end;
+    }
+  }
+  const hsize_t memory_dims[2] = {static_cast<hsize_t>(count), columns};
+  Hid x_memory(check_h5_id(H5Screate_simple(2, memory_dims, nullptr), "H5Screate_simple"),
+               Hid::Kind::kDataspace);
+  Hid y_memory(check_h5_id(H5Screate_simple(1, memory_dims, nullptr), "H5Screate_simple"),
+               Hid::Kind::kDataspace);
+  const std::string where = options_.path + " /" + options_.split;
+  check_h5(H5Dread(source_->x.get(), H5T_NATIVE_INT32, x_memory.get(), source_->x_space.get(), H5P_DEFAULT,
+                   out.tokens.data()),
+           ("H5Dread " + where + "/x").c_str());
+  check_h5(H5Dread(source_->y.get(), H5T_NATIVE_UINT8, y_memory.get(), source_->y_space.get(), H5P_DEFAULT,
+                   source_->labels.data()),
+           ("H5Dread " + where + "/y").c_str());
+  std::transform(source_->labels.begin(), source_->labels.end(), out.labels.begin(),
+                 [](uint8_t label) { return static_cast<float>(label); });
+}
+
+}  // namespace ddp::io

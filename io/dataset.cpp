@@ -1,0 +1,225 @@
+#include "io/dataset.h"
+
+#include <algorithm>
+#include <climits>
+#include <stdexcept>
+#include <vector>
+
+#include "engine/errors.h"
+#include "io/hdf5_util.h"
+
+namespace ddp::io {
+
+namespace {
+
+// Rows per validation read: at most 4096, fewer for very long rows so the buffer stays near 16 MiB.
+constexpr int64_t kMaxValidateRows = 4096;
+constexpr int64_t kMaxValidateElements = int64_t{1} << 22;
+
+// "int32", "uint8", "float64", "string", ... for messages about a wrong element type.
+std::string describe_type(hid_t type) {
+  const H5T_class_t type_class = H5Tget_class(type);
+  const size_t bits = H5Tget_size(type) * 8;
+  switch (type_class) {
+    case H5T_INTEGER: {
+      const H5T_sign_t sign = H5Tget_sign(type);
+      if (sign == H5T_SGN_ERROR) check_h5(-1, "H5Tget_sign");
+      return (sign == H5T_SGN_NONE ? "uint" : "int") + std::to_string(bits);
+    }
+    case H5T_FLOAT:
+      return "float" + std::to_string(bits);
+    case H5T_STRING:
+      return "string";
+    case H5T_COMPOUND:
+      return "compound";
+    case H5T_ENUM:
+      return "enum";
+    case H5T_ARRAY:
+      return "array";
+    case H5T_VLEN:
+      return "vlen";
+    case H5T_NO_CLASS:
+      check_h5(-1, "H5Tget_class");
+      break;
+    default:
+      break;
+  }
+  return "type class " + std::to_string(static_cast<int>(type_class));
+}
+
+std::string describe_shape(const std::vector<int64_t>& dims) {
+  if (dims.empty()) return "scalar";
+  std::string text = "[";
+  for (size_t i = 0; i < dims.size(); ++i) text += (i > 0 ? ", " : "") + std::to_string(dims[i]);
+  return text + "]";
+}
+
+struct Element {
+  H5T_class_t type_class = H5T_NO_CLASS;
+  size_t size = 0;
+  H5T_sign_t sign = H5T_SGN_ERROR;
+  std::string description;  // "int32 [25000, 80]"
+};
+
+Element element_of(hid_t dataset, const std::vector<int64_t>& dims) {
+  Hid type(check_h5_id(H5Dget_type(dataset), "H5Dget_type"), Hid::Kind::kDatatype);
+  Element e;
+  e.type_class = H5Tget_class(type.get());
+  e.size = H5Tget_size(type.get());
+  e.sign = e.type_class == H5T_INTEGER ? H5Tget_sign(type.get()) : H5T_SGN_NONE;
+  if (e.type_class == H5T_NO_CLASS || e.size == 0 || e.sign == H5T_SGN_ERROR)
+    check_h5(-1, "H5Tget_class/size/sign");
+  e.description = describe_type(type.get()) + " " + describe_shape(dims);
+  return e;
+}
+
+struct SplitShape {
+  int64_t rows = 0;
+  int64_t columns = 0;
+};
+
+SplitShape check_split(hid_t file, const std::string& path, const std::string& split) {
+  const std::string x_name = "/" + split + "/x";
+  const std::string y_name = "/" + split + "/y";
+  Hid x = open_dataset(file, path, x_name);
+  Hid y = open_dataset(file, path, y_name);
+  const std::vector<int64_t> x_dims = dataset_dims(x.get());
+  const std::vector<int64_t> y_dims = dataset_dims(y.get());
+  const Element xe = element_of(x.get(), x_dims);
+  const Element ye = element_of(y.get(), y_dims);
+  if (x_dims.size() != 2 || xe.type_class != H5T_INTEGER || xe.size != 4 || xe.sign != H5T_SGN_2) {
+    throw UserError(path + ": dataset " + x_name + " must be int32 [N, maxlen], found " + xe.description);
+  }
+  // Any one-byte unsigned integer: h5py's uint8 and an enum-free bool-like u1 both qualify.
+  if (y_dims.size() != 1 || ye.type_class != H5T_INTEGER || ye.size != 1 || ye.sign != H5T_SGN_NONE) {
+    throw UserError(path + ": dataset " + y_name + " must be uint8 [N], found " + ye.description);
+  }
+  if (x_dims[0] != y_dims[0]) {
+    throw UserError(path + ": " + x_name + " has " + std::to_string(x_dims[0]) + " rows but " + y_name +
+                    " has " + std::to_string(y_dims[0]));
+  }
+  return {x_dims[0], x_dims[1]};
+}
+
+int positive_int_attribute(hid_t file, const std::string& path, const std::string& name) {
+  const int64_t value = read_int_attribute(file, path, name);
+  if (value <= 0)
+    throw UserError(path + ": attribute " + name + " must be positive, found " + std::to_string(value));
+  if (value > INT_MAX)
+    throw UserError(path + ": attribute " + name + " = " + std::to_string(value) + " is too large");
+  return static_cast<int>(value);
+}
+
+// Selects rows [first, first + count) of a rank-1 or rank-2 dataspace.
+void select_rows(hid_t space, int64_t first, int64_t count, int64_t columns) {
+  const hsize_t start[2] = {static_cast<hsize_t>(first), 0};
+  const hsize_t block[2] = {static_cast<hsize_t>(count), static_cast<hsize_t>(columns)};
+  const hsize_t one[2] = {1, 1};
+  check_h5(H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, one, block), "H5Sselect_hyperslab");
+}
+
+}  // namespace
+
+DatasetInfo inspect_dataset(const std::string& path) {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  Hid file = open_file_readonly(path);
+  // Presence of all four first, so a file missing several names the first in schema order.
+  for (const char* name : {"/train/x", "/train/y", "/test/x", "/test/y"})
+    open_dataset(file.get(), path, name);
+  const SplitShape train = check_split(file.get(), path, "train");
+  const SplitShape test = check_split(file.get(), path, "test");
+
+  DatasetInfo info;
+  info.path = path;
+  info.train_size = train.rows;
+  info.test_size = test.rows;
+  info.vocab_size = positive_int_attribute(file.get(), path, "vocab_size");
+  info.maxlen = positive_int_attribute(file.get(), path, "maxlen");
+  for (const auto& [name, shape] : {std::pair{"/train/x", train}, std::pair{"/test/x", test}}) {
+    if (shape.columns != info.maxlen) {
+      throw UserError(path + ": dataset " + name + " has " + std::to_string(shape.columns) +
+                      " columns but attribute maxlen = " + std::to_string(info.maxlen));
+    }
+  }
+  info.has_vocab = link_exists(file.get(), "/vocab");
+  return info;
+}
+
+void validate_rows(const DatasetInfo& info, const std::string& split, int64_t begin, int64_t end) {
+  if (split != "train" && split != "test")
+    throw std::invalid_argument("validate_rows: unknown split " + split);
+  const int64_t rows = split == "train" ? info.train_size : info.test_size;
+  if (begin < 0 || begin > end || end > rows) {
+    throw std::invalid_argument("validate_rows: rows [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                ") outside " + split + " of " + std::to_string(rows) + " rows");
+  }
+  const std::string x_name = "/" + split + "/x";
+  const std::string y_name = "/" + split + "/y";
+  const int64_t columns = info.maxlen;
+  if (columns <= 0)
+    throw std::invalid_argument("validate_rows: DatasetInfo has no maxlen (use inspect_dataset)");
+  const int64_t chunk_rows = std::clamp<int64_t>(kMaxValidateElements / columns, 1, kMaxValidateRows);
+
+  Hid file;
+  Hid x;
+  Hid y;
+  Hid x_space;
+  Hid y_space;
+  {
+    std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+    file = open_file_readonly(info.path);
+    x = open_dataset(file.get(), info.path, x_name);
+    y = open_dataset(file.get(), info.path, y_name);
+    x_space = Hid(check_h5_id(H5Dget_space(x.get()), "H5Dget_space"), Hid::Kind::kDataspace);
+    y_space = Hid(check_h5_id(H5Dget_space(y.get()), "H5Dget_space"), Hid::Kind::kDataspace);
+  }
+  std::vector<int32_t> tokens(static_cast<size_t>(chunk_rows * columns));
+  std::vector<uint8_t> labels(static_cast<size_t>(chunk_rows));
+  for (int64_t first = begin; first < end; first += chunk_rows) {
+    const int64_t count = std::min(chunk_rows, end - first);
+    {
+      // Lock per chunk, not per call: the prefetch thread of a reader may be waiting for HDF5 too.
+      std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+      const hsize_t memory_dims[2] = {static_cast<hsize_t>(count), static_cast<hsize_t>(columns)};
+      Hid x_memory(check_h5_id(H5Screate_simple(2, memory_dims, nullptr), "H5Screate_simple"),
+                   Hid::Kind::kDataspace);
+      Hid y_memory(check_h5_id(H5Screate_simple(1, memory_dims, nullptr), "H5Screate_simple"),
+                   Hid::Kind::kDataspace);
+      select_rows(x_space.get(), first, count, columns);
+      select_rows(y_space.get(), first, count, 1);
+      check_h5(H5Dread(x.get(), H5T_NATIVE_INT32, x_memory.get(), x_space.get(), H5P_DEFAULT, tokens.data()),
+               ("H5Dread " + x_name).c_str());
+      check_h5(H5Dread(y.get(), H5T_NATIVE_UINT8, y_memory.get(), y_space.get(), H5P_DEFAULT, labels.data()),
+               ("H5Dread " + y_name).c_str());
+    }
+    for (int64_t r = 0; r < count; ++r) {
+      const int32_t* row = tokens.data() + r * columns;
+      for (int64_t c = 0; c < columns; ++c) {
+        if (row[c] < 0 || row[c] >= info.vocab_size) {
+          throw UserError(info.path + ": " + x_name + "[" + std::to_string(first + r) + ", " +
+                          std::to_string(c) + "] = " + std::to_string(row[c]) +
+                          " is outside [0, vocab_size=" + std::to_string(info.vocab_size) + ")");
+        }
+      }
+      if (labels[r] > 1) {
+        throw UserError(info.path + ": " + y_name + "[" + std::to_string(first + r) +
+                        "] = " + std::to_string(labels[r]) + " is not a label (must be 0 or 1)");
+      }
+    }
+  }
+}
+
+Shard shard_of(int64_t n, int rank, int world, bool cover_all) {
+  if (n < 0 || world < 1 || rank < 0 || rank >= world) {
+    throw std::invalid_argument("shard_of: bad arguments n=" + std::to_string(n) +
+                                " rank=" + std::to_string(rank) + " world=" + std::to_string(world));
+  }
+  const int64_t each = n / world;
+  if (!cover_all) return {rank * each, (rank + 1) * each};
+  // The first n % world ranks take one extra row each; shards stay contiguous and in rank order.
+  const int64_t extra = n % world;
+  const int64_t begin = rank * each + std::min<int64_t>(rank, extra);
+  return {begin, begin + each + (rank < extra ? 1 : 0)};
+}
+
+}  // namespace ddp::io

@@ -1,0 +1,45 @@
+// The dataset file: one HDF5 file per dataset, schema
+//
+//   /train/x   int32 [N, maxlen]   token ids, 0 = padding, sequences left-padded (Keras pad_sequences 'pre')
+//   /train/y   uint8 [N]           labels 0 or 1
+//   /test/x    int32 [M, maxlen]
+//   /test/y    uint8 [M]
+//   attributes on the root group: vocab_size (int, token ids are < vocab_size), maxlen (int)
+//   /vocab     optional variable-length UTF-8 strings, /vocab[i] is the word of id i
+//
+// The model takes vocab_size and maxlen from the file, so one config serves any dataset.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ddp::io {
+
+struct DatasetInfo {
+  std::string path;
+  int64_t train_size = 0;
+  int64_t test_size = 0;
+  int vocab_size = 0;
+  int maxlen = 0;
+  bool has_vocab = false;
+};
+
+// Opens the file and checks the schema: datasets present, ranks, element types, matching lengths,
+// attributes. Throws UserError naming the file and the dataset or attribute that is wrong.
+DatasetInfo inspect_dataset(const std::string& path);
+
+// Reads rows [begin, end) of split ("train" or "test") in bounded chunks and checks 0 <= token < vocab_size
+// and labels in {0, 1}. Throws UserError naming file, dataset, row and value of the first bad entry.
+void validate_rows(const DatasetInfo& info, const std::string& split, int64_t begin, int64_t end);
+
+// The contiguous rows [begin, end) of a split that rank `rank` of `world` reads: floor(n / world) rows each,
+// so every rank runs the same number of steps (the last n % world rows are left out of training).
+// For evaluation, `cover_all` spreads the remainder so that every row is read by exactly one rank.
+struct Shard {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+Shard shard_of(int64_t n, int rank, int world, bool cover_all);
+
+}  // namespace ddp::io

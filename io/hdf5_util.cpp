@@ -1,0 +1,277 @@
+#include "io/hdf5_util.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <system_error>
+
+#include "engine/errors.h"
+
+namespace ddp::io {
+
+namespace {
+
+// The most specific message on HDF5's error stack (the innermost function that failed), e.g. "file signature
+// not found". Must be called right after the failing call, before another HDF5 call clears the stack.
+std::string hdf5_error_detail() {
+  std::string detail;
+  const auto take_innermost = [](unsigned n, const H5E_error2_t* error, void* out) -> herr_t {
+    if (n == 0 && error->desc != nullptr) *static_cast<std::string*>(out) = error->desc;
+    return 0;
+  };
+  if (H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, take_innermost, &detail) < 0 || detail.empty()) {
+    return "no detail from HDF5";
+  }
+  return detail;
+}
+
+herr_t close_by_kind(hid_t id, Hid::Kind kind) {
+  switch (kind) {
+    case Hid::Kind::kFile:
+      return H5Fclose(id);
+    case Hid::Kind::kGroup:
+      return H5Gclose(id);
+    case Hid::Kind::kDataset:
+      return H5Dclose(id);
+    case Hid::Kind::kDataspace:
+      return H5Sclose(id);
+    case Hid::Kind::kDatatype:
+      return H5Tclose(id);
+    case Hid::Kind::kAttribute:
+      return H5Aclose(id);
+    case Hid::Kind::kPropertyList:
+      return H5Pclose(id);
+  }
+  return -1;
+}
+
+// The name of the file that `loc` belongs to, for messages about attributes (whose readers get no path).
+std::string file_name_of(hid_t loc) {
+  const ssize_t length = H5Fget_name(loc, nullptr, 0);
+  if (length <= 0) return "<unknown HDF5 file>";
+  std::string name(static_cast<size_t>(length) + 1, '\0');
+  if (H5Fget_name(loc, name.data(), name.size()) < 0) return "<unknown HDF5 file>";
+  name.resize(static_cast<size_t>(length));
+  return name;
+}
+
+// " of /group" for an attribute on something other than the root group, "" on the root.
+std::string object_suffix(hid_t loc) {
+  char name[512] = {};
+  const ssize_t length = H5Iget_name(loc, name, sizeof(name));
+  if (length <= 0 || std::string(name) == "/") return "";
+  return std::string(" of ") + name;
+}
+
+// One attribute value: a scalar or a single-element array (h5py writes either, depending on the caller).
+hssize_t attribute_points(hid_t attr) {
+  Hid space(check_h5_id(H5Aget_space(attr), "H5Aget_space"), Hid::Kind::kDataspace);
+  const hssize_t points = H5Sget_simple_extent_npoints(space.get());
+  if (points < 0) throw std::runtime_error("H5Sget_simple_extent_npoints failed: " + hdf5_error_detail());
+  return points;
+}
+
+void delete_attribute_if_present(hid_t loc, const std::string& name) {
+  const htri_t exists = H5Aexists(loc, name.c_str());
+  if (exists < 0) throw std::runtime_error("H5Aexists " + name + " failed: " + hdf5_error_detail());
+  if (exists > 0) check_h5(H5Adelete(loc, name.c_str()), ("H5Adelete " + name).c_str());
+}
+
+}  // namespace
+
+std::recursive_mutex& hdf5_mutex() {
+  static std::recursive_mutex mutex;
+  return mutex;
+}
+
+void quiet_hdf5_errors() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+    check_h5(H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr), "H5Eset_auto2");
+  });
+}
+
+Hid& Hid::operator=(Hid&& o) noexcept {
+  if (this != &o) {
+    reset();
+    id_ = o.id_;
+    kind_ = o.kind_;
+    o.id_ = H5I_INVALID_HID;
+  }
+  return *this;
+}
+
+void Hid::reset() {
+  if (id_ < 0) return;
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  // Runs in destructors, so it cannot throw: a failed close is reported, not hidden. Writers flush (checked)
+  // before closing, so data errors surface there.
+  if (close_by_kind(id_, kind_) < 0) {
+    std::fprintf(stderr, "ddptrain: warning: closing an HDF5 object failed (%s)\n",
+                 hdf5_error_detail().c_str());
+  }
+  id_ = H5I_INVALID_HID;
+}
+
+void check_h5(herr_t status, const char* what) {
+  if (status < 0) throw std::runtime_error(std::string(what) + " failed: " + hdf5_error_detail());
+}
+
+hid_t check_h5_id(hid_t id, const char* what) {
+  if (id < 0) throw std::runtime_error(std::string(what) + " failed: " + hdf5_error_detail());
+  return id;
+}
+
+Hid open_file_readonly(const std::string& path) {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  quiet_hdf5_errors();
+  std::error_code error;
+  const bool exists = std::filesystem::exists(path, error);
+  if (error || !exists) throw UserError(path + ": no such file");
+  if (std::filesystem::is_directory(path, error))
+    throw UserError(path + ": is a directory, not an HDF5 file");
+  if (!std::ifstream(path, std::ios::binary).is_open())
+    throw UserError(path + ": cannot be read (permission denied?)");
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (file < 0) throw UserError(path + ": not an HDF5 file (" + hdf5_error_detail() + ")");
+  return Hid(file, Hid::Kind::kFile);
+}
+
+bool link_exists(hid_t loc, const std::string& path) {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  // H5Lexists on a/b/c fails (instead of answering false) when a or a/b is missing, so walk the components.
+  std::string prefix = path.starts_with('/') ? "/" : "";
+  size_t begin = 0;
+  while (begin < path.size()) {
+    size_t end = path.find('/', begin);
+    if (end == std::string::npos) end = path.size();
+    if (end > begin) {
+      if (!prefix.empty() && prefix.back() != '/') prefix += '/';
+      prefix += path.substr(begin, end - begin);
+      const htri_t link = H5Lexists(loc, prefix.c_str(), H5P_DEFAULT);
+      if (link < 0) throw std::runtime_error("H5Lexists " + prefix + " failed: " + hdf5_error_detail());
+      if (link == 0) return false;
+      // A dangling soft link exists as a link but not as an object.
+      const htri_t object = H5Oexists_by_name(loc, prefix.c_str(), H5P_DEFAULT);
+      if (object < 0)
+        throw std::runtime_error("H5Oexists_by_name " + prefix + " failed: " + hdf5_error_detail());
+      if (object == 0) return false;
+      const bool last = path.find_first_not_of('/', end) == std::string::npos;
+      if (!last) {
+        // Only a group can have members; a dataset named like a parent makes the path absent, not an error.
+        H5O_info_t info;
+        check_h5(H5Oget_info_by_name(loc, prefix.c_str(), &info, H5P_DEFAULT), "H5Oget_info_by_name");
+        if (info.type != H5O_TYPE_GROUP) return false;
+      }
+    }
+    begin = end + 1;
+  }
+  return true;
+}
+
+Hid open_dataset(hid_t file, const std::string& file_path, const std::string& name) {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  quiet_hdf5_errors();
+  if (!link_exists(file, name)) throw UserError(file_path + ": dataset " + name + " is missing");
+  const hid_t dataset = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
+  if (dataset < 0)
+    throw UserError(file_path + ": " + name + " is not a dataset (" + hdf5_error_detail() + ")");
+  return Hid(dataset, Hid::Kind::kDataset);
+}
+
+std::vector<int64_t> dataset_dims(hid_t dataset) {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  Hid space(check_h5_id(H5Dget_space(dataset), "H5Dget_space"), Hid::Kind::kDataspace);
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank < 0) throw std::runtime_error("H5Sget_simple_extent_ndims failed: " + hdf5_error_detail());
+  std::vector<hsize_t> dims(static_cast<size_t>(rank));
+  if (rank > 0)
+    check_h5(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), "H5Sget_simple_extent_dims");
+  return std::vector<int64_t>(dims.begin(), dims.end());
+}
+
+int64_t read_int_attribute(hid_t file, const std::string& file_path, const std::string& name) {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  quiet_hdf5_errors();
+  const std::string what = "attribute " + name + object_suffix(file);
+  const htri_t exists = H5Aexists(file, name.c_str());
+  if (exists < 0) throw std::runtime_error("H5Aexists " + name + " failed: " + hdf5_error_detail());
+  if (exists == 0) throw UserError(file_path + ": " + what + " is missing");
+  Hid attr(check_h5_id(H5Aopen(file, name.c_str(), H5P_DEFAULT), "H5Aopen"), Hid::Kind::kAttribute);
+  Hid type(check_h5_id(H5Aget_type(attr.get()), "H5Aget_type"), Hid::Kind::kDatatype);
+  const H5T_class_t type_class = H5Tget_class(type.get());
+  if (type_class == H5T_NO_CLASS) throw std::runtime_error("H5Tget_class failed: " + hdf5_error_detail());
+  if (type_class != H5T_INTEGER) throw UserError(file_path + ": " + what + " must be an integer");
+  if (attribute_points(attr.get()) != 1)
+    throw UserError(file_path + ": " + what + " must be a single integer");
+  int64_t value = 0;
+  check_h5(H5Aread(attr.get(), H5T_NATIVE_INT64, &value), ("H5Aread " + name).c_str());
+  return value;
+}
+
+void write_int_attribute(hid_t loc, const std::string& name, int64_t value) {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  delete_attribute_if_present(loc, name);
+  Hid space(check_h5_id(H5Screate(H5S_SCALAR), "H5Screate"), Hid::Kind::kDataspace);
+  Hid attr(check_h5_id(H5Acreate2(loc, name.c_str(), H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                       ("H5Acreate2 " + name).c_str()),
+           Hid::Kind::kAttribute);
+  check_h5(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value), ("H5Awrite " + name).c_str());
+}
+
+void write_string_attribute(hid_t loc, const std::string& name, const std::string& value) {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  delete_attribute_if_present(loc, name);
+  // Fixed-length, NUL-terminated: readable by h5py, h5dump and plain C alike. +1 keeps "" a valid size.
+  Hid type(check_h5_id(H5Tcopy(H5T_C_S1), "H5Tcopy"), Hid::Kind::kDatatype);
+  check_h5(H5Tset_size(type.get(), value.size() + 1), "H5Tset_size");
+  check_h5(H5Tset_strpad(type.get(), H5T_STR_NULLTERM), "H5Tset_strpad");
+  check_h5(H5Tset_cset(type.get(), H5T_CSET_UTF8), "H5Tset_cset");
+  Hid space(check_h5_id(H5Screate(H5S_SCALAR), "H5Screate"), Hid::Kind::kDataspace);
+  Hid attr(check_h5_id(H5Acreate2(loc, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                       ("H5Acreate2 " + name).c_str()),
+           Hid::Kind::kAttribute);
+  check_h5(H5Awrite(attr.get(), type.get(), value.c_str()), ("H5Awrite " + name).c_str());
+}
+
+std::string read_string_attribute(hid_t loc, const std::string& name) {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  quiet_hdf5_errors();
+  const htri_t exists = H5Aexists(loc, name.c_str());
+  if (exists < 0) throw std::runtime_error("H5Aexists " + name + " failed: " + hdf5_error_detail());
+  if (exists == 0) return "";
+  Hid attr(check_h5_id(H5Aopen(loc, name.c_str(), H5P_DEFAULT), "H5Aopen"), Hid::Kind::kAttribute);
+  Hid file_type(check_h5_id(H5Aget_type(attr.get()), "H5Aget_type"), Hid::Kind::kDatatype);
+  const std::string what = "attribute " + name + object_suffix(loc);
+  if (H5Tget_class(file_type.get()) != H5T_STRING || attribute_points(attr.get()) != 1) {
+    throw UserError(file_name_of(loc) + ": " + what + " must be a single string");
+  }
+  const htri_t variable = H5Tis_variable_str(file_type.get());
+  if (variable < 0) throw std::runtime_error("H5Tis_variable_str failed: " + hdf5_error_detail());
+  Hid memory_type(check_h5_id(H5Tcopy(H5T_C_S1), "H5Tcopy"), Hid::Kind::kDatatype);
+  const H5T_cset_t cset = H5Tget_cset(file_type.get());
+  if (cset < 0) throw std::runtime_error("H5Tget_cset failed: " + hdf5_error_detail());
+  check_h5(H5Tset_cset(memory_type.get(), cset), "H5Tset_cset");
+  if (variable > 0) {
+    // Variable-length (what h5py writes for a Python str): HDF5 allocates the buffer, we free it.
+    check_h5(H5Tset_size(memory_type.get(), H5T_VARIABLE), "H5Tset_size");
+    char* text = nullptr;
+    check_h5(H5Aread(attr.get(), memory_type.get(), &text), ("H5Aread " + name).c_str());
+    std::string value = text != nullptr ? text : "";
+    check_h5(H5free_memory(text), "H5free_memory");
+    return value;
+  }
+  const size_t size = H5Tget_size(file_type.get());
+  if (size == 0) throw std::runtime_error("H5Tget_size failed: " + hdf5_error_detail());
+  // One byte more than the stored size so that a NULLPAD/SPACEPAD string still ends in NUL.
+  check_h5(H5Tset_size(memory_type.get(), size + 1), "H5Tset_size");
+  check_h5(H5Tset_strpad(memory_type.get(), H5T_STR_NULLTERM), "H5Tset_strpad");
+  std::string buffer(size + 1, '\0');
+  check_h5(H5Aread(attr.get(), memory_type.get(), buffer.data()), ("H5Aread " + name).c_str());
+  buffer.resize(buffer.find('\0') == std::string::npos ? buffer.size() : buffer.find('\0'));
+  return buffer;
+}
+
+}  // namespace ddp::io

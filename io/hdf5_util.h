@@ -1,0 +1,60 @@
+// Small RAII wrappers over the HDF5 C API. Every call's return code is checked: a failure on a file the user
+// gave becomes a UserError naming the file and object; HDF5's own error stack printing is turned off so the
+// user sees one line.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace ddp::io {
+
+// HDF5 calls from different threads (the prefetch thread, the checkpoint writer) take this lock: Debian's
+// serial HDF5 is not guaranteed thread-safe.
+std::recursive_mutex& hdf5_mutex();
+
+// Silences HDF5's automatic error printing (once per process).
+void quiet_hdf5_errors();
+
+// Owns one hid_t and closes it with the matching H5?close.
+class Hid {
+ public:
+  enum class Kind { kFile, kGroup, kDataset, kDataspace, kDatatype, kAttribute, kPropertyList };
+  Hid() = default;
+  Hid(hid_t id, Kind kind) : id_(id), kind_(kind) {}
+  Hid(const Hid&) = delete;
+  Hid& operator=(const Hid&) = delete;
+  Hid(Hid&& o) noexcept : id_(o.id_), kind_(o.kind_) { o.id_ = H5I_INVALID_HID; }
+  Hid& operator=(Hid&& o) noexcept;
+  ~Hid() { reset(); }
+
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  void reset();
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  Kind kind_ = Kind::kFile;
+};
+
+Hid open_file_readonly(const std::string& path);  // UserError if missing or not HDF5
+bool link_exists(hid_t loc, const std::string& path);  // checks every component of a/b/c
+Hid open_dataset(hid_t file, const std::string& file_path, const std::string& name);  // UserError if missing
+
+// Shape of a dataset (one entry per dimension).
+std::vector<int64_t> dataset_dims(hid_t dataset);
+
+// Reads a scalar integer attribute of the root group; UserError naming file and attribute if absent.
+int64_t read_int_attribute(hid_t file, const std::string& file_path, const std::string& name);
+void write_int_attribute(hid_t loc, const std::string& name, int64_t value);
+void write_string_attribute(hid_t loc, const std::string& name, const std::string& value);
+std::string read_string_attribute(hid_t loc, const std::string& name);  // "" if absent
+
+// Throws std::runtime_error with `what` when status < 0 (for HDF5 calls on files we create ourselves).
+void check_h5(herr_t status, const char* what);
+hid_t check_h5_id(hid_t id, const char* what);
+
+}  // namespace ddp::io

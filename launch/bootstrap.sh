@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One entry point for a fresh Debian/Ubuntu machine (the README's two commands):
+#   bash launch/bootstrap.sh quickstart   install what is missing, build, make the embedded dataset, train it
+#                                         with mpirun -np 2
+#   bash launch/bootstrap.sh test         install what is missing, build with warnings as errors, run the
+#                                         whole test suite, then the unit tests under ASan + UBSan
+# Environment: BUILD_DIR (default build), JOBS (default: all cores), DDPTRAIN_CUDA (AUTO|ON|OFF).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+build=${BUILD_DIR:-build}
+jobs=${JOBS:-$(nproc)}
+cuda=${DDPTRAIN_CUDA:-AUTO}
+
+# Open MPI refuses to run as root and more ranks than cores unless told; CI runs as root on 2 cores.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+
+packages=(build-essential cmake libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libboost-program-options-dev
+  libopenblas-dev libgtest-dev)
+
+install_missing() {
+  local missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return
+  echo "== installing ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+configure_and_build() {  # dir, extra cmake args...
+  local dir=$1
+  shift
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DDDPTRAIN_CUDA="$cuda" "$@"
+  cmake --build "$dir" -j "$jobs"
+}
+
+case "${1:-}" in
+  quickstart)
+    install_missing
+    configure_and_build "$build"
+    mkdir -p data
+    [ -f data/quickstart.h5 ] || "$build"/ddptrain prepare synthetic --output data/quickstart.h5 \
+      --train 20000 --test 4000 --vocab 2000 --maxlen 40 --seed 1
+    mpirun -np 2 "$build"/ddptrain --config launch/configs/quickstart.ini
+    ;;
+  test)
+    install_missing
+    configure_and_build "$build" -DDDPTRAIN_WERROR=ON
+    (cd "$build" && ctest --output-on-failure -j 2)
+    echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+    cuda=OFF configure_and_build "$build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDPTRAIN_WERROR=ON \
+      -DDDPTRAIN_SANITIZE=ON -DDDPTRAIN_BUILD_BENCHMARKS=OFF
+    (cd "$build-asan" && LSAN_OPTIONS="suppressions=$root/tests/lsan.supp" \
+      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -L unit -j 2)
+    ;;
+  *)
+    echo "usage: bash launch/bootstrap.sh quickstart|test" >&2
+    exit 2
+    ;;
+esac

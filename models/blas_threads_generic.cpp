@@ -1,0 +1,9 @@
+#include "models/blas_threads.h"
+
+namespace ddp::models {
+
+bool set_blas_threads(int) { return false; }
+
+std::string blas_description() { return "BLAS (" DDPTRAIN_BLAS_VENDOR ", threads from its environment variable)"; }
+
+}  // namespace ddp::models

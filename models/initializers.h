@@ -1,0 +1,19 @@
+// Keras's initializers for the imdb_lstm model, written into the canonical layout:
+//   embedding  uniform(-0.05, 0.05)
+//   w_ih       glorot_uniform over Keras's kernel [in, 4H]: limit sqrt(6 / (in + 4H))
+//   w_hh       orthogonal over Keras's recurrent kernel [H, 4H] (gain 1), stored transposed as [4H, H]
+//   b_ih       zero except the forget gate, 1 (Keras unit_forget_bias); b_hh zero, so f's bias sums to 1
+//   dense.w    glorot_uniform over [H, 1]; dense.b zero
+// Deterministic from the seed and independent of the BLAS or the number of threads.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "models/param_layout.h"
+
+namespace ddp::models {
+
+void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64_t seed);
+
+}  // namespace ddp::models

@@ -1,0 +1,81 @@
+// The classifier on the CPU, templated on the scalar so that the same code runs in float for training and in
+// double as the reference for gradient checks. Time-major internally: the input projection of the whole
+// sequence is one GEMM per layer, each time step one GEMM with the recurrent weights, and backward through
+// time accumulates the weight gradients of the whole sequence in one GEMM each.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "models/param_layout.h"
+#include "models/replica.h"
+
+namespace ddp::models {
+
+template <typename Scalar>
+class CpuLstmClassifier {
+ public:
+  explicit CpuLstmClassifier(const ModelShape& shape);
+
+  const ParamLayout& layout() const { return layout_; }
+  std::span<Scalar> params() { return params_; }
+  std::span<Scalar> grads() { return grads_; }
+
+  // tokens [batch, seq] row-major; labels [batch]. grads() = d(mean BCE)/d(params).
+  BatchStats train_step(const int32_t* tokens, const Scalar* labels, int batch, int seq,
+                        const GradientReadyFn& on_ready);
+  // probabilities may be empty or hold `batch` entries.
+  BatchStats evaluate(const int32_t* tokens, const Scalar* labels, int batch, int seq,
+                      std::span<Scalar> probabilities);
+
+ private:
+  // Offsets of one layer's tensors in the flat buffers.
+  struct LayerTensors {
+    std::size_t w_ih = 0;
+    std::size_t w_hh = 0;
+    std::size_t b_ih = 0;
+    std::size_t b_hh = 0;
+    int in = 0;
+  };
+
+  void forward(const int32_t* tokens, int batch, int seq);
+  void forward_layer(int layer, int batch, int seq);
+  // Backward through time of one layer, from d_hidden_ (gradient into its outputs) to its weight gradients
+  // and d_gates_; the gradient into its input is left to the caller.
+  void backward_layer(int layer, int batch, int seq);
+  BatchStats loss_and_stats(const Scalar* labels, int batch, std::span<Scalar> probabilities);
+  void resize_workspace(int batch, int seq);
+  // The input of `layer`, [T*B, in]: the embedded tokens for layer 0, the outputs of the layer below
+  // otherwise.
+  const Scalar* layer_input(int layer, int batch) const;
+
+  ParamLayout layout_;
+  std::vector<Scalar> params_;
+  std::vector<Scalar> grads_;
+  std::size_t embedding_offset_ = 0;
+  std::size_t dense_w_offset_ = 0;
+  std::size_t dense_b_offset_ = 0;
+  std::vector<LayerTensors> layers_;
+
+  // Workspace, kept between steps so a step allocates nothing once shapes are stable. It only grows: a
+  // smaller batch (the last one of an evaluation) uses a prefix of each buffer.
+  std::vector<Scalar> embedded_;                // [T*B, E] time-major: row t*B+b = embedding of token (b, t)
+  std::vector<std::vector<Scalar>> gates_;      // per layer: [T*B, 4H] activations i, f, g, o
+  std::vector<std::vector<Scalar>> cell_;       // per layer: [(T+1)*B, H], row block 0 = c_{-1} = 0
+  std::vector<std::vector<Scalar>> cell_tanh_;  // per layer: [T*B, H] tanh(c_t), kept for backward
+  std::vector<std::vector<Scalar>> hidden_;     // per layer: [(T+1)*B, H], row block 0 = h_{-1} = 0
+  std::vector<Scalar> logits_;                  // [B]
+  std::vector<Scalar> d_logits_;                // [B]
+  std::vector<Scalar> d_gates_;                 // [T*B, 4H] before the activations
+  std::vector<Scalar> d_hidden_;                // [T*B, H] gradient flowing into a layer's outputs
+  std::vector<Scalar> d_h_;                     // [B, H] recurrent part of dh_{t-1}
+  std::vector<Scalar> d_c_;                     // [B, H]
+  std::vector<Scalar> d_embedded_;              // [T*B, E]
+};
+
+extern template class CpuLstmClassifier<float>;
+extern template class CpuLstmClassifier<double>;
+
+}  // namespace ddp::models

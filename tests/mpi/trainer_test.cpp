@@ -1,0 +1,133 @@
+// The whole training loop under MPI: replicas identical at the end, metrics written, and a run stopped in the
+// middle of an epoch and resumed ends with exactly the parameters of a run never interrupted.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "comm/communicator.h"
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/topology.h"
+#include "engine/trainer.h"
+#include "io/dataset.h"
+#include "io/synthetic.h"
+#include "tests/test_util.h"
+
+namespace ddp {
+namespace {
+
+// One directory shared by all ranks (they run on one machine): rank 0 makes it, the others learn its name.
+class SharedDir {
+ public:
+  SharedDir() {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) dir_ = std::make_unique<ddp::testing::TempDir>();
+    std::string name = rank == 0 ? dir_->path().string() : std::string();
+    int length = static_cast<int>(name.size());
+    MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    name.resize(static_cast<std::size_t>(length));
+    MPI_Bcast(name.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD);
+    path_ = name;
+  }
+  ~SharedDir() { MPI_Barrier(MPI_COMM_WORLD); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::unique_ptr<ddp::testing::TempDir> dir_;
+  std::filesystem::path path_;
+};
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    comm_ = comm::make_mpi_communicator(MPI_COMM_WORLD);
+    data_path_ = dir_.file("data.h5");
+    if (comm_->rank() == 0) {
+      io::SyntheticOptions options;
+      options.output = data_path_;
+      options.train = 600;
+      options.test = 130;
+      options.vocab = 300;
+      options.maxlen = 16;
+      options.seed = 5;
+      io::write_synthetic(options);
+    }
+    comm_->barrier();
+    data_ = io::inspect_dataset(data_path_);
+    topology_ = engine::discover_topology(MPI_COMM_WORLD, "cpu");
+  }
+
+  engine::TrainResult run(const std::string& run_dir, std::vector<std::string> extra) {
+    std::vector<std::string> args{"--data.path",          data_path_, "--checkpoint.dir", run_dir,
+                                  "--model.embedding_dim", "8",        "--model.hidden",   "8",
+                                  "--train.batch_size",    "10",       "--train.epochs",   "2",
+                                  "--log.progress",        "lines"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const engine::Config config = engine::parse_config(args).config;
+    return engine::train(config, topology_, *comm_, data_);
+  }
+
+  bool identical_on_all_ranks(const std::vector<float>& params) {
+    std::vector<float> reference = params;
+    comm_->broadcast(reference, 0);
+    int same = std::memcmp(reference.data(), params.data(), params.size() * sizeof(float)) == 0 ? 1 : 0;
+    int all_same = 0;
+    MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return all_same == 1;
+  }
+
+  SharedDir dir_;
+  std::unique_ptr<comm::Communicator> comm_;
+  std::string data_path_;
+  io::DatasetInfo data_;
+  engine::Topology topology_;
+};
+
+TEST_F(TrainerTest, ReplicasEndIdenticalAndMetricsAreWritten) {
+  const engine::TrainResult result = run(dir_.file("run"), {});
+  ASSERT_EQ(result.history.size(), 2u);
+  EXPECT_TRUE(identical_on_all_ranks(result.params));
+  EXPECT_EQ(result.history[0].world_size, comm_->size());
+  EXPECT_EQ(result.history[0].steps, 600 / comm_->size() / 10);
+  EXPECT_GT(result.history[1].val_acc, 0.0);
+  if (comm_->rank() == 0) {
+    std::ifstream metrics(dir_.file("run/metrics.jsonl"));
+    std::string line;
+    int lines = 0;
+    while (std::getline(metrics, line)) {
+      ++lines;
+      EXPECT_NE(line.find("\"val_acc\""), std::string::npos);
+    }
+    EXPECT_EQ(lines, 2);
+    EXPECT_TRUE(std::filesystem::exists(dir_.file("run/last.h5")));
+    EXPECT_TRUE(std::filesystem::exists(dir_.file("run/best.h5")));
+    EXPECT_TRUE(std::filesystem::exists(dir_.file("run/config.ini")));
+    EXPECT_EQ(engine::read_checkpoint(dir_.file("run/last.h5")).params, result.params);
+  }
+}
+
+TEST_F(TrainerTest, StoppedAndResumedEqualsUninterrupted) {
+  const engine::TrainResult straight = run(dir_.file("straight"), {});
+  const int64_t steps_per_epoch = straight.history[0].steps;
+  // Stop in the middle of the second epoch, then resume to the end.
+  const engine::TrainResult first =
+      run(dir_.file("interrupted"), {"--train.stop_after_steps", std::to_string(steps_per_epoch + 3)});
+  EXPECT_EQ(first.history.size(), 1u);
+  const engine::TrainResult second = run(dir_.file("interrupted"), {"--resume"});
+  ASSERT_EQ(second.history.size(), 1u);
+  EXPECT_EQ(second.params, straight.params) << "resumed run differs from the uninterrupted one";
+  // The resumed epoch's training metrics include the steps before the stop.
+  EXPECT_NEAR(second.history[0].loss, straight.history[1].loss, 1e-9);
+  EXPECT_NEAR(second.history[0].val_loss, straight.history[1].val_loss, 1e-9);
+}
+
+TEST_F(TrainerTest, ResumeWithoutCheckpointIsAUserErrorOnEveryRank) {
+  EXPECT_THROW(run(dir_.file("empty"), {"--resume"}), UserError);
+}
+
+}  // namespace
+}  // namespace ddp

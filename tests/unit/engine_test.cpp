@@ -1,0 +1,240 @@
+// Config parsing, optimizers, checkpoints and metrics formatting.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/errors.h"
+#include "engine/metrics.h"
+#include "engine/optimizer.h"
+#include "tests/test_util.h"
+
+namespace ddp::engine {
+namespace {
+
+using ddp::testing::TempDir;
+
+std::string write_text(const TempDir& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir.file(name);
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string error_of(const std::vector<std::string>& args) {
+  try {
+    parse_config(args);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, FileThenCommandLineWins) {
+  TempDir dir;
+  const std::string ini = write_text(dir, "a.ini",
+                                     "device = cpu\n[data]\npath = x.h5\n[train]\nbatch_size = 16\nepochs = 3\n"
+                                     "[model]\nhidden = 64\n");
+  const Config c = parse_config({"--config", ini, "--train.batch_size", "64"}).config;
+  EXPECT_EQ(c.train.batch_size, 64);  // command line over file
+  EXPECT_EQ(c.train.epochs, 3);       // file over default
+  EXPECT_EQ(c.model.hidden, 64);
+  EXPECT_EQ(c.model.embedding_dim, 128);  // default
+  EXPECT_EQ(c.device, "cpu");
+  EXPECT_EQ(c.data.path, "x.h5");
+  EXPECT_EQ(c.resume, "no");
+}
+
+TEST(Config, ResumeAloneMeansLast) {
+  EXPECT_EQ(parse_config({"--data.path", "x.h5", "--resume"}).config.resume, "last");
+  EXPECT_EQ(parse_config({"--data.path", "x.h5", "--resume", "auto"}).config.resume, "auto");
+  EXPECT_NE(error_of({"--data.path", "x.h5", "--resume", "sometimes"}).find("--resume"), std::string::npos);
+}
+
+TEST(Config, UnknownKeyInFileNamesFileAndKey) {
+  TempDir dir;
+  const std::string ini = write_text(dir, "bad.ini", "[train]\nbatchsize = 16\n");
+  const std::string error = error_of({"--config", ini});
+  EXPECT_NE(error.find(ini), std::string::npos) << error;
+  EXPECT_NE(error.find("train.batchsize"), std::string::npos) << error;
+}
+
+TEST(Config, UnknownOptionOnCommandLine) {
+  EXPECT_NE(error_of({"--train.bogus", "1"}).find("train.bogus"), std::string::npos);
+}
+
+TEST(Config, BadValuesNameTheKey) {
+  EXPECT_NE(error_of({"--data.path", "x", "--train.batch_size", "abc"}).find("train.batch_size"), std::string::npos);
+  EXPECT_NE(error_of({"--data.path", "x", "--train.batch_size", "0"}).find("train.batch_size"), std::string::npos);
+  EXPECT_NE(error_of({"--data.path", "x", "--train.learning_rate", "-1"}).find("train.learning_rate"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--data.path", "x", "--device", "tpu"}).find("device"), std::string::npos);
+  EXPECT_NE(error_of({"--data.path", "x", "--train.optimizer", "rmsprop"}).find("train.optimizer"),
+            std::string::npos);
+  EXPECT_NE(error_of({}).find("data.path"), std::string::npos);
+}
+
+TEST(Config, MissingConfigFile) {
+  EXPECT_NE(error_of({"--config", "/nonexistent/ddptrain.ini"}).find("/nonexistent/ddptrain.ini"),
+            std::string::npos);
+}
+
+TEST(Config, HelpListsEveryKeyWithDefault) {
+  const ParsedConfig parsed = parse_config({"--help"});
+  EXPECT_EQ(parsed.action, ConfigAction::kHelp);
+  for (const char* key : {"data.path", "model.embedding_dim", "model.hidden", "model.layers", "train.batch_size",
+                          "train.epochs", "train.learning_rate", "train.seed", "comm.backend", "checkpoint.dir",
+                          "--device"}) {
+    EXPECT_NE(parsed.help.find(key), std::string::npos) << key;
+  }
+  EXPECT_NE(parsed.help.find("(=32)"), std::string::npos);
+}
+
+TEST(Config, EffectiveIniReadsBack) {
+  TempDir dir;
+  Config original = parse_config({"--data.path", "d.h5", "--train.learning_rate", "0.0025", "--model.layers", "2",
+                                  "--data.validate", "false"})
+                        .config;
+  const std::string ini = write_text(dir, "effective.ini", original.to_ini());
+  const Config again = parse_config({"--config", ini}).config;
+  EXPECT_EQ(again.to_ini(), original.to_ini());
+  EXPECT_EQ(again.train.learning_rate, 0.0025);
+  EXPECT_EQ(again.model.layers, 2);
+  EXPECT_FALSE(again.data.validate);
+}
+
+TEST(Optimizer, AdamMatchesKerasFormulaInDouble) {
+  OptimizerSettings s;
+  s.learning_rate = 0.01;
+  auto adam = make_optimizer(s, 3);
+  std::vector<float> p{1.0f, -2.0f, 0.5f};
+  std::vector<double> ref(p.begin(), p.end()), m(3, 0), v(3, 0);
+  const std::vector<std::vector<float>> grads{{0.1f, -0.2f, 0.0f}, {0.3f, 0.1f, -1.0f}, {-0.05f, 0.2f, 0.4f}};
+  for (std::size_t t = 1; t <= grads.size(); ++t) {
+    adam->step(p, grads[t - 1]);
+    const double lr_t = 0.01 * std::sqrt(1 - std::pow(0.999, t)) / (1 - std::pow(0.9, t));
+    for (int i = 0; i < 3; ++i) {
+      const double g = grads[t - 1][i];
+      m[i] = 0.9 * m[i] + 0.1 * g;
+      v[i] = 0.999 * v[i] + 0.001 * g * g;
+      ref[i] -= lr_t * m[i] / (std::sqrt(v[i]) + 1e-7);
+    }
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(p[i], ref[i], 1e-6) << i;
+  EXPECT_EQ(adam->state().iterations, 3);
+}
+
+TEST(Optimizer, SgdMomentum) {
+  OptimizerSettings s;
+  s.name = "sgd";
+  s.learning_rate = 0.1;
+  s.momentum = 0.9;
+  auto sgd = make_optimizer(s, 1);
+  std::vector<float> p{1.0f};
+  const std::vector<float> g{1.0f};
+  sgd->step(p, g);  // v = -0.1, p = 0.9
+  sgd->step(p, g);  // v = -0.09 - 0.1 = -0.19, p = 0.71
+  EXPECT_NEAR(p[0], 0.71f, 1e-6);
+}
+
+TEST(Optimizer, StateRoundTripContinuesIdentically) {
+  OptimizerSettings s;
+  auto a = make_optimizer(s, 4);
+  std::vector<float> pa{1, 2, 3, 4};
+  const std::vector<float> g{0.1f, -0.3f, 0.2f, 0.0f};
+  a->step(pa, g);
+  auto b = make_optimizer(s, 4);
+  b->load_state(a->state());
+  std::vector<float> pb = pa;
+  a->step(pa, g);
+  b->step(pb, g);
+  EXPECT_EQ(pa, pb);
+  OptimizerSettings sgd = s;
+  sgd.name = "sgd";
+  EXPECT_THROW(make_optimizer(sgd, 4)->load_state(a->state()), UserError);
+}
+
+TEST(Checkpoint, RoundTripAndAtomicWrite) {
+  TempDir dir;
+  const models::ModelShape shape{50, 8, 6, 2};
+  const models::ParamLayout layout(shape);
+  std::vector<float> params(layout.total_size());
+  for (std::size_t i = 0; i < params.size(); ++i) params[i] = static_cast<float>(i) * 0.001f - 0.3f;
+  OptimizerSettings s;
+  auto adam = make_optimizer(s, params.size());
+  std::vector<float> scratch = params;
+  adam->step(scratch, params);
+  TrainingProgress progress;
+  progress.epoch = 3;
+  progress.step_in_epoch = 7;
+  progress.global_step = 100;
+  progress.seed = 42;
+  progress.world_size = 2;
+  progress.batch_size = 16;
+  progress.best_val_loss = 0.25;
+  progress.loss_sum = 12.5;
+  const std::string path = dir.file("last.h5");
+  write_checkpoint(path, shape, params, *adam, progress, "[train]\nepochs = 3\n");
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+
+  const Checkpoint c = read_checkpoint(path);
+  EXPECT_EQ(c.shape, shape);
+  EXPECT_EQ(c.params, params);
+  EXPECT_EQ(c.optimizer_name, "adam");
+  EXPECT_EQ(c.optimizer.iterations, 1);
+  ASSERT_EQ(c.optimizer.buffers.size(), 2u);
+  EXPECT_EQ(c.optimizer.buffers[0].second, adam->state().buffers[0].second);
+  EXPECT_EQ(c.progress.epoch, 3);
+  EXPECT_EQ(c.progress.step_in_epoch, 7);
+  EXPECT_EQ(c.progress.global_step, 100);
+  EXPECT_EQ(c.progress.seed, 42u);
+  EXPECT_EQ(c.progress.best_val_loss, 0.25);
+  EXPECT_EQ(c.progress.loss_sum, 12.5);
+  EXPECT_EQ(c.config_ini, "[train]\nepochs = 3\n");
+
+  // Overwriting keeps a readable file at every moment: the new one replaces the old by rename.
+  params[0] = 99.0f;
+  write_checkpoint(path, shape, params, *adam, progress, "");
+  EXPECT_EQ(read_checkpoint(path).params[0], 99.0f);
+}
+
+TEST(Checkpoint, ForeignFilesAreUserErrors) {
+  TempDir dir;
+  EXPECT_THROW(read_checkpoint(dir.file("missing.h5")), UserError);
+  const std::string text = write_text(dir, "text.h5", "not hdf5");
+  try {
+    read_checkpoint(text);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos);
+  }
+}
+
+TEST(Metrics, EpochLineAndJson) {
+  EpochMetrics m;
+  m.epoch = 3;
+  m.epochs = 15;
+  m.steps = 782;
+  m.epoch_time_s = 18.23;
+  m.step_time_ms = 0.73;
+  m.loss = 0.2127;
+  m.acc = 0.9186;
+  m.val_loss = 0.4426;
+  m.val_acc = 0.8319;
+  m.world_size = 2;
+  m.backend = "mpi";
+  EXPECT_EQ(format_epoch_line(m),
+            "Epoch 3/15 - 782 steps - 18.2s - 0.73ms/step - loss: 0.2127 - acc: 0.9186 - val_loss: 0.4426 - "
+            "val_acc: 0.8319");
+  const std::string json = to_json(m);
+  for (const char* key : {"\"epoch\": 3", "\"loss\":", "\"acc\":", "\"val_loss\":", "\"val_acc\":",
+                          "\"epoch_time_s\":", "\"step_time_ms\":", "\"samples_per_s\":", "\"world_size\": 2",
+                          "\"backend\": \"mpi\""}) {
+    EXPECT_NE(json.find(key), std::string::npos) << key;
+  }
+}
+
+}  // namespace
+}  // namespace ddp::engine

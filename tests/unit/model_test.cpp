@@ -1,0 +1,400 @@
+// The CPU model: the parameter layout, Keras's initializers, gradients against finite differences, float
+// against double, the order in which gradients become ready, and that a replica learns a toy task.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "models/initializers.h"
+#include "models/lstm_classifier_cpu.h"
+#include "models/param_layout.h"
+#include "models/replica.h"
+
+namespace ddp::models {
+namespace {
+
+struct Batch {
+  std::vector<int32_t> tokens;  // [batch, seq]
+  std::vector<float> labels;
+  int batch = 0;
+  int seq = 0;
+};
+
+// Random tokens (0 included: padding is an ordinary token for the model) and random labels.
+Batch random_batch(int vocab, int batch, int seq, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Batch out{std::vector<int32_t>(static_cast<std::size_t>(batch * seq)),
+            std::vector<float>(static_cast<std::size_t>(batch)), batch, seq};
+  for (auto& t : out.tokens) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+  for (int b = 0; b < batch; ++b) out.tokens[static_cast<std::size_t>(b * seq)] = 0;  // left padding
+  for (auto& y : out.labels) y = static_cast<float>(rng() % 2);
+  return out;
+}
+
+// Keras's initialization with small random biases on top, so that bias gradients are not a special case.
+std::vector<float> test_params(const ParamLayout& layout, uint64_t seed) {
+  std::vector<float> params(layout.total_size());
+  initialize_keras(layout, params, seed);
+  std::mt19937_64 rng(seed + 1);
+  std::uniform_real_distribution<float> noise(-0.2f, 0.2f);
+  for (const auto& tensor : layout.tensors()) {
+    if (tensor.name.ends_with(".b_ih") || tensor.name.ends_with(".b_hh") || tensor.name == "dense.b") {
+      for (std::size_t i = 0; i < tensor.size(); ++i) params[tensor.offset + i] += noise(rng);
+    }
+  }
+  return params;
+}
+
+template <typename Scalar>
+std::vector<Scalar> labels_as(const Batch& batch) {
+  return std::vector<Scalar>(batch.labels.begin(), batch.labels.end());
+}
+
+TEST(ParamLayout, SizeOffsetsAndSegments) {
+  const ParamLayout layout(ModelShape{20000, 128, 128, 1});
+  EXPECT_EQ(layout.total_size(), std::size_t{20000} * 128 + 4 * 128 * (128 + 128) + 8 * 128 + 128 + 1);
+
+  for (const ModelShape shape : {ModelShape{20000, 128, 128, 1}, ModelShape{13, 5, 4, 3}}) {
+    const ParamLayout l(shape);
+    std::size_t next = 0;
+    for (const auto& tensor : l.tensors()) {
+      EXPECT_EQ(tensor.offset, next) << tensor.name;
+      next += tensor.size();
+    }
+    EXPECT_EQ(next, l.total_size());
+
+    const auto& segments = l.segments();
+    ASSERT_EQ(segments.size(), static_cast<std::size_t>(shape.layers) + 2);
+    EXPECT_EQ(segments.front().name, "embedding");
+    EXPECT_EQ(segments.back().name, "dense");
+    next = 0;
+    for (std::size_t s = 0; s < segments.size(); ++s) {
+      if (s > 0 && s + 1 < segments.size()) {
+        EXPECT_EQ(segments[s].name, "lstm.l" + std::to_string(s - 1));
+      }
+      EXPECT_EQ(segments[s].offset, next) << segments[s].name;
+      EXPECT_GT(segments[s].size, 0u);
+      next += segments[s].size;
+    }
+    EXPECT_EQ(next, l.total_size());
+    EXPECT_EQ(
+        l.tensor("lstm.l" + std::to_string(shape.layers - 1) + ".w_ih").shape,
+        (std::vector<int64_t>{4 * shape.hidden, shape.layers > 1 ? shape.hidden : shape.embedding_dim}));
+  }
+}
+
+// d(mean loss)/d(every parameter) against central differences, all in double.
+void check_gradients(const ModelShape& shape) {
+  const ParamLayout layout(shape);
+  const std::vector<float> init = test_params(layout, 7);
+  CpuLstmClassifier<double> model(shape);
+  std::copy(init.begin(), init.end(), model.params().begin());
+  const Batch batch = random_batch(shape.vocab_size, 3, 6, 11);
+  const std::vector<double> labels = labels_as<double>(batch);
+
+  model.train_step(batch.tokens.data(), labels.data(), batch.batch, batch.seq, {});
+  const std::vector<double> analytic(model.grads().begin(), model.grads().end());
+
+  auto mean_loss = [&] {
+    return model.evaluate(batch.tokens.data(), labels.data(), batch.batch, batch.seq, {}).loss_sum /
+           batch.batch;
+  };
+  const double eps = 1e-6;
+  auto params = model.params();
+  for (const auto& tensor : layout.tensors()) {
+    double worst = 0;
+    double largest = 0;
+    for (std::size_t i = tensor.offset; i < tensor.offset + tensor.size(); ++i) {
+      const double saved = params[i];
+      params[i] = saved + eps;
+      const double plus = mean_loss();
+      params[i] = saved - eps;
+      const double minus = mean_loss();
+      params[i] = saved;
+      const double numeric = (plus - minus) / (2 * eps);
+      const double a = analytic[i];
+      // Central differences carry rounding noise of about ulp(loss) / eps ~ 1e-10, so a relative error is
+      // only meaningful above that: the floor 1e-3 turns it into an absolute tolerance of 1e-9 for the many
+      // components near zero (the first layer's gradients are ~1e-8 with Keras's small embeddings).
+      worst = std::max(worst, std::abs(a - numeric) / std::max(1e-3, std::abs(a) + std::abs(numeric)));
+      largest = std::max(largest, std::abs(a));
+    }
+    EXPECT_LT(worst, 1e-6) << tensor.name;
+    EXPECT_GT(largest, 1e-4) << tensor.name << " has no gradient to check";
+  }
+}
+
+TEST(CpuLstmClassifier, GradientsMatchFiniteDifferencesTwoLayers) {
+  check_gradients(ModelShape{13, 5, 4, 2});
+}
+
+TEST(CpuLstmClassifier, GradientsMatchFiniteDifferencesOneLayer) {
+  check_gradients(ModelShape{13, 5, 4, 1});
+}
+
+double relative_norm_difference(std::span<const float> f, std::span<const double> d) {
+  double diff = 0;
+  double norm = 0;
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    diff += (static_cast<double>(f[i]) - d[i]) * (static_cast<double>(f[i]) - d[i]);
+    norm += d[i] * d[i];
+  }
+  return std::sqrt(diff) / std::sqrt(norm);
+}
+
+TEST(CpuLstmClassifier, FloatMatchesDouble) {
+  const ModelShape shape{50, 16, 12, 1};
+  const ParamLayout layout(shape);
+  const std::vector<float> init = test_params(layout, 3);
+  CpuLstmClassifier<float> single(shape);
+  CpuLstmClassifier<double> reference(shape);
+  std::copy(init.begin(), init.end(), single.params().begin());
+  std::copy(init.begin(), init.end(), reference.params().begin());
+  const Batch batch = random_batch(shape.vocab_size, 8, 20, 5);
+  const std::vector<double> labels = labels_as<double>(batch);
+
+  const BatchStats fs =
+      single.train_step(batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq, {});
+  const BatchStats ds = reference.train_step(batch.tokens.data(), labels.data(), batch.batch, batch.seq, {});
+  EXPECT_NEAR(fs.loss_sum, ds.loss_sum, 1e-5 * std::abs(ds.loss_sum));
+  EXPECT_EQ(fs.count, ds.count);
+  EXPECT_LT(relative_norm_difference(single.grads(), reference.grads()), 1e-4);
+  for (const auto& tensor : layout.tensors()) {
+    EXPECT_LT(relative_norm_difference(
+                  single.grads().subspan(tensor.offset, tensor.size()),
+                  std::span<const double>(reference.grads()).subspan(tensor.offset, tensor.size())),
+              1e-4)
+        << tensor.name;
+  }
+}
+
+TEST(Initializers, KerasDistributions) {
+  const ModelShape shape{300, 24, 16, 2};
+  const ParamLayout layout(shape);
+  std::vector<float> params(layout.total_size(), 123.0f);
+  initialize_keras(layout, params, 42);
+  const int h = shape.hidden;
+
+  for (const auto& tensor : layout.tensors()) {
+    const float* p = params.data() + tensor.offset;
+    const std::size_t n = tensor.size();
+    if (tensor.name == "embedding") {
+      for (std::size_t i = 0; i < n; ++i) ASSERT_LE(std::abs(p[i]), 0.05f) << i;
+    } else if (tensor.name.ends_with(".w_ih")) {
+      const auto limit =
+          static_cast<float>(std::sqrt(6.0 / static_cast<double>(tensor.shape[0] + tensor.shape[1])));
+      float largest = 0;
+      for (std::size_t i = 0; i < n; ++i) largest = std::max(largest, std::abs(p[i]));
+      EXPECT_LE(largest, limit) << tensor.name;
+      EXPECT_GT(largest, 0.9f * limit) << tensor.name << " should fill its range";
+    } else if (tensor.name.ends_with(".w_hh")) {
+      // Columns orthonormal: W^T W = I for W [4H, H].
+      const std::size_t rows = static_cast<std::size_t>(4 * h);
+      const std::size_t cols = static_cast<std::size_t>(h);
+      double worst = 0;
+      for (std::size_t a = 0; a < cols; ++a) {
+        for (std::size_t b = 0; b < cols; ++b) {
+          double dot = 0;
+          for (std::size_t r = 0; r < rows; ++r) {
+            dot += static_cast<double>(p[r * cols + a]) * static_cast<double>(p[r * cols + b]);
+          }
+          worst = std::max(worst, std::abs(dot - (a == b ? 1.0 : 0.0)));
+        }
+      }
+      EXPECT_LT(worst, 1e-5) << tensor.name;
+    } else if (tensor.name.ends_with(".b_ih")) {
+      for (std::size_t i = 0; i < n; ++i) {
+        const bool forget = i >= static_cast<std::size_t>(h) && i < static_cast<std::size_t>(2 * h);
+        ASSERT_EQ(p[i], forget ? 1.0f : 0.0f) << tensor.name << " " << i;
+      }
+    } else if (tensor.name.ends_with(".b_hh") || tensor.name == "dense.b") {
+      for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(p[i], 0.0f) << tensor.name << " " << i;
+    } else if (tensor.name == "dense.w") {
+      const auto limit = static_cast<float>(std::sqrt(6.0 / (h + 1)));
+      for (std::size_t i = 0; i < n; ++i) ASSERT_LE(std::abs(p[i]), limit);
+    }
+  }
+  // Layers draw from their own streams.
+  const auto& w0 = layout.tensor("lstm.l0.w_hh");
+  const auto& w1 = layout.tensor("lstm.l1.w_hh");
+  EXPECT_FALSE(std::equal(params.begin() + static_cast<std::ptrdiff_t>(w0.offset),
+                          params.begin() + static_cast<std::ptrdiff_t>(w0.offset + w0.size()),
+                          params.begin() + static_cast<std::ptrdiff_t>(w1.offset)));
+
+  std::vector<float> same(layout.total_size());
+  initialize_keras(layout, same, 42);
+  EXPECT_EQ(params, same);
+  std::vector<float> other(layout.total_size());
+  initialize_keras(layout, other, 43);
+  EXPECT_NE(params, other);
+
+  std::vector<float> wrong_size(layout.total_size() - 1);
+  EXPECT_THROW(initialize_keras(layout, wrong_size, 42), std::invalid_argument);
+}
+
+TEST(CpuLstmClassifier, GradientsReadyDenseFirstEmbeddingLast) {
+  const ModelShape shape{20, 6, 5, 2};
+  CpuLstmClassifier<float> model(shape);
+  const std::vector<float> init = test_params(model.layout(), 9);
+  std::copy(init.begin(), init.end(), model.params().begin());
+  const Batch batch = random_batch(shape.vocab_size, 4, 7, 2);
+
+  // Overwrite every gradient with garbage first: a segment must be complete when it is reported.
+  std::fill(model.grads().begin(), model.grads().end(), 1e30f);
+  std::vector<std::string> order;
+  std::vector<std::vector<float>> at_report;
+  model.train_step(batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq,
+                   [&](const ParamSegment& segment) {
+                     order.push_back(segment.name);
+                     const auto g = model.grads().subspan(segment.offset, segment.size);
+                     at_report.emplace_back(g.begin(), g.end());
+                   });
+  EXPECT_EQ(order, (std::vector<std::string>{"dense", "lstm.l1", "lstm.l0", "embedding"}));
+  ASSERT_EQ(at_report.size(), order.size());
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const auto& segment = *std::find_if(model.layout().segments().begin(), model.layout().segments().end(),
+                                        [&](const ParamSegment& s) { return s.name == order[i]; });
+    const auto final_grads = model.grads().subspan(segment.offset, segment.size);
+    EXPECT_TRUE(std::equal(final_grads.begin(), final_grads.end(), at_report[i].begin())) << order[i];
+  }
+  for (float g : model.grads()) ASSERT_LT(std::abs(g), 1e3f);
+}
+
+TEST(CpuLstmClassifier, EvaluateAndTrainStepAgree) {
+  const ModelShape shape{40, 8, 6, 2};
+  CpuLstmClassifier<float> model(shape);
+  const std::vector<float> init = test_params(model.layout(), 4);
+  std::copy(init.begin(), init.end(), model.params().begin());
+  const Batch batch = random_batch(shape.vocab_size, 9, 12, 8);
+
+  std::vector<float> probabilities(9);
+  const BatchStats eval = model.evaluate(batch.tokens.data(), batch.labels.data(), 9, 12, probabilities);
+  const BatchStats train = model.train_step(batch.tokens.data(), batch.labels.data(), 9, 12, {});
+  EXPECT_EQ(eval.loss_sum, train.loss_sum);
+  EXPECT_EQ(eval.correct, train.correct);
+  EXPECT_EQ(eval.count, 9);
+  EXPECT_EQ(train.count, 9);
+
+  // The stats follow from the probabilities.
+  double loss = 0;
+  int64_t correct = 0;
+  for (std::size_t b = 0; b < 9; ++b) {
+    const double p = probabilities[b];
+    const double y = batch.labels[b];
+    loss -= y * std::log(p) + (1 - y) * std::log(1 - p);
+    if ((p >= 0.5) == (y >= 0.5)) ++correct;
+  }
+  EXPECT_NEAR(eval.loss_sum, loss, 1e-4);
+  EXPECT_EQ(eval.correct, correct);
+
+  // A smaller batch after a larger one (the last batch of an evaluation) sees only its own rows.
+  std::vector<float> one(1);
+  const BatchStats first = model.evaluate(batch.tokens.data(), batch.labels.data(), 1, 12, one);
+  EXPECT_EQ(first.count, 1);
+  EXPECT_FLOAT_EQ(one[0], probabilities[0]);
+
+  const std::vector<int32_t> bad(12, shape.vocab_size);
+  EXPECT_THROW(model.evaluate(bad.data(), batch.labels.data(), 1, 12, {}), std::out_of_range);
+  EXPECT_THROW(model.evaluate(batch.tokens.data(), batch.labels.data(), 9, 12, one), std::invalid_argument);
+}
+
+TEST(CpuLstmClassifier, ZeroWeightsGiveTheDenseBias) {
+  // With every weight zero, h = 0 and z = dense.b for every sample: loss and accuracy in closed form.
+  const ModelShape shape{10, 4, 3, 2};
+  CpuLstmClassifier<double> model(shape);
+  const Batch batch = random_batch(shape.vocab_size, 7, 5, 6);
+  const std::vector<double> labels = labels_as<double>(batch);
+  int64_t positives = 0;
+  for (double y : labels) positives += y >= 0.5 ? 1 : 0;
+  ASSERT_GT(positives, 0);
+  ASSERT_LT(positives, 7);
+  auto& dense_b = model.params()[model.layout().tensor("dense.b").offset];
+  std::vector<double> probabilities(7);
+
+  dense_b = 0;  // p = 0.5 exactly, which counts as a positive prediction
+  BatchStats stats = model.evaluate(batch.tokens.data(), labels.data(), 7, 5, probabilities);
+  EXPECT_NEAR(stats.loss_sum, 7 * std::log(2.0), 1e-12);
+  EXPECT_EQ(stats.correct, positives);
+  for (double p : probabilities) EXPECT_EQ(p, 0.5);
+
+  dense_b = -3;
+  stats = model.train_step(batch.tokens.data(), labels.data(), 7, 5, {});
+  const double p = 1 / (1 + std::exp(3.0));
+  EXPECT_NEAR(stats.loss_sum,
+              -static_cast<double>(positives) * std::log(p) -
+                  (7.0 - static_cast<double>(positives)) * std::log(1 - p),
+              1e-12);
+  EXPECT_EQ(stats.correct, 7 - positives);
+  EXPECT_NEAR(model.grads()[model.layout().tensor("dense.b").offset], p - static_cast<double>(positives) / 7,
+              1e-15);
+}
+
+// Label: token 4 appears somewhere before a token 3. Needs the recurrence to carry state across steps.
+Batch order_task_batch(int vocab, int batch, int seq, std::mt19937_64& rng) {
+  Batch out{std::vector<int32_t>(static_cast<std::size_t>(batch * seq)),
+            std::vector<float>(static_cast<std::size_t>(batch)), batch, seq};
+  for (int b = 0; b < batch; ++b) {
+    bool seen_four = false;
+    bool label = false;
+    for (int t = 0; t < seq; ++t) {
+      const auto token = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+      out.tokens[static_cast<std::size_t>(b * seq + t)] = token;
+      if (token == 3 && seen_four) label = true;
+      if (token == 4) seen_four = true;
+    }
+    out.labels[static_cast<std::size_t>(b)] = label ? 1.0f : 0.0f;
+  }
+  return out;
+}
+
+TEST(CpuReplica, LearnsAToyTask) {
+  const auto start = std::chrono::steady_clock::now();
+  const ModelShape shape{8, 8, 16, 1};
+  const int batch_size = 16;
+  const int seq = 10;
+  auto replica = make_cpu_replica(shape);
+  initialize_keras(replica->layout(), replica->params(), 1);
+  std::mt19937_64 rng(2024);
+  const Batch held_out = order_task_batch(shape.vocab_size, 256, seq, rng);
+  auto held_out_loss = [&] {
+    const BatchView view{held_out.tokens.data(), held_out.labels.data(), held_out.batch, held_out.seq};
+    return replica->evaluate(view).loss_sum / held_out.batch;
+  };
+  const double before = held_out_loss();
+
+  // Adam, inline.
+  const float lr = 0.01f;
+  const float beta1 = 0.9f;
+  const float beta2 = 0.999f;
+  std::vector<float> m(replica->params().size());
+  std::vector<float> v(replica->params().size());
+  auto params = replica->params();
+  auto grads = replica->grads();
+  float beta1_power = 1;
+  float beta2_power = 1;
+  for (int step = 0; step < 200; ++step) {
+    const Batch batch = order_task_batch(shape.vocab_size, batch_size, seq, rng);
+    replica->train_step(BatchView{batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq}, {});
+    beta1_power *= beta1;
+    beta2_power *= beta2;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      m[i] = beta1 * m[i] + (1 - beta1) * grads[i];
+      v[i] = beta2 * v[i] + (1 - beta2) * grads[i] * grads[i];
+      const float m_hat = m[i] / (1 - beta1_power);
+      const float v_hat = v[i] / (1 - beta2_power);
+      params[i] -= lr * m_hat / (std::sqrt(v_hat) + 1e-7f);
+    }
+  }
+  const double after = held_out_loss();
+  EXPECT_LT(after, 0.5 * before) << "before " << before << ", after " << after;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 2.0);
+}
+
+}  // namespace
+}  // namespace ddp::models
