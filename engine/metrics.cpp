@@ -1,6 +1,10 @@
 #include "engine/metrics.h"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "engine/errors.h"
@@ -44,6 +48,15 @@ void append_line(const std::string& path, const std::string& line) {
   out << line << '\n';
   out.flush();
   if (!out) throw UserError(path + ": cannot append to this file");
+}
+
+bool stdout_is_terminal() {
+  if (isatty(STDOUT_FILENO) == 0) return false;
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return true;
+  std::error_code ec;
+  const std::string target =
+      std::filesystem::read_symlink("/proc/" + std::to_string(getppid()) + "/fd/1", ec).string();
+  return !ec && (target.rfind("/dev/pts/", 0) == 0 || target.rfind("/dev/tty", 0) == 0);
 }
 
 Progress::Progress(bool live, int64_t interval, int64_t epoch, int64_t epochs, int64_t total_steps)

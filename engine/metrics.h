@@ -34,6 +34,11 @@ std::string to_json(const EpochMetrics& m);
 // Appends `line` and a newline to `path`, creating it if needed. Throws UserError if it cannot.
 void append_line(const std::string& path, const std::string& line);
 
+// Whether stdout reaches a person's terminal. Open MPI hands every rank a pseudo-terminal even when mpirun's
+// own output goes to a file, so under Open MPI the answer comes from the launcher's stdout (the parent
+// process of a rank started by mpirun on the same node); a rank started elsewhere counts as not a terminal.
+bool stdout_is_terminal();
+
 // Progress within an epoch. Live mode redraws one line with \r at most 10 times a second; line mode prints
 // a plain line every `interval` steps (none if 0).
 class Progress {

@@ -1,7 +1,5 @@
 #include "engine/trainer.h"
 
-#include <unistd.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -195,7 +193,7 @@ class TrainingRun {
   bool live_progress() const {
     if (config_.log.progress == "bar") return true;
     if (config_.log.progress == "lines") return false;
-    return isatty(STDOUT_FILENO) != 0;
+    return stdout_is_terminal();
   }
 
   bool stop_requested() const {
