@@ -39,8 +39,9 @@ uint64_t checked_shard_size(const BatchReaderOptions& o) {
 }
 
 void validate(const BatchReaderOptions& o) {
-  if (o.split != "train" && o.split != "test")
+  if (o.split != "train" && o.split != "test") {
     throw std::invalid_argument("BatchReader: unknown split " + o.split);
+  }
   if (o.batch_size < 1) throw std::invalid_argument("BatchReader: batch_size must be at least 1");
   if (o.prefetch < 1) throw std::invalid_argument("BatchReader: prefetch must be at least 1");
   if (o.first_batch < 0) throw std::invalid_argument("BatchReader: first_batch must not be negative");
@@ -62,8 +63,9 @@ uint64_t IndexPermutation::round_function(uint64_t half, int round) const {
 }
 
 uint64_t IndexPermutation::operator()(uint64_t i) const {
-  if (i >= n_)
+  if (i >= n_) {
     throw std::out_of_range("IndexPermutation: index " + std::to_string(i) + " >= " + std::to_string(n_));
+  }
   // A Feistel network is a bijection of [0, 4^h); applying it until the value falls below n walks the cycle
   // through i and so stays a bijection of [0, n).
   uint64_t value = i;
@@ -93,8 +95,9 @@ struct BatchReader::Source {
 };
 
 int64_t BatchReader::batches_per_epoch(int64_t shard_size, int batch_size, bool drop_last) {
-  if (shard_size < 0 || batch_size < 1)
+  if (shard_size < 0 || batch_size < 1) {
     throw std::invalid_argument("batches_per_epoch: bad shard or batch size");
+  }
   return drop_last ? shard_size / batch_size : (shard_size + batch_size - 1) / batch_size;
 }
 
@@ -112,7 +115,7 @@ BatchReader::BatchReader(const BatchReaderOptions& options)
     source_->y = open_dataset(source_->file.get(), path, y_name);
     const std::vector<int64_t> x_dims = dataset_dims(source_->x.get());
     const std::vector<int64_t> y_dims = dataset_dims(source_->y.get());
-    if (x_dims.size() != 2 || y_dims.size() != 1 || x_dims[0] != y_dims[0]) {
+    if (x_dims.size() != 2 || x_dims[1] < 1 || y_dims.size() != 1 || x_dims[0] != y_dims[0]) {
       throw UserError(path + ": " + x_name + " and " + y_name + " must be [N, maxlen] and [N]");
     }
     if (options_.shard.end > x_dims[0]) {
@@ -164,12 +167,13 @@ const Batch* BatchReader::next() {
 
 void BatchReader::prefetch_loop() {
   try {
+    quiet_hdf5_errors();  // this thread's own error stack
     const int64_t slots = static_cast<int64_t>(ring_.size());
     for (int64_t t = 0; t < num_batches_; ++t) {
       Batch* slot = nullptr;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        // produced_ - consumed_ < prefetch keeps the slot of batch consumed_ - 1, which the caller holds,
+        // At most `prefetch` ready batches: the slot of batch consumed_ - 1, held by the caller, stays
         // intact.
         cv_.wait(lock, [&] { return stop_ || produced_ - consumed_ < options_.prefetch; });
         if (stop_) return;

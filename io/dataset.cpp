@@ -67,8 +67,9 @@ Element element_of(hid_t dataset, const std::vector<int64_t>& dims) {
   e.type_class = H5Tget_class(type.get());
   e.size = H5Tget_size(type.get());
   e.sign = e.type_class == H5T_INTEGER ? H5Tget_sign(type.get()) : H5T_SGN_NONE;
-  if (e.type_class == H5T_NO_CLASS || e.size == 0 || e.sign == H5T_SGN_ERROR)
+  if (e.type_class == H5T_NO_CLASS || e.size == 0 || e.sign == H5T_SGN_ERROR) {
     check_h5(-1, "H5Tget_class/size/sign");
+  }
   e.description = describe_type(type.get()) + " " + describe_shape(dims);
   return e;
 }
@@ -103,10 +104,12 @@ SplitShape check_split(hid_t file, const std::string& path, const std::string& s
 
 int positive_int_attribute(hid_t file, const std::string& path, const std::string& name) {
   const int64_t value = read_int_attribute(file, path, name);
-  if (value <= 0)
+  if (value <= 0) {
     throw UserError(path + ": attribute " + name + " must be positive, found " + std::to_string(value));
-  if (value > INT_MAX)
+  }
+  if (value > INT_MAX) {
     throw UserError(path + ": attribute " + name + " = " + std::to_string(value) + " is too large");
+  }
   return static_cast<int>(value);
 }
 
@@ -124,8 +127,9 @@ DatasetInfo inspect_dataset(const std::string& path) {
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   Hid file = open_file_readonly(path);
   // Presence of all four first, so a file missing several names the first in schema order.
-  for (const char* name : {"/train/x", "/train/y", "/test/x", "/test/y"})
+  for (const char* name : {"/train/x", "/train/y", "/test/x", "/test/y"}) {
     open_dataset(file.get(), path, name);
+  }
   const SplitShape train = check_split(file.get(), path, "train");
   const SplitShape test = check_split(file.get(), path, "test");
 
@@ -146,8 +150,9 @@ DatasetInfo inspect_dataset(const std::string& path) {
 }
 
 void validate_rows(const DatasetInfo& info, const std::string& split, int64_t begin, int64_t end) {
-  if (split != "train" && split != "test")
+  if (split != "train" && split != "test") {
     throw std::invalid_argument("validate_rows: unknown split " + split);
+  }
   const int64_t rows = split == "train" ? info.train_size : info.test_size;
   if (begin < 0 || begin > end || end > rows) {
     throw std::invalid_argument("validate_rows: rows [" + std::to_string(begin) + ", " + std::to_string(end) +
@@ -156,8 +161,9 @@ void validate_rows(const DatasetInfo& info, const std::string& split, int64_t be
   const std::string x_name = "/" + split + "/x";
   const std::string y_name = "/" + split + "/y";
   const int64_t columns = info.maxlen;
-  if (columns <= 0)
+  if (columns <= 0) {
     throw std::invalid_argument("validate_rows: DatasetInfo has no maxlen (use inspect_dataset)");
+  }
   const int64_t chunk_rows = std::clamp<int64_t>(kMaxValidateElements / columns, 1, kMaxValidateRows);
 
   Hid file;

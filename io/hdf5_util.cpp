@@ -86,11 +86,14 @@ std::recursive_mutex& hdf5_mutex() {
 }
 
 void quiet_hdf5_errors() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-    check_h5(H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr), "H5Eset_auto2");
-  });
+  // A flag under the HDF5 lock rather than std::call_once: callers often hold the lock already, and a
+  // once-flag taken inside it could deadlock against a thread that takes them in the other order.
+  // Per thread: Debian builds HDF5 thread-safe, and then the error stack and its printing are per thread.
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  thread_local bool quiet = false;
+  if (quiet) return;
+  check_h5(H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr), "H5Eset_auto2");
+  quiet = true;
 }
 
 Hid& Hid::operator=(Hid&& o) noexcept {
@@ -130,11 +133,16 @@ Hid open_file_readonly(const std::string& path) {
   std::error_code error;
   const bool exists = std::filesystem::exists(path, error);
   if (error || !exists) throw UserError(path + ": no such file");
-  if (std::filesystem::is_directory(path, error))
+  if (std::filesystem::is_directory(path, error)) {
     throw UserError(path + ": is a directory, not an HDF5 file");
-  if (!std::ifstream(path, std::ios::binary).is_open())
+  }
+  if (!std::ifstream(path, std::ios::binary).is_open()) {
     throw UserError(path + ": cannot be read (permission denied?)");
-  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  }
+  // Lock where the file system can, but do not fail where it cannot (NFS, Lustre): every rank opens the file.
+  Hid access(check_h5_id(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"), Hid::Kind::kPropertyList);
+  check_h5(H5Pset_file_locking(access.get(), true, true), "H5Pset_file_locking");
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, access.get());
   if (file < 0) throw UserError(path + ": not an HDF5 file (" + hdf5_error_detail() + ")");
   return Hid(file, Hid::Kind::kFile);
 }
@@ -155,8 +163,9 @@ bool link_exists(hid_t loc, const std::string& path) {
       if (link == 0) return false;
       // A dangling soft link exists as a link but not as an object.
       const htri_t object = H5Oexists_by_name(loc, prefix.c_str(), H5P_DEFAULT);
-      if (object < 0)
+      if (object < 0) {
         throw std::runtime_error("H5Oexists_by_name " + prefix + " failed: " + hdf5_error_detail());
+      }
       if (object == 0) return false;
       const bool last = path.find_first_not_of('/', end) == std::string::npos;
       if (!last) {
@@ -176,8 +185,9 @@ Hid open_dataset(hid_t file, const std::string& file_path, const std::string& na
   quiet_hdf5_errors();
   if (!link_exists(file, name)) throw UserError(file_path + ": dataset " + name + " is missing");
   const hid_t dataset = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
-  if (dataset < 0)
+  if (dataset < 0) {
     throw UserError(file_path + ": " + name + " is not a dataset (" + hdf5_error_detail() + ")");
+  }
   return Hid(dataset, Hid::Kind::kDataset);
 }
 
@@ -187,8 +197,9 @@ std::vector<int64_t> dataset_dims(hid_t dataset) {
   const int rank = H5Sget_simple_extent_ndims(space.get());
   if (rank < 0) throw std::runtime_error("H5Sget_simple_extent_ndims failed: " + hdf5_error_detail());
   std::vector<hsize_t> dims(static_cast<size_t>(rank));
-  if (rank > 0)
+  if (rank > 0) {
     check_h5(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), "H5Sget_simple_extent_dims");
+  }
   return std::vector<int64_t>(dims.begin(), dims.end());
 }
 
@@ -204,8 +215,9 @@ int64_t read_int_attribute(hid_t file, const std::string& file_path, const std::
   const H5T_class_t type_class = H5Tget_class(type.get());
   if (type_class == H5T_NO_CLASS) throw std::runtime_error("H5Tget_class failed: " + hdf5_error_detail());
   if (type_class != H5T_INTEGER) throw UserError(file_path + ": " + what + " must be an integer");
-  if (attribute_points(attr.get()) != 1)
+  if (attribute_points(attr.get()) != 1) {
     throw UserError(file_path + ": " + what + " must be a single integer");
+  }
   int64_t value = 0;
   check_h5(H5Aread(attr.get(), H5T_NATIVE_INT64, &value), ("H5Aread " + name).c_str());
   return value;

@@ -16,7 +16,7 @@ namespace ddp::io {
 // serial HDF5 is not guaranteed thread-safe.
 std::recursive_mutex& hdf5_mutex();
 
-// Silences HDF5's automatic error printing (once per process).
+// Silences HDF5's automatic error printing for the calling thread (HDF5 keeps that setting per thread).
 void quiet_hdf5_errors();
 
 // Owns one hid_t and closes it with the matching H5?close.

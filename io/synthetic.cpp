@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <random>
+#include <stdexcept>
 #include <system_error>
 #include <vector>
 
@@ -82,8 +83,9 @@ class ReviewGenerator {
     std::fill(row, row + start, kPadding);
     row[start] = kStart;
     const uint64_t fillers = static_cast<uint64_t>(words_.vocab - words_.filler_begin);
-    for (int p = body_begin; p < maxlen_; ++p)
+    for (int p = body_begin; p < maxlen_; ++p) {
       row[p] = words_.filler_begin + static_cast<int32_t>(uniform_below(rng_, fillers));
+    }
 
     // K in {1, 3}, odd, so the polarity sum is never 0. The body has >= 3 positions (maxlen >= 8).
     const int k = uniform_below(rng_, 2) == 0 ? 1 : 3;
@@ -179,9 +181,10 @@ void write_block(hid_t dataset, int rank, int64_t first, int64_t rows, int64_t c
   check_h5(H5Dwrite(dataset, memory_type, memory_space.get(), file_space.get(), H5P_DEFAULT, data), what);
 }
 
-void write_split(hid_t file, const std::string& split, int64_t rows, int maxlen, ReviewGenerator& generator) {
-  const std::string x_name = "/" + split + "/x";
-  const std::string y_name = "/" + split + "/y";
+void write_split(hid_t file, const std::string& path, const std::string& split, int64_t rows, int maxlen,
+                 ReviewGenerator& generator) {
+  const std::string x_what = "H5Dwrite " + path + " /" + split + "/x";
+  const std::string y_what = "H5Dwrite " + path + " /" + split + "/y";
   Hid x;
   Hid y;
   {
@@ -201,9 +204,8 @@ void write_split(hid_t file, const std::string& split, int64_t rows, int maxlen,
     const int64_t count = std::min(block_rows, rows - first);
     for (int64_t r = 0; r < count; ++r) labels[r] = generator.generate(tokens.data() + r * maxlen);
     std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-    write_block(x.get(), 2, first, count, maxlen, H5T_NATIVE_INT32, tokens.data(),
-                ("H5Dwrite " + x_name).c_str());
-    write_block(y.get(), 1, first, count, 1, H5T_NATIVE_UINT8, labels.data(), ("H5Dwrite " + y_name).c_str());
+    write_block(x.get(), 2, first, count, maxlen, H5T_NATIVE_INT32, tokens.data(), x_what.c_str());
+    write_block(y.get(), 1, first, count, 1, H5T_NATIVE_UINT8, labels.data(), y_what.c_str());
   }
 }
 
@@ -213,17 +215,21 @@ void write_file(const SyntheticOptions& o, const std::string& path) {
   {
     std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
     quiet_hdf5_errors();
-    const hid_t raw = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (raw < 0) throw UserError(path + ": cannot create the dataset file");
-    file = Hid(raw, Hid::Kind::kFile);
+    try {
+      file = Hid(check_h5_id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), "H5Fcreate"),
+                 Hid::Kind::kFile);
+    } catch (const std::runtime_error& e) {
+      // Usually permissions or a full disk: the user's to fix, so a UserError with HDF5's reason.
+      throw UserError(path + ": cannot create the dataset file (" + e.what() + ")");
+    }
     write_int_attribute(file.get(), "vocab_size", o.vocab);
     write_int_attribute(file.get(), "maxlen", o.maxlen);
     write_string_attribute(file.get(), "generator", "synthetic-v1 seed=" + std::to_string(o.seed));
   }
   ReviewGenerator train(words, o.maxlen, stream_seed(o.seed, 1));
-  write_split(file.get(), "train", o.train, o.maxlen, train);
+  write_split(file.get(), path, "train", o.train, o.maxlen, train);
   ReviewGenerator test(words, o.maxlen, stream_seed(o.seed, 2));
-  write_split(file.get(), "test", o.test, o.maxlen, test);
+  write_split(file.get(), path, "test", o.test, o.maxlen, test);
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   // Checked here: the close in Hid's destructor cannot report a failed final write.
   check_h5(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), ("H5Fflush " + path).c_str());
@@ -239,16 +245,18 @@ void write_synthetic(const SyntheticOptions& options) {
   std::error_code error;
   if (output.has_parent_path()) {
     fs::create_directories(output.parent_path(), error);
-    if (error)
+    if (error) {
       throw UserError(output.parent_path().string() + ": cannot create directory (" + error.message() + ")");
+    }
   }
   // Readers never see a half-written file: write aside, then rename over the output in one step.
   const std::string tmp = options.output + ".tmp";
   try {
     write_file(options, tmp);
     fs::rename(tmp, output, error);
-    if (error)
+    if (error) {
       throw UserError(options.output + ": cannot move " + tmp + " into place (" + error.message() + ")");
+    }
   } catch (...) {
     fs::remove(tmp, error);
     throw;

@@ -40,16 +40,22 @@ struct FileSpec {
   int64_t train_y_rows = -1;  // -1: same as train_rows
   bool write_test_x = true;
   bool write_test_y = true;
+  // Non-empty: /train/y's data lives in this raw file, which a test deletes to make reads fail.
+  std::string train_y_external;
   // x[i, c] = i * maxlen + c identifies row and column; y[i] = i % 2. `edit` may plant bad values.
   std::function<void(const std::string& split, std::vector<int32_t>& x, std::vector<uint8_t>& y)> edit;
 };
 
 void write_dataset(hid_t group, const char* name, hid_t file_type, hid_t memory_type,
-                   std::vector<hsize_t> dims, const void* data) {
+                   std::vector<hsize_t> dims, const void* data, const std::string& external = "") {
   Hid space(
       check_h5_id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), "H5Screate_simple"),
       Hid::Kind::kDataspace);
-  Hid set(check_h5_id(H5Dcreate2(group, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+  Hid dcpl(check_h5_id(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate"), Hid::Kind::kPropertyList);
+  if (!external.empty()) {
+    check_h5(H5Pset_external(dcpl.get(), external.c_str(), 0, H5F_UNLIMITED), "H5Pset_external");
+  }
+  Hid set(check_h5_id(H5Dcreate2(group, name, file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
                       name),
           Hid::Kind::kDataset);
   check_h5(H5Dwrite(set.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), name);
@@ -81,7 +87,7 @@ void write_file(const std::string& path, const FileSpec& spec) {
     }
     if (train || spec.write_test_y) {
       write_dataset(group.get(), "y", H5T_STD_U8LE, H5T_NATIVE_UINT8, {static_cast<hsize_t>(y_rows)},
-                    y.data());
+                    y.data(), train ? spec.train_y_external : "");
     }
   }
 }
@@ -668,6 +674,30 @@ TEST_F(BatchReaderTest, MissingDatasetIsAUserError) {
       {path, "/test/x"});
   o.path = dir_.file("absent.h5");
   expect_user_error([&] { BatchReader reader(o); }, {o.path, "no such file"});
+}
+
+TEST_F(BatchReaderTest, AReadErrorReachesTheCaller) {
+  // The labels live in a raw side file; once it is gone, opening works but reading fails in the thread.
+  const std::string path = dir_.file("external.h5");
+  FileSpec spec;
+  spec.train_y_external = dir_.file("labels.raw");
+  write_file(path, spec);
+  std::filesystem::remove(spec.train_y_external);
+  BatchReaderOptions o = base({0, 20}, 4);
+  o.path = path;
+  ::testing::internal::CaptureStderr();
+  {
+    BatchReader reader(o);
+    try {
+      reader.next();
+      ADD_FAILURE() << "no error from next()";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(path + " /train/y"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(reader.next(), std::runtime_error);  // and again, not a silent end of the epoch
+  }
+  // HDF5's own error printing is off in the prefetch thread too (thread-safe builds keep it per thread).
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
 }
 
 }  // namespace
