@@ -1,10 +1,11 @@
 // CPU step benchmark at the IMDB shapes (default batch 32, seq 80, E = H = 128, vocab 20000, one LSTM layer).
 //
-// Under mpirun each rank runs one replica and the timed step is the trainer's: forward + backward, gradient
-// averaging over MPI, Adam. After a burn-in it prints the mean and standard deviation of the step time, the
-// implied seconds per 25,000-sample epoch (each of W ranks does 25000 / (W x batch) steps), and the floor:
-// the FLOPs of the step's matrix products divided by the sgemm rate this BLAS reaches on exactly those
-// shapes, measured on every rank at once so that the floor sees the same core sharing as the step.
+// Under mpirun each rank runs one replica and the timed step is the trainer's (engine::DataParallelStep):
+// forward + backward, gradient averaging over MPI, Adam. After a burn-in it prints the mean and standard
+// deviation of the step time, the implied seconds per 25,000-sample epoch (each of W ranks does 25000 / (W x
+// batch) steps), and the floor: the FLOPs of the step's matrix products divided by the sgemm rate this BLAS
+// reaches on exactly those shapes, measured on every rank at once so that the floor sees the same core
+// sharing as the step.
 //
 //   mpirun -np 1 build/benchmarks/cpu_step_bench --threads 2
 //   mpirun -np 2 build/benchmarks/cpu_step_bench --threads 1
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "engine/data_parallel_step.h"
 #include "engine/optimizer.h"
 #include "models/blas_threads.h"
 #include "models/initializers.h"
@@ -58,12 +60,12 @@ std::vector<Gemm> step_gemms(const Shapes& s) {
   std::vector<Gemm> list;
   for (int l = 0; l < s.layers; ++l) {
     const int in = l == 0 ? s.embed : h;
-    list.push_back({tb, g, in, false, true});                           // input projection, whole sequence
-    for (int t = 0; t < s.seq; ++t) list.push_back({s.batch, g, h, false, true});  // recurrent, forward
+    list.push_back({tb, g, in, false, true});  // input projection, whole sequence
+    for (int t = 0; t < s.seq; ++t) list.push_back({s.batch, g, h, false, true});   // recurrent, forward
     for (int t = 0; t < s.seq; ++t) list.push_back({s.batch, h, g, false, false});  // recurrent, backward dh
-    list.push_back({g, h, tb, true, false});                            // d w_hh
-    list.push_back({g, in, tb, true, false});                           // d w_ih
-    list.push_back({tb, in, g, false, false});                          // d input
+    list.push_back({g, h, tb, true, false});                                        // d w_hh
+    list.push_back({g, in, tb, true, false});                                       // d w_ih
+    list.push_back({tb, in, g, false, false});                                      // d input
   }
   return list;
 }
@@ -87,9 +89,9 @@ double time_gemms(const std::vector<Gemm>& list, int reps) {
   for (auto& x : b) x = u(rng);
   auto pass = [&] {
     for (const Gemm& gm : list) {
-      cblas_sgemm(CblasRowMajor, gm.trans_a ? CblasTrans : CblasNoTrans, gm.trans_b ? CblasTrans : CblasNoTrans,
-                  gm.m, gm.n, gm.k, 1.0f, a.data(), gm.trans_a ? gm.m : gm.k, b.data(), gm.trans_b ? gm.k : gm.n,
-                  0.0f, c.data(), gm.n);
+      cblas_sgemm(CblasRowMajor, gm.trans_a ? CblasTrans : CblasNoTrans,
+                  gm.trans_b ? CblasTrans : CblasNoTrans, gm.m, gm.n, gm.k, 1.0f, a.data(),
+                  gm.trans_a ? gm.m : gm.k, b.data(), gm.trans_b ? gm.k : gm.n, 0.0f, c.data(), gm.n);
     }
   };
   pass();
@@ -104,16 +106,20 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   Shapes s;
   int warmup = 20, steps = 100, threads = 1;
+  bool sparse = true, lazy = false;
   po::options_description desc("cpu_step_bench");
-  desc.add_options()("help", "this help")("batch", po::value(&s.batch)->default_value(s.batch), "batch per rank")(
-      "seq", po::value(&s.seq)->default_value(s.seq), "sequence length")(
+  desc.add_options()("help", "this help")("batch", po::value(&s.batch)->default_value(s.batch),
+                                          "batch per rank")("seq", po::value(&s.seq)->default_value(s.seq),
+                                                            "sequence length")(
       "embed", po::value(&s.embed)->default_value(s.embed), "embedding width")(
       "hidden", po::value(&s.hidden)->default_value(s.hidden), "LSTM hidden size")(
       "vocab", po::value(&s.vocab)->default_value(s.vocab), "vocabulary")(
       "layers", po::value(&s.layers)->default_value(s.layers), "LSTM layers")(
       "warmup", po::value(&warmup)->default_value(warmup), "burn-in steps")(
       "steps", po::value(&steps)->default_value(steps), "timed steps")(
-      "threads", po::value(&threads)->default_value(threads), "BLAS threads per rank");
+      "threads", po::value(&threads)->default_value(threads), "BLAS threads per rank")(
+      "sparse", po::value(&sparse)->default_value(sparse), "exchange only touched embedding rows")(
+      "lazy", po::value(&lazy)->default_value(lazy), "lazy (row-wise) Adam on the embedding");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   po::notify(vm);
@@ -129,28 +135,32 @@ int main(int argc, char** argv) {
   const ddp::models::ModelShape shape{s.vocab, s.embed, s.hidden, s.layers};
   auto replica = ddp::models::make_cpu_replica(shape);
   ddp::models::initialize_keras(replica->layout(), replica->params(), 1);
-  auto adam = ddp::engine::make_optimizer(ddp::engine::OptimizerSettings{}, replica->layout().total_size());
+  ddp::engine::OptimizerSettings adam_settings;
+  adam_settings.lazy_rows = lazy;
+  auto adam = ddp::engine::make_optimizer(adam_settings, replica->layout().total_size());
+  ddp::engine::DataParallelStep step_runner(*replica, *comm, *adam, sparse);
   std::mt19937_64 rng(static_cast<uint64_t>(rank) + 1);
   std::vector<int32_t> tokens(static_cast<std::size_t>(s.batch) * s.seq);
   std::vector<float> labels(static_cast<std::size_t>(s.batch));
-  std::span<float> grads = replica->grads();
-  const ddp::models::GradientReadyFn on_ready = [&](const ddp::models::ParamSegment& seg) {
-    comm->start_average(grads.subspan(seg.offset, seg.size));
-  };
 
   std::vector<double> times;
+  double compute_s = 0, reduce_s = 0, optimizer_s = 0;
   for (int i = 0; i < warmup + steps; ++i) {
     for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(s.vocab));
     for (auto& y : labels) y = static_cast<float>(rng() % 2);
     const auto start = Clock::now();
-    replica->train_step({tokens.data(), labels.data(), s.batch, s.seq}, on_ready);
-    comm->finish_average();
-    adam->step(replica->params(), grads);
-    if (i >= warmup) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    step_runner.run({tokens.data(), labels.data(), s.batch, s.seq});
+    if (i >= warmup) {
+      times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+      compute_s += step_runner.last_timing().compute_s;
+      reduce_s += step_runner.last_timing().reduce_s;
+      optimizer_s += step_runner.last_timing().optimize_s;
+    }
   }
   // The slowest rank sets the pace of a synchronous step.
   std::vector<double> worst(times.size());
-  MPI_Allreduce(times.data(), worst.data(), static_cast<int>(times.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(times.data(), worst.data(), static_cast<int>(times.size()), MPI_DOUBLE, MPI_MAX,
+                MPI_COMM_WORLD);
   const Stats step = stats_of(worst);
 
   const std::vector<Gemm> gemms = step_gemms(s);
@@ -161,16 +171,22 @@ int main(int argc, char** argv) {
 
   if (rank == 0) {
     const double steps_per_epoch = std::ceil(25000.0 / (static_cast<double>(world) * s.batch));
-    std::printf("layout: %d rank(s) x %d BLAS thread(s); batch %d, seq %d, E %d, H %d, vocab %d, layers %d; %zu "
-                "parameters\n",
-                world, threads, s.batch, s.seq, s.embed, s.hidden, s.vocab, s.layers, replica->layout().total_size());
+    std::printf(
+        "layout: %d rank(s) x %d BLAS thread(s); batch %d, seq %d, E %d, H %d, vocab %d, layers %d; %zu "
+        "parameters; embedding exchange %s, Adam %s\n",
+        world, threads, s.batch, s.seq, s.embed, s.hidden, s.vocab, s.layers, replica->layout().total_size(),
+        sparse ? "sparse" : "dense", lazy ? "lazy" : "dense");
     std::printf("step (fwd+bwd+allreduce+adam): mean %.2f ms, std %.2f ms over %d steps after %d burn-in\n",
                 1e3 * step.mean, 1e3 * step.stddev, steps, warmup);
+    std::printf(
+        "  rank 0's mean: forward+backward %.2f ms, waiting for the all-reduce %.2f ms, Adam %.2f ms\n",
+        1e3 * compute_s / steps, 1e3 * reduce_s / steps, 1e3 * optimizer_s / steps);
     std::printf("epoch of 25000 samples: %.0f steps per rank -> %.1f s\n", steps_per_epoch,
                 steps_per_epoch * step.mean);
-    std::printf("GEMM floor: %.3f GFLOP per step at %.1f GFLOP/s (sgemm on these shapes) = %.2f ms/step -> %.1f s "
-                "per epoch; step / floor = %.2fx\n",
-                flops / 1e9, flops / floor_s / 1e9, 1e3 * floor_s, steps_per_epoch * floor_s, step.mean / floor_s);
+    std::printf(
+        "GEMM floor: %.3f GFLOP per step at %.1f GFLOP/s (sgemm on these shapes) = %.2f ms/step -> %.1f s "
+        "per epoch; step / floor = %.2fx\n",
+        flops / 1e9, flops / floor_s / 1e9, 1e3 * floor_s, steps_per_epoch * floor_s, step.mean / floor_s);
   }
   comm.reset();
   MPI_Finalize();

@@ -43,6 +43,15 @@ class Communicator {
     finish_average();
   }
 
+  // Averages the rows of a row-major matrix [total_rows, width] that any rank touched, for sparse gradients
+  // such as the embedding's. `rows` are this rank's touched rows (sorted, unique); every other row of
+  // `matrix` must be zero on this rank. Returns the union of all ranks' rows (sorted), which every rank
+  // then holds averaged; rows outside the union stay zero. Only the union's rows travel, unless the union
+  // covers most of the matrix, when the whole matrix is averaged. Blocking; call it after start_average()
+  // of other segments, in the same order on every rank.
+  virtual std::vector<int32_t> average_rows(std::span<float> matrix, std::size_t width,
+                                            std::span<const int32_t> rows) = 0;
+
   // In-place sum over ranks of a few numbers (metrics, counters).
   virtual void sum(std::span<double> data) = 0;
   virtual void barrier() = 0;
@@ -54,8 +63,8 @@ class Communicator {
   virtual std::optional<std::string> first_error(const std::optional<std::string>& mine) = 0;
 };
 
-// Runs `work` on every rank; if it throws a UserError on any rank, every rank throws the lowest failing rank's
-// message. For checks of user input that run before (or between) collectives.
+// Runs `work` on every rank; if it throws a UserError on any rank, every rank throws the lowest failing
+// rank's message. For checks of user input that run before (or between) collectives.
 template <typename Work>
 void agree_on_errors(Communicator& comm, Work&& work) {
   std::optional<std::string> error;
@@ -72,6 +81,7 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
 
 // Picks the backend named by `comm.backend` ("auto" or "mpi" in this build). `reason` receives one line
 // saying why, for rank 0's log. Throws UserError for a backend that is unknown or unavailable.
-std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm, std::string* reason);
+std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
+                                                std::string* reason);
 
 }  // namespace ddp::comm

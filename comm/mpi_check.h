@@ -18,9 +18,9 @@ inline std::string mpi_error_string(int code) {
 
 }  // namespace ddp::comm
 
-#define DDP_CHECK_MPI(call)                                                                       \
-  do {                                                                                            \
-    const int ddp_mpi_status_ = (call);                                                           \
-    if (ddp_mpi_status_ != MPI_SUCCESS)                                                           \
+#define DDP_CHECK_MPI(call)                                                                         \
+  do {                                                                                              \
+    const int ddp_mpi_status_ = (call);                                                             \
+    if (ddp_mpi_status_ != MPI_SUCCESS)                                                             \
       DDP_FATAL(std::string(#call) + " failed: " + ::ddp::comm::mpi_error_string(ddp_mpi_status_)); \
   } while (0)

@@ -2,6 +2,7 @@
 // 1/size on every rank, so all ranks compute bit-identical averages from bit-identical sums).
 #include <mpi.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -29,7 +30,9 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
 
-  void broadcast(std::span<float> data, int root) override { broadcast_bytes(data.data(), data.size(), MPI_FLOAT, root); }
+  void broadcast(std::span<float> data, int root) override {
+    broadcast_bytes(data.data(), data.size(), MPI_FLOAT, root);
+  }
   void broadcast(std::span<double> data, int root) override {
     broadcast_bytes(data.data(), data.size(), MPI_DOUBLE, root);
   }
@@ -37,13 +40,14 @@ class MpiCommunicator final : public Communicator {
   void start_average(std::span<float> segment) override {
     if (size_ == 1 || segment.empty()) return;
     MPI_Request request = MPI_REQUEST_NULL;
-    DDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, segment.data(), checked_count(segment.size()), MPI_FLOAT, MPI_SUM,
-                                 comm_, &request));
+    DDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, segment.data(), checked_count(segment.size()), MPI_FLOAT,
+                                 MPI_SUM, comm_, &request));
     pending_.push_back(Pending{segment, request});
     // Without a progress thread, MPI advances non-blocking collectives only inside MPI calls: poke it.
     std::vector<MPI_Request> requests = active_requests();
     int done = 0;
-    DDP_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
+    DDP_CHECK_MPI(
+        MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
     write_back(requests);
   }
 
@@ -56,6 +60,47 @@ class MpiCommunicator final : public Communicator {
       for (float& x : p.segment) x *= scale;
     }
     pending_.clear();
+  }
+
+  std::vector<int32_t> average_rows(std::span<float> matrix, std::size_t width,
+                                    std::span<const int32_t> rows) override {
+    if (size_ == 1) return {rows.begin(), rows.end()};
+    const std::size_t total_rows = matrix.size() / width;
+    // Every rank learns every rank's rows and forms the same sorted union.
+    const int mine = checked_count(rows.size());
+    std::vector<int> counts(static_cast<std::size_t>(size_));
+    DDP_CHECK_MPI(MPI_Allgather(&mine, 1, MPI_INT, counts.data(), 1, MPI_INT, comm_));
+    std::vector<int> offsets(counts.size());
+    std::size_t all = 0;
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      offsets[r] = checked_count(all);
+      all += static_cast<std::size_t>(counts[r]);
+    }
+    std::vector<int32_t> gathered(all);
+    DDP_CHECK_MPI(MPI_Allgatherv(rows.data(), mine, MPI_INT32_T, gathered.data(), counts.data(),
+                                 offsets.data(), MPI_INT32_T, comm_));
+    std::sort(gathered.begin(), gathered.end());
+    gathered.erase(std::unique(gathered.begin(), gathered.end()), gathered.end());
+
+    if (2 * gathered.size() > total_rows) {  // dense is cheaper than packing most of the matrix
+      average(matrix);
+      return gathered;
+    }
+    // Untouched rows are zero, so packing the union's rows from every rank's matrix sums correctly.
+    packed_.resize(gathered.size() * width);
+    for (std::size_t i = 0; i < gathered.size(); ++i) {
+      const float* row = matrix.data() + static_cast<std::size_t>(gathered[i]) * width;
+      std::copy(row, row + width, packed_.data() + i * width);
+    }
+    DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, packed_.data(), checked_count(packed_.size()), MPI_FLOAT,
+                                MPI_SUM, comm_));
+    const float scale = 1.0f / static_cast<float>(size_);
+    for (std::size_t i = 0; i < gathered.size(); ++i) {
+      float* row = matrix.data() + static_cast<std::size_t>(gathered[i]) * width;
+      const float* summed = packed_.data() + i * width;
+      for (std::size_t j = 0; j < width; ++j) row[j] = summed[j] * scale;
+    }
+    return gathered;
   }
 
   void sum(std::span<double> data) override {
@@ -77,8 +122,8 @@ class MpiCommunicator final : public Communicator {
       total += lengths[i];
     }
     std::string all(static_cast<std::size_t>(total), '\0');
-    DDP_CHECK_MPI(MPI_Gatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR,
-                              root, comm_));
+    DDP_CHECK_MPI(MPI_Gatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
+                              MPI_CHAR, root, comm_));
     std::vector<std::string> texts;
     for (std::size_t i = 0; i < lengths.size(); ++i) {
       texts.push_back(all.substr(static_cast<std::size_t>(offsets[i]), static_cast<std::size_t>(lengths[i])));
@@ -131,10 +176,13 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   std::vector<Pending> pending_;
+  std::vector<float> packed_;  // reused by average_rows
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) { return std::make_unique<MpiCommunicator>(comm); }
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
+  return std::make_unique<MpiCommunicator>(comm);
+}
 
 }  // namespace ddp::comm

@@ -48,7 +48,8 @@ void write_floats(hid_t loc, const std::string& name, std::span<const float> dat
   check_h5(H5Dwrite(set.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), name.c_str());
 }
 
-std::vector<float> read_floats(hid_t loc, const std::string& file, const std::string& name, std::size_t expected) {
+std::vector<float> read_floats(hid_t loc, const std::string& file, const std::string& name,
+                               std::size_t expected) {
   Hid set = io::open_dataset(loc, file, name);
   const std::vector<int64_t> dims = io::dataset_dims(set.get());
   if (dims.size() != 1 || static_cast<std::size_t>(dims[0]) != expected) {
@@ -69,7 +70,8 @@ void fsync_path(const std::string& path, int flags) {
 }  // namespace
 
 void write_checkpoint(const std::string& path, const models::ModelShape& shape, std::span<const float> params,
-                      const Optimizer& optimizer, const TrainingProgress& progress, const std::string& config_ini) {
+                      const Optimizer& optimizer, const TrainingProgress& progress,
+                      const std::string& config_ini) {
   std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
   io::quiet_hdf5_errors();
   const std::filesystem::path final_path(path);

@@ -27,9 +27,9 @@ struct TrainingProgress {
   int64_t global_step = 0;
   uint64_t seed = 0;
   int64_t world_size = 1;
-  int64_t batch_size = 0;       // per rank
-  double best_val_loss = 0;     // meaningful once epoch > 0
-  double loss_sum = 0;          // running sums of the interrupted epoch, over all ranks
+  int64_t batch_size = 0;    // per rank
+  double best_val_loss = 0;  // meaningful once epoch > 0
+  double loss_sum = 0;       // running sums of the interrupted epoch, over all ranks
   double correct = 0;
   double count = 0;
 };
@@ -44,7 +44,8 @@ struct Checkpoint {
 };
 
 void write_checkpoint(const std::string& path, const models::ModelShape& shape, std::span<const float> params,
-                      const Optimizer& optimizer, const TrainingProgress& progress, const std::string& config_ini);
+                      const Optimizer& optimizer, const TrainingProgress& progress,
+                      const std::string& config_ini);
 
 // Throws UserError naming the file for a missing, foreign or damaged checkpoint.
 Checkpoint read_checkpoint(const std::string& path);

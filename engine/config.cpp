@@ -23,24 +23,34 @@ void visit_keys(C& c, Visitor&& key) {
   key("model", "embedding_dim", c.model.embedding_dim, "embedding width E");
   key("model", "hidden", c.model.hidden, "LSTM hidden size H");
   key("model", "layers", c.model.layers, "stacked LSTM layers");
-  key("train", "batch_size", c.train.batch_size, "samples per step on each rank (global batch = ranks x this)");
+  key("train", "batch_size", c.train.batch_size,
+      "samples per step on each rank (global batch = ranks x this)");
   key("train", "epochs", c.train.epochs, "passes over the training split");
   key("train", "learning_rate", c.train.learning_rate, "optimizer step size");
   key("train", "optimizer", c.train.optimizer, "adam or sgd (with train.momentum)");
   key("train", "momentum", c.train.momentum, "momentum of sgd");
+  key("train", "embedding_update", c.train.embedding_update,
+      "dense (Keras: every embedding row's moments decay each step) or lazy (only the rows in the batch)");
   key("train", "beta1", c.train.beta1, "Adam's first-moment decay");
   key("train", "beta2", c.train.beta2, "Adam's second-moment decay");
   key("train", "epsilon", c.train.epsilon, "Adam's epsilon (Keras's default 1e-7)");
-  key("train", "seed", c.train.seed, "seed of the initial parameters and of the data order, shared by all ranks");
+  key("train", "seed", c.train.seed,
+      "seed of the initial parameters and of the data order, shared by all ranks");
   key("train", "threads", c.train.threads, "BLAS threads per rank; 0: the node's cores divided by its ranks");
-  key("train", "max_steps_per_epoch", c.train.max_steps_per_epoch, "cap on steps per epoch; 0: the whole shard");
+  key("train", "max_steps_per_epoch", c.train.max_steps_per_epoch,
+      "cap on steps per epoch; 0: the whole shard");
   key("train", "stop_after_steps", c.train.stop_after_steps,
       "stop after this many steps in all, writing last.h5 (continue with --resume); 0: never");
   key("comm", "backend", c.comm.backend, "gradient averaging: auto, mpi (nccl and ps where built)");
+  key("comm", "sparse_embedding", c.comm.sparse_embedding,
+      "average only the embedding rows some rank's batch used (same result, less traffic)");
   key("checkpoint", "dir", c.checkpoint.dir, "run directory: config.ini, metrics.jsonl, last.h5, best.h5");
-  key("checkpoint", "every_steps", c.checkpoint.every_steps, "also write last.h5 every N steps; 0: per epoch");
-  key("log", "progress", c.log.progress, "auto (a live bar on a terminal, plain lines otherwise), bar or lines");
-  key("log", "interval", c.log.interval, "with plain lines: a progress line every N steps; 0: per epoch only");
+  key("checkpoint", "every_steps", c.checkpoint.every_steps,
+      "also write last.h5 every N steps; 0: per epoch");
+  key("log", "progress", c.log.progress,
+      "auto (a live bar on a terminal, plain lines otherwise), bar or lines");
+  key("log", "interval", c.log.interval,
+      "with plain lines: a progress line every N steps; 0: per epoch only");
 }
 
 std::string full_name(const char* section, const char* name) {
@@ -77,22 +87,31 @@ void check_values(const Config& c) {
   const std::set<std::string> devices{"cpu", "cuda", "auto"};
   require(devices.count(c.device), "device", c.device, "expected cpu, cuda or auto");
   require(c.data.prefetch >= 1, "data.prefetch", value_text(c.data.prefetch), "must be at least 1");
-  require(c.model.embedding_dim >= 1, "model.embedding_dim", value_text(c.model.embedding_dim), "must be positive");
+  require(c.model.embedding_dim >= 1, "model.embedding_dim", value_text(c.model.embedding_dim),
+          "must be positive");
   require(c.model.hidden >= 1, "model.hidden", value_text(c.model.hidden), "must be positive");
   require(c.model.layers >= 1, "model.layers", value_text(c.model.layers), "must be positive");
   require(c.train.batch_size >= 1, "train.batch_size", value_text(c.train.batch_size), "must be positive");
   require(c.train.epochs >= 1, "train.epochs", value_text(c.train.epochs), "must be positive");
-  require(c.train.learning_rate > 0, "train.learning_rate", value_text(c.train.learning_rate), "must be positive");
+  require(c.train.learning_rate > 0, "train.learning_rate", value_text(c.train.learning_rate),
+          "must be positive");
   require(c.train.optimizer == "adam" || c.train.optimizer == "sgd", "train.optimizer", c.train.optimizer,
           "expected adam or sgd");
+  require(c.train.embedding_update == "dense" || c.train.embedding_update == "lazy", "train.embedding_update",
+          c.train.embedding_update, "expected dense or lazy");
+  require(c.comm.sparse_embedding || c.train.embedding_update == "dense", "train.embedding_update",
+          c.train.embedding_update,
+          "lazy needs comm.sparse_embedding = true (the rows come from the exchange)");
   require(c.train.momentum >= 0 && c.train.momentum < 1, "train.momentum", value_text(c.train.momentum),
           "must be in [0, 1)");
-  require(c.train.beta1 >= 0 && c.train.beta1 < 1, "train.beta1", value_text(c.train.beta1), "must be in [0, 1)");
-  require(c.train.beta2 >= 0 && c.train.beta2 < 1, "train.beta2", value_text(c.train.beta2), "must be in [0, 1)");
+  require(c.train.beta1 >= 0 && c.train.beta1 < 1, "train.beta1", value_text(c.train.beta1),
+          "must be in [0, 1)");
+  require(c.train.beta2 >= 0 && c.train.beta2 < 1, "train.beta2", value_text(c.train.beta2),
+          "must be in [0, 1)");
   require(c.train.epsilon > 0, "train.epsilon", value_text(c.train.epsilon), "must be positive");
   require(c.train.threads >= 0, "train.threads", value_text(c.train.threads), "must be 0 (auto) or more");
-  require(c.train.max_steps_per_epoch >= 0, "train.max_steps_per_epoch", value_text(c.train.max_steps_per_epoch),
-          "must be 0 (no cap) or more");
+  require(c.train.max_steps_per_epoch >= 0, "train.max_steps_per_epoch",
+          value_text(c.train.max_steps_per_epoch), "must be 0 (no cap) or more");
   require(c.train.stop_after_steps >= 0, "train.stop_after_steps", value_text(c.train.stop_after_steps),
           "must be 0 (never) or more");
   require(!c.checkpoint.dir.empty(), "checkpoint.dir", "\"\"", "must name a directory");
@@ -103,7 +122,8 @@ void check_values(const Config& c) {
   require(c.log.interval >= 0, "log.interval", value_text(c.log.interval), "must be 0 or more");
   require(c.resume == "no" || c.resume == "last" || c.resume == "auto", "--resume", c.resume,
           "expected last (the default when given alone), auto or no");
-  if (c.data.path.empty()) throw UserError("data.path is not set: give it in the config file or as --data.path FILE");
+  if (c.data.path.empty())
+    throw UserError("data.path is not set: give it in the config file or as --data.path FILE");
 }
 
 }  // namespace
@@ -137,7 +157,8 @@ ParsedConfig parse_config(const std::vector<std::string>& args) {
 
   std::ostringstream help;
   help << "Usage: ddptrain [train] --config FILE [--section.key VALUE ...]\n"
-       << "       ddptrain prepare synthetic --output FILE [--train N --test M --vocab V --maxlen T --seed S]\n\n"
+       << "       ddptrain prepare synthetic --output FILE [--train N --test M --vocab V --maxlen T --seed "
+          "S]\n\n"
        << all;
   parsed.help = help.str();
 

@@ -10,7 +10,7 @@
 namespace ddp::engine {
 
 struct Config {
-  std::string config_file;  // --config, may be empty
+  std::string config_file;      // --config, may be empty
   std::string device = "auto";  // cpu | cuda | auto
   std::string resume = "no";    // no | last | auto  (--resume alone means last)
 
@@ -30,8 +30,9 @@ struct Config {
     int batch_size = 32;  // per rank
     int epochs = 15;
     double learning_rate = 0.001;
-    std::string optimizer = "adam";  // adam | sgd
-    double momentum = 0.0;           // sgd only
+    std::string optimizer = "adam";          // adam | sgd
+    double momentum = 0.0;                   // sgd only
+    std::string embedding_update = "dense";  // dense (Keras) | lazy (only rows in the batch)
     double beta1 = 0.9;
     double beta2 = 0.999;
     double epsilon = 1e-7;
@@ -43,6 +44,7 @@ struct Config {
 
   struct Comm {
     std::string backend = "auto";  // auto | mpi | nccl | ps
+    bool sparse_embedding = true;  // exchange only the embedding rows some rank touched
   } comm;
 
   struct Checkpoint {

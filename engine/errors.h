@@ -1,7 +1,8 @@
 // Error handling shared by every room of the engine.
 //
 // Two kinds of failure, two paths:
-//  - UserError: the user's input is wrong (a config key or value, a data file). It carries one line that names
+//  - UserError: the user's input is wrong (a config key or value, a data file). It carries one line that
+//  names
 //    the file, key or value; the command prints it and exits with kExitUserError. Ranks agree on it through
 //    the communicator before exiting, so no rank is left waiting in a collective.
 //  - fatal(): something that should never fail did (an MPI, HDF5 or CUDA call). It prints the expression,
@@ -22,8 +23,10 @@ class UserError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Prints "ddptrain: fatal: <what> (<file>:<line>, host H, rank R)" and aborts the whole MPI job with `exit_code`.
-[[noreturn]] void fatal(const std::string& what, const char* file, int line, int exit_code = kExitInternalError);
+// Prints "ddptrain: fatal: <what> (<file>:<line>, host H, rank R)" and aborts the whole MPI job with
+// `exit_code`.
+[[noreturn]] void fatal(const std::string& what, const char* file, int line,
+                        int exit_code = kExitInternalError);
 
 // The short host name of this process, for log lines.
 std::string host_name();
@@ -33,7 +36,7 @@ std::string host_name();
 #define DDP_FATAL(what) ::ddp::fatal((what), __FILE__, __LINE__)
 
 // Internal invariant; on failure the job ends through fatal().
-#define DDP_CHECK(cond)                                  \
-  do {                                                   \
-    if (!(cond)) DDP_FATAL("check failed: " #cond);      \
+#define DDP_CHECK(cond)                             \
+  do {                                              \
+    if (!(cond)) DDP_FATAL("check failed: " #cond); \
   } while (0)

@@ -1,6 +1,6 @@
 // ddptrain's command line:
-//   ddptrain [train] --config FILE [--section.key VALUE ...]     data-parallel training, one MPI rank per replica
-//   ddptrain prepare synthetic --output FILE [options]           make the embedded synthetic dataset
+//   ddptrain [train] --config FILE [--section.key VALUE ...]     data-parallel training, one MPI rank per
+//   replica ddptrain prepare synthetic --output FILE [options]           make the embedded synthetic dataset
 // Exit codes: 0 success, 1 internal error, 2 bad input (config, command line, data or checkpoint file).
 #include <mpi.h>
 
@@ -28,10 +28,11 @@ int prepare_synthetic(const std::vector<std::string>& args) {
   io::SyntheticOptions options;
   po::options_description desc("ddptrain prepare synthetic");
   desc.add_options()("help,h", "print this help")("output,o", po::value(&options.output)->required(),
-                                                    "HDF5 file to write")(
+                                                  "HDF5 file to write")(
       "train", po::value(&options.train)->default_value(options.train), "training samples")(
       "test", po::value(&options.test)->default_value(options.test), "test samples")(
-      "vocab", po::value(&options.vocab)->default_value(options.vocab), "vocabulary size (token ids < vocab)")(
+      "vocab", po::value(&options.vocab)->default_value(options.vocab),
+      "vocabulary size (token ids < vocab)")(
       "maxlen", po::value(&options.maxlen)->default_value(options.maxlen), "tokens per sample")(
       "seed", po::value(&options.seed)->default_value(options.seed), "random seed");
   po::variables_map vm;
@@ -45,17 +46,21 @@ int prepare_synthetic(const std::vector<std::string>& args) {
   } catch (const po::error& e) {
     throw UserError(std::string("prepare synthetic: ") + e.what());
   }
-  if (options.train < 1 || options.test < 1) throw UserError("prepare synthetic: --train and --test must be positive");
+  if (options.train < 1 || options.test < 1)
+    throw UserError("prepare synthetic: --train and --test must be positive");
   io::write_synthetic(options);
-  std::printf("wrote %s: %lld train and %lld test samples, vocab %d, maxlen %d, seed %llu\n", options.output.c_str(),
-              static_cast<long long>(options.train), static_cast<long long>(options.test), options.vocab,
-              options.maxlen, static_cast<unsigned long long>(options.seed));
+  std::printf("wrote %s: %lld train and %lld test samples, vocab %d, maxlen %d, seed %llu\n",
+              options.output.c_str(), static_cast<long long>(options.train),
+              static_cast<long long>(options.test), options.vocab, options.maxlen,
+              static_cast<unsigned long long>(options.seed));
   return kExitOk;
 }
 
 int prepare(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::printf("Usage: ddptrain prepare synthetic --output FILE [--train N --test M --vocab V --maxlen T --seed S]\n");
+    std::printf(
+        "Usage: ddptrain prepare synthetic --output FILE [--train N --test M --vocab V --maxlen T --seed "
+        "S]\n");
     return args.empty() ? kExitUserError : kExitOk;
   }
   if (args[0] == "synthetic") return prepare_synthetic({args.begin() + 1, args.end()});
@@ -82,8 +87,8 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
 
   std::unique_ptr<comm::Communicator> communicator;
   std::string why;
-  comm::agree_on_errors(boot,
-                        [&] { communicator = comm::make_communicator(config.comm.backend, MPI_COMM_WORLD, &why); });
+  comm::agree_on_errors(
+      boot, [&] { communicator = comm::make_communicator(config.comm.backend, MPI_COMM_WORLD, &why); });
 
   io::DatasetInfo data;
   comm::agree_on_errors(boot, [&] {
@@ -97,9 +102,10 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
   });
 
   if (boot.rank() == 0) {
-    std::printf("ddptrain %s: %d rank(s); backend %s (%s); %s; BLAS: %s, %d thread(s) per rank%s\n", DDPTRAIN_VERSION,
-                boot.size(), communicator->backend().c_str(), why.c_str(), topology.device_reason.c_str(),
-                models::blas_description().c_str(), threads, threads_set ? "" : " (not settable: see its env)");
+    std::printf("ddptrain %s: %d rank(s); backend %s (%s); %s; BLAS: %s, %d thread(s) per rank%s\n",
+                DDPTRAIN_VERSION, boot.size(), communicator->backend().c_str(), why.c_str(),
+                topology.device_reason.c_str(), models::blas_description().c_str(), threads,
+                threads_set ? "" : " (not settable: see its env)");
     std::fflush(stdout);
   }
   engine::train(config, topology, *communicator, data);

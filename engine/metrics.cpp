@@ -25,21 +25,22 @@ std::string seconds_text(double s) {
 }  // namespace
 
 std::string format_epoch_line(const EpochMetrics& m) {
-  return printf_string("Epoch %lld/%lld - %lld steps - %s - %.2fms/step - loss: %.4f - acc: %.4f - val_loss: %.4f - "
-                       "val_acc: %.4f",
-                       static_cast<long long>(m.epoch), static_cast<long long>(m.epochs),
-                       static_cast<long long>(m.steps), seconds_text(m.epoch_time_s).c_str(), m.step_time_ms, m.loss,
-                       m.acc, m.val_loss, m.val_acc);
+  return printf_string(
+      "Epoch %lld/%lld - %lld steps - %s - %.2fms/step - loss: %.4f - acc: %.4f - val_loss: %.4f - "
+      "val_acc: %.4f",
+      static_cast<long long>(m.epoch), static_cast<long long>(m.epochs), static_cast<long long>(m.steps),
+      seconds_text(m.epoch_time_s).c_str(), m.step_time_ms, m.loss, m.acc, m.val_loss, m.val_acc);
 }
 
 std::string to_json(const EpochMetrics& m) {
   return printf_string(
-      "{\"epoch\": %lld, \"epochs\": %lld, \"steps\": %lld, \"loss\": %.6f, \"acc\": %.6f, \"val_loss\": %.6f, "
+      "{\"epoch\": %lld, \"epochs\": %lld, \"steps\": %lld, \"loss\": %.6f, \"acc\": %.6f, \"val_loss\": "
+      "%.6f, "
       "\"val_acc\": %.6f, \"epoch_time_s\": %.4f, \"train_time_s\": %.4f, \"eval_time_s\": %.4f, "
       "\"step_time_ms\": %.4f, \"samples_per_s\": %.1f, \"data_wait_s\": %.4f, \"world_size\": %d, "
       "\"backend\": \"%s\", \"device\": \"%s\"}",
-      static_cast<long long>(m.epoch), static_cast<long long>(m.epochs), static_cast<long long>(m.steps), m.loss,
-      m.acc, m.val_loss, m.val_acc, m.epoch_time_s, m.train_time_s, m.eval_time_s, m.step_time_ms,
+      static_cast<long long>(m.epoch), static_cast<long long>(m.epochs), static_cast<long long>(m.steps),
+      m.loss, m.acc, m.val_loss, m.val_acc, m.epoch_time_s, m.train_time_s, m.eval_time_s, m.step_time_ms,
       m.samples_per_s, m.data_wait_s, m.world_size, m.backend.c_str(), m.device.c_str());
 }
 
@@ -78,16 +79,17 @@ void Progress::update(int64_t step, double loss, double acc) {
     const int filled = total_ > 0 ? static_cast<int>(kWidth * step / total_) : kWidth;
     std::string bar(static_cast<std::size_t>(filled), '=');
     if (filled < kWidth) bar += '>' + std::string(static_cast<std::size_t>(kWidth - filled - 1), '.');
-    const double eta = step > 0 ? elapsed * static_cast<double>(total_ - step) / static_cast<double>(step) : 0;
+    const double eta =
+        step > 0 ? elapsed * static_cast<double>(total_ - step) / static_cast<double>(step) : 0;
     std::printf("\rEpoch %lld/%lld %lld/%lld [%s] - ETA: %s - loss: %.4f - acc: %.4f\033[K",
                 static_cast<long long>(epoch_), static_cast<long long>(epochs_), static_cast<long long>(step),
                 static_cast<long long>(total_), bar.c_str(), seconds_text(eta).c_str(), loss, acc);
     std::fflush(stdout);
     drawn_ = true;
   } else if (interval_ > 0 && step % interval_ == 0) {
-    std::printf("Epoch %lld/%lld - step %lld/%lld - %s - loss: %.4f - acc: %.4f\n", static_cast<long long>(epoch_),
-                static_cast<long long>(epochs_), static_cast<long long>(step), static_cast<long long>(total_),
-                seconds_text(elapsed).c_str(), loss, acc);
+    std::printf("Epoch %lld/%lld - step %lld/%lld - %s - loss: %.4f - acc: %.4f\n",
+                static_cast<long long>(epoch_), static_cast<long long>(epochs_), static_cast<long long>(step),
+                static_cast<long long>(total_), seconds_text(elapsed).c_str(), loss, acc);
     std::fflush(stdout);
   }
 }

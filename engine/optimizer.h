@@ -18,6 +18,17 @@ struct OptimizerSettings {
   double beta2 = 0.999;   // adam
   double epsilon = 1e-7;  // adam (Keras's default)
   double momentum = 0.0;  // sgd
+  // Lazy row updates (as PyTorch's SparseAdam, TensorFlow's LazyAdam): rows of a sparse matrix (the
+  // embedding) that had no gradient this step keep their parameters and moments. Off: Keras's dense update.
+  bool lazy_rows = false;
+};
+
+// A row-major matrix inside the flat buffer of which only some rows had a gradient this step.
+struct SparseRows {
+  std::size_t offset = 0;  // of the matrix in the flat buffer
+  std::size_t width = 0;
+  std::size_t count = 0;          // rows of the matrix
+  std::span<const int32_t> rows;  // sorted, unique
 };
 
 struct OptimizerState {
@@ -28,12 +39,24 @@ struct OptimizerState {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // params -= update(grads); both spans have the size given at construction.
-  virtual void step(std::span<float> params, std::span<const float> grads) = 0;
+  // params -= update(grads); both spans have the size given at construction. With settings.lazy_rows and
+  // `sparse`, the matrix's rows not in sparse->rows are left alone.
+  void step(std::span<float> params, std::span<const float> grads, const SparseRows* sparse = nullptr);
   virtual OptimizerState state() const = 0;
   // Throws UserError if the state's buffers do not match this optimizer (kind or size).
   virtual void load_state(const OptimizerState& state) = 0;
   virtual std::string name() const = 0;
+
+ protected:
+  explicit Optimizer(bool lazy_rows) : lazy_rows_(lazy_rows) {}
+  // Called once per step before update_range().
+  virtual void begin_step() = 0;
+  // Updates elements [begin, end) of the flat buffer.
+  virtual void update_range(float* params, const float* grads, std::size_t begin, std::size_t end) = 0;
+  virtual std::size_t size() const = 0;
+
+ private:
+  bool lazy_rows_;
 };
 
 // Adam as Keras computes it: m, v moments; lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t);

@@ -1,6 +1,6 @@
 // Where this rank sits: its rank and size in the job, its rank among the processes of its node (from
-// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), so it works the same under mpirun, srun or any launcher), and the
-// device it trains on.
+// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), so it works the same under mpirun, srun or any launcher), and
+// the device it trains on.
 #pragma once
 
 #include <mpi.h>

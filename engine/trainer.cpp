@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "engine/checkpoint.h"
+#include "engine/data_parallel_step.h"
 #include "engine/errors.h"
 #include "engine/optimizer.h"
 #include "io/batch_reader.h"
@@ -45,15 +46,17 @@ class TrainingRun {
         replica_(models::make_cpu_replica(shape_)),
         optimizer_(make_optimizer(optimizer_settings(config), replica_->layout().total_size())),
         train_shard_(io::shard_of(data.train_size, comm.rank(), comm.size(), /*cover_all=*/false)),
-        test_shard_(io::shard_of(data.test_size, comm.rank(), comm.size(), /*cover_all=*/true)) {
+        test_shard_(io::shard_of(data.test_size, comm.rank(), comm.size(), /*cover_all=*/true)),
+        step_(
+            std::make_unique<DataParallelStep>(*replica_, comm, *optimizer_, config.comm.sparse_embedding)) {
     const int64_t per_epoch =
         io::BatchReader::batches_per_epoch(train_shard_.size(), config.train.batch_size, /*drop_last=*/true);
     steps_per_epoch_ = config.train.max_steps_per_epoch > 0
                            ? std::min(per_epoch, config.train.max_steps_per_epoch)
                            : per_epoch;
     if (steps_per_epoch_ < 1) {
-      throw UserError(data.path + ": /train has " + std::to_string(data.train_size) + " samples, fewer than " +
-                      std::to_string(comm.size()) + " ranks x train.batch_size " +
+      throw UserError(data.path + ": /train has " + std::to_string(data.train_size) +
+                      " samples, fewer than " + std::to_string(comm.size()) + " ranks x train.batch_size " +
                       std::to_string(config.train.batch_size));
     }
   }
@@ -75,7 +78,13 @@ class TrainingRun {
 
  private:
   static OptimizerSettings optimizer_settings(const Config& c) {
-    return {c.train.optimizer, c.train.learning_rate, c.train.beta1, c.train.beta2, c.train.epsilon, c.train.momentum};
+    return {c.train.optimizer,
+            c.train.learning_rate,
+            c.train.beta1,
+            c.train.beta2,
+            c.train.epsilon,
+            c.train.momentum,
+            c.train.embedding_update == "lazy"};
   }
 
   bool is_root() const { return comm_.rank() == 0; }
@@ -85,7 +94,9 @@ class TrainingRun {
       if (!is_root()) return;
       std::error_code ec;
       std::filesystem::create_directories(files_.dir, ec);
-      if (ec) throw UserError("checkpoint.dir = " + files_.dir.string() + ": cannot create it (" + ec.message() + ")");
+      if (ec)
+        throw UserError("checkpoint.dir = " + files_.dir.string() + ": cannot create it (" + ec.message() +
+                        ")");
       std::ofstream out(files_.config());
       out << config_.to_ini();
       if (!out) throw UserError(files_.config() + ": cannot write the effective config");
@@ -109,9 +120,10 @@ class TrainingRun {
       }
       Checkpoint c = read_checkpoint(files_.last());
       if (!(c.shape == shape_)) {
-        throw UserError(files_.last() + ": the checkpoint's model (vocab " + std::to_string(c.shape.vocab_size) +
-                        ", embedding " + std::to_string(c.shape.embedding_dim) + ", hidden " +
-                        std::to_string(c.shape.hidden) + ", layers " + std::to_string(c.shape.layers) +
+        throw UserError(files_.last() + ": the checkpoint's model (vocab " +
+                        std::to_string(c.shape.vocab_size) + ", embedding " +
+                        std::to_string(c.shape.embedding_dim) + ", hidden " + std::to_string(c.shape.hidden) +
+                        ", layers " + std::to_string(c.shape.layers) +
                         ") differs from the config's and the dataset's");
       }
       if (c.optimizer_name != optimizer_->name()) {
@@ -122,10 +134,11 @@ class TrainingRun {
       optimizer_->load_state(c.optimizer);
       progress_ = c.progress;
       if (progress_.world_size != comm_.size() || progress_.batch_size != config_.train.batch_size) {
-        std::printf("warning: %s was written by %lld ranks x batch %lld; resuming with %d x %d changes the data "
-                    "order from here on\n",
-                    files_.last().c_str(), static_cast<long long>(progress_.world_size),
-                    static_cast<long long>(progress_.batch_size), comm_.size(), config_.train.batch_size);
+        std::printf(
+            "warning: %s was written by %lld ranks x batch %lld; resuming with %d x %d changes the data "
+            "order from here on\n",
+            files_.last().c_str(), static_cast<long long>(progress_.world_size),
+            static_cast<long long>(progress_.batch_size), comm_.size(), config_.train.batch_size);
       }
       if (progress_.step_in_epoch >= steps_per_epoch_) {
         progress_.step_in_epoch = 0;  // the interrupted epoch had finished its steps
@@ -135,10 +148,14 @@ class TrainingRun {
 
     // Broadcast the starting point.
     comm_.broadcast(replica_->params(), 0);
-    header = {static_cast<double>(progress_.epoch),    static_cast<double>(progress_.step_in_epoch),
-              static_cast<double>(progress_.global_step), progress_.best_val_loss,
-              progress_.loss_sum,                       progress_.correct,
-              progress_.count,                          resumed_ ? 1.0 : 0.0,
+    header = {static_cast<double>(progress_.epoch),
+              static_cast<double>(progress_.step_in_epoch),
+              static_cast<double>(progress_.global_step),
+              progress_.best_val_loss,
+              progress_.loss_sum,
+              progress_.correct,
+              progress_.count,
+              resumed_ ? 1.0 : 0.0,
               static_cast<double>(progress_.seed)};
     comm_.broadcast(std::span<double>(header), 0);
     progress_.epoch = static_cast<int64_t>(header[0]);
@@ -147,7 +164,8 @@ class TrainingRun {
     progress_.best_val_loss = header[3];
     resumed_ = header[7] != 0.0;
     progress_.seed = static_cast<uint64_t>(header[8]);
-    // Running sums of an interrupted epoch are global: keep them on rank 0 only, so the next sum adds them once.
+    // Running sums of an interrupted epoch are global: keep them on rank 0 only, so the next sum adds them
+    // once.
     if (!is_root()) progress_.loss_sum = progress_.correct = progress_.count = 0;
     progress_.world_size = comm_.size();
     progress_.batch_size = config_.train.batch_size;
@@ -168,21 +186,23 @@ class TrainingRun {
 
   void log_start() {
     char line[512];
-    std::snprintf(line, sizeof(line), "rank %d/%d on %s (local rank %d/%d): device %s, train rows [%lld, %lld)",
-                  comm_.rank(), comm_.size(), topology_.host.c_str(), topology_.local_rank, topology_.local_size,
+    std::snprintf(line, sizeof(line),
+                  "rank %d/%d on %s (local rank %d/%d): device %s, train rows [%lld, %lld)", comm_.rank(),
+                  comm_.size(), topology_.host.c_str(), topology_.local_rank, topology_.local_size,
                   topology_.device.c_str(), static_cast<long long>(train_shard_.begin),
                   static_cast<long long>(train_shard_.end));
     const std::vector<std::string> lines = comm_.gather(line, 0);
     if (!is_root()) return;
     for (const std::string& l : lines) std::printf("%s\n", l.c_str());
     std::printf("data %s: train %lld, test %lld, vocab %d, maxlen %d\n", data_.path.c_str(),
-                static_cast<long long>(data_.train_size), static_cast<long long>(data_.test_size), data_.vocab_size,
-                data_.maxlen);
-    std::printf("model: embedding %d, LSTM %d x %d, %zu parameters; %s lr %g; batch %d per rank x %d ranks; "
-                "%lld steps per epoch\n",
-                shape_.embedding_dim, shape_.layers, shape_.hidden, replica_->layout().total_size(),
-                optimizer_->name().c_str(), config_.train.learning_rate, config_.train.batch_size, comm_.size(),
-                static_cast<long long>(steps_per_epoch_));
+                static_cast<long long>(data_.train_size), static_cast<long long>(data_.test_size),
+                data_.vocab_size, data_.maxlen);
+    std::printf(
+        "model: embedding %d, LSTM %d x %d, %zu parameters; %s lr %g; batch %d per rank x %d ranks; "
+        "%lld steps per epoch\n",
+        shape_.embedding_dim, shape_.layers, shape_.hidden, replica_->layout().total_size(),
+        optimizer_->name().c_str(), config_.train.learning_rate, config_.train.batch_size, comm_.size(),
+        static_cast<long long>(steps_per_epoch_));
     if (resumed_) {
       std::printf("resumed from %s: %lld epochs and %lld steps done\n", files_.last().c_str(),
                   static_cast<long long>(progress_.epoch), static_cast<long long>(progress_.step_in_epoch));
@@ -219,21 +239,14 @@ class TrainingRun {
     io::BatchReader reader(options);
 
     std::optional<Progress> progress;
-    if (is_root()) progress.emplace(live_progress(), config_.log.interval, epoch + 1, config_.train.epochs,
-                                    steps_per_epoch_);
-    std::span<float> params = replica_->params();
-    std::span<float> grads = replica_->grads();
+    if (is_root())
+      progress.emplace(live_progress(), config_.log.interval, epoch + 1, config_.train.epochs,
+                       steps_per_epoch_);
     models::BatchStats local;
-    const models::GradientReadyFn on_ready = [&](const models::ParamSegment& segment) {
-      comm_.start_average(grads.subspan(segment.offset, segment.size));
-    };
-
     int64_t step = first;
     while (const io::Batch* batch = reader.next()) {
       const models::BatchView view{batch->tokens.data(), batch->labels.data(), batch->batch_size, batch->seq};
-      local += replica_->train_step(view, on_ready);
-      comm_.finish_average();
-      optimizer_->step(params, grads);
+      local += step_->run(view);
       ++step;
       ++progress_.global_step;
       progress_.step_in_epoch = step;
@@ -247,13 +260,15 @@ class TrainingRun {
         save_mid_epoch(local);
         return std::nullopt;
       }
-      if (config_.checkpoint.every_steps > 0 && step % config_.checkpoint.every_steps == 0) save_mid_epoch(local);
+      if (config_.checkpoint.every_steps > 0 && step % config_.checkpoint.every_steps == 0)
+        save_mid_epoch(local);
     }
     if (progress) progress->finish();
     const double train_time = seconds_since(epoch_start);
 
     // Training sums over all ranks (plus what an interrupted run had already summed, held by rank 0).
-    std::vector<double> sums{local.loss_sum + progress_.loss_sum, static_cast<double>(local.correct) + progress_.correct,
+    std::vector<double> sums{local.loss_sum + progress_.loss_sum,
+                             static_cast<double>(local.correct) + progress_.correct,
                              static_cast<double>(local.count) + progress_.count};
     comm_.sum(sums);
     progress_.loss_sum = progress_.correct = progress_.count = 0;
@@ -302,10 +317,12 @@ class TrainingRun {
     if (test_shard_.size() > 0) {
       io::BatchReader reader(options);
       while (const io::Batch* batch = reader.next()) {
-        local += replica_->evaluate({batch->tokens.data(), batch->labels.data(), batch->batch_size, batch->seq});
+        local +=
+            replica_->evaluate({batch->tokens.data(), batch->labels.data(), batch->batch_size, batch->seq});
       }
     }
-    std::vector<double> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
+    std::vector<double> sums{local.loss_sum, static_cast<double>(local.correct),
+                             static_cast<double>(local.count)};
     comm_.sum(sums);
     return {sums[0], static_cast<int64_t>(sums[1]), static_cast<int64_t>(sums[2])};
   }
@@ -328,12 +345,15 @@ class TrainingRun {
       std::fflush(stdout);
       append_line(files_.metrics(), to_json(m));
       write_checkpoint(files_.last(), shape_, replica_->params(), *optimizer_, progress_, config_.to_ini());
-      if (best) std::filesystem::copy_file(files_.last(), files_.best(), std::filesystem::copy_options::overwrite_existing);
+      if (best)
+        std::filesystem::copy_file(files_.last(), files_.best(),
+                                   std::filesystem::copy_options::overwrite_existing);
     });
   }
 
   void save_mid_epoch(const models::BatchStats& local) {
-    std::vector<double> sums{local.loss_sum, static_cast<double>(local.correct), static_cast<double>(local.count)};
+    std::vector<double> sums{local.loss_sum, static_cast<double>(local.correct),
+                             static_cast<double>(local.count)};
     comm_.sum(sums);
     on_root_or_abort([&] {
       TrainingProgress snapshot = progress_;
@@ -357,6 +377,7 @@ class TrainingRun {
   int64_t steps_per_epoch_ = 0;
   TrainingProgress progress_;
   bool resumed_ = false;
+  std::unique_ptr<DataParallelStep> step_;
 };
 
 }  // namespace

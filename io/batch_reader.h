@@ -50,13 +50,13 @@ struct BatchReaderOptions {
   std::string split = "train";  // "train" or "test"
   Shard shard;
   int batch_size = 32;
-  bool shuffle = true;          // false: rows in file order
-  uint64_t seed = 0;            // shared by all ranks
-  int64_t epoch = 0;            // the permutation of epoch e uses seed and e
-  bool drop_last = true;        // training: only full batches; evaluation: the last one may be short
-  int64_t first_batch = 0;      // resume in the middle of an epoch
-  int64_t max_batches = -1;     // stop after this many (-1: the whole shard)
-  int prefetch = 4;             // batches read ahead
+  bool shuffle = true;       // false: rows in file order
+  uint64_t seed = 0;         // shared by all ranks
+  int64_t epoch = 0;         // the permutation of epoch e uses seed and e
+  bool drop_last = true;     // training: only full batches; evaluation: the last one may be short
+  int64_t first_batch = 0;   // resume in the middle of an epoch
+  int64_t max_batches = -1;  // stop after this many (-1: the whole shard)
+  int prefetch = 4;          // batches read ahead
 };
 
 class BatchReader {
@@ -91,9 +91,9 @@ class BatchReader {
 
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::vector<Batch> ring_;      // prefetch + 1 slots
-  int64_t produced_ = 0;         // batches written into the ring
-  int64_t consumed_ = 0;         // batches handed to the caller
+  std::vector<Batch> ring_;  // prefetch + 1 slots
+  int64_t produced_ = 0;     // batches written into the ring
+  int64_t consumed_ = 0;     // batches handed to the caller
   bool stop_ = false;
   std::exception_ptr error_;
   double wait_seconds_ = 0;

@@ -40,7 +40,7 @@ class Hid {
   Kind kind_ = Kind::kFile;
 };
 
-Hid open_file_readonly(const std::string& path);  // UserError if missing or not HDF5
+Hid open_file_readonly(const std::string& path);       // UserError if missing or not HDF5
 bool link_exists(hid_t loc, const std::string& path);  // checks every component of a/b/c
 Hid open_dataset(hid_t file, const std::string& file_path, const std::string& name);  // UserError if missing
 

@@ -16,7 +16,7 @@ cuda=${DDPTRAIN_CUDA:-AUTO}
 # Open MPI refuses to run as root and more ranks than cores unless told; CI runs as root on 2 cores.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
-packages=(build-essential cmake libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libboost-program-options-dev
+packages=(build-essential cmake clang-format git libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libboost-program-options-dev
   libopenblas-dev libgtest-dev)
 
 install_missing() {

@@ -2,8 +2,12 @@
 
 namespace ddp::models {
 
-bool set_blas_threads(int) { return false; }
+bool set_blas_threads(int) {
+  return false;
+}
 
-std::string blas_description() { return "BLAS (" DDPTRAIN_BLAS_VENDOR ", threads from its environment variable)"; }
+std::string blas_description() {
+  return "BLAS (" DDPTRAIN_BLAS_VENDOR ", threads from its environment variable)";
+}
 
 }  // namespace ddp::models

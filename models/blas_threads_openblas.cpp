@@ -9,6 +9,8 @@ bool set_blas_threads(int threads) {
   return true;
 }
 
-std::string blas_description() { return openblas_get_config(); }
+std::string blas_description() {
+  return openblas_get_config();
+}
 
 }  // namespace ddp::models

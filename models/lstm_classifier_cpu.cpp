@@ -4,8 +4,10 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "models/blas.h"
+#include "models/fast_math.h"
 
 namespace ddp::models {
 namespace {
@@ -14,9 +16,19 @@ std::size_t to_size(int v) {
   return static_cast<std::size_t>(v);
 }
 
-template <typename Scalar>
-Scalar sigmoid(Scalar x) {
-  return Scalar(1) / (Scalar(1) + std::exp(-x));
+// The gate nonlinearities: the vectorizable ones of fast_math.h in float, the standard library's in double,
+// which stays the reference of the gradient checks.
+inline float sigmoid(float x) {
+  return fast::sigmoid(x);
+}
+inline double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
+inline float activation_tanh(float x) {
+  return fast::tanh(x);
+}
+inline double activation_tanh(double x) {
+  return std::tanh(x);
 }
 
 // p = sigmoid(z) without overflow for either sign of z.
@@ -29,6 +41,68 @@ double stable_sigmoid(double z) {
 template <typename Scalar>
 void grow(std::vector<Scalar>& buffer, std::size_t size) {
   if (buffer.size() < size) buffer.resize(size);
+}
+
+// One batch row of one time step, forward, in one pass over the H units: the gate pre-activations (i, f,
+// g, o, each H wide) become their activations, then c = f*c_prev + i*g, tanh(c) and h = o*tanh(c).
+template <typename Scalar>
+DDP_VECTOR_CLONES void cell_forward(Scalar* __restrict gi, Scalar* __restrict gf, Scalar* __restrict gg,
+                                    Scalar* __restrict go, const Scalar* __restrict c_prev,
+                                    Scalar* __restrict c, Scalar* __restrict c_tanh, Scalar* __restrict h,
+                                    std::size_t n) {
+  for (std::size_t j = 0; j < n; ++j) {
+    const Scalar i = sigmoid(gi[j]);
+    const Scalar f = sigmoid(gf[j]);
+    const Scalar g = activation_tanh(gg[j]);
+    const Scalar o = sigmoid(go[j]);
+    gi[j] = i;
+    gf[j] = f;
+    gg[j] = g;
+    go[j] = o;
+    const Scalar cj = f * c_prev[j] + i * g;
+    const Scalar tc = activation_tanh(cj);
+    c[j] = cj;
+    c_tanh[j] = tc;
+    h[j] = o * tc;
+  }
+}
+
+// One batch row of one time step, backward: from the gradient into h (dy from above, if kHasDy, plus dh
+// through the recurrence) and into c (dc, updated in place to the gradient into c_prev) to the gradients
+// before the activations (di, df, dg, d_o), which the bias gradient (db_*) also accumulates.
+template <bool kHasDy, typename Scalar>
+DDP_VECTOR_CLONES void cell_backward(const Scalar* __restrict gi, const Scalar* __restrict gf,
+                                     const Scalar* __restrict gg, const Scalar* __restrict go,
+                                     const Scalar* __restrict c_prev, const Scalar* __restrict c_tanh,
+                                     const Scalar* __restrict dy, const Scalar* __restrict dh,
+                                     Scalar* __restrict dc, Scalar* __restrict di, Scalar* __restrict df,
+                                     Scalar* __restrict dg, Scalar* __restrict d_o, Scalar* __restrict db_i,
+                                     Scalar* __restrict db_f, Scalar* __restrict db_g,
+                                     Scalar* __restrict db_o, std::size_t n) {
+  for (std::size_t j = 0; j < n; ++j) {
+    Scalar dh_total = dh[j];
+    if constexpr (kHasDy) dh_total += dy[j];
+    const Scalar i = gi[j];
+    const Scalar f = gf[j];
+    const Scalar g = gg[j];
+    const Scalar o = go[j];
+    const Scalar tc = c_tanh[j];
+    const Scalar dc_total = dc[j] + dh_total * o * (Scalar(1) - tc * tc);
+    // Derivatives before the activations: sigmoid' = s(1-s), tanh' = 1-t^2.
+    const Scalar d_i = dc_total * g * i * (Scalar(1) - i);
+    const Scalar d_f = dc_total * c_prev[j] * f * (Scalar(1) - f);
+    const Scalar d_g = dc_total * i * (Scalar(1) - g * g);
+    const Scalar d_out = dh_total * tc * o * (Scalar(1) - o);
+    di[j] = d_i;
+    df[j] = d_f;
+    dg[j] = d_g;
+    d_o[j] = d_out;
+    db_i[j] += d_i;
+    db_f[j] += d_f;
+    db_g[j] += d_g;
+    db_o[j] += d_out;
+    dc[j] = dc_total * f;
+  }
 }
 
 }  // namespace
@@ -54,6 +128,7 @@ CpuLstmClassifier<Scalar>::CpuLstmClassifier(const ModelShape& shape)
   cell_.resize(layers);
   cell_tanh_.resize(layers);
   hidden_.resize(layers);
+  row_seen_.assign(to_size(shape.vocab_size), 0);
 }
 
 template <typename Scalar>
@@ -76,6 +151,9 @@ void CpuLstmClassifier<Scalar>::resize_workspace(int batch, int seq) {
   grow(d_h_, to_size(batch) * hidden);
   grow(d_c_, to_size(batch) * hidden);
   grow(d_embedded_, rows * embed);
+  // At most one entry per token of the batch: push_back never allocates during a step.
+  touched_.reserve(rows);
+  next_touched_.reserve(rows);
 }
 
 template <typename Scalar>
@@ -169,20 +247,9 @@ void CpuLstmClassifier<Scalar>::forward_layer(int layer, int batch, int seq) {
     }
     for (std::size_t b = 0; b < to_size(batch); ++b) {
       Scalar* row = g_t + b * g_size;
-      Scalar* gi = row;
-      Scalar* gf = row + h_size;
-      Scalar* gg = row + 2 * h_size;
-      Scalar* go = row + 3 * h_size;
-      for (std::size_t j = 0; j < 2 * h_size; ++j) row[j] = sigmoid(row[j]);  // i and f
-      for (std::size_t j = 0; j < h_size; ++j) gg[j] = std::tanh(gg[j]);
-      for (std::size_t j = 0; j < h_size; ++j) go[j] = sigmoid(go[j]);
-      const Scalar* cp = c_prev + b * h_size;
-      Scalar* c = c_t + b * h_size;
-      Scalar* tc = tanh_t + b * h_size;
-      Scalar* h = h_t + b * h_size;
-      for (std::size_t j = 0; j < h_size; ++j) c[j] = gf[j] * cp[j] + gi[j] * gg[j];
-      for (std::size_t j = 0; j < h_size; ++j) tc[j] = std::tanh(c[j]);
-      for (std::size_t j = 0; j < h_size; ++j) h[j] = go[j] * tc[j];
+      const std::size_t s_row = b * h_size;
+      cell_forward(row, row + h_size, row + 2 * h_size, row + 3 * h_size, c_prev + s_row, c_t + s_row,
+                   tanh_t + s_row, h_t + s_row, h_size);
     }
   }
 }
@@ -224,7 +291,6 @@ BatchStats CpuLstmClassifier<Scalar>::train_step(const int32_t* tokens, const Sc
   const auto& segments = layout_.segments();
   const int layers = layout_.shape().layers;
   const auto hidden = to_size(layout_.shape().hidden);
-  const auto embed = to_size(layout_.shape().embedding_dim);
   const std::size_t rows = to_size(batch) * to_size(seq);
   auto ready = [&](std::size_t segment) {
     if (on_ready) on_ready(segments[segment]);
@@ -249,15 +315,15 @@ BatchStats CpuLstmClassifier<Scalar>::train_step(const int32_t* tokens, const Sc
   grads_[dense_b_offset_] = d_dense_b;
   ready(segments.size() - 1);
 
-  // Only the last step's output feeds the dense layer.
-  std::fill(d_hidden_.data(), d_hidden_.data() + rows * hidden, Scalar(0));
+  // Only the last step's output feeds the dense layer: the top layer's backward reads only this block of
+  // d_hidden_ (the others would be zero).
   Scalar* d_last = d_hidden_.data() + (rows - to_size(batch)) * hidden;
   for (std::size_t b = 0; b < to_size(batch); ++b) {
     for (std::size_t j = 0; j < hidden; ++j) d_last[b * hidden + j] = d_logits_[b] * dense_w[j];
   }
 
   for (int l = layers - 1; l >= 0; --l) {
-    backward_layer(l, batch, seq);
+    backward_layer(l, batch, seq, /*dy_every_step=*/l + 1 < layers);
     ready(to_size(l) + 1);
     // dX = dG * w_ih: into the outputs of the layer below (d_hidden_ is consumed by now) or the embedding.
     const LayerTensors& tensors = layers_[to_size(l)];
@@ -267,23 +333,48 @@ BatchStats CpuLstmClassifier<Scalar>::train_step(const int32_t* tokens, const Sc
          gate_width, params_.data() + tensors.w_ih, tensors.in, Scalar(0), d_input, tensors.in);
   }
 
-  // Embedding: a token's row gathers the gradients of all its occurrences.
-  Scalar* d_embedding = grads_.data() + embedding_offset_;
-  std::fill(d_embedding, d_embedding + to_size(layout_.shape().vocab_size) * embed, Scalar(0));
-  for (int t = 0; t < seq; ++t) {
-    for (int b = 0; b < batch; ++b) {
-      const auto token = static_cast<std::size_t>(tokens[to_size(b) * to_size(seq) + to_size(t)]);
-      const Scalar* source = d_embedded_.data() + (to_size(t) * to_size(batch) + to_size(b)) * embed;
-      Scalar* target = d_embedding + token * embed;
-      for (std::size_t j = 0; j < embed; ++j) target[j] += source[j];
-    }
-  }
+  accumulate_embedding_gradient(tokens, batch, seq);
   ready(0);
   return stats;
 }
 
 template <typename Scalar>
-void CpuLstmClassifier<Scalar>::backward_layer(int layer, int batch, int seq) {
+void CpuLstmClassifier<Scalar>::accumulate_embedding_gradient(const int32_t* tokens, int batch, int seq) {
+  // A token's row gathers the gradients of all its occurrences. Only rows of this batch's tokens and of the
+  // last batch's are written: the first occurrence of a token copies into its row, later ones add, and rows
+  // the last batch touched but this one does not go back to zero. Every other row is zero already.
+  const auto embed = to_size(layout_.shape().embedding_dim);
+  Scalar* d_embedding = grads_.data() + embedding_offset_;
+  uint8_t* seen = row_seen_.data();
+  next_touched_.clear();
+  for (int t = 0; t < seq; ++t) {
+    for (int b = 0; b < batch; ++b) {
+      const int32_t token = tokens[to_size(b) * to_size(seq) + to_size(t)];
+      const Scalar* __restrict source =
+          d_embedded_.data() + (to_size(t) * to_size(batch) + to_size(b)) * embed;
+      Scalar* __restrict target = d_embedding + static_cast<std::size_t>(token) * embed;
+      if (seen[token] == 0) {
+        seen[token] = 1;
+        next_touched_.push_back(token);
+        std::copy(source, source + embed, target);
+      } else {
+        for (std::size_t j = 0; j < embed; ++j) target[j] += source[j];
+      }
+    }
+  }
+  for (const int32_t token : touched_) {
+    if (seen[token] == 0) {
+      Scalar* target = d_embedding + static_cast<std::size_t>(token) * embed;
+      std::fill(target, target + embed, Scalar(0));
+    }
+  }
+  for (const int32_t token : next_touched_) seen[token] = 0;
+  std::sort(next_touched_.begin(), next_touched_.end());
+  touched_.swap(next_touched_);
+}
+
+template <typename Scalar>
+void CpuLstmClassifier<Scalar>::backward_layer(int layer, int batch, int seq, bool dy_every_step) {
   const LayerTensors& tensors = layers_[to_size(layer)];
   const int hidden = layout_.shape().hidden;
   const int gate_width = 4 * hidden;
@@ -300,6 +391,9 @@ void CpuLstmClassifier<Scalar>::backward_layer(int layer, int batch, int seq) {
   Scalar* d_c = d_c_.data();
   std::fill(d_h, d_h + step_states, Scalar(0));
   std::fill(d_c, d_c + step_states, Scalar(0));
+  // The bias gradient is the sum of d_gates over all rows, accumulated as they are computed.
+  Scalar* d_b = grads_.data() + tensors.b_ih;
+  std::fill(d_b, d_b + g_size, Scalar(0));
 
   for (int t = seq - 1; t >= 0; --t) {
     const std::size_t gate_row0 = to_size(t) * to_size(batch) * g_size;
@@ -308,29 +402,21 @@ void CpuLstmClassifier<Scalar>::backward_layer(int layer, int batch, int seq) {
     const Scalar* c_prev = cell + to_size(t) * step_states;
     const Scalar* tanh_t = cell_tanh + to_size(t) * step_states;
     const Scalar* d_out = d_hidden_.data() + to_size(t) * step_states;
+    const bool has_dy = dy_every_step || t == seq - 1;
     for (std::size_t b = 0; b < to_size(batch); ++b) {
-      const Scalar* gi = g_t + b * g_size;
-      const Scalar* gf = gi + h_size;
-      const Scalar* gg = gi + 2 * h_size;
-      const Scalar* go = gi + 3 * h_size;
-      Scalar* di = dg_t + b * g_size;
-      Scalar* df = di + h_size;
-      Scalar* dg = di + 2 * h_size;
-      Scalar* d_o = di + 3 * h_size;
-      const Scalar* cp = c_prev + b * h_size;
-      const Scalar* tc = tanh_t + b * h_size;
-      const Scalar* dy = d_out + b * h_size;
-      Scalar* dh = d_h + b * h_size;
-      Scalar* dc = d_c + b * h_size;
-      for (std::size_t j = 0; j < h_size; ++j) {
-        const Scalar dh_total = dy[j] + dh[j];
-        const Scalar dc_total = dc[j] + dh_total * go[j] * (Scalar(1) - tc[j] * tc[j]);
-        // Derivatives before the activations: sigmoid' = s(1-s), tanh' = 1-t^2.
-        di[j] = dc_total * gg[j] * gi[j] * (Scalar(1) - gi[j]);
-        df[j] = dc_total * cp[j] * gf[j] * (Scalar(1) - gf[j]);
-        dg[j] = dc_total * gi[j] * (Scalar(1) - gg[j] * gg[j]);
-        d_o[j] = dh_total * tc[j] * go[j] * (Scalar(1) - go[j]);
-        dc[j] = dc_total * gf[j];
+      const Scalar* g_row = g_t + b * g_size;
+      Scalar* dg_row = dg_t + b * g_size;
+      const std::size_t s_row = b * h_size;
+      const auto cell_step = [&](auto has_dy_tag) {
+        cell_backward<decltype(has_dy_tag)::value>(
+            g_row, g_row + h_size, g_row + 2 * h_size, g_row + 3 * h_size, c_prev + s_row, tanh_t + s_row,
+            d_out + s_row, d_h + s_row, d_c + s_row, dg_row, dg_row + h_size, dg_row + 2 * h_size,
+            dg_row + 3 * h_size, d_b, d_b + h_size, d_b + 2 * h_size, d_b + 3 * h_size, h_size);
+      };
+      if (has_dy) {
+        cell_step(std::true_type{});
+      } else {
+        cell_step(std::false_type{});
       }
     }
     // dh_{t-1} through the recurrent weights; h_{-1} is a constant, so the first step needs none.
@@ -345,13 +431,7 @@ void CpuLstmClassifier<Scalar>::backward_layer(int layer, int batch, int seq) {
        hidden_[to_size(layer)].data(), hidden, Scalar(0), grads_.data() + tensors.w_hh, hidden);
   gemm(Trans::kYes, Trans::kNo, gate_width, tensors.in, rows, Scalar(1), d_gates, gate_width,
        layer_input(layer, batch), tensors.in, Scalar(0), grads_.data() + tensors.w_ih, tensors.in);
-  Scalar* d_b_ih = grads_.data() + tensors.b_ih;
-  std::fill(d_b_ih, d_b_ih + g_size, Scalar(0));
-  for (std::size_t r = 0; r < to_size(rows); ++r) {
-    const Scalar* row = d_gates + r * g_size;
-    for (std::size_t j = 0; j < g_size; ++j) d_b_ih[j] += row[j];
-  }
-  std::copy(d_b_ih, d_b_ih + g_size, grads_.data() + tensors.b_hh);
+  std::copy(d_b, d_b + g_size, grads_.data() + tensors.b_hh);
 }
 
 template class CpuLstmClassifier<float>;
@@ -366,6 +446,7 @@ class CpuReplica final : public Replica {
   const ParamLayout& layout() const override { return model_.layout(); }
   std::span<float> params() override { return model_.params(); }
   std::span<float> grads() override { return model_.grads(); }
+  std::span<const int32_t> touched_embedding_rows() const override { return model_.touched_embedding_rows(); }
 
   BatchStats train_step(const BatchView& batch, const GradientReadyFn& on_ready) override {
     return model_.train_step(batch.tokens, batch.labels, batch.batch, batch.seq, on_ready);

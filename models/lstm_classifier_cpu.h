@@ -26,6 +26,12 @@ class CpuLstmClassifier {
   // tokens [batch, seq] row-major; labels [batch]. grads() = d(mean BCE)/d(params).
   BatchStats train_step(const int32_t* tokens, const Scalar* labels, int batch, int seq,
                         const GradientReadyFn& on_ready);
+  // The embedding rows (token ids, sorted, unique) of the last train_step's batch; empty before the first.
+  // Every other row of the embedding gradient is exactly zero after train_step, provided that nothing but
+  // train_step writes into grads(): a step writes only the rows of its own batch and of the last step's
+  // batch (which it zeroes), so a row written from outside (say, averaged with other replicas' rows) stays
+  // as it is until the caller zeroes it.
+  std::span<const int32_t> touched_embedding_rows() const { return touched_; }
   // probabilities may be empty or hold `batch` entries.
   BatchStats evaluate(const int32_t* tokens, const Scalar* labels, int batch, int seq,
                       std::span<Scalar> probabilities);
@@ -43,8 +49,11 @@ class CpuLstmClassifier {
   void forward(const int32_t* tokens, int batch, int seq);
   void forward_layer(int layer, int batch, int seq);
   // Backward through time of one layer, from d_hidden_ (gradient into its outputs) to its weight gradients
-  // and d_gates_; the gradient into its input is left to the caller.
-  void backward_layer(int layer, int batch, int seq);
+  // and d_gates_; the gradient into its input is left to the caller. Unless dy_every_step (the top layer,
+  // whose only output with a gradient is the last step's), it reads d_hidden_'s last row block only.
+  void backward_layer(int layer, int batch, int seq, bool dy_every_step);
+  // The embedding gradient from d_embedded_, touching only the rows of this batch and the last one.
+  void accumulate_embedding_gradient(const int32_t* tokens, int batch, int seq);
   BatchStats loss_and_stats(const Scalar* labels, int batch, std::span<Scalar> probabilities);
   void resize_workspace(int batch, int seq);
   // The input of `layer`, [T*B, in]: the embedded tokens for layer 0, the outputs of the layer below
@@ -73,6 +82,9 @@ class CpuLstmClassifier {
   std::vector<Scalar> d_h_;                     // [B, H] recurrent part of dh_{t-1}
   std::vector<Scalar> d_c_;                     // [B, H]
   std::vector<Scalar> d_embedded_;              // [T*B, E]
+  std::vector<int32_t> touched_;                // sorted token ids of the last train_step's batch
+  std::vector<int32_t> next_touched_;           // the step's ids as they are found, then swapped in
+  std::vector<uint8_t> row_seen_;               // [V], 1 while a step has found the token; 0 between steps
 };
 
 extern template class CpuLstmClassifier<float>;

@@ -23,8 +23,8 @@ struct BatchView {
 
 // Sums over the batch, so that shards and ranks can be added up before dividing.
 struct BatchStats {
-  double loss_sum = 0;   // sum of per-sample binary cross-entropy
-  int64_t correct = 0;   // predictions (p >= 0.5) equal to the label
+  double loss_sum = 0;  // sum of per-sample binary cross-entropy
+  int64_t correct = 0;  // predictions (p >= 0.5) equal to the label
   int64_t count = 0;
 
   BatchStats& operator+=(const BatchStats& o) {
@@ -49,6 +49,9 @@ class Replica {
 
   // Forward and backward on one batch: grads() becomes d(mean loss over the batch)/d(params).
   virtual BatchStats train_step(const BatchView& batch, const GradientReadyFn& on_ready) = 0;
+  // The embedding rows (token ids, sorted, unique) the last train_step touched. Every other row of the
+  // embedding gradient is exactly zero, which lets the gradient exchange and the optimizer skip them.
+  virtual std::span<const int32_t> touched_embedding_rows() const = 0;
   // Forward only. If probabilities is not empty it receives p(positive) per sample.
   virtual BatchStats evaluate(const BatchView& batch, std::span<float> probabilities = {}) = 0;
 };

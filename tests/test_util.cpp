@@ -10,9 +10,8 @@ namespace ddp::testing {
 TempDir::TempDir() {
   static std::atomic<int> counter{0};
   const auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
-  path_ = std::filesystem::temp_directory_path() /
-          ("ddptrain-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + "-" +
-           std::to_string(stamp));
+  path_ = std::filesystem::temp_directory_path() / ("ddptrain-test-" + std::to_string(getpid()) + "-" +
+                                                    std::to_string(counter++) + "-" + std::to_string(stamp));
   std::filesystem::create_directories(path_);
 }
 

@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
 #include "comm/communicator.h"
+#include "engine/data_parallel_step.h"
 #include "engine/optimizer.h"
 #include "models/initializers.h"
 #include "models/replica.h"
@@ -70,6 +72,34 @@ TEST(Communicator, AverageAndBroadcastClosedForms) {
   }
 }
 
+// Rank r touches rows {r, r + 10} of a [40, 3] matrix with value r + 1: the union is {0..n-1, 10..10+n-1} and
+// each of its rows holds (r + 1) / n, every other row stays zero. With 40 rows the union stays sparse; with
+// 4 rows it covers the matrix and the dense path runs; both must give the same closed form.
+TEST(Communicator, AverageRowsSendsTheUnion) {
+  auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
+  const int n = comm->size();
+  const int r = comm->rank();
+  for (const std::size_t total_rows : {std::size_t{40}, static_cast<std::size_t>(2 * n)}) {
+    const std::size_t width = 3;
+    const int32_t second = total_rows == 40 ? r + 10 : r + n;
+    std::vector<float> matrix(total_rows * width, 0.0f);
+    const std::vector<int32_t> mine{r, second};
+    for (int32_t row : mine) {
+      for (std::size_t j = 0; j < width; ++j)
+        matrix[static_cast<std::size_t>(row) * width + j] = float(r + 1);
+    }
+    const std::vector<int32_t> rows = comm->average_rows(matrix, width, mine);
+    ASSERT_EQ(static_cast<int>(rows.size()), 2 * n);
+    for (std::size_t row = 0; row < total_rows; ++row) {
+      const auto it = std::find(rows.begin(), rows.end(), static_cast<int32_t>(row));
+      const int offset = total_rows == 40 ? 10 : n;  // where each rank's second row starts
+      const int owner = static_cast<int>(row) < n ? static_cast<int>(row) : static_cast<int>(row) - offset;
+      const float expected = it == rows.end() ? 0.0f : static_cast<float>(owner + 1) / static_cast<float>(n);
+      for (std::size_t j = 0; j < width; ++j) ASSERT_FLOAT_EQ(matrix[row * width + j], expected) << row;
+    }
+  }
+}
+
 TEST(Communicator, FirstErrorIsSharedByAllRanks) {
   auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
   EXPECT_FALSE(comm->first_error(std::nullopt).has_value());
@@ -80,7 +110,8 @@ TEST(Communicator, FirstErrorIsSharedByAllRanks) {
   EXPECT_EQ(*first, "bad input on rank 1");
 }
 
-// Each rank trains on its own data; after N steps all replicas hold bit-identical parameters.
+// Each rank trains on its own data (through the trainer's step, sparse embedding exchange included); after N
+// steps all replicas hold bit-identical parameters.
 TEST(DataParallel, ReplicasStayBitIdentical) {
   auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
   const models::ModelShape shape{97, 12, 10, 2};
@@ -88,14 +119,11 @@ TEST(DataParallel, ReplicasStayBitIdentical) {
   if (comm->rank() == 0) models::initialize_keras(replica->layout(), replica->params(), 7);
   comm->broadcast(replica->params(), 0);
   auto adam = engine::make_optimizer(engine::OptimizerSettings{}, replica->layout().total_size());
-  std::span<float> grads = replica->grads();
-  for (int step = 0; step < 12; ++step) {
-    const TokenBatch b = random_batch(8, 15, shape.vocab_size, 1000 * static_cast<uint64_t>(comm->rank()) + step);
-    replica->train_step(b.view(0, b.batch), [&](const models::ParamSegment& s) {
-      comm->start_average(grads.subspan(s.offset, s.size));
-    });
-    comm->finish_average();
-    adam->step(replica->params(), grads);
+  engine::DataParallelStep step(*replica, *comm, *adam, /*sparse_embedding=*/true);
+  for (int i = 0; i < 12; ++i) {
+    const TokenBatch b =
+        random_batch(8, 15, shape.vocab_size, 1000 * static_cast<uint64_t>(comm->rank()) + i);
+    step.run(b.view(0, b.batch));
   }
   std::vector<float> reference(replica->params().begin(), replica->params().end());
   comm->broadcast(reference, 0);
@@ -105,7 +133,9 @@ TEST(DataParallel, ReplicasStayBitIdentical) {
 
 // 2 ranks x batch 16 give the same update as 1 rank x batch 32 (SGD with momentum, so the update is linear in
 // the gradient and rounding differences stay at rounding size).
-TEST(DataParallel, TwoRanksOfSixteenEqualOneRankOfThirtyTwo) {
+class TwoBySixteen : public ::testing::TestWithParam<bool> {};  // param: sparse embedding exchange
+
+TEST_P(TwoBySixteen, EqualsOneRankOfThirtyTwo) {
   const int rank = world_rank();
   MPI_Comm pair = MPI_COMM_NULL;
   MPI_Comm_split(MPI_COMM_WORLD, rank < 2 ? 0 : 1, rank, &pair);
@@ -124,16 +154,12 @@ TEST(DataParallel, TwoRanksOfSixteenEqualOneRankOfThirtyTwo) {
     models::initialize_keras(split->layout(), split->params(), 3);
     auto single_opt = engine::make_optimizer(sgd, single->layout().total_size());
     auto split_opt = engine::make_optimizer(sgd, split->layout().total_size());
-    std::span<float> grads = split->grads();
+    engine::DataParallelStep split_step(*split, *comm, *split_opt, GetParam());
     for (int step = 0; step < 4; ++step) {
       const TokenBatch b = random_batch(32, 20, shape.vocab_size, 500 + static_cast<uint64_t>(step));
       single->train_step(b.view(0, 32), {});
       single_opt->step(single->params(), single->grads());
-      split->train_step(b.view(16 * comm->rank(), 16), [&](const models::ParamSegment& s) {
-        comm->start_average(grads.subspan(s.offset, s.size));
-      });
-      comm->finish_average();
-      split_opt->step(split->params(), grads);
+      split_step.run(b.view(16 * comm->rank(), 16));
     }
     double max_diff = 0;
     double max_change = 0;
@@ -148,6 +174,9 @@ TEST(DataParallel, TwoRanksOfSixteenEqualOneRankOfThirtyTwo) {
   }
   MPI_Comm_free(&pair);
 }
+
+INSTANTIATE_TEST_SUITE_P(DataParallel, TwoBySixteen, ::testing::Values(false, true),
+                         [](const auto& test) { return test.param ? "SparseEmbedding" : "DenseEmbedding"; });
 
 }  // namespace
 }  // namespace ddp

@@ -62,7 +62,7 @@ class TrainerTest : public ::testing::Test {
   }
 
   engine::TrainResult run(const std::string& run_dir, std::vector<std::string> extra) {
-    std::vector<std::string> args{"--data.path",          data_path_, "--checkpoint.dir", run_dir,
+    std::vector<std::string> args{"--data.path",           data_path_, "--checkpoint.dir", run_dir,
                                   "--model.embedding_dim", "8",        "--model.hidden",   "8",
                                   "--train.batch_size",    "10",       "--train.epochs",   "2",
                                   "--log.progress",        "lines"};

@@ -27,7 +27,8 @@ Outcome run_ddptrain(const TempDir& dir, const std::string& args, const std::str
   // mpirun starts a job of its own.
   const std::string clean_env =
       "unset $(env | sed -n 's/^\\(OMPI_[A-Za-z0-9_]*\\|PMIX_[A-Za-z0-9_]*\\)=.*/\\1/p'); "
-      "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1; ";
+      "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+      "OMPI_MCA_rmaps_base_oversubscribe=1; ";
   const std::string command =
       clean_env + launcher + " " + DDPTRAIN_BINARY + " " + args + " >" + out + " 2>" + err;
   const int status = std::system(command.c_str());
@@ -53,7 +54,8 @@ void expect_user_error(const Outcome& o, const std::vector<std::string>& mention
   EXPECT_EQ(o.exit_code, 2) << o.err;
   EXPECT_EQ(error_lines(o.err), 1) << o.err;
   EXPECT_EQ(o.err.find("fatal"), std::string::npos) << o.err;
-  for (const std::string& m : mentions) EXPECT_NE(o.err.find(m), std::string::npos) << m << " not in: " << o.err;
+  for (const std::string& m : mentions)
+    EXPECT_NE(o.err.find(m), std::string::npos) << m << " not in: " << o.err;
 }
 
 // A small dataset in the documented schema, with hooks to break it.
@@ -93,7 +95,8 @@ std::string make_file(const TempDir& dir, const std::string& name, const FileSpe
   H5Gclose(H5Gcreate2(file, "train", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
   H5Gclose(H5Gcreate2(file, "test", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
   std::vector<int32_t> x(static_cast<std::size_t>(spec.rows * spec.maxlen));
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<int32_t>(i % static_cast<std::size_t>(spec.vocab));
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<int32_t>(i % static_cast<std::size_t>(spec.vocab));
   std::vector<uint8_t> y(static_cast<std::size_t>(spec.rows));
   for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<uint8_t>(i % 2);
   std::vector<int32_t> train_x = x;
@@ -118,7 +121,8 @@ std::string make_file(const TempDir& dir, const std::string& name, const FileSpe
 
 std::string train_args(const TempDir& dir, const std::string& data) {
   return "--data.path " + data + " --checkpoint.dir " + dir.file("run") +
-         " --model.embedding_dim 4 --model.hidden 4 --train.epochs 1 --train.batch_size 8 --log.progress lines";
+         " --model.embedding_dim 4 --model.hidden 4 --train.epochs 1 --train.batch_size 8 --log.progress "
+         "lines";
 }
 
 TEST(Cli, HelpListsOptionsAndExitsZero) {
@@ -135,7 +139,8 @@ TEST(Cli, BadConfigs) {
   std::ofstream(dir.file("unknown.ini")) << "[train]\nbatch_sise = 3\n";
   expect_user_error(run_ddptrain(dir, "--config " + dir.file("unknown.ini") + " --data.path " + data),
                     {"unknown.ini", "train.batch_sise"});
-  expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --train.batch_size many"), {"train.batch_size"});
+  expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --train.batch_size many"),
+                    {"train.batch_size"});
   expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --train.epochs 0"), {"train.epochs"});
   expect_user_error(run_ddptrain(dir, "--config " + dir.file("absent.ini")), {"absent.ini"});
   expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --comm.backend carrier-pigeon"),
@@ -150,7 +155,8 @@ TEST(Cli, BadDataFiles) {
 
   FileSpec no_y;
   no_y.skip_test_y = true;
-  expect_user_error(run_ddptrain(dir, train_args(dir, make_file(dir, "no_y.h5", no_y))), {"no_y.h5", "/test/y"});
+  expect_user_error(run_ddptrain(dir, train_args(dir, make_file(dir, "no_y.h5", no_y))),
+                    {"no_y.h5", "/test/y"});
   FileSpec float_x;
   float_x.x_type = H5T_NATIVE_FLOAT;
   expect_user_error(run_ddptrain(dir, train_args(dir, make_file(dir, "float_x.h5", float_x))),
@@ -177,7 +183,8 @@ TEST(Cli, BadDataFiles) {
                     {"label.h5", "/train/y"});
   FileSpec tiny;
   tiny.rows = 5;
-  expect_user_error(run_ddptrain(dir, train_args(dir, make_file(dir, "tiny.h5", tiny))), {"tiny.h5", "/train"});
+  expect_user_error(run_ddptrain(dir, train_args(dir, make_file(dir, "tiny.h5", tiny))),
+                    {"tiny.h5", "/train"});
 }
 
 TEST(Cli, BadInputUnderMpirunEndsEveryRankWithOneMessage) {
@@ -186,7 +193,8 @@ TEST(Cli, BadInputUnderMpirunEndsEveryRankWithOneMessage) {
   bad_label.rows = 64;
   bad_label.bad_label = 3;  // row 7: in rank 0's shard
   const std::string data = make_file(dir, "label.h5", bad_label);
-  const Outcome o = run_ddptrain(dir, train_args(dir, data), "mpirun --allow-run-as-root --oversubscribe -np 2");
+  const Outcome o =
+      run_ddptrain(dir, train_args(dir, data), "mpirun --allow-run-as-root --oversubscribe -np 2");
   expect_user_error(o, {"label.h5", "/train/y"});
 }
 

@@ -34,9 +34,10 @@ std::string error_of(const std::vector<std::string>& args) {
 
 TEST(Config, FileThenCommandLineWins) {
   TempDir dir;
-  const std::string ini = write_text(dir, "a.ini",
-                                     "device = cpu\n[data]\npath = x.h5\n[train]\nbatch_size = 16\nepochs = 3\n"
-                                     "[model]\nhidden = 64\n");
+  const std::string ini =
+      write_text(dir, "a.ini",
+                 "device = cpu\n[data]\npath = x.h5\n[train]\nbatch_size = 16\nepochs = 3\n"
+                 "[model]\nhidden = 64\n");
   const Config c = parse_config({"--config", ini, "--train.batch_size", "64"}).config;
   EXPECT_EQ(c.train.batch_size, 64);  // command line over file
   EXPECT_EQ(c.train.epochs, 3);       // file over default
@@ -66,8 +67,10 @@ TEST(Config, UnknownOptionOnCommandLine) {
 }
 
 TEST(Config, BadValuesNameTheKey) {
-  EXPECT_NE(error_of({"--data.path", "x", "--train.batch_size", "abc"}).find("train.batch_size"), std::string::npos);
-  EXPECT_NE(error_of({"--data.path", "x", "--train.batch_size", "0"}).find("train.batch_size"), std::string::npos);
+  EXPECT_NE(error_of({"--data.path", "x", "--train.batch_size", "abc"}).find("train.batch_size"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--data.path", "x", "--train.batch_size", "0"}).find("train.batch_size"),
+            std::string::npos);
   EXPECT_NE(error_of({"--data.path", "x", "--train.learning_rate", "-1"}).find("train.learning_rate"),
             std::string::npos);
   EXPECT_NE(error_of({"--data.path", "x", "--device", "tpu"}).find("device"), std::string::npos);
@@ -84,9 +87,9 @@ TEST(Config, MissingConfigFile) {
 TEST(Config, HelpListsEveryKeyWithDefault) {
   const ParsedConfig parsed = parse_config({"--help"});
   EXPECT_EQ(parsed.action, ConfigAction::kHelp);
-  for (const char* key : {"data.path", "model.embedding_dim", "model.hidden", "model.layers", "train.batch_size",
-                          "train.epochs", "train.learning_rate", "train.seed", "comm.backend", "checkpoint.dir",
-                          "--device"}) {
+  for (const char* key :
+       {"data.path", "model.embedding_dim", "model.hidden", "model.layers", "train.batch_size",
+        "train.epochs", "train.learning_rate", "train.seed", "comm.backend", "checkpoint.dir", "--device"}) {
     EXPECT_NE(parsed.help.find(key), std::string::npos) << key;
   }
   EXPECT_NE(parsed.help.find("(=32)"), std::string::npos);
@@ -94,8 +97,8 @@ TEST(Config, HelpListsEveryKeyWithDefault) {
 
 TEST(Config, EffectiveIniReadsBack) {
   TempDir dir;
-  Config original = parse_config({"--data.path", "d.h5", "--train.learning_rate", "0.0025", "--model.layers", "2",
-                                  "--data.validate", "false"})
+  Config original = parse_config({"--data.path", "d.h5", "--train.learning_rate", "0.0025", "--model.layers",
+                                  "2", "--data.validate", "false"})
                         .config;
   const std::string ini = write_text(dir, "effective.ini", original.to_ini());
   const Config again = parse_config({"--config", ini}).config;
@@ -154,6 +157,37 @@ TEST(Optimizer, StateRoundTripContinuesIdentically) {
   OptimizerSettings sgd = s;
   sgd.name = "sgd";
   EXPECT_THROW(make_optimizer(sgd, 4)->load_state(a->state()), UserError);
+}
+
+// Lazy rows: a matrix at offset 2 of width 2 with 3 rows. A first step touches every row; then only row 1 has
+// a gradient. Lazily, rows 0 and 2 keep the values of the first step; densely their moments keep moving them.
+// Outside the matrix, and on row 1, both updates are the same.
+TEST(Optimizer, LazyRowsLeaveUntouchedRowsAlone) {
+  OptimizerSettings dense_settings;
+  OptimizerSettings lazy_settings;
+  lazy_settings.lazy_rows = true;
+  auto dense = make_optimizer(dense_settings, 10);
+  auto lazy = make_optimizer(lazy_settings, 10);
+  std::vector<float> pd{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  std::vector<float> pl = pd;
+  const std::vector<float> all{0.5f, -0.5f, 0.1f, 0.2f, 0.25f, 0.75f, -0.3f, 0.4f, 1, -1};
+  const std::vector<int32_t> every_row{0, 1, 2};
+  const SparseRows first{2, 2, 3, every_row};
+  dense->step(pd, all, &first);
+  lazy->step(pl, all, &first);
+  const std::vector<float> after_first = pl;
+  const std::vector<float> g{0.5f, -0.5f, 0, 0, 0.25f, 0.75f, 0, 0, 1, -1};
+  const std::vector<int32_t> row_one{1};
+  const SparseRows sparse{2, 2, 3, row_one};
+  for (int i = 0; i < 3; ++i) {
+    dense->step(pd, g, &sparse);  // dense settings ignore the rows
+    lazy->step(pl, g, &sparse);
+  }
+  for (int i : {0, 1, 4, 5, 8, 9}) EXPECT_EQ(pl[i], pd[i]) << i;
+  for (int i : {2, 3, 6, 7}) {
+    EXPECT_EQ(pl[i], after_first[i]) << i;
+    EXPECT_NE(pd[i], after_first[i]) << i;
+  }
 }
 
 TEST(Checkpoint, RoundTripAndAtomicWrite) {
@@ -229,9 +263,9 @@ TEST(Metrics, EpochLineAndJson) {
             "Epoch 3/15 - 782 steps - 18.2s - 0.73ms/step - loss: 0.2127 - acc: 0.9186 - val_loss: 0.4426 - "
             "val_acc: 0.8319");
   const std::string json = to_json(m);
-  for (const char* key : {"\"epoch\": 3", "\"loss\":", "\"acc\":", "\"val_loss\":", "\"val_acc\":",
-                          "\"epoch_time_s\":", "\"step_time_ms\":", "\"samples_per_s\":", "\"world_size\": 2",
-                          "\"backend\": \"mpi\""}) {
+  for (const char* key :
+       {"\"epoch\": 3", "\"loss\":", "\"acc\":", "\"val_loss\":", "\"val_acc\":", "\"epoch_time_s\":",
+        "\"step_time_ms\":", "\"samples_per_s\":", "\"world_size\": 2", "\"backend\": \"mpi\""}) {
     EXPECT_NE(json.find(key), std::string::npos) << key;
   }
 }

@@ -3,13 +3,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "models/fast_math.h"
 #include "models/initializers.h"
 #include "models/lstm_classifier_cpu.h"
 #include "models/param_layout.h"
@@ -244,8 +248,16 @@ TEST(CpuLstmClassifier, GradientsReadyDenseFirstEmbeddingLast) {
   std::copy(init.begin(), init.end(), model.params().begin());
   const Batch batch = random_batch(shape.vocab_size, 4, 7, 2);
 
-  // Overwrite every gradient with garbage first: a segment must be complete when it is reported.
-  std::fill(model.grads().begin(), model.grads().end(), 1e30f);
+  // Overwrite every gradient with garbage first: a segment must be complete when it is reported. Rows of the
+  // embedding gradient that the batch does not touch stay as they were (zero) by contract.
+  const auto& embedding = model.layout().tensor("embedding");
+  const auto width = static_cast<std::size_t>(shape.embedding_dim);
+  std::fill(model.grads().begin() + static_cast<std::ptrdiff_t>(embedding.offset + embedding.size()),
+            model.grads().end(), 1e30f);
+  for (const int32_t token : batch.tokens) {
+    const auto row = model.grads().subspan(embedding.offset + static_cast<std::size_t>(token) * width, width);
+    std::fill(row.begin(), row.end(), 1e30f);
+  }
   std::vector<std::string> order;
   std::vector<std::vector<float>> at_report;
   model.train_step(batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq,
@@ -332,6 +344,149 @@ TEST(CpuLstmClassifier, ZeroWeightsGiveTheDenseBias) {
   EXPECT_EQ(stats.correct, 7 - positives);
   EXPECT_NEAR(model.grads()[model.layout().tensor("dense.b").offset], p - static_cast<double>(positives) / 7,
               1e-15);
+}
+
+// The token ids of a batch, sorted and unique.
+std::vector<int32_t> token_set(const Batch& batch) {
+  const std::set<int32_t> tokens(batch.tokens.begin(), batch.tokens.end());
+  return {tokens.begin(), tokens.end()};
+}
+
+// Tokens drawn from [low, high).
+Batch batch_in_range(int low, int high, int batch, int seq, uint64_t seed) {
+  Batch out = random_batch(high - low, batch, seq, seed);
+  for (auto& t : out.tokens) t += low;
+  return out;
+}
+
+TEST(CpuLstmClassifier, EmbeddingGradientTouchesOnlyTheBatchRows) {
+  // Two layers, so that both kinds of backward (gradient into every step's output or the last one's only)
+  // run. Consecutive batches overlap partly, not at all, or fully, and change shape.
+  const ModelShape shape{60, 6, 5, 2};
+  const ParamLayout layout(shape);
+  const std::vector<float> init = test_params(layout, 21);
+  CpuLstmClassifier<float> model(shape);
+  std::copy(init.begin(), init.end(), model.params().begin());
+  EXPECT_TRUE(model.touched_embedding_rows().empty());
+
+  const std::vector<Batch> batches = {
+      batch_in_range(0, 30, 4, 7, 1),  batch_in_range(20, 45, 4, 7, 2), batch_in_range(45, 60, 3, 9, 3),
+      batch_in_range(45, 60, 5, 4, 4), batch_in_range(0, 60, 8, 12, 5), batch_in_range(10, 13, 2, 3, 6),
+  };
+  const auto& embedding = layout.tensor("embedding");
+  const auto width = static_cast<std::size_t>(shape.embedding_dim);
+  for (std::size_t step = 0; step < batches.size(); ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const Batch& batch = batches[step];
+    model.train_step(batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq, {});
+
+    const auto touched = model.touched_embedding_rows();
+    const std::vector<int32_t> expected = token_set(batch);
+    ASSERT_EQ(std::vector<int32_t>(touched.begin(), touched.end()), expected);
+
+    const auto grads = model.grads();
+    std::vector<bool> in_batch(static_cast<std::size_t>(shape.vocab_size), false);
+    for (const int32_t token : expected) in_batch[static_cast<std::size_t>(token)] = true;
+    for (std::size_t row = 0; row < in_batch.size(); ++row) {
+      const auto g = grads.subspan(embedding.offset + row * width, width);
+      const bool all_zero = std::all_of(g.begin(), g.end(), [](float x) { return x == 0.0f; });
+      if (!in_batch[row]) {
+        ASSERT_TRUE(all_zero) << "row " << row << " is not in the batch";
+      } else {
+        ASSERT_FALSE(all_zero) << "row " << row << " is in the batch";
+      }
+    }
+
+    // The same gradients as a model whose gradient buffer starts out zero, bit for bit...
+    CpuLstmClassifier<float> fresh(shape);
+    std::copy(init.begin(), init.end(), fresh.params().begin());
+    fresh.train_step(batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq, {});
+    ASSERT_TRUE(std::equal(grads.begin(), grads.end(), fresh.grads().begin()));
+    // ...and the double reference's, to float accuracy.
+    CpuLstmClassifier<double> reference(shape);
+    std::copy(init.begin(), init.end(), reference.params().begin());
+    const std::vector<double> labels = labels_as<double>(batch);
+    reference.train_step(batch.tokens.data(), labels.data(), batch.batch, batch.seq, {});
+    for (const auto& tensor : layout.tensors()) {
+      EXPECT_LT(relative_norm_difference(
+                    grads.subspan(tensor.offset, tensor.size()),
+                    std::span<const double>(reference.grads()).subspan(tensor.offset, tensor.size())),
+                1e-4)
+          << tensor.name;
+    }
+  }
+
+  // Evaluation neither changes the rows nor the gradient.
+  const std::vector<float> before(model.grads().begin(), model.grads().end());
+  const Batch other = batch_in_range(0, 60, 3, 5, 7);
+  model.evaluate(other.tokens.data(), other.labels.data(), other.batch, other.seq, {});
+  EXPECT_EQ(
+      std::vector<int32_t>(model.touched_embedding_rows().begin(), model.touched_embedding_rows().end()),
+      token_set(batches.back()));
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), model.grads().begin()));
+
+  // A rejected batch leaves them as they are too.
+  const std::vector<int32_t> bad(12, shape.vocab_size);
+  EXPECT_THROW(model.train_step(bad.data(), other.labels.data(), 1, 12, {}), std::out_of_range);
+  EXPECT_EQ(
+      std::vector<int32_t>(model.touched_embedding_rows().begin(), model.touched_embedding_rows().end()),
+      token_set(batches.back()));
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), model.grads().begin()));
+}
+
+TEST(CpuReplica, ReportsTouchedEmbeddingRows) {
+  const ModelShape shape{100, 8, 6, 1};
+  auto replica = make_cpu_replica(shape);
+  initialize_keras(replica->layout(), replica->params(), 5);
+  EXPECT_TRUE(replica->touched_embedding_rows().empty());
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    const Batch batch = random_batch(shape.vocab_size, 5, 6, seed);
+    replica->train_step(BatchView{batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq}, {});
+    const auto touched = replica->touched_embedding_rows();
+    EXPECT_EQ(std::vector<int32_t>(touched.begin(), touched.end()), token_set(batch));
+  }
+}
+
+TEST(FastMath, MatchesTheStandardFunctions) {
+  // Every 1009th float of magnitude up to 100, both signs: relative error against double.
+  double worst_exp = 0;
+  double worst_sigmoid = 0;
+  double worst_tanh = 0;
+  for (uint32_t bits = 0; bits < 0x42c80000u; bits += 1009) {  // 0x42c80000 = 100.0f
+    for (const float x : {std::bit_cast<float>(bits), -std::bit_cast<float>(bits)}) {
+      const double xd = x;
+      if (xd > -87.3 && xd < 88.3) {
+        worst_exp = std::max(worst_exp, std::abs(fast::exp(x) - std::exp(xd)) / std::exp(xd));
+      }
+      if (xd > -87.3) {
+        const double s = 1 / (1 + std::exp(-xd));
+        worst_sigmoid = std::max(worst_sigmoid, std::abs(fast::sigmoid(x) - s) / s);
+      }
+      const double t = std::tanh(xd);
+      if (t != 0) {
+        worst_tanh = std::max(worst_tanh, std::abs(fast::tanh(x) - t) / std::abs(t));
+      } else {
+        ASSERT_EQ(fast::tanh(x), 0.0f);
+      }
+    }
+  }
+  EXPECT_LT(worst_exp, 2e-7);
+  EXPECT_LT(worst_sigmoid, 3e-7);
+  EXPECT_LT(worst_tanh, 3e-7);
+
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(fast::sigmoid(0.0f), 0.5f);
+  EXPECT_EQ(fast::sigmoid(inf), 1.0f);
+  EXPECT_GE(fast::sigmoid(-inf), 0.0f);
+  EXPECT_LT(fast::sigmoid(-inf), 1e-37f);
+  EXPECT_EQ(fast::tanh(inf), 1.0f);
+  EXPECT_EQ(fast::tanh(-inf), -1.0f);
+  EXPECT_EQ(fast::tanh(0.0f), 0.0f);
+  EXPECT_TRUE(std::isfinite(fast::exp(inf)));
+  EXPECT_TRUE(std::isnan(fast::exp(nan)));
+  EXPECT_TRUE(std::isnan(fast::sigmoid(nan)));
+  EXPECT_TRUE(std::isnan(fast::tanh(nan)));
 }
 
 // Label: token 4 appears somewhere before a token 3. Needs the recurrence to carry state across steps.

@@ -1,0 +1,60 @@
+#include "engine/data_parallel_step.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace ddp::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+DataParallelStep::DataParallelStep(models::Replica& replica, comm::Communicator& comm, Optimizer& optimizer,
+                                   bool sparse_embedding)
+    : replica_(replica), comm_(comm), optimizer_(optimizer), sparse_embedding_(sparse_embedding) {}
+
+models::BatchStats DataParallelStep::run(const models::BatchView& batch) {
+  const auto start = Clock::now();
+  std::span<float> grads = replica_.grads();
+  const models::ParamLayout& layout = replica_.layout();
+  const models::ParamSegment& embedding = layout.segments().front();
+  const models::BatchStats stats = replica_.train_step(batch, [&](const models::ParamSegment& segment) {
+    if (sparse_embedding_ && segment.offset == embedding.offset) return;  // exchanged below, by rows
+    comm_.start_average(grads.subspan(segment.offset, segment.size));
+  });
+  const auto computed = Clock::now();
+
+  const auto width = static_cast<std::size_t>(layout.shape().embedding_dim);
+  if (sparse_embedding_) {
+    embedding_rows_ = comm_.average_rows(grads.subspan(embedding.offset, embedding.size), width,
+                                         replica_.touched_embedding_rows());
+  }
+  comm_.finish_average();
+  const auto reduced = Clock::now();
+
+  const SparseRows rows{embedding.offset, width, static_cast<std::size_t>(layout.shape().vocab_size),
+                        embedding_rows_};
+  optimizer_.step(replica_.params(), grads, sparse_embedding_ ? &rows : nullptr);
+
+  // The exchange wrote other ranks' rows into this rank's embedding gradient. Clear them, so that the
+  // replica's promise (rows it did not touch are zero) holds at the next step.
+  std::span<float> embedding_grads = grads.subspan(embedding.offset, embedding.size);
+  if (sparse_embedding_) {
+    for (const int32_t row : embedding_rows_) {
+      std::fill_n(embedding_grads.begin() + static_cast<std::ptrdiff_t>(row * width), width, 0.0f);
+    }
+  } else if (comm_.size() > 1) {
+    std::fill(embedding_grads.begin(), embedding_grads.end(), 0.0f);
+  }
+  const auto done = Clock::now();
+  timing_ = {seconds_between(start, computed), seconds_between(computed, reduced),
+             seconds_between(reduced, done)};
+  return stats;
+}
+
+}  // namespace ddp::engine

@@ -1,0 +1,39 @@
+// One synchronous data-parallel step, shared by the trainer and the benchmarks: forward and backward on the
+// replica, gradients averaged over ranks (each segment's reduction starts as soon as backward finishes it;
+// the embedding's rows travel sparsely), then the optimizer on the flat buffer.
+#pragma once
+
+#include <vector>
+
+#include "comm/communicator.h"
+#include "engine/optimizer.h"
+#include "models/replica.h"
+
+namespace ddp::engine {
+
+class DataParallelStep {
+ public:
+  // `sparse_embedding`: exchange only the embedding rows some rank touched (comm.sparse_embedding).
+  DataParallelStep(models::Replica& replica, comm::Communicator& comm, Optimizer& optimizer,
+                   bool sparse_embedding);
+
+  models::BatchStats run(const models::BatchView& batch);
+
+  // Time of the last run() split in its parts, for benchmarks.
+  struct Timing {
+    double compute_s = 0;   // forward and backward (with the reductions it started)
+    double reduce_s = 0;    // waiting for the gradient exchange to finish
+    double optimize_s = 0;  // the optimizer
+  };
+  const Timing& last_timing() const { return timing_; }
+
+ private:
+  models::Replica& replica_;
+  comm::Communicator& comm_;
+  Optimizer& optimizer_;
+  bool sparse_embedding_;
+  std::vector<int32_t> embedding_rows_;  // rows averaged in the last step
+  Timing timing_;
+};
+
+}  // namespace ddp::engine
