@@ -102,10 +102,11 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
   });
 
   if (boot.rank() == 0) {
-    std::printf("ddptrain %s: %d rank(s); backend %s (%s); %s; BLAS: %s, %d thread(s) per rank%s\n",
-                DDPTRAIN_VERSION, boot.size(), communicator->backend().c_str(), why.c_str(),
-                topology.device_reason.c_str(), models::blas_description().c_str(), threads,
-                threads_set ? "" : " (not settable: see its env)");
+    std::printf("ddptrain %s: %d rank(s), backend %s (%s)\n", DDPTRAIN_VERSION, boot.size(),
+                communicator->backend().c_str(), why.c_str());
+    std::printf("device %s (%s)\n", topology.device.c_str(), topology.device_reason.c_str());
+    std::printf("BLAS %s: %d thread(s) per rank%s\n", models::blas_description().c_str(), threads,
+                threads_set ? "" : " (set by the BLAS's own environment variable)");
     std::fflush(stdout);
   }
   engine::train(config, topology, *communicator, data);

@@ -6,19 +6,11 @@
 
 #include "engine/errors.h"
 #include "io/hdf5_util.h"
+#include "io/mix.h"
 
 namespace ddp::io {
 
 namespace {
-
-// splitmix64's finalizer: a strong 64-bit mixer (every input bit flips about half the output bits).
-uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ULL;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 uint64_t splitmix64(uint64_t& state) {
   state += 0x9E3779B97F4A7C15ULL;

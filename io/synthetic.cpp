@@ -9,6 +9,7 @@
 
 #include "engine/errors.h"
 #include "io/hdf5_util.h"
+#include "io/mix.h"
 
 namespace ddp::io {
 
@@ -24,14 +25,6 @@ constexpr int kMinMaxlen = 8;
 constexpr uint64_t kNegationPercent = 35;
 constexpr int64_t kMaxBlockRows = 65536;
 constexpr int64_t kMaxBlockElements = int64_t{1} << 24;  // 64 MiB of tokens per block at most
-
-uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ULL;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 // Independent generator streams of one seed (splitmix64 of seed and stream number).
 uint64_t stream_seed(uint64_t seed, uint64_t stream) {

@@ -55,8 +55,7 @@ case "${1:-}" in
     echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
     cuda=OFF configure_and_build "$build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDPTRAIN_WERROR=ON \
       -DDDPTRAIN_SANITIZE=ON -DDDPTRAIN_BUILD_BENCHMARKS=OFF
-    (cd "$build-asan" && LSAN_OPTIONS="suppressions=$root/tests/lsan.supp" \
-      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -L unit -j 2)
+    (cd "$build-asan" && UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -L unit -j 2)
     ;;
   *)
     echo "usage: bash launch/bootstrap.sh quickstart|test" >&2
