@@ -107,7 +107,7 @@ class TrainingRun {
   // a file system and all start bit-identical.
   void start_from_checkpoint_or_seed() {
     const bool want_resume = config_.resume == "last" || (config_.resume == "auto" && last_exists_on_root());
-    std::vector<double> header(9, 0.0);
+    std::vector<double> header(10, 0.0);
     comm::agree_on_errors(comm_, [&] {
       if (!is_root()) return;
       if (!want_resume) {
@@ -133,6 +133,10 @@ class TrainingRun {
       std::copy(c.params.begin(), c.params.end(), replica_->params().begin());
       optimizer_->load_state(c.optimizer);
       progress_ = c.progress;
+      if (progress_.seed != config_.train.seed) {
+        std::printf("note: %s was trained with train.seed = %llu; its data order continues with that seed\n",
+                    files_.last().c_str(), static_cast<unsigned long long>(progress_.seed));
+      }
       if (progress_.world_size != comm_.size() || progress_.batch_size != config_.train.batch_size) {
         std::printf(
             "warning: %s was written by %lld ranks x batch %lld; resuming with %d x %d changes the data "
@@ -148,22 +152,18 @@ class TrainingRun {
 
     // Broadcast the starting point.
     comm_.broadcast(replica_->params(), 0);
-    header = {static_cast<double>(progress_.epoch),
-              static_cast<double>(progress_.step_in_epoch),
-              static_cast<double>(progress_.global_step),
-              progress_.best_val_loss,
-              progress_.loss_sum,
-              progress_.correct,
-              progress_.count,
-              resumed_ ? 1.0 : 0.0,
-              static_cast<double>(progress_.seed)};
+    header = {static_cast<double>(progress_.epoch), static_cast<double>(progress_.step_in_epoch),
+              static_cast<double>(progress_.global_step), progress_.best_val_loss, progress_.loss_sum,
+              progress_.correct, progress_.count, resumed_ ? 1.0 : 0.0,
+              // A 64-bit seed does not fit a double's mantissa: send it in two halves.
+              static_cast<double>(progress_.seed >> 32), static_cast<double>(progress_.seed & 0xFFFFFFFFu)};
     comm_.broadcast(std::span<double>(header), 0);
     progress_.epoch = static_cast<int64_t>(header[0]);
     progress_.step_in_epoch = static_cast<int64_t>(header[1]);
     progress_.global_step = static_cast<int64_t>(header[2]);
     progress_.best_val_loss = header[3];
     resumed_ = header[7] != 0.0;
-    progress_.seed = static_cast<uint64_t>(header[8]);
+    progress_.seed = (static_cast<uint64_t>(header[8]) << 32) | static_cast<uint64_t>(header[9]);
     // Running sums of an interrupted epoch are global: keep them on rank 0 only, so the next sum adds them
     // once.
     if (!is_root()) progress_.loss_sum = progress_.correct = progress_.count = 0;
@@ -230,7 +230,7 @@ class TrainingRun {
     options.shard = train_shard_;
     options.batch_size = config_.train.batch_size;
     options.shuffle = true;
-    options.seed = config_.train.seed;
+    options.seed = progress_.seed;  // the resumed run's seed, so the data order continues
     options.epoch = epoch;
     options.drop_last = true;
     options.first_batch = first;
