@@ -1,6 +1,5 @@
 #include "engine/data_parallel_step.h"
 
-#include <algorithm>
 #include <chrono>
 
 namespace ddp::engine {
@@ -18,12 +17,12 @@ DataParallelStep::DataParallelStep(models::Replica& replica, comm::Communicator&
                                    bool sparse_embedding)
     : replica_(replica), comm_(comm), optimizer_(optimizer), sparse_embedding_(sparse_embedding) {}
 
-models::BatchStats DataParallelStep::run(const models::BatchView& batch) {
+void DataParallelStep::run(const models::BatchView& batch) {
   const auto start = Clock::now();
   std::span<float> grads = replica_.grads();
   const models::ParamLayout& layout = replica_.layout();
   const models::ParamSegment& embedding = layout.segments().front();
-  const models::BatchStats stats = replica_.train_step(batch, [&](const models::ParamSegment& segment) {
+  replica_.train_step(batch, [&](const models::ParamSegment& segment) {
     if (sparse_embedding_ && segment.offset == embedding.offset) return;  // exchanged below, by rows
     comm_.start_average(grads.subspan(segment.offset, segment.size));
   });
@@ -43,18 +42,14 @@ models::BatchStats DataParallelStep::run(const models::BatchView& batch) {
 
   // The exchange wrote other ranks' rows into this rank's embedding gradient. Clear them, so that the
   // replica's promise (rows it did not touch are zero) holds at the next step.
-  std::span<float> embedding_grads = grads.subspan(embedding.offset, embedding.size);
   if (sparse_embedding_) {
-    for (const int32_t row : embedding_rows_) {
-      std::fill_n(embedding_grads.begin() + static_cast<std::ptrdiff_t>(row * width), width, 0.0f);
-    }
+    replica_.clear_embedding_gradient_rows(embedding_rows_);
   } else if (comm_.size() > 1) {
-    std::fill(embedding_grads.begin(), embedding_grads.end(), 0.0f);
+    replica_.clear_embedding_gradient();
   }
   const auto done = Clock::now();
   timing_ = {seconds_between(start, computed), seconds_between(computed, reduced),
              seconds_between(reduced, done)};
-  return stats;
 }
 
 }  // namespace ddp::engine

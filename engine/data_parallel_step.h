@@ -17,7 +17,8 @@ class DataParallelStep {
   DataParallelStep(models::Replica& replica, comm::Communicator& comm, Optimizer& optimizer,
                    bool sparse_embedding);
 
-  models::BatchStats run(const models::BatchView& batch);
+  // The batch's loss and accuracy go to the replica's running stats (Replica::take_stats).
+  void run(const models::BatchView& batch);
 
   // Time of the last run() split in its parts, for benchmarks.
   struct Timing {

@@ -69,11 +69,17 @@ Progress::Progress(bool live, int64_t interval, int64_t epoch, int64_t epochs, i
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}
 
+bool Progress::due(int64_t step) const {
+  if (live_)
+    return step >= total_ || std::chrono::steady_clock::now() - last_draw_ >= std::chrono::milliseconds(100);
+  return interval_ > 0 && step % interval_ == 0;
+}
+
 void Progress::update(int64_t step, double loss, double acc) {
+  if (!due(step)) return;
   const auto now = std::chrono::steady_clock::now();
   const double elapsed = std::chrono::duration<double>(now - start_).count();
   if (live_) {
-    if (step < total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
     last_draw_ = now;
     constexpr int kWidth = 30;
     const int filled = total_ > 0 ? static_cast<int>(kWidth * step / total_) : kWidth;
@@ -86,7 +92,7 @@ void Progress::update(int64_t step, double loss, double acc) {
                 static_cast<long long>(total_), bar.c_str(), seconds_text(eta).c_str(), loss, acc);
     std::fflush(stdout);
     drawn_ = true;
-  } else if (interval_ > 0 && step % interval_ == 0) {
+  } else {
     std::printf("Epoch %lld/%lld - step %lld/%lld - %s - loss: %.4f - acc: %.4f\n",
                 static_cast<long long>(epoch_), static_cast<long long>(epochs_), static_cast<long long>(step),
                 static_cast<long long>(total_), seconds_text(elapsed).c_str(), loss, acc);

@@ -44,6 +44,8 @@ bool stdout_is_terminal();
 class Progress {
  public:
   Progress(bool live, int64_t interval, int64_t epoch, int64_t epochs, int64_t total_steps);
+  // Whether update() would show something at this step (so callers gather the numbers only then).
+  bool due(int64_t step) const;
   // Running mean loss and accuracy of this rank's steps so far.
   void update(int64_t step, double loss, double acc);
   // Clears the live line before the epoch line is printed.

@@ -42,28 +42,44 @@ DDP_VECTOR_CLONES void sgd_update(float* __restrict p, const float* __restrict g
 
 }  // namespace
 
-void Optimizer::step(std::span<float> params, std::span<const float> grads, const SparseRows* sparse) {
-  DDP_CHECK(params.size() == size() && grads.size() == size());
-  begin_step();
-  if (!lazy_rows_ || sparse == nullptr) {
-    update_range(params.data(), grads.data(), 0, size());
-    return;
-  }
-  DDP_CHECK(sparse->offset + sparse->count * sparse->width <= size());
-  update_range(params.data(), grads.data(), 0, sparse->offset);
-  for (const int32_t row : sparse->rows) {
-    const std::size_t begin = sparse->offset + static_cast<std::size_t>(row) * sparse->width;
-    update_range(params.data(), grads.data(), begin, begin + sparse->width);
-  }
-  update_range(params.data(), grads.data(), sparse->offset + sparse->count * sparse->width, size());
-}
-
 namespace {
 
-class Adam final : public Optimizer {
+// An optimizer over host memory: one element-wise update, applied to the whole buffer or, with lazy rows, to
+// all but the untouched rows of the sparse matrix.
+class HostOptimizer : public Optimizer {
+ public:
+  void step(std::span<float> params, std::span<const float> grads, const SparseRows* sparse) final {
+    DDP_CHECK(params.size() == size() && grads.size() == size());
+    begin_step();
+    if (!lazy_rows_ || sparse == nullptr) {
+      update_range(params.data(), grads.data(), 0, size());
+      return;
+    }
+    DDP_CHECK(sparse->offset + sparse->count * sparse->width <= size());
+    update_range(params.data(), grads.data(), 0, sparse->offset);
+    for (const int32_t row : sparse->rows) {
+      const std::size_t begin = sparse->offset + static_cast<std::size_t>(row) * sparse->width;
+      update_range(params.data(), grads.data(), begin, begin + sparse->width);
+    }
+    update_range(params.data(), grads.data(), sparse->offset + sparse->count * sparse->width, size());
+  }
+
+ protected:
+  explicit HostOptimizer(bool lazy_rows) : lazy_rows_(lazy_rows) {}
+  // Called once per step before update_range().
+  virtual void begin_step() = 0;
+  // Updates elements [begin, end) of the flat buffer.
+  virtual void update_range(float* params, const float* grads, std::size_t begin, std::size_t end) = 0;
+  virtual std::size_t size() const = 0;
+
+ private:
+  bool lazy_rows_;
+};
+
+class Adam final : public HostOptimizer {
  public:
   Adam(const OptimizerSettings& s, std::size_t size)
-      : Optimizer(s.lazy_rows), s_(s), m_(size, 0.0f), v_(size, 0.0f) {}
+      : HostOptimizer(s.lazy_rows), s_(s), m_(size, 0.0f), v_(size, 0.0f) {}
 
  protected:
   void begin_step() override {
@@ -98,9 +114,10 @@ class Adam final : public Optimizer {
   std::vector<float> v_;
 };
 
-class Sgd final : public Optimizer {
+class Sgd final : public HostOptimizer {
  public:
-  Sgd(const OptimizerSettings& s, std::size_t size) : Optimizer(s.lazy_rows), s_(s), velocity_(size, 0.0f) {}
+  Sgd(const OptimizerSettings& s, std::size_t size)
+      : HostOptimizer(s.lazy_rows), s_(s), velocity_(size, 0.0f) {}
 
  protected:
   void begin_step() override { ++iterations_; }

@@ -41,26 +41,16 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // params -= update(grads); both spans have the size given at construction. With settings.lazy_rows and
   // `sparse`, the matrix's rows not in sparse->rows are left alone.
-  void step(std::span<float> params, std::span<const float> grads, const SparseRows* sparse = nullptr);
+  virtual void step(std::span<float> params, std::span<const float> grads,
+                    const SparseRows* sparse = nullptr) = 0;
   virtual OptimizerState state() const = 0;
   // Throws UserError if the state's buffers do not match this optimizer (kind or size).
   virtual void load_state(const OptimizerState& state) = 0;
   virtual std::string name() const = 0;
-
- protected:
-  explicit Optimizer(bool lazy_rows) : lazy_rows_(lazy_rows) {}
-  // Called once per step before update_range().
-  virtual void begin_step() = 0;
-  // Updates elements [begin, end) of the flat buffer.
-  virtual void update_range(float* params, const float* grads, std::size_t begin, std::size_t end) = 0;
-  virtual std::size_t size() const = 0;
-
- private:
-  bool lazy_rows_;
 };
 
-// Adam as Keras computes it: m, v moments; lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t);
-// p -= lr_t * m / (sqrt(v) + epsilon). SGD as Keras: v = momentum * v - lr * g; p += v.
+// The host (CPU) optimizers. Adam as Keras computes it: m, v moments; lr_t = lr * sqrt(1 - beta2^t) / (1 -
+// beta1^t); p -= lr_t * m / (sqrt(v) + epsilon). SGD as Keras: v = momentum * v - lr * g; p += v.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerSettings& settings, std::size_t size);
 
 }  // namespace ddp::engine

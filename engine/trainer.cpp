@@ -47,8 +47,8 @@ class TrainingRun {
         optimizer_(make_optimizer(optimizer_settings(config), replica_->layout().total_size())),
         train_shard_(io::shard_of(data.train_size, comm.rank(), comm.size(), /*cover_all=*/false)),
         test_shard_(io::shard_of(data.test_size, comm.rank(), comm.size(), /*cover_all=*/true)),
-        step_(
-            std::make_unique<DataParallelStep>(*replica_, comm, *optimizer_, config.comm.sparse_embedding)) {
+        step_(std::make_unique<DataParallelStep>(*replica_, comm, *optimizer_, config.comm.sparse_embedding)),
+        host_params_(replica_->layout().total_size()) {
     const int64_t per_epoch =
         io::BatchReader::batches_per_epoch(train_shard_.size(), config.train.batch_size, /*drop_last=*/true);
     steps_per_epoch_ = config.train.max_steps_per_epoch > 0
@@ -72,7 +72,8 @@ class TrainingRun {
       if (!metrics) break;  // stopped in the middle of the epoch, last.h5 written
       result.history.push_back(*metrics);
     }
-    result.params.assign(replica_->params().begin(), replica_->params().end());
+    result.params.resize(replica_->layout().total_size());
+    replica_->copy_params_to_host(result.params);
     return result;
   }
 
@@ -111,7 +112,7 @@ class TrainingRun {
     comm::agree_on_errors(comm_, [&] {
       if (!is_root()) return;
       if (!want_resume) {
-        models::initialize_keras(replica_->layout(), replica_->params(), config_.train.seed);
+        models::initialize_keras(replica_->layout(), host_params_, config_.train.seed);
         progress_.seed = config_.train.seed;
         return;
       }
@@ -130,7 +131,7 @@ class TrainingRun {
         throw UserError(files_.last() + ": checkpoint was trained with " + c.optimizer_name +
                         ", the config asks for train.optimizer = " + optimizer_->name());
       }
-      std::copy(c.params.begin(), c.params.end(), replica_->params().begin());
+      host_params_ = c.params;
       optimizer_->load_state(c.optimizer);
       progress_ = c.progress;
       if (progress_.seed != config_.train.seed) {
@@ -151,7 +152,8 @@ class TrainingRun {
     });
 
     // Broadcast the starting point.
-    comm_.broadcast(replica_->params(), 0);
+    comm_.broadcast(std::span<float>(host_params_), 0);
+    replica_->copy_params_from_host(host_params_);
     header = {static_cast<double>(progress_.epoch), static_cast<double>(progress_.step_in_epoch),
               static_cast<double>(progress_.global_step), progress_.best_val_loss, progress_.loss_sum,
               progress_.correct, progress_.count, resumed_ ? 1.0 : 0.0,
@@ -246,24 +248,29 @@ class TrainingRun {
     int64_t step = first;
     while (const io::Batch* batch = reader.next()) {
       const models::BatchView view{batch->tokens.data(), batch->labels.data(), batch->batch_size, batch->seq};
-      local += step_->run(view);
+      step_->run(view);
       ++step;
       ++progress_.global_step;
       progress_.step_in_epoch = step;
-      if (progress) {
+      if (progress && progress->due(step)) {
+        local += replica_->take_stats();  // a host sync on a GPU: only when progress is shown
         progress->update(step, local.loss_sum / static_cast<double>(local.count),
                          static_cast<double>(local.correct) / static_cast<double>(local.count));
       }
       if (step == steps_per_epoch_) continue;  // the epoch's end writes last.h5 anyway
       if (stop_requested()) {
         if (progress) progress->finish();
+        local += replica_->take_stats();
         save_mid_epoch(local);
         return std::nullopt;
       }
-      if (config_.checkpoint.every_steps > 0 && step % config_.checkpoint.every_steps == 0)
+      if (config_.checkpoint.every_steps > 0 && step % config_.checkpoint.every_steps == 0) {
+        local += replica_->take_stats();
         save_mid_epoch(local);
+      }
     }
     if (progress) progress->finish();
+    local += replica_->take_stats();
     const double train_time = seconds_since(epoch_start);
 
     // Training sums over all ranks (plus what an interrupted run had already summed, held by rank 0).
@@ -313,14 +320,13 @@ class TrainingRun {
     options.shuffle = false;
     options.drop_last = false;
     options.prefetch = config_.data.prefetch;
-    models::BatchStats local;
     if (test_shard_.size() > 0) {
       io::BatchReader reader(options);
       while (const io::Batch* batch = reader.next()) {
-        local +=
-            replica_->evaluate({batch->tokens.data(), batch->labels.data(), batch->batch_size, batch->seq});
+        replica_->evaluate({batch->tokens.data(), batch->labels.data(), batch->batch_size, batch->seq});
       }
     }
+    const models::BatchStats local = replica_->take_stats();
     std::vector<double> sums{local.loss_sum, static_cast<double>(local.correct),
                              static_cast<double>(local.count)};
     comm_.sum(sums);
@@ -344,7 +350,8 @@ class TrainingRun {
       std::printf("%s\n", format_epoch_line(m).c_str());
       std::fflush(stdout);
       append_line(files_.metrics(), to_json(m));
-      write_checkpoint(files_.last(), shape_, replica_->params(), *optimizer_, progress_, config_.to_ini());
+      replica_->copy_params_to_host(host_params_);
+      write_checkpoint(files_.last(), shape_, host_params_, *optimizer_, progress_, config_.to_ini());
       if (best)
         std::filesystem::copy_file(files_.last(), files_.best(),
                                    std::filesystem::copy_options::overwrite_existing);
@@ -360,7 +367,8 @@ class TrainingRun {
       snapshot.loss_sum += sums[0];
       snapshot.correct += sums[1];
       snapshot.count += sums[2];
-      write_checkpoint(files_.last(), shape_, replica_->params(), *optimizer_, snapshot, config_.to_ini());
+      replica_->copy_params_to_host(host_params_);
+      write_checkpoint(files_.last(), shape_, host_params_, *optimizer_, snapshot, config_.to_ini());
     });
   }
 
@@ -378,6 +386,7 @@ class TrainingRun {
   TrainingProgress progress_;
   bool resumed_ = false;
   std::unique_ptr<DataParallelStep> step_;
+  std::vector<float> host_params_;  // host copy of the parameters: initialization, broadcast, checkpoints
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "models/blas.h"
 #include "models/fast_math.h"
@@ -444,19 +445,48 @@ class CpuReplica final : public Replica {
   explicit CpuReplica(const ModelShape& shape) : model_(shape) {}
 
   const ParamLayout& layout() const override { return model_.layout(); }
+  DeviceKind device() const override { return DeviceKind::kCpu; }
   std::span<float> params() override { return model_.params(); }
   std::span<float> grads() override { return model_.grads(); }
-  std::span<const int32_t> touched_embedding_rows() const override { return model_.touched_embedding_rows(); }
-
-  BatchStats train_step(const BatchView& batch, const GradientReadyFn& on_ready) override {
-    return model_.train_step(batch.tokens, batch.labels, batch.batch, batch.seq, on_ready);
+  void copy_params_to_host(std::span<float> host) override {
+    check_size(host.size());
+    std::copy(model_.params().begin(), model_.params().end(), host.begin());
   }
-  BatchStats evaluate(const BatchView& batch, std::span<float> probabilities) override {
-    return model_.evaluate(batch.tokens, batch.labels, batch.batch, batch.seq, probabilities);
+  void copy_params_from_host(std::span<const float> host) override {
+    check_size(host.size());
+    std::copy(host.begin(), host.end(), model_.params().begin());
+  }
+
+  void train_step(const BatchView& batch, const GradientReadyFn& on_ready) override {
+    stats_ += model_.train_step(batch.tokens, batch.labels, batch.batch, batch.seq, on_ready);
+  }
+  void evaluate(const BatchView& batch) override {
+    stats_ += model_.evaluate(batch.tokens, batch.labels, batch.batch, batch.seq, {});
+  }
+  void predict(const BatchView& batch, std::span<float> probabilities) override {
+    model_.evaluate(batch.tokens, batch.labels, batch.batch, batch.seq, probabilities);
+  }
+  BatchStats take_stats() override { return std::exchange(stats_, BatchStats{}); }
+
+  std::span<const int32_t> touched_embedding_rows() const override { return model_.touched_embedding_rows(); }
+  void clear_embedding_gradient_rows(std::span<const int32_t> rows) override {
+    const ParamTensor& embedding = layout().tensor("embedding");
+    const auto width = static_cast<std::size_t>(embedding.shape[1]);
+    float* grads = model_.grads().data() + embedding.offset;
+    for (const int32_t row : rows) std::fill_n(grads + static_cast<std::size_t>(row) * width, width, 0.0f);
+  }
+  void clear_embedding_gradient() override {
+    const ParamTensor& embedding = layout().tensor("embedding");
+    std::fill_n(model_.grads().data() + embedding.offset, embedding.size(), 0.0f);
   }
 
  private:
+  void check_size(std::size_t n) const {
+    if (n != layout().total_size()) throw std::invalid_argument("CpuReplica: host buffer of the wrong size");
+  }
+
   CpuLstmClassifier<float> model_;
+  BatchStats stats_;
 };
 
 }  // namespace

@@ -12,8 +12,8 @@
 
 namespace ddp::models {
 
-// A batch in host memory: tokens row-major [batch, seq] (0 is padding, sequences are left-padded as Keras
-// pads them), labels [batch] of 0 or 1.
+// A batch in the replica's memory (host for the CPU replica, device for a GPU one): tokens row-major
+// [batch, seq] (0 is padding, sequences are left-padded as Keras pads them), labels [batch] of 0 or 1.
 struct BatchView {
   const int32_t* tokens = nullptr;
   const float* labels = nullptr;
@@ -39,21 +39,41 @@ struct BatchStats {
 // reduction can start while the rest of backward runs.
 using GradientReadyFn = std::function<void(const ParamSegment&)>;
 
+enum class DeviceKind { kCpu, kCuda };
+
 class Replica {
  public:
   virtual ~Replica() = default;
 
   virtual const ParamLayout& layout() const = 0;
+  // Where params(), grads() and the batches handed to the replica live.
+  virtual DeviceKind device() const = 0;
+  // The flat buffers in the replica's own memory, for a communicator and an optimizer of the same device.
   virtual std::span<float> params() = 0;
   virtual std::span<float> grads() = 0;
+  // Host copies of the parameters in the canonical layout: initialization, broadcast, checkpoints.
+  virtual void copy_params_to_host(std::span<float> host) = 0;
+  virtual void copy_params_from_host(std::span<const float> host) = 0;
 
-  // Forward and backward on one batch: grads() becomes d(mean loss over the batch)/d(params).
-  virtual BatchStats train_step(const BatchView& batch, const GradientReadyFn& on_ready) = 0;
-  // The embedding rows (token ids, sorted, unique) the last train_step touched. Every other row of the
-  // embedding gradient is exactly zero, which lets the gradient exchange and the optimizer skip them.
+  // Forward and backward on one batch: grads() becomes d(mean loss over the batch)/d(params). The batch's
+  // loss and accuracy are added to the running stats.
+  virtual void train_step(const BatchView& batch, const GradientReadyFn& on_ready) = 0;
+  // Forward only; adds to the running stats.
+  virtual void evaluate(const BatchView& batch) = 0;
+  // Forward only: p(positive) of each sample into `probabilities` (host memory, batch entries).
+  virtual void predict(const BatchView& batch, std::span<float> probabilities) = 0;
+  // The stats added since the last call, which resets them. On a GPU this is the only host synchronisation:
+  // call it per epoch or per logging interval, not per step.
+  virtual BatchStats take_stats() = 0;
+
+  // Sparse embedding gradients (CPU replica): the embedding rows (token ids, sorted, unique) the last
+  // train_step touched; every other row of the embedding gradient is exactly zero, so the exchange and the
+  // optimizer can skip them. A replica that does not track rows returns an empty span.
   virtual std::span<const int32_t> touched_embedding_rows() const = 0;
-  // Forward only. If probabilities is not empty it receives p(positive) per sample.
-  virtual BatchStats evaluate(const BatchView& batch, std::span<float> probabilities = {}) = 0;
+  // The gradient exchange wrote other ranks' values into these rows (or into every row) of the embedding
+  // gradient; the replica clears them so its next step starts from zero there.
+  virtual void clear_embedding_gradient_rows(std::span<const int32_t> rows) = 0;
+  virtual void clear_embedding_gradient() = 0;
 };
 
 // The CPU replica (BLAS for every matrix product); parameters are zero until initialized or loaded.

@@ -116,8 +116,10 @@ TEST(DataParallel, ReplicasStayBitIdentical) {
   auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
   const models::ModelShape shape{97, 12, 10, 2};
   auto replica = models::make_cpu_replica(shape);
-  if (comm->rank() == 0) models::initialize_keras(replica->layout(), replica->params(), 7);
-  comm->broadcast(replica->params(), 0);
+  std::vector<float> initial(replica->layout().total_size());
+  if (comm->rank() == 0) models::initialize_keras(replica->layout(), initial, 7);
+  comm->broadcast(initial, 0);
+  replica->copy_params_from_host(initial);
   auto adam = engine::make_optimizer(engine::OptimizerSettings{}, replica->layout().total_size());
   engine::DataParallelStep step(*replica, *comm, *adam, /*sparse_embedding=*/true);
   for (int i = 0; i < 12; ++i) {
