@@ -79,6 +79,21 @@ void agree_on_errors(Communicator& comm, Work&& work) {
 // The MPI backend over `comm` (duplicated, so its traffic never mixes with other users of `comm`).
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
 
+// NCCL over one GPU per rank: one communicator for the job (its unique id travels by MPI_Bcast). Gradient
+// segments (device memory) are reduced on a communication stream that first waits on an event recorded on
+// `compute_stream` (the replica's cudaStream_t), so backward keeps running while a bucket is reduced;
+// finish_average() makes the compute stream wait for the reductions, without a host synchronisation.
+// `compression` is none, fp16 or bf16 (gradients cast for the wire, averaged, cast back). average_rows()
+// averages the whole matrix. broadcast(), sum(), gather() and first_error() work on host memory over MPI.
+// In a build without CUDA it throws a UserError.
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, void* compute_stream,
+                                                     const std::string& compression);
+
+// MPI for a GPU replica: segments in device memory are staged through pinned host buffers (copied after the
+// compute stream's work, all-reduced over MPI, copied back). Interoperates with CPU ranks using the MPI
+// backend in the same job. In a build without CUDA it throws a UserError.
+std::unique_ptr<Communicator> make_staged_mpi_communicator(MPI_Comm comm, void* compute_stream);
+
 // Picks the backend named by `comm.backend` ("auto" or "mpi" in this build). `reason` receives one line
 // saying why, for rank 0's log. Throws UserError for a backend that is unknown or unavailable.
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,

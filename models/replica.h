@@ -48,6 +48,9 @@ class Replica {
   virtual const ParamLayout& layout() const = 0;
   // Where params(), grads() and the batches handed to the replica live.
   virtual DeviceKind device() const = 0;
+  // The CUDA stream (a cudaStream_t) the replica computes on; nullptr for the CPU replica. Communicators and
+  // optimizers of the same device order their work after it.
+  virtual void* stream() const { return nullptr; }
   // The flat buffers in the replica's own memory, for a communicator and an optimizer of the same device.
   virtual std::span<float> params() = 0;
   virtual std::span<float> grads() = 0;

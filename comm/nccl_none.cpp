@@ -1,0 +1,14 @@
+#include "comm/communicator.h"
+#include "engine/errors.h"
+
+namespace ddp::comm {
+
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm, void*, const std::string&) {
+  throw UserError("comm.backend = nccl: this ddptrain was built without CUDA and NCCL");
+}
+
+std::unique_ptr<Communicator> make_staged_mpi_communicator(MPI_Comm, void*) {
+  throw UserError("device = cuda: this ddptrain was built without CUDA");
+}
+
+}  // namespace ddp::comm

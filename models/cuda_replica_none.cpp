@@ -1,0 +1,10 @@
+#include "engine/errors.h"
+#include "models/cuda_replica.h"
+
+namespace ddp::models {
+
+std::unique_ptr<Replica> make_cuda_replica(const ModelShape&, int) {
+  throw UserError("device = cuda: this ddptrain was built without CUDA (configure with -DDDPTRAIN_CUDA=ON)");
+}
+
+}  // namespace ddp::models
