@@ -94,9 +94,23 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, void* comput
 // backend in the same job. In a build without CUDA it throws a UserError.
 std::unique_ptr<Communicator> make_staged_mpi_communicator(MPI_Comm comm, void* compute_stream);
 
-// Picks the backend named by `comm.backend` ("auto" or "mpi" in this build). `reason` receives one line
-// saying why, for rank 0's log. Throws UserError for a backend that is unknown or unavailable.
-std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
-                                                std::string* reason);
+// The backend for a job, chosen collectively from `comm.backend` and where the replicas run.
+struct BackendRequest {
+  std::string backend = "auto";      // auto | mpi | nccl | ps
+  std::string compression = "none";  // NCCL gradients on the wire: none | fp16 | bf16
+  bool on_gpu = false;               // this rank's replica is on a GPU
+  void* compute_stream = nullptr;    // that replica's cudaStream_t
+};
+
+struct BackendChoice {
+  std::unique_ptr<Communicator> communicator;
+  std::string reason;      // one line for rank 0's log: what was chosen and why
+  bool all_on_cpu = true;  // every rank's replica is on the CPU (sparse embedding exchange possible)
+};
+
+// Collective over `comm`: auto picks NCCL when every rank has a GPU and MPI otherwise (GPU ranks of a mixed
+// job stage their gradients through host memory). Throws UserError for an unknown backend or one the job
+// cannot use (nccl with a CPU rank, ps before it exists).
+BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm);
 
 }  // namespace ddp::comm

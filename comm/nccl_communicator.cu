@@ -1,11 +1,268 @@
-// Placeholder: the NCCL backend is being written.
+// The NCCL backend: one NCCL communicator per job, gradients reduced on a communication stream of its own.
+//
+// Ordering without host synchronisation: start_average() records an event on the compute stream (the
+// replica's) and makes the communication stream wait on it before the all-reduce, so the reduction of a
+// segment starts when backward has produced it while backward goes on; finish_average() makes the compute
+// stream wait on an event recorded after the last reduction, so the optimizer (enqueued next on the compute
+// stream) reads averaged gradients. The host never waits.
+//
+// One event per direction is enough however many segments are pending: cudaStreamWaitEvent() waits on the
+// state the event captured at its most recent cudaEventRecord() before the call, and later records do not
+// change what an earlier wait waits for (CUDA runtime API, cudaEventRecord).
+//
+// Averages are ncclAvg (NCCL >= 2.10): every rank receives the same bits, as with the MPI backend.
+// Host-side collectives (broadcast, sum, gather, first_error, barrier) go through the MPI backend on a
+// duplicate of the job's communicator.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <string>
+
 #include "comm/communicator.h"
+#include "comm/mpi_check.h"
 #include "engine/errors.h"
 
-namespace ddp::comm {
+static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0), "ncclAvg needs NCCL 2.10 or newer");
 
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm, void*, const std::string&) {
-  throw UserError("comm.backend = nccl: not written yet");
+namespace ddp::comm {
+namespace {
+
+void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
+  if (status != cudaSuccess)
+    ::ddp::fatal(std::string(call) + " failed: " + cudaGetErrorString(status), file, line);
+}
+
+// A failed NCCL call often reports only "unhandled system error"; the communicator's last error and its
+// asynchronous error (a peer that failed, a network that went down) say more.
+void check_nccl(ncclResult_t status, ncclComm_t comm, const char* call, const char* file, int line) {
+  if (status == ncclSuccess) return;
+  std::string what = std::string(call) + " failed: " + ncclGetErrorString(status);
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && last[0] != '\0') what += " (" + std::string(last) + ")";
+  if (comm != nullptr) {
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess) {
+      what += "; asynchronous error: " + std::string(ncclGetErrorString(async));
+    }
+  }
+  ::ddp::fatal(what, file, line);
+}
+
+// In destructors: report and go on, never abort or throw.
+void warn_cuda(cudaError_t status, const char* call) {
+  if (status != cudaSuccess)
+    std::fprintf(stderr, "ddptrain: warning: %s: %s\n", call, cudaGetErrorString(status));
+}
+void warn_nccl(ncclResult_t status, const char* call) {
+  if (status != ncclSuccess)
+    std::fprintf(stderr, "ddptrain: warning: %s: %s\n", call, ncclGetErrorString(status));
+}
+
+#define NCCL_COMM_CUDA(call) check_cuda((call), #call, __FILE__, __LINE__)
+#define NCCL_COMM_NCCL(comm, call) check_nccl((call), (comm), #call, __FILE__, __LINE__)
+
+enum class Wire { kFloat, kHalf, kBfloat16 };
+
+Wire parse_compression(const std::string& compression) {
+  if (compression == "none") return Wire::kFloat;
+  if (compression == "fp16") return Wire::kHalf;
+  if (compression == "bf16") return Wire::kBfloat16;
+  throw UserError("comm.compression = " + compression + ": expected none, fp16 or bf16");
+}
+
+__device__ inline void store(__half* out, float value) {
+  *out = __float2half_rn(value);
+}
+__device__ inline void store(__nv_bfloat16* out, float value) {
+  *out = __float2bfloat16_rn(value);
+}
+__device__ inline float load(const __half* in) {
+  return __half2float(*in);
+}
+__device__ inline float load(const __nv_bfloat16* in) {
+  return __bfloat162float(*in);
+}
+
+template <typename T>
+__global__ void to_wire(const float* __restrict__ in, T* __restrict__ out, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    store(out + i, in[i]);
+  }
+}
+
+template <typename T>
+__global__ void from_wire(const T* __restrict__ in, float* __restrict__ out, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    out[i] = load(in + i);
+  }
+}
+
+constexpr unsigned kCastThreads = 256;
+constexpr std::size_t kMaxCastBlocks = 4096;  // grid-stride beyond; enough to fill an H100 many times
+
+unsigned cast_blocks(std::size_t n) {
+  return static_cast<unsigned>(std::min(kMaxCastBlocks, (n + kCastThreads - 1) / kCastThreads));
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(MPI_Comm parent, void* compute_stream, Wire wire)
+      : host_(make_mpi_communicator(parent)),
+        compute_(static_cast<cudaStream_t>(compute_stream)),
+        wire_(wire) {
+    // The caller picked the device (cudaSetDevice); the NCCL communicator and our stream live on it. Asking
+    // for it first fails with CUDA's own message where no device is usable, instead of deep inside NCCL.
+    int device = -1;
+    NCCL_COMM_CUDA(cudaGetDevice(&device));
+    ncclUniqueId id{};
+    if (host_->rank() == 0) NCCL_COMM_NCCL(nullptr, ncclGetUniqueId(&id));
+    DDP_CHECK_MPI(MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, parent));
+    NCCL_COMM_NCCL(nullptr, ncclCommInitRank(&nccl_, host_->size(), id, host_->rank()));
+
+    // The highest priority lets reduction kernels start between backward's kernels instead of after them.
+    int least = 0;
+    int greatest = 0;
+    NCCL_COMM_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    NCCL_COMM_CUDA(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+    NCCL_COMM_CUDA(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
+    NCCL_COMM_CUDA(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming));
+  }
+
+  ~NcclCommunicator() override {
+    // Unwinding on this rank alone: the other ranks may never reach a collective finalize, so abort locally.
+    if (std::uncaught_exceptions() > 0) {
+      warn_nccl(ncclCommAbort(nccl_), "ncclCommAbort");
+      warn_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(communication stream)");
+    } else {
+      // The staging buffer may be in use until the stream drains.
+      warn_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(communication stream)");
+      warn_nccl(ncclCommFinalize(nccl_), "ncclCommFinalize");
+      warn_nccl(ncclCommDestroy(nccl_), "ncclCommDestroy");
+    }
+    if (wire_buffer_ != nullptr) warn_cuda(cudaFree(wire_buffer_), "cudaFree(wire buffer)");
+    warn_cuda(cudaEventDestroy(computed_), "cudaEventDestroy");
+    warn_cuda(cudaEventDestroy(reduced_), "cudaEventDestroy");
+    warn_cuda(cudaStreamDestroy(stream_), "cudaStreamDestroy");
+  }
+
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return host_->rank(); }
+  int size() const override { return host_->size(); }
+  std::string backend() const override { return "nccl"; }
+
+  void broadcast(std::span<float> data, int root) override { host_->broadcast(data, root); }
+  void broadcast(std::span<double> data, int root) override { host_->broadcast(data, root); }
+
+  // `segment` is device memory on this communicator's device. Even with one rank the segment goes through
+  // NCCL (a copy) and, with compression, the casts: a run rounds its gradients the same way at any size.
+  void start_average(std::span<float> segment) override {
+    if (segment.empty()) return;
+    NCCL_COMM_CUDA(cudaEventRecord(computed_, compute_));
+    NCCL_COMM_CUDA(cudaStreamWaitEvent(stream_, computed_, 0));
+    const std::size_t n = segment.size();
+    switch (wire_) {
+      case Wire::kFloat:
+        NCCL_COMM_NCCL(nccl_,
+                       ncclAllReduce(segment.data(), segment.data(), n, ncclFloat, ncclAvg, nccl_, stream_));
+        break;
+      case Wire::kHalf:
+        reduce_on_wire<__half>(segment, ncclHalf);
+        break;
+      case Wire::kBfloat16:
+        reduce_on_wire<__nv_bfloat16>(segment, ncclBfloat16);
+        break;
+    }
+    ++pending_;
+  }
+
+  void finish_average() override {
+    if (pending_ == 0) return;
+    NCCL_COMM_CUDA(cudaEventRecord(reduced_, stream_));
+    NCCL_COMM_CUDA(cudaStreamWaitEvent(compute_, reduced_, 0));
+    pending_ = 0;
+    // A peer's failure surfaces here as an asynchronous error, before the next host synchronisation hangs.
+    ncclResult_t async = ncclSuccess;
+    NCCL_COMM_NCCL(nccl_, ncclCommGetAsyncError(nccl_, &async));
+    if (async != ncclSuccess) DDP_FATAL(std::string("NCCL asynchronous error: ") + ncclGetErrorString(async));
+  }
+
+  // Dense on GPUs: the whole matrix is averaged (the interconnect makes that cheap, and a GPU replica does
+  // not track touched rows), and every row then holds the average. Returns no rows: the caller clears the
+  // whole embedding gradient. Like every other call here it only orders work on the streams; it does not
+  // block.
+  std::vector<int32_t> average_rows(std::span<float> matrix, std::size_t /*width*/,
+                                    std::span<const int32_t> /*rows*/) override {
+    average(matrix);
+    return {};
+  }
+
+  void sum(std::span<double> data) override { host_->sum(data); }
+  void barrier() override { host_->barrier(); }
+  std::vector<std::string> gather(const std::string& text, int root) override {
+    return host_->gather(text, root);
+  }
+  std::optional<std::string> first_error(const std::optional<std::string>& mine) override {
+    return host_->first_error(mine);
+  }
+
+ private:
+  // Cast to the wire type, average, cast back; all on the communication stream, which runs them in order,
+  // so one staging buffer serves every segment however many are pending.
+  template <typename T>
+  void reduce_on_wire(std::span<float> segment, ncclDataType_t type) {
+    const std::size_t n = segment.size();
+    T* wire = static_cast<T*>(wire_buffer(n * sizeof(T)));
+    to_wire<T><<<cast_blocks(n), kCastThreads, 0, stream_>>>(segment.data(), wire, n);
+    NCCL_COMM_CUDA(cudaGetLastError());
+    NCCL_COMM_NCCL(nccl_, ncclAllReduce(wire, wire, n, type, ncclAvg, nccl_, stream_));
+    from_wire<T><<<cast_blocks(n), kCastThreads, 0, stream_>>>(wire, segment.data(), n);
+    NCCL_COMM_CUDA(cudaGetLastError());
+  }
+
+  // Grows only while the first step meets larger segments (the replica's segments never change); the old
+  // buffer may still be in use by work on the stream, so wait for it before freeing. Every rank grows at the
+  // same segment, after every rank has enqueued the previous reductions, so this wait cannot deadlock.
+  void* wire_buffer(std::size_t bytes) {
+    if (bytes <= wire_bytes_) return wire_buffer_;
+    if (wire_buffer_ != nullptr) {
+      NCCL_COMM_CUDA(cudaStreamSynchronize(stream_));
+      NCCL_COMM_CUDA(cudaFree(wire_buffer_));
+      wire_buffer_ = nullptr;
+      wire_bytes_ = 0;
+    }
+    NCCL_COMM_CUDA(cudaMalloc(&wire_buffer_, bytes));
+    wire_bytes_ = bytes;
+    return wire_buffer_;
+  }
+
+  std::unique_ptr<Communicator> host_;  // MPI on a duplicate of the job's communicator
+  cudaStream_t compute_ = nullptr;
+  Wire wire_ = Wire::kFloat;
+  ncclComm_t nccl_ = nullptr;
+  cudaStream_t stream_ = nullptr;   // communication stream
+  cudaEvent_t computed_ = nullptr;  // compute -> communication
+  cudaEvent_t reduced_ = nullptr;   // communication -> compute
+  void* wire_buffer_ = nullptr;     // fp16/bf16 staging
+  std::size_t wire_bytes_ = 0;
+  int pending_ = 0;  // segments started since the last finish_average()
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, void* compute_stream,
+                                                     const std::string& compression) {
+  const Wire wire = parse_compression(compression);  // before any collective, so a bad value costs nothing
+  return std::make_unique<NcclCommunicator>(comm, compute_stream, wire);
 }
 
 }  // namespace ddp::comm

@@ -1,11 +1,153 @@
-// Placeholder: staging device gradients through host memory is being written.
+// MPI for a GPU replica: device segments are staged through pinned host memory around the MPI backend, so
+// GPU ranks and CPU ranks of one job run the very same MPI collectives (same sizes, same order).
+//
+// start_average(): a copy stream waits on an event recorded on the compute stream (backward has written the
+// segment), copies it to a pinned buffer, and the host waits for that copy before handing the buffer to the
+// MPI backend's non-blocking all-reduce. The host wait is the price of simplicity: MPI cannot start on data
+// that is not there yet. finish_average(): the MPI backend waits for its reductions (and scales by 1/size),
+// then the averaged buffers are copied back on the copy stream and the compute stream waits on an event
+// recorded after those copies; the host does not wait for them. A pinned buffer is written again only after
+// a cudaStreamSynchronize of the copy stream (in the next start_average()), which orders it after its
+// previous copy back.
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <vector>
+
 #include "comm/communicator.h"
 #include "engine/errors.h"
 
 namespace ddp::comm {
+namespace {
 
-std::unique_ptr<Communicator> make_staged_mpi_communicator(MPI_Comm, void*) {
-  throw UserError("device = cuda: staged MPI not written yet");
+void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
+  if (status != cudaSuccess)
+    ::ddp::fatal(std::string(call) + " failed: " + cudaGetErrorString(status), file, line);
+}
+
+void warn_cuda(cudaError_t status, const char* call) {
+  if (status != cudaSuccess)
+    std::fprintf(stderr, "ddptrain: warning: %s: %s\n", call, cudaGetErrorString(status));
+}
+
+#define STAGED_CUDA(call) check_cuda((call), #call, __FILE__, __LINE__)
+
+class StagedMpiCommunicator final : public Communicator {
+ public:
+  StagedMpiCommunicator(MPI_Comm comm, void* compute_stream)
+      : inner_(make_mpi_communicator(comm)), compute_(static_cast<cudaStream_t>(compute_stream)) {
+    STAGED_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+    STAGED_CUDA(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
+    STAGED_CUDA(cudaEventCreateWithFlags(&copied_back_, cudaEventDisableTiming));
+  }
+
+  ~StagedMpiCommunicator() override {
+    warn_cuda(cudaStreamSynchronize(copy_), "cudaStreamSynchronize(copy stream)");
+    // Buffers still lent to a running MPI_Iallreduce (an error left a step unfinished) are leaked rather
+    // than freed under MPI's feet.
+    const std::size_t lent = pending_.size();
+    for (std::size_t i = lent; i < buffers_.size(); ++i) {
+      if (buffers_[i].data != nullptr) warn_cuda(cudaFreeHost(buffers_[i].data), "cudaFreeHost");
+    }
+    warn_cuda(cudaEventDestroy(computed_), "cudaEventDestroy");
+    warn_cuda(cudaEventDestroy(copied_back_), "cudaEventDestroy");
+    warn_cuda(cudaStreamDestroy(copy_), "cudaStreamDestroy");
+  }
+
+  StagedMpiCommunicator(const StagedMpiCommunicator&) = delete;
+  StagedMpiCommunicator& operator=(const StagedMpiCommunicator&) = delete;
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend() const override { return "mpi"; }
+
+  void broadcast(std::span<float> data, int root) override { inner_->broadcast(data, root); }
+  void broadcast(std::span<double> data, int root) override { inner_->broadcast(data, root); }
+
+  // `segment` is device memory. With one rank the staging still runs (the MPI backend then has nothing to
+  // do); a one-GPU job is better served by comm.backend = auto or nccl.
+  void start_average(std::span<float> segment) override {
+    if (segment.empty()) return;
+    // The i-th segment of a step uses the i-th buffer: same segments every step, so no growth after step 1.
+    const std::size_t i = pending_.size();
+    if (i == buffers_.size()) buffers_.emplace_back();
+    float* host = reserve(buffers_[i], segment.size());
+    STAGED_CUDA(cudaEventRecord(computed_, compute_));
+    STAGED_CUDA(cudaStreamWaitEvent(copy_, computed_, 0));
+    STAGED_CUDA(cudaMemcpyAsync(host, segment.data(), segment.size_bytes(), cudaMemcpyDeviceToHost, copy_));
+    STAGED_CUDA(cudaStreamSynchronize(copy_));
+    const std::span<float> staged(host, segment.size());
+    pending_.push_back(Pending{segment, staged});
+    inner_->start_average(staged);
+  }
+
+  void finish_average() override {
+    if (pending_.empty()) return;
+    inner_->finish_average();
+    for (const Pending& p : pending_) {
+      STAGED_CUDA(cudaMemcpyAsync(p.device.data(), p.host.data(), p.device.size_bytes(),
+                                  cudaMemcpyHostToDevice, copy_));
+    }
+    STAGED_CUDA(cudaEventRecord(copied_back_, copy_));
+    STAGED_CUDA(cudaStreamWaitEvent(compute_, copied_back_, 0));
+    pending_.clear();
+  }
+
+  // A GPU replica tracks no touched rows, and the trainer turns sparse exchange off on every rank of a job
+  // with a GPU rank, so the CPU ranks of a mixed job call average() for the embedding too: stage and average
+  // the whole matrix, and return no rows (every row holds the average; the caller clears the whole gradient).
+  std::vector<int32_t> average_rows(std::span<float> matrix, std::size_t /*width*/,
+                                    std::span<const int32_t> /*rows*/) override {
+    average(matrix);
+    return {};
+  }
+
+  void sum(std::span<double> data) override { inner_->sum(data); }
+  void barrier() override { inner_->barrier(); }
+  std::vector<std::string> gather(const std::string& text, int root) override {
+    return inner_->gather(text, root);
+  }
+  std::optional<std::string> first_error(const std::optional<std::string>& mine) override {
+    return inner_->first_error(mine);
+  }
+
+ private:
+  struct PinnedBuffer {
+    float* data = nullptr;
+    std::size_t capacity = 0;  // floats
+  };
+  struct Pending {
+    std::span<float> device;
+    std::span<float> host;
+  };
+
+  float* reserve(PinnedBuffer& buffer, std::size_t n) {
+    if (n <= buffer.capacity) return buffer.data;
+    if (buffer.data != nullptr) {
+      STAGED_CUDA(cudaStreamSynchronize(copy_));  // its last copy back may still read it
+      STAGED_CUDA(cudaFreeHost(buffer.data));
+      buffer = PinnedBuffer{};
+    }
+    void* memory = nullptr;
+    STAGED_CUDA(cudaHostAlloc(&memory, n * sizeof(float), cudaHostAllocDefault));
+    buffer.data = static_cast<float*>(memory);
+    buffer.capacity = n;
+    return buffer.data;
+  }
+
+  std::unique_ptr<Communicator> inner_;  // the MPI backend, on host buffers
+  cudaStream_t compute_ = nullptr;
+  cudaStream_t copy_ = nullptr;
+  cudaEvent_t computed_ = nullptr;     // compute -> copy to host
+  cudaEvent_t copied_back_ = nullptr;  // copies back -> compute
+  std::vector<PinnedBuffer> buffers_;
+  std::vector<Pending> pending_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_staged_mpi_communicator(MPI_Comm comm, void* compute_stream) {
+  return std::make_unique<StagedMpiCommunicator>(comm, compute_stream);
 }
 
 }  // namespace ddp::comm

@@ -41,9 +41,11 @@ void visit_keys(C& c, Visitor&& key) {
       "cap on steps per epoch; 0: the whole shard");
   key("train", "stop_after_steps", c.train.stop_after_steps,
       "stop after this many steps in all, writing last.h5 (continue with --resume); 0: never");
-  key("comm", "backend", c.comm.backend, "gradient averaging: auto, mpi (nccl and ps where built)");
+  key("comm", "backend", c.comm.backend,
+      "gradient averaging: auto (nccl when every rank has a GPU, else mpi), mpi, nccl");
   key("comm", "sparse_embedding", c.comm.sparse_embedding,
       "average only the embedding rows some rank's batch used (same result, less traffic)");
+  key("comm", "compression", c.comm.compression, "gradients on the wire with NCCL: none, fp16 or bf16");
   key("checkpoint", "dir", c.checkpoint.dir, "run directory: config.ini, metrics.jsonl, last.h5, best.h5");
   key("checkpoint", "every_steps", c.checkpoint.every_steps,
       "also write last.h5 every N steps; 0: per epoch");
@@ -117,6 +119,11 @@ void check_values(const Config& c) {
   require(!c.checkpoint.dir.empty(), "checkpoint.dir", "\"\"", "must name a directory");
   require(c.checkpoint.every_steps >= 0, "checkpoint.every_steps", value_text(c.checkpoint.every_steps),
           "must be 0 or more");
+  require(c.comm.backend == "auto" || c.comm.backend == "mpi" || c.comm.backend == "nccl" ||
+              c.comm.backend == "ps",
+          "comm.backend", c.comm.backend, "unknown backend (expected auto, mpi, nccl or ps)");
+  require(c.comm.compression == "none" || c.comm.compression == "fp16" || c.comm.compression == "bf16",
+          "comm.compression", c.comm.compression, "expected none, fp16 or bf16");
   require(c.log.progress == "auto" || c.log.progress == "bar" || c.log.progress == "lines", "log.progress",
           c.log.progress, "expected auto, bar or lines");
   require(c.log.interval >= 0, "log.interval", value_text(c.log.interval), "must be 0 or more");

@@ -43,8 +43,9 @@ struct Config {
   } train;
 
   struct Comm {
-    std::string backend = "auto";  // auto | mpi | nccl | ps
-    bool sparse_embedding = true;  // exchange only the embedding rows some rank touched
+    std::string backend = "auto";      // auto | mpi | nccl | ps
+    bool sparse_embedding = true;      // exchange only the embedding rows some rank touched
+    std::string compression = "none";  // NCCL gradients on the wire: none | fp16 | bf16
   } comm;
 
   struct Checkpoint {

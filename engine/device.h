@@ -21,4 +21,10 @@ struct GpuInventory {
 
 GpuInventory probe_gpus();
 
+// Makes CUDA device `index` (an ordinal after CUDA_VISIBLE_DEVICES) current for this thread, so that streams,
+// memory, cuDNN and NCCL created afterwards live on it. Ends the job through fatal() if CUDA refuses. Only
+// called with an index from probe_gpus(); the build without CUDA has no GPU to bind and treats a call as a
+// bug.
+void use_gpu(int index);
+
 }  // namespace ddp::engine

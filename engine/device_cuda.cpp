@@ -1,6 +1,7 @@
 #include <cuda_runtime_api.h>
 
 #include "engine/device.h"
+#include "engine/errors.h"
 
 namespace ddp::engine {
 
@@ -25,6 +26,13 @@ GpuInventory probe_gpus() {
     inventory.gpus.push_back(info);
   }
   return inventory;
+}
+
+void use_gpu(int index) {
+  const cudaError_t status = cudaSetDevice(index);
+  if (status != cudaSuccess) {
+    DDP_FATAL("cudaSetDevice(" + std::to_string(index) + ") failed: " + cudaGetErrorString(status));
+  }
 }
 
 }  // namespace ddp::engine

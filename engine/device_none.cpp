@@ -1,11 +1,19 @@
 #include "engine/device.h"
 
+#include <string>
+
+#include "engine/errors.h"
+
 namespace ddp::engine {
 
 GpuInventory probe_gpus() {
   GpuInventory inventory;
   inventory.why_none = "this ddptrain was built without CUDA (configure with -DDDPTRAIN_CUDA=ON)";
   return inventory;
+}
+
+void use_gpu(int index) {
+  DDP_FATAL("use_gpu(" + std::to_string(index) + ") in a build without CUDA: probe_gpus() lists no GPU here");
 }
 
 }  // namespace ddp::engine

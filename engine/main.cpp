@@ -85,11 +85,6 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
   const int threads = engine::blas_threads_for(topology, config.train.threads);
   const bool threads_set = models::set_blas_threads(threads);
 
-  std::unique_ptr<comm::Communicator> communicator;
-  std::string why;
-  comm::agree_on_errors(
-      boot, [&] { communicator = comm::make_communicator(config.comm.backend, MPI_COMM_WORLD, &why); });
-
   io::DatasetInfo data;
   comm::agree_on_errors(boot, [&] {
     data = io::inspect_dataset(config.data.path);
@@ -102,14 +97,12 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
   });
 
   if (boot.rank() == 0) {
-    std::printf("ddptrain %s: %d rank(s), backend %s (%s)\n", DDPTRAIN_VERSION, boot.size(),
-                communicator->backend().c_str(), why.c_str());
-    std::printf("device %s (%s)\n", topology.device.c_str(), topology.device_reason.c_str());
+    std::printf("ddptrain %s: %d rank(s)\n", DDPTRAIN_VERSION, boot.size());
     std::printf("BLAS %s: %d thread(s) per rank%s\n", models::blas_description().c_str(), threads,
                 threads_set ? "" : " (set by the BLAS's own environment variable)");
     std::fflush(stdout);
   }
-  engine::train(config, topology, *communicator, data);
+  engine::train(config, topology, data, MPI_COMM_WORLD);
   return kExitOk;
 }
 

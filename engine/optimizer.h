@@ -56,6 +56,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerSettings& settings, std
 // The same updates as one fused CUDA kernel over a flat device buffer, enqueued on `stream` (a cudaStream_t,
 // the replica's); state() and load_state() copy through the host. Lazy rows are not supported on the GPU
 // (the embedding's moments decay densely, as Keras does). In a build without CUDA it throws a UserError.
-std::unique_ptr<Optimizer> make_cuda_optimizer(const OptimizerSettings& settings, std::size_t size, void* stream);
+std::unique_ptr<Optimizer> make_cuda_optimizer(const OptimizerSettings& settings, std::size_t size,
+                                               void* stream);
 
 }  // namespace ddp::engine

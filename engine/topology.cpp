@@ -3,13 +3,70 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/mpi_check.h"
 #include "engine/device.h"
 #include "engine/errors.h"
 
 namespace ddp::engine {
+namespace {
+
+std::string visible_devices() {
+  const char* value = std::getenv("CUDA_VISIBLE_DEVICES");
+  return std::string("CUDA_VISIBLE_DEVICES=") + (value != nullptr ? value : "unset");
+}
+
+// The boards this rank sees, in CUDA's order: equal keys mean the same GPUs.
+std::string visible_key(const GpuInventory& inventory) {
+  std::string key;
+  for (const GpuInfo& gpu : inventory.gpus) {
+    key += gpu.pci_bus_id.empty() ? gpu.name + "#" + std::to_string(gpu.index) : gpu.pci_bus_id;
+    key += ';';
+  }
+  return key;
+}
+
+struct GpuGroup {
+  int index = 0;    // this rank's position among the node's ranks that see the same GPUs
+  int members = 1;  // how many ranks of the node see them
+};
+
+// Collective over `node`: whether the launcher gave every rank all the node's GPUs (one group, index = local
+// rank) or each rank its own CUDA_VISIBLE_DEVICES (groups of one, index 0).
+GpuGroup gpu_group(MPI_Comm node, const std::string& mine) {
+  int local_rank = 0;
+  int local_size = 1;
+  DDP_CHECK_MPI(MPI_Comm_rank(node, &local_rank));
+  DDP_CHECK_MPI(MPI_Comm_size(node, &local_size));
+  const int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(static_cast<std::size_t>(local_size));
+  DDP_CHECK_MPI(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, node));
+  std::vector<int> offsets(lengths.size());
+  int total = 0;
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    offsets[r] = total;
+    total += lengths[r];
+  }
+  std::string all(static_cast<std::size_t>(total), '\0');
+  DDP_CHECK_MPI(MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
+                               MPI_CHAR, node));
+  GpuGroup group{0, 0};
+  for (int r = 0; r < local_size; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    if (all.compare(static_cast<std::size_t>(offsets[i]), static_cast<std::size_t>(lengths[i]), mine) != 0) {
+      continue;
+    }
+    ++group.members;
+    if (r < local_rank) ++group.index;
+  }
+  return group;
+}
+
+}  // namespace
 
 Topology discover_topology(MPI_Comm world, const std::string& device_request) {
   Topology t;
@@ -19,19 +76,53 @@ Topology discover_topology(MPI_Comm world, const std::string& device_request) {
   DDP_CHECK_MPI(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &node));
   DDP_CHECK_MPI(MPI_Comm_rank(node, &t.local_rank));
   DDP_CHECK_MPI(MPI_Comm_size(node, &t.local_size));
-  DDP_CHECK_MPI(MPI_Comm_free(&node));
   t.host = host_name();
 
-  const GpuInventory inventory = probe_gpus();
+  // A CPU job never touches CUDA. Every rank has the same request, so either all or none of them gather.
+  GpuInventory inventory;
+  GpuGroup group;
+  if (device_request != "cpu") {
+    inventory = probe_gpus();
+    group = gpu_group(node, visible_key(inventory));
+  }
+  DDP_CHECK_MPI(MPI_Comm_free(&node));
+
   if (device_request == "cpu") {
     t.device_reason = "device = cpu";
-  } else if (device_request == "cuda") {
-    if (inventory.gpus.empty()) throw UserError("device = cuda: " + inventory.why_none);
-    throw UserError("device = cuda: this build has no GPU replica yet; use device = cpu or auto");
-  } else {
-    t.device_reason = inventory.gpus.empty() ? "device = auto: " + inventory.why_none + ", training on CPU"
-                                             : "device = auto: no GPU replica in this build, training on CPU";
+    return t;
   }
+  const bool required = device_request == "cuda";
+  const std::string request = required ? "device = cuda: " : "device = auto: ";
+  const std::string visible = visible_devices();
+  const int count = static_cast<int>(inventory.gpus.size());
+  if (count == 0) {
+    if (required) throw UserError(request + inventory.why_none + " (" + visible + ")");
+    t.device_reason = request + inventory.why_none + " (" + visible + "), training on CPU";
+    return t;
+  }
+  const std::string local_rank = std::to_string(t.local_rank);
+  const std::string gpus = std::to_string(count);
+  if (group.index >= count) {
+    if (required) {
+      throw UserError(request + "host " + t.host + " runs " + std::to_string(group.members) +
+                      " ranks but sees only " + gpus + " GPUs (" + visible + "): start at most " + gpus +
+                      " ranks per node, or set device = auto to train the extra ranks on CPU");
+    }
+    const std::string slot = group.index == t.local_rank ? std::string()
+                                                         : " (" + std::to_string(group.index) +
+                                                               " among the ranks that see the same GPUs)";
+    t.device_reason = request + "local rank " + local_rank + slot + " >= " + gpus + " visible GPUs (" +
+                      visible + "), training on CPU";
+    return t;
+  }
+  const GpuInfo& gpu = inventory.gpus[static_cast<std::size_t>(group.index)];
+  t.gpu = gpu.index;
+  t.gpu_name = gpu.name;
+  t.gpu_bus_id = gpu.pci_bus_id;
+  t.device = "cuda:" + std::to_string(t.gpu);
+  t.device_reason = request + "local rank " + local_rank + " -> GPU " + std::to_string(t.gpu) + " of " +
+                    gpus + " (" + visible + ")";
+  use_gpu(t.gpu);
   return t;
 }
 

@@ -15,11 +15,20 @@ struct Topology {
   int local_rank = 0;
   int local_size = 1;
   std::string host;
-  std::string device = "cpu";  // "cpu" (the GPU path adds "cuda:N")
+  std::string device = "cpu";  // "cpu" or "cuda:N"
   std::string device_reason;   // why this device, for the log
+  int gpu = -1;                // CUDA ordinal (after CUDA_VISIBLE_DEVICES) when device is "cuda:N", else -1
+  std::string gpu_name;
+  std::string gpu_bus_id;  // PCI bus id, which names the board whatever CUDA_VISIBLE_DEVICES renumbers
 };
 
-// Collective over `world`. Throws UserError when `device_request` (cpu | cuda | auto) cannot be met.
+// Collective over `world` (every rank passes the same request). Throws UserError when `device_request`
+// (cpu | cuda | auto) cannot be met. A rank bound to a GPU leaves it current (cudaSetDevice) for its thread.
+//
+// GPU binding: the ranks of a node that see the same GPUs (same visible boards, so the same
+// CUDA_VISIBLE_DEVICES) take them in local rank order, so local rank L of such a group trains on GPU L; a
+// launcher that gives each rank its own CUDA_VISIBLE_DEVICES makes each rank a group of one, on its GPU 0.
+// A rank left without a GPU is an error under cuda and trains on the CPU under auto.
 Topology discover_topology(MPI_Comm world, const std::string& device_request);
 
 // BLAS threads for this rank: `requested` if positive, else the node's cores shared among its ranks.

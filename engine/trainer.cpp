@@ -13,6 +13,8 @@
 #include "engine/errors.h"
 #include "engine/optimizer.h"
 #include "io/batch_reader.h"
+#include "io/batch_source.h"
+#include "models/cuda_replica.h"
 #include "models/initializers.h"
 #include "models/replica.h"
 
@@ -35,19 +37,21 @@ struct RunFiles {
 
 class TrainingRun {
  public:
-  TrainingRun(const Config& config, const Topology& topology, comm::Communicator& comm,
-              const io::DatasetInfo& data)
+  TrainingRun(const Config& config, const Topology& topology, comm::BackendChoice backend,
+              std::unique_ptr<models::Replica> replica, const io::DatasetInfo& data)
       : config_(config),
         topology_(topology),
-        comm_(comm),
+        backend_(std::move(backend)),
+        comm_(*backend_.communicator),
         data_(data),
         files_{config.checkpoint.dir},
-        shape_{data.vocab_size, config.model.embedding_dim, config.model.hidden, config.model.layers},
-        replica_(models::make_cpu_replica(shape_)),
-        optimizer_(make_optimizer(optimizer_settings(config), replica_->layout().total_size())),
-        train_shard_(io::shard_of(data.train_size, comm.rank(), comm.size(), /*cover_all=*/false)),
-        test_shard_(io::shard_of(data.test_size, comm.rank(), comm.size(), /*cover_all=*/true)),
-        step_(std::make_unique<DataParallelStep>(*replica_, comm, *optimizer_, config.comm.sparse_embedding)),
+        shape_(replica->layout().shape()),
+        replica_(std::move(replica)),
+        optimizer_(make_optimizer_for(*replica_, optimizer_settings(config))),
+        train_shard_(io::shard_of(data.train_size, comm_.rank(), comm_.size(), /*cover_all=*/false)),
+        test_shard_(io::shard_of(data.test_size, comm_.rank(), comm_.size(), /*cover_all=*/true)),
+        step_(std::make_unique<DataParallelStep>(*replica_, comm_, *optimizer_,
+                                                 config.comm.sparse_embedding && backend_.all_on_cpu)),
         host_params_(replica_->layout().total_size()) {
     const int64_t per_epoch =
         io::BatchReader::batches_per_epoch(train_shard_.size(), config.train.batch_size, /*drop_last=*/true);
@@ -56,7 +60,7 @@ class TrainingRun {
                            : per_epoch;
     if (steps_per_epoch_ < 1) {
       throw UserError(data.path + ": /train has " + std::to_string(data.train_size) +
-                      " samples, fewer than " + std::to_string(comm.size()) + " ranks x train.batch_size " +
+                      " samples, fewer than " + std::to_string(comm_.size()) + " ranks x train.batch_size " +
                       std::to_string(config.train.batch_size));
     }
   }
@@ -78,6 +82,12 @@ class TrainingRun {
   }
 
  private:
+  static std::unique_ptr<Optimizer> make_optimizer_for(models::Replica& replica, const OptimizerSettings& s) {
+    const std::size_t size = replica.layout().total_size();
+    return replica.device() == models::DeviceKind::kCuda ? make_cuda_optimizer(s, size, replica.stream())
+                                                         : make_optimizer(s, size);
+  }
+
   static OptimizerSettings optimizer_settings(const Config& c) {
     return {c.train.optimizer,
             c.train.learning_rate,
@@ -187,14 +197,17 @@ class TrainingRun {
   }
 
   void log_start() {
-    char line[512];
-    std::snprintf(line, sizeof(line),
-                  "rank %d/%d on %s (local rank %d/%d): device %s, train rows [%lld, %lld)", comm_.rank(),
-                  comm_.size(), topology_.host.c_str(), topology_.local_rank, topology_.local_size,
-                  topology_.device.c_str(), static_cast<long long>(train_shard_.begin),
-                  static_cast<long long>(train_shard_.end));
+    const std::string device = topology_.gpu >= 0 ? topology_.device + " " + topology_.gpu_name + " (PCI " +
+                                                        topology_.gpu_bus_id + ")"
+                                                  : topology_.device;
+    char line[768];
+    std::snprintf(line, sizeof(line), "rank %d/%d on %s (local rank %d/%d): %s [%s], train rows [%lld, %lld)",
+                  comm_.rank(), comm_.size(), topology_.host.c_str(), topology_.local_rank,
+                  topology_.local_size, device.c_str(), topology_.device_reason.c_str(),
+                  static_cast<long long>(train_shard_.begin), static_cast<long long>(train_shard_.end));
     const std::vector<std::string> lines = comm_.gather(line, 0);
     if (!is_root()) return;
+    std::printf("backend %s\n", backend_.reason.c_str());
     for (const std::string& l : lines) std::printf("%s\n", l.c_str());
     std::printf("data %s: train %lld, test %lld, vocab %d, maxlen %d\n", data_.path.c_str(),
                 static_cast<long long>(data_.train_size), static_cast<long long>(data_.test_size),
@@ -210,6 +223,15 @@ class TrainingRun {
                   static_cast<long long>(progress_.epoch), static_cast<long long>(progress_.step_in_epoch));
     }
     std::fflush(stdout);
+  }
+
+  // Batches in the replica's memory: a GPU replica gets them through the copy-stream pipeline.
+  std::unique_ptr<io::BatchSource> make_source(const io::BatchReaderOptions& options) {
+    if (replica_->device() == models::DeviceKind::kCuda) {
+      return io::make_device_batch_source(options, topology_.gpu, replica_->stream(),
+                                          std::max(2, options.prefetch));
+    }
+    return io::make_host_batch_source(options);
   }
 
   bool live_progress() const {
@@ -238,7 +260,7 @@ class TrainingRun {
     options.first_batch = first;
     options.max_batches = steps_per_epoch_ - first;
     options.prefetch = config_.data.prefetch;
-    io::BatchReader reader(options);
+    std::unique_ptr<io::BatchSource> source = make_source(options);
 
     std::optional<Progress> progress;
     if (is_root())
@@ -246,9 +268,8 @@ class TrainingRun {
                        steps_per_epoch_);
     models::BatchStats local;
     int64_t step = first;
-    while (const io::Batch* batch = reader.next()) {
-      const models::BatchView view{batch->tokens.data(), batch->labels.data(), batch->batch_size, batch->seq};
-      step_->run(view);
+    while (const std::optional<io::BatchRef> batch = source->next()) {
+      step_->run({batch->tokens, batch->labels, batch->batch_size, batch->seq});
       ++step;
       ++progress_.global_step;
       progress_.step_in_epoch = step;
@@ -298,7 +319,7 @@ class TrainingRun {
     const int64_t steps_run = steps_per_epoch_ - first;
     m.step_time_ms = steps_run > 0 ? 1000.0 * train_time / static_cast<double>(steps_run) : 0.0;
     m.samples_per_s = static_cast<double>(steps_run) * config_.train.batch_size * comm_.size() / train_time;
-    m.data_wait_s = reader.wait_seconds();
+    m.data_wait_s = source->input_wait_seconds();
     m.world_size = comm_.size();
     m.backend = comm_.backend();
     m.device = topology_.device;
@@ -321,9 +342,9 @@ class TrainingRun {
     options.drop_last = false;
     options.prefetch = config_.data.prefetch;
     if (test_shard_.size() > 0) {
-      io::BatchReader reader(options);
-      while (const io::Batch* batch = reader.next()) {
-        replica_->evaluate({batch->tokens.data(), batch->labels.data(), batch->batch_size, batch->seq});
+      std::unique_ptr<io::BatchSource> source = make_source(options);
+      while (const std::optional<io::BatchRef> batch = source->next()) {
+        replica_->evaluate({batch->tokens, batch->labels, batch->batch_size, batch->seq});
       }
     }
     const models::BatchStats local = replica_->take_stats();
@@ -374,6 +395,7 @@ class TrainingRun {
 
   const Config& config_;
   const Topology& topology_;
+  comm::BackendChoice backend_;
   comm::Communicator& comm_;
   const io::DatasetInfo& data_;
   RunFiles files_;
@@ -391,10 +413,29 @@ class TrainingRun {
 
 }  // namespace
 
-TrainResult train(const Config& config, const Topology& topology, comm::Communicator& comm,
-                  const io::DatasetInfo& data) {
+TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data,
+                  MPI_Comm world) {
+  std::unique_ptr<comm::Communicator> boot = comm::make_mpi_communicator(world);
+  const models::ModelShape shape{data.vocab_size, config.model.embedding_dim, config.model.hidden,
+                                 config.model.layers};
+  std::unique_ptr<models::Replica> replica;
+  comm::agree_on_errors(*boot, [&] {
+    replica =
+        topology.gpu >= 0 ? models::make_cuda_replica(shape, topology.gpu) : models::make_cpu_replica(shape);
+  });
+  comm::BackendChoice backend;
+  comm::agree_on_errors(*boot, [&] {
+    comm::BackendRequest request;
+    request.backend = config.comm.backend;
+    request.compression = config.comm.compression;
+    request.on_gpu = replica->device() == models::DeviceKind::kCuda;
+    request.compute_stream = replica->stream();
+    backend = comm::choose_backend(request, world);
+  });
   std::unique_ptr<TrainingRun> run;
-  comm::agree_on_errors(comm, [&] { run = std::make_unique<TrainingRun>(config, topology, comm, data); });
+  comm::agree_on_errors(*boot, [&] {
+    run = std::make_unique<TrainingRun>(config, topology, std::move(backend), std::move(replica), data);
+  });
   return run->run();
 }
 

@@ -27,9 +27,10 @@ struct TrainResult {
   std::vector<float> params;          // the final parameters (identical on every rank)
 };
 
-// Collective over `comm`. Throws UserError for problems found before the first step (every rank throws the
-// same one); problems met later end the job through fatal().
-TrainResult train(const Config& config, const Topology& topology, comm::Communicator& comm,
-                  const io::DatasetInfo& data);
+// Collective over `world`: builds this rank's replica on its device (topology), the optimizer of that device,
+// and the communicator the job's devices call for (comm::choose_backend). Throws UserError for problems found
+// before the first step (every rank throws the same one); problems met later end the job through fatal().
+TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data,
+                  MPI_Comm world);
 
 }  // namespace ddp::engine

@@ -14,7 +14,8 @@
 
 namespace ddp::models {
 
-// A replica on CUDA device `device` (an ordinal after CUDA_VISIBLE_DEVICES), computing on a stream of its own.
+// A replica on CUDA device `device` (an ordinal after CUDA_VISIBLE_DEVICES), computing on a stream of its
+// own.
 std::unique_ptr<Replica> make_cuda_replica(const ModelShape& shape, int device);
 
 }  // namespace ddp::models

@@ -1,11 +1,849 @@
-// Placeholder: the cuDNN replica is being written.
+// The classifier on a GPU (cuda_replica.h): CUDA kernels for the embedding, the dense layer and sigmoid +
+// BCE around cuDNN's LSTM (cudnnRNNForward, cudnnRNNBackwardData_v8, cudnnRNNBackwardWeights_v8).
+//
+// Weights. cuDNN keeps the LSTM weights in a weight space whose layout it owns (only cudnnGetRNNWeightParams
+// says where each gate's block is; it may put all matrices before all biases, pad or align), while the
+// canonical layout (param_layout.h) has per layer w_ih, w_hh, b_ih, b_hh between the embedding and the dense
+// layer. So the replica does not point cuDNN at the canonical buffer: it keeps a cuDNN weight space and a
+// weight-gradient space of its own, and a table, built once from cudnnGetRNNWeightParams, of (canonical
+// offset, cuDNN offset, count) for every gate matrix and bias, checked for shape and row-major order. Each
+// forward gathers the parameters into the weight space with one kernel; each backward scatters the weight
+// gradients into the canonical gradients with the same kernel. The copies cost two passes over the LSTM
+// weights per step, small next to the recurrence, and keep the flat buffers exactly canonical whatever
+// cuDNN's layout, alignment or padding.
+//
+// Determinism. The embedding gradient adds the rows of repeated tokens with float atomicAdd, so its last
+// bits depend on the order the GPU happens to run them; everything else the replica computes itself is in a
+// fixed order. cuDNN's own kernels may not be bitwise reproducible either.
+//
+// Synchronisation. A train_step only enqueues work on the replica's stream; the host waits in take_stats(),
+// predict(), the host copies of the parameters, and the first time a batch shape is seen (descriptors and
+// scratch buffers are then built and grown, and the stream is drained before an old buffer is freed).
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "engine/errors.h"
 #include "models/cuda_replica.h"
 
-namespace ddp::models {
+// Every CUDA and cuDNN call is checked: a failure is a bug or a broken device, so the job ends (fatal()).
+#define DDP_CUDA_CHECK(call)                                                              \
+  do {                                                                                    \
+    const cudaError_t ddp_cuda_status_ = (call);                                          \
+    if (ddp_cuda_status_ != cudaSuccess) {                                                \
+      DDP_FATAL(std::string(#call) + " failed: " + cudaGetErrorString(ddp_cuda_status_)); \
+    }                                                                                     \
+  } while (0)
 
-std::unique_ptr<Replica> make_cuda_replica(const ModelShape&, int) {
-  throw UserError("device = cuda: the cuDNN replica is not written yet");
+#define DDP_CUDNN_CHECK(call)                                                               \
+  do {                                                                                      \
+    const cudnnStatus_t ddp_cudnn_status_ = (call);                                         \
+    if (ddp_cudnn_status_ != CUDNN_STATUS_SUCCESS) {                                        \
+      DDP_FATAL(std::string(#call) + " failed: " + cudnnGetErrorString(ddp_cudnn_status_)); \
+    }                                                                                       \
+  } while (0)
+
+// After a kernel launch: a bad configuration is reported here, a fault in the kernel at the next sync.
+#define DDP_CUDA_CHECK_LAUNCH(kernel)                                                                  \
+  do {                                                                                                 \
+    const cudaError_t ddp_launch_status_ = cudaGetLastError();                                         \
+    if (ddp_launch_status_ != cudaSuccess) {                                                           \
+      DDP_FATAL(std::string("launch of ") + (kernel) + ": " + cudaGetErrorString(ddp_launch_status_)); \
+    }                                                                                                  \
+  } while (0)
+
+namespace ddp::models {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kDenseThreads = 256;
+constexpr int kDenseWarps = kDenseThreads / 32;
+
+// Running sums of the batches since the last take_stats(), on the device.
+struct DeviceStats {
+  double loss_sum;
+  unsigned long long correct;
+};
+
+// One contiguous run of LSTM weights: floats [canonical, canonical + count) of the flat buffers are floats
+// [cudnn, cudnn + count) of cuDNN's weight space.
+struct WeightRun {
+  std::size_t canonical;
+  std::size_t cudnn;
+  std::size_t count;
+};
+
+// --- Release without failing: destructors must not end the job ------------------------------------------
+
+void report_release(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "ddptrain: warning: %s: %s\n", what, cudaGetErrorString(status));
+  }
+}
+void report_release(cudnnStatus_t status, const char* what) {
+  if (status != CUDNN_STATUS_SUCCESS) {
+    std::fprintf(stderr, "ddptrain: warning: %s: %s\n", what, cudnnGetErrorString(status));
+  }
+}
+
+// A CUDA or cuDNN handle destroyed with kDestroy.
+template <typename Handle, auto kDestroy>
+class Owned {
+ public:
+  Owned() = default;
+  ~Owned() { reset(); }
+  Owned(const Owned&) = delete;
+  Owned& operator=(const Owned&) = delete;
+
+  Handle get() const { return handle_; }
+  // For the create function's out parameter.
+  Handle* out() {
+    reset();
+    return &handle_;
+  }
+  void reset() {
+    if (handle_ != Handle{}) report_release(kDestroy(handle_), "destroying a CUDA/cuDNN handle");
+    handle_ = Handle{};
+  }
+
+ private:
+  Handle handle_{};
+};
+
+using StreamHandle = Owned<cudaStream_t, cudaStreamDestroy>;
+using CudnnHandle = Owned<cudnnHandle_t, cudnnDestroy>;
+using DropoutDescriptor = Owned<cudnnDropoutDescriptor_t, cudnnDestroyDropoutDescriptor>;
+using RnnDescriptor = Owned<cudnnRNNDescriptor_t, cudnnDestroyRNNDescriptor>;
+using RnnDataDescriptor = Owned<cudnnRNNDataDescriptor_t, cudnnDestroyRNNDataDescriptor>;
+using TensorDescriptor = Owned<cudnnTensorDescriptor_t, cudnnDestroyTensorDescriptor>;
+
+// Device memory that only grows; its contents are scratch and are not kept when it does.
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  ~DeviceArray() { release(); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  T* get() const { return data_; }
+  std::size_t size() const { return size_; }
+  std::size_t bytes() const { return size_ * sizeof(T); }
+  // At least n elements. The caller has drained the streams that use the old buffer.
+  void ensure(std::size_t n) {
+    if (n <= size_) return;
+    release();
+    DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)));
+    size_ = n;
+  }
+
+ private:
+  void release() {
+    if (data_ != nullptr) report_release(cudaFree(data_), "cudaFree");
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// Pinned host memory for one T, so the copy of the stats is a true async copy. Allocated once the replica's
+// device is current, so that no other GPU gets a context.
+template <typename T>
+class PinnedValue {
+ public:
+  PinnedValue() = default;
+  ~PinnedValue() {
+    if (value_ != nullptr) report_release(cudaFreeHost(value_), "cudaFreeHost");
+  }
+  PinnedValue(const PinnedValue&) = delete;
+  PinnedValue& operator=(const PinnedValue&) = delete;
+  void allocate() {
+    DDP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&value_), sizeof(T)));
+    *value_ = T{};
+  }
+  T* get() const { return value_; }
+
+ private:
+  T* value_ = nullptr;
+};
+
+// --- Kernels: grid-stride loops, so any grid covers any size ----------------------------------------------
+
+__global__ void fill_int32(int32_t* out, int n, int32_t value) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = value;
+}
+
+// Embedding lookup: tokens [B, T] row-major into x [T, B, E] time-major (row t*B+b is token (b, t)). A token
+// outside the vocabulary reads as zeros and raises *bad_token, reported on the host at the next sync.
+__global__ void embedding_forward(const int32_t* __restrict__ tokens, const float* __restrict__ embedding,
+                                  float* __restrict__ x, int batch, int seq, int embed, int vocab,
+                                  unsigned int* __restrict__ bad_token) {
+  const std::size_t n = static_cast<std::size_t>(seq) * batch * embed;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const std::size_t row = i / embed;
+    const std::size_t e = i % embed;
+    const std::size_t t = row / batch;
+    const std::size_t b = row % batch;
+    const int32_t token = tokens[b * seq + t];
+    if (token < 0 || token >= vocab) {
+      x[i] = 0.0f;
+      atomicOr(bad_token, 1u);
+    } else {
+      x[i] = embedding[static_cast<std::size_t>(token) * embed + e];
+    }
+  }
+}
+
+// The embedding gradient: row `token` gathers dx of every occurrence. The rows were zeroed before; atomics
+// add repeated tokens in whatever order the GPU runs them (float rounding makes that order visible).
+__global__ void embedding_backward(const int32_t* __restrict__ tokens, const float* __restrict__ dx,
+                                   float* __restrict__ d_embedding, int batch, int seq, int embed,
+                                   int vocab) {
+  const std::size_t n = static_cast<std::size_t>(seq) * batch * embed;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const std::size_t row = i / embed;
+    const std::size_t e = i % embed;
+    const std::size_t t = row / batch;
+    const std::size_t b = row % batch;
+    const int32_t token = tokens[b * seq + t];
+    if (token >= 0 && token < vocab) {
+      atomicAdd(&d_embedding[static_cast<std::size_t>(token) * embed + e], dx[i]);
+    }
+  }
+}
+
+// p = sigmoid(z) without overflow for either sign of z (as the CPU replica computes it).
+__device__ double stable_sigmoid(double z) {
+  if (z >= 0) return 1.0 / (1.0 + exp(-z));
+  const double e = exp(z);
+  return e / (1.0 + e);
+}
+
+// The dense layer on the top layer's last hidden state h_last [B, H], then sigmoid and BCE, in one block: a
+// warp per sample, the block's sums in a fixed order. Optional outputs: probabilities [B]; with labels,
+// d_logits [B] = d(mean loss)/dz = (p - y) / B and the running stats (loss in double, as the CPU does).
+__global__ void __launch_bounds__(kDenseThreads)
+    dense_forward(const float* __restrict__ h_last, const float* __restrict__ w,
+                  const float* __restrict__ bias, const float* __restrict__ labels, int batch, int hidden,
+                  float* __restrict__ probabilities, float* __restrict__ d_logits,
+                  DeviceStats* __restrict__ stats) {
+  __shared__ double loss_part[kDenseWarps];
+  __shared__ unsigned long long correct_part[kDenseWarps];
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const float inv_batch = 1.0f / static_cast<float>(batch);
+  double loss = 0;
+  unsigned long long correct = 0;
+  // b is the same for the whole warp, so every lane takes part in the shuffles.
+  for (int b = warp; b < batch; b += kDenseWarps) {
+    const float* h = h_last + static_cast<std::size_t>(b) * hidden;
+    float sum = 0.0f;
+    for (int j = lane; j < hidden; j += 32) sum += w[j] * h[j];
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+    if (lane == 0) {
+      const double z = static_cast<double>(sum + bias[0]);
+      const double p = stable_sigmoid(z);
+      if (probabilities != nullptr) probabilities[b] = static_cast<float>(p);
+      if (labels != nullptr) {
+        const double y = static_cast<double>(labels[b]);
+        loss += fmax(z, 0.0) - z * y + log1p(exp(-fabs(z)));
+        if ((z >= 0) == (y >= 0.5)) ++correct;
+        if (d_logits != nullptr) d_logits[b] = (static_cast<float>(p) - labels[b]) * inv_batch;
+      }
+    }
+  }
+  if (lane == 0) {
+    loss_part[warp] = loss;
+    correct_part[warp] = correct;
+  }
+  __syncthreads();
+  // One block, ordered on the stream: a plain read-modify-write of the running sums is safe.
+  if (threadIdx.x == 0 && stats != nullptr) {
+    double block_loss = 0;
+    unsigned long long block_correct = 0;
+    for (int i = 0; i < kDenseWarps; ++i) {
+      block_loss += loss_part[i];
+      block_correct += correct_part[i];
+    }
+    stats->loss_sum += block_loss;
+    stats->correct += block_correct;
+  }
+}
+
+// Dense backward: d_w[j] = sum_b dz_b h_b[j] and d_b = sum_b dz_b (each a sum over b in order), and the
+// gradient into the LSTM's last output, dy_last [B, H] = dz_b * w. Index i covers H + 1 + B*H items.
+__global__ void dense_backward(const float* __restrict__ h_last, const float* __restrict__ d_logits,
+                               const float* __restrict__ w, float* __restrict__ d_w, float* __restrict__ d_b,
+                               float* __restrict__ dy_last, int batch, int hidden) {
+  const std::size_t h = static_cast<std::size_t>(hidden);
+  const std::size_t n = h + 1 + static_cast<std::size_t>(batch) * h;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if (i < h) {
+      float sum = 0.0f;
+      for (int b = 0; b < batch; ++b) sum += d_logits[b] * h_last[static_cast<std::size_t>(b) * h + i];
+      d_w[i] = sum;
+    } else if (i == h) {
+      float sum = 0.0f;
+      for (int b = 0; b < batch; ++b) sum += d_logits[b];
+      *d_b = sum;
+    } else {
+      const std::size_t k = i - h - 1;
+      dy_last[k] = d_logits[k / h] * w[k % h];
+    }
+  }
+}
+
+// Copies every run of the table (blockIdx.y picks the run) between the canonical buffer and cuDNN's weight
+// space: canonical -> cuDNN before a forward, cuDNN -> canonical for the weight gradients.
+__global__ void copy_weight_runs(const WeightRun* __restrict__ runs, const float* __restrict__ source,
+                                 float* __restrict__ target, bool to_cudnn) {
+  const WeightRun run = runs[blockIdx.y];
+  const std::size_t from = to_cudnn ? run.canonical : run.cudnn;
+  const std::size_t to = to_cudnn ? run.cudnn : run.canonical;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < run.count;
+       i += stride) {
+    target[to + i] = source[from + i];
+  }
+}
+
+// --- The replica -------------------------------------------------------------------------------------------
+
+std::size_t to_size(int v) {
+  return static_cast<std::size_t>(v);
+}
+
+// cuDNN's descriptors and sequence lengths for one (batch, seq), built the first time the shape is seen.
+struct BatchShape {
+  RnnDataDescriptor x;               // [T, B, E] time-major, every sequence T long
+  RnnDataDescriptor y;               // [T, B, H]
+  TensorDescriptor state;            // h and c: [L, B, H]; passed with null pointers (zero initial state)
+  DeviceArray<int32_t> seq_lengths;  // [B] of T, on the device: cuDNN reads it asynchronously
+  std::size_t train_workspace = 0;
+  std::size_t reserve = 0;
+  std::size_t inference_workspace = 0;
+};
+
+class CudaReplica final : public Replica {
+ public:
+  CudaReplica(const ModelShape& shape, int device);
+  ~CudaReplica() override;
+  CudaReplica(const CudaReplica&) = delete;
+  CudaReplica& operator=(const CudaReplica&) = delete;
+
+  const ParamLayout& layout() const override { return layout_; }
+  DeviceKind device() const override { return DeviceKind::kCuda; }
+  void* stream() const override { return stream_.get(); }
+  std::span<float> params() override { return {params_.get(), layout_.total_size()}; }
+  std::span<float> grads() override { return {grads_.get(), layout_.total_size()}; }
+  void copy_params_to_host(std::span<float> host) override;
+  void copy_params_from_host(std::span<const float> host) override;
+
+  void train_step(const BatchView& batch, const GradientReadyFn& on_ready) override;
+  void evaluate(const BatchView& batch) override;
+  void predict(const BatchView& batch, std::span<float> probabilities) override;
+  BatchStats take_stats() override;
+
+  // The GPU exchanges the embedding gradient densely: no rows are tracked.
+  std::span<const int32_t> touched_embedding_rows() const override { return {}; }
+  // No-ops: every train_step zeroes the whole embedding gradient before it adds this batch's rows, so rows
+  // that the exchange wrote never leak into the next step.
+  void clear_embedding_gradient_rows(std::span<const int32_t>) override {}
+  void clear_embedding_gradient() override {}
+
+ private:
+  void select_device() const { DDP_CUDA_CHECK(cudaSetDevice(device_)); }
+  void build_rnn();
+  void build_weight_map();
+  // The descriptors for this batch shape, with every scratch buffer large enough for it.
+  const BatchShape& shape_for(int batch, int seq);
+  void check_batch(const BatchView& batch, bool need_labels, const char* what) const;
+  // Parameters into cuDNN's weight space, the embedding lookup and cuDNN's forward.
+  void forward(const BatchView& batch, const BatchShape& shape, bool training);
+  // The dense layer, sigmoid and loss on the forward's last hidden states.
+  void dense_and_loss(const BatchView& batch, const float* labels, float* probabilities, float* d_logits,
+                      bool add_stats);
+  unsigned int blocks_for(std::size_t n) const;
+  // Throws std::out_of_range if a batch since the last check held a token outside the vocabulary (the flag
+  // was copied to the host by the caller, which synchronised the stream); clears the flag.
+  void report_bad_token();
+
+  ParamLayout layout_;
+  int device_ = 0;
+  int max_blocks_ = 0;
+  std::size_t embedding_offset_ = 0;
+  std::size_t dense_w_offset_ = 0;
+  std::size_t dense_b_offset_ = 0;
+
+  // Declared first, destroyed last: the descriptors and buffers below go before the handle and stream.
+  StreamHandle stream_;
+  CudnnHandle cudnn_;
+  DropoutDescriptor dropout_;
+  RnnDescriptor rnn_;
+
+  DeviceArray<float> params_;
+  DeviceArray<float> grads_;
+  std::size_t weight_space_bytes_ = 0;
+  DeviceArray<float> weight_space_;
+  DeviceArray<float> weight_grads_;
+  DeviceArray<WeightRun> weight_runs_;
+  unsigned int weight_run_count_ = 0;
+  std::size_t longest_weight_run_ = 0;
+
+  // By (batch, seq).
+  std::map<std::pair<int, int>, std::unique_ptr<BatchShape>> shapes_;
+  DeviceArray<float> x_;                // [T, B, E]
+  DeviceArray<float> dx_;               // [T, B, E]
+  DeviceArray<float> y_;                // [T, B, H]
+  DeviceArray<float> dy_;               // [T, B, H]: zero but the last step's block
+  std::pair<int, int> dy_shape_{0, 0};  // the (batch, seq) whose zeros dy_ holds
+  DeviceArray<std::byte> workspace_;
+  DeviceArray<std::byte> reserve_;
+  DeviceArray<float> probabilities_;  // [B]
+  DeviceArray<float> d_logits_;       // [B]
+
+  DeviceArray<DeviceStats> stats_;
+  DeviceArray<unsigned int> bad_token_;
+  PinnedValue<DeviceStats> host_stats_;
+  PinnedValue<unsigned int> host_bad_token_;
+  int64_t count_ = 0;  // samples since the last take_stats(): known on the host
+};
+
+CudaReplica::CudaReplica(const ModelShape& shape, int device) : layout_(shape), device_(device) {
+  select_device();
+  embedding_offset_ = layout_.tensor("embedding").offset;
+  dense_w_offset_ = layout_.tensor("dense.w").offset;
+  dense_b_offset_ = layout_.tensor("dense.b").offset;
+  int sm_count = 0;
+  DDP_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_));
+  max_blocks_ = std::max(1, sm_count) * 8;
+
+  DDP_CUDA_CHECK(cudaStreamCreateWithFlags(stream_.out(), cudaStreamNonBlocking));
+  DDP_CUDNN_CHECK(cudnnCreate(cudnn_.out()));
+  DDP_CUDNN_CHECK(cudnnSetStream(cudnn_.get(), stream_.get()));
+
+  // Zero parameters until initialized or loaded, as the CPU replica; zero gradients until the first step.
+  const std::size_t total = layout_.total_size();
+  params_.ensure(total);
+  grads_.ensure(total);
+  DDP_CUDA_CHECK(cudaMemsetAsync(params_.get(), 0, params_.bytes(), stream_.get()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), stream_.get()));
+  stats_.ensure(1);
+  bad_token_.ensure(1);
+  DDP_CUDA_CHECK(cudaMemsetAsync(stats_.get(), 0, sizeof(DeviceStats), stream_.get()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(bad_token_.get(), 0, sizeof(unsigned int), stream_.get()));
+  host_stats_.allocate();
+  host_bad_token_.allocate();
+
+  build_rnn();
+  build_weight_map();
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+CudaReplica::~CudaReplica() {
+  // Let queued work finish before the members free what it uses; a failure here is only reported.
+  report_release(cudaSetDevice(device_), "cudaSetDevice");
+  report_release(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize");
+}
+
+void CudaReplica::build_rnn() {
+  const ModelShape& shape = layout_.shape();
+  // No dropout; cuDNN still wants a descriptor (no states are needed for a rate of 0).
+  DDP_CUDNN_CHECK(cudnnCreateDropoutDescriptor(dropout_.out()));
+  DDP_CUDNN_CHECK(cudnnSetDropoutDescriptor(dropout_.get(), cudnn_.get(), 0.0f, nullptr, 0, 0));
+  DDP_CUDNN_CHECK(cudnnCreateRNNDescriptor(rnn_.out()));
+  // CUDNN_FMA_MATH: plain fp32 FMA kernels. CUDNN_DEFAULT_MATH would allow TF32 tensor cores on sm_80+, whose
+  // 10-bit mantissa breaks parity with the CPU replica. Unpacked (padded) data needs PADDED_IO_ENABLED; every
+  // sequence has the full length, so there is no padding in practice.
+  DDP_CUDNN_CHECK(cudnnSetRNNDescriptor_v8(
+      rnn_.get(), CUDNN_RNN_ALGO_STANDARD, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS, CUDNN_UNIDIRECTIONAL,
+      CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, CUDNN_FMA_MATH, shape.embedding_dim,
+      shape.hidden, shape.hidden, shape.layers, dropout_.get(), CUDNN_RNN_PADDED_IO_ENABLED));
+  DDP_CUDNN_CHECK(cudnnGetRNNWeightSpaceSize(cudnn_.get(), rnn_.get(), &weight_space_bytes_));
+  if (weight_space_bytes_ == 0 || weight_space_bytes_ % sizeof(float) != 0) {
+    DDP_FATAL("cudnnGetRNNWeightSpaceSize: " + std::to_string(weight_space_bytes_) +
+              " bytes is not a whole number of floats");
+  }
+  const std::size_t floats = weight_space_bytes_ / sizeof(float);
+  weight_space_.ensure(floats);
+  weight_grads_.ensure(floats);
+  // Any padding cuDNN keeps in its space stays zero.
+  DDP_CUDA_CHECK(cudaMemsetAsync(weight_space_.get(), 0, weight_space_bytes_, stream_.get()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(weight_grads_.get(), 0, weight_space_bytes_, stream_.get()));
+}
+
+// Reads a descriptor cudnnGetRNNWeightParams filled in and checks it is a row-major [rows, cols] float
+// matrix ({1, rows, cols} with unit column stride and row stride cols), as the canonical layout stores it.
+void expect_row_major(cudnnTensorDescriptor_t desc, int rows, int cols, const std::string& what) {
+  cudnnDataType_t type{};
+  int dims_count = 0;
+  int dims[3] = {};
+  int strides[3] = {};
+  DDP_CUDNN_CHECK(cudnnGetTensorNdDescriptor(desc, 3, &type, &dims_count, dims, strides));
+  const bool ok = type == CUDNN_DATA_FLOAT && dims_count == 3 && dims[0] == 1 && dims[1] == rows &&
+                  dims[2] == cols && strides[2] == 1 && (rows == 1 || strides[1] == cols);
+  if (!ok) {
+    DDP_FATAL("cudnnGetRNNWeightParams: " + what + " is not a row-major float [" + std::to_string(rows) +
+              ", " + std::to_string(cols) + "] (got " + std::to_string(dims_count) + " dims {" +
+              std::to_string(dims[0]) + ", " + std::to_string(dims[1]) + ", " + std::to_string(dims[2]) +
+              "}, strides {" + std::to_string(strides[0]) + ", " + std::to_string(strides[1]) + ", " +
+              std::to_string(strides[2]) + "})");
+  }
+}
+
+void CudaReplica::build_weight_map() {
+  const ModelShape& shape = layout_.shape();
+  const int hidden = shape.hidden;
+  const std::size_t h = to_size(hidden);
+  const std::size_t space_floats = weight_space_bytes_ / sizeof(float);
+  const auto* base = reinterpret_cast<const char*>(weight_space_.get());
+  auto offset_in_space = [&](const void* address, std::size_t count, const std::string& what) {
+    const auto* p = static_cast<const char*>(address);
+    if (p == nullptr || p < base || (p - base) % static_cast<std::ptrdiff_t>(sizeof(float)) != 0) {
+      DDP_FATAL("cudnnGetRNNWeightParams: " + what + " is not a float inside the weight space");
+    }
+    const auto offset = static_cast<std::size_t>(p - base) / sizeof(float);
+    if (offset + count > space_floats) {
+      DDP_FATAL("cudnnGetRNNWeightParams: " + what + " ends past the weight space");
+    }
+    return offset;
+  };
+
+  TensorDescriptor matrix_desc;
+  TensorDescriptor bias_desc;
+  DDP_CUDNN_CHECK(cudnnCreateTensorDescriptor(matrix_desc.out()));
+  DDP_CUDNN_CHECK(cudnnCreateTensorDescriptor(bias_desc.out()));
+  std::vector<WeightRun> runs;
+  std::size_t lstm_floats = 0;
+  for (int l = 0; l < shape.layers; ++l) {
+    const std::string prefix = "lstm.l" + std::to_string(l) + ".";
+    const ParamTensor& w_ih = layout_.tensor(prefix + "w_ih");
+    const ParamTensor& w_hh = layout_.tensor(prefix + "w_hh");
+    const ParamTensor& b_ih = layout_.tensor(prefix + "b_ih");
+    const ParamTensor& b_hh = layout_.tensor(prefix + "b_hh");
+    lstm_floats += w_ih.size() + w_hh.size() + b_ih.size() + b_hh.size();
+    const int in = l == 0 ? shape.embedding_dim : hidden;
+    // Linear layer ids 0..3 are the input matrices of gates i, f, g, o; 4..7 the recurrent ones. With
+    // CUDNN_RNN_DOUBLE_BIAS each has its own bias: b_ih for 0..3, b_hh for 4..7.
+    for (int id = 0; id < 8; ++id) {
+      const bool recurrent = id >= 4;
+      const std::size_t gate = to_size(id % 4);
+      const int cols = recurrent ? hidden : in;
+      const std::string what = prefix + (recurrent ? "w_hh" : "w_ih") + " gate " + std::to_string(gate);
+      void* matrix = nullptr;
+      void* bias = nullptr;
+      DDP_CUDNN_CHECK(cudnnGetRNNWeightParams(cudnn_.get(), rnn_.get(), l, weight_space_bytes_,
+                                              weight_space_.get(), id, matrix_desc.get(), &matrix,
+                                              bias_desc.get(), &bias));
+      expect_row_major(matrix_desc.get(), hidden, cols, what);
+      expect_row_major(bias_desc.get(), hidden, 1, what + " bias");
+      const std::size_t matrix_count = h * to_size(cols);
+      runs.push_back({(recurrent ? w_hh : w_ih).offset + gate * matrix_count,
+                      offset_in_space(matrix, matrix_count, what), matrix_count});
+      runs.push_back(
+          {(recurrent ? b_hh : b_ih).offset + gate * h, offset_in_space(bias, h, what + " bias"), h});
+    }
+  }
+
+  // The runs must tile the canonical LSTM range exactly and must not overlap in cuDNN's space.
+  std::sort(runs.begin(), runs.end(),
+            [](const WeightRun& a, const WeightRun& b) { return a.cudnn < b.cudnn; });
+  for (std::size_t i = 1; i < runs.size(); ++i) {
+    if (runs[i - 1].cudnn + runs[i - 1].count > runs[i].cudnn) {
+      DDP_FATAL("cuDNN's weight space: blocks overlap");
+    }
+  }
+  std::sort(runs.begin(), runs.end(),
+            [](const WeightRun& a, const WeightRun& b) { return a.canonical < b.canonical; });
+  std::size_t next = layout_.tensor("lstm.l0.w_ih").offset;
+  for (const WeightRun& run : runs) {
+    if (run.canonical != next) DDP_FATAL("weight map: the LSTM tensors are not covered exactly once");
+    next += run.count;
+  }
+  if (next != layout_.tensor("lstm.l0.w_ih").offset + lstm_floats) {
+    DDP_FATAL("weight map: LSTM size mismatch");
+  }
+
+  // Neighbours in both layouts become one run: fewer blocks of the copy kernel idle on short runs.
+  std::vector<WeightRun> merged;
+  for (const WeightRun& run : runs) {
+    if (!merged.empty() && merged.back().canonical + merged.back().count == run.canonical &&
+        merged.back().cudnn + merged.back().count == run.cudnn) {
+      merged.back().count += run.count;
+    } else {
+      merged.push_back(run);
+    }
+  }
+  if (merged.size() > 65535) DDP_FATAL("weight map: more runs than a grid's y dimension holds");
+  weight_run_count_ = static_cast<unsigned int>(merged.size());
+  for (const WeightRun& run : merged) longest_weight_run_ = std::max(longest_weight_run_, run.count);
+  weight_runs_.ensure(merged.size());
+  DDP_CUDA_CHECK(cudaMemcpyAsync(weight_runs_.get(), merged.data(), merged.size() * sizeof(WeightRun),
+                                 cudaMemcpyHostToDevice, stream_.get()));
+  // `merged` is pageable and dies here: wait for the copy.
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+unsigned int CudaReplica::blocks_for(std::size_t n) const {
+  const std::size_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned int>(std::clamp<std::size_t>(blocks, 1, to_size(max_blocks_)));
+}
+
+const BatchShape& CudaReplica::shape_for(int batch, int seq) {
+  const auto key = std::make_pair(batch, seq);
+  if (auto it = shapes_.find(key); it != shapes_.end()) return *it->second;
+
+  // A new shape: buffers may be replaced, so nothing queued may still use them.
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  const ModelShape& model = layout_.shape();
+  auto shape = std::make_unique<BatchShape>();
+  const std::vector<int> lengths(to_size(batch), seq);
+  DDP_CUDNN_CHECK(cudnnCreateRNNDataDescriptor(shape->x.out()));
+  DDP_CUDNN_CHECK(cudnnSetRNNDataDescriptor(shape->x.get(), CUDNN_DATA_FLOAT,
+                                            CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, seq, batch,
+                                            model.embedding_dim, lengths.data(), nullptr));
+  DDP_CUDNN_CHECK(cudnnCreateRNNDataDescriptor(shape->y.out()));
+  DDP_CUDNN_CHECK(cudnnSetRNNDataDescriptor(shape->y.get(), CUDNN_DATA_FLOAT,
+                                            CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, seq, batch,
+                                            model.hidden, lengths.data(), nullptr));
+  DDP_CUDNN_CHECK(cudnnCreateTensorDescriptor(shape->state.out()));
+  const int state_dims[3] = {model.layers, batch, model.hidden};
+  const int state_strides[3] = {batch * model.hidden, model.hidden, 1};
+  DDP_CUDNN_CHECK(
+      cudnnSetTensorNdDescriptor(shape->state.get(), CUDNN_DATA_FLOAT, 3, state_dims, state_strides));
+  DDP_CUDNN_CHECK(cudnnGetRNNTempSpaceSizes(cudnn_.get(), rnn_.get(), CUDNN_FWD_MODE_TRAINING, shape->x.get(),
+                                            &shape->train_workspace, &shape->reserve));
+  std::size_t inference_reserve = 0;
+  DDP_CUDNN_CHECK(cudnnGetRNNTempSpaceSizes(cudnn_.get(), rnn_.get(), CUDNN_FWD_MODE_INFERENCE,
+                                            shape->x.get(), &shape->inference_workspace, &inference_reserve));
+  shape->seq_lengths.ensure(to_size(batch));
+  fill_int32<<<blocks_for(to_size(batch)), kThreads, 0, stream_.get()>>>(shape->seq_lengths.get(), batch,
+                                                                         seq);
+  DDP_CUDA_CHECK_LAUNCH("fill_int32");
+
+  const std::size_t rows = to_size(batch) * to_size(seq);
+  x_.ensure(rows * to_size(model.embedding_dim));
+  dx_.ensure(rows * to_size(model.embedding_dim));
+  y_.ensure(rows * to_size(model.hidden));
+  if (dy_.size() < rows * to_size(model.hidden)) {
+    dy_.ensure(rows * to_size(model.hidden));
+    dy_shape_ = {0, 0};
+  }
+  // At least one byte each, so that cuDNN always gets a real pointer.
+  workspace_.ensure(std::max<std::size_t>({shape->train_workspace, shape->inference_workspace, 1}));
+  reserve_.ensure(std::max<std::size_t>(shape->reserve, 1));
+  probabilities_.ensure(to_size(batch));
+  d_logits_.ensure(to_size(batch));
+  return *shapes_.emplace(key, std::move(shape)).first->second;
+}
+
+void CudaReplica::check_batch(const BatchView& batch, bool need_labels, const char* what) const {
+  if (batch.tokens == nullptr || batch.batch <= 0 || batch.seq <= 0 ||
+      (need_labels && batch.labels == nullptr)) {
+    throw std::invalid_argument(std::string("CudaReplica::") + what +
+                                ": a batch needs device tokens, labels, batch >= 1 and seq >= 1 (got batch " +
+                                std::to_string(batch.batch) + ", seq " + std::to_string(batch.seq) + ")");
+  }
+}
+
+void CudaReplica::forward(const BatchView& batch, const BatchShape& shape, bool training) {
+  const ModelShape& model = layout_.shape();
+  cudaStream_t stream = stream_.get();
+  // The optimizer updated the canonical parameters in place since the last forward.
+  const dim3 copy_grid(blocks_for(longest_weight_run_), weight_run_count_);
+  copy_weight_runs<<<copy_grid, kThreads, 0, stream>>>(weight_runs_.get(), params_.get(), weight_space_.get(),
+                                                       true);
+  DDP_CUDA_CHECK_LAUNCH("copy_weight_runs (gather)");
+
+  const std::size_t x_count = to_size(batch.batch) * to_size(batch.seq) * to_size(model.embedding_dim);
+  embedding_forward<<<blocks_for(x_count), kThreads, 0, stream>>>(
+      batch.tokens, params_.get() + embedding_offset_, x_.get(), batch.batch, batch.seq, model.embedding_dim,
+      model.vocab_size, bad_token_.get());
+  DDP_CUDA_CHECK_LAUNCH("embedding_forward");
+
+  // h0 = c0 = 0 (null pointers); hy and cy are not needed.
+  DDP_CUDNN_CHECK(
+      cudnnRNNForward(cudnn_.get(), rnn_.get(), training ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
+                      shape.seq_lengths.get(), shape.x.get(), x_.get(), shape.y.get(), y_.get(),
+                      shape.state.get(), nullptr, nullptr, shape.state.get(), nullptr, nullptr,
+                      weight_space_bytes_, weight_space_.get(), workspace_.bytes(), workspace_.get(),
+                      training ? reserve_.bytes() : 0, training ? reserve_.get() : nullptr));
+}
+
+void CudaReplica::dense_and_loss(const BatchView& batch, const float* labels, float* probabilities,
+                                 float* d_logits, bool add_stats) {
+  const int hidden = layout_.shape().hidden;
+  const float* h_last = y_.get() + to_size(batch.seq - 1) * to_size(batch.batch) * to_size(hidden);
+  dense_forward<<<1, kDenseThreads, 0, stream_.get()>>>(
+      h_last, params_.get() + dense_w_offset_, params_.get() + dense_b_offset_, labels, batch.batch, hidden,
+      probabilities, d_logits, add_stats ? stats_.get() : nullptr);
+  DDP_CUDA_CHECK_LAUNCH("dense_forward");
+}
+
+void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_ready) {
+  check_batch(batch, true, "train_step");
+  select_device();
+  const BatchShape& shape = shape_for(batch.batch, batch.seq);
+  const ModelShape& model = layout_.shape();
+  const auto& segments = layout_.segments();
+  cudaStream_t stream = stream_.get();
+  auto ready = [&](std::size_t segment) {
+    if (on_ready) on_ready(segments[segment]);
+  };
+
+  forward(batch, shape, /*training=*/true);
+  dense_and_loss(batch, batch.labels, nullptr, d_logits_.get(), /*add_stats=*/true);
+  count_ += batch.batch;
+
+  // dy is zero but at the last step, which dense_backward writes; re-zero only when the shape moved the
+  // block.
+  const std::size_t step_floats = to_size(batch.batch) * to_size(model.hidden);
+  const std::size_t y_floats = to_size(batch.seq) * step_floats;
+  if (dy_shape_ != std::make_pair(batch.batch, batch.seq)) {
+    DDP_CUDA_CHECK(cudaMemsetAsync(dy_.get(), 0, y_floats * sizeof(float), stream));
+    dy_shape_ = {batch.batch, batch.seq};
+  }
+  const float* h_last = y_.get() + y_floats - step_floats;
+  dense_backward<<<blocks_for(step_floats + to_size(model.hidden) + 1), kThreads, 0, stream>>>(
+      h_last, d_logits_.get(), params_.get() + dense_w_offset_, grads_.get() + dense_w_offset_,
+      grads_.get() + dense_b_offset_, dy_.get() + y_floats - step_floats, batch.batch, model.hidden);
+  DDP_CUDA_CHECK_LAUNCH("dense_backward");
+  ready(segments.size() - 1);
+
+  // cuDNN: dx (for the embedding) first, then the weight gradients of every layer at once, added into a
+  // zeroed space.
+  DDP_CUDNN_CHECK(cudnnRNNBackwardData_v8(
+      cudnn_.get(), rnn_.get(), shape.seq_lengths.get(), shape.y.get(), y_.get(), dy_.get(), shape.x.get(),
+      dx_.get(), shape.state.get(), nullptr, nullptr, nullptr, shape.state.get(), nullptr, nullptr, nullptr,
+      weight_space_bytes_, weight_space_.get(), workspace_.bytes(), workspace_.get(), reserve_.bytes(),
+      reserve_.get()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(weight_grads_.get(), 0, weight_space_bytes_, stream));
+  DDP_CUDNN_CHECK(cudnnRNNBackwardWeights_v8(
+      cudnn_.get(), rnn_.get(), CUDNN_WGRAD_MODE_ADD, shape.seq_lengths.get(), shape.x.get(), x_.get(),
+      shape.state.get(), nullptr, shape.y.get(), y_.get(), weight_space_bytes_, weight_grads_.get(),
+      workspace_.bytes(), workspace_.get(), reserve_.bytes(), reserve_.get()));
+  const dim3 copy_grid(blocks_for(longest_weight_run_), weight_run_count_);
+  copy_weight_runs<<<copy_grid, kThreads, 0, stream>>>(weight_runs_.get(), weight_grads_.get(), grads_.get(),
+                                                       false);
+  DDP_CUDA_CHECK_LAUNCH("copy_weight_runs (scatter)");
+  for (int l = model.layers - 1; l >= 0; --l) ready(to_size(l) + 1);
+
+  const ParamSegment& embedding = segments.front();
+  DDP_CUDA_CHECK(cudaMemsetAsync(grads_.get() + embedding.offset, 0, embedding.size * sizeof(float), stream));
+  const std::size_t x_count = to_size(batch.batch) * to_size(batch.seq) * to_size(model.embedding_dim);
+  embedding_backward<<<blocks_for(x_count), kThreads, 0, stream>>>(
+      batch.tokens, dx_.get(), grads_.get() + embedding_offset_, batch.batch, batch.seq, model.embedding_dim,
+      model.vocab_size);
+  DDP_CUDA_CHECK_LAUNCH("embedding_backward");
+  ready(0);
+}
+
+void CudaReplica::evaluate(const BatchView& batch) {
+  check_batch(batch, true, "evaluate");
+  select_device();
+  const BatchShape& shape = shape_for(batch.batch, batch.seq);
+  forward(batch, shape, /*training=*/false);
+  dense_and_loss(batch, batch.labels, nullptr, nullptr, /*add_stats=*/true);
+  count_ += batch.batch;
+}
+
+void CudaReplica::predict(const BatchView& batch, std::span<float> probabilities) {
+  check_batch(batch, false, "predict");
+  if (probabilities.size() != to_size(batch.batch)) {
+    throw std::invalid_argument("CudaReplica::predict: probabilities holds " +
+                                std::to_string(probabilities.size()) + " entries for a batch of " +
+                                std::to_string(batch.batch));
+  }
+  select_device();
+  const BatchShape& shape = shape_for(batch.batch, batch.seq);
+  forward(batch, shape, /*training=*/false);
+  dense_and_loss(batch, nullptr, probabilities_.get(), nullptr, /*add_stats=*/false);
+  cudaStream_t stream = stream_.get();
+  DDP_CUDA_CHECK(cudaMemcpyAsync(probabilities.data(), probabilities_.get(), probabilities.size_bytes(),
+                                 cudaMemcpyDeviceToHost, stream));
+  DDP_CUDA_CHECK(cudaMemcpyAsync(host_bad_token_.get(), bad_token_.get(), sizeof(unsigned int),
+                                 cudaMemcpyDeviceToHost, stream));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  report_bad_token();
+}
+
+BatchStats CudaReplica::take_stats() {
+  select_device();
+  cudaStream_t stream = stream_.get();
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(host_stats_.get(), stats_.get(), sizeof(DeviceStats), cudaMemcpyDeviceToHost, stream));
+  DDP_CUDA_CHECK(cudaMemcpyAsync(host_bad_token_.get(), bad_token_.get(), sizeof(unsigned int),
+                                 cudaMemcpyDeviceToHost, stream));
+  DDP_CUDA_CHECK(cudaMemsetAsync(stats_.get(), 0, sizeof(DeviceStats), stream));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  BatchStats stats;
+  stats.loss_sum = host_stats_.get()->loss_sum;
+  stats.correct = static_cast<int64_t>(host_stats_.get()->correct);
+  stats.count = std::exchange(count_, 0);
+  report_bad_token();
+  return stats;
+}
+
+void CudaReplica::report_bad_token() {
+  if (*host_bad_token_.get() == 0) return;
+  *host_bad_token_.get() = 0;
+  DDP_CUDA_CHECK(cudaMemsetAsync(bad_token_.get(), 0, sizeof(unsigned int), stream_.get()));
+  throw std::out_of_range("CudaReplica: a batch held a token outside the vocabulary [0, " +
+                          std::to_string(layout_.shape().vocab_size) + ")");
+}
+
+void CudaReplica::copy_params_to_host(std::span<float> host) {
+  if (host.size() != layout_.total_size()) {
+    throw std::invalid_argument("CudaReplica: host buffer of the wrong size");
+  }
+  select_device();
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(host.data(), params_.get(), host.size_bytes(), cudaMemcpyDeviceToHost, stream_.get()));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+void CudaReplica::copy_params_from_host(std::span<const float> host) {
+  if (host.size() != layout_.total_size()) {
+    throw std::invalid_argument("CudaReplica: host buffer of the wrong size");
+  }
+  select_device();
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(params_.get(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream_.get()));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+}  // namespace
+
+std::unique_ptr<Replica> make_cuda_replica(const ModelShape& shape, int device) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    // The failed query leaves its error as the last error; clear it so later launch checks do not see it.
+    static_cast<void>(cudaGetLastError());
+    const std::string why = status != cudaSuccess ? cudaGetErrorString(status) : "no CUDA device";
+    throw UserError("device = cuda: no GPU visible (" + why +
+                    "): check the driver, CUDA_VISIBLE_DEVICES or the job's --gres/--gpus");
+  }
+  if (device < 0 || device >= count) {
+    throw UserError("device = cuda: GPU " + std::to_string(device) + " requested, but " +
+                    std::to_string(count) + " visible");
+  }
+  return std::make_unique<CudaReplica>(shape, device);
 }
 
 }  // namespace ddp::models

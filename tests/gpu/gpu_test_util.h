@@ -5,8 +5,8 @@
 
 #include "engine/device.h"
 
-#define DDP_REQUIRE_GPU()                                                                  \
-  do {                                                                                     \
-    const ::ddp::engine::GpuInventory ddp_inventory_ = ::ddp::engine::probe_gpus();        \
+#define DDP_REQUIRE_GPU()                                                                   \
+  do {                                                                                      \
+    const ::ddp::engine::GpuInventory ddp_inventory_ = ::ddp::engine::probe_gpus();         \
     if (ddp_inventory_.gpus.empty()) GTEST_SKIP() << "no GPU: " << ddp_inventory_.why_none; \
   } while (0)

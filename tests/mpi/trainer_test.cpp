@@ -68,7 +68,7 @@ class TrainerTest : public ::testing::Test {
                                   "--log.progress",        "lines"};
     args.insert(args.end(), extra.begin(), extra.end());
     const engine::Config config = engine::parse_config(args).config;
-    return engine::train(config, topology_, *comm_, data_);
+    return engine::train(config, topology_, data_, MPI_COMM_WORLD);
   }
 
   bool identical_on_all_ranks(const std::vector<float>& params) {

@@ -1,0 +1,246 @@
+// The floor of a GPU training step: cuDNN's LSTM alone (cudnnRNNForward in training mode,
+// cudnnRNNBackwardData_v8, zeroing the weight gradients, cudnnRNNBackwardWeights_v8) on one batch, set up as
+// the cuDNN replica sets it up, timed with CUDA events over many iterations. Everything else a step does
+// (embedding, dense layer, loss, weight gather/scatter, gradient exchange, optimizer) comes on top.
+//
+// Prints "floor_ms <mean ms per step>" (read by gpu_epoch_compare.py) and, with --replica, "replica_ms <mean
+// ms per train_step>" of the cuDNN replica on the same shapes for comparison.
+//
+//   build/benchmarks/cudnn_floor_bench --batch 32 [--seq 80 --embed 128 --hidden 128 --layers 1]
+//   build/benchmarks/cudnn_floor_bench --batch 256 --math default --replica
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "models/cuda_replica.h"
+#include "models/initializers.h"
+#include "models/replica.h"
+
+namespace po = boost::program_options;
+
+namespace {
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "cudnn_floor_bench: %s: %s\n", what, cudaGetErrorString(status));
+    std::exit(1);
+  }
+}
+
+void check(cudnnStatus_t status, const char* what) {
+  if (status != CUDNN_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cudnn_floor_bench: %s: %s\n", what, cudnnGetErrorString(status));
+    std::exit(1);
+  }
+}
+
+#define CHECK(call) check((call), #call)
+
+struct Options {
+  int batch = 32, seq = 80, embed = 128, hidden = 128, layers = 1, vocab = 20000;
+  int warmup = 10, iters = 50;
+  std::string math = "fma";
+  bool replica = false;
+};
+
+std::size_t to_size(int v) {
+  return static_cast<std::size_t>(v);
+}
+
+void* device_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  CHECK(cudaMalloc(&p, bytes > 0 ? bytes : 1));
+  return p;
+}
+
+// Uniform(-0.1, 0.1) floats into device memory.
+void fill_random(void* device, std::size_t count, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-0.1f, 0.1f);
+  std::vector<float> host(count);
+  for (auto& x : host) x = dist(rng);
+  CHECK(cudaMemcpy(device, host.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+double floor_ms(const Options& o) {
+  cudaStream_t stream = nullptr;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudnnHandle_t handle = nullptr;
+  CHECK(cudnnCreate(&handle));
+  CHECK(cudnnSetStream(handle, stream));
+  cudnnDropoutDescriptor_t dropout = nullptr;
+  CHECK(cudnnCreateDropoutDescriptor(&dropout));
+  CHECK(cudnnSetDropoutDescriptor(dropout, handle, 0.0f, nullptr, 0, 0));
+  const cudnnMathType_t math = o.math == "default"  ? CUDNN_DEFAULT_MATH
+                               : o.math == "tensor" ? CUDNN_TENSOR_OP_MATH
+                                                    : CUDNN_FMA_MATH;
+  cudnnRNNDescriptor_t rnn = nullptr;
+  CHECK(cudnnCreateRNNDescriptor(&rnn));
+  CHECK(cudnnSetRNNDescriptor_v8(rnn, CUDNN_RNN_ALGO_STANDARD, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS,
+                                 CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT,
+                                 math, o.embed, o.hidden, o.hidden, o.layers, dropout,
+                                 CUDNN_RNN_PADDED_IO_ENABLED));
+
+  const std::vector<int> lengths(to_size(o.batch), o.seq);
+  cudnnRNNDataDescriptor_t x_desc = nullptr;
+  cudnnRNNDataDescriptor_t y_desc = nullptr;
+  CHECK(cudnnCreateRNNDataDescriptor(&x_desc));
+  CHECK(cudnnCreateRNNDataDescriptor(&y_desc));
+  CHECK(cudnnSetRNNDataDescriptor(x_desc, CUDNN_DATA_FLOAT, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, o.seq,
+                                  o.batch, o.embed, lengths.data(), nullptr));
+  CHECK(cudnnSetRNNDataDescriptor(y_desc, CUDNN_DATA_FLOAT, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, o.seq,
+                                  o.batch, o.hidden, lengths.data(), nullptr));
+  cudnnTensorDescriptor_t state = nullptr;
+  CHECK(cudnnCreateTensorDescriptor(&state));
+  const int dims[3] = {o.layers, o.batch, o.hidden};
+  const int strides[3] = {o.batch * o.hidden, o.hidden, 1};
+  CHECK(cudnnSetTensorNdDescriptor(state, CUDNN_DATA_FLOAT, 3, dims, strides));
+
+  std::size_t weight_bytes = 0, work_bytes = 0, reserve_bytes = 0;
+  CHECK(cudnnGetRNNWeightSpaceSize(handle, rnn, &weight_bytes));
+  CHECK(cudnnGetRNNTempSpaceSizes(handle, rnn, CUDNN_FWD_MODE_TRAINING, x_desc, &work_bytes, &reserve_bytes));
+  const std::size_t rows = to_size(o.seq) * to_size(o.batch);
+  void* weights = device_alloc(weight_bytes);
+  void* d_weights = device_alloc(weight_bytes);
+  void* work = device_alloc(work_bytes);
+  void* reserve = device_alloc(reserve_bytes);
+  void* x = device_alloc(rows * to_size(o.embed) * sizeof(float));
+  void* dx = device_alloc(rows * to_size(o.embed) * sizeof(float));
+  void* y = device_alloc(rows * to_size(o.hidden) * sizeof(float));
+  void* dy = device_alloc(rows * to_size(o.hidden) * sizeof(float));
+  auto* seq_lengths = static_cast<int32_t*>(device_alloc(lengths.size() * sizeof(int32_t)));
+  CHECK(cudaMemcpy(seq_lengths, lengths.data(), lengths.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  fill_random(weights, weight_bytes / sizeof(float), 1);
+  fill_random(x, rows * to_size(o.embed), 2);
+  fill_random(dy, rows * to_size(o.hidden), 3);
+
+  auto step = [&] {
+    CHECK(cudnnRNNForward(handle, rnn, CUDNN_FWD_MODE_TRAINING, seq_lengths, x_desc, x, y_desc, y, state,
+                          nullptr, nullptr, state, nullptr, nullptr, weight_bytes, weights, work_bytes, work,
+                          reserve_bytes, reserve));
+    CHECK(cudnnRNNBackwardData_v8(handle, rnn, seq_lengths, y_desc, y, dy, x_desc, dx, state, nullptr,
+                                  nullptr, nullptr, state, nullptr, nullptr, nullptr, weight_bytes, weights,
+                                  work_bytes, work, reserve_bytes, reserve));
+    CHECK(cudaMemsetAsync(d_weights, 0, weight_bytes, stream));
+    CHECK(cudnnRNNBackwardWeights_v8(handle, rnn, CUDNN_WGRAD_MODE_ADD, seq_lengths, x_desc, x, state,
+                                     nullptr, y_desc, y, weight_bytes, d_weights, work_bytes, work,
+                                     reserve_bytes, reserve));
+  };
+  for (int i = 0; i < o.warmup; ++i) step();
+  cudaEvent_t start = nullptr, stop = nullptr;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  CHECK(cudaEventRecord(start, stream));
+  for (int i = 0; i < o.iters; ++i) step();
+  CHECK(cudaEventRecord(stop, stream));
+  CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, start, stop));
+  std::printf("cuDNN LSTM: weight space %zu B, workspace %zu B, reserve %zu B\n", weight_bytes, work_bytes,
+              reserve_bytes);
+
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  for (void* p : {weights, d_weights, work, reserve, x, dx, y, dy, static_cast<void*>(seq_lengths)}) {
+    CHECK(cudaFree(p));
+  }
+  CHECK(cudnnDestroyTensorDescriptor(state));
+  CHECK(cudnnDestroyRNNDataDescriptor(x_desc));
+  CHECK(cudnnDestroyRNNDataDescriptor(y_desc));
+  CHECK(cudnnDestroyRNNDescriptor(rnn));
+  CHECK(cudnnDestroyDropoutDescriptor(dropout));
+  CHECK(cudnnDestroy(handle));
+  CHECK(cudaStreamDestroy(stream));
+  return static_cast<double>(ms) / o.iters;
+}
+
+// The cuDNN replica's train_step on the same shapes (random tokens and labels, Keras initialization).
+double replica_ms(const Options& o) {
+  const ddp::models::ModelShape shape{o.vocab, o.embed, o.hidden, o.layers};
+  auto replica = ddp::models::make_cuda_replica(shape, 0);
+  std::vector<float> params(replica->layout().total_size());
+  ddp::models::initialize_keras(replica->layout(), params, 1);
+  replica->copy_params_from_host(params);
+  std::mt19937_64 rng(4);
+  std::vector<int32_t> tokens(to_size(o.batch) * to_size(o.seq));
+  std::vector<float> labels(to_size(o.batch));
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(o.vocab));
+  for (auto& y : labels) y = static_cast<float>(rng() % 2);
+  auto* device_tokens = static_cast<int32_t*>(device_alloc(tokens.size() * sizeof(int32_t)));
+  auto* device_labels = static_cast<float*>(device_alloc(labels.size() * sizeof(float)));
+  CHECK(cudaMemcpy(device_tokens, tokens.data(), tokens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(device_labels, labels.data(), labels.size() * sizeof(float), cudaMemcpyHostToDevice));
+  const ddp::models::BatchView batch{device_tokens, device_labels, o.batch, o.seq};
+
+  auto stream = static_cast<cudaStream_t>(replica->stream());
+  for (int i = 0; i < o.warmup; ++i) replica->train_step(batch, {});
+  cudaEvent_t start = nullptr, stop = nullptr;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  CHECK(cudaEventRecord(start, stream));
+  for (int i = 0; i < o.iters; ++i) replica->train_step(batch, {});
+  CHECK(cudaEventRecord(stop, stream));
+  CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, start, stop));
+  replica->take_stats();
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  CHECK(cudaFree(device_tokens));
+  CHECK(cudaFree(device_labels));
+  return static_cast<double>(ms) / o.iters;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  po::options_description desc("cudnn_floor_bench");
+  desc.add_options()("help", "this text")("batch", po::value(&o.batch)->default_value(o.batch))(
+      "seq", po::value(&o.seq)->default_value(o.seq))("embed", po::value(&o.embed)->default_value(o.embed))(
+      "hidden", po::value(&o.hidden)->default_value(o.hidden))("layers",
+                                                               po::value(&o.layers)->default_value(o.layers))(
+      "vocab", po::value(&o.vocab)->default_value(o.vocab), "for --replica")(
+      "warmup", po::value(&o.warmup)->default_value(o.warmup))("iters",
+                                                               po::value(&o.iters)->default_value(o.iters))(
+      "math", po::value(&o.math)->default_value(o.math),
+      "the floor's cuDNN math: fma (fp32, as the replica), default (TF32 allowed on sm_80+) or tensor")(
+      "replica", po::bool_switch(&o.replica), "also time the cuDNN replica's train_step");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, desc), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "cudnn_floor_bench: " << e.what() << "\n" << desc;
+    return 2;
+  }
+  if (vm.count("help")) {
+    std::cout << desc;
+    return 0;
+  }
+  if (o.batch <= 0 || o.seq <= 0 || o.embed <= 0 || o.hidden <= 0 || o.layers <= 0 || o.iters <= 0 ||
+      o.warmup < 0 || (o.math != "fma" && o.math != "default" && o.math != "tensor")) {
+    std::cerr << "cudnn_floor_bench: every size must be positive and --math one of fma, default, tensor\n";
+    return 2;
+  }
+  int devices = 0;
+  CHECK(cudaGetDeviceCount(&devices));
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("GPU %s, cuDNN %zu, batch %d, seq %d, embed %d, hidden %d, layers %d, math %s, %d iterations\n",
+              prop.name, cudnnGetVersion(), o.batch, o.seq, o.embed, o.hidden, o.layers, o.math.c_str(),
+              o.iters);
+  CHECK(cudaSetDevice(0));
+  std::printf("floor_ms %.4f\n", floor_ms(o));
+  if (o.replica) std::printf("replica_ms %.4f\n", replica_ms(o));
+  return 0;
+}

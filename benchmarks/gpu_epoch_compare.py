@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Side by side on one GPU: a full IMDB-shaped training epoch (25,000 samples, seq 80, E = H = 128,
+vocab 20000) of ddptrain and of the same model in PyTorch (nn.Embedding + nn.LSTM + nn.Linear + Adam, cuDNN on,
+data already on the GPU), at batch 32, 256 and 1024. Prints a Markdown table for benchmarks/RESULTS.md.
+
+    python3 benchmarks/gpu_epoch_compare.py --ddptrain build/ddptrain --data /tmp/synthetic-25000.h5 \
+        [--floor build/benchmarks/cudnn_floor_bench] [--batches 32 256 1024]
+
+ddptrain's time is the training time of its second epoch (train_time_s in metrics.jsonl, evaluation
+excluded); PyTorch's is the second of two timed epochs, bracketed by torch.cuda.synchronize().
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def torch_epoch_seconds(batch, samples, seq, vocab, embed, hidden, epochs=2):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.backends.cudnn.enabled = True
+    torch.backends.cuda.matmul.allow_tf32 = False  # same fp32 arithmetic as ddptrain
+    torch.backends.cudnn.allow_tf32 = False
+    device = torch.device("cuda")
+
+    class Classifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = nn.Embedding(vocab, embed)
+            self.lstm = nn.LSTM(embed, hidden, batch_first=True)
+            self.dense = nn.Linear(hidden, 1)
+
+        def forward(self, tokens):
+            out, _ = self.lstm(self.embedding(tokens))
+            return self.dense(out[:, -1]).squeeze(1)
+
+    model = Classifier().to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-7)
+    generator = torch.Generator(device=device).manual_seed(1)
+    x = torch.randint(0, vocab, (samples, seq), device=device, generator=generator)
+    y = torch.randint(0, 2, (samples,), device=device, generator=generator).float()
+    steps = samples // batch
+    times = []
+    for _ in range(epochs):
+        perm = torch.randperm(samples, device=device, generator=generator)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for s in range(steps):
+            idx = perm[s * batch:(s + 1) * batch]
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.binary_cross_entropy_with_logits(model(x[idx]), y[idx])
+            loss.backward()
+            optimizer.step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return times[-1], steps
+
+
+def ddptrain_epoch_seconds(binary, data, batch, workdir):
+    run_dir = os.path.join(workdir, f"run-{batch}")
+    command = [binary, "--data.path", data, "--device", "cuda", "--checkpoint.dir", run_dir,
+               "--model.embedding_dim", "128", "--model.hidden", "128", "--train.batch_size", str(batch),
+               "--train.epochs", "2", "--log.progress", "lines", "--data.validate", "false"]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        epochs = [json.loads(line) for line in f]
+    return epochs[-1]["train_time_s"], epochs[-1]["steps"], epochs[-1].get("data_wait_s", 0.0)
+
+
+def floor_ms(binary, batch):
+    if not binary:
+        return None
+    out = subprocess.run([binary, "--batch", str(batch)], check=True, capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if line.startswith("floor_ms"):
+            return float(line.split()[1])
+    return None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ddptrain", required=True)
+    parser.add_argument("--data", required=True, help="synthetic IMDB-shaped file (25,000 train samples)")
+    parser.add_argument("--floor", help="cuDNN forward+backward floor benchmark binary (optional)")
+    parser.add_argument("--batches", type=int, nargs="+", default=[32, 256, 1024])
+    args = parser.parse_args()
+    import torch
+
+    print(f"GPU: {torch.cuda.get_device_name(0)}, PyTorch {torch.__version__}, "
+          f"cuDNN {torch.backends.cudnn.version()}, CUDA {torch.version.cuda}")
+    print("| batch | ddptrain epoch | PyTorch epoch | ddptrain / PyTorch | cuDNN floor x steps | ddptrain / floor "
+          "| input wait |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as workdir:
+        for batch in args.batches:
+            ours, steps, wait = ddptrain_epoch_seconds(args.ddptrain, args.data, batch, workdir)
+            theirs, _ = torch_epoch_seconds(batch, 25000, 80, 20000, 128, 128)
+            floor = floor_ms(args.floor, batch)
+            floor_epoch = floor * steps / 1e3 if floor else None
+            print(f"| {batch} | {ours:.3f} s | {theirs:.3f} s | {ours / theirs:.2f}x | "
+                  f"{f'{floor_epoch:.3f} s' if floor_epoch else 'n/a'} | "
+                  f"{f'{ours / floor_epoch:.2f}x' if floor_epoch else 'n/a'} | {100 * wait / ours:.2f}% |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
