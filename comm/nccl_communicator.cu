@@ -26,17 +26,13 @@
 
 #include "comm/communicator.h"
 #include "comm/mpi_check.h"
+#include "engine/cuda_check.h"
 #include "engine/errors.h"
 
 static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0), "ncclAvg needs NCCL 2.10 or newer");
 
 namespace ddp::comm {
 namespace {
-
-void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
-  if (status != cudaSuccess)
-    ::ddp::fatal(std::string(call) + " failed: " + cudaGetErrorString(status), file, line);
-}
 
 // A failed NCCL call often reports only "unhandled system error"; the communicator's last error and its
 // asynchronous error (a peer that failed, a network that went down) say more.
@@ -55,16 +51,11 @@ void check_nccl(ncclResult_t status, ncclComm_t comm, const char* call, const ch
 }
 
 // In destructors: report and go on, never abort or throw.
-void warn_cuda(cudaError_t status, const char* call) {
-  if (status != cudaSuccess)
-    std::fprintf(stderr, "ddptrain: warning: %s: %s\n", call, cudaGetErrorString(status));
-}
 void warn_nccl(ncclResult_t status, const char* call) {
   if (status != ncclSuccess)
     std::fprintf(stderr, "ddptrain: warning: %s: %s\n", call, ncclGetErrorString(status));
 }
 
-#define NCCL_COMM_CUDA(call) check_cuda((call), #call, __FILE__, __LINE__)
 #define NCCL_COMM_NCCL(comm, call) check_nccl((call), (comm), #call, __FILE__, __LINE__)
 
 enum class Wire { kFloat, kHalf, kBfloat16 };
@@ -121,7 +112,7 @@ class NcclCommunicator final : public Communicator {
     // The caller picked the device (cudaSetDevice); the NCCL communicator and our stream live on it. Asking
     // for it first fails with CUDA's own message where no device is usable, instead of deep inside NCCL.
     int device = -1;
-    NCCL_COMM_CUDA(cudaGetDevice(&device));
+    DDP_CUDA_CHECK(cudaGetDevice(&device));
     ncclUniqueId id{};
     if (host_->rank() == 0) NCCL_COMM_NCCL(nullptr, ncclGetUniqueId(&id));
     DDP_CHECK_MPI(MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, parent));
@@ -130,10 +121,10 @@ class NcclCommunicator final : public Communicator {
     // The highest priority lets reduction kernels start between backward's kernels instead of after them.
     int least = 0;
     int greatest = 0;
-    NCCL_COMM_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    NCCL_COMM_CUDA(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
-    NCCL_COMM_CUDA(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
-    NCCL_COMM_CUDA(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming));
+    DDP_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    DDP_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming));
   }
 
   ~NcclCommunicator() override {
@@ -167,8 +158,8 @@ class NcclCommunicator final : public Communicator {
   // NCCL (a copy) and, with compression, the casts: a run rounds its gradients the same way at any size.
   void start_average(std::span<float> segment) override {
     if (segment.empty()) return;
-    NCCL_COMM_CUDA(cudaEventRecord(computed_, compute_));
-    NCCL_COMM_CUDA(cudaStreamWaitEvent(stream_, computed_, 0));
+    DDP_CUDA_CHECK(cudaEventRecord(computed_, compute_));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, computed_, 0));
     const std::size_t n = segment.size();
     switch (wire_) {
       case Wire::kFloat:
@@ -187,8 +178,8 @@ class NcclCommunicator final : public Communicator {
 
   void finish_average() override {
     if (pending_ == 0) return;
-    NCCL_COMM_CUDA(cudaEventRecord(reduced_, stream_));
-    NCCL_COMM_CUDA(cudaStreamWaitEvent(compute_, reduced_, 0));
+    DDP_CUDA_CHECK(cudaEventRecord(reduced_, stream_));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(compute_, reduced_, 0));
     pending_ = 0;
     // A peer's failure surfaces here as an asynchronous error, before the next host synchronisation hangs.
     ncclResult_t async = ncclSuccess;
@@ -223,10 +214,10 @@ class NcclCommunicator final : public Communicator {
     const std::size_t n = segment.size();
     T* wire = static_cast<T*>(wire_buffer(n * sizeof(T)));
     to_wire<T><<<cast_blocks(n), kCastThreads, 0, stream_>>>(segment.data(), wire, n);
-    NCCL_COMM_CUDA(cudaGetLastError());
+    DDP_CUDA_CHECK(cudaGetLastError());
     NCCL_COMM_NCCL(nccl_, ncclAllReduce(wire, wire, n, type, ncclAvg, nccl_, stream_));
     from_wire<T><<<cast_blocks(n), kCastThreads, 0, stream_>>>(wire, segment.data(), n);
-    NCCL_COMM_CUDA(cudaGetLastError());
+    DDP_CUDA_CHECK(cudaGetLastError());
   }
 
   // Grows only while the first step meets larger segments (the replica's segments never change); the old
@@ -235,12 +226,12 @@ class NcclCommunicator final : public Communicator {
   void* wire_buffer(std::size_t bytes) {
     if (bytes <= wire_bytes_) return wire_buffer_;
     if (wire_buffer_ != nullptr) {
-      NCCL_COMM_CUDA(cudaStreamSynchronize(stream_));
-      NCCL_COMM_CUDA(cudaFree(wire_buffer_));
+      DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      DDP_CUDA_CHECK(cudaFree(wire_buffer_));
       wire_buffer_ = nullptr;
       wire_bytes_ = 0;
     }
-    NCCL_COMM_CUDA(cudaMalloc(&wire_buffer_, bytes));
+    DDP_CUDA_CHECK(cudaMalloc(&wire_buffer_, bytes));
     wire_bytes_ = bytes;
     return wire_buffer_;
   }

@@ -15,30 +15,19 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "engine/cuda_check.h"
 #include "engine/errors.h"
 
 namespace ddp::comm {
 namespace {
 
-void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
-  if (status != cudaSuccess)
-    ::ddp::fatal(std::string(call) + " failed: " + cudaGetErrorString(status), file, line);
-}
-
-void warn_cuda(cudaError_t status, const char* call) {
-  if (status != cudaSuccess)
-    std::fprintf(stderr, "ddptrain: warning: %s: %s\n", call, cudaGetErrorString(status));
-}
-
-#define STAGED_CUDA(call) check_cuda((call), #call, __FILE__, __LINE__)
-
 class StagedMpiCommunicator final : public Communicator {
  public:
   StagedMpiCommunicator(MPI_Comm comm, void* compute_stream)
       : inner_(make_mpi_communicator(comm)), compute_(static_cast<cudaStream_t>(compute_stream)) {
-    STAGED_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-    STAGED_CUDA(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
-    STAGED_CUDA(cudaEventCreateWithFlags(&copied_back_, cudaEventDisableTiming));
+    DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&copied_back_, cudaEventDisableTiming));
   }
 
   ~StagedMpiCommunicator() override {
@@ -72,10 +61,11 @@ class StagedMpiCommunicator final : public Communicator {
     const std::size_t i = pending_.size();
     if (i == buffers_.size()) buffers_.emplace_back();
     float* host = reserve(buffers_[i], segment.size());
-    STAGED_CUDA(cudaEventRecord(computed_, compute_));
-    STAGED_CUDA(cudaStreamWaitEvent(copy_, computed_, 0));
-    STAGED_CUDA(cudaMemcpyAsync(host, segment.data(), segment.size_bytes(), cudaMemcpyDeviceToHost, copy_));
-    STAGED_CUDA(cudaStreamSynchronize(copy_));
+    DDP_CUDA_CHECK(cudaEventRecord(computed_, compute_));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(copy_, computed_, 0));
+    DDP_CUDA_CHECK(
+        cudaMemcpyAsync(host, segment.data(), segment.size_bytes(), cudaMemcpyDeviceToHost, copy_));
+    DDP_CUDA_CHECK(cudaStreamSynchronize(copy_));
     const std::span<float> staged(host, segment.size());
     pending_.push_back(Pending{segment, staged});
     inner_->start_average(staged);
@@ -85,11 +75,11 @@ class StagedMpiCommunicator final : public Communicator {
     if (pending_.empty()) return;
     inner_->finish_average();
     for (const Pending& p : pending_) {
-      STAGED_CUDA(cudaMemcpyAsync(p.device.data(), p.host.data(), p.device.size_bytes(),
-                                  cudaMemcpyHostToDevice, copy_));
+      DDP_CUDA_CHECK(cudaMemcpyAsync(p.device.data(), p.host.data(), p.device.size_bytes(),
+                                     cudaMemcpyHostToDevice, copy_));
     }
-    STAGED_CUDA(cudaEventRecord(copied_back_, copy_));
-    STAGED_CUDA(cudaStreamWaitEvent(compute_, copied_back_, 0));
+    DDP_CUDA_CHECK(cudaEventRecord(copied_back_, copy_));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(compute_, copied_back_, 0));
     pending_.clear();
   }
 
@@ -124,12 +114,12 @@ class StagedMpiCommunicator final : public Communicator {
   float* reserve(PinnedBuffer& buffer, std::size_t n) {
     if (n <= buffer.capacity) return buffer.data;
     if (buffer.data != nullptr) {
-      STAGED_CUDA(cudaStreamSynchronize(copy_));  // its last copy back may still read it
-      STAGED_CUDA(cudaFreeHost(buffer.data));
+      DDP_CUDA_CHECK(cudaStreamSynchronize(copy_));  // its last copy back may still read it
+      DDP_CUDA_CHECK(cudaFreeHost(buffer.data));
       buffer = PinnedBuffer{};
     }
     void* memory = nullptr;
-    STAGED_CUDA(cudaHostAlloc(&memory, n * sizeof(float), cudaHostAllocDefault));
+    DDP_CUDA_CHECK(cudaHostAlloc(&memory, n * sizeof(float), cudaHostAllocDefault));
     buffer.data = static_cast<float*>(memory);
     buffer.capacity = n;
     return buffer.data;

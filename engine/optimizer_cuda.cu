@@ -13,24 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "engine/cuda_check.h"
 #include "engine/errors.h"
 #include "engine/optimizer.h"
-
-#define DDP_CUDA_CHECK(call)                                                              \
-  do {                                                                                    \
-    const cudaError_t ddp_cuda_status_ = (call);                                          \
-    if (ddp_cuda_status_ != cudaSuccess) {                                                \
-      DDP_FATAL(std::string(#call) + " failed: " + cudaGetErrorString(ddp_cuda_status_)); \
-    }                                                                                     \
-  } while (0)
-
-#define DDP_CUDA_CHECK_LAUNCH(kernel)                                                                  \
-  do {                                                                                                 \
-    const cudaError_t ddp_launch_status_ = cudaGetLastError();                                         \
-    if (ddp_launch_status_ != cudaSuccess) {                                                           \
-      DDP_FATAL(std::string("launch of ") + (kernel) + ": " + cudaGetErrorString(ddp_launch_status_)); \
-    }                                                                                                  \
-  } while (0)
 
 namespace ddp::engine {
 namespace {
@@ -124,11 +109,7 @@ class DeviceBuffer {
   }
   ~DeviceBuffer() {
     // A destructor must not end the job: a failed free is only reported.
-    if (data_ == nullptr) return;
-    const cudaError_t status = cudaFree(data_);
-    if (status != cudaSuccess) {
-      std::fprintf(stderr, "ddptrain: warning: cudaFree: %s\n", cudaGetErrorString(status));
-    }
+    if (data_ != nullptr) warn_cuda(cudaFree(data_), "cudaFree");
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;

@@ -24,23 +24,12 @@
 #include <deque>
 #include <vector>
 
+#include "engine/cuda_check.h"
 #include "engine/errors.h"
 #include "io/batch_source.h"
 
 namespace ddp::io {
 namespace {
-
-void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
-  if (status != cudaSuccess)
-    ::ddp::fatal(std::string(call) + " failed: " + cudaGetErrorString(status), file, line);
-}
-
-void warn_cuda(cudaError_t status, const char* call) {
-  if (status != cudaSuccess)
-    std::fprintf(stderr, "ddptrain: warning: %s: %s\n", call, cudaGetErrorString(status));
-}
-
-#define INPUT_CUDA(call) check_cuda((call), #call, __FILE__, __LINE__)
 
 // Runs before the reader starts its thread, so a bad device fails without touching the data.
 int select_device(int device) {
@@ -60,10 +49,10 @@ class DeviceBatchSource final : public BatchSource {
         rows_(std::max(1, options.batch_size)),
         reader_(options),
         slots_(static_cast<std::size_t>(std::max(2, depth))) {
-    INPUT_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+    DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
     for (Slot& slot : slots_) {
-      INPUT_CUDA(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
-      INPUT_CUDA(cudaEventCreateWithFlags(&slot.consumed, cudaEventDisableTiming));
+      DDP_CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
+      DDP_CUDA_CHECK(cudaEventCreateWithFlags(&slot.consumed, cudaEventDisableTiming));
     }
   }
 
@@ -109,9 +98,9 @@ class DeviceBatchSource final : public BatchSource {
     const std::size_t s = static_cast<std::size_t>(k % depth);
     Slot& slot = slots_[s];
     const TimingPair pair = take_timing_pair();
-    INPUT_CUDA(cudaEventRecord(pair.begin, compute_));
-    INPUT_CUDA(cudaStreamWaitEvent(compute_, slot.copied, 0));
-    INPUT_CUDA(cudaEventRecord(pair.end, compute_));
+    DDP_CUDA_CHECK(cudaEventRecord(pair.begin, compute_));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(compute_, slot.copied, 0));
+    DDP_CUDA_CHECK(cudaEventRecord(pair.end, compute_));
     timing_pending_.push_back(pair);
 
     handed_slot_ = static_cast<int>(s);
@@ -146,7 +135,7 @@ class DeviceBatchSource final : public BatchSource {
 
   void mark_consumed() {
     Slot& slot = slots_[static_cast<std::size_t>(handed_slot_)];
-    INPUT_CUDA(cudaEventRecord(slot.consumed, compute_));
+    DDP_CUDA_CHECK(cudaEventRecord(slot.consumed, compute_));
     slot.consumed_recorded = true;
     handed_slot_ = -1;
   }
@@ -160,16 +149,16 @@ class DeviceBatchSource final : public BatchSource {
     }
     const int64_t depth = static_cast<int64_t>(slots_.size());
     Slot& slot = slots_[static_cast<std::size_t>(enqueued_ % depth)];
-    if (slot.copy_recorded) INPUT_CUDA(cudaEventSynchronize(slot.copied));  // pinned buffers free again
+    if (slot.copy_recorded) DDP_CUDA_CHECK(cudaEventSynchronize(slot.copied));  // pinned buffers free again
     reserve(slot, batch->tokens.size(), batch->labels.size(), static_cast<std::size_t>(batch->seq));
     std::copy(batch->tokens.begin(), batch->tokens.end(), slot.host_tokens);
     std::copy(batch->labels.begin(), batch->labels.end(), slot.host_labels);
-    if (slot.consumed_recorded) INPUT_CUDA(cudaStreamWaitEvent(copy_, slot.consumed, 0));
-    INPUT_CUDA(cudaMemcpyAsync(slot.tokens, slot.host_tokens, batch->tokens.size() * sizeof(int32_t),
-                               cudaMemcpyHostToDevice, copy_));
-    INPUT_CUDA(cudaMemcpyAsync(slot.labels, slot.host_labels, batch->labels.size() * sizeof(float),
-                               cudaMemcpyHostToDevice, copy_));
-    INPUT_CUDA(cudaEventRecord(slot.copied, copy_));
+    if (slot.consumed_recorded) DDP_CUDA_CHECK(cudaStreamWaitEvent(copy_, slot.consumed, 0));
+    DDP_CUDA_CHECK(cudaMemcpyAsync(slot.tokens, slot.host_tokens, batch->tokens.size() * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, copy_));
+    DDP_CUDA_CHECK(cudaMemcpyAsync(slot.labels, slot.host_labels, batch->labels.size() * sizeof(float),
+                                   cudaMemcpyHostToDevice, copy_));
+    DDP_CUDA_CHECK(cudaEventRecord(slot.copied, copy_));
     slot.copy_recorded = true;
     slot.batch_size = batch->batch_size;
     slot.seq = batch->seq;
@@ -180,18 +169,18 @@ class DeviceBatchSource final : public BatchSource {
   // after the slot's last copy and its last consumer are done.
   void reserve(Slot& slot, std::size_t tokens, std::size_t labels, std::size_t seq) {
     if (tokens <= slot.token_capacity && labels <= slot.label_capacity) return;
-    if (slot.consumed_recorded) INPUT_CUDA(cudaEventSynchronize(slot.consumed));
+    if (slot.consumed_recorded) DDP_CUDA_CHECK(cudaEventSynchronize(slot.consumed));
     release(slot);
     slot.token_capacity = std::max(tokens, static_cast<std::size_t>(rows_) * seq);
     slot.label_capacity = std::max(labels, static_cast<std::size_t>(rows_));
     void* memory = nullptr;
-    INPUT_CUDA(cudaHostAlloc(&memory, slot.token_capacity * sizeof(int32_t), cudaHostAllocDefault));
+    DDP_CUDA_CHECK(cudaHostAlloc(&memory, slot.token_capacity * sizeof(int32_t), cudaHostAllocDefault));
     slot.host_tokens = static_cast<int32_t*>(memory);
-    INPUT_CUDA(cudaHostAlloc(&memory, slot.label_capacity * sizeof(float), cudaHostAllocDefault));
+    DDP_CUDA_CHECK(cudaHostAlloc(&memory, slot.label_capacity * sizeof(float), cudaHostAllocDefault));
     slot.host_labels = static_cast<float*>(memory);
-    INPUT_CUDA(cudaMalloc(&memory, slot.token_capacity * sizeof(int32_t)));
+    DDP_CUDA_CHECK(cudaMalloc(&memory, slot.token_capacity * sizeof(int32_t)));
     slot.tokens = static_cast<int32_t*>(memory);
-    INPUT_CUDA(cudaMalloc(&memory, slot.label_capacity * sizeof(float)));
+    DDP_CUDA_CHECK(cudaMalloc(&memory, slot.label_capacity * sizeof(float)));
     slot.labels = static_cast<float*>(memory);
   }
 
@@ -215,8 +204,8 @@ class DeviceBatchSource final : public BatchSource {
       return pair;
     }
     TimingPair pair;
-    INPUT_CUDA(cudaEventCreateWithFlags(&pair.begin, cudaEventDefault));
-    INPUT_CUDA(cudaEventCreateWithFlags(&pair.end, cudaEventDefault));
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&pair.begin, cudaEventDefault));
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&pair.end, cudaEventDefault));
     return pair;
   }
 
@@ -231,9 +220,9 @@ class DeviceBatchSource final : public BatchSource {
         (void)cudaGetLastError();
         break;
       }
-      INPUT_CUDA(status);
+      DDP_CUDA_CHECK(status);
       float ms = 0;
-      INPUT_CUDA(cudaEventElapsedTime(&ms, pair.begin, pair.end));
+      DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, pair.begin, pair.end));
       gpu_wait_ms_ += ms;
       timing_pending_.pop_front();
       timing_free_.push_back(pair);

@@ -33,17 +33,9 @@
 #include <utility>
 #include <vector>
 
+#include "engine/cuda_check.h"
 #include "engine/errors.h"
 #include "models/cuda_replica.h"
-
-// Every CUDA and cuDNN call is checked: a failure is a bug or a broken device, so the job ends (fatal()).
-#define DDP_CUDA_CHECK(call)                                                              \
-  do {                                                                                    \
-    const cudaError_t ddp_cuda_status_ = (call);                                          \
-    if (ddp_cuda_status_ != cudaSuccess) {                                                \
-      DDP_FATAL(std::string(#call) + " failed: " + cudaGetErrorString(ddp_cuda_status_)); \
-    }                                                                                     \
-  } while (0)
 
 #define DDP_CUDNN_CHECK(call)                                                               \
   do {                                                                                      \
@@ -51,15 +43,6 @@
     if (ddp_cudnn_status_ != CUDNN_STATUS_SUCCESS) {                                        \
       DDP_FATAL(std::string(#call) + " failed: " + cudnnGetErrorString(ddp_cudnn_status_)); \
     }                                                                                       \
-  } while (0)
-
-// After a kernel launch: a bad configuration is reported here, a fault in the kernel at the next sync.
-#define DDP_CUDA_CHECK_LAUNCH(kernel)                                                                  \
-  do {                                                                                                 \
-    const cudaError_t ddp_launch_status_ = cudaGetLastError();                                         \
-    if (ddp_launch_status_ != cudaSuccess) {                                                           \
-      DDP_FATAL(std::string("launch of ") + (kernel) + ": " + cudaGetErrorString(ddp_launch_status_)); \
-    }                                                                                                  \
   } while (0)
 
 namespace ddp::models {
@@ -86,9 +69,7 @@ struct WeightRun {
 // --- Release without failing: destructors must not end the job ------------------------------------------
 
 void report_release(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "ddptrain: warning: %s: %s\n", what, cudaGetErrorString(status));
-  }
+  warn_cuda(status, what);
 }
 void report_release(cudnnStatus_t status, const char* what) {
   if (status != CUDNN_STATUS_SUCCESS) {

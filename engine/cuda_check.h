@@ -1,0 +1,30 @@
+// Return-code checks for the CUDA runtime, shared by every file of the CUDA build. A failed call is a bug or
+// a broken device: the job ends through ddp::fatal() with the call's text and the runtime's message. In
+// destructors, which must not end the job, failures are printed as warnings instead.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <string>
+
+#include "engine/errors.h"
+
+namespace ddp {
+
+inline void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
+  if (status != cudaSuccess) fatal(std::string(call) + " failed: " + cudaGetErrorString(status), file, line);
+}
+
+inline void warn_cuda(cudaError_t status, const char* call) {
+  if (status != cudaSuccess)
+    std::fprintf(stderr, "ddptrain: warning: %s: %s\n", call, cudaGetErrorString(status));
+}
+
+}  // namespace ddp
+
+#define DDP_CUDA_CHECK(call) ::ddp::check_cuda((call), #call, __FILE__, __LINE__)
+
+// After a kernel launch: a bad launch configuration shows here, a fault inside the kernel at the next sync.
+#define DDP_CUDA_CHECK_LAUNCH(kernel) \
+  ::ddp::check_cuda(cudaGetLastError(), (std::string("launch of ") + (kernel)).c_str(), __FILE__, __LINE__)
