@@ -1,0 +1,575 @@
+// The parameter-server protocol (see parameter_server.h): servers and clients over non-blocking MPI
+// point-to-point, every wait a poll against a deadline.
+#include "comm/parameter_server.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "comm/mpi_check.h"
+#include "engine/errors.h"
+
+namespace ddp::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The header rides in the first floats of every message buffer (copied with memcpy, sent as bytes).
+constexpr std::size_t kHeaderFloats = sizeof(PsHeader) / sizeof(float);
+static_assert(sizeof(PsHeader) % sizeof(float) == 0);
+
+double seconds_since(Clock::time_point start, Clock::time_point now) {
+  return std::chrono::duration<double>(now - start).count();
+}
+
+std::string format_seconds(double seconds) {
+  std::ostringstream out;
+  out << seconds;
+  return out.str();
+}
+
+std::string kind_name(int64_t kind) {
+  switch (static_cast<PsKind>(kind)) {
+    case PsKind::kGrads:
+      return "grads";
+    case PsKind::kPull:
+      return "pull";
+    case PsKind::kDone:
+      return "done";
+    case PsKind::kParams:
+      return "params";
+  }
+  return "kind " + std::to_string(kind);
+}
+
+int tag_of(PsKind kind) {
+  return static_cast<int>(kind);
+}
+
+// Bytes of a message of `floats` payload floats, as MPI counts them.
+int message_bytes(std::size_t floats) {
+  const std::size_t bytes = (kHeaderFloats + floats) * sizeof(float);
+  if (bytes > static_cast<std::size_t>(INT_MAX)) {
+    throw UserError("parameter server: a shard of " + std::to_string(floats) +
+                    " parameters is too large for one MPI message; use more servers");
+  }
+  return static_cast<int>(bytes);
+}
+
+void write_header(std::vector<float>& buffer, int64_t step, PsKind kind) {
+  const PsHeader header{step, static_cast<int64_t>(kind)};
+  std::memcpy(buffer.data(), &header, sizeof(header));
+}
+
+PsHeader read_header(const std::vector<float>& buffer) {
+  PsHeader header;
+  std::memcpy(static_cast<void*>(&header), buffer.data(), sizeof(header));  // PsHeader is trivially copyable
+  return header;
+}
+
+// Payload floats of a received message; a message shorter than a header, or not whole floats, is fatal.
+std::size_t received_floats(const MPI_Status& status, const std::string& what) {
+  int bytes = 0;
+  DDP_CHECK_MPI(MPI_Get_count(&status, MPI_BYTE, &bytes));
+  const auto size = static_cast<std::size_t>(bytes);
+  if (size < sizeof(PsHeader) || size % sizeof(float) != 0)
+    DDP_FATAL(what + ": malformed message of " + std::to_string(bytes) + " bytes");
+  return size / sizeof(float) - kHeaderFloats;
+}
+
+// Paces a polling loop: sleeps briefly at first (a reply is often about to land), longer while nothing
+// happens, so an idle rank leaves the cores to the ranks that compute. Also confirms deadlines: a rank that
+// was itself stalled (descheduled, stopped) first drains what arrived meanwhile before it blames another.
+class Poller {
+ public:
+  void idle() {
+    std::this_thread::sleep_for(sleep_);
+    sleep_ = std::min(sleep_ * 2, kMaxSleep);
+  }
+  void progressed() {
+    sleep_ = kMinSleep;
+    overdue_polls_ = 0;
+  }
+  // True once `past_deadline` has held on kConfirmPolls polls in a row.
+  bool confirm_overdue(bool past_deadline) {
+    overdue_polls_ = past_deadline ? overdue_polls_ + 1 : 0;
+    return overdue_polls_ >= kConfirmPolls;
+  }
+
+ private:
+  static constexpr std::chrono::microseconds kMinSleep{10};
+  static constexpr std::chrono::microseconds kMaxSleep{250};
+  static constexpr int kConfirmPolls = 8;
+  std::chrono::microseconds sleep_ = kMinSleep;
+  int overdue_polls_ = 0;
+};
+
+void validate(const PsOptions& options) {
+  if (options.async && options.max_staleness < 0) {
+    throw UserError("parameter server: max_staleness = " + std::to_string(options.max_staleness) +
+                    " must be >= 0");
+  }
+  if (!(options.timeout_s > 0))
+    throw UserError("parameter server: timeout_s = " + format_seconds(options.timeout_s) + " must be > 0");
+}
+
+// MPI_Comm_dup without a blocking wait: a rank that never joins ends the job instead of hanging it.
+MPI_Comm duplicate(MPI_Comm parent, double timeout_s, const std::string& who) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Request request = MPI_REQUEST_NULL;
+  DDP_CHECK_MPI(MPI_Comm_idup(parent, &comm, &request));
+  const auto start = Clock::now();
+  Poller poller;
+  for (int done = 0;;) {
+    DDP_CHECK_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) break;
+    if (poller.confirm_overdue(seconds_since(start, Clock::now()) > timeout_s)) {
+      DDP_FATAL(who + " waited " + format_seconds(timeout_s) +
+                " s for the other ranks to set up the parameter server: rank lost?");
+    }
+    poller.idle();
+  }
+  DDP_CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+  return comm;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
+  return text;
+}
+
+class Server {
+ public:
+  Server(MPI_Comm parent, const PsOptions& options, std::size_t total_size, std::span<float> shard,
+         const ShardUpdate& update)
+      : options_(options), shard_(shard), update_(update) {
+    int size = 0;
+    DDP_CHECK_MPI(MPI_Comm_size(parent, &size));
+    DDP_CHECK_MPI(MPI_Comm_rank(parent, &rank_));
+    roles_ = PsRoles::make(size, options.servers);
+    validate(options);
+    if (!roles_.is_server(rank_))
+      DDP_FATAL("run_parameter_server on rank " + std::to_string(rank_) + ", which is a worker");
+    const int index = roles_.server_index(rank_);
+    const std::size_t expected = roles_.shard_end(index, total_size) - roles_.shard_begin(index, total_size);
+    if (shard.size() != expected) {
+      DDP_FATAL("parameter server (rank " + std::to_string(rank_) + ") got a shard of " +
+                std::to_string(shard.size()) + " parameters, owns " + std::to_string(expected));
+    }
+    message_bytes_ = message_bytes(shard.size());
+    me_ = "parameter server (rank " + std::to_string(rank_) + ")";
+    comm_ = duplicate(parent, options.timeout_s, me_);
+
+    const auto workers = static_cast<std::size_t>(roles_.workers());
+    workers_.resize(workers);
+    receives_.assign(workers, MPI_REQUEST_NULL);
+    for (Worker& w : workers_) {
+      w.receive.resize(kHeaderFloats + shard.size());
+      w.send.resize(kHeaderFloats + shard.size());
+    }
+    if (!options.async) mean_.resize(shard.size());
+    active_ = roles_.workers();
+  }
+
+  PsServerStats run() {
+    const auto start = Clock::now();
+    for (int w = 0; w < roles_.workers(); ++w) {
+      post_receive(w);
+      worker(w).last_contact = start;
+    }
+    Poller poller;
+    while (active_ > 0) {
+      int index = MPI_UNDEFINED;
+      int flag = 0;
+      MPI_Status status;
+      DDP_CHECK_MPI(
+          MPI_Testany(static_cast<int>(receives_.size()), receives_.data(), &index, &flag, &status));
+      if (flag && index != MPI_UNDEFINED) {
+        handle(index, status);
+        poller.progressed();
+        continue;
+      }
+      check_silence(poller);
+      poller.idle();
+    }
+    for (int w = 0; w < roles_.workers(); ++w) wait_send(w);
+    DDP_CHECK_MPI(MPI_Comm_free(&comm_));
+    return stats_;
+  }
+
+ private:
+  struct Worker {
+    std::vector<float> receive;  // header + gradients; in sync mode held until the step is applied
+    std::vector<float> send;     // header + parameters
+    MPI_Request send_request = MPI_REQUEST_NULL;
+    int64_t pushes = 0;              // gradients received: the step the worker pushes next
+    bool active = true;              // has not said done
+    bool owed_reply = false;         // pushed, not yet answered (sync: step under way; async: too far ahead)
+    Clock::time_point last_contact;  // last message from or to it
+  };
+
+  Worker& worker(int w) { return workers_[static_cast<std::size_t>(w)]; }
+
+  void post_receive(int w) {
+    DDP_CHECK_MPI(MPI_Irecv(worker(w).receive.data(), message_bytes_, MPI_BYTE, w, MPI_ANY_TAG, comm_,
+                            &receives_[static_cast<std::size_t>(w)]));
+  }
+
+  void handle(int w, const MPI_Status& status) {
+    Worker& from = worker(w);
+    from.last_contact = Clock::now();
+    const std::size_t floats = received_floats(status, me_);
+    const int tag = status.MPI_TAG;
+    if (tag != tag_of(PsKind::kGrads) && tag != tag_of(PsKind::kPull) && tag != tag_of(PsKind::kDone))
+      DDP_FATAL(me_ + " got a message with unknown tag " + std::to_string(tag) + " from worker rank " +
+                std::to_string(w));
+    const auto kind = static_cast<PsKind>(tag);
+    const std::string error =
+        ps_header_error(read_header(from.receive), tag, kind, from.pushes, w, rank_, true);
+    if (!error.empty()) DDP_FATAL(error);
+    const std::size_t expected = kind == PsKind::kGrads ? shard_.size() : 0;
+    if (floats != expected) {
+      DDP_FATAL(me_ + " got " + kind_name(tag) + " with " + std::to_string(floats) +
+                " values from worker rank " + std::to_string(w) + ", expected " + std::to_string(expected));
+    }
+    switch (kind) {
+      case PsKind::kGrads:
+        on_grads(w);
+        break;
+      case PsKind::kPull:
+        reply(w, from.pushes);
+        post_receive(w);
+        break;
+      case PsKind::kDone:
+        on_done(w);
+        break;
+      case PsKind::kParams:
+        break;
+    }
+  }
+
+  void on_grads(int w) {
+    Worker& from = worker(w);
+    const int64_t step = from.pushes;
+    ++from.pushes;
+    from.owed_reply = true;
+    record_gap();
+    if (!options_.async) {
+      if (done_rank_ >= 0) {
+        DDP_FATAL("worker rank " + std::to_string(w) + " pushed step " + std::to_string(step) +
+                  " after worker rank " + std::to_string(done_rank_) + " said done after " +
+                  std::to_string(done_steps_) + " steps: in sync mode every worker runs the same steps");
+      }
+      DDP_CHECK(step == stats_.steps);
+      // The gradients stay in the receive buffer until every worker's have come: no receive is posted, and
+      // none is needed, since the worker waits for this step's reply before it sends again.
+      if (++owed_ == active_) apply_sync_step();
+      return;
+    }
+    update_(shard_, payload(from.receive, shard_.size()));
+    ++stats_.updates;
+    ++stats_.steps;
+    post_receive(w);
+    release_async_replies();
+  }
+
+  // Sums the workers' gradients in rank order and scales once, so every run gives the same bits.
+  void apply_sync_step() {
+    const std::span<float> mean(mean_);
+    const std::span<const float> first = payload(worker(0).receive, mean.size());
+    std::copy(first.begin(), first.end(), mean.begin());
+    for (int w = 1; w < roles_.workers(); ++w) {
+      const std::span<const float> grads = payload(worker(w).receive, mean.size());
+      for (std::size_t i = 0; i < mean.size(); ++i) mean[i] += grads[i];
+    }
+    const float scale = 1.0f / static_cast<float>(roles_.workers());
+    for (float& x : mean) x *= scale;
+    update_(shard_, mean);
+    ++stats_.updates;
+    const int64_t step = stats_.steps++;
+    owed_ = 0;
+    for (int w = 0; w < roles_.workers(); ++w) {
+      reply(w, step);
+      post_receive(w);
+    }
+  }
+
+  // Answers every owed worker that is at most max_staleness pushes ahead of the slowest active one.
+  void release_async_replies() {
+    int64_t slowest = INT64_MAX;
+    for (const Worker& w : workers_) {
+      if (w.active) slowest = std::min(slowest, w.pushes);
+    }
+    if (slowest == INT64_MAX) return;  // every worker is done: nobody is owed a reply
+    for (int w = 0; w < roles_.workers(); ++w) {
+      Worker& candidate = worker(w);
+      if (candidate.owed_reply && candidate.pushes <= slowest + options_.max_staleness)
+        reply(w, candidate.pushes - 1);
+    }
+  }
+
+  void on_done(int w) {
+    Worker& from = worker(w);
+    if (!options_.async && owed_ > 0) {
+      int pushed = 0;
+      while (!worker(pushed).owed_reply) ++pushed;
+      DDP_FATAL("worker rank " + std::to_string(w) + " said done after " + std::to_string(from.pushes) +
+                " steps while worker rank " + std::to_string(pushed) + " pushed step " +
+                std::to_string(stats_.steps) + ": in sync mode every worker runs the same steps");
+    }
+    from.active = false;
+    --active_;
+    if (done_rank_ < 0) {
+      done_rank_ = w;
+      done_steps_ = from.pushes;
+    }
+    if (options_.async) release_async_replies();
+  }
+
+  void reply(int w, int64_t step) {
+    wait_send(w);  // the previous reply may still be reading the buffer
+    Worker& to = worker(w);
+    write_header(to.send, step, PsKind::kParams);
+    std::copy(shard_.begin(), shard_.end(), to.send.begin() + kHeaderFloats);
+    DDP_CHECK_MPI(MPI_Isend(to.send.data(), message_bytes_, MPI_BYTE, w, tag_of(PsKind::kParams), comm_,
+                            &to.send_request));
+    to.owed_reply = false;
+    to.last_contact = Clock::now();
+  }
+
+  void wait_send(int w) {
+    Worker& to = worker(w);
+    const auto start = Clock::now();
+    Poller poller;
+    for (int done = 0;;) {
+      DDP_CHECK_MPI(MPI_Test(&to.send_request, &done, MPI_STATUS_IGNORE));
+      if (done) return;
+      if (poller.confirm_overdue(seconds_since(start, Clock::now()) > options_.timeout_s)) {
+        DDP_FATAL(me_ + " could not deliver parameters to worker rank " + std::to_string(w) + " for " +
+                  format_seconds(options_.timeout_s) + " s: rank lost?");
+      }
+      poller.idle();
+    }
+  }
+
+  // Ends the job if a worker the server waits for (active, no reply owed) has been silent too long.
+  void check_silence(Poller& poller) {
+    const auto now = Clock::now();
+    std::vector<int> silent;
+    for (int w = 0; w < roles_.workers(); ++w) {
+      const Worker& candidate = worker(w);
+      if (candidate.active && !candidate.owed_reply &&
+          seconds_since(candidate.last_contact, now) > options_.timeout_s)
+        silent.push_back(w);
+    }
+    if (poller.confirm_overdue(!silent.empty())) {
+      DDP_FATAL(me_ + " heard nothing from worker " + rank_list(silent) + " for " +
+                format_seconds(options_.timeout_s) + " s: rank lost?");
+    }
+  }
+
+  void record_gap() {
+    int64_t low = INT64_MAX;
+    int64_t high = 0;
+    for (const Worker& w : workers_) {
+      if (!w.active) continue;
+      low = std::min(low, w.pushes);
+      high = std::max(high, w.pushes);
+    }
+    stats_.max_gap = std::max(stats_.max_gap, high - low);
+  }
+
+  static std::span<const float> payload(const std::vector<float>& buffer, std::size_t size) {
+    return std::span<const float>(buffer).subspan(kHeaderFloats, size);
+  }
+
+  PsOptions options_;
+  std::span<float> shard_;
+  const ShardUpdate& update_;
+  PsRoles roles_;
+  int rank_ = 0;
+  std::string me_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int message_bytes_ = 0;
+  std::vector<Worker> workers_;
+  std::vector<MPI_Request> receives_;  // one per worker, contiguous for MPI_Testany
+  std::vector<float> mean_;            // sync: the averaged gradients
+  int active_ = 0;                     // workers that have not said done
+  int owed_ = 0;                       // sync: workers that pushed the current step
+  int done_rank_ = -1;                 // the first worker that said done, and after how many steps
+  int64_t done_steps_ = 0;
+  PsServerStats stats_;
+};
+
+}  // namespace
+
+PsRoles PsRoles::make(int world_size, int servers) {
+  if (servers < 1 || servers >= world_size) {
+    throw UserError("parameter server: " + std::to_string(servers) + " server(s) need at least " +
+                    std::to_string(std::max(servers, 1) + 1) + " ranks (one worker or more); the job has " +
+                    std::to_string(world_size));
+  }
+  return PsRoles{world_size, servers};
+}
+
+std::size_t PsRoles::shard_begin(int server_index, std::size_t total) const {
+  const auto k = static_cast<std::size_t>(servers);
+  const auto j = static_cast<std::size_t>(server_index);
+  return j * (total / k) + std::min(j, total % k);
+}
+
+std::size_t PsRoles::shard_end(int server_index, std::size_t total) const {
+  return shard_begin(server_index + 1, total);
+}
+
+std::string ps_header_error(const PsHeader& got, int tag, PsKind expected_kind, int64_t expected_step,
+                            int sender, int receiver, bool receiver_is_server) {
+  const std::string from =
+      (receiver_is_server ? "worker rank " : "parameter server rank ") + std::to_string(sender);
+  const std::string to =
+      (receiver_is_server ? "parameter server rank " : "worker rank ") + std::to_string(receiver);
+  const auto expected = static_cast<int64_t>(expected_kind);
+  if (got.kind != expected || tag != expected) {
+    return from + " sent a " + kind_name(got.kind) + " header with tag " + kind_name(tag) + " where " + to +
+           " expected " + kind_name(expected) + ": corrupt or mismatched message";
+  }
+  if (got.step != expected_step) {
+    return from + " sent " + kind_name(got.kind) + " for step " + std::to_string(got.step) + " but " + to +
+           " expected step " + std::to_string(expected_step) + ": workers and servers disagree on the step";
+  }
+  return {};
+}
+
+PsServerStats run_parameter_server(MPI_Comm comm, const PsOptions& options, std::size_t total_size,
+                                   std::span<float> shard, const ShardUpdate& update) {
+  Server server(comm, options, total_size, shard, update);
+  return server.run();
+}
+
+ParameterClient::ParameterClient(MPI_Comm comm, const PsOptions& options, std::size_t total_size)
+    : options_(options), total_size_(total_size) {
+  int size = 0;
+  DDP_CHECK_MPI(MPI_Comm_size(comm, &size));
+  DDP_CHECK_MPI(MPI_Comm_rank(comm, &rank_));
+  roles_ = PsRoles::make(size, options.servers);
+  validate(options);
+  if (roles_.is_server(rank_))
+    DDP_FATAL("ParameterClient on rank " + std::to_string(rank_) + ", which is a parameter server");
+  for (int j = 0; j < roles_.servers; ++j) {
+    Peer peer;
+    peer.rank = roles_.server_rank(j);
+    peer.begin = roles_.shard_begin(j, total_size);
+    peer.end = roles_.shard_end(j, total_size);
+    message_bytes(peer.end - peer.begin);  // throws if too large
+    peer.send.resize(kHeaderFloats + peer.end - peer.begin);
+    peer.receive.resize(kHeaderFloats + peer.end - peer.begin);
+    peers_.push_back(std::move(peer));
+  }
+  comm_ = duplicate(comm, 2 * options.timeout_s, "worker (rank " + std::to_string(rank_) + ")");
+}
+
+ParameterClient::~ParameterClient() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  finish();
+  MPI_Comm_free(&comm_);
+}
+
+void ParameterClient::push_pull(std::span<const float> grads, std::span<float> params) {
+  DDP_CHECK(grads.size() == total_size_);
+  exchange(PsKind::kGrads, grads, params);
+  ++step_;
+}
+
+void ParameterClient::pull(std::span<float> params) {
+  exchange(PsKind::kPull, {}, params);
+}
+
+void ParameterClient::exchange(PsKind kind, std::span<const float> grads, std::span<float> params) {
+  DDP_CHECK(!finished_);
+  DDP_CHECK(params.size() == total_size_);
+  for (Peer& peer : peers_) {
+    const std::size_t shard = peer.end - peer.begin;
+    DDP_CHECK_MPI(MPI_Irecv(peer.receive.data(), message_bytes(shard), MPI_BYTE, peer.rank,
+                            tag_of(PsKind::kParams), comm_, &peer.receive_request));
+    write_header(peer.send, step_, kind);
+    const std::size_t floats = kind == PsKind::kGrads ? shard : 0;
+    if (floats > 0)
+      std::copy(grads.begin() + peer.begin, grads.begin() + peer.end, peer.send.begin() + kHeaderFloats);
+    DDP_CHECK_MPI(MPI_Isend(peer.send.data(), message_bytes(floats), MPI_BYTE, peer.rank, tag_of(kind), comm_,
+                            &peer.send_request));
+  }
+  const std::string me = "worker (rank " + std::to_string(rank_) + ")";
+  const double limit = 2 * options_.timeout_s;
+  const auto start = Clock::now();
+  Poller poller;
+  for (std::size_t waiting = peers_.size(); waiting > 0;) {
+    bool progressed = false;
+    for (Peer& peer : peers_) {
+      if (peer.receive_request == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      MPI_Status status;
+      DDP_CHECK_MPI(MPI_Test(&peer.receive_request, &done, &status));
+      if (!done) continue;
+      const std::size_t floats = received_floats(status, me);
+      const std::string error = ps_header_error(read_header(peer.receive), status.MPI_TAG, PsKind::kParams,
+                                                step_, peer.rank, rank_, false);
+      if (!error.empty()) DDP_FATAL(error);
+      DDP_CHECK(floats == peer.end - peer.begin);
+      std::copy(peer.receive.begin() + kHeaderFloats, peer.receive.end(), params.begin() + peer.begin);
+      --waiting;
+      progressed = true;
+    }
+    if (waiting == 0) break;
+    if (progressed) {
+      poller.progressed();
+      continue;
+    }
+    if (poller.confirm_overdue(seconds_since(start, Clock::now()) > limit)) {
+      std::vector<int> silent;
+      for (const Peer& peer : peers_) {
+        if (peer.receive_request != MPI_REQUEST_NULL) silent.push_back(peer.rank);
+      }
+      DDP_FATAL(me + " heard nothing from parameter server " + rank_list(silent) + " for " +
+                format_seconds(limit) + " s (waiting for its " + kind_name(static_cast<int64_t>(kind)) +
+                " reply, step " + std::to_string(step_) + "): rank lost?");
+    }
+    poller.idle();
+  }
+  wait_sends();  // a server that replied has received the request, so this returns at once
+}
+
+void ParameterClient::finish() {
+  if (finished_) return;
+  for (Peer& peer : peers_) {
+    write_header(peer.send, step_, PsKind::kDone);
+    DDP_CHECK_MPI(MPI_Isend(peer.send.data(), message_bytes(0), MPI_BYTE, peer.rank, tag_of(PsKind::kDone),
+                            comm_, &peer.send_request));
+  }
+  wait_sends();
+  finished_ = true;
+}
+
+void ParameterClient::wait_sends() {
+  const double limit = 2 * options_.timeout_s;
+  const auto start = Clock::now();
+  Poller poller;
+  for (Peer& peer : peers_) {
+    for (int done = 0;;) {
+      DDP_CHECK_MPI(MPI_Test(&peer.send_request, &done, MPI_STATUS_IGNORE));
+      if (done) break;
+      if (poller.confirm_overdue(seconds_since(start, Clock::now()) > limit)) {
+        DDP_FATAL("worker (rank " + std::to_string(rank_) + ") could not deliver to parameter server rank " +
+                  std::to_string(peer.rank) + " for " + format_seconds(limit) + " s: rank lost?");
+      }
+      poller.idle();
+    }
+  }
+}
+
+}  // namespace ddp::comm

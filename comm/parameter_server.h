@@ -1,0 +1,148 @@
+// The parameter-server backend (comm.backend = ps): the core protocol, without the trainer.
+//
+// Who owns what. The last K ranks of the job are servers, every other rank is a worker (W = size - K).
+// Server j owns the contiguous shard [shard_begin(j), shard_end(j)) of the flat parameter vector (split as
+// evenly as possible, the larger shards first) and that shard's optimizer state, which lives in the caller's
+// ShardUpdate (an engine::Optimizer over the shard): comm/ knows nothing of optimizers. Workers own the full
+// parameter vector, compute gradients on it, and get it back from the servers after every step.
+//
+// Wire. All traffic is non-blocking MPI point-to-point on a communicator duplicated from the one given, so it
+// never mixes with other users of that communicator. Every message starts with a PsHeader {step, kind}
+// (prepended to the payload, sent as bytes); the tag is the kind as well, and the receiver checks that both
+// agree and that the step is the one it expects. A mismatch ends the job through DDP_FATAL with both steps
+// and both ranks, never silent corruption.
+//   worker -> server j:  kGrads  {t, grads[shard j]}   the gradients of the worker's step t (t = 0, 1, ...)
+//                        kPull   {t}                   "send me your shard now", outside the step sequence
+//                        kDone   {t}                   the worker will send nothing more
+//   server j -> worker:  kParams {t, params[shard j]}  the reply to kGrads of step t, or to kPull (t echoed)
+// A worker has at most one request outstanding per server, so replies need no matching beyond the header.
+//
+// Sync mode (default). For step t a server waits for the kGrads of step t of every worker, sums them in
+// worker-rank order, multiplies by 1/W (so the result does not depend on arrival order), applies the update
+// once and sends the new shard to every worker: all workers end the step with identical parameters, the same
+// that an all-reduce of the gradients followed by the same optimizer would give. Every worker must run the
+// same number of steps: a kDone while another worker's step is under way, or a kGrads after a kDone, is
+// fatal.
+//
+// Async mode (PsOptions::async, staleness bound s = max_staleness >= 0). A server applies each worker's
+// gradient as it arrives (one optimizer step per gradient, not averaged) and replies with its current shard,
+// except that the reply to a worker whose push count would exceed the slowest active worker's by more than s
+// waits until that worker catches up: while a worker computes step k, every other worker has pushed at least
+// k - s steps, so the push counts the server sees never differ by more than s + 1. Workers that said kDone
+// no longer hold the others back.
+//
+// Faults. No wait blocks in MPI: every wait polls (MPI_Test*, short sleeps) against a deadline. A server ends
+// the job (ddp::fatal, MPI_Abort) naming every worker it is waiting for that has been silent for timeout_s
+// since their last exchange; a worker waits 2 * timeout_s for a server before naming it, so that when a
+// worker is lost the server, which knows which one, speaks first. timeout_s must therefore exceed the longest
+// silence of a healthy worker (a step, an evaluation between steps, start-up before the first pull).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace ddp::comm {
+
+struct PsOptions {
+  int servers = 1;         // K: the last K ranks serve
+  bool async = false;      // sync: averaged lock-step; async: bounded-staleness updates
+  int max_staleness = 0;   // async only: s >= 0
+  double timeout_s = 120;  // the longest silence a server accepts from a worker it waits for
+};
+
+// Which ranks serve and which shard each owns; the same on every rank.
+struct PsRoles {
+  int world_size = 1;
+  int servers = 1;
+
+  // Throws UserError unless 1 <= servers < world_size (at least one worker).
+  static PsRoles make(int world_size, int servers);
+
+  int workers() const { return world_size - servers; }
+  bool is_server(int rank) const { return rank >= workers(); }
+  int server_rank(int server_index) const { return workers() + server_index; }
+  int server_index(int rank) const { return rank - workers(); }
+  // Server j owns [shard_begin(j), shard_end(j)); some shards are empty when total < servers.
+  std::size_t shard_begin(int server_index, std::size_t total) const;
+  std::size_t shard_end(int server_index, std::size_t total) const;
+};
+
+// The server's update of its shard: params_shard -= f(grads_shard). The trainer passes an engine::Optimizer's
+// step over the shard; the optimizer state stays with the caller.
+using ShardUpdate = std::function<void(std::span<float> params_shard, std::span<const float> grads_shard)>;
+
+// The message kinds; each is also the MPI tag its messages travel with.
+enum class PsKind : int64_t { kGrads = 1, kPull = 2, kDone = 3, kParams = 4 };
+
+// What travels in front of every payload.
+struct PsHeader {
+  int64_t step = 0;
+  int64_t kind = 0;  // a PsKind
+};
+
+// The check every receiver makes: empty when `got` is what `receiver` expected from `sender` (ranks), else
+// the one-line fatal message naming both steps and both ranks. `tag` is the MPI tag the message came with.
+std::string ps_header_error(const PsHeader& got, int tag, PsKind expected_kind, int64_t expected_step,
+                            int sender, int receiver, bool receiver_is_server);
+
+// What a server saw, for logs and tests.
+struct PsServerStats {
+  int64_t steps = 0;    // sync: steps applied; async: gradients applied
+  int64_t updates = 0;  // calls of the ShardUpdate
+  int64_t max_gap = 0;  // largest difference of push counts between active workers
+};
+
+// Runs this rank's server until every worker said kDone. `shard` holds this server's initial parameters
+// (size shard_end - shard_begin) and is updated in place, so the caller holds the final ones on return.
+// Collective with the workers' ParameterClient constructors over `comm` (duplicates it).
+PsServerStats run_parameter_server(MPI_Comm comm, const PsOptions& options, std::size_t total_size,
+                                   std::span<float> shard, const ShardUpdate& update);
+
+// A worker's side: one per worker rank. Construction is collective with the servers' run_parameter_server.
+class ParameterClient {
+ public:
+  ParameterClient(MPI_Comm comm, const PsOptions& options, std::size_t total_size);
+  ~ParameterClient();
+  ParameterClient(const ParameterClient&) = delete;
+  ParameterClient& operator=(const ParameterClient&) = delete;
+
+  // Pushes this step's gradients (the full flat vector, host memory) and returns when `params` (the full
+  // vector) holds the servers' updated parameters. Advances step() by one.
+  void push_pull(std::span<const float> grads, std::span<float> params);
+  // Fetches the servers' current parameters without pushing (at the start, for evaluation).
+  void pull(std::span<float> params);
+  // Tells every server this worker is done; the destructor calls it if it was not called.
+  void finish();
+  // Steps pushed so far.
+  int64_t step() const { return step_; }
+
+ private:
+  struct Peer {  // one server
+    int rank = 0;
+    std::size_t begin = 0;
+    std::size_t end = 0;
+    std::vector<float> send;     // header + gradients
+    std::vector<float> receive;  // header + parameters
+    MPI_Request send_request = MPI_REQUEST_NULL;
+    MPI_Request receive_request = MPI_REQUEST_NULL;
+  };
+  void exchange(PsKind kind, std::span<const float> grads, std::span<float> params);
+  void wait_sends();
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  PsOptions options_;
+  PsRoles roles_;
+  int rank_ = 0;
+  std::size_t total_size_ = 0;
+  std::vector<Peer> peers_;
+  int64_t step_ = 0;
+  bool finished_ = false;
+};
+
+}  // namespace ddp::comm

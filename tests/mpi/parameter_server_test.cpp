@@ -1,0 +1,314 @@
+// The parameter-server protocol on a toy problem without a model: parameters p in R^n, worker w has a fixed
+// target a_w and the gradient p - a_w plus noise seeded by (worker, step); the servers apply SGD to their
+// shards. The last K ranks serve, the others work; with 2 ranks there is one worker and one server.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <thread>
+
+#include "comm/communicator.h"
+#include "comm/parameter_server.h"
+
+namespace ddp {
+namespace {
+
+using comm::PsOptions;
+using comm::PsRoles;
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int s = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+constexpr float kLearningRate = 0.1f;
+
+// The update every server applies to its shard; the reference applies it to the whole vector.
+void sgd(std::span<float> params, std::span<const float> grads) {
+  for (std::size_t i = 0; i < params.size(); ++i) params[i] -= kLearningRate * grads[i];
+}
+
+std::vector<float> initial_params(std::size_t n) {
+  std::vector<float> p(n);
+  for (std::size_t i = 0; i < n; ++i) p[i] = 0.1f * static_cast<float>(i % 7);
+  return p;
+}
+
+// Targets spread around base[i] = 1 + 0.5 (i mod 5) by 0.2 per worker; their mean is what async converges to.
+std::vector<float> target(int worker, int workers, std::size_t n) {
+  std::vector<float> a(n);
+  const float offset = 0.2f * (static_cast<float>(worker) - 0.5f * static_cast<float>(workers - 1));
+  for (std::size_t i = 0; i < n; ++i) a[i] = 1.0f + 0.5f * static_cast<float>(i % 5) + offset;
+  return a;
+}
+
+std::vector<double> mean_target(int workers, std::size_t n) {
+  std::vector<double> mean(n, 0.0);
+  for (int w = 0; w < workers; ++w) {
+    const std::vector<float> a = target(w, workers, n);
+    for (std::size_t i = 0; i < n; ++i) mean[i] += static_cast<double>(a[i]) / workers;
+  }
+  return mean;
+}
+
+std::vector<float> gradient(int worker, int workers, int64_t step, std::span<const float> params) {
+  const std::vector<float> a = target(worker, workers, params.size());
+  std::mt19937 rng(static_cast<uint32_t>(1000 * worker + step));
+  std::uniform_real_distribution<float> noise(-0.05f, 0.05f);
+  std::vector<float> g(params.size());
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = params[i] - a[i] + noise(rng);
+  return g;
+}
+
+// The synchronous server's arithmetic done locally: gradients summed in worker order, scaled by 1/W, SGD.
+void reference_step(std::vector<float>& params, int workers, int64_t step) {
+  std::vector<float> mean = gradient(0, workers, step, params);
+  for (int w = 1; w < workers; ++w) {
+    const std::vector<float> g = gradient(w, workers, step, params);
+    for (std::size_t i = 0; i < mean.size(); ++i) mean[i] += g[i];
+  }
+  const float scale = 1.0f / static_cast<float>(workers);
+  for (float& x : mean) x *= scale;
+  sgd(params, mean);
+}
+
+bool same_bits(std::span<const float> a, std::span<const float> b) {
+  if (a.size() != b.size()) return false;
+  return a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;  // empty: null data
+}
+
+double max_abs_diff(std::span<const float> a, std::span<const float> b) {
+  double diff = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+  return diff;
+}
+
+// True on every worker iff all workers hold the same bits as the first one.
+bool workers_agree(MPI_Comm workers, std::span<const float> params) {
+  std::vector<float> first(params.begin(), params.end());
+  MPI_Bcast(first.data(), static_cast<int>(first.size()), MPI_FLOAT, 0, workers);
+  int same = same_bits(first, params) ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, workers);
+  return same == 1;
+}
+
+// The servers' shard of `params`.
+std::vector<float> shard_of(const PsRoles& roles, int rank, std::span<const float> params) {
+  const int j = roles.server_index(rank);
+  const std::size_t begin = roles.shard_begin(j, params.size());
+  const std::size_t end = roles.shard_end(j, params.size());
+  return {params.begin() + begin, params.begin() + end};
+}
+
+struct SyncCase {
+  int servers;
+  std::size_t size;
+};
+
+class SyncParameterServer : public ::testing::TestWithParam<SyncCase> {};
+
+// (a) after every step the workers hold exactly the parameters of SGD on the average of all workers'
+// gradients computed locally, and within rounding those of the all-reduce backend; (b) all workers agree
+// bit for bit after each step. A pull between steps (as evaluation would) changes nothing.
+TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
+  const auto [servers, n] = GetParam();
+  if (servers >= world_size())
+    GTEST_SKIP() << servers << " servers need more than " << world_size() << " ranks";
+  const int rank = world_rank();
+  const PsRoles roles = PsRoles::make(world_size(), servers);
+  const int workers = roles.workers();
+  PsOptions options;
+  options.servers = servers;
+  options.timeout_s = 30;
+  constexpr int kSteps = 20;
+
+  std::vector<float> reference = initial_params(n);
+  MPI_Comm worker_comm = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, roles.is_server(rank) ? 1 : 0, rank, &worker_comm);
+
+  if (roles.is_server(rank)) {
+    std::vector<float> shard = shard_of(roles, rank, reference);
+    const comm::PsServerStats stats = comm::run_parameter_server(MPI_COMM_WORLD, options, n, shard, sgd);
+    for (int t = 0; t < kSteps; ++t) reference_step(reference, workers, t);
+    EXPECT_EQ(stats.steps, kSteps);
+    EXPECT_EQ(stats.updates, kSteps);
+    EXPECT_LE(stats.max_gap, 1);
+    EXPECT_TRUE(same_bits(shard, shard_of(roles, rank, reference))) << "server rank " << rank;
+  } else {
+    comm::ParameterClient client(MPI_COMM_WORLD, options, n);
+    auto allreduce = comm::make_mpi_communicator(worker_comm);
+    std::vector<float> params(n, std::numeric_limits<float>::quiet_NaN());
+    client.pull(params);
+    EXPECT_TRUE(same_bits(params, reference)) << "the initial pull must return the servers' shards";
+    std::vector<float> allreduce_params = reference;
+
+    bool exact = true;
+    bool agree = true;
+    double allreduce_diff = 0;
+    for (int t = 0; t < kSteps; ++t) {
+      client.push_pull(gradient(rank, workers, t, params), params);
+      reference_step(reference, workers, t);
+      exact = exact && same_bits(params, reference);
+      agree = workers_agree(worker_comm, params) && agree;
+
+      std::vector<float> g = gradient(rank, workers, t, allreduce_params);
+      allreduce->average(g);
+      sgd(allreduce_params, g);
+      allreduce_diff = std::max(allreduce_diff, max_abs_diff(params, allreduce_params));
+
+      if (t == kSteps / 2) {
+        std::vector<float> pulled(n, std::numeric_limits<float>::quiet_NaN());
+        client.pull(pulled);
+        EXPECT_TRUE(same_bits(pulled, params)) << "a pull between steps must return the current parameters";
+      }
+    }
+    EXPECT_EQ(client.step(), kSteps);
+    EXPECT_TRUE(exact) << "worker rank " << rank << " differs from SGD on the averaged gradients";
+    EXPECT_TRUE(agree) << "workers hold different parameters";
+    EXPECT_LT(allreduce_diff, 1e-6) << "largest difference from the all-reduce backend";
+    EXPECT_GT(max_abs_diff(params, initial_params(n)), 0.5) << "the updates are too small to mean anything";
+    client.finish();
+  }
+  MPI_Comm_free(&worker_comm);
+}
+
+INSTANTIATE_TEST_SUITE_P(ParameterServer, SyncParameterServer,
+                         ::testing::Values(SyncCase{1, 1001}, SyncCase{2, 1001}, SyncCase{2, 1}),
+                         [](const auto& test) {
+                           return std::to_string(test.param.servers) + "Servers" +
+                                  std::to_string(test.param.size) + "Params";
+                         });
+
+class AsyncParameterServer : public ::testing::TestWithParam<int> {};  // param: servers
+
+// (c) async with max_staleness 2 and a straggler (the last worker sleeps 5 ms a step): the parameters reach
+// the mean target, every gradient is applied once, and no worker's push count gets more than s + 1 ahead of
+// the slowest's on any server.
+TEST_P(AsyncParameterServer, ConvergesWithBoundedStaleness) {
+  const int servers = GetParam();
+  if (servers >= world_size())
+    GTEST_SKIP() << servers << " servers need more than " << world_size() << " ranks";
+  const int rank = world_rank();
+  const PsRoles roles = PsRoles::make(world_size(), servers);
+  const int workers = roles.workers();
+  constexpr std::size_t n = 257;
+  constexpr int kSteps = 60;
+  PsOptions options;
+  options.servers = servers;
+  options.async = true;
+  options.max_staleness = 2;
+  options.timeout_s = 30;
+
+  const std::vector<double> mean = mean_target(workers, n);
+  const auto distance_to_mean = [&](std::span<const float> p, std::size_t offset) {
+    double d = 0;
+    for (std::size_t i = 0; i < p.size(); ++i)
+      d = std::max(d, std::fabs(static_cast<double>(p[i]) - mean[offset + i]));
+    return d;
+  };
+  MPI_Comm worker_comm = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, roles.is_server(rank) ? 1 : 0, rank, &worker_comm);
+
+  if (roles.is_server(rank)) {
+    std::vector<float> shard = shard_of(roles, rank, initial_params(n));
+    const comm::PsServerStats stats = comm::run_parameter_server(MPI_COMM_WORLD, options, n, shard, sgd);
+    EXPECT_EQ(stats.updates, static_cast<int64_t>(workers) * kSteps);
+    EXPECT_LE(stats.max_gap, options.max_staleness + 1) << "a worker got too far ahead";
+    if (workers >= 2) {
+      EXPECT_GE(stats.max_gap, 1) << "the straggler never fell behind: the test shows nothing";
+    }
+    const std::size_t offset = roles.shard_begin(roles.server_index(rank), n);
+    EXPECT_LT(distance_to_mean(shard, offset), 0.1) << "server rank " << rank;
+    if (rank == world_size() - 1)
+      std::printf("async: largest push gap seen by server rank %d: %lld\n", rank,
+                  static_cast<long long>(stats.max_gap));
+  } else {
+    comm::ParameterClient client(MPI_COMM_WORLD, options, n);
+    std::vector<float> params(n);
+    client.pull(params);
+    const bool straggler = rank == workers - 1;
+    for (int t = 0; t < kSteps; ++t) {
+      if (straggler) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      client.push_pull(gradient(rank, workers, t, params), params);
+    }
+    MPI_Barrier(worker_comm);  // every gradient is in: the servers' shards are final
+    client.pull(params);
+    EXPECT_TRUE(workers_agree(worker_comm, params));
+    EXPECT_LT(distance_to_mean(params, 0), 0.1) << "worker rank " << rank;
+    EXPECT_GT(distance_to_mean(initial_params(n), 0), 0.5) << "the start must be far from the target";
+    client.finish();
+  }
+  MPI_Comm_free(&worker_comm);
+}
+
+INSTANTIATE_TEST_SUITE_P(ParameterServer, AsyncParameterServer, ::testing::Values(1, 2),
+                         [](const auto& test) { return std::to_string(test.param) + "Servers"; });
+
+// (d) the shards cover [0, total) once, in order, as evenly as possible (larger shards first).
+TEST(ParameterServer, ShardsCoverTheVectorOnce) {
+  const std::pair<std::size_t, int> cases[] = {{0, 1}, {1, 1}, {10, 3},  {1001, 2},
+                                               {3, 5}, {7, 7}, {100, 1}, {1000003, 4}};
+  for (const auto& [total, servers] : cases) {
+    const PsRoles roles = PsRoles::make(servers + 2, servers);
+    EXPECT_EQ(roles.workers(), 2);
+    EXPECT_FALSE(roles.is_server(1));
+    EXPECT_TRUE(roles.is_server(2));
+    EXPECT_EQ(roles.server_rank(servers - 1), servers + 1);
+    std::size_t covered = 0;
+    for (int j = 0; j < servers; ++j) {
+      const std::size_t begin = roles.shard_begin(j, total);
+      const std::size_t end = roles.shard_end(j, total);
+      ASSERT_EQ(begin, covered) << total << " over " << servers << ", server " << j;
+      ASSERT_LE(begin, end);
+      const std::size_t size = end - begin;
+      EXPECT_TRUE(size == total / servers || size == total / servers + 1);
+      if (j > 0) {
+        EXPECT_LE(size, roles.shard_end(j - 1, total) - roles.shard_begin(j - 1, total));
+      }
+      covered = end;
+    }
+    EXPECT_EQ(covered, total) << total << " over " << servers;
+  }
+  EXPECT_THROW(PsRoles::make(2, 2), UserError);  // no worker left
+  EXPECT_THROW(PsRoles::make(4, 0), UserError);
+}
+
+// (e) the header check that guards every message: matching headers pass, a wrong step or kind yields one
+// line naming both steps and both ranks. (The real path ends the job through DDP_FATAL.)
+TEST(ParameterServer, HeaderMismatchNamesStepsAndRanks) {
+  using comm::PsKind;
+  const auto grads = static_cast<int64_t>(PsKind::kGrads);
+  const int grads_tag = static_cast<int>(PsKind::kGrads);
+  EXPECT_EQ(comm::ps_header_error({4, grads}, grads_tag, PsKind::kGrads, 4, 1, 3, true), "");
+
+  const std::string step = comm::ps_header_error({5, grads}, grads_tag, PsKind::kGrads, 4, 1, 3, true);
+  EXPECT_EQ(
+      step,
+      "worker rank 1 sent grads for step 5 but parameter server rank 3 expected step 4: workers and servers "
+      "disagree on the step");
+
+  const auto params = static_cast<int64_t>(PsKind::kParams);
+  const int params_tag = static_cast<int>(PsKind::kParams);
+  const std::string reply = comm::ps_header_error({7, params}, params_tag, PsKind::kParams, 6, 2, 0, false);
+  EXPECT_NE(reply.find("parameter server rank 2"), std::string::npos) << reply;
+  EXPECT_NE(reply.find("worker rank 0"), std::string::npos) << reply;
+  EXPECT_NE(reply.find("step 7"), std::string::npos) << reply;
+  EXPECT_NE(reply.find("step 6"), std::string::npos) << reply;
+
+  const std::string kind = comm::ps_header_error({4, params}, grads_tag, PsKind::kGrads, 4, 1, 3, true);
+  EXPECT_NE(kind.find("params header with tag grads"), std::string::npos) << kind;
+}
+
+}  // namespace
+}  // namespace ddp
