@@ -4,6 +4,19 @@
 #include "engine/errors.h"
 
 namespace ddp::comm {
+namespace {
+
+std::string count_of(int n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
+// "rank 3" or "ranks 2-5" for [begin, end).
+std::string rank_range(int begin, int end) {
+  return end - begin == 1 ? "rank " + std::to_string(begin)
+                          : "ranks " + std::to_string(begin) + "-" + std::to_string(end - 1);
+}
+
+}  // namespace
 
 BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
   const std::string& backend = request.backend;
@@ -13,8 +26,6 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
   if (request.compression != "none" && request.compression != "fp16" && request.compression != "bf16") {
     throw UserError("comm.compression = " + request.compression + ": expected none, fp16 or bf16");
   }
-  if (backend == "ps")
-    throw UserError("comm.backend = ps: the parameter server is not part of this build yet");
 
   int mine = request.on_gpu ? 1 : 0;
   int gpu_ranks = 0;
@@ -28,7 +39,7 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
   const bool all_on_gpu = gpu_ranks == size;
   if (backend == "nccl" && !all_on_gpu) {
     throw UserError("comm.backend = nccl needs every rank on a GPU, but " + census +
-                    " (use comm.backend = auto or mpi)");
+                    " (use comm.backend = auto, ps or mpi)");
   }
   if (backend == "nccl" || (backend == "auto" && all_on_gpu)) {
     choice.reason =
@@ -36,8 +47,34 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
     choice.communicator = make_nccl_communicator(comm, request.compute_stream, request.compression);
     return choice;
   }
+
+  // What keeps auto from the parameter server, if anything.
+  std::string no_server;
+  if (size == 1) no_server = "a single rank trains alone (no rank to serve parameters)";
+  if (request.sparse_updates)
+    no_server = "lazy embedding updates (train.embedding_update = lazy) need the all-reduce";
+  if (backend == "ps" || (backend == "auto" && no_server.empty())) {
+    if (request.sparse_updates) {
+      throw UserError(
+          "comm.backend = ps: train.embedding_update = lazy needs an all-reduce backend (mpi or "
+          "nccl); the parameter server exchanges dense gradients");
+    }
+    if (request.ps_servers < 1 || request.ps_servers >= size) {
+      throw UserError("comm.ps_servers = " + std::to_string(request.ps_servers) + " leaves no worker with " +
+                      std::to_string(size) + (size == 1 ? " rank" : " ranks") +
+                      " (the parameter server needs at least one more rank than servers)");
+    }
+    const int workers = size - request.ps_servers;
+    choice.parameter_server = true;
+    choice.ps_servers = request.ps_servers;
+    choice.reason = "ps: " + census + (backend == "ps" ? " (comm.backend = ps)" : "") + "; " +
+                    count_of(workers, "worker") + " (" + rank_range(0, workers) + "), " +
+                    count_of(request.ps_servers, "parameter server") + " (" + rank_range(workers, size) + ")";
+    return choice;
+  }
   choice.reason = std::string("mpi: ") + census + (backend == "mpi" ? " (comm.backend = mpi)" : "") +
-                  (gpu_ranks > 0 ? ", GPU gradients staged through host memory" : ", CPU all-reduce");
+                  (gpu_ranks > 0 ? ", GPU gradients staged through host memory" : ", CPU all-reduce") +
+                  (backend == "auto" ? "; " + no_server : "");
   choice.communicator = request.on_gpu ? make_staged_mpi_communicator(comm, request.compute_stream)
                                        : make_mpi_communicator(comm);
   return choice;

@@ -1,6 +1,7 @@
-// How replicas talk: the one interface every backend implements (MPI now; NCCL and the parameter server plug
-// in behind it). The trainer sees communication only through it, so a step reads like the algorithm:
-// forward/backward, average gradients, optimizer step.
+// How replicas talk: the one interface the all-reduce backends implement (MPI, NCCL, MPI staged from GPUs).
+// The trainer's all-reduce path sees communication only through it, so a step reads like the algorithm:
+// forward/backward, average gradients, optimizer step. The parameter server (parameter_server.h) does not fit
+// it: its workers push gradients and pull parameters, and choose_backend() below only picks it.
 //
 // Gradient averaging is split in two so that it can overlap with backward: the replica hands each gradient
 // segment to start_average() as soon as backward has finished it, and finish_average() waits for all of
@@ -100,17 +101,27 @@ struct BackendRequest {
   std::string compression = "none";  // NCCL gradients on the wire: none | fp16 | bf16
   bool on_gpu = false;               // this rank's replica is on a GPU
   void* compute_stream = nullptr;    // that replica's cudaStream_t
+  int ps_servers = 1;                // ps: the last K ranks serve
+  // The optimizer updates only the rows of a sparse matrix that a step touched (lazy embedding updates):
+  // it needs the all-reduce backends, since the parameter server exchanges dense gradients.
+  bool sparse_updates = false;
 };
 
 struct BackendChoice {
+  // The all-reduce backends' communicator over every rank; null for the parameter server, whose workers
+  // use ParameterClient and whose servers run_parameter_server (parameter_server.h) directly.
   std::unique_ptr<Communicator> communicator;
-  std::string reason;      // one line for rank 0's log: what was chosen and why
-  bool all_on_cpu = true;  // every rank's replica is on the CPU (sparse embedding exchange possible)
+  std::string reason;             // one line for rank 0's log: what was chosen and why
+  bool all_on_cpu = true;         // every rank's replica is on the CPU (sparse embedding exchange possible)
+  bool parameter_server = false;  // ps: the last `ps_servers` ranks serve, the others work
+  int ps_servers = 0;
 };
 
-// Collective over `comm`: auto picks NCCL when every rank has a GPU and MPI otherwise (GPU ranks of a mixed
-// job stage their gradients through host memory). Throws UserError for an unknown backend or one the job
-// cannot use (nccl with a CPU rank, ps before it exists).
+// Collective over `comm`. auto picks NCCL when every rank has a GPU; otherwise (CPU-only or mixed jobs) the
+// parameter server, except on a job of one rank (no rank to serve: the single replica uses MPI) or with
+// sparse_updates (MPI, GPU ranks of a mixed job staging their gradients through host memory). mpi, nccl and
+// ps force one. Throws UserError (the same on every rank) for an unknown backend or one the job cannot use:
+// nccl with a CPU rank, ps with no rank left to work or with sparse_updates.
 BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm);
 
 }  // namespace ddp::comm

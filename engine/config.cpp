@@ -41,11 +41,24 @@ void visit_keys(C& c, Visitor&& key) {
       "cap on steps per epoch; 0: the whole shard");
   key("train", "stop_after_steps", c.train.stop_after_steps,
       "stop after this many steps in all, writing last.h5 (continue with --resume); 0: never");
+  key("train", "straggle_ms", c.train.straggle_ms,
+      "sleep this long after each step on the last worker, to test stragglers; 0: never");
   key("comm", "backend", c.comm.backend,
-      "gradient averaging: auto (nccl when every rank has a GPU, else mpi), mpi, nccl");
+      "how replicas combine gradients: auto (nccl when every rank has a GPU; else ps, or mpi on one rank), "
+      "mpi (all-reduce), nccl (all-reduce on GPUs) or ps (parameter server)");
   key("comm", "sparse_embedding", c.comm.sparse_embedding,
       "average only the embedding rows some rank's batch used (same result, less traffic)");
   key("comm", "compression", c.comm.compression, "gradients on the wire with NCCL: none, fp16 or bf16");
+  key("comm", "ps_servers", c.comm.ps_servers,
+      "ps: the last K ranks are parameter servers, each owning a shard of the parameters and their "
+      "optimizer state; the others are workers");
+  key("comm", "ps_mode", c.comm.ps_mode,
+      "ps: sync (gradients of all workers averaged each step, as all-reduce) or async (each gradient "
+      "applied as it arrives, bounded by comm.max_staleness)");
+  key("comm", "max_staleness", c.comm.max_staleness,
+      "ps async: steps a worker may run ahead of the slowest worker");
+  key("comm", "timeout_s", c.comm.timeout_s,
+      "ps: seconds of silence from a rank after which the job ends, naming the rank");
   key("checkpoint", "dir", c.checkpoint.dir, "run directory: config.ini, metrics.jsonl, last.h5, best.h5");
   key("checkpoint", "every_steps", c.checkpoint.every_steps,
       "also write last.h5 every N steps; 0: per epoch");
@@ -116,12 +129,21 @@ void check_values(const Config& c) {
           value_text(c.train.max_steps_per_epoch), "must be 0 (no cap) or more");
   require(c.train.stop_after_steps >= 0, "train.stop_after_steps", value_text(c.train.stop_after_steps),
           "must be 0 (never) or more");
+  require(c.train.straggle_ms >= 0, "train.straggle_ms", value_text(c.train.straggle_ms),
+          "must be 0 (never) or more");
   require(!c.checkpoint.dir.empty(), "checkpoint.dir", "\"\"", "must name a directory");
   require(c.checkpoint.every_steps >= 0, "checkpoint.every_steps", value_text(c.checkpoint.every_steps),
           "must be 0 or more");
   require(c.comm.backend == "auto" || c.comm.backend == "mpi" || c.comm.backend == "nccl" ||
               c.comm.backend == "ps",
           "comm.backend", c.comm.backend, "unknown backend (expected auto, mpi, nccl or ps)");
+  require(c.comm.ps_servers >= 1, "comm.ps_servers", value_text(c.comm.ps_servers),
+          "must be at least 1 (the job needs at least one more rank, a worker)");
+  require(c.comm.ps_mode == "sync" || c.comm.ps_mode == "async", "comm.ps_mode", c.comm.ps_mode,
+          "expected sync or async");
+  require(c.comm.max_staleness >= 0, "comm.max_staleness", value_text(c.comm.max_staleness),
+          "must be 0 or more");
+  require(c.comm.timeout_s > 0, "comm.timeout_s", value_text(c.comm.timeout_s), "must be positive");
   require(c.comm.compression == "none" || c.comm.compression == "fp16" || c.comm.compression == "bf16",
           "comm.compression", c.comm.compression, "expected none, fp16 or bf16");
   require(c.log.progress == "auto" || c.log.progress == "bar" || c.log.progress == "lines", "log.progress",

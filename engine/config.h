@@ -40,12 +40,17 @@ struct Config {
     int threads = 0;                  // BLAS threads per rank; 0: the node's cores / the node's ranks
     int64_t max_steps_per_epoch = 0;  // 0: the whole shard
     int64_t stop_after_steps = 0;     // stop (with last.h5 written) after this many steps in all; 0: never
+    double straggle_ms = 0;           // testing: the last worker sleeps this long after each step
   } train;
 
   struct Comm {
     std::string backend = "auto";      // auto | mpi | nccl | ps
     bool sparse_embedding = true;      // exchange only the embedding rows some rank touched
     std::string compression = "none";  // NCCL gradients on the wire: none | fp16 | bf16
+    int ps_servers = 1;                // ps: the last K ranks serve
+    std::string ps_mode = "sync";      // ps: sync | async
+    int max_staleness = 4;             // ps async: how many pushes a worker may run ahead of the slowest
+    double timeout_s = 120;            // ps: the longest silence accepted from a rank before the job ends
   } comm;
 
   struct Checkpoint {

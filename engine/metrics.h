@@ -22,7 +22,8 @@ struct EpochMetrics {
   double step_time_ms = 0;   // training time / steps
   double samples_per_s = 0;  // training samples of all ranks per second
   double data_wait_s = 0;    // rank 0's time blocked on its prefetcher
-  int world_size = 1;
+  int world_size = 1;        // ranks of the job
+  int workers = 1;           // ranks that train: all of them, or the parameter server's workers
   std::string backend;
   std::string device;
 };

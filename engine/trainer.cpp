@@ -7,11 +7,14 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <thread>
 
 #include "engine/checkpoint.h"
 #include "engine/data_parallel_step.h"
 #include "engine/errors.h"
 #include "engine/optimizer.h"
+#include "engine/ps_training.h"
+#include "engine/updater.h"
 #include "io/batch_reader.h"
 #include "io/batch_source.h"
 #include "models/cuda_replica.h"
@@ -35,23 +38,70 @@ struct RunFiles {
   std::string config() const { return (dir / "config.ini").string(); }
 };
 
+// The all-reduce backends: gradients averaged over every rank, then every rank's own optimizer.
+class AllReduceUpdater final : public Updater {
+ public:
+  AllReduceUpdater(models::Replica& replica, comm::Communicator& comm, std::unique_ptr<Optimizer> optimizer,
+                   bool sparse_embedding)
+      : replica_(replica),
+        comm_(comm),
+        optimizer_(std::move(optimizer)),
+        step_(replica, comm, *optimizer_, sparse_embedding) {}
+
+  Optimizer& optimizer() override { return *optimizer_; }
+
+  void distribute_start(std::span<float> host_params) override {
+    comm_.broadcast(host_params, 0);
+    replica_.copy_params_from_host(host_params);
+    OptimizerState state = optimizer_->state();
+    std::vector<double> iterations{static_cast<double>(state.iterations)};
+    comm_.broadcast(std::span<double>(iterations), 0);
+    state.iterations = static_cast<int64_t>(iterations[0]);
+    for (auto& [name, buffer] : state.buffers) comm_.broadcast(std::span<float>(buffer), 0);
+    optimizer_->load_state(state);
+  }
+
+  void begin_steps() override {}
+  void step(const models::BatchView& batch) override { step_.run(batch); }
+  void end_steps() override {}
+  void finish(std::span<float> host_params) override { replica_.copy_params_to_host(host_params); }
+  std::string backend() const override { return comm_.backend(); }
+
+ private:
+  models::Replica& replica_;
+  comm::Communicator& comm_;
+  std::unique_ptr<Optimizer> optimizer_;
+  DataParallelStep step_;
+};
+
+std::unique_ptr<Optimizer> make_optimizer_for(models::Replica& replica, const OptimizerSettings& s) {
+  const std::size_t size = replica.layout().total_size();
+  return replica.device() == models::DeviceKind::kCuda ? make_cuda_optimizer(s, size, replica.stream())
+                                                       : make_optimizer(s, size);
+}
+
+// One rank's training: every rank of the all-reduce backends, or a worker of the parameter server.
+// `world` spans the whole job (errors before training are agreed on over it, and it gathers the start-up
+// log); `comm` the ranks that train (data shards, metrics, evaluation). They span the same ranks unless
+// parameter servers take part: then every call on `world` here has its counterpart in the servers' run
+// (ps_training.h lists the sequence).
 class TrainingRun {
  public:
-  TrainingRun(const Config& config, const Topology& topology, comm::BackendChoice backend,
-              std::unique_ptr<models::Replica> replica, const io::DatasetInfo& data)
+  TrainingRun(const Config& config, const Topology& topology, comm::Communicator& world,
+              comm::Communicator& comm, std::string backend_reason, std::unique_ptr<models::Replica> replica,
+              std::unique_ptr<Updater> updater, const io::DatasetInfo& data)
       : config_(config),
         topology_(topology),
-        backend_(std::move(backend)),
-        comm_(*backend_.communicator),
+        world_(world),
+        comm_(comm),
+        backend_reason_(std::move(backend_reason)),
         data_(data),
         files_{config.checkpoint.dir},
         shape_(replica->layout().shape()),
         replica_(std::move(replica)),
-        optimizer_(make_optimizer_for(*replica_, optimizer_settings(config))),
+        updater_(std::move(updater)),
         train_shard_(io::shard_of(data.train_size, comm_.rank(), comm_.size(), /*cover_all=*/false)),
         test_shard_(io::shard_of(data.test_size, comm_.rank(), comm_.size(), /*cover_all=*/true)),
-        step_(std::make_unique<DataParallelStep>(*replica_, comm_, *optimizer_,
-                                                 config.comm.sparse_embedding && backend_.all_on_cpu)),
         host_params_(replica_->layout().total_size()) {
     const int64_t per_epoch =
         io::BatchReader::batches_per_epoch(train_shard_.size(), config.train.batch_size, /*drop_last=*/true);
@@ -60,8 +110,8 @@ class TrainingRun {
                            : per_epoch;
     if (steps_per_epoch_ < 1) {
       throw UserError(data.path + ": /train has " + std::to_string(data.train_size) +
-                      " samples, fewer than " + std::to_string(comm_.size()) + " ranks x train.batch_size " +
-                      std::to_string(config.train.batch_size));
+                      " samples, fewer than " + std::to_string(comm_.size()) + " " + trainers() +
+                      " x train.batch_size " + std::to_string(config.train.batch_size));
     }
   }
 
@@ -77,31 +127,19 @@ class TrainingRun {
       result.history.push_back(*metrics);
     }
     result.params.resize(replica_->layout().total_size());
-    replica_->copy_params_to_host(result.params);
+    updater_->finish(result.params);
     return result;
   }
 
  private:
-  static std::unique_ptr<Optimizer> make_optimizer_for(models::Replica& replica, const OptimizerSettings& s) {
-    const std::size_t size = replica.layout().total_size();
-    return replica.device() == models::DeviceKind::kCuda ? make_cuda_optimizer(s, size, replica.stream())
-                                                         : make_optimizer(s, size);
-  }
-
-  static OptimizerSettings optimizer_settings(const Config& c) {
-    return {c.train.optimizer,
-            c.train.learning_rate,
-            c.train.beta1,
-            c.train.beta2,
-            c.train.epsilon,
-            c.train.momentum,
-            c.train.embedding_update == "lazy"};
-  }
-
   bool is_root() const { return comm_.rank() == 0; }
+  // What the training ranks are called in messages.
+  std::string trainers() const {
+    return std::string(world_.size() == comm_.size() ? "rank" : "worker") + (comm_.size() == 1 ? "" : "s");
+  }
 
   void prepare_run_directory() {
-    comm::agree_on_errors(comm_, [&] {
+    comm::agree_on_errors(world_, [&] {
       if (!is_root()) return;
       std::error_code ec;
       std::filesystem::create_directories(files_.dir, ec);
@@ -119,7 +157,7 @@ class TrainingRun {
   void start_from_checkpoint_or_seed() {
     const bool want_resume = config_.resume == "last" || (config_.resume == "auto" && last_exists_on_root());
     std::vector<double> header(10, 0.0);
-    comm::agree_on_errors(comm_, [&] {
+    comm::agree_on_errors(world_, [&] {
       if (!is_root()) return;
       if (!want_resume) {
         models::initialize_keras(replica_->layout(), host_params_, config_.train.seed);
@@ -137,12 +175,13 @@ class TrainingRun {
                         ", layers " + std::to_string(c.shape.layers) +
                         ") differs from the config's and the dataset's");
       }
-      if (c.optimizer_name != optimizer_->name()) {
+      Optimizer& optimizer = updater_->optimizer();
+      if (c.optimizer_name != optimizer.name()) {
         throw UserError(files_.last() + ": checkpoint was trained with " + c.optimizer_name +
-                        ", the config asks for train.optimizer = " + optimizer_->name());
+                        ", the config asks for train.optimizer = " + optimizer.name());
       }
       host_params_ = c.params;
-      optimizer_->load_state(c.optimizer);
+      optimizer.load_state(c.optimizer);
       progress_ = c.progress;
       if (progress_.seed != config_.train.seed) {
         std::printf("note: %s was trained with train.seed = %llu; its data order continues with that seed\n",
@@ -150,8 +189,8 @@ class TrainingRun {
       }
       if (progress_.world_size != comm_.size() || progress_.batch_size != config_.train.batch_size) {
         std::printf(
-            "warning: %s was written by %lld ranks x batch %lld; resuming with %d x %d changes the data "
-            "order from here on\n",
+            "warning: %s was written by %lld training ranks x batch %lld; resuming with %d x %d changes "
+            "the data order from here on\n",
             files_.last().c_str(), static_cast<long long>(progress_.world_size),
             static_cast<long long>(progress_.batch_size), comm_.size(), config_.train.batch_size);
       }
@@ -162,8 +201,6 @@ class TrainingRun {
     });
 
     // Broadcast the starting point.
-    comm_.broadcast(std::span<float>(host_params_), 0);
-    replica_->copy_params_from_host(host_params_);
     header = {static_cast<double>(progress_.epoch), static_cast<double>(progress_.step_in_epoch),
               static_cast<double>(progress_.global_step), progress_.best_val_loss, progress_.loss_sum,
               progress_.correct, progress_.count, resumed_ ? 1.0 : 0.0,
@@ -179,15 +216,9 @@ class TrainingRun {
     // Running sums of an interrupted epoch are global: keep them on rank 0 only, so the next sum adds them
     // once.
     if (!is_root()) progress_.loss_sum = progress_.correct = progress_.count = 0;
-    progress_.world_size = comm_.size();
+    progress_.world_size = comm_.size();  // the training ranks, over which the data is sharded
     progress_.batch_size = config_.train.batch_size;
-
-    OptimizerState state = optimizer_->state();
-    std::vector<double> iterations{static_cast<double>(state.iterations)};
-    comm_.broadcast(std::span<double>(iterations), 0);
-    state.iterations = static_cast<int64_t>(iterations[0]);
-    for (auto& [name, buffer] : state.buffers) comm_.broadcast(std::span<float>(buffer), 0);
-    optimizer_->load_state(state);
+    updater_->distribute_start(host_params_);
   }
 
   bool last_exists_on_root() {
@@ -202,22 +233,22 @@ class TrainingRun {
                                                   : topology_.device;
     char line[768];
     std::snprintf(line, sizeof(line), "rank %d/%d on %s (local rank %d/%d): %s [%s], train rows [%lld, %lld)",
-                  comm_.rank(), comm_.size(), topology_.host.c_str(), topology_.local_rank,
+                  world_.rank(), world_.size(), topology_.host.c_str(), topology_.local_rank,
                   topology_.local_size, device.c_str(), topology_.device_reason.c_str(),
                   static_cast<long long>(train_shard_.begin), static_cast<long long>(train_shard_.end));
-    const std::vector<std::string> lines = comm_.gather(line, 0);
+    const std::vector<std::string> lines = world_.gather(line, 0);
     if (!is_root()) return;
-    std::printf("backend %s\n", backend_.reason.c_str());
+    std::printf("backend %s\n", backend_reason_.c_str());
     for (const std::string& l : lines) std::printf("%s\n", l.c_str());
     std::printf("data %s: train %lld, test %lld, vocab %d, maxlen %d\n", data_.path.c_str(),
                 static_cast<long long>(data_.train_size), static_cast<long long>(data_.test_size),
                 data_.vocab_size, data_.maxlen);
     std::printf(
-        "model: embedding %d, LSTM %d x %d, %zu parameters; %s lr %g; batch %d per rank x %d ranks; "
+        "model: embedding %d, LSTM %d x %d, %zu parameters; %s lr %g; batch %d per rank x %d %s; "
         "%lld steps per epoch\n",
         shape_.embedding_dim, shape_.layers, shape_.hidden, replica_->layout().total_size(),
-        optimizer_->name().c_str(), config_.train.learning_rate, config_.train.batch_size, comm_.size(),
-        static_cast<long long>(steps_per_epoch_));
+        updater_->optimizer().name().c_str(), config_.train.learning_rate, config_.train.batch_size,
+        comm_.size(), trainers().c_str(), static_cast<long long>(steps_per_epoch_));
     if (resumed_) {
       std::printf("resumed from %s: %lld epochs and %lld steps done\n", files_.last().c_str(),
                   static_cast<long long>(progress_.epoch), static_cast<long long>(progress_.step_in_epoch));
@@ -244,6 +275,13 @@ class TrainingRun {
     return config_.train.stop_after_steps > 0 && progress_.global_step >= config_.train.stop_after_steps;
   }
 
+  // The testing knob train.straggle_ms: the last training rank lags behind the others.
+  void straggle() const {
+    if (config_.train.straggle_ms > 0 && comm_.rank() == comm_.size() - 1) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.train.straggle_ms));
+    }
+  }
+
   // The epoch's metrics, or nothing if the run stopped before the epoch's end.
   std::optional<EpochMetrics> train_epoch(int64_t epoch) {
     const auto epoch_start = Clock::now();
@@ -268,8 +306,10 @@ class TrainingRun {
                        steps_per_epoch_);
     models::BatchStats local;
     int64_t step = first;
+    updater_->begin_steps();
     while (const std::optional<io::BatchRef> batch = source->next()) {
-      step_->run({batch->tokens, batch->labels, batch->batch_size, batch->seq});
+      updater_->step({batch->tokens, batch->labels, batch->batch_size, batch->seq});
+      straggle();
       ++step;
       ++progress_.global_step;
       progress_.step_in_epoch = step;
@@ -282,14 +322,18 @@ class TrainingRun {
       if (stop_requested()) {
         if (progress) progress->finish();
         local += replica_->take_stats();
+        updater_->end_steps();
         save_mid_epoch(local);
         return std::nullopt;
       }
       if (config_.checkpoint.every_steps > 0 && step % config_.checkpoint.every_steps == 0) {
         local += replica_->take_stats();
+        updater_->end_steps();
         save_mid_epoch(local);
+        updater_->begin_steps();
       }
     }
+    updater_->end_steps();
     if (progress) progress->finish();
     local += replica_->take_stats();
     const double train_time = seconds_since(epoch_start);
@@ -320,8 +364,9 @@ class TrainingRun {
     m.step_time_ms = steps_run > 0 ? 1000.0 * train_time / static_cast<double>(steps_run) : 0.0;
     m.samples_per_s = static_cast<double>(steps_run) * config_.train.batch_size * comm_.size() / train_time;
     m.data_wait_s = source->input_wait_seconds();
-    m.world_size = comm_.size();
-    m.backend = comm_.backend();
+    m.world_size = world_.size();
+    m.workers = comm_.size();
+    m.backend = updater_->backend();
     m.device = topology_.device;
 
     progress_.epoch = epoch + 1;
@@ -372,7 +417,8 @@ class TrainingRun {
       std::fflush(stdout);
       append_line(files_.metrics(), to_json(m));
       replica_->copy_params_to_host(host_params_);
-      write_checkpoint(files_.last(), shape_, host_params_, *optimizer_, progress_, config_.to_ini());
+      write_checkpoint(files_.last(), shape_, host_params_, updater_->optimizer(), progress_,
+                       config_.to_ini());
       if (best)
         std::filesystem::copy_file(files_.last(), files_.best(),
                                    std::filesystem::copy_options::overwrite_existing);
@@ -389,29 +435,40 @@ class TrainingRun {
       snapshot.correct += sums[1];
       snapshot.count += sums[2];
       replica_->copy_params_to_host(host_params_);
-      write_checkpoint(files_.last(), shape_, host_params_, *optimizer_, snapshot, config_.to_ini());
+      write_checkpoint(files_.last(), shape_, host_params_, updater_->optimizer(), snapshot,
+                       config_.to_ini());
     });
   }
 
   const Config& config_;
   const Topology& topology_;
-  comm::BackendChoice backend_;
+  comm::Communicator& world_;
   comm::Communicator& comm_;
+  std::string backend_reason_;
   const io::DatasetInfo& data_;
   RunFiles files_;
   models::ModelShape shape_;
   std::unique_ptr<models::Replica> replica_;
-  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Updater> updater_;  // refers to *replica_, declared after it
   io::Shard train_shard_;
   io::Shard test_shard_;
   int64_t steps_per_epoch_ = 0;
   TrainingProgress progress_;
   bool resumed_ = false;
-  std::unique_ptr<DataParallelStep> step_;
   std::vector<float> host_params_;  // host copy of the parameters: initialization, broadcast, checkpoints
 };
 
 }  // namespace
+
+OptimizerSettings optimizer_settings(const Config& c) {
+  return {c.train.optimizer,
+          c.train.learning_rate,
+          c.train.beta1,
+          c.train.beta2,
+          c.train.epsilon,
+          c.train.momentum,
+          c.train.embedding_update == "lazy"};
+}
 
 TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data,
                   MPI_Comm world) {
@@ -430,13 +487,40 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     request.compression = config.comm.compression;
     request.on_gpu = replica->device() == models::DeviceKind::kCuda;
     request.compute_stream = replica->stream();
+    request.ps_servers = config.comm.ps_servers;
+    request.sparse_updates = config.train.embedding_update == "lazy";
     backend = comm::choose_backend(request, world);
   });
+
+  if (!backend.parameter_server) {
+    std::unique_ptr<TrainingRun> run;
+    comm::agree_on_errors(*boot, [&] {
+      comm::Communicator& comm = *backend.communicator;
+      auto updater = std::make_unique<AllReduceUpdater>(
+          *replica, comm, make_optimizer_for(*replica, optimizer_settings(config)),
+          config.comm.sparse_embedding && backend.all_on_cpu);
+      run = std::make_unique<TrainingRun>(config, topology, *boot, comm, backend.reason, std::move(replica),
+                                          std::move(updater), data);
+    });
+    return run->run();
+  }
+
+  // The parameter server: the last ranks serve (ps_training.h), the others train.
+  PsJob job(world, config, backend.ps_servers, replica->layout().total_size());
   std::unique_ptr<TrainingRun> run;
+  std::unique_ptr<PsServerRun> server;
   comm::agree_on_errors(*boot, [&] {
-    run = std::make_unique<TrainingRun>(config, topology, std::move(backend), std::move(replica), data);
+    if (job.serves()) {
+      replica.reset();  // a server holds its shard only
+      server = std::make_unique<PsServerRun>(job, *boot, config, topology);
+      return;
+    }
+    std::unique_ptr<Updater> updater = make_ps_worker_updater(job, *replica, optimizer_settings(config));
+    run = std::make_unique<TrainingRun>(config, topology, *boot, job.workers(),
+                                        backend.reason + "; " + job.describe_mode(), std::move(replica),
+                                        std::move(updater), data);
   });
-  return run->run();
+  return server ? server->run() : run->run();
 }
 
 }  // namespace ddp::engine

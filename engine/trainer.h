@@ -1,14 +1,19 @@
-// The data-parallel training loop. One Trainer per rank; all ranks run the same steps in the same order:
+// The data-parallel training loop. One TrainingRun per training rank; all of them run the same steps in the
+// same order:
 //
 //   batch <- BatchReader (this rank's shard, prefetched)      io/
 //   forward + backward on the replica                         models/
-//     each finished gradient segment -> start_average()       comm/
-//   finish_average(); optimizer step on the flat buffer       engine/optimizer
-//   after each epoch: sharded evaluation, summed over ranks; rank 0 prints, appends metrics.jsonl and writes
-//   last.h5 / best.h5                                         engine/metrics, engine/checkpoint
+//   the update (engine/updater.h):                            comm/, engine/optimizer
+//     all-reduce (mpi, nccl): each finished gradient segment -> start_average(); finish_average(); the
+//       optimizer step on the flat buffer
+//     parameter server (ps): push the gradients, pull the servers' parameters (engine/ps_training.h)
+//   after each epoch: sharded evaluation, summed over the training ranks; rank 0 prints, appends
+//   metrics.jsonl and writes last.h5 / best.h5                engine/metrics, engine/checkpoint
 //
 // Rank 0's initial parameters (or the resumed checkpoint) are broadcast, so every replica starts identical
-// and, averaging bit-identical gradients, stays identical.
+// and, averaging bit-identical gradients (or pulling the same parameters), stays identical; in the parameter
+// server's async mode the workers drift apart within a run of steps and meet again at its end. With the
+// parameter server the last comm.ps_servers ranks do not train: they serve their shards.
 #pragma once
 
 #include <memory>
@@ -23,13 +28,15 @@
 namespace ddp::engine {
 
 struct TrainResult {
-  std::vector<EpochMetrics> history;  // the epochs this invocation trained
+  std::vector<EpochMetrics> history;  // the epochs this invocation trained (empty on a parameter server)
   std::vector<float> params;          // the final parameters (identical on every rank)
 };
 
-// Collective over `world`: builds this rank's replica on its device (topology), the optimizer of that device,
-// and the communicator the job's devices call for (comm::choose_backend). Throws UserError for problems found
-// before the first step (every rank throws the same one); problems met later end the job through fatal().
+// Collective over `world`: builds this rank's replica on its device (topology), picks the backend the job's
+// devices call for (comm::choose_backend) and trains: with all-reduce, every rank with the optimizer of its
+// device; with the parameter server, the first ranks as workers and the last comm.ps_servers ranks as
+// servers. Throws UserError for problems found before the first step (every rank throws the same one);
+// problems met later end the job through fatal().
 TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data,
                   MPI_Comm world);
 

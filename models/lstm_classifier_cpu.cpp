@@ -456,6 +456,10 @@ class CpuReplica final : public Replica {
     check_size(host.size());
     std::copy(host.begin(), host.end(), model_.params().begin());
   }
+  void copy_grads_to_host(std::span<float> host) override {
+    check_size(host.size());
+    std::copy(model_.grads().begin(), model_.grads().end(), host.begin());
+  }
 
   void train_step(const BatchView& batch, const GradientReadyFn& on_ready) override {
     stats_ += model_.train_step(batch.tokens, batch.labels, batch.batch, batch.seq, on_ready);

@@ -334,6 +334,7 @@ class CudaReplica final : public Replica {
   std::span<float> grads() override { return {grads_.get(), layout_.total_size()}; }
   void copy_params_to_host(std::span<float> host) override;
   void copy_params_from_host(std::span<const float> host) override;
+  void copy_grads_to_host(std::span<float> host) override;
 
   void train_step(const BatchView& batch, const GradientReadyFn& on_ready) override;
   void evaluate(const BatchView& batch) override;
@@ -805,6 +806,17 @@ void CudaReplica::copy_params_from_host(std::span<const float> host) {
   select_device();
   DDP_CUDA_CHECK(
       cudaMemcpyAsync(params_.get(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream_.get()));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+void CudaReplica::copy_grads_to_host(std::span<float> host) {
+  if (host.size() != layout_.total_size()) {
+    throw std::invalid_argument("CudaReplica: host buffer of the wrong size");
+  }
+  select_device();
+  // On the compute stream, so the copy follows the backward that wrote the gradients.
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(host.data(), grads_.get(), host.size_bytes(), cudaMemcpyDeviceToHost, stream_.get()));
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
 }
 

@@ -57,6 +57,8 @@ class Replica {
   // Host copies of the parameters in the canonical layout: initialization, broadcast, checkpoints.
   virtual void copy_params_to_host(std::span<float> host) = 0;
   virtual void copy_params_from_host(std::span<const float> host) = 0;
+  // A host copy of the last train_step's gradients (for a parameter server's worker on a GPU).
+  virtual void copy_grads_to_host(std::span<float> host) = 0;
 
   // Forward and backward on one batch: grads() becomes d(mean loss over the batch)/d(params). The batch's
   // loss and accuracy are added to the running stats.

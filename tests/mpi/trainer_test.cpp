@@ -61,11 +61,13 @@ class TrainerTest : public ::testing::Test {
     topology_ = engine::discover_topology(MPI_COMM_WORLD, "cpu");
   }
 
+  // The all-reduce trainer (comm.backend = auto would pick the parameter server on CPU ranks: those runs are
+  // tested in ps_trainer_test.cpp).
   engine::TrainResult run(const std::string& run_dir, std::vector<std::string> extra) {
     std::vector<std::string> args{"--data.path",           data_path_, "--checkpoint.dir", run_dir,
                                   "--model.embedding_dim", "8",        "--model.hidden",   "8",
                                   "--train.batch_size",    "10",       "--train.epochs",   "2",
-                                  "--log.progress",        "lines"};
+                                  "--log.progress",        "lines",    "--comm.backend",   "mpi"};
     args.insert(args.end(), extra.begin(), extra.end());
     const engine::Config config = engine::parse_config(args).config;
     return engine::train(config, topology_, data_, MPI_COMM_WORLD);

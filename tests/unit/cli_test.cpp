@@ -196,6 +196,38 @@ TEST(Cli, BadInputUnderMpirunEndsEveryRankWithOneMessage) {
   expect_user_error(o, {"label.h5", "/train/y"});
 }
 
+TEST(Cli, ParameterServerSetupErrors) {
+  TempDir dir;
+  const std::string data = make_file(dir, "ok.h5", {});
+  expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --comm.ps_servers 0"),
+                    {"comm.ps_servers", "0"});
+  expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --comm.ps_mode eventual"),
+                    {"comm.ps_mode", "eventual"});
+  // One rank: no worker is left beside a server.
+  expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --comm.backend ps"),
+                    {"comm.ps_servers = 1", "no worker"});
+  // Agreed on by every rank of the job: one message, exit 2.
+  expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --comm.backend ps --comm.ps_servers 2",
+                                 "mpirun --allow-run-as-root --oversubscribe -np 2"),
+                    {"comm.ps_servers = 2 leaves no worker with 2 ranks"});
+}
+
+TEST(Cli, AutoUnderMpirunPicksTheParameterServerAndSaysWhy) {
+  TempDir dir;
+  const std::string data = make_file(dir, "ok.h5", {});
+  const Outcome o =
+      run_ddptrain(dir, train_args(dir, data), "mpirun --allow-run-as-root --oversubscribe -np 2");
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.out.find("backend ps: 0 of 2 ranks on GPUs; 1 worker (rank 0), 1 parameter server (rank 1)"),
+            std::string::npos)
+      << o.out;
+  EXPECT_NE(o.out.find("Epoch 1/1"), std::string::npos) << o.out;
+  const Outcome alone = run_ddptrain(dir, train_args(dir, data));
+  EXPECT_NE(alone.out.find("backend mpi: 0 of 1 ranks on GPUs, CPU all-reduce; a single rank trains alone"),
+            std::string::npos)
+      << alone.out;
+}
+
 TEST(Cli, ResumeWithoutCheckpoint) {
   TempDir dir;
   const std::string data = make_file(dir, "ok.h5", {});

@@ -79,6 +79,40 @@ TEST(Config, BadValuesNameTheKey) {
   EXPECT_NE(error_of({}).find("data.path"), std::string::npos);
 }
 
+TEST(Config, ParameterServerKeys) {
+  const Config defaults = parse_config({"--data.path", "x"}).config;
+  EXPECT_EQ(defaults.comm.backend, "auto");
+  EXPECT_EQ(defaults.comm.ps_servers, 1);
+  EXPECT_EQ(defaults.comm.ps_mode, "sync");
+  EXPECT_EQ(defaults.comm.max_staleness, 4);
+  EXPECT_EQ(defaults.comm.timeout_s, 120);
+  EXPECT_EQ(defaults.train.straggle_ms, 0);
+  const Config c = parse_config({"--data.path", "x", "--comm.backend", "ps", "--comm.ps_servers", "3",
+                                 "--comm.ps_mode", "async", "--comm.max_staleness", "0", "--comm.timeout_s",
+                                 "2.5", "--train.straggle_ms", "7"})
+                       .config;
+  EXPECT_EQ(c.comm.backend, "ps");
+  EXPECT_EQ(c.comm.ps_servers, 3);
+  EXPECT_EQ(c.comm.ps_mode, "async");
+  EXPECT_EQ(c.comm.max_staleness, 0);
+  EXPECT_EQ(c.comm.timeout_s, 2.5);
+  EXPECT_EQ(c.train.straggle_ms, 7);
+
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"comm.ps_servers", "0"},
+                                                        {"comm.ps_servers", "-1"},
+                                                        {"comm.ps_servers", "two"},
+                                                        {"comm.ps_mode", "eventual"},
+                                                        {"comm.max_staleness", "-1"},
+                                                        {"comm.timeout_s", "0"},
+                                                        {"train.straggle_ms", "-5"}}) {
+    const std::string error = error_of({"--data.path", "x", "--" + key, value});
+    EXPECT_NE(error.find(key), std::string::npos) << key << " = " << value << ": " << error;
+  }
+  EXPECT_NE(error_of({"--data.path", "x", "--comm.ps_mode", "eventual"}).find("sync or async"),
+            std::string::npos);
+}
+
 TEST(Config, MissingConfigFile) {
   EXPECT_NE(error_of({"--config", "/nonexistent/ddptrain.ini"}).find("/nonexistent/ddptrain.ini"),
             std::string::npos);
@@ -87,9 +121,10 @@ TEST(Config, MissingConfigFile) {
 TEST(Config, HelpListsEveryKeyWithDefault) {
   const ParsedConfig parsed = parse_config({"--help"});
   EXPECT_EQ(parsed.action, ConfigAction::kHelp);
-  for (const char* key :
-       {"data.path", "model.embedding_dim", "model.hidden", "model.layers", "train.batch_size",
-        "train.epochs", "train.learning_rate", "train.seed", "comm.backend", "checkpoint.dir", "--device"}) {
+  for (const char* key : {"data.path", "model.embedding_dim", "model.hidden", "model.layers",
+                          "train.batch_size", "train.epochs", "train.learning_rate", "train.seed",
+                          "comm.backend", "comm.ps_servers", "comm.ps_mode", "comm.max_staleness",
+                          "comm.timeout_s", "train.straggle_ms", "checkpoint.dir", "--device"}) {
     EXPECT_NE(parsed.help.find(key), std::string::npos) << key;
   }
   EXPECT_NE(parsed.help.find("(=32)"), std::string::npos);

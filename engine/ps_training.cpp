@@ -1,0 +1,337 @@
+// Training with the parameter server (see ps_training.h): the job's split, the workers' updater and the
+// servers' run.
+#include "engine/ps_training.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <sstream>
+#include <thread>
+
+#include "comm/mpi_check.h"
+#include "engine/errors.h"
+
+namespace ddp::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Messages of step 5 and 6 of the sequence: another run of steps, or none.
+constexpr int64_t kAnotherRun = 1;
+constexpr int64_t kNoMore = 0;
+
+std::string seconds_text(double s) {
+  std::ostringstream out;
+  out << s;
+  return out.str();
+}
+
+// The ranks of the servers, for messages.
+std::string server_ranks(const comm::PsRoles& roles) {
+  const int first = roles.server_rank(0);
+  const int last = roles.server_rank(roles.servers - 1);
+  return first == last ? "rank " + std::to_string(first)
+                       : "ranks " + std::to_string(first) + "-" + std::to_string(last);
+}
+
+float* data_or_null(std::vector<float>& v) {
+  return v.empty() ? nullptr : v.data();
+}
+
+}  // namespace
+
+// --- The job -----------------------------------------------------------------------------------------------
+
+PsJob::PsJob(MPI_Comm world, const Config& config, int servers, std::size_t total_size)
+    : total_size_(total_size) {
+  int size = 0;
+  DDP_CHECK_MPI(MPI_Comm_size(world, &size));
+  DDP_CHECK_MPI(MPI_Comm_rank(world, &rank_));
+  roles_ = comm::PsRoles::make(size, servers);
+  // Counts and displacements of MPI_Scatterv/Gatherv are ints.
+  if (total_size > static_cast<std::size_t>(INT_MAX)) {
+    throw UserError("comm.backend = ps: the model's " + std::to_string(total_size) +
+                    " parameters exceed what one MPI_Gatherv can address; use comm.backend = mpi");
+  }
+  options_.servers = servers;
+  options_.async = config.comm.ps_mode == "async";
+  options_.max_staleness = config.comm.max_staleness;
+  options_.timeout_s = config.comm.timeout_s;
+
+  counts_.assign(static_cast<std::size_t>(size), 0);
+  offsets_.assign(static_cast<std::size_t>(size), 0);
+  for (int j = 0; j < roles_.servers; ++j) {
+    const auto r = static_cast<std::size_t>(roles_.server_rank(j));
+    offsets_[r] = static_cast<int>(roles_.shard_begin(j, total_size));
+    counts_[r] = static_cast<int>(roles_.shard_end(j, total_size) - roles_.shard_begin(j, total_size));
+  }
+
+  DDP_CHECK_MPI(MPI_Comm_dup(world, &world_));
+  DDP_CHECK_MPI(MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN));
+  MPI_Comm split = MPI_COMM_NULL;
+  DDP_CHECK_MPI(MPI_Comm_split(world, serves() ? 1 : 0, rank_, &split));
+  if (serves()) {
+    DDP_CHECK_MPI(MPI_Comm_free(&split));
+  } else {
+    workers_comm_ = split;
+    DDP_CHECK_MPI(MPI_Comm_set_errhandler(workers_comm_, MPI_ERRORS_RETURN));
+    workers_ = comm::make_mpi_communicator(workers_comm_);
+  }
+}
+
+PsJob::~PsJob() {
+  workers_.reset();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (workers_comm_ != MPI_COMM_NULL) MPI_Comm_free(&workers_comm_);
+  MPI_Comm_free(&world_);
+}
+
+comm::Communicator& PsJob::workers() {
+  DDP_CHECK(workers_ != nullptr);
+  return *workers_;
+}
+
+std::string PsJob::describe_mode() const {
+  std::string mode = options_.async ? "async, a worker at most " + std::to_string(options_.max_staleness) +
+                                          " steps ahead of the slowest"
+                                    : "sync";
+  return mode + ", timeout " + seconds_text(options_.timeout_s) + " s";
+}
+
+std::string PsJob::me() const {
+  return (serves() ? "parameter server (rank " : "worker (rank ") + std::to_string(rank_) + ")";
+}
+
+void PsJob::wait(std::vector<MPI_Request>& requests, const std::string& what) const {
+  const auto start = Clock::now();
+  auto sleep = std::chrono::microseconds(10);
+  int overdue_polls = 0;
+  for (int done = 0;;) {
+    DDP_CHECK_MPI(
+        MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
+    if (done) return;
+    // Several polls past the deadline in a row: a rank that was itself descheduled first drains what came.
+    const bool late = std::chrono::duration<double>(Clock::now() - start).count() > options_.timeout_s;
+    overdue_polls = late ? overdue_polls + 1 : 0;
+    if (overdue_polls >= 8) {
+      DDP_FATAL(me() + " waited " + seconds_text(options_.timeout_s) + " s for " + what + ": rank lost?");
+    }
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
+  }
+}
+
+// --- A worker ----------------------------------------------------------------------------------------------
+
+namespace {
+
+class PsWorkerUpdater final : public Updater {
+ public:
+  PsWorkerUpdater(PsJob& job, models::Replica& replica, const OptimizerSettings& settings)
+      : job_(job),
+        replica_(replica),
+        total_(replica.layout().total_size()),
+        root_(job.rank() == 0),
+        state_(make_optimizer(settings, root_ ? total_ : 0)),
+        on_host_(replica.device() == models::DeviceKind::kCpu),
+        host_params_(total_),
+        host_grads_(on_host_ ? 0 : total_) {
+    DDP_CHECK(!job.serves());
+  }
+
+  Optimizer& optimizer() override { return *state_; }
+
+  void distribute_start(std::span<float> host_params) override {
+    job_.workers().broadcast(host_params, 0);
+    replica_.copy_params_from_host(host_params);
+    // Rank 0 sends every server its shard of the parameters and of each optimizer buffer.
+    OptimizerState state = state_->state();
+    std::vector<MPI_Request> requests(2 + state.buffers.size(), MPI_REQUEST_NULL);
+    DDP_CHECK_MPI(MPI_Ibcast(&state.iterations, 1, MPI_INT64_T, 0, job_.world(), &requests[0]));
+    scatter(host_params.data(), requests[1]);
+    for (std::size_t b = 0; b < state.buffers.size(); ++b)
+      scatter(state.buffers[b].second.data(), requests[2 + b]);
+    job_.wait(requests,
+              root_ ? "the parameter servers (" + server_ranks(job_.roles()) + ") to take their shards"
+                    : "rank 0 to hand out the starting point");
+  }
+
+  void begin_steps() override {
+    int64_t message = kAnotherRun;
+    std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
+    DDP_CHECK_MPI(MPI_Ibcast(&message, 1, MPI_INT64_T, 0, job_.world(), requests.data()));
+    job_.wait(requests, "rank 0 to start the next run of steps");
+    client_ = std::make_unique<comm::ParameterClient>(job_.world(), job_.options(), total_);
+  }
+
+  void step(const models::BatchView& batch) override {
+    replica_.train_step(batch, [](const models::ParamSegment&) {});
+    if (on_host_) {
+      client_->push_pull(replica_.grads(), replica_.params());
+      return;
+    }
+    replica_.copy_grads_to_host(host_grads_);
+    client_->push_pull(host_grads_, host_params_);
+    replica_.copy_params_from_host(host_params_);
+  }
+
+  void end_steps() override {
+    client_->finish();
+    client_.reset();
+    // Rank 0 gathers the servers' shards: the parameters and the optimizer state as they are now.
+    OptimizerState state = state_->state();
+    std::vector<int64_t> iterations(root_ ? job_.roles().world_size : 0);
+    int64_t none = -1;  // a worker has no optimizer state
+    std::vector<MPI_Request> requests(2 + state.buffers.size(), MPI_REQUEST_NULL);
+    DDP_CHECK_MPI(
+        MPI_Igather(&none, 1, MPI_INT64_T, iterations.data(), 1, MPI_INT64_T, 0, job_.world(), &requests[0]));
+    gather(host_params_.data(), requests[1]);
+    for (std::size_t b = 0; b < state.buffers.size(); ++b)
+      gather(state.buffers[b].second.data(), requests[2 + b]);
+    job_.wait(requests,
+              root_ ? "the parameter servers (" + server_ranks(job_.roles()) + ") to hand in their shards"
+                    : "the other ranks to end the run of steps");
+    if (root_) {
+      const auto first_server = static_cast<std::size_t>(job_.roles().server_rank(0));
+      state.iterations = iterations[first_server];
+      for (std::size_t r = first_server; r < iterations.size(); ++r) {
+        if (iterations[r] != state.iterations) {
+          DDP_FATAL("parameter server rank " + std::to_string(r) + " applied " +
+                    std::to_string(iterations[r]) + " updates but parameter server rank " +
+                    std::to_string(first_server) + " applied " + std::to_string(state.iterations));
+        }
+      }
+      state_->load_state(state);
+    }
+    // The workers continue from (and evaluate) what the servers hold.
+    std::vector<MPI_Request> broadcast(1, MPI_REQUEST_NULL);
+    DDP_CHECK_MPI(MPI_Ibcast(host_params_.data(), static_cast<int>(total_), MPI_FLOAT, 0, job_.workers_comm(),
+                             broadcast.data()));
+    job_.wait(broadcast, "rank 0 to hand out the parameters");
+    replica_.copy_params_from_host(host_params_);
+  }
+
+  void finish(std::span<float> host_params) override {
+    int64_t message = kNoMore;
+    std::vector<MPI_Request> requests(2, MPI_REQUEST_NULL);
+    DDP_CHECK_MPI(MPI_Ibcast(&message, 1, MPI_INT64_T, 0, job_.world(), &requests[0]));
+    replica_.copy_params_to_host(host_params);
+    DDP_CHECK_MPI(
+        MPI_Ibcast(host_params.data(), static_cast<int>(total_), MPI_FLOAT, 0, job_.world(), &requests[1]));
+    job_.wait(requests, "the other ranks to finish");
+  }
+
+  std::string backend() const override { return "ps"; }
+
+ private:
+  void scatter(const float* full, MPI_Request& request) {
+    DDP_CHECK_MPI(MPI_Iscatterv(full, job_.shard_counts().data(), job_.shard_offsets().data(), MPI_FLOAT,
+                                nullptr, 0, MPI_FLOAT, 0, job_.world(), &request));
+  }
+  void gather(float* full, MPI_Request& request) {
+    DDP_CHECK_MPI(MPI_Igatherv(nullptr, 0, MPI_FLOAT, full, job_.shard_counts().data(),
+                               job_.shard_offsets().data(), MPI_FLOAT, 0, job_.world(), &request));
+  }
+
+  PsJob& job_;
+  models::Replica& replica_;
+  std::size_t total_;
+  bool root_;
+  std::unique_ptr<Optimizer> state_;  // rank 0: the whole optimizer state, for checkpoints; else empty
+  bool on_host_;                      // the replica's buffers are host memory: push and pull in place
+  std::vector<float> host_params_;
+  std::vector<float> host_grads_;  // a GPU replica's gradients, staged for the push
+  std::unique_ptr<comm::ParameterClient> client_;
+};
+
+}  // namespace
+
+std::unique_ptr<Updater> make_ps_worker_updater(PsJob& job, models::Replica& replica,
+                                                const OptimizerSettings& settings) {
+  return std::make_unique<PsWorkerUpdater>(job, replica, settings);
+}
+
+// --- A server ----------------------------------------------------------------------------------------------
+
+PsServerRun::PsServerRun(PsJob& job, comm::Communicator& world, const Config& config,
+                         const Topology& topology)
+    : job_(job), world_(world), topology_(topology) {
+  DDP_CHECK(job.serves());
+  index_ = job.roles().server_index(job.rank());
+  begin_ = job.roles().shard_begin(index_, job.total_size());
+  shard_.resize(job.roles().shard_end(index_, job.total_size()) - begin_);
+  optimizer_ = make_optimizer(optimizer_settings(config), shard_.size());
+}
+
+TrainResult PsServerRun::run() {
+  comm::agree_on_errors(world_, [] {});  // 1. the run directory
+  comm::agree_on_errors(world_, [] {});  // 2. the starting point
+  receive_start();                       // 3.
+  log_start();                           // 4.
+  const comm::ShardUpdate update = [&](std::span<float> params, std::span<const float> grads) {
+    optimizer_->step(params, grads);
+  };
+  for (;;) {  // 5.
+    int64_t message = kNoMore;
+    std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
+    DDP_CHECK_MPI(MPI_Ibcast(&message, 1, MPI_INT64_T, 0, job_.world(), requests.data()));
+    job_.wait(requests, "rank 0 to start the next run of steps");
+    if (message != kAnotherRun) break;
+    comm::run_parameter_server(job_.world(), job_.options(), job_.total_size(), shard_, update);
+    send_state();
+  }
+  TrainResult result;  // 6. the final parameters
+  result.params.resize(job_.total_size());
+  std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
+  DDP_CHECK_MPI(MPI_Ibcast(result.params.data(), static_cast<int>(result.params.size()), MPI_FLOAT, 0,
+                           job_.world(), requests.data()));
+  job_.wait(requests, "rank 0 to hand out the final parameters");
+  return result;
+}
+
+void PsServerRun::receive_start() {
+  OptimizerState state = optimizer_->state();
+  std::vector<MPI_Request> requests(2 + state.buffers.size(), MPI_REQUEST_NULL);
+  DDP_CHECK_MPI(MPI_Ibcast(&state.iterations, 1, MPI_INT64_T, 0, job_.world(), &requests[0]));
+  const int count = static_cast<int>(shard_.size());
+  DDP_CHECK_MPI(MPI_Iscatterv(nullptr, nullptr, nullptr, MPI_FLOAT, data_or_null(shard_), count, MPI_FLOAT, 0,
+                              job_.world(), &requests[1]));
+  for (std::size_t b = 0; b < state.buffers.size(); ++b) {
+    DDP_CHECK_MPI(MPI_Iscatterv(nullptr, nullptr, nullptr, MPI_FLOAT, data_or_null(state.buffers[b].second),
+                                count, MPI_FLOAT, 0, job_.world(), &requests[2 + b]));
+  }
+  job_.wait(requests, "rank 0 to hand out the starting point");
+  optimizer_->load_state(state);
+}
+
+void PsServerRun::send_state() {
+  OptimizerState state = optimizer_->state();
+  const int count = static_cast<int>(shard_.size());
+  std::vector<MPI_Request> requests(2 + state.buffers.size(), MPI_REQUEST_NULL);
+  DDP_CHECK_MPI(
+      MPI_Igather(&state.iterations, 1, MPI_INT64_T, nullptr, 1, MPI_INT64_T, 0, job_.world(), &requests[0]));
+  DDP_CHECK_MPI(MPI_Igatherv(data_or_null(shard_), count, MPI_FLOAT, nullptr, nullptr, nullptr, MPI_FLOAT, 0,
+                             job_.world(), &requests[1]));
+  for (std::size_t b = 0; b < state.buffers.size(); ++b) {
+    DDP_CHECK_MPI(MPI_Igatherv(data_or_null(state.buffers[b].second), count, MPI_FLOAT, nullptr, nullptr,
+                               nullptr, MPI_FLOAT, 0, job_.world(), &requests[2 + b]));
+  }
+  job_.wait(requests, "rank 0 to collect the shards");
+}
+
+void PsServerRun::log_start() {
+  char line[512];
+  std::snprintf(
+      line, sizeof(line),
+      "rank %d/%d on %s (local rank %d/%d): parameter server %d/%d, parameters [%zu, %zu) and their "
+      "%s state",
+      job_.rank(), job_.roles().world_size, topology_.host.c_str(), topology_.local_rank,
+      topology_.local_size, index_ + 1, job_.roles().servers, begin_, begin_ + shard_.size(),
+      optimizer_->name().c_str());
+  world_.gather(line, 0);
+}
+
+}  // namespace ddp::engine

@@ -1,0 +1,286 @@
+// The trainer with the parameter server (comm.backend = ps), under mpirun with N = 2, 3 or 4 ranks: K servers
+// (1, or 2 with 4 ranks) and W = N - K workers. Sync mode against the all-reduce trainer on W ranks (a
+// sub-communicator of the first W ranks, so both shard the data over W), checkpoints in the common format,
+// resume, async mode with a straggler, and the errors every rank must agree on.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/errors.h"
+#include "engine/topology.h"
+#include "engine/trainer.h"
+#include "io/dataset.h"
+#include "io/synthetic.h"
+#include "tests/test_util.h"
+
+namespace ddp {
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int s = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+// One directory shared by all ranks (they run on one machine): rank 0 makes it, the others learn its name.
+class SharedDir {
+ public:
+  SharedDir() {
+    if (world_rank() == 0) dir_ = std::make_unique<ddp::testing::TempDir>();
+    std::string name = world_rank() == 0 ? dir_->path().string() : std::string();
+    int length = static_cast<int>(name.size());
+    MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    name.resize(static_cast<std::size_t>(length));
+    MPI_Bcast(name.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD);
+    path_ = name;
+  }
+  ~SharedDir() { MPI_Barrier(MPI_COMM_WORLD); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::unique_ptr<ddp::testing::TempDir> dir_;
+  std::filesystem::path path_;
+};
+
+// Largest |a - b| / max(1, |b|).
+double max_relative_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
+    worst = std::max(worst, d / std::max(1.0, std::fabs(static_cast<double>(b[i]))));
+  }
+  return a.size() == b.size() ? worst : 1e30;
+}
+
+class PsTrainerTest : public ::testing::Test {
+ protected:
+  // 2 servers with 4 ranks (two shards), else 1; the workers are the first W ranks.
+  static int servers() { return world_size() >= 4 ? 2 : 1; }
+  static int workers() { return world_size() - servers(); }
+
+  void SetUp() override {
+    ASSERT_GE(world_size(), 2) << "the parameter server needs 2 ranks or more";
+    data_path_ = dir_.file("data.h5");
+    if (world_rank() == 0) {
+      io::SyntheticOptions options;
+      options.output = data_path_;
+      options.train = 600;
+      options.test = 130;
+      options.vocab = 300;
+      options.maxlen = 16;
+      options.seed = 5;
+      io::write_synthetic(options);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    data_ = io::inspect_dataset(data_path_);
+    topology_ = engine::discover_topology(MPI_COMM_WORLD, "cpu");
+    // The first W ranks, for the all-reduce reference over the same W data shards.
+    MPI_Comm_split(MPI_COMM_WORLD, world_rank() < workers() ? 0 : MPI_UNDEFINED, world_rank(),
+                   &first_workers_);
+  }
+
+  void TearDown() override {
+    if (first_workers_ != MPI_COMM_NULL) MPI_Comm_free(&first_workers_);
+  }
+
+  // A small model on the small dataset; `extra` (--key value ..., or a lone --resume) adds or overrides keys.
+  engine::TrainResult run(const std::string& run_dir, std::vector<std::string> extra, MPI_Comm comm,
+                          const std::string& data_path = "") {
+    const std::vector<std::pair<std::string, std::string>> defaults{
+        {"--data.path", data_path.empty() ? data_path_ : data_path},
+        {"--checkpoint.dir", run_dir},
+        {"--model.embedding_dim", "8"},
+        {"--model.hidden", "8"},
+        {"--train.batch_size", "10"},
+        {"--train.epochs", "2"},
+        {"--log.progress", "lines"},
+        {"--comm.ps_servers", std::to_string(servers())}};
+    std::vector<std::string> args = extra;
+    for (const auto& [key, value] : defaults) {
+      if (std::find(extra.begin(), extra.end(), key) == extra.end()) args.insert(args.end(), {key, value});
+    }
+    const engine::Config config = engine::parse_config(args).config;
+    const io::DatasetInfo data = data_path.empty() ? data_ : io::inspect_dataset(data_path);
+    return engine::train(config, topology_, data, comm);
+  }
+
+  // The all-reduce trainer on the first W ranks; every rank gets rank 0's parameters.
+  std::vector<float> all_reduce_reference(const std::string& run_dir, std::vector<std::string> extra = {}) {
+    std::vector<float> params;
+    if (first_workers_ != MPI_COMM_NULL) {
+      extra.insert(extra.end(), {"--comm.backend", "mpi", "--comm.sparse_embedding", "false"});
+      params = run(run_dir, extra, first_workers_).params;
+    }
+    int size = static_cast<int>(params.size());
+    MPI_Bcast(&size, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    params.resize(static_cast<std::size_t>(size));
+    MPI_Bcast(params.data(), size, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    return params;
+  }
+
+  bool identical_on_all_ranks(const std::vector<float>& params) {
+    std::vector<float> reference = params;
+    MPI_Bcast(reference.data(), static_cast<int>(reference.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+    int same = std::memcmp(reference.data(), params.data(), params.size() * sizeof(float)) == 0 ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return same == 1;
+  }
+
+  static bool is_worker() { return world_rank() < workers(); }
+
+  SharedDir dir_;
+  std::string data_path_;
+  io::DatasetInfo data_;
+  engine::Topology topology_;
+  MPI_Comm first_workers_ = MPI_COMM_NULL;
+};
+
+TEST_F(PsTrainerTest, SyncEqualsAllReduceOnTheWorkersAndWritesTheSameCheckpoint) {
+  const std::vector<float> reference = all_reduce_reference(dir_.file("reference"));
+  // comm.backend = auto picks the parameter server on CPU ranks.
+  const engine::TrainResult ps = run(dir_.file("ps"), {"--comm.backend", "auto"}, MPI_COMM_WORLD);
+
+  EXPECT_TRUE(identical_on_all_ranks(ps.params)) << "servers and workers end with different parameters";
+  EXPECT_LE(max_relative_diff(ps.params, reference), 1e-5);
+  if (is_worker()) {
+    ASSERT_EQ(ps.history.size(), 2u);
+    EXPECT_EQ(ps.history[0].backend, "ps");
+    EXPECT_EQ(ps.history[0].world_size, world_size());
+    EXPECT_EQ(ps.history[0].workers, workers());
+    EXPECT_EQ(ps.history[0].steps, 600 / workers() / 10);
+  } else {
+    EXPECT_TRUE(ps.history.empty());
+  }
+  if (world_rank() == 0) {
+    const engine::Checkpoint mine = engine::read_checkpoint(dir_.file("ps/last.h5"));
+    const engine::Checkpoint theirs = engine::read_checkpoint(dir_.file("reference/last.h5"));
+    EXPECT_EQ(mine.params, ps.params);
+    EXPECT_EQ(mine.optimizer_name, "adam");
+    EXPECT_EQ(mine.optimizer.iterations, theirs.optimizer.iterations);  // one Adam iteration per step
+    ASSERT_EQ(mine.optimizer.buffers.size(), theirs.optimizer.buffers.size());
+    for (std::size_t b = 0; b < mine.optimizer.buffers.size(); ++b) {
+      EXPECT_EQ(mine.optimizer.buffers[b].first, theirs.optimizer.buffers[b].first);
+      EXPECT_LE(max_relative_diff(mine.optimizer.buffers[b].second, theirs.optimizer.buffers[b].second),
+                1e-5);
+    }
+    EXPECT_EQ(mine.progress.world_size, workers());  // the data is sharded over the workers
+    EXPECT_TRUE(std::filesystem::exists(dir_.file("ps/best.h5")));
+    std::ifstream metrics(dir_.file("ps/metrics.jsonl"));
+    std::string line;
+    std::getline(metrics, line);
+    EXPECT_NE(line.find("\"backend\": \"ps\""), std::string::npos) << line;
+  }
+}
+
+TEST_F(PsTrainerTest, SyncStoppedAndResumedEqualsUninterrupted) {
+  const std::vector<std::string> ps{"--comm.backend", "ps"};
+  const engine::TrainResult straight = run(dir_.file("straight"), ps, MPI_COMM_WORLD);
+  const int64_t steps_per_epoch = 600 / workers() / 10;
+  // Stop in the second epoch, with mid-epoch checkpoints (each a run of steps of its own) on the way.
+  std::vector<std::string> stop = ps;
+  stop.insert(stop.end(), {"--train.stop_after_steps", std::to_string(steps_per_epoch + 5),
+                           "--checkpoint.every_steps", "4"});
+  const engine::TrainResult first = run(dir_.file("interrupted"), stop, MPI_COMM_WORLD);
+  if (is_worker()) {
+    EXPECT_EQ(first.history.size(), 1u);
+  }
+  std::vector<std::string> resume = ps;
+  resume.push_back("--resume");
+  const engine::TrainResult second = run(dir_.file("interrupted"), resume, MPI_COMM_WORLD);
+  if (is_worker()) {
+    ASSERT_EQ(second.history.size(), 1u);
+    EXPECT_NEAR(second.history[0].loss, straight.history[1].loss, 1e-9);
+    EXPECT_NEAR(second.history[0].val_loss, straight.history[1].val_loss, 1e-9);
+  }
+  EXPECT_EQ(second.params, straight.params) << "resumed run differs from the uninterrupted one";
+}
+
+TEST_F(PsTrainerTest, CheckpointResumesUnderAllReduce) {
+  const std::vector<float> reference = all_reduce_reference(dir_.file("reference"));
+  const int64_t steps_per_epoch = 600 / workers() / 10;
+  run(dir_.file("handover"),
+      {"--comm.backend", "ps", "--train.stop_after_steps", std::to_string(steps_per_epoch + 2)},
+      MPI_COMM_WORLD);
+  const std::vector<float> resumed = all_reduce_reference(dir_.file("handover"), {"--resume"});
+  EXPECT_LE(max_relative_diff(resumed, reference), 1e-5);
+}
+
+TEST_F(PsTrainerTest, AsyncWithAStragglerConverges) {
+  const std::string easy = dir_.file("easy.h5");
+  if (world_rank() == 0) {
+    io::SyntheticOptions options;
+    options.output = easy;
+    options.train = 2000;
+    options.test = 400;
+    options.vocab = 60;
+    options.maxlen = 12;
+    options.seed = 3;
+    io::write_synthetic(options);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const engine::TrainResult result =
+      run(dir_.file("async"),
+          {"--comm.backend", "ps", "--comm.ps_mode", "async", "--train.straggle_ms", "2",
+           "--model.embedding_dim", "16", "--model.hidden", "16", "--train.batch_size", "16",
+           "--train.epochs", "3", "--train.learning_rate", "0.01"},
+          MPI_COMM_WORLD, easy);
+  EXPECT_TRUE(identical_on_all_ranks(result.params));
+  if (is_worker()) {
+    ASSERT_EQ(result.history.size(), 3u);
+    EXPECT_GT(result.history.back().val_acc, 0.9) << "chance is 0.5";
+  }
+  if (world_rank() == 0) {
+    // Adam counts one iteration per applied gradient: every worker's every step.
+    const engine::Checkpoint c = engine::read_checkpoint(dir_.file("async/last.h5"));
+    EXPECT_EQ(c.optimizer.iterations, 3 * workers() * (2000 / workers() / 16));
+  }
+}
+
+TEST_F(PsTrainerTest, ImpossibleSetupsAreUserErrorsOnEveryRank) {
+  // No rank left to work.
+  EXPECT_THROW(
+      run(dir_.file("none"), {"--comm.backend", "ps", "--comm.ps_servers", std::to_string(world_size())},
+          MPI_COMM_WORLD),
+      UserError);
+  // Lazy embedding updates need the all-reduce.
+  EXPECT_THROW(
+      run(dir_.file("lazy"), {"--comm.backend", "ps", "--train.embedding_update", "lazy"}, MPI_COMM_WORLD),
+      UserError);
+  // A foreign checkpoint is refused on every rank, servers included.
+  if (world_rank() == 0) {
+    std::filesystem::create_directories(dir_.file("foreign"));
+    std::ofstream(dir_.file("foreign/last.h5")) << "not a checkpoint\n";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_THROW(run(dir_.file("foreign"), {"--comm.backend", "ps", "--resume"}, MPI_COMM_WORLD), UserError);
+}
+
+TEST_F(PsTrainerTest, AutoOnOneRankKeepsTheSingleReplica) {
+  MPI_Comm alone = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &alone);
+  if (alone != MPI_COMM_NULL) {
+    const engine::TrainResult result =
+        run(dir_.file("alone"),
+            {"--comm.backend", "auto", "--train.epochs", "1", "--train.max_steps_per_epoch", "3"}, alone);
+    ASSERT_EQ(result.history.size(), 1u);
+    EXPECT_EQ(result.history[0].backend, "mpi");
+    EXPECT_THROW(run(dir_.file("alone-ps"), {"--comm.backend", "ps"}, alone), UserError);
+    MPI_Comm_free(&alone);
+  }
+}
+
+}  // namespace
+}  // namespace ddp
