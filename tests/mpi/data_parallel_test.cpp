@@ -12,20 +12,14 @@
 #include "engine/optimizer.h"
 #include "models/initializers.h"
 #include "models/replica.h"
+#include "tests/mpi/mpi_test_util.h"
 
 namespace ddp {
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int s = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
+using ddp::testing::SharedDir;
+using ddp::testing::world_rank;
+using ddp::testing::world_size;
 
 struct TokenBatch {
   std::vector<int32_t> tokens;

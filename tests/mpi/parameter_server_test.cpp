@@ -13,23 +13,17 @@
 
 #include "comm/communicator.h"
 #include "comm/parameter_server.h"
+#include "tests/mpi/mpi_test_util.h"
 
 namespace ddp {
 namespace {
 
+using ddp::testing::SharedDir;
+using ddp::testing::world_rank;
+using ddp::testing::world_size;
+
 using comm::PsOptions;
 using comm::PsRoles;
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int s = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
 
 constexpr float kLearningRate = 0.1f;
 

@@ -19,41 +19,14 @@
 #include "engine/trainer.h"
 #include "io/dataset.h"
 #include "io/synthetic.h"
-#include "tests/test_util.h"
+#include "tests/mpi/mpi_test_util.h"
 
 namespace ddp {
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int s = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
-
-// One directory shared by all ranks (they run on one machine): rank 0 makes it, the others learn its name.
-class SharedDir {
- public:
-  SharedDir() {
-    if (world_rank() == 0) dir_ = std::make_unique<ddp::testing::TempDir>();
-    std::string name = world_rank() == 0 ? dir_->path().string() : std::string();
-    int length = static_cast<int>(name.size());
-    MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    name.resize(static_cast<std::size_t>(length));
-    MPI_Bcast(name.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD);
-    path_ = name;
-  }
-  ~SharedDir() { MPI_Barrier(MPI_COMM_WORLD); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::unique_ptr<ddp::testing::TempDir> dir_;
-  std::filesystem::path path_;
-};
+using ddp::testing::SharedDir;
+using ddp::testing::world_rank;
+using ddp::testing::world_size;
 
 // Largest |a - b| / max(1, |b|).
 double max_relative_diff(const std::vector<float>& a, const std::vector<float>& b) {

@@ -1,0 +1,48 @@
+// Helpers shared by the MPI test files.
+#pragma once
+
+#include <mpi.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "tests/test_util.h"
+
+namespace ddp::testing {
+
+inline int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+inline int world_size() {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+// One directory shared by all ranks (they run on one machine): rank 0 makes it, the others learn its name.
+class SharedDir {
+ public:
+  SharedDir() {
+    if (world_rank() == 0) dir_ = std::make_unique<TempDir>();
+    std::string name = world_rank() == 0 ? dir_->path().string() : std::string();
+    int length = static_cast<int>(name.size());
+    MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    name.resize(static_cast<std::size_t>(length));
+    MPI_Bcast(name.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD);
+    path_ = name;
+  }
+  ~SharedDir() { MPI_Barrier(MPI_COMM_WORLD); }
+  SharedDir(const SharedDir&) = delete;
+  SharedDir& operator=(const SharedDir&) = delete;
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::unique_ptr<TempDir> dir_;
+  std::filesystem::path path_;
+};
+
+}  // namespace ddp::testing
