@@ -166,6 +166,13 @@ __global__ void fill_int32(int32_t* out, int n, int32_t value) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = value;
 }
 
+// Element i of the time-major x [T, B, E] comes from token (b, t) of the row-major tokens [B, T].
+__device__ inline int32_t token_of_element(const int32_t* tokens, std::size_t i, int batch, int seq,
+                                           int embed) {
+  const std::size_t row = i / embed;
+  return tokens[(row % batch) * seq + row / batch];
+}
+
 // Embedding lookup: tokens [B, T] row-major into x [T, B, E] time-major (row t*B+b is token (b, t)). A token
 // outside the vocabulary reads as zeros and raises *bad_token, reported on the host at the next sync.
 __global__ void embedding_forward(const int32_t* __restrict__ tokens, const float* __restrict__ embedding,
@@ -174,11 +181,8 @@ __global__ void embedding_forward(const int32_t* __restrict__ tokens, const floa
   const std::size_t n = static_cast<std::size_t>(seq) * batch * embed;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const std::size_t row = i / embed;
     const std::size_t e = i % embed;
-    const std::size_t t = row / batch;
-    const std::size_t b = row % batch;
-    const int32_t token = tokens[b * seq + t];
+    const int32_t token = token_of_element(tokens, i, batch, seq, embed);
     if (token < 0 || token >= vocab) {
       x[i] = 0.0f;
       atomicOr(bad_token, 1u);
@@ -196,11 +200,8 @@ __global__ void embedding_backward(const int32_t* __restrict__ tokens, const flo
   const std::size_t n = static_cast<std::size_t>(seq) * batch * embed;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const std::size_t row = i / embed;
     const std::size_t e = i % embed;
-    const std::size_t t = row / batch;
-    const std::size_t b = row % batch;
-    const int32_t token = tokens[b * seq + t];
+    const int32_t token = token_of_element(tokens, i, batch, seq, embed);
     if (token >= 0 && token < vocab) {
       atomicAdd(&d_embedding[static_cast<std::size_t>(token) * embed + e], dx[i]);
     }
