@@ -1,71 +1,24 @@
-// ddptrain's command line:
-//   ddptrain [train] --config FILE [--section.key VALUE ...]     data-parallel training, one MPI rank per
-//   replica ddptrain prepare synthetic --output FILE [options]           make the embedded synthetic dataset
-// Exit codes: 0 success, 1 internal error, 2 bad input (config, command line, data or checkpoint file).
+// ddptrain's entry point: picks the subcommand (commands.h lists them) and maps errors to exit codes:
+// 0 success, 1 internal error, 2 bad input (config, command line, data or checkpoint file); check-env and a
+// preempted run have their own codes (errors.h).
 #include <mpi.h>
 
-#include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "engine/commands.h"
 #include "engine/config.h"
 #include "engine/errors.h"
 #include "engine/topology.h"
 #include "engine/trainer.h"
 #include "io/dataset.h"
-#include "io/synthetic.h"
 #include "models/blas_threads.h"
-
-namespace po = boost::program_options;
 
 namespace ddp {
 namespace {
-
-int prepare_synthetic(const std::vector<std::string>& args) {
-  io::SyntheticOptions options;
-  po::options_description desc("ddptrain prepare synthetic");
-  desc.add_options()("help,h", "print this help")("output,o", po::value(&options.output)->required(),
-                                                  "HDF5 file to write")(
-      "train", po::value(&options.train)->default_value(options.train), "training samples")(
-      "test", po::value(&options.test)->default_value(options.test), "test samples")(
-      "vocab", po::value(&options.vocab)->default_value(options.vocab),
-      "vocabulary size (token ids < vocab)")(
-      "maxlen", po::value(&options.maxlen)->default_value(options.maxlen), "tokens per sample")(
-      "seed", po::value(&options.seed)->default_value(options.seed), "random seed");
-  po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    if (vm.count("help")) {
-      std::cout << "Usage: ddptrain prepare synthetic --output FILE [options]\n" << desc;
-      return kExitOk;
-    }
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw UserError(std::string("prepare synthetic: ") + e.what());
-  }
-  if (options.train < 1 || options.test < 1)
-    throw UserError("prepare synthetic: --train and --test must be positive");
-  io::write_synthetic(options);
-  std::printf("wrote %s: %lld train and %lld test samples, vocab %d, maxlen %d, seed %llu\n",
-              options.output.c_str(), static_cast<long long>(options.train),
-              static_cast<long long>(options.test), options.vocab, options.maxlen,
-              static_cast<unsigned long long>(options.seed));
-  return kExitOk;
-}
-
-int prepare(const std::vector<std::string>& args) {
-  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::printf(
-        "Usage: ddptrain prepare synthetic --output FILE [--train N --test M --vocab V --maxlen T --seed "
-        "S]\n");
-    return args.empty() ? kExitUserError : kExitOk;
-  }
-  if (args[0] == "synthetic") return prepare_synthetic({args.begin() + 1, args.end()});
-  throw UserError("prepare: unknown dataset kind '" + args[0] + "' (expected: synthetic)");
-}
 
 int train_command(const std::vector<std::string>& args, comm::Communicator& boot) {
   engine::ParsedConfig parsed;
@@ -109,24 +62,37 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
 }  // namespace
 }  // namespace ddp
 
+namespace {
+
+// The subcommands that run as one plain process, without MPI.
+int run_without_mpi(const std::string& command, const std::vector<std::string>& args) {
+  try {
+    if (command == "prepare") return ddp::engine::prepare_command(args);
+    if (command == "predict") return ddp::engine::predict_command(args);
+    return ddp::engine::evaluate_command(args);
+  } catch (const ddp::UserError& e) {
+    std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
+    return ddp::kExitUserError;
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (!args.empty() && args[0] == "prepare") {
-    try {
-      return ddp::prepare({args.begin() + 1, args.end()});
-    } catch (const ddp::UserError& e) {
-      std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
-      return ddp::kExitUserError;
-    }
+  const std::string command = args.empty() ? "" : args[0];
+  if (command == "prepare" || command == "predict" || command == "evaluate") {
+    return run_without_mpi(command, {args.begin() + 1, args.end()});
   }
-  if (!args.empty() && args[0] == "train") args.erase(args.begin());
+  const bool check_env = command == "check-env";
+  if (command == "train" || check_env) args.erase(args.begin());
 
   MPI_Init(&argc, &argv);
   int status = ddp::kExitOk;
   {
     auto boot = ddp::comm::make_mpi_communicator(MPI_COMM_WORLD);
     try {
-      status = ddp::train_command(args, *boot);
+      status = check_env ? ddp::engine::check_env_command(args) : ddp::train_command(args, *boot);
     } catch (const ddp::UserError& e) {
       if (boot->rank() == 0) std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
       status = ddp::kExitUserError;

@@ -1,14 +1,12 @@
 #include "io/synthetic.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <random>
-#include <stdexcept>
-#include <system_error>
+#include <span>
 #include <vector>
 
 #include "engine/errors.h"
-#include "io/hdf5_util.h"
+#include "io/dataset_writer.h"
 #include "io/mix.h"
 
 namespace ddp::io {
@@ -143,117 +141,32 @@ void validate(const SyntheticOptions& o) {
   }
 }
 
-Hid create_property_list(hid_t property_class) {
-  Hid list(check_h5_id(H5Pcreate(property_class), "H5Pcreate"), Hid::Kind::kPropertyList);
-  // No object timestamps: the same seed then gives a byte-identical file.
-  check_h5(H5Pset_obj_track_times(list.get(), false), "H5Pset_obj_track_times");
-  return list;
-}
-
-Hid create_dataset(hid_t group, const char* name, hid_t file_type, int rank, const hsize_t* dims) {
-  Hid space(check_h5_id(H5Screate_simple(rank, dims, nullptr), "H5Screate_simple"), Hid::Kind::kDataspace);
-  Hid dcpl = create_property_list(H5P_DATASET_CREATE);
-  // Every element is written, so skip writing fill values first.
-  check_h5(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "H5Pset_fill_time");
-  check_h5(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), "H5Pset_layout");
-  return Hid(check_h5_id(
-                 H5Dcreate2(group, name, file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), name),
-             Hid::Kind::kDataset);
-}
-
-void write_block(hid_t dataset, int rank, int64_t first, int64_t rows, int64_t columns, hid_t memory_type,
-                 const void* data, const char* what) {
-  const hsize_t start[2] = {static_cast<hsize_t>(first), 0};
-  const hsize_t block[2] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(columns)};
-  const hsize_t one[2] = {1, 1};
-  Hid file_space(check_h5_id(H5Dget_space(dataset), "H5Dget_space"), Hid::Kind::kDataspace);
-  check_h5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, one, block),
-           "H5Sselect_hyperslab");
-  Hid memory_space(check_h5_id(H5Screate_simple(rank, block, nullptr), "H5Screate_simple"),
-                   Hid::Kind::kDataspace);
-  check_h5(H5Dwrite(dataset, memory_type, memory_space.get(), file_space.get(), H5P_DEFAULT, data), what);
-}
-
-void write_split(hid_t file, const std::string& path, const std::string& split, int64_t rows, int maxlen,
+void write_split(DatasetWriter& writer, const std::string& split, int64_t rows, int maxlen,
                  ReviewGenerator& generator) {
-  const std::string x_what = "H5Dwrite " + path + " /" + split + "/x";
-  const std::string y_what = "H5Dwrite " + path + " /" + split + "/y";
-  Hid x;
-  Hid y;
-  {
-    std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-    Hid gcpl = create_property_list(H5P_GROUP_CREATE);
-    Hid group(
-        check_h5_id(H5Gcreate2(file, split.c_str(), H5P_DEFAULT, gcpl.get(), H5P_DEFAULT), split.c_str()),
-        Hid::Kind::kGroup);
-    const hsize_t dims[2] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(maxlen)};
-    x = create_dataset(group.get(), "x", H5T_STD_I32LE, 2, dims);
-    y = create_dataset(group.get(), "y", H5T_STD_U8LE, 1, dims);
-  }
   const int64_t block_rows = std::clamp<int64_t>(kMaxBlockElements / maxlen, 1, kMaxBlockRows);
   std::vector<int32_t> tokens(static_cast<size_t>(std::min(block_rows, rows) * maxlen));
   std::vector<uint8_t> labels(static_cast<size_t>(std::min(block_rows, rows)));
   for (int64_t first = 0; first < rows; first += block_rows) {
     const int64_t count = std::min(block_rows, rows - first);
     for (int64_t r = 0; r < count; ++r) labels[r] = generator.generate(tokens.data() + r * maxlen);
-    std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-    write_block(x.get(), 2, first, count, maxlen, H5T_NATIVE_INT32, tokens.data(), x_what.c_str());
-    write_block(y.get(), 1, first, count, 1, H5T_NATIVE_UINT8, labels.data(), y_what.c_str());
+    writer.write_rows(split, first,
+                      std::span<const int32_t>(tokens.data(), static_cast<size_t>(count * maxlen)),
+                      std::span<const uint8_t>(labels.data(), static_cast<size_t>(count)));
   }
-}
-
-void write_file(const SyntheticOptions& o, const std::string& path) {
-  const WordClasses words = word_classes(o.vocab);
-  Hid file;
-  {
-    std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-    quiet_hdf5_errors();
-    try {
-      file = Hid(check_h5_id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), "H5Fcreate"),
-                 Hid::Kind::kFile);
-    } catch (const std::runtime_error& e) {
-      // Usually permissions or a full disk: the user's to fix, so a UserError with HDF5's reason.
-      throw UserError(path + ": cannot create the dataset file (" + e.what() + ")");
-    }
-    write_int_attribute(file.get(), "vocab_size", o.vocab);
-    write_int_attribute(file.get(), "maxlen", o.maxlen);
-    write_string_attribute(file.get(), "generator", "synthetic-v1 seed=" + std::to_string(o.seed));
-  }
-  ReviewGenerator train(words, o.maxlen, stream_seed(o.seed, 1));
-  write_split(file.get(), path, "train", o.train, o.maxlen, train);
-  ReviewGenerator test(words, o.maxlen, stream_seed(o.seed, 2));
-  write_split(file.get(), path, "test", o.test, o.maxlen, test);
-  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-  // Checked here: the close in Hid's destructor cannot report a failed final write.
-  check_h5(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), ("H5Fflush " + path).c_str());
-  file.reset();
 }
 
 }  // namespace
 
-void write_synthetic(const SyntheticOptions& options) {
-  validate(options);
-  namespace fs = std::filesystem;
-  const fs::path output(options.output);
-  std::error_code error;
-  if (output.has_parent_path()) {
-    fs::create_directories(output.parent_path(), error);
-    if (error) {
-      throw UserError(output.parent_path().string() + ": cannot create directory (" + error.message() + ")");
-    }
-  }
-  // Readers never see a half-written file: write aside, then rename over the output in one step.
-  const std::string tmp = options.output + ".tmp";
-  try {
-    write_file(options, tmp);
-    fs::rename(tmp, output, error);
-    if (error) {
-      throw UserError(options.output + ": cannot move " + tmp + " into place (" + error.message() + ")");
-    }
-  } catch (...) {
-    fs::remove(tmp, error);
-    throw;
-  }
+void write_synthetic(const SyntheticOptions& o) {
+  validate(o);
+  const WordClasses words = word_classes(o.vocab);
+  DatasetWriter writer(o.output, o.vocab, o.maxlen, o.train, o.test);
+  writer.write_attribute("generator", "synthetic-v1 seed=" + std::to_string(o.seed));
+  ReviewGenerator train(words, o.maxlen, stream_seed(o.seed, 1));
+  write_split(writer, "train", o.train, o.maxlen, train);
+  ReviewGenerator test(words, o.maxlen, stream_seed(o.seed, 2));
+  write_split(writer, "test", o.test, o.maxlen, test);
+  writer.commit();
 }
 
 }  // namespace ddp::io

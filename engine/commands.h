@@ -1,0 +1,24 @@
+// ddptrain's subcommands. main.cpp picks one from the first argument; each parses its own options with
+// Boost.Program_options and returns the process's exit code (errors.h), throwing UserError for bad input.
+//
+//   ddptrain [train] --config FILE [--section.key VALUE ...]   data-parallel training (under mpirun/srun)
+//   ddptrain prepare synthetic|imdb-npz|text ...               make a dataset file (dataset.h's schema)
+//   ddptrain predict --checkpoint F --data F (--text T | --input FILE)
+//   ddptrain evaluate --checkpoint F --data F                  loss and accuracy on the test split
+//   ddptrain check-env                                         what this node has (also under mpirun)
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ddp::engine {
+
+// Without MPI: one process.
+int prepare_command(const std::vector<std::string>& args);
+int predict_command(const std::vector<std::string>& args);
+int evaluate_command(const std::vector<std::string>& args);
+
+// After MPI_Init, on every rank of MPI_COMM_WORLD (training itself is main.cpp's train_command).
+int check_env_command(const std::vector<std::string>& args);
+
+}  // namespace ddp::engine

@@ -1,0 +1,123 @@
+// `ddptrain prepare KIND`: option parsing for each dataset preparer; the work is in io/.
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "engine/commands.h"
+#include "engine/errors.h"
+#include "engine/metrics.h"
+#include "io/imdb_npz.h"
+#include "io/synthetic.h"
+#include "io/text_corpus.h"
+
+namespace po = boost::program_options;
+
+namespace ddp::engine {
+namespace {
+
+// Parses `args` against `desc`; false when --help was asked for (and printed).
+bool parse(const std::vector<std::string>& args, const po::options_description& desc,
+           const std::string& command, const std::string& usage) {
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    if (vm.count("help")) {
+      std::cout << "Usage: " << usage << "\n" << desc;
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UserError(command + ": " + e.what());
+  }
+  return true;
+}
+
+void require_positive(int value, const char* option, const std::string& command) {
+  if (value < 1) throw UserError(command + ": " + option + " must be positive, got " + std::to_string(value));
+}
+
+int prepare_synthetic(const std::vector<std::string>& args) {
+  io::SyntheticOptions o;
+  po::options_description desc("ddptrain prepare synthetic");
+  desc.add_options()("help,h", "print this help")("output,o", po::value(&o.output)->required(),
+                                                  "HDF5 file to write")(
+      "train", po::value(&o.train)->default_value(o.train), "training samples")(
+      "test", po::value(&o.test)->default_value(o.test), "test samples")(
+      "vocab", po::value(&o.vocab)->default_value(o.vocab), "vocabulary size (token ids < vocab)")(
+      "maxlen", po::value(&o.maxlen)->default_value(o.maxlen), "tokens per sample")(
+      "seed", po::value(&o.seed)->default_value(o.seed), "random seed");
+  if (!parse(args, desc, "prepare synthetic", "ddptrain prepare synthetic --output FILE [options]"))
+    return kExitOk;
+  if (o.train < 1 || o.test < 1) throw UserError("prepare synthetic: --train and --test must be positive");
+  io::write_synthetic(o);
+  std::printf("wrote %s: %lld train and %lld test samples, vocab %d, maxlen %d, seed %llu\n",
+              o.output.c_str(), static_cast<long long>(o.train), static_cast<long long>(o.test), o.vocab,
+              o.maxlen, static_cast<unsigned long long>(o.seed));
+  return kExitOk;
+}
+
+int prepare_imdb_npz(const std::vector<std::string>& args) {
+  io::ImdbNpzOptions o;
+  po::options_description desc("ddptrain prepare imdb-npz");
+  desc.add_options()("help,h", "print this help")("input,i", po::value(&o.input)->required(),
+                                                  "the Keras IMDB file (imdb.npz)")(
+      "output,o", po::value(&o.output)->required(), "HDF5 file to write")(
+      "vocab", po::value(&o.vocab)->default_value(o.vocab),
+      "keep the most frequent words: ids >= vocab become 2 (load_data's num_words)")(
+      "maxlen", po::value(&o.maxlen)->default_value(o.maxlen), "tokens per sample (pad_sequences' maxlen)")(
+      "seed", po::value(&o.seed)->default_value(o.seed), "load_data's shuffle seed");
+  if (!parse(args, desc, "prepare imdb-npz",
+             "ddptrain prepare imdb-npz --input imdb.npz --output imdb.h5 [options]"))
+    return kExitOk;
+  require_positive(o.vocab, "--vocab", "prepare imdb-npz");
+  require_positive(o.maxlen, "--maxlen", "prepare imdb-npz");
+  std::printf("%s\n", io::prepare_imdb_npz(o).c_str());
+  return kExitOk;
+}
+
+int prepare_text(const std::vector<std::string>& args) {
+  io::TextCorpusOptions o;
+  std::string progress = "auto";
+  po::options_description desc("ddptrain prepare text");
+  desc.add_options()("help,h", "print this help")("input,i", po::value(&o.input)->required(),
+                                                  "folder in the aclImdb layout (train/pos, train/neg, ...)")(
+      "output,o", po::value(&o.output)->required(), "HDF5 file to write")(
+      "vocab", po::value(&o.vocab)->default_value(o.vocab),
+      "vocabulary size: the vocab - 3 most frequent training words get ids 3..")(
+      "maxlen", po::value(&o.maxlen)->default_value(o.maxlen), "tokens per sample")(
+      "threads", po::value(&o.threads)->default_value(o.threads), "reader threads (0: every core)")(
+      "progress", po::value(&progress)->default_value(progress), "auto (bar on a terminal) | bar | none");
+  if (!parse(args, desc, "prepare text", "ddptrain prepare text --input DIR --output FILE [options]"))
+    return kExitOk;
+  require_positive(o.vocab, "--vocab", "prepare text");
+  require_positive(o.maxlen, "--maxlen", "prepare text");
+  if (o.threads < 0) throw UserError("prepare text: --threads must be 0 or positive");
+  if (progress != "auto" && progress != "bar" && progress != "none")
+    throw UserError("prepare text: --progress must be auto, bar or none, got '" + progress + "'");
+  o.show_progress = progress == "bar" || (progress == "auto" && stdout_is_terminal());
+  std::printf("%s\n", io::prepare_text(o).c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+int prepare_command(const std::vector<std::string>& args) {
+  static const char* kUsage =
+      "Usage: ddptrain prepare synthetic --output FILE [--train N --test M --vocab V --maxlen T --seed S]\n"
+      "       ddptrain prepare imdb-npz --input imdb.npz --output FILE [--vocab V --maxlen T]\n"
+      "       ddptrain prepare text --input DIR --output FILE [--vocab V --maxlen T --threads N]\n"
+      "Each KIND takes --help.\n";
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::printf("%s", kUsage);
+    return args.empty() ? kExitUserError : kExitOk;
+  }
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (args[0] == "synthetic") return prepare_synthetic(rest);
+  if (args[0] == "imdb-npz") return prepare_imdb_npz(rest);
+  if (args[0] == "text") return prepare_text(rest);
+  throw UserError("prepare: unknown dataset kind '" + args[0] + "' (expected: synthetic, imdb-npz, text)");
+}
+
+}  // namespace ddp::engine

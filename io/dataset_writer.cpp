@@ -1,0 +1,153 @@
+#include "io/dataset_writer.h"
+
+#include <filesystem>
+#include <mutex>
+#include <stdexcept>
+#include <system_error>
+
+#include "engine/errors.h"
+
+namespace ddp::io {
+namespace {
+
+Hid create_property_list(hid_t property_class) {
+  Hid list(check_h5_id(H5Pcreate(property_class), "H5Pcreate"), Hid::Kind::kPropertyList);
+  // No object timestamps: the same input then gives a byte-identical file.
+  check_h5(H5Pset_obj_track_times(list.get(), false), "H5Pset_obj_track_times");
+  return list;
+}
+
+Hid create_dataset(hid_t group, const char* name, hid_t file_type, int rank, const hsize_t* dims) {
+  Hid space(check_h5_id(H5Screate_simple(rank, dims, nullptr), "H5Screate_simple"), Hid::Kind::kDataspace);
+  Hid dcpl = create_property_list(H5P_DATASET_CREATE);
+  // Every element is written, so skip writing fill values first.
+  check_h5(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "H5Pset_fill_time");
+  check_h5(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), "H5Pset_layout");
+  return Hid(check_h5_id(
+                 H5Dcreate2(group, name, file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), name),
+             Hid::Kind::kDataset);
+}
+
+void write_block(hid_t dataset, int rank, int64_t first, int64_t rows, int64_t columns, hid_t memory_type,
+                 const void* data, const std::string& what) {
+  const hsize_t start[2] = {static_cast<hsize_t>(first), 0};
+  const hsize_t block[2] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(columns)};
+  const hsize_t one[2] = {1, 1};
+  Hid file_space(check_h5_id(H5Dget_space(dataset), "H5Dget_space"), Hid::Kind::kDataspace);
+  check_h5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, one, block),
+           "H5Sselect_hyperslab");
+  Hid memory_space(check_h5_id(H5Screate_simple(rank, block, nullptr), "H5Screate_simple"),
+                   Hid::Kind::kDataspace);
+  check_h5(H5Dwrite(dataset, memory_type, memory_space.get(), file_space.get(), H5P_DEFAULT, data),
+           what.c_str());
+}
+
+}  // namespace
+
+DatasetWriter::DatasetWriter(std::string path, int vocab_size, int maxlen, int64_t train_rows,
+                             int64_t test_rows)
+    : path_(std::move(path)), tmp_path_(path_ + ".tmp"), maxlen_(maxlen) {
+  namespace fs = std::filesystem;
+  const fs::path output(path_);
+  std::error_code error;
+  if (output.has_parent_path()) {
+    fs::create_directories(output.parent_path(), error);
+    if (error) {
+      throw UserError(output.parent_path().string() + ": cannot create directory (" + error.message() + ")");
+    }
+  }
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  quiet_hdf5_errors();
+  try {
+    file_ =
+        Hid(check_h5_id(H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), "H5Fcreate"),
+            Hid::Kind::kFile);
+  } catch (const std::runtime_error& e) {
+    // Usually permissions or a full disk: the user's to fix, so a UserError with HDF5's reason.
+    throw UserError(path_ + ": cannot create the dataset file (" + e.what() + ")");
+  }
+  write_int_attribute(file_.get(), "vocab_size", vocab_size);
+  write_int_attribute(file_.get(), "maxlen", maxlen);
+  for (const auto& [split, rows] : {std::pair{"train", train_rows}, std::pair{"test", test_rows}}) {
+    Hid gcpl = create_property_list(H5P_GROUP_CREATE);
+    Hid group(check_h5_id(H5Gcreate2(file_.get(), split, H5P_DEFAULT, gcpl.get(), H5P_DEFAULT), split),
+              Hid::Kind::kGroup);
+    const hsize_t dims[2] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(maxlen)};
+    Hid& x = std::string(split) == "train" ? train_x_ : test_x_;
+    Hid& y = std::string(split) == "train" ? train_y_ : test_y_;
+    x = create_dataset(group.get(), "x", H5T_STD_I32LE, 2, dims);
+    y = create_dataset(group.get(), "y", H5T_STD_U8LE, 1, dims);
+  }
+}
+
+DatasetWriter::~DatasetWriter() {
+  if (committed_) return;
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  train_x_.reset();
+  train_y_.reset();
+  test_x_.reset();
+  test_y_.reset();
+  file_.reset();
+  std::error_code ignored;
+  std::filesystem::remove(tmp_path_, ignored);
+}
+
+void DatasetWriter::write_rows(const std::string& split, int64_t first, std::span<const int32_t> tokens,
+                               std::span<const uint8_t> labels) {
+  DDP_CHECK(split == "train" || split == "test");
+  DDP_CHECK(tokens.size() == labels.size() * static_cast<size_t>(maxlen_));
+  if (labels.empty()) return;
+  const Hid& x = split == "train" ? train_x_ : test_x_;
+  const Hid& y = split == "train" ? train_y_ : test_y_;
+  const auto rows = static_cast<int64_t>(labels.size());
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  write_block(x.get(), 2, first, rows, maxlen_, H5T_NATIVE_INT32, tokens.data(),
+              "H5Dwrite " + tmp_path_ + " /" + split + "/x");
+  write_block(y.get(), 1, first, rows, 1, H5T_NATIVE_UINT8, labels.data(),
+              "H5Dwrite " + tmp_path_ + " /" + split + "/y");
+}
+
+void DatasetWriter::write_vocab(const std::vector<std::string>& words) {
+  std::vector<const char*> pointers;
+  pointers.reserve(words.size());
+  for (const std::string& w : words) pointers.push_back(w.c_str());
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  Hid type(check_h5_id(H5Tcopy(H5T_C_S1), "H5Tcopy"), Hid::Kind::kDatatype);
+  check_h5(H5Tset_size(type.get(), H5T_VARIABLE), "H5Tset_size");
+  check_h5(H5Tset_cset(type.get(), H5T_CSET_UTF8), "H5Tset_cset");
+  const hsize_t dims[1] = {static_cast<hsize_t>(words.size())};
+  Hid space(check_h5_id(H5Screate_simple(1, dims, nullptr), "H5Screate_simple"), Hid::Kind::kDataspace);
+  Hid dcpl = create_property_list(H5P_DATASET_CREATE);
+  Hid vocab(check_h5_id(H5Dcreate2(file_.get(), "vocab", type.get(), space.get(), H5P_DEFAULT, dcpl.get(),
+                                   H5P_DEFAULT),
+                        "H5Dcreate2 /vocab"),
+            Hid::Kind::kDataset);
+  if (!words.empty()) {
+    check_h5(H5Dwrite(vocab.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, pointers.data()),
+             ("H5Dwrite " + tmp_path_ + " /vocab").c_str());
+  }
+}
+
+void DatasetWriter::write_attribute(const std::string& name, const std::string& value) {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  write_string_attribute(file_.get(), name, value);
+}
+
+void DatasetWriter::commit() {
+  {
+    std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+    // Checked here: the close in Hid's destructor cannot report a failed final write.
+    check_h5(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), ("H5Fflush " + tmp_path_).c_str());
+    train_x_.reset();
+    train_y_.reset();
+    test_x_.reset();
+    test_y_.reset();
+    file_.reset();
+  }
+  std::error_code error;
+  std::filesystem::rename(tmp_path_, path_, error);
+  if (error) throw UserError(path_ + ": cannot move " + tmp_path_ + " into place (" + error.message() + ")");
+  committed_ = true;
+}
+
+}  // namespace ddp::io

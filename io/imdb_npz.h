@@ -1,0 +1,22 @@
+// `ddptrain prepare imdb-npz`: the Keras IMDB file (imdb.npz) to a dataset file, with the conventions of
+// keras.datasets.imdb.load_data followed by keras pad_sequences' defaults.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ddp::io {
+
+struct ImdbNpzOptions {
+  std::string input;    // the .npz: x_train, y_train, x_test, y_test
+  std::string output;   // the HDF5 dataset file
+  int vocab = 20000;    // load_data's num_words: ids >= vocab become the out-of-vocabulary id
+  int maxlen = 80;      // pad_sequences' maxlen
+  uint64_t seed = 113;  // load_data's shuffle seed
+};
+
+// Writes the dataset atomically (dataset_writer.h) and returns a one-line summary for the user.
+// Throws UserError naming the file (and the array or entry) when the input is malformed.
+std::string prepare_imdb_npz(const ImdbNpzOptions& options);
+
+}  // namespace ddp::io
