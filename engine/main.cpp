@@ -12,6 +12,7 @@
 #include "engine/commands.h"
 #include "engine/config.h"
 #include "engine/errors.h"
+#include "engine/preemption.h"
 #include "engine/topology.h"
 #include "engine/trainer.h"
 #include "io/dataset.h"
@@ -55,8 +56,20 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
                 threads_set ? "" : " (set by the BLAS's own environment variable)");
     std::fflush(stdout);
   }
-  engine::train(config, topology, data, MPI_COMM_WORLD);
-  return kExitOk;
+  engine::install_stop_signal_handlers();
+  const engine::TrainResult result = engine::train(config, topology, data, MPI_COMM_WORLD);
+  // Parameter servers do not see the workers' stop: agree over the whole job so every rank exits alike.
+  std::vector<double> stopped{result.stopped_by_signal ? 1.0 : 0.0};
+  boot.sum(stopped);
+  if (stopped[0] == 0.0) return kExitOk;
+  if (boot.rank() == 0) {
+    std::printf(
+        "stopped by a signal (SIGUSR1/SIGTERM): %s/last.h5 holds the progress; run again with "
+        "--resume auto to continue (exit code %d)\n",
+        config.checkpoint.dir.c_str(), kExitPreempted);
+    std::fflush(stdout);
+  }
+  return kExitPreempted;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "engine/data_parallel_step.h"
 #include "engine/errors.h"
 #include "engine/optimizer.h"
+#include "engine/preemption.h"
 #include "engine/ps_training.h"
 #include "engine/updater.h"
 #include "io/batch_reader.h"
@@ -87,9 +88,11 @@ std::unique_ptr<Optimizer> make_optimizer_for(models::Replica& replica, const Op
 // (ps_training.h lists the sequence).
 class TrainingRun {
  public:
+  // `stop_signal` spans the ranks of `comm`.
   TrainingRun(const Config& config, const Topology& topology, comm::Communicator& world,
-              comm::Communicator& comm, std::string backend_reason, std::unique_ptr<models::Replica> replica,
-              std::unique_ptr<Updater> updater, const io::DatasetInfo& data)
+              comm::Communicator& comm, StopAgreement& stop_signal, std::string backend_reason,
+              std::unique_ptr<models::Replica> replica, std::unique_ptr<Updater> updater,
+              const io::DatasetInfo& data)
       : config_(config),
         topology_(topology),
         world_(world),
@@ -102,7 +105,8 @@ class TrainingRun {
         updater_(std::move(updater)),
         train_shard_(io::shard_of(data.train_size, comm_.rank(), comm_.size(), /*cover_all=*/false)),
         test_shard_(io::shard_of(data.test_size, comm_.rank(), comm_.size(), /*cover_all=*/true)),
-        host_params_(replica_->layout().total_size()) {
+        host_params_(replica_->layout().total_size()),
+        stop_signal_(stop_signal) {
     const int64_t per_epoch =
         io::BatchReader::batches_per_epoch(train_shard_.size(), config.train.batch_size, /*drop_last=*/true);
     steps_per_epoch_ = config.train.max_steps_per_epoch > 0
@@ -122,12 +126,14 @@ class TrainingRun {
 
     TrainResult result;
     for (int64_t epoch = progress_.epoch; epoch < config_.train.epochs && !stop_requested(); ++epoch) {
+      if (stop_signal_.now()) break;  // signalled between epochs: last.h5 already holds the finished ones
       std::optional<EpochMetrics> metrics = train_epoch(epoch);
       if (!metrics) break;  // stopped in the middle of the epoch, last.h5 written
       result.history.push_back(*metrics);
     }
     result.params.resize(replica_->layout().total_size());
     updater_->finish(result.params);
+    result.stopped_by_signal = stop_signal_.stopped();
     return result;
   }
 
@@ -310,6 +316,7 @@ class TrainingRun {
     while (const std::optional<io::BatchRef> batch = source->next()) {
       updater_->step({batch->tokens, batch->labels, batch->batch_size, batch->seq});
       straggle();
+      const bool signalled = stop_signal_.poll();  // every step on every rank, so the calls pair up
       ++step;
       ++progress_.global_step;
       progress_.step_in_epoch = step;
@@ -318,8 +325,10 @@ class TrainingRun {
         progress->update(step, local.loss_sum / static_cast<double>(local.count),
                          static_cast<double>(local.correct) / static_cast<double>(local.count));
       }
-      if (step == steps_per_epoch_) continue;  // the epoch's end writes last.h5 anyway
-      if (stop_requested()) {
+      // At the epoch's last step a stop waits for the epoch's end (and its last.h5): the next epoch's
+      // stop_signal_.now() sees it.
+      if (step == steps_per_epoch_) continue;
+      if (stop_requested() || signalled) {
         if (progress) progress->finish();
         local += replica_->take_stats();
         updater_->end_steps();
@@ -456,6 +465,7 @@ class TrainingRun {
   TrainingProgress progress_;
   bool resumed_ = false;
   std::vector<float> host_params_;  // host copy of the parameters: initialization, broadcast, checkpoints
+  StopAgreement& stop_signal_;
 };
 
 }  // namespace
@@ -493,20 +503,23 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
   });
 
   if (!backend.parameter_server) {
+    StopAgreement stop_signal(world);  // collective: made outside agree_on_errors, which a throw may skip
     std::unique_ptr<TrainingRun> run;
     comm::agree_on_errors(*boot, [&] {
       comm::Communicator& comm = *backend.communicator;
       auto updater = std::make_unique<AllReduceUpdater>(
           *replica, comm, make_optimizer_for(*replica, optimizer_settings(config)),
           config.comm.sparse_embedding && backend.all_on_cpu);
-      run = std::make_unique<TrainingRun>(config, topology, *boot, comm, backend.reason, std::move(replica),
-                                          std::move(updater), data);
+      run = std::make_unique<TrainingRun>(config, topology, *boot, comm, stop_signal, backend.reason,
+                                          std::move(replica), std::move(updater), data);
     });
     return run->run();
   }
 
   // The parameter server: the last ranks serve (ps_training.h), the others train.
   PsJob job(world, config, backend.ps_servers, replica->layout().total_size());
+  std::optional<StopAgreement> stop_signal;  // among the workers
+  if (!job.serves()) stop_signal.emplace(job.workers_comm());
   std::unique_ptr<TrainingRun> run;
   std::unique_ptr<PsServerRun> server;
   comm::agree_on_errors(*boot, [&] {
@@ -516,7 +529,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
       return;
     }
     std::unique_ptr<Updater> updater = make_ps_worker_updater(job, *replica, optimizer_settings(config));
-    run = std::make_unique<TrainingRun>(config, topology, *boot, job.workers(),
+    run = std::make_unique<TrainingRun>(config, topology, *boot, job.workers(), *stop_signal,
                                         backend.reason + "; " + job.describe_mode(), std::move(replica),
                                         std::move(updater), data);
   });

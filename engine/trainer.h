@@ -30,6 +30,7 @@ namespace ddp::engine {
 struct TrainResult {
   std::vector<EpochMetrics> history;  // the epochs this invocation trained (empty on a parameter server)
   std::vector<float> params;          // the final parameters (identical on every rank)
+  bool stopped_by_signal = false;     // a training rank got SIGUSR1/SIGTERM; last.h5 holds the progress
 };
 
 // Collective over `world`: builds this rank's replica on its device (topology), picks the backend the job's

@@ -1,0 +1,47 @@
+// Stopping cleanly when the cluster asks: SIGUSR1 (Slurm's --signal=B:USR1@120, forwarded to the ranks) or
+// SIGTERM (the end of a time limit, scancel). The handler only sets a flag; the training ranks agree on it at
+// a step boundary, rank 0 writes last.h5, and every rank exits with kExitPreempted, so no rank leaves while
+// another waits in a collective. A second signal changes nothing.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+
+namespace ddp::engine {
+
+// Installs the handler for SIGUSR1 and SIGTERM (SA_RESTART, so interrupted reads and writes go on).
+void install_stop_signal_handlers();
+// The signal this process received, "" if none ("SIGUSR1", "SIGTERM").
+std::string stop_signal_received();
+
+// The training ranks' agreement on a stop signal, over its own duplicate of `comm` (so its collectives never
+// mix with the gradient exchange). Every rank makes the same sequence of calls.
+class StopAgreement {
+ public:
+  explicit StopAgreement(MPI_Comm comm);
+  ~StopAgreement();
+  StopAgreement(const StopAgreement&) = delete;
+  StopAgreement& operator=(const StopAgreement&) = delete;
+
+  // After each step, without blocking the step: returns the answer to the question asked at the previous
+  // call (a non-blocking all-reduce that had a whole step to complete) and asks it again. True on every rank
+  // at the same call once some rank has received a signal.
+  bool poll();
+  // At an epoch boundary: the answer for this moment (completes the pending question, then asks anew and
+  // waits).
+  bool now();
+  // Whether a poll() or now() said stop.
+  bool stopped() const { return stopped_; }
+
+ private:
+  void complete_pending();
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Request pending_ = MPI_REQUEST_NULL;
+  int local_ = 0;
+  int any_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace ddp::engine

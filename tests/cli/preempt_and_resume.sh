@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Preemption: a stop signal mid-run makes every rank stop at a step boundary with last.h5 written and exit
+# 75; `--resume auto` then finishes the run with the same result as a run never interrupted.
+#   1. all-reduce, 2 ranks: SIGTERM to rank 1 alone (the other rank learns it through the agreement)
+#   2. parameter server, 3 ranks: SIGUSR1 to mpirun, which forwards it to every rank
+#   bash tests/cli/preempt_and_resume.sh path/to/ddptrain source-dir
+set -euo pipefail
+ddptrain=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+cd "$work"
+"$ddptrain" prepare synthetic --output data.h5 --train 2000 --test 400 --vocab 300 --maxlen 20 --seed 3 >/dev/null
+epochs=8
+
+fail() {
+  echo "FAIL: $*"
+  for f in "$work"/*.txt; do echo "--- $f"; cat "$f"; done
+  exit 1
+}
+
+last_val_loss() { grep "\"epoch\": $epochs," "$1/metrics.jsonl" | sed 's/.*"val_loss": \([0-9.]*\).*/\1/'; }
+
+pid_of_rank() {  # run dir, rank
+  for pid in $(pgrep -f "checkpoint.dir $1 "); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo "$pid"; fi
+  done
+}
+
+run_case() {  # name, ranks, backend, signal, target
+  local name=$1 ranks=$2 backend=$3 signal=$4 target=$5
+  local args=(--data.path data.h5 --comm.backend "$backend" --model.embedding_dim 16 --model.hidden 16
+    --train.epochs "$epochs" --train.straggle_ms 10 --log.progress lines --resume auto)
+
+  mpirun -np "$ranks" "$ddptrain" --checkpoint.dir "$name-ref" "${args[@]}" >"$name-ref.txt" 2>&1 ||
+    fail "$name: the uninterrupted run failed"
+
+  mpirun -np "$ranks" "$ddptrain" --checkpoint.dir "$name" "${args[@]}" >"$name-1.txt" 2>&1 &
+  local launcher=$!
+  for _ in $(seq 600); do  # at most 30 s for the first epoch
+    [ -s "$name/metrics.jsonl" ] && break
+    sleep 0.05
+  done
+  [ -s "$name/metrics.jsonl" ] || fail "$name: no epoch finished"
+  sleep 0.2  # into the next epoch
+  if [ "$target" = mpirun ]; then
+    kill -s "$signal" "$launcher"
+  else
+    local victim
+    victim=$(pid_of_rank "$name" 1)
+    [ -n "$victim" ] || fail "$name: rank 1 not found"
+    kill -s "$signal" "$victim"
+  fi
+  local status=0
+  wait "$launcher" || status=$?
+  [ "$status" -eq 75 ] || fail "$name: exit status $status after SIG$signal, expected 75"
+  grep -q "stopped by a signal" "$name-1.txt" || fail "$name: no stop message"
+  local done_epochs
+  done_epochs=$(grep -c '"epoch"' "$name/metrics.jsonl")
+  [ "$done_epochs" -lt "$epochs" ] || fail "$name: the signal came too late to test anything"
+  [ -f "$name/last.h5" ] || fail "$name: no last.h5"
+
+  mpirun -np "$ranks" "$ddptrain" --checkpoint.dir "$name" "${args[@]}" >"$name-2.txt" 2>&1 ||
+    fail "$name: the resumed run failed"
+  grep -q "resumed from" "$name-2.txt" || fail "$name: --resume auto did not resume"
+  [ "$(grep -c '"epoch"' "$name/metrics.jsonl")" -eq "$epochs" ] || fail "$name: metrics.jsonl lacks epochs"
+  local expected actual
+  expected=$(last_val_loss "$name-ref")
+  actual=$(last_val_loss "$name")
+  [ -n "$expected" ] && [ "$expected" = "$actual" ] ||
+    fail "$name: final val_loss $actual differs from the uninterrupted run's $expected"
+  echo "$name: stopped after $done_epochs epoch(s) with exit 75, resumed, final val_loss $actual as uninterrupted"
+}
+
+run_case allreduce 2 mpi TERM rank1
+run_case ps 3 ps USR1 mpirun
