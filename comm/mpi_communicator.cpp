@@ -7,6 +7,7 @@
 
 #include "comm/communicator.h"
 #include "comm/mpi_check.h"
+#include "engine/timeline.h"
 
 namespace ddp::comm {
 namespace {
@@ -42,19 +43,15 @@ class MpiCommunicator final : public Communicator {
     MPI_Request request = MPI_REQUEST_NULL;
     DDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, segment.data(), checked_count(segment.size()), MPI_FLOAT,
                                  MPI_SUM, comm_, &request));
-    pending_.push_back(Pending{segment, request});
+    pending_.push_back(Pending{segment, request, timeline::Clock::now()});
     // Without a progress thread, MPI advances non-blocking collectives only inside MPI calls: poke it.
-    std::vector<MPI_Request> requests = active_requests();
-    int done = 0;
-    DDP_CHECK_MPI(
-        MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
-    write_back(requests);
+    complete_some(/*wait=*/false);
   }
 
   void finish_average() override {
     if (pending_.empty()) return;
-    std::vector<MPI_Request> requests = active_requests();
-    DDP_CHECK_MPI(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+    while (complete_some(/*wait=*/true)) {
+    }
     const float scale = 1.0f / static_cast<float>(size_);
     for (const Pending& p : pending_) {
       for (float& x : p.segment) x *= scale;
@@ -148,6 +145,7 @@ class MpiCommunicator final : public Communicator {
   struct Pending {
     std::span<float> segment;
     MPI_Request request;
+    timeline::Clock::time_point started;  // for the timeline's bucket track
   };
 
   static int checked_count(std::size_t n) {
@@ -161,21 +159,36 @@ class MpiCommunicator final : public Communicator {
     DDP_CHECK_MPI(MPI_Bcast(data, checked_count(n), type, root, comm_));
   }
 
-  std::vector<MPI_Request> active_requests() const {
-    std::vector<MPI_Request> requests;
-    requests.reserve(pending_.size());
-    for (const Pending& p : pending_) requests.push_back(p.request);
-    return requests;
-  }
-  // MPI_Testall sets completed requests to MPI_REQUEST_NULL; keep ours in step.
-  void write_back(const std::vector<MPI_Request>& requests) {
-    for (std::size_t i = 0; i < pending_.size(); ++i) pending_[i].request = requests[i];
+  // Tests (or waits for) the pending reductions; those that completed get their span on the timeline, one
+  // track per bucket. False once none is left.
+  bool complete_some(bool wait) {
+    requests_.clear();
+    for (const Pending& p : pending_) requests_.push_back(p.request);
+    indices_.resize(requests_.size());
+    int completed = 0;
+    const int n = static_cast<int>(requests_.size());
+    DDP_CHECK_MPI(wait ? MPI_Waitsome(n, requests_.data(), &completed, indices_.data(), MPI_STATUSES_IGNORE)
+                       : MPI_Testsome(n, requests_.data(), &completed, indices_.data(), MPI_STATUSES_IGNORE));
+    if (completed == MPI_UNDEFINED) return false;  // no active request left
+    const auto now = timeline::Clock::now();
+    for (int i = 0; i < completed; ++i) {
+      const auto bucket = static_cast<std::size_t>(indices_[static_cast<std::size_t>(i)]);
+      pending_[bucket].request = MPI_REQUEST_NULL;
+      if (timeline::enabled()) {
+        timeline::record("all-reduce bucket", pending_[bucket].started, now,
+                         timeline::track("all-reduce bucket", static_cast<int>(bucket)),
+                         static_cast<int64_t>(pending_[bucket].segment.size()));
+      }
+    }
+    return true;
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
   std::vector<Pending> pending_;
+  std::vector<MPI_Request> requests_;  // scratch of complete_some()
+  std::vector<int> indices_;
   std::vector<float> packed_;  // reused by average_rows
 };
 

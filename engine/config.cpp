@@ -66,6 +66,8 @@ void visit_keys(C& c, Visitor&& key) {
       "auto (a live bar on a terminal, plain lines otherwise), bar or lines");
   key("log", "interval", c.log.interval,
       "with plain lines: a progress line every N steps; 0: per epoch only");
+  key("log", "timeline", c.log.timeline,
+      "write a Chrome/Perfetto trace of every rank's steps to this file (empty: off)");
 }
 
 std::string full_name(const char* section, const char* name) {

@@ -61,6 +61,7 @@ struct Config {
   struct Log {
     std::string progress = "auto";  // auto (bar on a terminal) | bar | lines
     int64_t interval = 0;           // steps between plain progress lines (0: per-epoch lines only)
+    std::string timeline;           // Chrome trace file (engine/timeline.h); empty: off
   } log;
 
   // The effective configuration as an INI text that --config can read back.

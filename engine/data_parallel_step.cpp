@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "engine/timeline.h"
+
 namespace ddp::engine {
 namespace {
 
@@ -30,15 +32,22 @@ void DataParallelStep::run(const models::BatchView& batch) {
 
   const auto width = static_cast<std::size_t>(layout.shape().embedding_dim);
   if (sparse_embedding_) {
+    timeline::Span span("embedding rows exchange");
     embedding_rows_ = comm_.average_rows(grads.subspan(embedding.offset, embedding.size), width,
                                          replica_.touched_embedding_rows());
   }
-  comm_.finish_average();
+  {
+    timeline::Span span("reduction wait");
+    comm_.finish_average();
+  }
   const auto reduced = Clock::now();
 
   const SparseRows rows{embedding.offset, width, static_cast<std::size_t>(layout.shape().vocab_size),
                         embedding_rows_};
-  optimizer_.step(replica_.params(), grads, sparse_embedding_ ? &rows : nullptr);
+  {
+    timeline::Span span("optimizer");
+    optimizer_.step(replica_.params(), grads, sparse_embedding_ ? &rows : nullptr);
+  }
 
   // The exchange wrote other ranks' rows into this rank's embedding gradient. Clear them, so that the
   // replica's promise (rows it did not touch are zero) holds at the next step.

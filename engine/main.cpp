@@ -9,10 +9,12 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/mpi_check.h"
 #include "engine/commands.h"
 #include "engine/config.h"
 #include "engine/errors.h"
 #include "engine/preemption.h"
+#include "engine/timeline.h"
 #include "engine/topology.h"
 #include "engine/trainer.h"
 #include "io/dataset.h"
@@ -57,7 +59,23 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
     std::fflush(stdout);
   }
   engine::install_stop_signal_handlers();
+  if (!config.log.timeline.empty()) {
+    comm::agree_on_errors(boot, [&] {
+      DDP_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));  // the ranks' time origins meet within the barrier's skew
+      timeline::start(
+          config.log.timeline, boot.rank(),
+          "rank " + std::to_string(boot.rank()) + " (" + topology.host + ", " + topology.device + ")");
+    });
+  }
   const engine::TrainResult result = engine::train(config, topology, data, MPI_COMM_WORLD);
+  if (!config.log.timeline.empty()) {
+    // Every rank's events go to rank 0, so the trace needs no shared file system.
+    const std::vector<std::string> events = boot.gather(timeline::finish(), 0);
+    if (boot.rank() == 0) {
+      timeline::write_trace(config.log.timeline, events);
+      std::printf("timeline: %s\n", config.log.timeline.c_str());
+    }
+  }
   // Parameter servers do not see the workers' stop: agree over the whole job so every rank exits alike.
   std::vector<double> stopped{result.stopped_by_signal ? 1.0 : 0.0};
   boot.sum(stopped);

@@ -11,6 +11,7 @@
 
 #include "comm/mpi_check.h"
 #include "engine/errors.h"
+#include "engine/timeline.h"
 
 namespace ddp::engine {
 namespace {
@@ -169,6 +170,7 @@ class PsWorkerUpdater final : public Updater {
 
   void step(const models::BatchView& batch) override {
     replica_.train_step(batch, [](const models::ParamSegment&) {});
+    timeline::Span span("push/pull");  // this worker's exchange with the servers, the update included
     if (on_host_) {
       client_->push_pull(replica_.grads(), replica_.params());
       return;
@@ -272,6 +274,7 @@ TrainResult PsServerRun::run() {
   receive_start();                       // 3.
   log_start();                           // 4.
   const comm::ShardUpdate update = [&](std::span<float> params, std::span<const float> grads) {
+    timeline::Span span("server update");
     optimizer_->step(params, grads);
   };
   for (;;) {  // 5.

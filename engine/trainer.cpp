@@ -15,6 +15,7 @@
 #include "engine/optimizer.h"
 #include "engine/preemption.h"
 #include "engine/ps_training.h"
+#include "engine/timeline.h"
 #include "engine/updater.h"
 #include "io/batch_reader.h"
 #include "io/batch_source.h"
@@ -313,8 +314,11 @@ class TrainingRun {
     models::BatchStats local;
     int64_t step = first;
     updater_->begin_steps();
-    while (const std::optional<io::BatchRef> batch = source->next()) {
-      updater_->step({batch->tokens, batch->labels, batch->batch_size, batch->seq});
+    while (const std::optional<io::BatchRef> batch = next_batch(*source)) {
+      {
+        timeline::Span span("step", progress_.global_step);
+        updater_->step({batch->tokens, batch->labels, batch->batch_size, batch->seq});
+      }
       straggle();
       const bool signalled = stop_signal_.poll();  // every step on every rank, so the calls pair up
       ++step;
@@ -386,7 +390,13 @@ class TrainingRun {
     return m;
   }
 
+  static std::optional<io::BatchRef> next_batch(io::BatchSource& source) {
+    timeline::Span span("data wait");
+    return source.next();
+  }
+
   models::BatchStats evaluate() {
+    timeline::Span span("evaluation");
     io::BatchReaderOptions options;
     options.path = data_.path;
     options.split = "test";
@@ -422,6 +432,7 @@ class TrainingRun {
 
   void finish_epoch_on_root(const EpochMetrics& m, bool best) {
     on_root_or_abort([&] {
+      timeline::Span span("checkpoint");
       std::printf("%s\n", format_epoch_line(m).c_str());
       std::fflush(stdout);
       append_line(files_.metrics(), to_json(m));
@@ -439,6 +450,7 @@ class TrainingRun {
                              static_cast<double>(local.count)};
     comm_.sum(sums);
     on_root_or_abort([&] {
+      timeline::Span span("checkpoint");
       TrainingProgress snapshot = progress_;
       snapshot.loss_sum += sums[0];
       snapshot.correct += sums[1];

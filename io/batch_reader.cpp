@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "engine/errors.h"
+#include "engine/timeline.h"
 #include "io/hdf5_util.h"
 #include "io/mix.h"
 
@@ -160,6 +161,7 @@ const Batch* BatchReader::next() {
 void BatchReader::prefetch_loop() {
   try {
     quiet_hdf5_errors();  // this thread's own error stack
+    timeline::name_this_thread("prefetch");
     const int64_t slots = static_cast<int64_t>(ring_.size());
     for (int64_t t = 0; t < num_batches_; ++t) {
       Batch* slot = nullptr;
@@ -171,7 +173,10 @@ void BatchReader::prefetch_loop() {
         if (stop_) return;
         slot = &ring_[static_cast<size_t>(produced_ % slots)];
       }
-      read_batch(options_.first_batch + t, *slot);
+      {
+        timeline::Span span("HDF5 read", options_.first_batch + t);
+        read_batch(options_.first_batch + t, *slot);
+      }
       {
         std::lock_guard<std::mutex> lock(mutex_);
         ++produced_;

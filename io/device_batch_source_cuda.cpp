@@ -26,6 +26,7 @@
 
 #include "engine/cuda_check.h"
 #include "engine/errors.h"
+#include "engine/timeline.h"
 #include "io/batch_source.h"
 
 namespace ddp::io {
@@ -149,6 +150,7 @@ class DeviceBatchSource final : public BatchSource {
     }
     const int64_t depth = static_cast<int64_t>(slots_.size());
     Slot& slot = slots_[static_cast<std::size_t>(enqueued_ % depth)];
+    timeline::Span span("host-to-device copy");  // staging into pinned memory and the copies' enqueue
     if (slot.copy_recorded) DDP_CUDA_CHECK(cudaEventSynchronize(slot.copied));  // pinned buffers free again
     reserve(slot, batch->tokens.size(), batch->labels.size(), static_cast<std::size_t>(batch->seq));
     std::copy(batch->tokens.begin(), batch->tokens.end(), slot.host_tokens);

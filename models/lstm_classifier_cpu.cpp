@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "engine/timeline.h"
 #include "models/blas.h"
 #include "models/fast_math.h"
 
@@ -287,8 +288,13 @@ BatchStats CpuLstmClassifier<Scalar>::evaluate(const int32_t* tokens, const Scal
 template <typename Scalar>
 BatchStats CpuLstmClassifier<Scalar>::train_step(const int32_t* tokens, const Scalar* labels, int batch,
                                                  int seq, const GradientReadyFn& on_ready) {
-  forward(tokens, batch, seq);
-  const BatchStats stats = loss_and_stats(labels, batch, {});
+  BatchStats stats;
+  {
+    timeline::Span span("forward");
+    forward(tokens, batch, seq);
+    stats = loss_and_stats(labels, batch, {});
+  }
+  timeline::Span backward_span("backward");
   const auto& segments = layout_.segments();
   const int layers = layout_.shape().layers;
   const auto hidden = to_size(layout_.shape().hidden);

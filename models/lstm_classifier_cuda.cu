@@ -35,6 +35,7 @@
 
 #include "engine/cuda_check.h"
 #include "engine/errors.h"
+#include "engine/timeline.h"
 #include "models/cuda_replica.h"
 
 #define DDP_CUDNN_CHECK(call)                                                               \
@@ -689,9 +690,13 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
     if (on_ready) on_ready(segments[segment]);
   };
 
-  forward(batch, shape, /*training=*/true);
-  dense_and_loss(batch, batch.labels, nullptr, d_logits_.get(), /*add_stats=*/true);
-  count_ += batch.batch;
+  {
+    timeline::Span span("forward");  // the host's enqueue time: the GPU runs it asynchronously
+    forward(batch, shape, /*training=*/true);
+    dense_and_loss(batch, batch.labels, nullptr, d_logits_.get(), /*add_stats=*/true);
+    count_ += batch.batch;
+  }
+  timeline::Span backward_span("backward");
 
   // dy is zero but at the last step, which dense_backward writes; re-zero only when the shape moved the
   // block.

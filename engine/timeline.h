@@ -1,0 +1,63 @@
+// The training timeline (--log.timeline FILE): a Chrome trace (JSON array format, loads in chrome://tracing
+// and Perfetto) with one process per rank and one track per thread: data wait, HDF5 read, host-to-device
+// copy, forward, backward, each gradient bucket's reduction (a track per bucket, since buckets overlap
+// backward and each other), optimizer, evaluation, checkpoint.
+//
+// Cost. Off, a span is one relaxed atomic load. On, recording appends a fixed-size event to a buffer under a
+// mutex (no formatting, no allocation in the steady state); a writer thread swaps the buffer out every 100
+// ms, formats it and appends it to this rank's part file (FILE.rank<R>.part), so a crashed run still leaves
+// its events on disk. At the end the ranks send their parts to rank 0, which writes FILE.
+//
+// Times are host times. On a GPU, compute is asynchronous: forward/backward spans there are the host's
+// enqueue time, and the data-wait span includes the wait for the copy stream.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddp::timeline {
+
+using Clock = std::chrono::steady_clock;
+
+bool enabled();
+
+// Starts recording (and the writer thread) for this rank.
+void start(const std::string& path, int rank, const std::string& process_label);
+// Stops recording; returns this rank's events as JSON objects separated by ",\n" (the part file is removed).
+std::string finish();
+// Rank 0: writes the trace from every rank's finish() text, atomically. Throws UserError if it cannot.
+void write_trace(const std::string& path, const std::vector<std::string>& ranks_events);
+
+// The calling thread's track name ("main", "prefetch", ...); the first span of an unnamed thread names it
+// "thread N".
+void name_this_thread(const char* name);
+// A track of its own for work that overlaps the thread's other spans (a reduction bucket); `index` tells
+// tracks of the same kind apart.
+int track(const char* kind, int index);
+
+// One span. `name` must outlive the run (a string literal). `arg` >= 0 is shown as args.value.
+void record(const char* name, Clock::time_point begin, Clock::time_point end, int track = -1,
+            int64_t arg = -1);
+
+// Records [construction, destruction) on the calling thread's track.
+class Span {
+ public:
+  explicit Span(const char* name, int64_t arg = -1) : name_(name), arg_(arg), on_(enabled()) {
+    if (on_) begin_ = Clock::now();
+  }
+  ~Span() {
+    if (on_) record(name_, begin_, Clock::now(), -1, arg_);
+  }
+  Span(const Span&) = delete;
+  Span& operator=(const Span&) = delete;
+
+ private:
+  const char* name_;
+  int64_t arg_;
+  bool on_;
+  Clock::time_point begin_;
+};
+
+}  // namespace ddp::timeline

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# --log.timeline: a 2-rank all-reduce run and a 3-rank parameter-server run each write one Chrome trace that
+# loads as JSON, has a process per rank and the spans of a step, and whose spans nest on every track (what
+# chrome://tracing and Perfetto need to draw them).
+#   bash tests/cli/timeline.sh path/to/ddptrain source-dir
+set -euo pipefail
+ddptrain=$1
+python=/usr/bin/python3
+"$python" -c 'import json' || { echo "FAIL: $python is missing"; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+cd "$work"
+"$ddptrain" prepare synthetic --output data.h5 --train 1000 --test 200 --vocab 300 --maxlen 20 --seed 3 >/dev/null
+common=(--data.path data.h5 --model.embedding_dim 16 --model.hidden 16 --train.epochs 2 --log.progress lines)
+
+check() {  # trace, ranks, expected span names...
+  "$python" - "$@" <<'PY'
+import collections, json, sys
+path, ranks, expected = sys.argv[1], int(sys.argv[2]), set(sys.argv[3:])
+events = json.load(open(path))
+spans = [e for e in events if e.get("ph") == "X"]
+pids = {e["pid"] for e in spans}
+assert pids == set(range(ranks)), f"processes {sorted(pids)}, expected ranks 0..{ranks - 1}"
+names = {m["pid"]: m["args"]["name"] for m in events if m.get("name") == "process_name"}
+assert set(names) == pids, f"process names for {sorted(names)}"
+for pid in pids:
+    mine = {e["name"] for e in spans if e["pid"] == pid}
+    # Rank 0 alone writes checkpoints; a parameter server (the last rank of the 3-rank run) serves.
+    serves = ranks == 3 and pid == ranks - 1
+    want = {"server update"} if serves else expected - ({"checkpoint"} if pid != 0 else set())
+    missing = want - mine
+    assert not missing, f"rank {pid} lacks spans {sorted(missing)}"
+tracks = collections.defaultdict(list)
+for e in spans:
+    assert e["dur"] >= 0 and e["ts"] >= 0, f"negative time in {e}"
+    tracks[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"], e["name"]))
+for key, items in tracks.items():
+    items.sort(key=lambda s: (s[0], -s[1]))
+    open_spans = []
+    for begin, end, name in items:
+        while open_spans and open_spans[-1][1] <= begin + 1e-3:
+            open_spans.pop()
+        if open_spans:
+            assert end <= open_spans[-1][1] + 1e-3, f"track {key}: {name} overlaps {open_spans[-1][2]}"
+        open_spans.append((begin, end, name))
+print(f"{path}: {len(spans)} spans on {len(tracks)} tracks of {ranks} ranks")
+PY
+}
+
+mpirun -np 2 "$ddptrain" "${common[@]}" --comm.backend mpi --checkpoint.dir ar --log.timeline ar.json >ar.txt 2>&1 ||
+  { echo "FAIL: all-reduce run"; cat ar.txt; exit 1; }
+check ar.json 2 "data wait" "HDF5 read" forward backward "all-reduce bucket" "reduction wait" optimizer \
+  evaluation checkpoint step
+ls ./*.part 2>/dev/null && { echo "FAIL: part files left behind"; exit 1; }
+
+mpirun -np 3 "$ddptrain" "${common[@]}" --comm.backend ps --checkpoint.dir ps --log.timeline ps.json >ps.txt 2>&1 ||
+  { echo "FAIL: parameter-server run"; cat ps.txt; exit 1; }
+check ps.json 3 "data wait" "HDF5 read" forward backward "push/pull" evaluation checkpoint step
+
+# A path that cannot be written is refused before training, on every rank, with exit 2.
+status=0
+mpirun -np 2 "$ddptrain" "${common[@]}" --checkpoint.dir bad --log.timeline /nonexistent/dir/t.json >bad.txt 2>&1 ||
+  status=$?
+[ "$status" -eq 2 ] || { echo "FAIL: unwritable timeline gave exit $status"; cat bad.txt; exit 1; }
+grep -q "log.timeline = /nonexistent/dir/t.json" bad.txt || { echo "FAIL: no message naming the key"; cat bad.txt; exit 1; }
+echo PASS
