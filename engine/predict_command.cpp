@@ -1,13 +1,259 @@
+// `ddptrain predict` and `ddptrain evaluate`: a trained checkpoint on new documents or on a dataset's test
+// split, as one process (no MPI) on the CPU or on one GPU.
+#include <unistd.h>
+
+#include <atomic>
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "engine/checkpoint.h"
 #include "engine/commands.h"
+#include "engine/device.h"
 #include "engine/errors.h"
+#include "io/batch_source.h"
+#include "io/dataset.h"
+#include "io/dataset_writer.h"
+#include "io/tokenizer.h"
+#include "models/cuda_replica.h"
+#include "models/replica.h"
+
+namespace po = boost::program_options;
 
 namespace ddp::engine {
+namespace {
 
-int predict_command(const std::vector<std::string>&) {
-  throw UserError("predict: not implemented yet");
+// Characters of a document shown next to its probability.
+constexpr size_t kExcerptChars = 60;
+
+struct ModelOptions {
+  std::string checkpoint;
+  std::string data;
+  std::string device = "auto";
+  int batch_size = 128;
+};
+
+void add_model_options(po::options_description& desc, ModelOptions& o) {
+  desc.add_options()("checkpoint,c", po::value(&o.checkpoint)->required(),
+                     "checkpoint of a training run (RUN/best.h5 or RUN/last.h5)")(
+      "data,d", po::value(&o.data)->required(), "the dataset file the model was trained on")(
+      "device", po::value(&o.device)->default_value(o.device), "cpu, cuda or auto (the first GPU if any)")(
+      "batch-size", po::value(&o.batch_size)->default_value(o.batch_size), "documents per forward pass");
 }
-int evaluate_command(const std::vector<std::string>&) {
-  throw UserError("evaluate: not implemented yet");
+
+// Parses `args` against `desc`; false when --help was asked for (and printed).
+bool parse(const std::vector<std::string>& args, const po::options_description& desc,
+           const std::string& command, const std::string& usage) {
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    if (vm.count("help")) {
+      std::cout << "Usage: " << usage << "\n" << desc;
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UserError(command + ": " + e.what());
+  }
+  return true;
+}
+
+void check_model_options(const ModelOptions& o, const std::string& command) {
+  if (o.device != "cpu" && o.device != "cuda" && o.device != "auto") {
+    throw UserError(command + ": --device must be cpu, cuda or auto, got '" + o.device + "'");
+  }
+  if (o.batch_size < 1) {
+    throw UserError(command + ": --batch-size must be positive, got " + std::to_string(o.batch_size));
+  }
+}
+
+// The checkpoint's model with its parameters, on the device asked for.
+struct LoadedModel {
+  std::unique_ptr<models::Replica> replica;
+  int gpu = -1;  // CUDA ordinal, -1 on the CPU
+};
+
+LoadedModel load_model(const ModelOptions& o, const io::DatasetInfo& data, const std::string& command) {
+  const Checkpoint checkpoint = read_checkpoint(o.checkpoint);
+  if (checkpoint.shape.vocab_size != data.vocab_size) {
+    throw UserError(o.checkpoint + ": the model has vocab_size " +
+                    std::to_string(checkpoint.shape.vocab_size) + " but " + o.data + " has vocab_size " +
+                    std::to_string(data.vocab_size) + ": give the dataset the model was trained on");
+  }
+  LoadedModel model;
+  if (o.device != "cpu") {
+    const GpuInventory inventory = probe_gpus();
+    if (!inventory.gpus.empty()) {
+      model.gpu = inventory.gpus.front().index;
+      use_gpu(model.gpu);
+    } else if (o.device == "cuda") {
+      throw UserError(command + ": --device cuda: " + inventory.why_none);
+    }
+  }
+  model.replica = model.gpu >= 0 ? models::make_cuda_replica(checkpoint.shape, model.gpu)
+                                 : models::make_cpu_replica(checkpoint.shape);
+  model.replica->copy_params_from_host(checkpoint.params);
+  return model;
+}
+
+// The first `rows` rows of a file's test split, in order, in the replica's memory.
+std::unique_ptr<io::BatchSource> test_batches(const LoadedModel& model, const std::string& path, int64_t rows,
+                                              int batch_size) {
+  io::BatchReaderOptions options;
+  options.path = path;
+  options.split = "test";
+  options.shard = {0, rows};
+  options.batch_size = batch_size;
+  options.shuffle = false;
+  options.drop_last = false;
+  if (model.gpu >= 0) return io::make_device_batch_source(options, model.gpu, model.replica->stream(), 2);
+  return io::make_host_batch_source(options);
+}
+
+// Encoded documents as the test split of a dataset file of their own, removed with this object. Predict
+// then reads them through the batch sources of training and evaluation, which also bring them to a GPU.
+class TemporaryDataset {
+ public:
+  TemporaryDataset(const std::vector<int32_t>& tokens, int64_t rows, int vocab_size, int maxlen) {
+    static std::atomic<int> counter{0};
+    std::error_code error;
+    const std::filesystem::path folder = std::filesystem::temp_directory_path(error);
+    if (error)
+      throw UserError("predict: no folder for temporary files (" + error.message() + "): set TMPDIR");
+    path_ =
+        (folder / ("ddptrain-predict-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".h5"))
+            .string();
+    io::DatasetWriter writer(path_, vocab_size, maxlen, 0, rows);
+    const std::vector<uint8_t> labels(static_cast<size_t>(rows), 0);
+    writer.write_rows("test", 0, tokens, labels);
+    writer.commit();
+  }
+  TemporaryDataset(const TemporaryDataset&) = delete;
+  TemporaryDataset& operator=(const TemporaryDataset&) = delete;
+  ~TemporaryDataset() {
+    std::error_code ignored;
+    std::filesystem::remove(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// The documents of --input: one per line, "-" for stdin.
+std::vector<std::string> read_lines(const std::string& input) {
+  std::ifstream file;
+  if (input != "-") {
+    file.open(input, std::ios::binary);
+    if (!file) throw UserError(input + ": cannot be read (no such file, or permission denied)");
+  }
+  std::istream& in = input == "-" ? std::cin : file;
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    lines.push_back(std::move(line));
+  }
+  if (in.bad()) throw UserError(input + ": read error");
+  if (lines.empty()) throw UserError(input + ": no documents in it (one document per line)");
+  return lines;
+}
+
+// The document's first characters on one line: valid UTF-8, control characters as spaces, "..." if cut.
+std::string excerpt(const std::string& document) {
+  const std::string text = io::to_utf8(document);
+  std::string out;
+  size_t characters = 0;
+  for (const char c : text) {
+    const bool continuation = (static_cast<unsigned char>(c) & 0xC0) == 0x80;
+    if (!continuation && ++characters > kExcerptChars) return out + "...";
+    out += static_cast<unsigned char>(c) < 0x20 || c == 0x7F ? ' ' : c;
+  }
+  return out;
+}
+
+}  // namespace
+
+int predict_command(const std::vector<std::string>& args) {
+  static const char* kCommand = "predict";
+  ModelOptions o;
+  std::vector<std::string> texts;
+  std::string input;
+  po::options_description desc("ddptrain predict");
+  desc.add_options()("help,h", "print this help");
+  add_model_options(desc, o);
+  desc.add_options()("text,t", po::value(&texts)->composing(), "a document (give it several times for more)")(
+      "input,i", po::value(&input), "a file with one document per line ('-': standard input)");
+  if (!parse(args, desc, kCommand,
+             "ddptrain predict --checkpoint RUN/best.h5 --data F.h5 (--text \"...\" ... | --input FILE)"))
+    return kExitOk;
+  check_model_options(o, kCommand);
+  if (texts.empty() == input.empty()) {
+    throw UserError(std::string(kCommand) +
+                    ": give the documents either with --text \"...\" (repeatable) or with --input FILE");
+  }
+
+  const io::DatasetInfo data = io::inspect_dataset(o.data);
+  const io::Vocabulary vocabulary = io::read_vocabulary(o.data);
+  const std::vector<std::string> documents = input.empty() ? texts : read_lines(input);
+  const LoadedModel model = load_model(o, data, kCommand);
+
+  const auto rows = static_cast<int64_t>(documents.size());
+  std::vector<int32_t> tokens;
+  tokens.reserve(documents.size() * static_cast<size_t>(data.maxlen));
+  for (const std::string& document : documents) {
+    const std::vector<int32_t> row = vocabulary.encode(document, data.maxlen);
+    tokens.insert(tokens.end(), row.begin(), row.end());
+  }
+  const TemporaryDataset encoded(tokens, rows, data.vocab_size, data.maxlen);
+  std::vector<float> probabilities(documents.size());
+  size_t done = 0;
+  const std::unique_ptr<io::BatchSource> source = test_batches(model, encoded.path(), rows, o.batch_size);
+  while (const std::optional<io::BatchRef> batch = source->next()) {
+    model.replica->predict(
+        {batch->tokens, batch->labels, batch->batch_size, batch->seq},
+        std::span<float>(probabilities).subspan(done, static_cast<size_t>(batch->batch_size)));
+    done += static_cast<size_t>(batch->batch_size);
+  }
+  DDP_CHECK(done == documents.size());
+  for (size_t i = 0; i < documents.size(); ++i) {
+    std::printf("%.4f\t%s\n", static_cast<double>(probabilities[i]), excerpt(documents[i]).c_str());
+  }
+  return kExitOk;
+}
+
+int evaluate_command(const std::vector<std::string>& args) {
+  static const char* kCommand = "evaluate";
+  ModelOptions o;
+  po::options_description desc("ddptrain evaluate");
+  desc.add_options()("help,h", "print this help");
+  add_model_options(desc, o);
+  if (!parse(args, desc, kCommand, "ddptrain evaluate --checkpoint RUN/best.h5 --data F.h5")) return kExitOk;
+  check_model_options(o, kCommand);
+
+  const io::DatasetInfo data = io::inspect_dataset(o.data);
+  if (data.test_size == 0) throw UserError(o.data + ": /test is empty, nothing to evaluate");
+  io::validate_rows(data, "test", 0, data.test_size);
+  const LoadedModel model = load_model(o, data, kCommand);
+
+  const std::unique_ptr<io::BatchSource> source = test_batches(model, o.data, data.test_size, o.batch_size);
+  while (const std::optional<io::BatchRef> batch = source->next()) {
+    model.replica->evaluate({batch->tokens, batch->labels, batch->batch_size, batch->seq});
+  }
+  const models::BatchStats stats = model.replica->take_stats();
+  DDP_CHECK(stats.count == data.test_size);
+  std::printf("test: loss %.4f - accuracy %.4f (%lld samples)\n",
+              stats.loss_sum / static_cast<double>(stats.count),
+              static_cast<double>(stats.correct) / static_cast<double>(stats.count),
+              static_cast<long long>(stats.count));
+  return kExitOk;
 }
 
 }  // namespace ddp::engine

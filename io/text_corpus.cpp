@@ -1,11 +1,395 @@
 #include "io/text_corpus.h"
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
 #include "engine/errors.h"
+#include "io/dataset_writer.h"
+#include "io/tokenizer.h"
 
 namespace ddp::io {
+namespace {
 
-std::string prepare_text(const TextCorpusOptions&) {
-  throw UserError("prepare_text: not implemented yet");
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kTrain = 0;
+constexpr int kTest = 1;
+constexpr const char* kSplitNames[2] = {"train", "test"};
+constexpr int kPos = 0;
+constexpr int kNeg = 1;
+constexpr const char* kLabelFolders[2] = {"pos", "neg"};
+constexpr uint8_t kLabelValues[2] = {1, 0};
+// How many file names a summary line lists before "...".
+constexpr size_t kNamesShown = 3;
+
+struct InputFile {
+  fs::path path;
+  std::string name;  // "train/pos/0_9.txt", for the summary and messages
+  int split = kTrain;
+  int label = kPos;
+};
+
+// What reading and tokenizing one file gave.
+struct FileResult {
+  int64_t words = 0;          // 0: no words, the file is skipped
+  std::vector<int32_t> tail;  // the last min(words, maxlen) words as ids of the worker's WordTable
+  int worker = 0;
+  bool valid_utf8 = true;
+};
+
+// The words one reader thread has seen, each with a local id, and their counts in the training split.
+// Merged after reading: the result is then the same whatever thread read which file.
+class WordTable {
+ public:
+  int32_t intern(std::string_view word) {
+    const auto found = ids_.find(word);
+    if (found != ids_.end()) return found->second;
+    const auto id = static_cast<int32_t>(words_.size());
+    // Map nodes never move, so the key can be referred to by pointer.
+    words_.push_back(&ids_.emplace(std::string(word), id).first->first);
+    train_counts_.push_back(0);
+    return id;
+  }
+  void count(int32_t id) { ++train_counts_[static_cast<size_t>(id)]; }
+  size_t size() const { return words_.size(); }
+  const std::string& word(size_t id) const { return *words_[id]; }
+  int64_t train_count(size_t id) const { return train_counts_[id]; }
+
+ private:
+  std::unordered_map<std::string, int32_t, WordHash, std::equal_to<>> ids_;
+  std::vector<const std::string*> words_;
+  std::vector<int64_t> train_counts_;
+};
+
+const char* kLayout =
+    "prepare text expects the aclImdb layout: DIR/train/pos, DIR/train/neg, DIR/test/pos, DIR/test/neg";
+
+// The documents of one folder, by name.
+std::vector<fs::path> list_documents(const fs::path& folder) {
+  std::error_code error;
+  if (!fs::is_directory(folder, error)) {
+    throw UserError(folder.string() + ": no such folder (" + kLayout + ")");
+  }
+  std::vector<fs::path> files;
+  fs::directory_iterator it(folder, error);
+  for (; !error && it != fs::directory_iterator(); it.increment(error)) {
+    if (it->path().filename().string().starts_with('.')) continue;
+    std::error_code type_error;
+    if (it->is_regular_file(type_error)) files.push_back(it->path());  // follows symbolic links
+  }
+  if (error) throw UserError(folder.string() + ": cannot be listed (" + error.message() + ")");
+  std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
+    return a.filename().string() < b.filename().string();
+  });
+  return files;
+}
+
+// The whole file into `bytes` (whose capacity is reused from file to file).
+void read_whole_file(const InputFile& file, std::string& bytes) {
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> handle(std::fopen(file.path.c_str(), "rb"), &std::fclose);
+  if (!handle) {
+    throw UserError(file.path.string() + ": cannot be read (" + std::generic_category().message(errno) + ")");
+  }
+  constexpr size_t kChunk = size_t{1} << 16;
+  bytes.clear();
+  size_t used = 0;
+  while (true) {
+    bytes.resize(used + kChunk);
+    const size_t got = std::fread(bytes.data() + used, 1, kChunk, handle.get());
+    used += got;
+    if (got < kChunk) break;
+  }
+  bytes.resize(used);
+  if (std::ferror(handle.get()) != 0) throw UserError(file.path.string() + ": read error");
+}
+
+// Shared by the reader threads and the thread that shows progress.
+struct ReadState {
+  std::atomic<size_t> next{0};
+  std::atomic<size_t> done{0};
+  std::atomic<bool> failed{false};
+  std::mutex mutex;
+  std::condition_variable finished;
+  int workers_running = 0;
+  std::exception_ptr error;
+};
+
+void read_files(int worker, const std::vector<InputFile>& files, int maxlen, WordTable& table,
+                std::vector<FileResult>& results, ReadState& state) {
+  try {
+    std::string bytes;
+    std::vector<int32_t> ids;
+    for (size_t i = state.next++; i < files.size() && !state.failed; i = state.next++) {
+      read_whole_file(files[i], bytes);
+      ids.clear();
+      FileResult& result = results[i];
+      result.worker = worker;
+      result.valid_utf8 = tokenize(bytes, [&](std::string_view word) { ids.push_back(table.intern(word)); });
+      if (files[i].split == kTrain) {
+        for (const int32_t id : ids) table.count(id);
+      }
+      result.words = static_cast<int64_t>(ids.size());
+      const size_t kept = std::min(ids.size(), static_cast<size_t>(maxlen));
+      result.tail.assign(ids.end() - static_cast<std::ptrdiff_t>(kept), ids.end());
+      ++state.done;
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    if (!state.error) state.error = std::current_exception();
+    state.failed = true;
+  }
+  std::lock_guard<std::mutex> lock(state.mutex);
+  --state.workers_running;
+  state.finished.notify_all();
+}
+
+std::string format_seconds(double seconds) {
+  char text[32];
+  if (seconds < 60) {
+    std::snprintf(text, sizeof(text), "%.0fs", seconds);
+  } else {
+    std::snprintf(text, sizeof(text), "%dm%02ds", static_cast<int>(seconds / 60),
+                  static_cast<int>(seconds) % 60);
+  }
+  return text;
+}
+
+// One line on stderr, redrawn with '\r': files done/total, a bar, files/s and the time left.
+void draw_progress(size_t done, size_t total, double elapsed, bool final) {
+  constexpr int kWidth = 30;
+  const double fraction = total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 1.0;
+  const int filled = static_cast<int>(fraction * kWidth);
+  const double rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0.0;
+  const std::string when =
+      final
+          ? "in " + format_seconds(elapsed)
+          : "ETA " + (rate > 0 ? format_seconds(static_cast<double>(total - done) / rate) : std::string("?"));
+  std::fprintf(stderr, "\rreading %zu/%zu files [%s%s] %3.0f%% %.0f files/s %s   ", done, total,
+               std::string(static_cast<size_t>(filled), '=').c_str(),
+               std::string(static_cast<size_t>(kWidth - filled), ' ').c_str(), 100.0 * fraction, rate,
+               when.c_str());
+  if (final) std::fputc('\n', stderr);
+  std::fflush(stderr);
+}
+
+// Runs the reader threads over `files`; shows progress while they run when asked to.
+std::vector<WordTable> read_all(const std::vector<InputFile>& files, int maxlen, int threads,
+                                bool show_progress, std::vector<FileResult>& results) {
+  std::vector<WordTable> tables(static_cast<size_t>(threads));
+  ReadState state;
+  state.workers_running = threads;
+  const auto start = Clock::now();
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(threads));
+  for (int w = 0; w < threads; ++w) {
+    pool.emplace_back(read_files, w, std::cref(files), maxlen, std::ref(tables[static_cast<size_t>(w)]),
+                      std::ref(results), std::ref(state));
+  }
+  {
+    std::unique_lock<std::mutex> lock(state.mutex);
+    // At most ten redraws a second.
+    while (!state.finished.wait_for(lock, std::chrono::milliseconds(100),
+                                    [&] { return state.workers_running == 0; })) {
+      if (show_progress) {
+        draw_progress(state.done, files.size(), std::chrono::duration<double>(Clock::now() - start).count(),
+                      false);
+      }
+    }
+  }
+  for (std::thread& t : pool) t.join();
+  if (state.error) std::rethrow_exception(state.error);
+  if (show_progress) {
+    draw_progress(state.done, files.size(), std::chrono::duration<double>(Clock::now() - start).count(),
+                  true);
+  }
+  return tables;
+}
+
+// "3 (a, b, c, ...)" for a summary line.
+std::string count_and_names(const std::vector<std::string>& names) {
+  std::string text = std::to_string(names.size());
+  if (names.empty()) return text;
+  text += " (";
+  for (size_t i = 0; i < names.size() && i < kNamesShown; ++i) text += (i > 0 ? ", " : "") + names[i];
+  return text + (names.size() > kNamesShown ? ", ...)" : ")");
+}
+
+std::string format_count(int64_t n) {
+  char text[32];
+  if (n >= 1'000'000) {
+    std::snprintf(text, sizeof(text), "%.1fM", static_cast<double>(n) / 1e6);
+  } else {
+    std::snprintf(text, sizeof(text), "%lld", static_cast<long long>(n));
+  }
+  return text;
+}
+
+}  // namespace
+
+std::string prepare_text(const TextCorpusOptions& options) {
+  if (options.vocab < kFirstWordId + 1) {
+    throw UserError("prepare text: --vocab must be at least 4 (ids 0, 1 and 2 are reserved), got " +
+                    std::to_string(options.vocab));
+  }
+  if (options.maxlen < 1) {
+    throw UserError("prepare text: --maxlen must be positive, got " + std::to_string(options.maxlen));
+  }
+  const fs::path root(options.input);
+  std::error_code error;
+  if (!fs::is_directory(root, error)) {
+    throw UserError(options.input + ": no such folder (" + kLayout + ")");
+  }
+
+  // Every folder is listed before any file is read, so a missing one is reported at once.
+  std::vector<InputFile> files;
+  for (const int split : {kTrain, kTest}) {
+    for (const int label : {kPos, kNeg}) {
+      const fs::path folder = root / kSplitNames[split] / kLabelFolders[label];
+      for (fs::path& path : list_documents(folder)) {
+        std::string name =
+            std::string(kSplitNames[split]) + "/" + kLabelFolders[label] + "/" + path.filename().string();
+        files.push_back({std::move(path), std::move(name), split, label});
+      }
+    }
+  }
+
+  const int threads = std::max(
+      1,
+      std::min(options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency()),
+               static_cast<int>(std::max<size_t>(files.size(), 1))));
+  const auto start = Clock::now();
+  std::vector<FileResult> results(files.size());
+  const std::vector<WordTable> tables =
+      read_all(files, options.maxlen, threads, options.show_progress, results);
+  const double read_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+
+  // Documents per split and label, in file order; what was skipped or decoded leniently.
+  std::vector<size_t> documents[2][2];
+  std::vector<std::string> empty_files;
+  std::vector<std::string> lenient_files;
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (!results[i].valid_utf8) lenient_files.push_back(files[i].name);
+    if (results[i].words == 0) {
+      empty_files.push_back(files[i].name);
+      continue;
+    }
+    documents[files[i].split][files[i].label].push_back(i);
+  }
+  for (const int split : {kTrain, kTest}) {
+    if (documents[split][kPos].empty() && documents[split][kNeg].empty()) {
+      throw UserError((root / kSplitNames[split]).string() +
+                      ": no usable documents in pos/ or neg/ (every file there is empty or has no words)");
+    }
+  }
+
+  // The vocabulary from the training counts of every reader.
+  WordCounts counts;
+  int64_t train_tokens = 0;
+  for (const WordTable& table : tables) {
+    for (size_t id = 0; id < table.size(); ++id) {
+      const int64_t n = table.train_count(id);
+      if (n == 0) continue;
+      train_tokens += n;
+      const auto found = counts.find(table.word(id));
+      if (found != counts.end()) {
+        found->second += n;
+      } else {
+        counts.emplace(table.word(id), n);
+      }
+    }
+  }
+  const Vocabulary vocabulary = Vocabulary::from_counts(counts, options.vocab);
+  int64_t covered_tokens = 0;
+  for (size_t id = kFirstWordId; id < vocabulary.words().size(); ++id) {
+    covered_tokens += counts.find(vocabulary.words()[id])->second;
+  }
+  std::vector<std::vector<int32_t>> to_vocabulary(tables.size());
+  for (size_t w = 0; w < tables.size(); ++w) {
+    to_vocabulary[w].resize(tables[w].size());
+    for (size_t id = 0; id < tables[w].size(); ++id) to_vocabulary[w][id] = vocabulary.id(tables[w].word(id));
+  }
+
+  // Rows alternate pos and neg (text_corpus.h).
+  int64_t rows[2] = {0, 0};
+  std::vector<int32_t> tokens[2];
+  std::vector<uint8_t> labels[2];
+  std::vector<int32_t> ids;
+  for (const int split : {kTrain, kTest}) {
+    const auto& pos = documents[split][kPos];
+    const auto& neg = documents[split][kNeg];
+    const auto add = [&](size_t file, int label) {
+      const FileResult& result = results[file];
+      ids.clear();
+      for (const int32_t local : result.tail) {
+        ids.push_back(to_vocabulary[static_cast<size_t>(result.worker)][static_cast<size_t>(local)]);
+      }
+      // The tail holds every word that can survive truncation, so this is the whole document's row.
+      const std::vector<int32_t> row = pad_pre(ids, options.maxlen);
+      tokens[split].insert(tokens[split].end(), row.begin(), row.end());
+      labels[split].push_back(kLabelValues[label]);
+    };
+    for (size_t i = 0; i < std::max(pos.size(), neg.size()); ++i) {
+      if (i < pos.size()) add(pos[i], kPos);
+      if (i < neg.size()) add(neg[i], kNeg);
+    }
+    rows[split] = static_cast<int64_t>(labels[split].size());
+  }
+
+  DatasetWriter writer(options.output, vocabulary.size(), options.maxlen, rows[kTrain], rows[kTest]);
+  writer.write_rows("train", 0, tokens[kTrain], labels[kTrain]);
+  writer.write_rows("test", 0, tokens[kTest], labels[kTest]);
+  writer.write_vocab(vocabulary.words());
+  writer.write_attribute("source", "text " + options.input + " vocab=" + std::to_string(options.vocab) +
+                                       " maxlen=" + std::to_string(options.maxlen));
+  writer.commit();
+
+  std::string summary = "wrote " + options.output + ":";
+  for (const int split : {kTrain, kTest}) {
+    summary += std::string(split == kTrain ? " " : ", ") + kSplitNames[split] + " " +
+               std::to_string(rows[split]) + " (" + std::to_string(documents[split][kPos].size()) + " pos, " +
+               std::to_string(documents[split][kNeg].size()) + " neg)";
+  }
+  summary +=
+      ", vocab_size " + std::to_string(vocabulary.size()) + ", maxlen " + std::to_string(options.maxlen);
+  char line[160];
+  std::snprintf(line, sizeof(line), "\nread %zu files in %.2f s (%.0f files/s, %d thread%s)", files.size(),
+                read_seconds, static_cast<double>(files.size()) / std::max(read_seconds, 1e-9), threads,
+                threads == 1 ? "" : "s");
+  summary += line;
+  summary += "\nempty files skipped (no words): " + count_and_names(empty_files);
+  summary += "\nfiles not valid UTF-8, decoded leniently (bad bytes read as Windows-1252): " +
+             count_and_names(lenient_files);
+  const double coverage =
+      train_tokens > 0 ? 100.0 * static_cast<double>(covered_tokens) / static_cast<double>(train_tokens)
+                       : 0.0;
+  std::snprintf(
+      line, sizeof(line), "\nvocabulary: %d words of %zu distinct in train; they cover %.1f%% of %s",
+      vocabulary.size() - kFirstWordId, counts.size(), coverage, format_count(train_tokens).c_str());
+  summary += std::string(line) + " training tokens";
+  for (const int split : {kTrain, kTest}) {
+    for (const int label : {kPos, kNeg}) {
+      if (documents[split][label].empty()) {
+        summary += "\nwarning: " + (root / kSplitNames[split] / kLabelFolders[label]).string() +
+                   " has no usable documents: every " + kSplitNames[split] + " label is " +
+                   std::to_string(kLabelValues[1 - label]);
+      }
+    }
+  }
+  return summary;
 }
 
 }  // namespace ddp::io

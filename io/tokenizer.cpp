@@ -1,0 +1,300 @@
+#include "io/tokenizer.h"
+
+#include <algorithm>
+#include <mutex>
+#include <stdexcept>
+
+#include "engine/errors.h"
+#include "io/hdf5_util.h"
+
+namespace ddp::io {
+namespace {
+
+// Windows-1252's 0x80-0x9F. The five bytes it leaves undefined keep their Latin-1 value (a C1 control).
+constexpr uint32_t kWindows1252[32] = {0x20AC, 0x0081, 0x201A, 0x0192, 0x201E, 0x2026, 0x2020, 0x2021,
+                                       0x02C6, 0x2030, 0x0160, 0x2039, 0x0152, 0x008D, 0x017D, 0x008F,
+                                       0x0090, 0x2018, 0x2019, 0x201C, 0x201D, 0x2022, 0x2013, 0x2014,
+                                       0x02DC, 0x2122, 0x0161, 0x203A, 0x0153, 0x009D, 0x017E, 0x0178};
+
+constexpr uint32_t kRightSingleQuote = 0x2019;
+
+struct Decoded {
+  uint32_t code_point = 0;
+  size_t length = 1;
+  bool valid = true;
+};
+
+// The character at text[i] (a byte >= 0x80): a well-formed UTF-8 sequence (Unicode's table 3-7, which
+// excludes overlong forms, surrogates and code points above U+10FFFF), or else the lead byte alone as
+// Windows-1252.
+Decoded decode_non_ascii(std::string_view text, size_t i) {
+  const auto lead = static_cast<unsigned char>(text[i]);
+  size_t length = 0;
+  uint32_t code_point = 0;
+  unsigned char second_min = 0x80;
+  unsigned char second_max = 0xBF;
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+    code_point = lead & 0x1Fu;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    code_point = lead & 0x0Fu;
+    if (lead == 0xE0) second_min = 0xA0;  // shorter forms are overlong
+    if (lead == 0xED) second_max = 0x9F;  // U+D800-U+DFFF are surrogates
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    code_point = lead & 0x07u;
+    if (lead == 0xF0) second_min = 0x90;
+    if (lead == 0xF4) second_max = 0x8F;  // above U+10FFFF
+  }
+  if (length > 0 && i + length <= text.size()) {
+    bool well_formed = true;
+    for (size_t k = 1; k < length && well_formed; ++k) {
+      const auto byte = static_cast<unsigned char>(text[i + k]);
+      const unsigned char min = k == 1 ? second_min : 0x80;
+      const unsigned char max = k == 1 ? second_max : 0xBF;
+      well_formed = byte >= min && byte <= max;
+      code_point = (code_point << 6) | (byte & 0x3Fu);
+    }
+    if (well_formed) return {code_point, length, true};
+  }
+  return {lead < 0xA0 ? kWindows1252[lead - 0x80] : lead, 1, false};
+}
+
+void append_utf8(std::string& out, uint32_t code_point) {
+  if (code_point < 0x80) {
+    out += static_cast<char>(code_point);
+  } else if (code_point < 0x800) {
+    out += static_cast<char>(0xC0 | (code_point >> 6));
+    out += static_cast<char>(0x80 | (code_point & 0x3F));
+  } else if (code_point < 0x10000) {
+    out += static_cast<char>(0xE0 | (code_point >> 12));
+    out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (code_point & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (code_point >> 18));
+    out += static_cast<char>(0x80 | ((code_point >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (code_point & 0x3F));
+  }
+}
+
+// Non-ASCII letters (tokenizer.h lists the ranges).
+bool is_letter(uint32_t c) {
+  return (c >= 0xC0 && c <= 0x24F && c != 0xD7 && c != 0xF7) || (c >= 0x300 && c <= 0x36F) || c == 0x386 ||
+         (c >= 0x388 && c <= 0x481) || (c >= 0x48A && c <= 0x4FF);
+}
+
+// Lower case of a non-ASCII letter (tokenizer.h lists which are mapped).
+uint32_t to_lower(uint32_t c) {
+  if (c >= 0xC0 && c <= 0xDE && c != 0xD7) return c + 0x20;
+  if (c >= 0x100 && c <= 0x17E) {
+    if (c == 0x130) return 'i';
+    if (c == 0x178) return 0xFF;
+    // Latin Extended-A pairs each capital with the next code point: even capitals in U+0100-U+0137 and
+    // U+014A-U+0177, odd ones in U+0139-U+0148 and U+0179-U+017E.
+    const bool even_capitals = c <= 0x137 || (c >= 0x14A && c <= 0x177);
+    const bool odd_capitals = (c >= 0x139 && c <= 0x148) || c >= 0x179;
+    if ((even_capitals && c % 2 == 0) || (odd_capitals && c % 2 == 1)) return c + 1;
+    return c;
+  }
+  if (c >= 0x391 && c <= 0x3A9 && c != 0x3A2) return c + 0x20;
+  if (c == 0x386) return 0x3AC;
+  if (c >= 0x388 && c <= 0x38A) return c + 0x25;
+  if (c == 0x38C) return 0x3CC;
+  if (c == 0x38E || c == 0x38F) return c + 0x3F;
+  if (c >= 0x400 && c <= 0x40F) return c + 0x50;
+  if (c >= 0x410 && c <= 0x42F) return c + 0x20;
+  return c;
+}
+
+// Length of the HTML line break starting at text[i] ('<'): "<br", spaces, an optional "/", ">"; 0 if none.
+size_t html_break_length(std::string_view text, size_t i) {
+  if (i + 3 >= text.size() || (text[i + 1] | 0x20) != 'b' || (text[i + 2] | 0x20) != 'r') return 0;
+  size_t j = i + 3;
+  while (j < text.size() && (text[j] == ' ' || text[j] == '\t' || text[j] == '\n' || text[j] == '\r')) ++j;
+  if (j < text.size() && text[j] == '/') ++j;
+  return j < text.size() && text[j] == '>' ? j + 1 - i : 0;
+}
+
+}  // namespace
+
+bool tokenize(std::string_view text, const std::function<void(std::string_view word)>& on_word) {
+  bool valid = true;
+  std::string word;
+  const auto end_word = [&] {
+    while (!word.empty() && word.back() == '\'') word.pop_back();
+    if (!word.empty()) on_word(word);
+    word.clear();
+  };
+  size_t i = 0;
+  while (i < text.size()) {
+    const char byte = text[i];
+    if (static_cast<unsigned char>(byte) < 0x80) {
+      ++i;
+      if (byte >= 'a' && byte <= 'z') {
+        word += byte;
+      } else if (byte >= 'A' && byte <= 'Z') {
+        word += static_cast<char>(byte - 'A' + 'a');
+      } else if (byte >= '0' && byte <= '9') {
+        word += byte;
+      } else if (byte == '\'') {
+        if (!word.empty()) word += byte;  // a leading apostrophe is stripped
+      } else {
+        if (byte == '<') {
+          const size_t line_break = html_break_length(text, i - 1);
+          if (line_break > 0) i += line_break - 1;
+        }
+        end_word();
+      }
+      continue;
+    }
+    const Decoded decoded = decode_non_ascii(text, i);
+    valid = valid && decoded.valid;
+    i += decoded.length;
+    if (decoded.code_point == kRightSingleQuote) {
+      if (!word.empty()) word += '\'';
+    } else if (is_letter(decoded.code_point)) {
+      append_utf8(word, to_lower(decoded.code_point));
+    } else {
+      end_word();
+    }
+  }
+  end_word();
+  return valid;
+}
+
+std::vector<std::string> tokenize(std::string_view text, bool* valid_utf8) {
+  std::vector<std::string> words;
+  const bool valid = tokenize(text, [&](std::string_view word) { words.emplace_back(word); });
+  if (valid_utf8 != nullptr) *valid_utf8 = valid;
+  return words;
+}
+
+std::string to_utf8(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  for (size_t i = 0; i < bytes.size();) {
+    if (static_cast<unsigned char>(bytes[i]) < 0x80) {
+      out += bytes[i++];
+      continue;
+    }
+    const Decoded decoded = decode_non_ascii(bytes, i);
+    append_utf8(out, decoded.code_point);
+    i += decoded.length;
+  }
+  return out;
+}
+
+std::vector<int32_t> pad_pre(std::span<const int32_t> ids, int maxlen) {
+  if (maxlen < 1) throw std::invalid_argument("pad_pre: maxlen must be positive");
+  const auto length = static_cast<size_t>(maxlen);
+  std::vector<int32_t> row(length, kPadId);
+  if (ids.size() + 1 <= length) {
+    row[length - ids.size() - 1] = kStartId;
+    std::copy(ids.begin(), ids.end(), row.end() - static_cast<std::ptrdiff_t>(ids.size()));
+  } else {
+    std::copy(ids.end() - static_cast<std::ptrdiff_t>(length), ids.end(), row.begin());
+  }
+  return row;
+}
+
+Vocabulary::Vocabulary(std::vector<std::string> words) : words_(std::move(words)) {
+  if (words_.size() < static_cast<size_t>(kFirstWordId)) {
+    throw std::invalid_argument("Vocabulary: ids 0..2 are reserved, so it needs at least 3 entries");
+  }
+  ids_.reserve(words_.size());
+  for (size_t i = kFirstWordId; i < words_.size(); ++i) ids_.emplace(words_[i], static_cast<int32_t>(i));
+}
+
+Vocabulary Vocabulary::from_counts(const WordCounts& counts, int size) {
+  if (size < kFirstWordId) throw std::invalid_argument("Vocabulary::from_counts: size must be at least 3");
+  std::vector<std::pair<std::string_view, int64_t>> ranked;
+  ranked.reserve(counts.size());
+  for (const auto& [word, count] : counts) {
+    if (count > 0) ranked.emplace_back(word, count);
+  }
+  const size_t keep = std::min(ranked.size(), static_cast<size_t>(size - kFirstWordId));
+  // string_view compares as unsigned bytes (char_traits<char>), i.e. by code point for UTF-8.
+  std::partial_sort(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(keep), ranked.end(),
+                    [](const auto& a, const auto& b) {
+                      return a.second != b.second ? a.second > b.second : a.first < b.first;
+                    });
+  std::vector<std::string> words{"<pad>", "<start>", "<oov>"};
+  words.reserve(keep + kFirstWordId);
+  for (size_t i = 0; i < keep; ++i) words.emplace_back(ranked[i].first);
+  return Vocabulary(std::move(words));
+}
+
+int32_t Vocabulary::id(std::string_view word) const {
+  const auto it = ids_.find(word);
+  return it == ids_.end() ? kOovId : it->second;
+}
+
+std::vector<int32_t> Vocabulary::encode(std::string_view text, int maxlen) const {
+  std::vector<int32_t> ids;
+  tokenize(text, [&](std::string_view word) { ids.push_back(id(word)); });
+  return pad_pre(ids, maxlen);
+}
+
+Vocabulary read_vocabulary(const std::string& dataset_path) {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  quiet_hdf5_errors();
+  Hid file = open_file_readonly(dataset_path);
+  if (!link_exists(file.get(), "vocab")) {
+    throw UserError(dataset_path + " has no /vocab: predict needs a dataset made by `ddptrain prepare text`");
+  }
+  const int64_t vocab_size = read_int_attribute(file.get(), dataset_path, "vocab_size");
+  Hid vocab = open_dataset(file.get(), dataset_path, "/vocab");
+  Hid file_type(check_h5_id(H5Dget_type(vocab.get()), "H5Dget_type /vocab"), Hid::Kind::kDatatype);
+  const std::vector<int64_t> dims = dataset_dims(vocab.get());
+  if (H5Tget_class(file_type.get()) != H5T_STRING || dims.size() != 1 || dims[0] < kFirstWordId) {
+    throw UserError(dataset_path + ": /vocab must be a list of at least 3 strings");
+  }
+  // Only ids below vocab_size can reach the model: the rest stays on disk.
+  const auto count = static_cast<hsize_t>(std::max<int64_t>(std::min(dims[0], vocab_size), kFirstWordId));
+  Hid file_space(check_h5_id(H5Dget_space(vocab.get()), "H5Dget_space /vocab"), Hid::Kind::kDataspace);
+  const hsize_t start = 0;
+  check_h5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr),
+           "H5Sselect_hyperslab /vocab");
+  Hid memory_space(check_h5_id(H5Screate_simple(1, &count, nullptr), "H5Screate_simple"),
+                   Hid::Kind::kDataspace);
+  const htri_t variable = H5Tis_variable_str(file_type.get());
+  check_h5(variable < 0 ? -1 : 0, "H5Tis_variable_str /vocab");
+
+  std::vector<std::string> words;
+  words.reserve(count);
+  const std::string read_what = "H5Dread " + dataset_path + " /vocab";
+  if (variable > 0) {
+    // What h5py and DatasetWriter write: HDF5 allocates each string, H5Dvlen_reclaim frees them.
+    Hid memory_type(check_h5_id(H5Tcopy(H5T_C_S1), "H5Tcopy"), Hid::Kind::kDatatype);
+    check_h5(H5Tset_size(memory_type.get(), H5T_VARIABLE), "H5Tset_size");
+    check_h5(H5Tset_cset(memory_type.get(), H5Tget_cset(file_type.get())), "H5Tset_cset");
+    std::vector<char*> pointers(count, nullptr);
+    check_h5(H5Dread(vocab.get(), memory_type.get(), memory_space.get(), file_space.get(), H5P_DEFAULT,
+                     pointers.data()),
+             read_what.c_str());
+    for (const char* p : pointers) words.emplace_back(p != nullptr ? p : "");
+    check_h5(H5Dvlen_reclaim(memory_type.get(), memory_space.get(), H5P_DEFAULT, pointers.data()),
+             "H5Dvlen_reclaim /vocab");
+  } else {
+    // Fixed-length strings (numpy's 'S' arrays): read as stored, cut at the padding.
+    const size_t width = H5Tget_size(file_type.get());
+    check_h5(width == 0 ? -1 : 0, "H5Tget_size /vocab");
+    const H5T_str_t padding = H5Tget_strpad(file_type.get());
+    Hid memory_type(check_h5_id(H5Tcopy(file_type.get()), "H5Tcopy"), Hid::Kind::kDatatype);
+    std::string buffer(count * width, '\0');
+    check_h5(H5Dread(vocab.get(), memory_type.get(), memory_space.get(), file_space.get(), H5P_DEFAULT,
+                     buffer.data()),
+             read_what.c_str());
+    for (size_t i = 0; i < count; ++i) {
+      std::string word = buffer.substr(i * width, width);
+      word.resize(std::min(word.size(), word.find('\0')));
+      if (padding == H5T_STR_SPACEPAD) word.erase(word.find_last_not_of(' ') + 1);
+      words.push_back(std::move(word));
+    }
+  }
+  return Vocabulary(std::move(words));
+}
+
+}  // namespace ddp::io

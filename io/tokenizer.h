@@ -1,0 +1,97 @@
+// The text side of a dataset: how a document becomes words, and words become token ids. Shared by
+// `ddptrain prepare text` (which builds the vocabulary) and `ddptrain predict` (which reads it back from
+// /vocab), so a review is tokenized the same way in both.
+//
+// Decoding. Bytes are read as UTF-8, leniently: a well-formed sequence (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF) is one character; every byte that does not start one (a stray
+// continuation byte, an overlong or surrogate lead, a truncated sequence) is one character of Windows-1252,
+// so a Latin-1 or Windows-1252 file still reads "café" and "don’t". The five bytes Windows-1252 leaves
+// undefined (0x81, 0x8D, 0x8F, 0x90, 0x9D) read as Latin-1 (the C1 control of the same value).
+//
+// Tokenizing, in this order:
+//  1. HTML line breaks are replaced by a space: "<br", any spaces, tabs or newlines, an optional "/", then
+//     ">", in any case (<br>, <br/>, <br />, <BR >). Other markup is not special.
+//  2. Characters are lower-cased: A-Z; Latin-1 À-Þ (U+00C0-U+00DE, not ×); Latin Extended-A U+0100-U+017E
+//     by its upper/lower pairs (İ U+0130 becomes i, Ÿ U+0178 becomes ÿ); Greek Α-Ω (U+0391-U+03A9) and
+//     Ά Έ Ή Ί Ό Ύ Ώ; Cyrillic Ѐ-Я (U+0400-U+042F). Every other character stays as it is (ß, ı, ſ too).
+//  3. A word is a maximal run of word characters:
+//       letters     a-z, A-Z; U+00C0-U+00FF except × and ÷; U+0100-U+024F (Latin Extended-A and -B);
+//                   combining marks U+0300-U+036F (so a decomposed "é" stays inside its word);
+//                   Greek U+0386 and U+0388-U+03FF; Cyrillic U+0400-U+0481 and U+048A-U+04FF
+//       digits      0-9
+//       apostrophes ' (U+0027) and ’ (U+2019), both written as '
+//     Leading and trailing apostrophes are stripped ("'quoted'" gives quoted, "dogs'" gives dogs), so a run
+//     of apostrophes alone is no word; inner ones stay (don't, rock'n'roll). Everything else separates words:
+//     spaces, punctuation, hyphens, symbols, and letters of other scripts (CJK, Arabic, ...), which are
+//     dropped.
+//  Words come out as UTF-8.
+//
+// Token ids as Keras' IMDB: 0 padding, 1 start of the document, 2 a word out of the vocabulary, 3.. the
+// words by falling frequency in the training split (ties: the word's UTF-8 bytes in ascending order, so the
+// result does not depend on the order files were read in). A document becomes [1] + its ids, then
+// pad_pre() keeps the last maxlen tokens and left-pads with 0, as Keras pad_sequences does by default.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace ddp::io {
+
+inline constexpr int32_t kPadId = 0;
+inline constexpr int32_t kStartId = 1;
+inline constexpr int32_t kOovId = 2;
+inline constexpr int32_t kFirstWordId = 3;
+
+// Calls on_word with each word of `text` (the view is valid during the call only). Returns false when some
+// byte was not valid UTF-8 and was read as Windows-1252.
+bool tokenize(std::string_view text, const std::function<void(std::string_view word)>& on_word);
+// The words of `text`; `valid_utf8`, when given, says whether every byte was valid UTF-8.
+std::vector<std::string> tokenize(std::string_view text, bool* valid_utf8 = nullptr);
+
+// `bytes` decoded as above and written back as well-formed UTF-8 (for showing a document).
+std::string to_utf8(std::string_view bytes);
+
+// [1] + ids, keeping the last maxlen tokens and left-padding with 0 (pad_sequences' 'pre' and 'pre').
+std::vector<int32_t> pad_pre(std::span<const int32_t> ids, int maxlen);
+
+// Hash and equality that let a std::string-keyed map be searched with a std::string_view.
+struct WordHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view word) const { return std::hash<std::string_view>{}(word); }
+};
+using WordCounts = std::unordered_map<std::string, int64_t, WordHash, std::equal_to<>>;
+
+class Vocabulary {
+ public:
+  // words[i] is the word of id i; words[0..2] name the reserved ids ("<pad>", "<start>", "<oov>") and are
+  // never looked up. A word listed twice keeps its lower id.
+  explicit Vocabulary(std::vector<std::string> words);
+
+  // The size - 3 most frequent words of `counts` (those counted at least once), ties by their bytes. Fewer
+  // when counts has fewer words: size() is then 3 + counts' words.
+  static Vocabulary from_counts(const WordCounts& counts, int size);
+
+  // Ids are < size().
+  int size() const { return static_cast<int>(words_.size()); }
+  const std::vector<std::string>& words() const { return words_; }
+  // The word's id, or kOovId.
+  int32_t id(std::string_view word) const;
+  // A document's padded token ids: tokenize, look up, pad_pre.
+  std::vector<int32_t> encode(std::string_view text, int maxlen) const;
+
+ private:
+  std::vector<std::string> words_;
+  std::unordered_map<std::string, int32_t, WordHash, std::equal_to<>> ids_;
+};
+
+// /vocab of a dataset file, cut to its vocab_size attribute (ids >= vocab_size are out of vocabulary, as
+// load_data's num_words makes them). Throws UserError naming the file when it has no /vocab or when /vocab
+// is not a list of strings of at least 3 entries.
+Vocabulary read_vocabulary(const std::string& dataset_path);
+
+}  // namespace ddp::io

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# A tiny aclImdb-layout folder (with a file that is not UTF-8 and an empty file) is prepared with
+# `ddptrain prepare text`, trained for a few epochs on the CPU, then `ddptrain predict` must rank a positive
+# review above a negative one and `ddptrain evaluate` must report the test accuracy. Also predict's bad input.
+#   bash tests/cli/text_end_to_end.sh path/to/ddptrain source-dir
+set -euo pipefail
+ddptrain=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OPENBLAS_NUM_THREADS=1
+cd "$work"
+
+fail() {
+  echo "FAIL: $1"
+  shift
+  for f in "$@"; do [ -f "$f" ] && cat "$f"; done
+  exit 1
+}
+
+# Reviews of neutral filler words; the label is carried by two sentiment words placed at random.
+filler=(the a film movie plot actor scene story it was and of director script camera music ending cast
+  character time)
+positive=(great wonderful excellent superb loved brilliant)
+negative=(awful terrible boring dreadful hated dull)
+RANDOM=7  # a fixed seed: the same folder on every run
+review() {
+  local -n mood=$1
+  local words=() i
+  for i in $(seq 10); do words+=("${filler[RANDOM % ${#filler[@]}]}"); done
+  for i in 1 2; do
+    local at=$((RANDOM % (${#words[@]} + 1)))
+    words=("${words[@]:0:at}" "${mood[RANDOM % ${#mood[@]}]}" "${words[@]:at}")
+  done
+  echo "${words[*]^}. <br /><br />${words[0]}!"
+}
+for split in train test; do
+  count=$([ "$split" = train ] && echo 60 || echo 20)
+  mkdir -p "corpus/$split/pos" "corpus/$split/neg"
+  for i in $(seq "$count"); do
+    review positive >"corpus/$split/pos/${i}_9.txt"
+    review negative >"corpus/$split/neg/${i}_2.txt"
+  done
+done
+# Latin-1 bytes (not UTF-8) in a positive review, and an empty file that must be skipped.
+printf '\xff\xfe caf\xe9 great wonderful film, don\x92t miss it\n' >corpus/train/pos/latin1_10.txt
+: >corpus/train/neg/empty_1.txt
+
+"$ddptrain" prepare text --input corpus --output data.h5 --vocab 100 --maxlen 24 --threads 2 \
+  >prepare.txt 2>&1 || fail "prepare text failed" prepare.txt
+grep -q "train 121 (61 pos, 60 neg), test 40 (20 pos, 20 neg)" prepare.txt || fail "wrong row counts" prepare.txt
+grep -q "empty files skipped (no words): 1 (train/neg/empty_1.txt)" prepare.txt ||
+  fail "the empty file is not reported" prepare.txt
+grep -q "files not valid UTF-8, decoded leniently.*: 1 (train/pos/latin1_10.txt)" prepare.txt ||
+  fail "the Latin-1 file is not reported" prepare.txt
+
+"$ddptrain" --device cpu --data.path data.h5 --checkpoint.dir run --model.embedding_dim 16 --model.hidden 16 \
+  --train.batch_size 16 --train.epochs 8 --train.learning_rate 0.02 --train.seed 1 --log.progress lines \
+  >train.txt 2>&1 || fail "training failed" train.txt
+[ -f run/best.h5 ] || fail "no run/best.h5" train.txt
+
+"$ddptrain" predict --checkpoint run/best.h5 --data data.h5 --device cpu \
+  --text "A wonderful, excellent film: I loved it." --text "An awful, boring film: I hated it." \
+  >predict.txt 2>&1 || fail "predict failed" predict.txt
+[ "$(wc -l <predict.txt)" -eq 2 ] || fail "predict printed other than 2 lines" predict.txt
+grep -qP '^\d\.\d{4}\tA wonderful, excellent film: I loved it\.$' predict.txt ||
+  fail "predict's line format" predict.txt
+p_pos=$(sed -n 1p predict.txt | cut -f1)
+p_neg=$(sed -n 2p predict.txt | cut -f1)
+awk -v p="$p_pos" -v n="$p_neg" 'BEGIN { exit !(p > 0.5 && n < 0.5) }' ||
+  fail "positive $p_pos, negative $p_neg: not told apart" predict.txt train.txt
+
+# --input: one document per line, from a file or stdin.
+printf 'excellent superb\nterrible dull\n' >docs.txt
+"$ddptrain" predict -c run/best.h5 -d data.h5 --device cpu --input - <docs.txt >stdin.txt 2>&1 ||
+  fail "predict --input - failed" stdin.txt
+[ "$(cut -f2 stdin.txt | tr '\n' '|')" = "excellent superb|terrible dull|" ] || fail "predict --input -" stdin.txt
+
+"$ddptrain" evaluate --checkpoint run/best.h5 --data data.h5 --device cpu >evaluate.txt 2>&1 ||
+  fail "evaluate failed" evaluate.txt
+grep -qP '^test: loss \d+\.\d{4} - accuracy \d\.\d{4} \(40 samples\)$' evaluate.txt ||
+  fail "evaluate's output" evaluate.txt
+accuracy=$(sed -E 's/.*accuracy ([0-9.]+).*/\1/' evaluate.txt)
+awk -v a="$accuracy" 'BEGIN { exit !(a >= 0.9) }' || fail "test accuracy $accuracy < 0.9" evaluate.txt train.txt
+
+# Bad input: exit code 2 and one line naming the problem.
+expect_user_error() {
+  local what=$1 mention=$2
+  shift 2
+  local status=0
+  "$ddptrain" "$@" >bad_out.txt 2>bad_err.txt || status=$?
+  [ "$status" -eq 2 ] || fail "$what: exit status $status, expected 2" bad_err.txt
+  [ "$(wc -l <bad_err.txt)" -eq 1 ] || fail "$what: not one line on stderr" bad_err.txt
+  grep -qF -- "$mention" bad_err.txt || fail "$what: '$mention' not in the message" bad_err.txt
+}
+expect_user_error "predict without documents" "--text" predict --checkpoint run/best.h5 --data data.h5
+expect_user_error "predict with --text and --input" "--input" predict -c run/best.h5 -d data.h5 --text a --input docs.txt
+vocab_size=$(grep -oP 'vocab_size \K\d+' prepare.txt)
+"$ddptrain" prepare synthetic --output plain.h5 --train 40 --test 8 --vocab "$vocab_size" --maxlen 24 >/dev/null
+expect_user_error "dataset without /vocab" "plain.h5 has no /vocab" predict -c run/best.h5 -d plain.h5 --text great
+expect_user_error "missing --input file" "absent.txt" predict -c run/best.h5 -d data.h5 --input absent.txt
+"$ddptrain" prepare text --input corpus --output other.h5 --vocab 10 --maxlen 24 >/dev/null
+expect_user_error "dataset of another vocabulary" "vocab_size" predict -c run/best.h5 -d other.h5 --text a
+echo "PASS: prepared, trained (test accuracy $accuracy), positive $p_pos > negative $p_neg"
