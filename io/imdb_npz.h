@@ -1,5 +1,7 @@
 // `ddptrain prepare imdb-npz`: the Keras IMDB file (imdb.npz) to a dataset file, with the conventions of
-// keras.datasets.imdb.load_data followed by keras pad_sequences' defaults.
+// keras.datasets.imdb.load_data followed by keras pad_sequences' defaults: one numpy RandomState(seed)
+// shuffles train, then test; each review becomes [1] + [w + 3 ...] with ids >= vocab replaced by 2; then
+// the last maxlen ids are kept and shorter reviews are left-padded with 0.
 #pragma once
 
 #include <cstdint>
@@ -10,9 +12,9 @@ namespace ddp::io {
 struct ImdbNpzOptions {
   std::string input;    // the .npz: x_train, y_train, x_test, y_test
   std::string output;   // the HDF5 dataset file
-  int vocab = 20000;    // load_data's num_words: ids >= vocab become the out-of-vocabulary id
+  int vocab = 20000;    // load_data's num_words (>= 3): ids >= vocab become the out-of-vocabulary id
   int maxlen = 80;      // pad_sequences' maxlen
-  uint64_t seed = 113;  // load_data's shuffle seed
+  uint64_t seed = 113;  // load_data's shuffle seed (numpy's range: at most 2^32 - 1)
 };
 
 // Writes the dataset atomically (dataset_writer.h) and returns a one-line summary for the user.

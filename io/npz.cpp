@@ -1,0 +1,1086 @@
+#include "io/npz.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "engine/errors.h"
+
+namespace ddp::io {
+namespace {
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  throw UserError(where + ": " + what);
+}
+
+// Text taken from the file, made safe for a one-line message: non-printable bytes as \xNN, long text cut.
+std::string printable(std::string_view text, size_t limit = 80) {
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < limit; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
+      out += escaped;
+    }
+  }
+  if (text.size() > limit) out += "...";
+  return out;
+}
+
+std::string hex32(uint32_t value) {
+  char text[16];
+  std::snprintf(text, sizeof text, "0x%08x", value);
+  return text;
+}
+
+uint16_t le16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | p[1] << 8);
+}
+uint32_t le32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
+         static_cast<uint32_t>(p[3]) << 24;
+}
+uint64_t le64(const uint8_t* p) {
+  return le32(p) | static_cast<uint64_t>(le32(p + 4)) << 32;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Zip
+
+constexpr uint32_t kLocalHeaderSignature = 0x04034b50;
+constexpr uint32_t kCentralHeaderSignature = 0x02014b50;
+constexpr uint32_t kEndSignature = 0x06054b50;
+constexpr uint32_t kZip64EndSignature = 0x06064b50;
+constexpr uint32_t kZip64LocatorSignature = 0x07064b50;
+constexpr size_t kEndSize = 22;
+constexpr size_t kZip64EndSize = 56;
+constexpr size_t kZip64LocatorSize = 20;
+constexpr size_t kCentralHeaderSize = 46;
+constexpr size_t kLocalHeaderSize = 30;
+constexpr uint16_t kZip64ExtraId = 0x0001;
+constexpr uint16_t kMethodStored = 0;
+constexpr uint16_t kMethodDeflate = 8;
+// Deflate cannot compress better than about 1032:1; a larger recorded size is a lie (or a zip bomb).
+constexpr uint64_t kMaxDeflateRatio = 1032;
+// zlib counts in 32-bit uInt: feed it at most this much at a time.
+constexpr size_t kZlibChunk = size_t{1} << 30;
+
+bool fits(size_t offset, uint64_t length, size_t total) {
+  return offset <= total && length <= total - offset;
+}
+
+uint32_t crc32_of(const std::vector<uint8_t>& data) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (size_t done = 0; done < data.size();) {
+    const size_t chunk = std::min(data.size() - done, kZlibChunk);
+    crc = crc32(crc, data.data() + done, static_cast<uInt>(chunk));
+    done += chunk;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+std::vector<uint8_t> inflate_raw(const uint8_t* input, uint64_t input_size, uint64_t size,
+                                 const std::string& where) {
+  if (size > input_size * kMaxDeflateRatio + 1024) {
+    fail(where, "records " + std::to_string(size) + " bytes, impossible for " + std::to_string(input_size) +
+                    " deflated bytes (corrupt archive)");
+  }
+  z_stream stream{};
+  if (inflateInit2(&stream, -MAX_WBITS) != Z_OK) throw std::runtime_error("inflateInit2 failed");
+  const std::unique_ptr<z_stream, int (*)(z_stream*)> end(&stream, inflateEnd);
+  // Room for one byte more than recorded, to notice data that inflates to more. The buffer grows as data
+  // arrives, so a recorded size that lies costs no memory.
+  const uint64_t limit = size + 1;
+  std::vector<uint8_t> out(static_cast<size_t>(std::min<uint64_t>(limit, input_size * 4 + 65536)));
+  const uint8_t* next_in = input;
+  uint64_t in_left = input_size;
+  size_t produced = 0;
+  for (;;) {
+    if (stream.avail_in == 0 && in_left > 0) {
+      const auto chunk = static_cast<uInt>(std::min<uint64_t>(in_left, kZlibChunk));
+      stream.next_in = const_cast<Bytef*>(next_in);
+      stream.avail_in = chunk;
+      next_in += chunk;
+      in_left -= chunk;
+    }
+    if (produced == out.size()) {
+      if (out.size() == limit) {
+        fail(where, "inflates to more than the recorded " + std::to_string(size) + " bytes");
+      }
+      out.resize(static_cast<size_t>(std::min<uint64_t>(limit, uint64_t{2} * out.size())));
+    }
+    const auto room = static_cast<uInt>(std::min(out.size() - produced, kZlibChunk));
+    stream.next_out = out.data() + produced;
+    stream.avail_out = room;
+    const int rc = inflate(&stream, Z_NO_FLUSH);
+    produced += room - stream.avail_out;
+    if (rc == Z_STREAM_END) break;
+    if (rc == Z_MEM_ERROR) throw std::bad_alloc();
+    if (rc == Z_DATA_ERROR || rc == Z_NEED_DICT) {
+      fail(where, std::string("corrupt deflate data (") + (stream.msg ? stream.msg : "no detail") + ")");
+    }
+    if (rc != Z_OK && rc != Z_BUF_ERROR) fail(where, "inflate failed (zlib code " + std::to_string(rc) + ")");
+    if (stream.avail_in == 0 && in_left == 0 && stream.avail_out > 0) {
+      fail(where, "truncated: the deflate stream ends before its last block");
+    }
+  }
+  if (produced != size) {
+    fail(where,
+         "inflates to " + std::to_string(produced) + " bytes, the archive records " + std::to_string(size));
+  }
+  out.resize(size);
+  return out;
+}
+
+}  // namespace
+
+ZipArchive ZipArchive::read_file(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) fail(path, "is a directory, not an .npz file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, std::string("cannot open (") + std::strerror(errno) + ")");
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) fail(path, "read error");
+  return ZipArchive(path, std::move(bytes));
+}
+
+ZipArchive::ZipArchive(std::string name, std::vector<uint8_t> bytes)
+    : name_(std::move(name)), bytes_(std::move(bytes)) {
+  const uint8_t* data = bytes_.data();
+  const size_t total = bytes_.size();
+  // The end record is the last thing in the file, followed only by its comment (at most 64 KiB).
+  size_t end = SIZE_MAX;
+  if (total >= kEndSize) {
+    const size_t lowest = total >= kEndSize + 0xFFFF ? total - kEndSize - 0xFFFF : 0;
+    for (size_t pos = total - kEndSize + 1; pos-- > lowest;) {
+      if (le32(data + pos) == kEndSignature && pos + kEndSize + le16(data + pos + 20) <= total) {
+        end = pos;
+        break;
+      }
+    }
+  }
+  if (end == SIZE_MAX) {
+    fail(name_, "not a zip archive (no end-of-central-directory record: not an .npz file, or truncated)");
+  }
+  uint32_t disk = le16(data + end + 4);
+  uint32_t directory_disk = le16(data + end + 6);
+  uint64_t entry_count = le16(data + end + 10);
+  uint64_t directory_size = le32(data + end + 12);
+  uint64_t directory_offset = le32(data + end + 16);
+  if (end >= kZip64LocatorSize && le32(data + end - kZip64LocatorSize) == kZip64LocatorSignature) {
+    const uint64_t zip64_end = le64(data + end - kZip64LocatorSize + 8);
+    if (!fits(0, zip64_end, end) || !fits(zip64_end, kZip64EndSize, total) ||
+        le32(data + zip64_end) != kZip64EndSignature) {
+      fail(name_, "corrupt ZIP64 end-of-central-directory record");
+    }
+    const uint8_t* record = data + zip64_end;
+    disk = le32(record + 16);
+    directory_disk = le32(record + 20);
+    entry_count = le64(record + 32);
+    directory_size = le64(record + 40);
+    directory_offset = le64(record + 48);
+  }
+  if (disk != 0 || directory_disk != 0) fail(name_, "multi-part zip archives are not supported");
+  if (!fits(directory_offset, directory_size, total)) {
+    fail(name_, "the central directory lies outside the file (truncated?)");
+  }
+  size_t pos = directory_offset;
+  const size_t directory_end = directory_offset + directory_size;
+  for (uint64_t i = 0; i < entry_count; ++i) {
+    const std::string entry_where = name_ + ": central directory entry " + std::to_string(i);
+    if (!fits(pos, kCentralHeaderSize, directory_end) || le32(data + pos) != kCentralHeaderSignature) {
+      fail(entry_where, "is corrupt or missing");
+    }
+    const uint8_t* header = data + pos;
+    Entry entry;
+    entry.flags = le16(header + 8);
+    entry.method = le16(header + 10);
+    entry.crc32 = le32(header + 16);
+    entry.compressed_size = le32(header + 20);
+    entry.size = le32(header + 24);
+    const size_t name_length = le16(header + 28);
+    const size_t extra_length = le16(header + 30);
+    const size_t comment_length = le16(header + 32);
+    const uint16_t start_disk = le16(header + 34);
+    entry.local_header_offset = le32(header + 42);
+    if (!fits(pos + kCentralHeaderSize, name_length + extra_length + comment_length, directory_end)) {
+      fail(entry_where, "runs past the end of the central directory");
+    }
+    entry.name.assign(reinterpret_cast<const char*>(header + kCentralHeaderSize), name_length);
+    const std::string where = name_ + ": " + printable(entry.name);
+    // ZIP64: each 32-bit field that reads 0xFFFFFFFF has its 64-bit value in the extra field, in this order.
+    const bool need_size = entry.size == 0xFFFFFFFF;
+    const bool need_compressed = entry.compressed_size == 0xFFFFFFFF;
+    const bool need_offset = entry.local_header_offset == 0xFFFFFFFF;
+    bool found_zip64 = false;
+    const uint8_t* extra = header + kCentralHeaderSize + name_length;
+    for (size_t e = 0; e + 4 <= extra_length;) {
+      const uint16_t id = le16(extra + e);
+      const size_t length = le16(extra + e + 2);
+      if (e + 4 + length > extra_length) fail(where, "extra field runs past its end");
+      if (id == kZip64ExtraId) {
+        found_zip64 = true;
+        const uint8_t* field = extra + e + 4;
+        size_t used = 0;
+        const auto take = [&](uint64_t& value) {
+          if (used + 8 > length) fail(where, "ZIP64 extra field is too short");
+          value = le64(field + used);
+          used += 8;
+        };
+        if (need_size) take(entry.size);
+        if (need_compressed) take(entry.compressed_size);
+        if (need_offset) take(entry.local_header_offset);
+      }
+      e += 4 + length;
+    }
+    if ((need_size || need_compressed || need_offset) && !found_zip64) {
+      fail(where, "sizes read 0xFFFFFFFF but there is no ZIP64 extra field");
+    }
+    if (start_disk != 0 && start_disk != 0xFFFF) fail(where, "lies on another disk of a multi-part archive");
+    entries_.push_back(std::move(entry));
+    pos += kCentralHeaderSize + name_length + extra_length + comment_length;
+  }
+}
+
+std::vector<std::string> ZipArchive::member_names() const {
+  std::vector<std::string> names;
+  for (const Entry& entry : entries_) names.push_back(entry.name);
+  return names;
+}
+
+const ZipArchive::Entry* ZipArchive::find(const std::string& member) const {
+  // The last entry of a name wins, as in Python's zipfile.
+  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+    if (it->name == member) return &*it;
+  }
+  return nullptr;
+}
+
+bool ZipArchive::contains(const std::string& member) const {
+  return find(member) != nullptr;
+}
+
+std::vector<uint8_t> ZipArchive::read(const std::string& member) const {
+  const Entry* entry = find(member);
+  if (entry == nullptr) fail(name_, "no member '" + printable(member) + "'");
+  const std::string where = name_ + ": " + printable(member);
+  if (entry->flags & 1) fail(where, "encrypted members are not supported");
+  const uint8_t* data = bytes_.data();
+  const size_t total = bytes_.size();
+  const uint64_t offset = entry->local_header_offset;
+  if (!fits(offset, kLocalHeaderSize, total))
+    fail(where, "the local header lies outside the file (truncated?)");
+  if (le32(data + offset) != kLocalHeaderSignature) fail(where, "bad local header signature");
+  const size_t name_length = le16(data + offset + 26);
+  const size_t extra_length = le16(data + offset + 28);
+  const size_t name_start = offset + kLocalHeaderSize;
+  if (!fits(name_start, name_length + extra_length, total)) fail(where, "truncated local header");
+  const std::string_view local_name(reinterpret_cast<const char*>(data + name_start), name_length);
+  if (local_name != entry->name) {
+    fail(where, "the local header names '" + printable(local_name) + "' (corrupt archive)");
+  }
+  const size_t data_start = name_start + name_length + extra_length;
+  if (!fits(data_start, entry->compressed_size, total)) {
+    fail(where, "truncated: " + std::to_string(entry->compressed_size) + " bytes at offset " +
+                    std::to_string(data_start) + ", but the file has " + std::to_string(total));
+  }
+  std::vector<uint8_t> contents;
+  if (entry->method == kMethodStored) {
+    if (entry->compressed_size != entry->size) {
+      fail(where, "stored member whose compressed size " + std::to_string(entry->compressed_size) +
+                      " differs from its size " + std::to_string(entry->size));
+    }
+    contents.assign(data + data_start, data + data_start + entry->size);
+  } else if (entry->method == kMethodDeflate) {
+    contents = inflate_raw(data + data_start, entry->compressed_size, entry->size, where);
+  } else {
+    fail(where, "compression method " + std::to_string(entry->method) +
+                    " is not supported (only stored and deflate)");
+  }
+  const uint32_t crc = crc32_of(contents);
+  if (crc != entry->crc32) {
+    fail(where, "CRC-32 mismatch: the archive records " + hex32(entry->crc32) + ", the data gives " +
+                    hex32(crc) + " (corrupt file)");
+  }
+  return contents;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The restricted unpickler
+
+namespace {
+
+enum class Kind : uint8_t { kNone, kBool, kInt, kText, kBytes, kTuple, kList, kGlobal, kArray, kDtype };
+
+// With its article, for messages: "an int", "a list".
+const char* kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return "a bool";
+    case Kind::kInt:
+      return "an int";
+    case Kind::kText:
+      return "a str";
+    case Kind::kBytes:
+      return "a bytes";
+    case Kind::kTuple:
+      return "a tuple";
+    case Kind::kList:
+      return "a list";
+    case Kind::kGlobal:
+      return "a global";
+    case Kind::kArray:
+      return "an ndarray";
+    case Kind::kDtype:
+      return "a dtype";
+  }
+  return "?";
+}
+
+struct Node;
+
+// An int, bool or None inline; anything else in a shared node (the memo and the stack may share it).
+struct Value {
+  Kind kind = Kind::kNone;
+  int64_t number = 0;
+  std::shared_ptr<Node> node;
+};
+
+struct Node {
+  std::string text;            // str, bytes, a global's name, a dtype's type string
+  std::vector<Value> items;    // tuple; list once it holds something other than ints
+  std::vector<int64_t> ints;   // list while it holds only ints (the common case, kept compact)
+  bool mixed = false;          // list: `items` holds the elements
+  bool contained = false;      // inside a tuple or list: a list no longer grows, an ndarray is not built
+                               // (so no value can contain itself)
+  int depth = 1;               // nesting depth, bounded so destruction cannot recurse deeply
+  std::vector<int64_t> shape;  // ndarray
+  std::shared_ptr<Node> data;  // ndarray: the list of its elements, after BUILD
+  bool built = false;          // ndarray, dtype: BUILD applied
+};
+
+constexpr int kMaxDepth = 16;
+constexpr size_t kMaxGlobalName = 256;
+
+Value make(Kind kind) {
+  Value v;
+  v.kind = kind;
+  v.node = std::make_shared<Node>();
+  return v;
+}
+Value make_int(Kind kind, int64_t number) {
+  Value v;
+  v.kind = kind;
+  v.number = number;
+  return v;
+}
+
+std::string opcode_name(uint8_t op) {
+  // clang-format off
+  static const std::unordered_map<uint8_t, const char*> kNames = {
+      {'(', "MARK"}, {'.', "STOP"}, {'0', "POP"}, {'1', "POP_MARK"}, {'2', "DUP"}, {'F', "FLOAT"},
+      {'I', "INT"}, {'J', "BININT"}, {'K', "BININT1"}, {'L', "LONG"}, {'M', "BININT2"}, {'N', "NONE"},
+      {'P', "PERSID"}, {'Q', "BINPERSID"}, {'R', "REDUCE"}, {'S', "STRING"}, {'T', "BINSTRING"},
+      {'U', "SHORT_BINSTRING"}, {'V', "UNICODE"}, {'X', "BINUNICODE"}, {'a', "APPEND"}, {'b', "BUILD"},
+      {'c', "GLOBAL"}, {'d', "DICT"}, {'}', "EMPTY_DICT"}, {'e', "APPENDS"}, {'g', "GET"}, {'h', "BINGET"},
+      {'i', "INST"}, {'j', "LONG_BINGET"}, {'l', "LIST"}, {']', "EMPTY_LIST"}, {'o', "OBJ"}, {'p', "PUT"},
+      {'q', "BINPUT"}, {'r', "LONG_BINPUT"}, {'s', "SETITEM"}, {'t', "TUPLE"}, {')', "EMPTY_TUPLE"},
+      {'u', "SETITEMS"}, {'G', "BINFLOAT"}, {0x80, "PROTO"}, {0x81, "NEWOBJ"}, {0x82, "EXT1"}, {0x83, "EXT2"},
+      {0x84, "EXT4"}, {0x85, "TUPLE1"}, {0x86, "TUPLE2"}, {0x87, "TUPLE3"}, {0x88, "NEWTRUE"},
+      {0x89, "NEWFALSE"}, {0x8a, "LONG1"}, {0x8b, "LONG4"}, {'B', "BINBYTES"}, {'C', "SHORT_BINBYTES"},
+      {0x8c, "SHORT_BINUNICODE"}, {0x8d, "BINUNICODE8"}, {0x8e, "BINBYTES8"}, {0x8f, "EMPTY_SET"},
+      {0x90, "ADDITEMS"}, {0x91, "FROZENSET"}, {0x92, "NEWOBJ_EX"}, {0x93, "STACK_GLOBAL"}, {0x94, "MEMOIZE"},
+      {0x95, "FRAME"}, {0x96, "BYTEARRAY8"}, {0x97, "NEXT_BUFFER"}, {0x98, "READONLY_BUFFER"}};
+  // clang-format on
+  char code[8];
+  std::snprintf(code, sizeof code, "0x%02x", op);
+  const auto it = kNames.find(op);
+  return std::string(code) + " (" + (it == kNames.end() ? "unknown" : it->second) + ")";
+}
+
+class Unpickler {
+ public:
+  Unpickler(std::span<const uint8_t> data, std::string where) : data_(data), where_(std::move(where)) {}
+
+  Value load() {
+    for (;;) {
+      if (pos_ >= data_.size()) fail(where_, "pickle: ends without STOP (truncated?)");
+      at_ = pos_;
+      const uint8_t op = data_[pos_++];
+      switch (op) {
+        case 0x80: {  // PROTO
+          const uint8_t protocol = byte();
+          if (protocol < 2 || protocol > 5) {
+            error("protocol " + std::to_string(protocol) + " is not supported");
+          }
+          break;
+        }
+        case 0x95:  // FRAME: a hint for buffering readers, nothing to do
+          need(u64());
+          break;
+        case 'c': {  // GLOBAL
+          const std::string module = line();
+          const std::string name = line();
+          push(global(module, name));
+          break;
+        }
+        case 0x93: {  // STACK_GLOBAL
+          const Value name = pop();
+          const Value module = pop();
+          if (name.kind != Kind::kText || module.kind != Kind::kText) error("STACK_GLOBAL needs two strings");
+          push(global(module.node->text, name.node->text));
+          break;
+        }
+        case 0x8c:  // SHORT_BINUNICODE
+          push(text(Kind::kText, byte()));
+          break;
+        case 'X':  // BINUNICODE
+          push(text(Kind::kText, u32()));
+          break;
+        case 0x8d:  // BINUNICODE8
+          push(text(Kind::kText, u64()));
+          break;
+        case 'U':  // SHORT_BINSTRING (Python 2's str)
+          push(text(Kind::kText, byte()));
+          break;
+        case 'T': {  // BINSTRING
+          const auto length = static_cast<int32_t>(u32());
+          if (length < 0) error("negative string length");
+          push(text(Kind::kText, static_cast<uint64_t>(length)));
+          break;
+        }
+        case 'C':  // SHORT_BINBYTES
+          push(text(Kind::kBytes, byte()));
+          break;
+        case 'B':  // BINBYTES
+          push(text(Kind::kBytes, u32()));
+          break;
+        case 'q':  // BINPUT
+          memo_put(byte());
+          break;
+        case 'r':  // LONG_BINPUT
+          memo_put(u32());
+          break;
+        case 0x94:  // MEMOIZE
+          memo_put(memo_.size());
+          break;
+        case 'h':  // BINGET
+          memo_get(byte());
+          break;
+        case 'j':  // LONG_BINGET
+          memo_get(u32());
+          break;
+        case '(':  // MARK
+          marks_.push_back(stack_.size());
+          break;
+        case ')':  // EMPTY_TUPLE
+          push(tuple(stack_.size()));
+          break;
+        case 't': {  // TUPLE
+          const size_t mark = pop_mark();
+          push(tuple(mark));
+          break;
+        }
+        case 0x85:  // TUPLE1
+        case 0x86:  // TUPLE2
+        case 0x87:  // TUPLE3
+        {
+          const size_t count = static_cast<size_t>(op - 0x84);
+          if (available() < count) error("stack underflow");
+          push(tuple(stack_.size() - count));
+          break;
+        }
+        case ']':  // EMPTY_LIST
+          push(make(Kind::kList));
+          break;
+        case 'l': {  // LIST
+          const size_t mark = pop_mark();
+          Value list = make(Kind::kList);
+          append(list, mark);
+          push(std::move(list));
+          break;
+        }
+        case 'a':  // APPEND
+          if (available() < 2) error("stack underflow");
+          append(stack_[stack_.size() - 2], stack_.size() - 1);
+          break;
+        case 'e': {  // APPENDS
+          const size_t mark = pop_mark();
+          if (mark == 0) error("APPENDS without a list");
+          append(stack_[mark - 1], mark);
+          break;
+        }
+        case 'J':  // BININT
+          push(make_int(Kind::kInt, static_cast<int32_t>(u32())));
+          break;
+        case 'K':  // BININT1
+          push(make_int(Kind::kInt, byte()));
+          break;
+        case 'M':  // BININT2
+          push(make_int(Kind::kInt, u16()));
+          break;
+        case 0x8a:  // LONG1
+          push(make_int(Kind::kInt, long1()));
+          break;
+        case 0x88:  // NEWTRUE
+          push(make_int(Kind::kBool, 1));
+          break;
+        case 0x89:  // NEWFALSE
+          push(make_int(Kind::kBool, 0));
+          break;
+        case 'N':  // NONE
+          push(Value{});
+          break;
+        case 'R': {  // REDUCE
+          Value args = pop();
+          Value callable = pop();
+          push(reduce(callable, args));
+          break;
+        }
+        case 'b': {  // BUILD
+          Value state = pop();
+          if (available() < 1) error("stack underflow");
+          build(stack_.back(), state);
+          break;
+        }
+        case '.':  // STOP
+          return pop();
+        default:
+          error("opcode " + opcode_name(op) +
+                " is not allowed (only numpy's pickles of arrays of lists of ints)");
+      }
+    }
+  }
+
+ private:
+  [[noreturn]] void error(const std::string& what) const {
+    fail(where_, "pickle: " + what + " (at byte " + std::to_string(at_) + ")");
+  }
+
+  void need(uint64_t count) const {
+    if (count > data_.size() - pos_) error("truncated");
+  }
+  uint8_t byte() {
+    need(1);
+    return data_[pos_++];
+  }
+  uint16_t u16() {
+    need(2);
+    pos_ += 2;
+    return le16(data_.data() + pos_ - 2);
+  }
+  uint32_t u32() {
+    need(4);
+    pos_ += 4;
+    return le32(data_.data() + pos_ - 4);
+  }
+  uint64_t u64() {
+    need(8);
+    pos_ += 8;
+    return le64(data_.data() + pos_ - 8);
+  }
+  std::string line() {
+    const size_t start = pos_;
+    while (pos_ < data_.size() && data_[pos_] != '\n' && pos_ - start < kMaxGlobalName) ++pos_;
+    if (pos_ >= data_.size() || data_[pos_] != '\n') error("GLOBAL name is not terminated");
+    std::string text(reinterpret_cast<const char*>(data_.data() + start), pos_ - start);
+    ++pos_;
+    return text;
+  }
+  int64_t long1() {
+    const uint8_t length = byte();
+    if (length > 8) error("an int wider than 64 bits");
+    need(length);
+    uint64_t value = 0;
+    for (uint8_t i = 0; i < length; ++i) value |= static_cast<uint64_t>(data_[pos_ + i]) << (8 * i);
+    if (length > 0 && length < 8 && (data_[pos_ + length - 1] & 0x80)) value |= ~uint64_t{0} << (8 * length);
+    pos_ += length;
+    return static_cast<int64_t>(value);
+  }
+
+  Value text(Kind kind, uint64_t length) {
+    need(length);
+    Value v = make(kind);
+    v.node->text.assign(reinterpret_cast<const char*>(data_.data() + pos_), length);
+    pos_ += length;
+    return v;
+  }
+
+  void push(Value v) { stack_.push_back(std::move(v)); }
+  // Entries above the innermost MARK: an opcode may not reach below it.
+  size_t available() const { return stack_.size() - (marks_.empty() ? 0 : marks_.back()); }
+  Value pop() {
+    if (available() == 0) error("stack underflow");
+    Value v = std::move(stack_.back());
+    stack_.pop_back();
+    return v;
+  }
+  size_t pop_mark() {
+    if (marks_.empty()) error("no MARK to match");
+    const size_t mark = marks_.back();
+    marks_.pop_back();
+    return mark;
+  }
+
+  void memo_put(uint64_t index) {
+    if (available() == 0) error("PUT with an empty stack");
+    memo_[index] = stack_.back();
+  }
+  void memo_get(uint64_t index) {
+    const auto it = memo_.find(index);
+    if (it == memo_.end()) error("GET of memo entry " + std::to_string(index) + ", which was never stored");
+    push(it->second);
+  }
+
+  // A value placed inside a container: lists freeze (no cycles) and depth grows.
+  int contain(const Value& v) {
+    if (!v.node) return 0;
+    v.node->contained = true;
+    return v.node->depth;
+  }
+
+  // Builds a tuple of stack_[first, end) and removes those entries.
+  Value tuple(size_t first) {
+    Value t = make(Kind::kTuple);
+    int depth = 0;
+    for (size_t i = first; i < stack_.size(); ++i) depth = std::max(depth, contain(stack_[i]));
+    t.node->depth = depth + 1;
+    if (t.node->depth > kMaxDepth) error("nesting deeper than " + std::to_string(kMaxDepth) + " levels");
+    t.node->items.assign(std::make_move_iterator(stack_.begin() + static_cast<std::ptrdiff_t>(first)),
+                         std::make_move_iterator(stack_.end()));
+    stack_.resize(first);
+    return t;
+  }
+
+  // Appends stack_[first, end) to `list` and removes those entries.
+  void append(Value& list, size_t first) {
+    if (list.kind != Kind::kList) error(std::string("APPEND to ") + kind_name(list.kind) + ", not a list");
+    Node& node = *list.node;
+    for (size_t i = first; i < stack_.size(); ++i) {
+      const int depth = contain(stack_[i]);
+      if (node.contained) error("APPEND to a list that is already inside another container");
+      if (depth + 1 > kMaxDepth) error("nesting deeper than " + std::to_string(kMaxDepth) + " levels");
+      node.depth = std::max(node.depth, depth + 1);
+      if (stack_[i].kind == Kind::kInt && !node.mixed) {
+        node.ints.push_back(stack_[i].number);
+        continue;
+      }
+      if (!node.mixed) {
+        for (int64_t number : node.ints) node.items.push_back(make_int(Kind::kInt, number));
+        node.ints.clear();
+        node.mixed = true;
+      }
+      node.items.push_back(std::move(stack_[i]));
+    }
+    stack_.resize(first);
+  }
+
+  Value global(const std::string& module, const std::string& name) {
+    std::string known;
+    if ((module == "numpy.core.multiarray" || module == "numpy._core.multiarray") && name == "_reconstruct") {
+      known = "_reconstruct";
+    } else if (module == "numpy" && (name == "ndarray" || name == "dtype")) {
+      known = name;
+    } else {
+      error("global " + printable(module + "." + name) +
+            " is not allowed (only numpy's ndarray reconstruction)");
+    }
+    Value g = make(Kind::kGlobal);
+    g.node->text = known;
+    return g;
+  }
+
+  Value reduce(const Value& callable, const Value& args) {
+    if (callable.kind != Kind::kGlobal || args.kind != Kind::kTuple) {
+      error(std::string("REDUCE of ") + kind_name(callable.kind) + " with " + kind_name(args.kind));
+    }
+    const std::vector<Value>& a = args.node->items;
+    if (callable.node->text == "_reconstruct") {
+      if (a.empty() || a[0].kind != Kind::kGlobal || a[0].node->text != "ndarray") {
+        error("_reconstruct of something other than numpy.ndarray");
+      }
+      return make(Kind::kArray);
+    }
+    if (callable.node->text == "dtype") {
+      if (a.empty() || a[0].kind != Kind::kText) error("dtype() without a type string");
+      Value d = make(Kind::kDtype);
+      d.node->text = a[0].node->text;
+      return d;
+    }
+    error("REDUCE of numpy." + callable.node->text + " is not allowed");
+  }
+
+  void build(Value& target, const Value& state) {
+    if (state.kind != Kind::kTuple) error(std::string("BUILD with ") + kind_name(state.kind) + " state");
+    const std::vector<Value>& s = state.node->items;
+    if (target.kind == Kind::kDtype) {
+      target.node->built = true;
+      return;
+    }
+    if (target.kind != Kind::kArray) error(std::string("BUILD of ") + kind_name(target.kind));
+    if (target.node->built) error("BUILD of an ndarray twice");
+    // Its data may not lead back to it: an ndarray already inside a container cannot be built.
+    if (target.node->contained) error("BUILD of an ndarray that is inside a container");
+    // ndarray.__setstate__: (version, shape, dtype, fortran, data), or without the version (old numpy).
+    if (s.size() != 5 && s.size() != 4) error("ndarray state of " + std::to_string(s.size()) + " items");
+    const size_t first = s.size() - 4;
+    const Value& shape = s[first];
+    const Value& dtype = s[first + 1];
+    const Value& data = s[first + 3];
+    if (shape.kind != Kind::kTuple) error("ndarray shape is not a tuple");
+    for (const Value& dim : shape.node->items) {
+      if (dim.kind != Kind::kInt || dim.number < 0) error("ndarray shape holds something other than sizes");
+      target.node->shape.push_back(dim.number);
+    }
+    if (dtype.kind != Kind::kDtype) error("ndarray dtype is " + std::string(kind_name(dtype.kind)));
+    if (dtype.node->text != "O8" && dtype.node->text != "O4" && dtype.node->text != "O") {
+      error("pickled ndarray of dtype '" + printable(dtype.node->text) +
+            "' (only object arrays are pickled)");
+    }
+    if (data.kind != Kind::kList)
+      error("ndarray data is " + std::string(kind_name(data.kind)) + ", not a list");
+    if (data.node->depth + 1 > kMaxDepth)
+      error("nesting deeper than " + std::to_string(kMaxDepth) + " levels");
+    target.node->depth = data.node->depth + 1;
+    target.node->data = data.node;
+    target.node->built = true;
+  }
+
+  std::span<const uint8_t> data_;
+  std::string where_;
+  size_t pos_ = 0;
+  size_t at_ = 0;  // where the current opcode starts, for messages
+  std::vector<Value> stack_;
+  std::vector<size_t> marks_;
+  std::unordered_map<uint64_t, Value> memo_;
+};
+
+// Unpickles an object array and sorts its elements into `array` (ints, or lists of ints).
+void read_object_array(std::span<const uint8_t> pickle, const std::string& where, NpyArray& array) {
+  Value result;
+  {
+    Unpickler unpickler(pickle, where);
+    result = unpickler.load();
+  }  // the memo is gone: the elements' lists are owned by the array alone
+  if (result.kind != Kind::kArray || !result.node->built) {
+    fail(where, std::string("the pickle holds ") + kind_name(result.kind) + ", not an ndarray");
+  }
+  if (result.node->shape != array.shape) fail(where, "the pickled shape differs from the header's");
+  Node& data = *result.node->data;
+  const size_t count = data.mixed ? data.items.size() : data.ints.size();
+  if (static_cast<int64_t>(count) != array.size()) {
+    fail(where, "the pickle holds " + std::to_string(count) + " elements, the shape says " +
+                    std::to_string(array.size()));
+  }
+  if (!data.mixed) {  // every element an int
+    array.integers = std::move(data.ints);
+    return;
+  }
+  const bool lists = data.items.front().kind == Kind::kList;
+  std::unordered_set<const Node*> seen;
+  for (size_t i = 0; i < data.items.size(); ++i) {
+    Value& element = data.items[i];
+    const std::string element_name = "element " + std::to_string(i);
+    if (lists) {
+      if (element.kind != Kind::kList) {
+        fail(where, element_name + " is " + kind_name(element.kind) + ", not a list of ints");
+      }
+      Node& list = *element.node;
+      if (list.mixed) {
+        for (const Value& item : list.items) {
+          if (item.kind != Kind::kInt) {
+            fail(where, element_name + " holds " + kind_name(item.kind) + ", not only ints");
+          }
+        }
+      }
+      // The same list twice would be copied twice: a small pickle could blow up memory that way.
+      if (!seen.insert(&list).second) {
+        fail(where, element_name + " repeats an earlier element's list (shared lists are not supported)");
+      }
+      array.lists.push_back(std::move(list.ints));
+    } else if (element.kind == Kind::kInt) {
+      array.integers.push_back(element.number);
+    } else {
+      fail(where, element_name + " is " + kind_name(element.kind) + ", not an int or a list of ints");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// .npy header: a Python dict literal such as {'descr': '<i8', 'fortran_order': False, 'shape': (3,), }
+
+struct NpyHeader {
+  std::string descr;
+  bool fortran_order = false;
+  std::vector<int64_t> shape;
+};
+
+class HeaderParser {
+ public:
+  HeaderParser(std::string_view text, std::string where) : text_(text), where_(std::move(where)) {}
+
+  NpyHeader parse() {
+    NpyHeader header;
+    bool has_descr = false, has_fortran = false, has_shape = false;
+    expect('{');
+    for (;;) {
+      skip_spaces();
+      if (peek() == '}') break;
+      const std::string key = string_literal();
+      expect(':');
+      skip_spaces();
+      if (key == "descr") {
+        if (peek() != '\'' && peek() != '"')
+          fail(where_, "unsupported dtype: structured arrays are not supported");
+        header.descr = string_literal();
+        has_descr = true;
+      } else if (key == "fortran_order") {
+        header.fortran_order = boolean();
+        has_fortran = true;
+      } else if (key == "shape") {
+        header.shape = shape();
+        has_shape = true;
+      } else {
+        error("unexpected key '" + printable(key) + "'");
+      }
+      skip_spaces();
+      if (peek() == ',') {
+        ++pos_;
+      } else if (peek() != '}') {
+        error("expected ',' or '}'");
+      }
+    }
+    ++pos_;
+    skip_spaces();
+    if (pos_ != text_.size()) error("text after the dict");
+    if (!has_descr || !has_fortran || !has_shape) error("descr, fortran_order or shape missing");
+    return header;
+  }
+
+ private:
+  [[noreturn]] void error(const std::string& what) const {
+    std::string_view shown = text_;
+    while (!shown.empty() && (shown.back() == ' ' || shown.back() == '\n')) shown.remove_suffix(1);
+    fail(where_, "malformed header (" + what + "): " + printable(shown));
+  }
+  char peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
+  void skip_spaces() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\n' || text_[pos_] == '\t')) ++pos_;
+  }
+  void expect(char c) {
+    skip_spaces();
+    if (peek() != c) error(std::string("expected '") + c + "'");
+    ++pos_;
+  }
+  std::string string_literal() {
+    skip_spaces();
+    const char quote = peek();
+    if (quote != '\'' && quote != '"') error("expected a string");
+    const size_t end = text_.find(quote, pos_ + 1);
+    if (end == std::string_view::npos) error("unterminated string");
+    std::string value(text_.substr(pos_ + 1, end - pos_ - 1));
+    pos_ = end + 1;
+    return value;
+  }
+  bool boolean() {
+    if (text_.substr(pos_, 4) == "True") {
+      pos_ += 4;
+      return true;
+    }
+    if (text_.substr(pos_, 5) == "False") {
+      pos_ += 5;
+      return false;
+    }
+    error("fortran_order is neither True nor False");
+  }
+  std::vector<int64_t> shape() {
+    std::vector<int64_t> dims;
+    if (peek() != '(') error("shape is not a tuple");
+    ++pos_;
+    for (;;) {
+      skip_spaces();
+      if (peek() == ')') break;
+      if (peek() < '0' || peek() > '9') error("shape holds something other than sizes");
+      int64_t value = 0;
+      while (peek() >= '0' && peek() <= '9') {
+        if (value > (INT64_MAX - 9) / 10) error("a dimension is too large");
+        value = value * 10 + (peek() - '0');
+        ++pos_;
+      }
+      if (peek() == 'L') ++pos_;  // Python 2 long
+      dims.push_back(value);
+      skip_spaces();
+      if (peek() == ',') {
+        ++pos_;
+      } else if (peek() != ')') {
+        error("expected ',' or ')' in shape");
+      }
+    }
+    ++pos_;
+    return dims;
+  }
+
+  std::string_view text_;
+  std::string where_;
+  size_t pos_ = 0;
+};
+
+struct NumericType {
+  int bytes = 0;
+  bool is_signed = false;
+};
+
+// Little-endian integers and bool: '<' or, for one byte, '|'.
+bool numeric_type(const std::string& descr, NumericType& type) {
+  if (descr.size() != 3 || (descr[0] != '<' && descr[0] != '|')) return false;
+  const char kind = descr[1];
+  const int bytes = descr[2] - '0';
+  if (kind == 'b' && bytes == 1) {
+    type = {1, false};
+    return true;
+  }
+  if ((kind != 'i' && kind != 'u') || (bytes != 1 && bytes != 2 && bytes != 4 && bytes != 8)) return false;
+  if (bytes > 1 && descr[0] != '<') return false;
+  type = {bytes, kind == 'i'};
+  return true;
+}
+
+}  // namespace
+
+int64_t NpyArray::size() const {
+  int64_t count = 1;
+  for (int64_t dim : shape) count *= dim;
+  return count;
+}
+
+NpyArray parse_npy(std::span<const uint8_t> bytes, const std::string& where) {
+  static constexpr uint8_t kMagic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
+  if (bytes.size() < 10 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
+    fail(where, "not a .npy array (bad magic)");
+  }
+  const uint8_t major = bytes[6];
+  const uint8_t minor = bytes[7];
+  if (major < 1 || major > 3 || minor != 0) {
+    fail(where, "unsupported .npy format version " + std::to_string(major) + "." + std::to_string(minor));
+  }
+  size_t header_start = 10;
+  size_t header_length = le16(bytes.data() + 8);
+  if (major >= 2) {
+    if (bytes.size() < 12) fail(where, "truncated .npy header");
+    header_start = 12;
+    header_length = le32(bytes.data() + 8);
+  }
+  if (!fits(header_start, header_length, bytes.size())) fail(where, "truncated .npy header");
+  const std::string_view header_text(reinterpret_cast<const char*>(bytes.data() + header_start),
+                                     header_length);
+  NpyHeader header = HeaderParser(header_text, where).parse();
+
+  NpyArray array;
+  array.descr = header.descr;
+  array.shape = header.shape;
+  array.fortran_order = header.fortran_order;
+  int64_t count = 1;
+  for (int64_t dim : array.shape) {
+    if (dim != 0 && count > INT64_MAX / 8 / dim) fail(where, "the shape is too large");
+    count *= dim;
+  }
+  if (array.fortran_order && array.shape.size() > 1) {
+    fail(where, "fortran_order True is not supported for arrays of 2 or more dimensions");
+  }
+  const std::span<const uint8_t> payload = bytes.subspan(header_start + header_length);
+  if (array.is_object()) {
+    read_object_array(payload, where, array);
+    return array;
+  }
+  NumericType type;
+  if (!numeric_type(array.descr, type)) {
+    fail(where, "unsupported dtype '" + printable(array.descr) +
+                    "' (supported: little-endian integers, bool, and object arrays)");
+  }
+  const auto needed = static_cast<uint64_t>(count) * static_cast<uint64_t>(type.bytes);
+  if (payload.size() < needed) {
+    fail(where, "truncated data: " + std::to_string(needed) + " bytes expected, " +
+                    std::to_string(payload.size()) + " found");
+  }
+  array.integers.resize(static_cast<size_t>(count));
+  const uint8_t* p = payload.data();
+  for (size_t i = 0; i < array.integers.size(); ++i, p += type.bytes) {
+    uint64_t raw = 0;
+    for (int b = 0; b < type.bytes; ++b) raw |= static_cast<uint64_t>(p[b]) << (8 * b);
+    const int bits = 8 * type.bytes;
+    if (type.is_signed && bits < 64 && (raw >> (bits - 1)) & 1) raw |= ~uint64_t{0} << bits;
+    if (!type.is_signed && bits == 64 && raw > static_cast<uint64_t>(INT64_MAX)) {
+      fail(where, "element " + std::to_string(i) + " is too large (" + std::to_string(raw) + ")");
+    }
+    array.integers[i] = static_cast<int64_t>(raw);
+  }
+  return array;
+}
+
+NpzFile::NpzFile(const std::string& path) : zip_(ZipArchive::read_file(path)) {}
+
+std::vector<std::string> NpzFile::array_names() const {
+  std::vector<std::string> names;
+  for (const std::string& member : zip_.member_names()) {
+    if (member.size() > 4 && member.ends_with(".npy")) names.push_back(member.substr(0, member.size() - 4));
+  }
+  return names;
+}
+
+NpyArray NpzFile::array(const std::string& name) const {
+  const std::string member = name + ".npy";
+  if (!zip_.contains(member)) {
+    std::string present;
+    for (const std::string& other : array_names()) present += (present.empty() ? "" : ", ") + other;
+    fail(path(), "missing array '" + name + "' (the file has: " + (present.empty() ? "none" : present) + ")");
+  }
+  const std::vector<uint8_t> bytes = zip_.read(member);
+  return parse_npy(bytes, path() + ": " + member);
+}
+
+NumpyRandomState::NumpyRandomState(uint64_t seed) {
+  if (seed > 0xFFFFFFFFull) {
+    throw UserError("seed " + std::to_string(seed) + " is out of numpy RandomState's range 0..4294967295");
+  }
+  mt_.seed(static_cast<std::mt19937::result_type>(seed));
+}
+
+uint64_t NumpyRandomState::random_interval(uint64_t max) {
+  if (max == 0) return 0;
+  uint64_t mask = max;
+  for (int shift = 1; shift <= 32; shift *= 2) mask |= mask >> shift;
+  uint64_t value = 0;
+  if (max <= 0xFFFFFFFFull) {
+    do {
+      value = static_cast<uint64_t>(mt_()) & mask;
+    } while (value > max);
+  } else {
+    do {
+      const auto high = static_cast<uint64_t>(mt_());  // numpy's next_uint64: the first draw is high
+      const auto low = static_cast<uint64_t>(mt_());
+      value = ((high << 32) | low) & mask;
+    } while (value > max);
+  }
+  return value;
+}
+
+void NumpyRandomState::shuffle(std::span<int64_t> values) {
+  for (size_t i = values.size(); i-- > 1;) std::swap(values[i], values[random_interval(i)]);
+}
+
+}  // namespace ddp::io
