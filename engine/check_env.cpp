@@ -1,10 +1,549 @@
+// `ddptrain check-env`: what a node offers for training, and whether a training step works there. Every rank
+// gathers its own facts (binding, GPUs, library versions) and runs a one-step smoke test; rank 0 prints one
+// report per node and a verdict with advice, and every rank exits with the same code.
+#include <hdf5.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/mpi_check.h"
 #include "engine/commands.h"
+#include "engine/device.h"
 #include "engine/errors.h"
+#include "engine/topology.h"
+#include "models/blas_threads.h"
+#include "models/cuda_replica.h"
+#include "models/initializers.h"
+#include "models/param_layout.h"
+#include "models/replica.h"
+
+namespace po = boost::program_options;
 
 namespace ddp::engine {
+namespace {
 
-int check_env_command(const std::vector<std::string>&) {
-  throw UserError("check-env: not implemented yet");
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// --- The smoke test -----------------------------------------------------------------------------------
+
+// A tiny model and a fixed batch: one step takes milliseconds on any device.
+constexpr int kSmokeVocab = 40;
+constexpr int kSmokeBatch = 8;
+constexpr int kSmokeSeq = 12;
+constexpr uint64_t kSmokeSeed = 7;
+// Keras's initializers start the classifier near p = 0.5 for every sample, so the mean BCE is near ln 2.
+constexpr double kLossTolerance = 0.05;
+constexpr double kGpuCpuTolerance = 1e-4;  // relative, loss of the GPU replica against the CPU one
+
+models::ModelShape smoke_shape() {
+  models::ModelShape shape;
+  shape.vocab_size = kSmokeVocab;
+  shape.embedding_dim = 8;
+  shape.hidden = 8;
+  shape.layers = 1;
+  return shape;
+}
+
+struct HostBatch {
+  std::vector<int32_t> tokens;
+  std::vector<float> labels;
+};
+
+// Deterministic tokens (some rows left-padded with 0) and alternating labels.
+HostBatch smoke_batch() {
+  HostBatch batch;
+  for (int b = 0; b < kSmokeBatch; ++b) {
+    for (int t = 0; t < kSmokeSeq; ++t) {
+      const bool padding = t < b % 3;
+      batch.tokens.push_back(padding ? 0 : (b * 7 + t * 3) % (kSmokeVocab - 1) + 1);
+    }
+    batch.labels.push_back(static_cast<float>(b % 2));
+  }
+  return batch;
+}
+
+// One train_step: the mean loss, and the gradients copied to `grads`.
+double one_step(models::Replica& replica, const models::BatchView& batch, std::vector<float>* grads) {
+  replica.train_step(batch, [](const models::ParamSegment&) {});
+  const models::BatchStats stats = replica.take_stats();
+  grads->assign(replica.layout().total_size(), 0.0f);
+  replica.copy_grads_to_host(*grads);
+  if (stats.count != batch.batch) {
+    throw std::runtime_error("the step counted " + std::to_string(stats.count) + " samples instead of " +
+                             std::to_string(batch.batch));
+  }
+  return stats.loss_sum / static_cast<double>(stats.count);
+}
+
+// Throws when the loss is not near ln 2 or a segment's gradient is not finite or all zero.
+void check_step(const std::string& where, double loss, const models::ParamLayout& layout,
+                const std::vector<float>& grads) {
+  if (!std::isfinite(loss)) throw std::runtime_error(where + " loss is " + std::to_string(loss));
+  if (std::abs(loss - std::log(2.0)) > kLossTolerance) {
+    throw std::runtime_error(where + " loss " + std::to_string(loss) + " is not near ln 2 = 0.6931");
+  }
+  for (const models::ParamSegment& segment : layout.segments()) {
+    double squares = 0;
+    for (std::size_t i = segment.offset; i < segment.offset + segment.size; ++i) {
+      squares += static_cast<double>(grads[i]) * grads[i];
+    }
+    if (!std::isfinite(squares))
+      throw std::runtime_error(where + " gradient of " + segment.name + " is not finite");
+    if (squares == 0) throw std::runtime_error(where + " gradient of " + segment.name + " is all zero");
+  }
+}
+
+struct SmokeResult {
+  bool ok = false;
+  std::string device;      // "cpu" or "cuda:N"
+  double loss = kNaN;      // on the rank's device
+  double cpu_loss = kNaN;  // the CPU replica's on the same parameters, for a GPU rank
+  double millis = 0;
+  std::string error;
+};
+
+// Builds the replica on the rank's device, initializes it, runs one step and checks it. Never throws: a
+// failure is reported, so that no rank leaves the others waiting.
+SmokeResult smoke_test(const Topology& topology) {
+  SmokeResult result;
+  result.device = topology.device;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    const models::ModelShape shape = smoke_shape();
+    const models::ParamLayout layout(shape);
+    std::vector<float> params(layout.total_size());
+    models::initialize_keras(layout, params, kSmokeSeed);
+    HostBatch host = smoke_batch();
+    const models::BatchView host_view{host.tokens.data(), host.labels.data(), kSmokeBatch, kSmokeSeq};
+
+    auto cpu = models::make_cpu_replica(shape);
+    cpu->copy_params_from_host(params);
+    std::vector<float> cpu_grads;
+    const double cpu_loss = one_step(*cpu, host_view, &cpu_grads);
+    if (topology.gpu < 0) {
+      check_step("CPU", cpu_loss, layout, cpu_grads);
+      result.loss = cpu_loss;
+    } else {
+      auto gpu = models::make_cuda_replica(shape, topology.gpu);
+      gpu->copy_params_from_host(params);
+      const DeviceCopy tokens(topology.gpu, host.tokens.data(), host.tokens.size() * sizeof(int32_t));
+      const DeviceCopy labels(topology.gpu, host.labels.data(), host.labels.size() * sizeof(float));
+      const models::BatchView device_view{static_cast<const int32_t*>(tokens.data()),
+                                          static_cast<const float*>(labels.data()), kSmokeBatch, kSmokeSeq};
+      std::vector<float> gpu_grads;
+      result.loss = one_step(*gpu, device_view, &gpu_grads);
+      result.cpu_loss = cpu_loss;
+      check_step("GPU", result.loss, layout, gpu_grads);
+      if (std::abs(result.loss - cpu_loss) > kGpuCpuTolerance * std::abs(cpu_loss)) {
+        throw std::runtime_error("GPU loss " + std::to_string(result.loss) + " differs from the CPU's " +
+                                 std::to_string(cpu_loss) + " on the same parameters");
+      }
+    }
+    result.ok = true;
+  } catch (const std::exception& e) {
+    result.error = e.what();
+  }
+  result.millis = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+// --- Facts of one rank, and their transport to rank 0 ----------------------------------------------------
+
+struct RankFacts {
+  int rank = 0;
+  int local_rank = 0;
+  std::string host;
+  std::string visible_devices;
+  std::string device;
+  std::string device_reason;
+  std::string bound_gpu;  // "name, bus id" of the GPU the rank would train on
+  bool cuda_built = false;
+  bool gpus_probed = false;
+  std::string why_no_gpu;
+  std::vector<GpuInfo> gpus;
+  std::vector<std::string> peer_rows;  // row i, column j: 'Y', 'N', '-' (itself) or '?' (CUDA refused)
+  GpuSoftwareVersions versions;
+  std::string mpi;
+  std::string hdf5;
+  std::string blas;
+  SmokeResult smoke;
+};
+
+// Values travel as "key=value" lines; fields of a GPU are separated by the ASCII unit separator.
+constexpr char kUnit = '\x1f';
+
+std::string one_line(std::string text) {
+  for (char& c : text) {
+    if (c == '\n' || c == '\r' || c == kUnit) c = ' ';
+  }
+  return text;
+}
+
+std::string number_text(double value) {
+  std::ostringstream out;
+  out.precision(17);
+  out << value;
+  return out.str();
+}
+
+double text_number(const std::string& text) {
+  try {
+    return std::stod(text);
+  } catch (const std::exception&) {
+    return kNaN;  // "nan" is read by stod; anything else means the value was missing
+  }
+}
+
+std::string encode(const RankFacts& f) {
+  std::string out;
+  const auto put = [&out](const std::string& key, const std::string& value) {
+    out += key + "=" + one_line(value) + "\n";
+  };
+  put("rank", std::to_string(f.rank));
+  put("local_rank", std::to_string(f.local_rank));
+  put("host", f.host);
+  put("visible", f.visible_devices);
+  put("device", f.device);
+  put("device_reason", f.device_reason);
+  put("bound_gpu", f.bound_gpu);
+  put("cuda_built", f.cuda_built ? "1" : "0");
+  put("gpus_probed", f.gpus_probed ? "1" : "0");
+  put("why_no_gpu", f.why_no_gpu);
+  for (const GpuInfo& g : f.gpus) {
+    put("gpu", std::to_string(g.index) + kUnit + one_line(g.name) + kUnit + one_line(g.pci_bus_id) + kUnit +
+                   std::to_string(g.total_memory_bytes) + kUnit + std::to_string(g.compute_major) + kUnit +
+                   std::to_string(g.compute_minor));
+  }
+  for (const std::string& row : f.peer_rows) put("peer", row);
+  put("driver", f.versions.driver);
+  put("cuda_runtime", f.versions.cuda_runtime);
+  put("cudnn", f.versions.cudnn);
+  put("nccl", f.versions.nccl);
+  put("mpi", f.mpi);
+  put("hdf5", f.hdf5);
+  put("blas", f.blas);
+  put("smoke_ok", f.smoke.ok ? "1" : "0");
+  put("smoke_device", f.smoke.device);
+  put("smoke_loss", number_text(f.smoke.loss));
+  put("smoke_cpu_loss", number_text(f.smoke.cpu_loss));
+  put("smoke_ms", number_text(f.smoke.millis));
+  put("smoke_error", f.smoke.error);
+  return out;
+}
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  std::string part;
+  std::istringstream in(text);
+  while (std::getline(in, part, separator)) parts.push_back(part);
+  if (!text.empty() && text.back() == separator) parts.emplace_back();
+  return parts;
+}
+
+RankFacts decode(const std::string& text) {
+  RankFacts f;
+  std::map<std::string, std::string> values;
+  for (const std::string& line : split(text, '\n')) {
+    const std::size_t eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string key = line.substr(0, eq);
+    const std::string value = line.substr(eq + 1);
+    if (key == "gpu") {
+      const std::vector<std::string> parts = split(value, kUnit);
+      if (parts.size() != 6) continue;
+      GpuInfo g;
+      g.index = std::atoi(parts[0].c_str());
+      g.name = parts[1];
+      g.pci_bus_id = parts[2];
+      g.total_memory_bytes = std::strtoull(parts[3].c_str(), nullptr, 10);
+      g.compute_major = std::atoi(parts[4].c_str());
+      g.compute_minor = std::atoi(parts[5].c_str());
+      f.gpus.push_back(g);
+    } else if (key == "peer") {
+      f.peer_rows.push_back(value);
+    } else {
+      values[key] = value;
+    }
+  }
+  f.rank = std::atoi(values["rank"].c_str());
+  f.local_rank = std::atoi(values["local_rank"].c_str());
+  f.host = values["host"];
+  f.visible_devices = values["visible"];
+  f.device = values["device"];
+  f.device_reason = values["device_reason"];
+  f.bound_gpu = values["bound_gpu"];
+  f.cuda_built = values["cuda_built"] == "1";
+  f.gpus_probed = values["gpus_probed"] == "1";
+  f.why_no_gpu = values["why_no_gpu"];
+  f.versions = {values["driver"], values["cuda_runtime"], values["cudnn"], values["nccl"]};
+  f.mpi = values["mpi"];
+  f.hdf5 = values["hdf5"];
+  f.blas = values["blas"];
+  f.smoke.ok = values["smoke_ok"] == "1";
+  f.smoke.device = values["smoke_device"];
+  f.smoke.loss = text_number(values["smoke_loss"]);
+  f.smoke.cpu_loss = text_number(values["smoke_cpu_loss"]);
+  f.smoke.millis = text_number(values["smoke_ms"]);
+  f.smoke.error = values["smoke_error"];
+  return f;
+}
+
+// --- Gathering ---------------------------------------------------------------------------------------
+
+std::string mpi_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  DDP_CHECK_MPI(MPI_Get_library_version(text, &length));
+  const std::string all(text, static_cast<std::size_t>(std::max(0, length)));
+  return all.substr(0, all.find('\n'));
+}
+
+std::string hdf5_version() {
+  unsigned major = 0;
+  unsigned minor = 0;
+  unsigned release = 0;
+  if (H5get_libversion(&major, &minor, &release) < 0) return "unknown (H5get_libversion failed)";
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
+}
+
+std::vector<std::string> peer_matrix(const std::vector<GpuInfo>& gpus) {
+  std::vector<std::string> rows;
+  for (const GpuInfo& from : gpus) {
+    std::string row;
+    for (const GpuInfo& to : gpus) {
+      if (from.index == to.index) {
+        row += '-';
+        continue;
+      }
+      try {
+        row += gpu_peer_access(from.index, to.index) ? 'Y' : 'N';
+      } catch (const std::exception&) {
+        row += '?';
+      }
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+// Collective over MPI_COMM_WORLD (discover_topology).
+RankFacts gather_facts(const std::string& device_request) {
+  RankFacts f;
+  // "auto" shows the GPU each rank would bind without failing where there is none; the verdict judges.
+  const Topology topology = discover_topology(MPI_COMM_WORLD, device_request == "cpu" ? "cpu" : "auto");
+  f.rank = topology.rank;
+  f.local_rank = topology.local_rank;
+  f.host = topology.host;
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  f.visible_devices = visible != nullptr ? visible : "unset";
+  f.device = topology.device;
+  f.device_reason = topology.device_reason;
+  if (topology.gpu >= 0) f.bound_gpu = topology.gpu_name + ", " + topology.gpu_bus_id;
+  if (device_request != "cpu") {  // a CPU check creates no CUDA context
+    const GpuInventory inventory = probe_gpus();
+    f.gpus_probed = true;
+    f.cuda_built = inventory.cuda_built;
+    f.why_no_gpu = inventory.why_none;
+    f.gpus = inventory.gpus;
+    f.peer_rows = peer_matrix(inventory.gpus);
+  }
+  f.versions = gpu_software_versions();
+  f.mpi = mpi_version();
+  f.hdf5 = hdf5_version();
+  f.blas = models::blas_description();
+  models::set_blas_threads(1);  // a tiny step; ranks of a node must not fight over cores
+  f.smoke = smoke_test(topology);
+  return f;
+}
+
+// --- The report ----------------------------------------------------------------------------------------
+
+std::string fixed(double value, int decimals) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.*f", decimals, value);
+  return text;
+}
+
+std::string gpu_line(const GpuInfo& g) {
+  const double mib = static_cast<double>(g.total_memory_bytes) / (1024.0 * 1024.0);
+  return g.name + ", " + fixed(mib, 0) + " MiB, compute " + std::to_string(g.compute_major) + "." +
+         std::to_string(g.compute_minor) + ", bus " + (g.pci_bus_id.empty() ? "unknown" : g.pci_bus_id);
+}
+
+std::string smoke_line(const SmokeResult& s) {
+  if (!s.ok) return "FAILED on " + s.device + ": " + s.error;
+  std::string line = "OK on " + s.device + ": loss " + fixed(s.loss, 6);
+  if (std::isfinite(s.cpu_loss)) line += " (CPU replica " + fixed(s.cpu_loss, 6) + ")";
+  return line + ", gradients finite and non-zero, " + fixed(s.millis, 1) + " ms";
+}
+
+// Prints one node's report; returns its problems (empty: OK).
+std::vector<std::string> report_node(const std::string& host, const std::vector<RankFacts>& ranks,
+                                     const std::string& device_request) {
+  const RankFacts& first = ranks.front();
+  // The rank that sees the most GPUs speaks for the node's GPUs (ranks may have their own
+  // CUDA_VISIBLE_DEVICES).
+  const RankFacts* widest = &first;
+  for (const RankFacts& r : ranks) {
+    if (r.gpus.size() > widest->gpus.size()) widest = &r;
+  }
+  std::printf("\n=== node %s: %zu rank(s) ===\n", host.c_str(), ranks.size());
+  const auto row = [](const char* label, const std::string& value) {
+    std::printf("  %-14s %s\n", label, value.c_str());
+  };
+  row("NVIDIA driver", first.versions.driver);
+  row("CUDA runtime", first.versions.cuda_runtime);
+  row("cuDNN", first.versions.cudnn);
+  row("NCCL", first.versions.nccl);
+  row("MPI", first.mpi);
+  row("HDF5", first.hdf5);
+  row("BLAS", first.blas);
+  if (!first.gpus_probed) {
+    row("GPUs", "not checked (--device cpu)");
+  } else if (widest->gpus.empty()) {
+    row("GPUs", "none: " + first.why_no_gpu);
+  } else {
+    const std::string seen_by = widest->rank == first.rank && ranks.size() == 1
+                                    ? ""
+                                    : " (as rank " + std::to_string(widest->rank) + " sees them)";
+    row("GPUs", std::to_string(widest->gpus.size()) + seen_by);
+    for (const GpuInfo& g : widest->gpus) std::printf("    GPU %d: %s\n", g.index, gpu_line(g).c_str());
+    if (widest->gpus.size() > 1) {
+      row("peer access", "row GPU reads and writes column GPU's memory directly (Y/N)");
+      std::string header = "         ";
+      for (const GpuInfo& g : widest->gpus) header += " " + std::to_string(g.index);
+      std::printf("%s\n", header.c_str());
+      for (std::size_t i = 0; i < widest->peer_rows.size() && i < widest->gpus.size(); ++i) {
+        std::string line = "    GPU " + std::to_string(widest->gpus[i].index) + " ";
+        for (const char c : widest->peer_rows[i]) line += std::string(" ") + c;
+        std::printf("%s\n", line.c_str());
+      }
+    }
+  }
+  std::vector<std::string> problems;
+  std::vector<int> unbound;
+  for (const RankFacts& r : ranks) {
+    std::printf("  rank %d: local rank %d, CUDA_VISIBLE_DEVICES=%s, device %s%s\n", r.rank, r.local_rank,
+                r.visible_devices.c_str(), r.device.c_str(),
+                r.bound_gpu.empty() ? "" : (" (" + r.bound_gpu + ")").c_str());
+    std::printf("    binding: %s\n", r.device_reason.c_str());
+    std::printf("    smoke test: %s\n", smoke_line(r.smoke).c_str());
+    if (r.device == "cpu") unbound.push_back(r.rank);
+  }
+
+  if (device_request == "cuda") {
+    if (widest->gpus.empty()) {
+      // A container started without --gpus has no driver either; the same advice covers it.
+      const std::string driver_note =
+          first.versions.driver.rfind("none", 0) == 0 ? " (no NVIDIA driver is loaded)" : "";
+      if (first.cuda_built) {
+        problems.push_back(
+            "no GPU visible" + driver_note +
+            ": check CUDA_VISIBLE_DEVICES / --gres (Slurm) / --gpus (docker); use --device cpu on "
+            "CPU-only nodes");
+      } else {
+        problems.push_back(
+            "no GPU visible: built without CUDA (reconfigure with -DDDPTRAIN_CUDA=ON where the CUDA toolkit, "
+            "cuDNN and NCCL are installed); use --device cpu on CPU-only nodes");
+      }
+    } else if (!unbound.empty()) {
+      std::string which;
+      for (const int r : unbound) which += (which.empty() ? "" : ", ") + std::to_string(r);
+      problems.push_back("more ranks than GPUs on node " + host + ": " + std::to_string(ranks.size()) +
+                         " ranks, " + std::to_string(widest->gpus.size()) + " GPU(s) visible, rank(s) " +
+                         which + " without a GPU: start at most " + std::to_string(widest->gpus.size()) +
+                         " ranks per node, or use --device auto to train the extra ranks on the CPU");
+    }
+  }
+  for (const RankFacts& r : ranks) {
+    if (!r.smoke.ok)
+      problems.push_back("smoke test failed on rank " + std::to_string(r.rank) + ": " + r.smoke.error);
+  }
+  if (problems.empty()) {
+    std::printf("  verdict: OK\n");
+  } else {
+    for (const std::string& p : problems) std::printf("  verdict: PROBLEM: %s\n", p.c_str());
+  }
+  return problems;
+}
+
+// Prints the whole report on rank 0; returns whether any node has a problem.
+bool report(const std::vector<RankFacts>& all, const std::string& device_request) {
+  std::vector<std::string> hosts;  // in order of their first rank
+  std::map<std::string, std::vector<RankFacts>> by_host;
+  for (const RankFacts& f : all) {
+    if (!by_host.count(f.host)) hosts.push_back(f.host);
+    by_host[f.host].push_back(f);
+  }
+  std::printf("ddptrain %s check-env --device %s: %zu rank(s) on %zu node(s)\n", DDPTRAIN_VERSION,
+              device_request.c_str(), all.size(), hosts.size());
+  std::size_t failing = 0;
+  for (const std::string& host : hosts)
+    failing += report_node(host, by_host[host], device_request).empty() ? 0 : 1;
+  if (failing == 0) {
+    std::printf("\ncheck-env: OK\n");
+  } else {
+    std::printf("\ncheck-env: PROBLEM on %zu of %zu node(s) (exit code %d)\n", failing, hosts.size(),
+                kExitEnvironmentProblem);
+  }
+  std::fflush(stdout);
+  return failing > 0;
+}
+
+}  // namespace
+
+int check_env_command(const std::vector<std::string>& args) {
+  std::string device = "cuda";
+  po::options_description desc("ddptrain check-env (also under mpirun/srun: one report per node)");
+  desc.add_options()("help,h", "print this help")(
+      "device", po::value(&device)->default_value(device),
+      "cuda: this node must train on GPUs | cpu: a CPU-only node (no GPU probed) | auto: either");
+  po::variables_map vm;
+  try {
+    // No positional arguments: a stray word is an error, not silently ignored.
+    po::store(po::command_line_parser(args).options(desc).positional({}).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UserError(std::string("check-env: ") + e.what());
+  }
+  auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
+  if (vm.count("help")) {
+    if (comm->rank() == 0) {
+      std::cout << "Usage: ddptrain check-env [--device cuda|cpu|auto]\n"
+                << desc << "Exit codes: 0 everything fine, 2 bad options, " << kExitEnvironmentProblem
+                << " a problem was found (the report says what to do).\n";
+    }
+    return kExitOk;
+  }
+  if (device != "cuda" && device != "cpu" && device != "auto") {
+    throw UserError("check-env: --device must be cuda, cpu or auto, got '" + device + "'");
+  }
+
+  const RankFacts mine = gather_facts(device);
+  const std::vector<std::string> texts = comm->gather(encode(mine), 0);
+  std::vector<double> problem{0};
+  if (comm->rank() == 0) {
+    std::vector<RankFacts> all;
+    for (const std::string& text : texts) all.push_back(decode(text));
+    problem[0] = report(all, device) ? 1 : 0;
+  }
+  comm->broadcast(problem, 0);
+  return problem[0] != 0 ? kExitEnvironmentProblem : kExitOk;
 }
 
 }  // namespace ddp::engine

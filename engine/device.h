@@ -2,6 +2,8 @@
 // device_none.cpp otherwise, so callers never test for CUDA themselves.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -11,6 +13,9 @@ struct GpuInfo {
   int index = 0;  // CUDA device ordinal (after CUDA_VISIBLE_DEVICES)
   std::string name;
   std::string pci_bus_id;
+  uint64_t total_memory_bytes = 0;
+  int compute_major = 0;  // compute capability, e.g. 9.0 for an H100
+  int compute_minor = 0;
 };
 
 struct GpuInventory {
@@ -26,5 +31,36 @@ GpuInventory probe_gpus();
 // called with an index from probe_gpus(); the build without CUDA has no GPU to bind and treats a call as a
 // bug.
 void use_gpu(int index);
+
+// The GPU software stack, for `ddptrain check-env`. Each entry is a version ("12.4"), or words saying why
+// there is none: "not built" in a build without CUDA, "none (...)" when the library or driver is missing.
+struct GpuSoftwareVersions {
+  std::string driver;        // the CUDA version the driver supports, and the kernel module's version
+  std::string cuda_runtime;  // the runtime linked in, and the one compiled against if they differ
+  std::string cudnn;
+  std::string nccl;
+};
+GpuSoftwareVersions gpu_software_versions();
+
+// Whether GPU `device` can read and write GPU `peer`'s memory directly (NVLink or PCIe peer-to-peer); both
+// ordinals from probe_gpus(). Throws std::runtime_error when CUDA refuses to answer; false in a build
+// without CUDA.
+bool gpu_peer_access(int device, int peer);
+
+// A copy of host bytes in the memory of GPU `device`, freed with the object: small fixed inputs such as
+// check-env's smoke-test batch. Throws std::runtime_error naming the CUDA call that failed (so that a
+// caller can report it instead of ending the job), and UserError in a build without CUDA.
+class DeviceCopy {
+ public:
+  DeviceCopy(int device, const void* host, std::size_t bytes);
+  DeviceCopy(const DeviceCopy&) = delete;
+  DeviceCopy& operator=(const DeviceCopy&) = delete;
+  ~DeviceCopy();
+
+  const void* data() const { return data_; }
+
+ private:
+  void* data_ = nullptr;
+};
 
 }  // namespace ddp::engine

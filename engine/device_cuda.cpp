@@ -1,9 +1,57 @@
 #include <cuda_runtime_api.h>
+#include <cudnn.h>
+#include <nccl.h>
 
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "engine/cuda_check.h"
 #include "engine/device.h"
 #include "engine/errors.h"
 
 namespace ddp::engine {
+namespace {
+
+// CUDA encodes versions as 1000 * major + 10 * minor.
+std::string cuda_version_text(int version) {
+  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+}
+
+// cuDNN 9 encodes 10000 * major + 100 * minor + patch, earlier releases 1000 * major + 100 * minor + patch.
+std::string cudnn_version_text(std::size_t version) {
+  const std::size_t major_unit = version >= 90000 ? 10000 : 1000;
+  return std::to_string(version / major_unit) + "." + std::to_string(version % major_unit / 100) + "." +
+         std::to_string(version % 100);
+}
+
+// NCCL_VERSION(): 1000 * major + 100 * minor + patch up to 2.8, 10000 * major + ... from 2.9 on.
+std::string nccl_version_text(int version) {
+  const int major_unit = version >= 20900 ? 10000 : 1000;
+  return std::to_string(version / major_unit) + "." + std::to_string(version % major_unit / 100) + "." +
+         std::to_string(version % 100);
+}
+
+// The kernel module's version from /proc/driver/nvidia/version ("NVRM version: NVIDIA UNIX x86_64 Kernel
+// Module  550.54.15  ..."), or "" where the file is absent (no driver, or a container that hides it).
+std::string kernel_module_version() {
+  std::ifstream in("/proc/driver/nvidia/version");
+  std::string line;
+  if (!std::getline(in, line)) return "";
+  std::istringstream words(line);
+  for (std::string word; words >> word;) {
+    const bool version_like = !word.empty() && word.find('.') != std::string::npos &&
+                              word.find_first_not_of("0123456789.") == std::string::npos;
+    if (version_like) return word;
+  }
+  return "";
+}
+
+void throw_on_cuda_error(cudaError_t status, const std::string& call) {
+  if (status != cudaSuccess) throw std::runtime_error(call + " failed: " + cudaGetErrorString(status));
+}
+
+}  // namespace
 
 GpuInventory probe_gpus() {
   GpuInventory inventory;
@@ -20,7 +68,12 @@ GpuInventory probe_gpus() {
     GpuInfo info;
     info.index = i;
     cudaDeviceProp prop{};
-    if (cudaGetDeviceProperties(&prop, i) == cudaSuccess) info.name = prop.name;
+    if (cudaGetDeviceProperties(&prop, i) == cudaSuccess) {
+      info.name = prop.name;
+      info.total_memory_bytes = prop.totalGlobalMem;
+      info.compute_major = prop.major;
+      info.compute_minor = prop.minor;
+    }
     char bus_id[32] = {};
     if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), i) == cudaSuccess) info.pci_bus_id = bus_id;
     inventory.gpus.push_back(info);
@@ -33,6 +86,66 @@ void use_gpu(int index) {
   if (status != cudaSuccess) {
     DDP_FATAL("cudaSetDevice(" + std::to_string(index) + ") failed: " + cudaGetErrorString(status));
   }
+}
+
+GpuSoftwareVersions gpu_software_versions() {
+  GpuSoftwareVersions versions;
+  const std::string module = kernel_module_version();
+  int driver = 0;
+  const cudaError_t driver_status = cudaDriverGetVersion(&driver);
+  if (driver_status != cudaSuccess) {
+    versions.driver = std::string("unknown (") + cudaGetErrorString(driver_status) + ")";
+  } else if (driver == 0) {
+    versions.driver = "none (no NVIDIA driver is loaded)";
+  } else {
+    versions.driver = "supports CUDA " + cuda_version_text(driver);
+    if (!module.empty()) versions.driver = module + ", " + versions.driver;
+  }
+
+  int runtime = 0;
+  const cudaError_t runtime_status = cudaRuntimeGetVersion(&runtime);
+  versions.cuda_runtime = runtime_status == cudaSuccess
+                              ? cuda_version_text(runtime)
+                              : std::string("unknown (") + cudaGetErrorString(runtime_status) + ")";
+  if (runtime_status == cudaSuccess && runtime != CUDART_VERSION)
+    versions.cuda_runtime += " (built with " + cuda_version_text(CUDART_VERSION) + ")";
+  if (runtime_status == cudaSuccess && driver > 0 && driver < runtime)
+    versions.cuda_runtime += ", newer than the driver supports: update the driver";
+
+  const std::size_t cudnn = cudnnGetVersion();
+  versions.cudnn = cudnn_version_text(cudnn);
+  if (cudnn != CUDNN_VERSION) versions.cudnn += " (built with " + cudnn_version_text(CUDNN_VERSION) + ")";
+
+  int nccl = 0;
+  const ncclResult_t nccl_status = ncclGetVersion(&nccl);
+  versions.nccl = nccl_status == ncclSuccess
+                      ? nccl_version_text(nccl)
+                      : std::string("unknown (") + ncclGetErrorString(nccl_status) + ")";
+  if (nccl_status == ncclSuccess && nccl != NCCL_VERSION_CODE)
+    versions.nccl += " (built with " + nccl_version_text(NCCL_VERSION_CODE) + ")";
+  return versions;
+}
+
+bool gpu_peer_access(int device, int peer) {
+  int can_access = 0;
+  throw_on_cuda_error(
+      cudaDeviceCanAccessPeer(&can_access, device, peer),
+      "cudaDeviceCanAccessPeer(" + std::to_string(device) + ", " + std::to_string(peer) + ")");
+  return can_access != 0;
+}
+
+DeviceCopy::DeviceCopy(int device, const void* host, std::size_t bytes) {
+  throw_on_cuda_error(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+  throw_on_cuda_error(cudaMalloc(&data_, bytes), "cudaMalloc(" + std::to_string(bytes) + " bytes)");
+  const cudaError_t copied = cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice);
+  if (copied != cudaSuccess) {
+    warn_cuda(cudaFree(data_), "cudaFree");
+    throw_on_cuda_error(copied, "cudaMemcpy to GPU " + std::to_string(device));
+  }
+}
+
+DeviceCopy::~DeviceCopy() {
+  warn_cuda(cudaFree(data_), "cudaFree");
 }
 
 }  // namespace ddp::engine

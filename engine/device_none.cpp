@@ -16,4 +16,18 @@ void use_gpu(int index) {
   DDP_FATAL("use_gpu(" + std::to_string(index) + ") in a build without CUDA: probe_gpus() lists no GPU here");
 }
 
+GpuSoftwareVersions gpu_software_versions() {
+  return {"not built", "not built", "not built", "not built"};
+}
+
+bool gpu_peer_access(int, int) {
+  return false;
+}
+
+DeviceCopy::DeviceCopy(int, const void*, std::size_t) {
+  throw UserError("this ddptrain was built without CUDA (configure with -DDDPTRAIN_CUDA=ON)");
+}
+
+DeviceCopy::~DeviceCopy() = default;
+
 }  // namespace ddp::engine

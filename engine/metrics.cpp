@@ -33,15 +33,19 @@ std::string format_epoch_line(const EpochMetrics& m) {
 }
 
 std::string to_json(const EpochMetrics& m) {
+  const std::string gpu = m.gpu_util < 0 ? std::string()
+                                         : printf_string(", \"gpu_util\": %.1f, \"gpu_mem_mib\": %.0f",
+                                                         m.gpu_util, m.gpu_mem_mib);
   return printf_string(
       "{\"epoch\": %lld, \"epochs\": %lld, \"steps\": %lld, \"loss\": %.6f, \"acc\": %.6f, \"val_loss\": "
       "%.6f, "
       "\"val_acc\": %.6f, \"epoch_time_s\": %.4f, \"train_time_s\": %.4f, \"eval_time_s\": %.4f, "
       "\"step_time_ms\": %.4f, \"samples_per_s\": %.1f, \"data_wait_s\": %.4f, \"world_size\": %d, "
-      "\"workers\": %d, \"backend\": \"%s\", \"device\": \"%s\"}",
+      "\"workers\": %d, \"backend\": \"%s\", \"device\": \"%s\"%s}",
       static_cast<long long>(m.epoch), static_cast<long long>(m.epochs), static_cast<long long>(m.steps),
       m.loss, m.acc, m.val_loss, m.val_acc, m.epoch_time_s, m.train_time_s, m.eval_time_s, m.step_time_ms,
-      m.samples_per_s, m.data_wait_s, m.world_size, m.workers, m.backend.c_str(), m.device.c_str());
+      m.samples_per_s, m.data_wait_s, m.world_size, m.workers, m.backend.c_str(), m.device.c_str(),
+      gpu.c_str());
 }
 
 void append_line(const std::string& path, const std::string& line) {

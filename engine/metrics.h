@@ -26,6 +26,9 @@ struct EpochMetrics {
   int workers = 1;           // ranks that train: all of them, or the parameter server's workers
   std::string backend;
   std::string device;
+  // GPU ranks through NVML (engine/gpu_monitor.h), averaged over the ranks that report; -1 when none does.
+  double gpu_util = -1;     // mean utilization over the epoch, %
+  double gpu_mem_mib = -1;  // peak memory used during the epoch
 };
 
 // "Epoch 3/15 - 782 steps - 18.2s - 0.73ms/step - loss: 0.2127 - acc: 0.9186 - val_loss: ... - val_acc: ..."

@@ -12,6 +12,8 @@
 #include "engine/checkpoint.h"
 #include "engine/data_parallel_step.h"
 #include "engine/errors.h"
+#include "engine/gpu_monitor.h"
+#include "engine/learning_curves.h"
 #include "engine/optimizer.h"
 #include "engine/preemption.h"
 #include "engine/ps_training.h"
@@ -38,6 +40,7 @@ struct RunFiles {
   std::string best() const { return (dir / "best.h5").string(); }
   std::string metrics() const { return (dir / "metrics.jsonl").string(); }
   std::string config() const { return (dir / "config.ini").string(); }
+  std::string curves() const { return (dir / "curves.svg").string(); }
 };
 
 // The all-reduce backends: gradients averaged over every rank, then every rank's own optimizer.
@@ -124,6 +127,7 @@ class TrainingRun {
     prepare_run_directory();
     start_from_checkpoint_or_seed();
     log_start();
+    start_gpu_monitor();
 
     TrainResult result;
     for (int64_t epoch = progress_.epoch; epoch < config_.train.epochs && !stop_requested(); ++epoch) {
@@ -381,6 +385,7 @@ class TrainingRun {
     m.workers = comm_.size();
     m.backend = updater_->backend();
     m.device = topology_.device;
+    add_gpu_sample(m);
 
     progress_.epoch = epoch + 1;
     progress_.step_in_epoch = 0;
@@ -393,6 +398,28 @@ class TrainingRun {
   static std::optional<io::BatchRef> next_batch(io::BatchSource& source) {
     timeline::Span span("data wait");
     return source.next();
+  }
+
+  // NVML's view of this rank's GPU, where the driver provides it; the log says why not otherwise.
+  void start_gpu_monitor() {
+    if (topology_.gpu < 0) return;
+    std::string why_not;
+    gpu_monitor_ = GpuMonitor::start(topology_.gpu_bus_id, &why_not);
+    if (!gpu_monitor_)
+      std::printf("rank %d: no GPU utilization in metrics: %s\n", world_.rank(), why_not.c_str());
+  }
+
+  // Collective over the training ranks: the mean over those that have a reading.
+  void add_gpu_sample(EpochMetrics& m) {
+    GpuSample sample;
+    if (gpu_monitor_) sample = gpu_monitor_->take();
+    const bool have = sample.readings > 0;
+    std::vector<double> sums{have ? sample.utilization_percent : 0.0, have ? sample.memory_used_mib : 0.0,
+                             have ? 1.0 : 0.0};
+    comm_.sum(sums);
+    if (sums[2] == 0) return;
+    m.gpu_util = sums[0] / sums[2];
+    m.gpu_mem_mib = sums[1] / sums[2];
   }
 
   models::BatchStats evaluate() {
@@ -436,6 +463,7 @@ class TrainingRun {
       std::printf("%s\n", format_epoch_line(m).c_str());
       std::fflush(stdout);
       append_line(files_.metrics(), to_json(m));
+      write_learning_curves(files_.metrics(), files_.curves());
       replica_->copy_params_to_host(host_params_);
       write_checkpoint(files_.last(), shape_, host_params_, updater_->optimizer(), progress_,
                        config_.to_ini());
@@ -478,6 +506,7 @@ class TrainingRun {
   bool resumed_ = false;
   std::vector<float> host_params_;  // host copy of the parameters: initialization, broadcast, checkpoints
   StopAgreement& stop_signal_;
+  std::unique_ptr<GpuMonitor> gpu_monitor_;  // null on a CPU rank or without NVML
 };
 
 }  // namespace
