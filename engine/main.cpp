@@ -24,6 +24,9 @@ namespace ddp {
 namespace {
 
 int train_command(const std::vector<std::string>& args, comm::Communicator& boot) {
+  // First, so that a preemption signal during start-up is kept for the first step boundary rather than
+  // killing the rank.
+  engine::install_stop_signal_handlers();
   engine::ParsedConfig parsed;
   comm::agree_on_errors(boot, [&] { parsed = engine::parse_config(args); });
   if (parsed.action == engine::ConfigAction::kHelp) {
@@ -58,7 +61,6 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
                 threads_set ? "" : " (set by the BLAS's own environment variable)");
     std::fflush(stdout);
   }
-  engine::install_stop_signal_handlers();
   if (!config.log.timeline.empty()) {
     comm::agree_on_errors(boot, [&] {
       DDP_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));  // the ranks' time origins meet within the barrier's skew

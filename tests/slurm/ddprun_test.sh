@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# launch/ddprun: one rank per GPU named by CUDA_VISIBLE_DEVICES, the CPU fallback (2 ranks, with a message),
+# --np, bad --np (exit 2), and a real CPU run that trains one epoch on 2 ranks.
+#   bash tests/slurm/ddprun_test.sh path/to/ddptrain source-dir
+set -euo pipefail
+ddptrain=$(realpath "$1")
+src=$(realpath "$2")
+ddprun=$src/launch/ddprun
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export DDPTRAIN=$ddptrain
+
+expect_command() {  # expected command line, then ddprun's arguments; CUDA_VISIBLE_DEVICES from the caller
+  local expected=$1 got
+  shift
+  got=$("$ddprun" --dry-run "$@" 2>"$work/err.txt") || { echo "FAIL: ddprun $* failed"; cat "$work/err.txt"; exit 1; }
+  [ "$got" = "$expected" ] || { echo "FAIL: ddprun $*: got '$got', expected '$expected'"; exit 1; }
+}
+
+CUDA_VISIBLE_DEVICES=0,1,3 expect_command "mpirun -np 3 --bind-to none $ddptrain --config x.ini" -- --config x.ini
+CUDA_VISIBLE_DEVICES=2 expect_command "mpirun -np 1 --bind-to none $ddptrain --config x.ini" -- --config x.ini
+CUDA_VISIBLE_DEVICES=0,1 expect_command "mpirun -np 4 --bind-to none $ddptrain --config x.ini" --np 4 -- --config x.ini
+for none in "" NoDevFiles -1; do
+  CUDA_VISIBLE_DEVICES=$none expect_command "mpirun -np 2 --bind-to none $ddptrain --a b" -- --a b
+  grep -q "no GPU visible" "$work/err.txt" ||
+    { echo "FAIL: no CPU fallback message for CUDA_VISIBLE_DEVICES='$none'"; cat "$work/err.txt"; exit 1; }
+done
+CUDA_VISIBLE_DEVICES='' MPIRUN_ARGS="--oversubscribe --tag-output" \
+  expect_command "mpirun -np 2 --bind-to none --oversubscribe --tag-output $ddptrain --a b" -- --a b
+
+status=0
+"$ddprun" --np 0 -- --config x.ini 2>"$work/err.txt" || status=$?
+if [ "$status" -ne 2 ] || ! grep -q -- "--np 0" "$work/err.txt"; then
+  echo "FAIL: --np 0 gave exit $status, expected 2 with a message naming it"
+  exit 1
+fi
+status=0
+DDPTRAIN=$work/missing "$ddprun" -- --config x.ini 2>"$work/err.txt" || status=$?
+if [ "$status" -ne 2 ] || ! grep -q "$work/missing" "$work/err.txt"; then
+  echo "FAIL: a missing binary gave exit $status, expected 2 with a message naming it"
+  exit 1
+fi
+
+# A real run on this machine's CPUs.
+cd "$work"
+"$ddptrain" prepare synthetic --output data.h5 --train 1000 --test 200 --vocab 200 --maxlen 16 --seed 5 >/dev/null
+CUDA_VISIBLE_DEVICES='' "$ddprun" -- --config "$src/launch/configs/quickstart.ini" --data.path data.h5 \
+  --checkpoint.dir run --train.epochs 1 --model.embedding_dim 8 --model.hidden 8 --log.progress lines \
+  >out.txt 2>&1 || { echo "FAIL: the CPU run failed"; cat out.txt; exit 1; }
+grep -q "2 rank(s)" out.txt || { echo "FAIL: not one job of 2 ranks"; cat out.txt; exit 1; }
+grep -q '"epoch": 1,' run/metrics.jsonl || { echo "FAIL: no epoch in run/metrics.jsonl"; cat out.txt; exit 1; }
+echo "ok: ddprun counts GPUs, falls back to 2 CPU ranks, and trains"

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The launch scripts parse (bash -n) and pass shellcheck: launch/slurm/*, launch/ddprun, launch/bootstrap.sh
+# and the Slurm tests. Exit 77 (skipped) when shellcheck is not installed.
+#   bash tests/slurm/lint_launch_scripts.sh source-dir
+set -euo pipefail
+cd "$1"
+scripts=(launch/slurm/*.sbatch launch/slurm/common.sh launch/ddprun launch/bootstrap.sh tests/slurm/*.sh)
+status=0
+for script in "${scripts[@]}"; do
+  bash -n "$script" || { echo "FAIL: bash -n $script"; status=1; }
+done
+if ! command -v shellcheck >/dev/null 2>&1; then
+  [ "$status" -eq 0 ] || exit 1
+  echo "SKIP: shellcheck is not installed (apt-get install shellcheck); bash -n passed"
+  exit 77
+fi
+# -x follows the `source` lines (their paths are given relative to the source dir).
+shellcheck -x "${scripts[@]}" || { echo "FAIL: shellcheck"; status=1; }
+[ "$status" -eq 0 ] && echo "ok: ${#scripts[@]} scripts pass bash -n and shellcheck"
+exit "$status"

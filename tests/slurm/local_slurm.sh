@@ -1,0 +1,144 @@
+# A private one-node Slurm on localhost for the Slurm tests. Source it, then:
+#   local_slurm_start DIR   writes DIR/slurm.conf (2 CPUs, one partition, no munge), starts slurmctld and
+#                           slurmd on free ports, waits until the node is idle and exports SLURM_CONF; an EXIT
+#                           trap stops both daemons by their pid files (and prints their logs if the test
+#                           failed). Exits 77 (skipped) when not root or Slurm is not installed.
+#   local_slurm_logs        prints both daemons' logs (for a failure message).
+#   local_slurm_job_state ID
+#                           prints the job's state (PENDING, RUNNING, COMPLETED, ...).
+#   local_slurm_wait_job ID SECONDS
+#                           waits until the job has ended and prints its final state; fails after SECONDS.
+# Set local_slurm_remove_on_exit to a folder to have it removed after the daemons stopped.
+# Each test uses a fresh DIR, so no job state carries over from one test to the next. The daemons talk over
+# 127.0.0.1, so the host name need not resolve.
+# shellcheck shell=bash
+
+local_slurm_dir=""
+local_slurm_remove_on_exit=""
+
+local_slurm_skip_unless_possible() {
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "SKIP: the local Slurm runs its daemons as root (SlurmUser=root); run as root"
+    exit 77
+  fi
+  local tool
+  for tool in slurmctld slurmd sbatch scontrol sinfo scancel; do
+    if ! command -v "$tool" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$tool" ]; then
+      echo "SKIP: $tool is not installed (apt-get install slurm-wlm)"
+      exit 77
+    fi
+  done
+}
+
+# Two distinct TCP ports nobody listens on, so a Slurm already running on this machine is left alone.
+local_slurm_free_ports() {
+  /usr/bin/python3 -c '
+import socket
+sockets = [socket.socket() for _ in range(2)]
+for s in sockets:
+    s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in sockets])'
+}
+
+local_slurm_logs() {
+  local log
+  for log in "$local_slurm_dir"/slurmctld.log "$local_slurm_dir"/slurmd.log; do
+    [ -f "$log" ] || continue
+    echo "---- $log (last 40 lines)"
+    tail -n 40 "$log"
+  done
+}
+
+local_slurm_stop() {
+  local status=$?
+  local pid_file pid
+  if [ "$status" -ne 0 ] && [ "$status" -ne 77 ]; then local_slurm_logs; fi
+  for pid_file in "$local_slurm_dir"/slurmd.pid "$local_slurm_dir"/slurmctld.pid; do
+    [ -s "$pid_file" ] || continue
+    pid=$(cat "$pid_file")
+    kill "$pid" 2>/dev/null || continue
+    for _ in $(seq 50); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -9 "$pid" 2>/dev/null || true
+  done
+  [ -z "$local_slurm_remove_on_exit" ] || rm -rf "$local_slurm_remove_on_exit"
+  return "$status"
+}
+
+local_slurm_start() {
+  local_slurm_skip_unless_possible
+  local_slurm_dir=$1
+  mkdir -p "$local_slurm_dir"/state "$local_slurm_dir"/spool
+  local host ctld_port slurmd_port
+  host=$(hostname -s)
+  read -r ctld_port slurmd_port < <(local_slurm_free_ports) || { echo "FAIL: no free TCP ports"; exit 1; }
+  # cred_expire is how long Slurm holds a requeued job before it may start again (default 120 s).
+  cat >"$local_slurm_dir/slurm.conf" <<EOF
+ClusterName=ddptest
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
+AuthType=auth/none
+AuthInfo=cred_expire=10
+CredType=cred/none
+SlurmUser=root
+SlurmdUser=root
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+MpiDefault=none
+JobRequeue=1
+ReturnToService=2
+SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=1
+StateSaveLocation=$local_slurm_dir/state
+SlurmdSpoolDir=$local_slurm_dir/spool
+SlurmctldPidFile=$local_slurm_dir/slurmctld.pid
+SlurmdPidFile=$local_slurm_dir/slurmd.pid
+SlurmctldLogFile=$local_slurm_dir/slurmctld.log
+SlurmdLogFile=$local_slurm_dir/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+NodeName=$host NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
+EOF
+  export SLURM_CONF=$local_slurm_dir/slurm.conf
+  trap local_slurm_stop EXIT
+  PATH=$PATH:/usr/sbin
+  slurmctld -f "$SLURM_CONF" || { echo "FAIL: slurmctld did not start"; exit 1; }
+  slurmd -f "$SLURM_CONF" || { echo "FAIL: slurmd did not start"; exit 1; }
+  local state=""
+  for _ in $(seq 150); do  # at most 30 s
+    state=$(sinfo -h -N -o %T 2>/dev/null || true)
+    [ "$state" = idle ] && return 0
+    sleep 0.2
+  done
+  echo "FAIL: the local Slurm node is not idle after 30 s (state: ${state:-none})"
+  exit 1
+}
+
+local_slurm_job_state() {
+  scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2
+}
+
+local_slurm_wait_job() {
+  local id=$1 bound=$2 state="" waited=0
+  while [ "$waited" -lt $((bound * 5)) ]; do
+    state=$(local_slurm_job_state "$id")
+    case "$state" in
+      COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED)
+        echo "$state"
+        return 0
+        ;;
+    esac
+    sleep 0.2
+    waited=$((waited + 1))
+  done
+  echo "job $id has not ended after $bound s (state: ${state:-unknown})" >&2
+  scontrol show job "$id" >&2 || true
+  return 1
+}
