@@ -4,7 +4,10 @@
 # 1. the GPU tests (CPU/GPU parity, layout round trip, NCCL and the input pipeline);
 # 2. the quickstart on the GPU, which must reach val_acc >= 0.90;
 # 3. a checkpoint written by the GPU run resumed for one more epoch on the CPU;
-# 4. the side-by-side epoch benchmark against PyTorch (if torch is importable).
+# 4. evaluate on the GPU and on the CPU agree; check-env reports the GPU (exit 0);
+# 5. a GPU run's timeline has the host-to-device copy spans;
+# 6. a mixed job: a GPU worker and a CPU worker under the parameter server (comm.backend auto);
+# 7. the side-by-side epoch benchmark against PyTorch (if torch is importable).
 set -euo pipefail
 build=${1:-build}
 scratch=${SCRATCH:-/tmp/ddptrain-gpu-checks}
@@ -26,6 +29,26 @@ echo "== the GPU checkpoint resumes on the CPU"
 "$build"/ddptrain --config launch/configs/quickstart.ini --device cpu --data.path "$scratch/quickstart.h5" \
   --checkpoint.dir "$scratch/run-gpu" --train.epochs 7 --resume --log.progress lines
 tail -n 1 "$scratch/run-gpu/metrics.jsonl"
+
+echo "== evaluate: GPU against CPU"
+"$build"/ddptrain evaluate --checkpoint "$scratch/run-gpu/best.h5" --data "$scratch/quickstart.h5" --device cuda
+"$build"/ddptrain evaluate --checkpoint "$scratch/run-gpu/best.h5" --data "$scratch/quickstart.h5" --device cpu
+
+echo "== check-env"
+"$build"/ddptrain check-env || echo "check-env exit $?"
+
+echo "== timeline of a GPU run"
+"$build"/ddptrain --config launch/configs/quickstart.ini --device cuda --data.path "$scratch/quickstart.h5" \
+  --checkpoint.dir "$scratch/run-gpu-timeline" --train.epochs 1 --log.progress lines \
+  --log.timeline "$scratch/gpu-trace.json"
+python3 -c "import json, collections, sys; t = json.load(open(sys.argv[1])); \
+print(collections.Counter(e['name'] for e in t if e.get('ph') == 'X'))" "$scratch/gpu-trace.json"
+
+echo "== mixed job: a GPU worker, a CPU worker and a parameter server"
+mpirun -np 1 -x CUDA_VISIBLE_DEVICES=0 "$build"/ddptrain --config launch/configs/quickstart.ini \
+  --data.path "$scratch/quickstart.h5" --checkpoint.dir "$scratch/run-mixed" --train.epochs 2 --log.progress lines : \
+  -np 2 -x CUDA_VISIBLE_DEVICES= "$build"/ddptrain --config launch/configs/quickstart.ini \
+  --data.path "$scratch/quickstart.h5" --checkpoint.dir "$scratch/run-mixed" --train.epochs 2 --log.progress lines
 
 echo "== epoch benchmark against PyTorch"
 [ -f "$scratch/synthetic-25000.h5" ] || "$build"/ddptrain prepare synthetic \
