@@ -22,6 +22,7 @@ struct Event {
   Clock::time_point end;
   int track;
   int64_t arg;
+  TimeResolver resolve;  // a deferred span: sets begin and end on the writer thread
 };
 
 struct TrackName {
@@ -107,7 +108,8 @@ class Recorder {
             "\"args\": {\"sort_index\": %d}},\n",
             rank_, t.track, t.name.c_str(), rank_, t.track, t.track);
       }
-      for (const Event& e : events) {
+      for (Event& e : events) {
+        if (e.resolve && !e.resolve(e.begin, e.end)) continue;
         const double ts = std::chrono::duration<double, std::micro>(e.begin - origin_).count();
         const double dur = std::chrono::duration<double, std::micro>(e.end - e.begin).count();
         if (e.arg >= 0) {
@@ -204,7 +206,12 @@ int track(const char* kind, int index) {
 
 void record(const char* name, Clock::time_point begin, Clock::time_point end, int track_id, int64_t arg) {
   if (!enabled()) return;
-  recorder().record({name, begin, end, track_id >= 0 ? track_id : thread_track(), arg});
+  recorder().record({name, begin, end, track_id >= 0 ? track_id : thread_track(), arg, {}});
+}
+
+void record_deferred(const char* name, int track_id, TimeResolver resolve) {
+  if (!enabled()) return;
+  recorder().record({name, {}, {}, track_id, -1, std::move(resolve)});
 }
 
 }  // namespace ddp::timeline

@@ -8,12 +8,14 @@
 // ms, formats it and appends it to this rank's part file (FILE.rank<R>.part), so a crashed run still leaves
 // its events on disk. At the end the ranks send their parts to rank 0, which writes FILE.
 //
-// Times are host times. On a GPU, compute is asynchronous: forward/backward spans there are the host's
-// enqueue time, and the data-wait span includes the wait for the copy stream.
+// Times are host times. On a GPU, compute is asynchronous: the main thread's spans there are the host's
+// enqueue time, and the GPU's own forward and backward are timed with CUDA events on a "GPU stream" track
+// (engine/gpu_spans.h).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,11 @@ int track(const char* kind, int index);
 // One span. `name` must outlive the run (a string literal). `arg` >= 0 is shown as args.value.
 void record(const char* name, Clock::time_point begin, Clock::time_point end, int track = -1,
             int64_t arg = -1);
+
+// A span whose times are known only later (GPU work, timed by CUDA events): the writer thread calls
+// `resolve`, which may block until the work is done, to get them; false drops the span.
+using TimeResolver = std::function<bool(Clock::time_point& begin, Clock::time_point& end)>;
+void record_deferred(const char* name, int track, TimeResolver resolve);
 
 // Records [construction, destruction) on the calling thread's track.
 class Span {

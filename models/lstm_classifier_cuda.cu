@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -35,6 +36,7 @@
 
 #include "engine/cuda_check.h"
 #include "engine/errors.h"
+#include "engine/gpu_spans.h"
 #include "engine/timeline.h"
 #include "models/cuda_replica.h"
 
@@ -376,6 +378,7 @@ class CudaReplica final : public Replica {
 
   // Declared first, destroyed last: the descriptors and buffers below go before the handle and stream.
   StreamHandle stream_;
+  std::optional<timeline::GpuSpans> gpu_spans_;  // made with the stream
   CudnnHandle cudnn_;
   DropoutDescriptor dropout_;
   RnnDescriptor rnn_;
@@ -418,6 +421,7 @@ CudaReplica::CudaReplica(const ModelShape& shape, int device) : layout_(shape), 
   max_blocks_ = std::max(1, sm_count) * 8;
 
   DDP_CUDA_CHECK(cudaStreamCreateWithFlags(stream_.out(), cudaStreamNonBlocking));
+  gpu_spans_.emplace(stream_.get(), device_);
   DDP_CUDNN_CHECK(cudnnCreate(cudnn_.out()));
   DDP_CUDNN_CHECK(cudnnSetStream(cudnn_.get(), stream_.get()));
 
@@ -690,13 +694,17 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
     if (on_ready) on_ready(segments[segment]);
   };
 
+  // Two kinds of span: the host's enqueue time on the calling thread, the GPU's own time on its stream.
+  void* gpu_forward = gpu_spans_->begin();
   {
-    timeline::Span span("forward");  // the host's enqueue time: the GPU runs it asynchronously
+    timeline::Span span("enqueue forward");
     forward(batch, shape, /*training=*/true);
     dense_and_loss(batch, batch.labels, nullptr, d_logits_.get(), /*add_stats=*/true);
     count_ += batch.batch;
   }
-  timeline::Span backward_span("backward");
+  gpu_spans_->end(gpu_forward, "forward");
+  void* gpu_backward = gpu_spans_->begin();
+  timeline::Span backward_span("enqueue backward");
 
   // dy is zero but at the last step, which dense_backward writes; re-zero only when the shape moved the
   // block.
@@ -738,6 +746,7 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
       batch.tokens, dx_.get(), grads_.get() + embedding_offset_, batch.batch, batch.seq, model.embedding_dim,
       model.vocab_size);
   DDP_CUDA_CHECK_LAUNCH("embedding_backward");
+  gpu_spans_->end(gpu_backward, "backward");
   ready(0);
 }
 
