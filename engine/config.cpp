@@ -188,15 +188,27 @@ ParsedConfig parse_config(const std::vector<std::string>& args) {
 
   std::ostringstream help;
   help << "Usage: ddptrain [train] --config FILE [--section.key VALUE ...]\n"
-       << "       ddptrain prepare synthetic --output FILE [--train N --test M --vocab V --maxlen T --seed "
-          "S]\n\n"
+       << "       ddptrain prepare synthetic|imdb-npz|text ...   (ddptrain prepare --help)\n"
+       << "       ddptrain predict|evaluate --checkpoint FILE --data FILE ...\n"
+       << "       ddptrain check-env [--device cuda|cpu|auto]\n\n"
        << all;
   parsed.help = help.str();
 
   po::variables_map vm;
   try {
-    // Stored first, so the command line wins over the file.
-    po::store(po::command_line_parser(args).options(all).run(), vm);
+    // Stored first, so the command line wins over the file. Words without a key are collected to be refused:
+    // a misspelt subcommand or a value without its key must not be ignored.
+    std::vector<std::string> stray;
+    po::options_description with_stray;
+    with_stray.add(all).add_options()("stray", po::value(&stray));
+    po::positional_options_description positional;
+    positional.add("stray", -1);
+    po::store(po::command_line_parser(args).options(with_stray).positional(positional).run(), vm);
+    if (vm.count("stray")) {
+      throw UserError(
+          "command line: unexpected argument '" + vm["stray"].as<std::vector<std::string>>()[0] +
+          "' (commands: train, prepare, predict, evaluate, check-env; keys are --section.key VALUE)");
+    }
   } catch (const po::error& e) {
     throw UserError(std::string("command line: ") + e.what());
   }

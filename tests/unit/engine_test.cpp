@@ -54,6 +54,13 @@ TEST(Config, ResumeAloneMeansLast) {
   EXPECT_NE(error_of({"--data.path", "x.h5", "--resume", "sometimes"}).find("--resume"), std::string::npos);
 }
 
+TEST(Config, StrayWordsAreRefusedNotIgnored) {
+  EXPECT_NE(error_of({"bogus"}).find("unexpected argument 'bogus'"), std::string::npos);
+  // A value whose key was forgotten.
+  EXPECT_NE(error_of({"--data.path", "x.h5", "64"}).find("'64'"), std::string::npos);
+  EXPECT_EQ(error_of({"--data.path", "x.h5", "--train.batch_size", "64"}), "");
+}
+
 TEST(Config, UnknownKeyInFileNamesFileAndKey) {
   TempDir dir;
   const std::string ini = write_text(dir, "bad.ini", "[train]\nbatchsize = 16\n");
