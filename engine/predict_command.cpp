@@ -1,18 +1,15 @@
 // `ddptrain predict` and `ddptrain evaluate`: a trained checkpoint on new documents or on a dataset's test
 // split, as one process (no MPI) on the CPU or on one GPU.
-#include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include "engine/checkpoint.h"
@@ -21,7 +18,6 @@
 #include "engine/errors.h"
 #include "io/batch_source.h"
 #include "io/dataset.h"
-#include "io/dataset_writer.h"
 #include "io/tokenizer.h"
 #include "models/cuda_replica.h"
 #include "models/replica.h"
@@ -118,35 +114,24 @@ std::unique_ptr<io::BatchSource> test_batches(const LoadedModel& model, const st
   return io::make_host_batch_source(options);
 }
 
-// Encoded documents as the test split of a dataset file of their own, removed with this object. Predict
-// then reads them through the batch sources of training and evaluation, which also bring them to a GPU.
-class TemporaryDataset {
- public:
-  TemporaryDataset(const std::vector<int32_t>& tokens, int64_t rows, int vocab_size, int maxlen) {
-    static std::atomic<int> counter{0};
-    std::error_code error;
-    const std::filesystem::path folder = std::filesystem::temp_directory_path(error);
-    if (error)
-      throw UserError("predict: no folder for temporary files (" + error.message() + "): set TMPDIR");
-    path_ =
-        (folder / ("ddptrain-predict-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".h5"))
-            .string();
-    io::DatasetWriter writer(path_, vocab_size, maxlen, 0, rows);
-    const std::vector<uint8_t> labels(static_cast<size_t>(rows), 0);
-    writer.write_rows("test", 0, tokens, labels);
-    writer.commit();
+// Probabilities of encoded documents (row-major [rows, maxlen]), batch by batch. A GPU replica gets each
+// batch through a device copy; predict is one pass over a few documents, so a plain copy is enough.
+std::vector<float> predict_rows(const LoadedModel& model, const std::vector<int32_t>& tokens, int maxlen,
+                                int batch_size) {
+  const std::size_t rows = tokens.size() / static_cast<std::size_t>(maxlen);
+  std::vector<float> probabilities(rows);
+  for (std::size_t first = 0; first < rows; first += static_cast<std::size_t>(batch_size)) {
+    const std::size_t count = std::min(rows - first, static_cast<std::size_t>(batch_size));
+    const int32_t* host = tokens.data() + first * static_cast<std::size_t>(maxlen);
+    const std::size_t bytes = count * static_cast<std::size_t>(maxlen) * sizeof(int32_t);
+    std::optional<DeviceCopy> on_gpu;
+    if (model.gpu >= 0) on_gpu.emplace(model.gpu, host, bytes);
+    const auto* batch_tokens = on_gpu ? static_cast<const int32_t*>(on_gpu->data()) : host;
+    model.replica->predict({batch_tokens, nullptr, static_cast<int>(count), maxlen},
+                           std::span<float>(probabilities).subspan(first, count));
   }
-  TemporaryDataset(const TemporaryDataset&) = delete;
-  TemporaryDataset& operator=(const TemporaryDataset&) = delete;
-  ~TemporaryDataset() {
-    std::error_code ignored;
-    std::filesystem::remove(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+  return probabilities;
+}
 
 // The documents of --input: one per line, "-" for stdin.
 std::vector<std::string> read_lines(const std::string& input) {
@@ -205,24 +190,13 @@ int predict_command(const std::vector<std::string>& args) {
   const std::vector<std::string> documents = input.empty() ? texts : read_lines(input);
   const LoadedModel model = load_model(o, data, kCommand);
 
-  const auto rows = static_cast<int64_t>(documents.size());
   std::vector<int32_t> tokens;
   tokens.reserve(documents.size() * static_cast<size_t>(data.maxlen));
   for (const std::string& document : documents) {
     const std::vector<int32_t> row = vocabulary.encode(document, data.maxlen);
     tokens.insert(tokens.end(), row.begin(), row.end());
   }
-  const TemporaryDataset encoded(tokens, rows, data.vocab_size, data.maxlen);
-  std::vector<float> probabilities(documents.size());
-  size_t done = 0;
-  const std::unique_ptr<io::BatchSource> source = test_batches(model, encoded.path(), rows, o.batch_size);
-  while (const std::optional<io::BatchRef> batch = source->next()) {
-    model.replica->predict(
-        {batch->tokens, batch->labels, batch->batch_size, batch->seq},
-        std::span<float>(probabilities).subspan(done, static_cast<size_t>(batch->batch_size)));
-    done += static_cast<size_t>(batch->batch_size);
-  }
-  DDP_CHECK(done == documents.size());
+  const std::vector<float> probabilities = predict_rows(model, tokens, data.maxlen, o.batch_size);
   for (size_t i = 0; i < documents.size(); ++i) {
     std::printf("%.4f\t%s\n", static_cast<double>(probabilities[i]), excerpt(documents[i]).c_str());
   }

@@ -259,17 +259,20 @@ void CpuLstmClassifier<Scalar>::forward_layer(int layer, int batch, int seq) {
 template <typename Scalar>
 BatchStats CpuLstmClassifier<Scalar>::loss_and_stats(const Scalar* labels, int batch,
                                                      std::span<Scalar> probabilities) {
-  if (labels == nullptr) throw std::invalid_argument("CpuLstmClassifier: a batch needs labels");
+  // Prediction needs no labels (and adds nothing to the stats); training and evaluation do.
+  if (labels == nullptr && probabilities.empty())
+    throw std::invalid_argument("CpuLstmClassifier: a batch needs labels");
   BatchStats stats;
   for (std::size_t b = 0; b < to_size(batch); ++b) {
     // In double: the sum over ranks and batches should not lose the float model's small losses.
     const double z = static_cast<double>(logits_[b]);
+    if (!probabilities.empty()) probabilities[b] = static_cast<Scalar>(stable_sigmoid(z));
+    if (labels == nullptr) continue;
     const double y = static_cast<double>(labels[b]);
     stats.loss_sum += std::max(z, 0.0) - z * y + std::log1p(std::exp(-std::abs(z)));
     if ((z >= 0) == (y >= 0.5)) ++stats.correct;
-    if (!probabilities.empty()) probabilities[b] = static_cast<Scalar>(stable_sigmoid(z));
   }
-  stats.count = batch;
+  stats.count = labels == nullptr ? 0 : batch;
   return stats;
 }
 

@@ -447,6 +447,28 @@ TEST(CpuReplica, ReportsTouchedEmbeddingRows) {
   }
 }
 
+TEST(CpuReplica, PredictNeedsNoLabelsAndMatchesEvaluate) {
+  const ModelShape shape{100, 8, 6, 1};
+  auto replica = make_cpu_replica(shape);
+  initialize_keras(replica->layout(), replica->params(), 7);
+  Batch batch = random_batch(shape.vocab_size, 5, 6, 11);
+  std::vector<float> p(5);
+  replica->predict(BatchView{batch.tokens.data(), nullptr, batch.batch, batch.seq}, p);
+  EXPECT_EQ(replica->take_stats().count, 0);  // predicting is not evaluating
+  // With every label 1, evaluate's loss is the sum of -log p over the batch.
+  std::fill(batch.labels.begin(), batch.labels.end(), 1.0f);
+  replica->evaluate(BatchView{batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq});
+  const BatchStats stats = replica->take_stats();
+  double minus_log_p = 0;
+  for (const float x : p) {
+    ASSERT_GT(x, 0.0f);
+    ASSERT_LT(x, 1.0f);
+    minus_log_p -= std::log(static_cast<double>(x));
+  }
+  EXPECT_EQ(stats.count, 5);
+  EXPECT_NEAR(stats.loss_sum, minus_log_p, 1e-5);
+}
+
 TEST(FastMath, MatchesTheStandardFunctions) {
   // Every 1009th float of magnitude up to 100, both signs: relative error against double.
   double worst_exp = 0;
