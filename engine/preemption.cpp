@@ -38,6 +38,10 @@ std::string stop_signal_received() {
   }
 }
 
+void clear_stop_signal() {
+  received_signal = 0;
+}
+
 StopAgreement::StopAgreement(MPI_Comm comm) {
   DDP_CHECK_MPI(MPI_Comm_dup(comm, &comm_));
 }

@@ -14,6 +14,8 @@ namespace ddp::engine {
 void install_stop_signal_handlers();
 // The signal this process received, "" if none ("SIGUSR1", "SIGTERM").
 std::string stop_signal_received();
+// Forgets a received signal (for tests, which raise one and go on in the same process).
+void clear_stop_signal();
 
 // The training ranks' agreement on a stop signal, over its own duplicate of `comm` (so its collectives never
 // mix with the gradient exchange). Every rank makes the same sequence of calls.
