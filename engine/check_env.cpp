@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <iostream>
 #include <limits>
 #include <map>
 #include <memory>
@@ -22,6 +21,7 @@
 
 #include "comm/communicator.h"
 #include "comm/mpi_check.h"
+#include "engine/command_line.h"
 #include "engine/commands.h"
 #include "engine/device.h"
 #include "engine/errors.h"
@@ -513,27 +513,17 @@ int check_env_command(const std::vector<std::string>& args) {
   desc.add_options()("help,h", "print this help")(
       "device", po::value(&device)->default_value(device),
       "cuda: this node must train on GPUs | cpu: a CPU-only node (no GPU probed) | auto: either");
-  po::variables_map vm;
-  try {
-    // No positional arguments: a stray word is an error, not silently ignored.
-    po::store(po::command_line_parser(args).options(desc).positional({}).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw UserError(std::string("check-env: ") + e.what());
-  }
-  auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
-  if (vm.count("help")) {
-    if (comm->rank() == 0) {
-      std::cout << "Usage: ddptrain check-env [--device cuda|cpu|auto]\n"
-                << desc << "Exit codes: 0 everything fine, 2 bad options, " << kExitEnvironmentProblem
-                << " a problem was found (the report says what to do).\n";
-    }
-    return kExitOk;
-  }
+  int rank = 0;
+  DDP_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  const std::string usage =
+      "ddptrain check-env [--device cuda|cpu|auto]\nExit codes: 0 everything fine, 2 bad options, " +
+      std::to_string(kExitEnvironmentProblem) + " a problem was found (the report says what to do).";
+  if (!parse_subcommand(args, desc, "check-env", usage, /*print_help=*/rank == 0)) return kExitOk;
   if (device != "cuda" && device != "cpu" && device != "auto") {
     throw UserError("check-env: --device must be cuda, cpu or auto, got '" + device + "'");
   }
 
+  auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
   const RankFacts mine = gather_facts(device);
   const std::vector<std::string> texts = comm->gather(encode(mine), 0);
   std::vector<double> problem{0};

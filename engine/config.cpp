@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "engine/command_line.h"
 #include "engine/errors.h"
 
 namespace po = boost::program_options;
@@ -195,23 +196,8 @@ ParsedConfig parse_config(const std::vector<std::string>& args) {
   parsed.help = help.str();
 
   po::variables_map vm;
-  try {
-    // Stored first, so the command line wins over the file. Words without a key are collected to be refused:
-    // a misspelt subcommand or a value without its key must not be ignored.
-    std::vector<std::string> stray;
-    po::options_description with_stray;
-    with_stray.add(all).add_options()("stray", po::value(&stray));
-    po::positional_options_description positional;
-    positional.add("stray", -1);
-    po::store(po::command_line_parser(args).options(with_stray).positional(positional).run(), vm);
-    if (vm.count("stray")) {
-      throw UserError(
-          "command line: unexpected argument '" + vm["stray"].as<std::vector<std::string>>()[0] +
-          "' (commands: train, prepare, predict, evaluate, check-env; keys are --section.key VALUE)");
-    }
-  } catch (const po::error& e) {
-    throw UserError(std::string("command line: ") + e.what());
-  }
+  // Stored first, so the command line wins over the file.
+  store_command_line(args, all, vm, "command line");
   if (vm.count("help")) {
     parsed.action = ConfigAction::kHelp;
     return parsed;

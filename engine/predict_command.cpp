@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/checkpoint.h"
+#include "engine/command_line.h"
 #include "engine/commands.h"
 #include "engine/device.h"
 #include "engine/errors.h"
@@ -43,23 +44,6 @@ void add_model_options(po::options_description& desc, ModelOptions& o) {
       "data,d", po::value(&o.data)->required(), "the dataset file the model was trained on")(
       "device", po::value(&o.device)->default_value(o.device), "cpu, cuda or auto (the first GPU if any)")(
       "batch-size", po::value(&o.batch_size)->default_value(o.batch_size), "documents per forward pass");
-}
-
-// Parses `args` against `desc`; false when --help was asked for (and printed).
-bool parse(const std::vector<std::string>& args, const po::options_description& desc,
-           const std::string& command, const std::string& usage) {
-  po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    if (vm.count("help")) {
-      std::cout << "Usage: " << usage << "\n" << desc;
-      return false;
-    }
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw UserError(command + ": " + e.what());
-  }
-  return true;
 }
 
 void check_model_options(const ModelOptions& o, const std::string& command) {
@@ -176,8 +160,9 @@ int predict_command(const std::vector<std::string>& args) {
   add_model_options(desc, o);
   desc.add_options()("text,t", po::value(&texts)->composing(), "a document (give it several times for more)")(
       "input,i", po::value(&input), "a file with one document per line ('-': standard input)");
-  if (!parse(args, desc, kCommand,
-             "ddptrain predict --checkpoint RUN/best.h5 --data F.h5 (--text \"...\" ... | --input FILE)"))
+  if (!parse_subcommand(
+          args, desc, kCommand,
+          "ddptrain predict --checkpoint RUN/best.h5 --data F.h5 (--text \"...\" ... | --input FILE)"))
     return kExitOk;
   check_model_options(o, kCommand);
   if (texts.empty() == input.empty()) {
@@ -209,7 +194,8 @@ int evaluate_command(const std::vector<std::string>& args) {
   po::options_description desc("ddptrain evaluate");
   desc.add_options()("help,h", "print this help");
   add_model_options(desc, o);
-  if (!parse(args, desc, kCommand, "ddptrain evaluate --checkpoint RUN/best.h5 --data F.h5")) return kExitOk;
+  if (!parse_subcommand(args, desc, kCommand, "ddptrain evaluate --checkpoint RUN/best.h5 --data F.h5"))
+    return kExitOk;
   check_model_options(o, kCommand);
 
   const io::DatasetInfo data = io::inspect_dataset(o.data);

@@ -1,10 +1,10 @@
 // `ddptrain prepare KIND`: option parsing for each dataset preparer; the work is in io/.
 #include <boost/program_options.hpp>
 #include <cstdio>
-#include <iostream>
 #include <string>
 #include <vector>
 
+#include "engine/command_line.h"
 #include "engine/commands.h"
 #include "engine/errors.h"
 #include "engine/metrics.h"
@@ -16,23 +16,6 @@ namespace po = boost::program_options;
 
 namespace ddp::engine {
 namespace {
-
-// Parses `args` against `desc`; false when --help was asked for (and printed).
-bool parse(const std::vector<std::string>& args, const po::options_description& desc,
-           const std::string& command, const std::string& usage) {
-  po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    if (vm.count("help")) {
-      std::cout << "Usage: " << usage << "\n" << desc;
-      return false;
-    }
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw UserError(command + ": " + e.what());
-  }
-  return true;
-}
 
 void require_positive(int value, const char* option, const std::string& command) {
   if (value < 1) throw UserError(command + ": " + option + " must be positive, got " + std::to_string(value));
@@ -48,7 +31,8 @@ int prepare_synthetic(const std::vector<std::string>& args) {
       "vocab", po::value(&o.vocab)->default_value(o.vocab), "vocabulary size (token ids < vocab)")(
       "maxlen", po::value(&o.maxlen)->default_value(o.maxlen), "tokens per sample")(
       "seed", po::value(&o.seed)->default_value(o.seed), "random seed");
-  if (!parse(args, desc, "prepare synthetic", "ddptrain prepare synthetic --output FILE [options]"))
+  if (!parse_subcommand(args, desc, "prepare synthetic",
+                        "ddptrain prepare synthetic --output FILE [options]"))
     return kExitOk;
   if (o.train < 1 || o.test < 1) throw UserError("prepare synthetic: --train and --test must be positive");
   io::write_synthetic(o);
@@ -68,8 +52,8 @@ int prepare_imdb_npz(const std::vector<std::string>& args) {
       "keep the most frequent words: ids >= vocab become 2 (load_data's num_words)")(
       "maxlen", po::value(&o.maxlen)->default_value(o.maxlen), "tokens per sample (pad_sequences' maxlen)")(
       "seed", po::value(&o.seed)->default_value(o.seed), "load_data's shuffle seed");
-  if (!parse(args, desc, "prepare imdb-npz",
-             "ddptrain prepare imdb-npz --input imdb.npz --output imdb.h5 [options]"))
+  if (!parse_subcommand(args, desc, "prepare imdb-npz",
+                        "ddptrain prepare imdb-npz --input imdb.npz --output imdb.h5 [options]"))
     return kExitOk;
   require_positive(o.vocab, "--vocab", "prepare imdb-npz");
   require_positive(o.maxlen, "--maxlen", "prepare imdb-npz");
@@ -89,7 +73,8 @@ int prepare_text(const std::vector<std::string>& args) {
       "maxlen", po::value(&o.maxlen)->default_value(o.maxlen), "tokens per sample")(
       "threads", po::value(&o.threads)->default_value(o.threads), "reader threads (0: every core)")(
       "progress", po::value(&progress)->default_value(progress), "auto (bar on a terminal) | bar | none");
-  if (!parse(args, desc, "prepare text", "ddptrain prepare text --input DIR --output FILE [options]"))
+  if (!parse_subcommand(args, desc, "prepare text",
+                        "ddptrain prepare text --input DIR --output FILE [options]"))
     return kExitOk;
   require_positive(o.vocab, "--vocab", "prepare text");
   require_positive(o.maxlen, "--maxlen", "prepare text");

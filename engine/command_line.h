@@ -1,0 +1,25 @@
+// Command-line parsing shared by ddptrain's commands (Boost.Program_options): one behaviour for every
+// command, so a stray word is refused the same way everywhere and errors read "COMMAND: what is wrong".
+#pragma once
+
+#include <boost/program_options.hpp>
+#include <string>
+#include <vector>
+
+namespace ddp::engine {
+
+// Stores `args` into `vm` against `options`. A word that belongs to no option (a misspelt command, a value
+// whose key was forgotten) is an error naming it, never silently ignored. Throws UserError prefixed by
+// `command`.
+void store_command_line(const std::vector<std::string>& args,
+                        const boost::program_options::options_description& options,
+                        boost::program_options::variables_map& vm, const std::string& command);
+
+// A subcommand's whole parse: store, then notify (required options, value checks). Returns false when
+// --help was given: then "Usage: <usage>" and the options are printed if `print_help`, and the command
+// should return kExitOk.
+bool parse_subcommand(const std::vector<std::string>& args,
+                      const boost::program_options::options_description& options, const std::string& command,
+                      const std::string& usage, bool print_help = true);
+
+}  // namespace ddp::engine
