@@ -1,8 +1,14 @@
 // Helpers shared by the test binaries.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <vector>
+
+#include "engine/errors.h"
 
 namespace ddp::testing {
 
@@ -19,5 +25,17 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// Runs `action`, expects a UserError whose one-line message contains every one of `parts`.
+inline void expect_user_error(const std::function<void()>& action, const std::vector<std::string>& parts) {
+  try {
+    action();
+    ADD_FAILURE() << "no UserError thrown";
+  } catch (const UserError& e) {
+    const std::string message = e.what();
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    for (const std::string& part : parts) EXPECT_NE(message.find(part), std::string::npos) << message;
+  }
+}
 
 }  // namespace ddp::testing

@@ -23,6 +23,7 @@
 namespace ddp::io {
 namespace {
 
+using ddp::testing::expect_user_error;
 using ddp::testing::TempDir;
 
 // ---------------------------------------------------------------------------------------------------------
@@ -105,18 +106,6 @@ std::vector<int32_t> read_all(const std::string& path, const std::string& name,
   check_h5(H5Dread(set.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), "H5Dread");
   if (dims != nullptr) *dims = shape;
   return data;
-}
-
-// Runs `action`, expects a UserError whose one-line message contains every one of `parts`.
-void expect_user_error(const std::function<void()>& action, const std::vector<std::string>& parts) {
-  try {
-    action();
-    ADD_FAILURE() << "no UserError thrown";
-  } catch (const UserError& e) {
-    const std::string message = e.what();
-    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
-    for (const std::string& part : parts) EXPECT_NE(message.find(part), std::string::npos) << message;
-  }
 }
 
 // ---------------------------------------------------------------------------------------------------------

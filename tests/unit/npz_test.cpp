@@ -21,6 +21,7 @@ namespace ddp::io {
 namespace {
 
 using Bytes = std::vector<uint8_t>;
+using ddp::testing::expect_user_error;
 using ddp::testing::TempDir;
 using namespace std::string_literals;
 
@@ -379,18 +380,6 @@ Bytes to_bytes(const std::string& s) {
 void write_file(const std::string& path, const Bytes& bytes) {
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
-
-// Runs `action`, expects a UserError whose one-line message contains every one of `parts`.
-void expect_user_error(const std::function<void()>& action, const std::vector<std::string>& parts) {
-  try {
-    action();
-    ADD_FAILURE() << "no UserError thrown";
-  } catch (const UserError& e) {
-    const std::string message = e.what();
-    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
-    for (const std::string& part : parts) EXPECT_NE(message.find(part), std::string::npos) << message;
-  }
 }
 
 NpyArray parse(const Bytes& npy) {
