@@ -9,12 +9,7 @@ ddptrain=$(realpath "$1")
 src=$(realpath "$2")
 # shellcheck source=tests/slurm/local_slurm.sh
 source "$src/tests/slurm/local_slurm.sh"
-local_slurm_skip_unless_possible
-work=$(mktemp -d)
-local_slurm_remove_on_exit=$work
-local_slurm_start "$work/slurm"
-# Only for this test: Open MPI under root, on a machine that may have fewer cores than ranks.
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+local_slurm_test_setup
 
 epochs=3
 "$ddptrain" prepare synthetic --output "$work/data.h5" --train 2000 --test 400 --vocab 300 --maxlen 20 \

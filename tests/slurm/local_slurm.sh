@@ -8,6 +8,9 @@
 #                           prints the job's state (PENDING, RUNNING, COMPLETED, ...).
 #   local_slurm_wait_job ID SECONDS
 #                           waits until the job has ended and prints its final state; fails after SECONDS.
+#   local_slurm_test_setup  what every Slurm test starts with: skip (77) unless possible, a scratch folder in
+#                           $work (removed on exit), the daemons started under it, and Open MPI allowed to
+#                           run as root and to oversubscribe.
 # Set local_slurm_remove_on_exit to a folder to have it removed after the daemons stopped.
 # Each test uses a fresh DIR, so no job state carries over from one test to the next. The daemons talk over
 # 127.0.0.1, so the host name need not resolve.
@@ -28,6 +31,16 @@ local_slurm_skip_unless_possible() {
       exit 77
     fi
   done
+}
+
+# Sets `work` to a fresh scratch folder with the daemons running under it.
+local_slurm_test_setup() {
+  local_slurm_skip_unless_possible
+  work=$(mktemp -d)
+  local_slurm_remove_on_exit=$work
+  local_slurm_start "$work/slurm"
+  # Only for the tests: Open MPI under root, on a machine that may have fewer cores than ranks.
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 }
 
 # Two distinct TCP ports nobody listens on, so a Slurm already running on this machine is left alone.
