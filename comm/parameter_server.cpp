@@ -7,9 +7,9 @@
 #include <climits>
 #include <cstring>
 #include <sstream>
-#include <thread>
 
 #include "comm/mpi_check.h"
+#include "comm/poller.h"
 #include "engine/errors.h"
 
 namespace ddp::comm {
@@ -79,33 +79,6 @@ std::size_t received_floats(const MPI_Status& status, const std::string& what) {
     DDP_FATAL(what + ": malformed message of " + std::to_string(bytes) + " bytes");
   return size / sizeof(float) - kHeaderFloats;
 }
-
-// Paces a polling loop: sleeps briefly at first (a reply is often about to land), longer while nothing
-// happens, so an idle rank leaves the cores to the ranks that compute. Also confirms deadlines: a rank that
-// was itself stalled (descheduled, stopped) first drains what arrived meanwhile before it blames another.
-class Poller {
- public:
-  void idle() {
-    std::this_thread::sleep_for(sleep_);
-    sleep_ = std::min(sleep_ * 2, kMaxSleep);
-  }
-  void progressed() {
-    sleep_ = kMinSleep;
-    overdue_polls_ = 0;
-  }
-  // True once `past_deadline` has held on kConfirmPolls polls in a row.
-  bool confirm_overdue(bool past_deadline) {
-    overdue_polls_ = past_deadline ? overdue_polls_ + 1 : 0;
-    return overdue_polls_ >= kConfirmPolls;
-  }
-
- private:
-  static constexpr std::chrono::microseconds kMinSleep{10};
-  static constexpr std::chrono::microseconds kMaxSleep{250};
-  static constexpr int kConfirmPolls = 8;
-  std::chrono::microseconds sleep_ = kMinSleep;
-  int overdue_polls_ = 0;
-};
 
 void validate(const PsOptions& options) {
   if (options.async && options.max_staleness < 0) {

@@ -31,11 +31,11 @@
 // k - s steps, so the push counts the server sees never differ by more than s + 1. Workers that said kDone
 // no longer hold the others back.
 //
-// Faults. No wait blocks in MPI: every wait polls (MPI_Test*, short sleeps) against a deadline. A server ends
-// the job (ddp::fatal, MPI_Abort) naming every worker it is waiting for that has been silent for timeout_s
-// since their last exchange; a worker waits 2 * timeout_s for a server before naming it, so that when a
-// worker is lost the server, which knows which one, speaks first. timeout_s must therefore exceed the longest
-// silence of a healthy worker (a step, an evaluation between steps, start-up before the first pull).
+// Faults. No wait blocks in MPI: every wait polls (MPI_Test*, paced by comm/poller.h) against a deadline. A
+// server ends the job (ddp::fatal, MPI_Abort) naming every worker it is waiting for that has been silent for
+// timeout_s since their last exchange; a worker waits 2 * timeout_s for a server before naming it, so that
+// when a worker is lost the server, which knows which one, speaks first. timeout_s must therefore exceed the
+// longest silence of a healthy worker (a step, an evaluation between steps, start-up before the first pull).
 #pragma once
 
 #include <mpi.h>

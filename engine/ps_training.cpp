@@ -7,9 +7,9 @@
 #include <climits>
 #include <cstdio>
 #include <sstream>
-#include <thread>
 
 #include "comm/mpi_check.h"
+#include "comm/poller.h"
 #include "engine/errors.h"
 #include "engine/timeline.h"
 
@@ -108,20 +108,16 @@ std::string PsJob::me() const {
 
 void PsJob::wait(std::vector<MPI_Request>& requests, const std::string& what) const {
   const auto start = Clock::now();
-  auto sleep = std::chrono::microseconds(10);
-  int overdue_polls = 0;
+  comm::Poller poller;
   for (int done = 0;;) {
     DDP_CHECK_MPI(
         MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
     if (done) return;
-    // Several polls past the deadline in a row: a rank that was itself descheduled first drains what came.
     const bool late = std::chrono::duration<double>(Clock::now() - start).count() > options_.timeout_s;
-    overdue_polls = late ? overdue_polls + 1 : 0;
-    if (overdue_polls >= 8) {
+    if (poller.confirm_overdue(late)) {
       DDP_FATAL(me() + " waited " + seconds_text(options_.timeout_s) + " s for " + what + ": rank lost?");
     }
-    std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
+    poller.idle();
   }
 }
 
