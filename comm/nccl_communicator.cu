@@ -22,12 +22,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
 
 #include "comm/communicator.h"
 #include "comm/mpi_check.h"
 #include "engine/cuda_check.h"
 #include "engine/errors.h"
+#include "engine/gpu_spans.h"
 
 static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0), "ncclAvg needs NCCL 2.10 or newer");
 
@@ -125,6 +127,7 @@ class NcclCommunicator final : public Communicator {
     DDP_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
     DDP_CUDA_CHECK(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
     DDP_CUDA_CHECK(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming));
+    spans_.emplace(stream_, device, "NCCL stream");
   }
 
   ~NcclCommunicator() override {
@@ -160,6 +163,7 @@ class NcclCommunicator final : public Communicator {
     if (segment.empty()) return;
     DDP_CUDA_CHECK(cudaEventRecord(computed_, compute_));
     DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, computed_, 0));
+    void* span = spans_->begin();  // the bucket's reduction on the timeline, when it is on
     const std::size_t n = segment.size();
     switch (wire_) {
       case Wire::kFloat:
@@ -173,6 +177,7 @@ class NcclCommunicator final : public Communicator {
         reduce_on_wire<__nv_bfloat16>(segment, ncclBfloat16);
         break;
     }
+    spans_->end(span, "all-reduce bucket");
     ++pending_;
   }
 
@@ -245,7 +250,8 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t reduced_ = nullptr;   // communication -> compute
   void* wire_buffer_ = nullptr;     // fp16/bf16 staging
   std::size_t wire_bytes_ = 0;
-  int pending_ = 0;  // segments started since the last finish_average()
+  int pending_ = 0;                          // segments started since the last finish_average()
+  std::optional<timeline::GpuSpans> spans_;  // made with the stream
 };
 
 }  // namespace

@@ -13,14 +13,14 @@ namespace ddp::timeline {
 
 class GpuSpans {
  public:
-  // `stream` is a cudaStream_t on CUDA device `device`.
-  GpuSpans(void* stream, int device);
+  // `stream` is a cudaStream_t on CUDA device `device`; its spans go on the track "<track_name> <device>".
+  GpuSpans(void* stream, int device, const char* track_name = "GPU stream");
   ~GpuSpans();
   GpuSpans(const GpuSpans&) = delete;
   GpuSpans& operator=(const GpuSpans&) = delete;
 
   // The stream's work enqueued between begin() and end() becomes the span `name` (a string literal) on the
-  // track "GPU stream <device>". begin() returns the start event (a cudaEvent_t) for end(); both do nothing
+  // stream's track. begin() returns the start event (a cudaEvent_t) for end(); both do nothing
   // while the timeline is off (begin() then returns nullptr).
   void* begin();
   void end(void* begin_event, const char* name);

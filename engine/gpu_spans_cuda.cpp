@@ -13,6 +13,7 @@ namespace ddp::timeline {
 struct GpuSpans::State {
   cudaStream_t stream = nullptr;
   int device = 0;
+  const char* track_name = nullptr;
   int track = -1;
   std::mutex mutex;                      // the pool is shared with the writer thread
   std::vector<cudaEvent_t> free_events;  // recorded events go back here once resolved
@@ -53,9 +54,10 @@ struct GpuSpans::State {
   }
 };
 
-GpuSpans::GpuSpans(void* stream, int device) : state_(std::make_shared<State>()) {
+GpuSpans::GpuSpans(void* stream, int device, const char* track_name) : state_(std::make_shared<State>()) {
   state_->stream = static_cast<cudaStream_t>(stream);
   state_->device = device;
+  state_->track_name = track_name;
 }
 
 GpuSpans::~GpuSpans() = default;
@@ -65,7 +67,7 @@ void* GpuSpans::begin() {
   State& s = *state_;
   if (s.reference == nullptr) {
     s.reference = s.take_event();
-    s.track = track("GPU stream", s.device);
+    s.track = track(s.track_name, s.device);
     // The one host synchronisation: pins the reference event to a host time (to within the wake-up latency).
     DDP_CUDA_CHECK(cudaEventRecord(s.reference, s.stream));
     DDP_CUDA_CHECK(cudaEventSynchronize(s.reference));

@@ -3,8 +3,11 @@
 # `ddptrain prepare text`, trained for a few epochs on the CPU, then `ddptrain predict` must rank a positive
 # review above a negative one and `ddptrain evaluate` must report the test accuracy. Also predict's bad input.
 #   bash tests/cli/text_end_to_end.sh path/to/ddptrain source-dir
+# DDPTRAIN_TEST_DEVICE=cuda trains, predicts and evaluates on the GPU instead, and then also checks that the
+# CPU predicts and evaluates the GPU's checkpoint alike (probabilities within 1e-4).
 set -euo pipefail
 ddptrain=$1
+device=${DDPTRAIN_TEST_DEVICE:-cpu}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -54,12 +57,12 @@ grep -q "empty files skipped (no words): 1 (train/neg/empty_1.txt)" prepare.txt 
 grep -q "files not valid UTF-8, decoded leniently.*: 1 (train/pos/latin1_10.txt)" prepare.txt ||
   fail "the Latin-1 file is not reported" prepare.txt
 
-"$ddptrain" --device cpu --data.path data.h5 --checkpoint.dir run --model.embedding_dim 16 --model.hidden 16 \
+"$ddptrain" --device "$device" --data.path data.h5 --checkpoint.dir run --model.embedding_dim 16 --model.hidden 16 \
   --train.batch_size 16 --train.epochs 8 --train.learning_rate 0.02 --train.seed 1 --log.progress lines \
   >train.txt 2>&1 || fail "training failed" train.txt
 [ -f run/best.h5 ] || fail "no run/best.h5" train.txt
 
-"$ddptrain" predict --checkpoint run/best.h5 --data data.h5 --device cpu \
+"$ddptrain" predict --checkpoint run/best.h5 --data data.h5 --device "$device" \
   --text "A wonderful, excellent film: I loved it." --text "An awful, boring film: I hated it." \
   >predict.txt 2>&1 || fail "predict failed" predict.txt
 [ "$(wc -l <predict.txt)" -eq 2 ] || fail "predict printed other than 2 lines" predict.txt
@@ -72,16 +75,29 @@ awk -v p="$p_pos" -v n="$p_neg" 'BEGIN { exit !(p > 0.5 && n < 0.5) }' ||
 
 # --input: one document per line, from a file or stdin.
 printf 'excellent superb\nterrible dull\n' >docs.txt
-"$ddptrain" predict -c run/best.h5 -d data.h5 --device cpu --input - <docs.txt >stdin.txt 2>&1 ||
+"$ddptrain" predict -c run/best.h5 -d data.h5 --device "$device" --input - <docs.txt >stdin.txt 2>&1 ||
   fail "predict --input - failed" stdin.txt
 [ "$(cut -f2 stdin.txt | tr '\n' '|')" = "excellent superb|terrible dull|" ] || fail "predict --input -" stdin.txt
 
-"$ddptrain" evaluate --checkpoint run/best.h5 --data data.h5 --device cpu >evaluate.txt 2>&1 ||
+"$ddptrain" evaluate --checkpoint run/best.h5 --data data.h5 --device "$device" >evaluate.txt 2>&1 ||
   fail "evaluate failed" evaluate.txt
 grep -qP '^test: loss \d+\.\d{4} - accuracy \d\.\d{4} \(40 samples\)$' evaluate.txt ||
   fail "evaluate's output" evaluate.txt
 accuracy=$(sed -E 's/.*accuracy ([0-9.]+).*/\1/' evaluate.txt)
 awk -v a="$accuracy" 'BEGIN { exit !(a >= 0.9) }' || fail "test accuracy $accuracy < 0.9" evaluate.txt train.txt
+
+if [ "$device" != cpu ]; then  # the GPU's checkpoint on the CPU: the same predictions and test metrics
+  "$ddptrain" predict -c run/best.h5 -d data.h5 --device cpu --input docs.txt >cpu_predict.txt 2>&1 ||
+    fail "predict on the CPU failed" cpu_predict.txt
+  paste stdin.txt cpu_predict.txt | awk -F'\t' '{ d = $1 - $3; if (d < 0) d = -d; if (d > 1e-4) bad = 1 }
+    END { exit bad }' || fail "$device and cpu predict differently" stdin.txt cpu_predict.txt
+  "$ddptrain" evaluate -c run/best.h5 -d data.h5 --device cpu >cpu_evaluate.txt 2>&1 ||
+    fail "evaluate on the CPU failed" cpu_evaluate.txt
+  # Printed to 4 decimals: the losses may differ by one in the last digit, the accuracies not at all.
+  paste -d' ' evaluate.txt cpu_evaluate.txt |
+    awk '{ d = $3 - $11; if (d < 0) d = -d; exit !(d <= 2e-4 && $6 == $14) }' ||
+    fail "$device and cpu evaluate differently" evaluate.txt cpu_evaluate.txt
+fi
 
 # Bad input: exit code 2 and one line naming the problem.
 expect_user_error() {
