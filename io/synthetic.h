@@ -1,7 +1,7 @@
 // `ddptrain prepare synthetic`: an IMDB-shaped dataset that an LSTM can learn and a bag of words cannot
-// fully. Each review is filler tokens with a few sentiment-bearing words; a negation token right before a
-// sentiment word flips its polarity, so the label depends on order, not only on which words occur.
-// Deterministic from the seed.
+// fully. Each review is filler tokens (Zipf-distributed, as words in real text) with a few sentiment-bearing
+// words; a negation token right before a sentiment word flips its polarity, so the label depends on order,
+// not only on which words occur. Deterministic from the seed.
 #pragma once
 
 #include <cstdint>

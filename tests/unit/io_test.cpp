@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -378,7 +379,7 @@ TEST_F(SyntheticTest, SchemaAndAttributes) {
   EXPECT_NO_THROW(validate_rows(info, "test", 0, info.test_size));
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   Hid file = open_file_readonly(o.output);
-  EXPECT_EQ(read_string_attribute(file.get(), "generator"), "synthetic-v1 seed=7");
+  EXPECT_EQ(read_string_attribute(file.get(), "generator"), "synthetic-v2 seed=7");
   EXPECT_EQ(read_string_attribute(file.get(), "no such attribute"), "");
 }
 
@@ -440,12 +441,33 @@ TEST_F(SyntheticTest, ReviewsFollowTheGrammar) {
   EXPECT_GE(ambiguous_bags, 5);
 }
 
+TEST_F(SyntheticTest, FillerWordsFollowZipfsLaw) {
+  // Fillers are ids 12-199, the id's rank among them r = id - 11: drawn with probability proportional to 1/r.
+  const SyntheticOptions o = options("data.h5");
+  write_synthetic(o);
+  std::map<int32_t, int64_t> count;
+  int64_t fillers = 0;
+  for (const int32_t token : read_all(o.output, "/train/x")) {
+    if (token < 12) continue;
+    ++count[token];
+    ++fillers;
+  }
+  double harmonic = 0;
+  for (int r = 1; r <= 188; ++r) harmonic += 1.0 / r;
+  for (const int rank : {1, 2, 10, 100}) {
+    const double expected = static_cast<double>(fillers) / (rank * harmonic);
+    EXPECT_NEAR(static_cast<double>(count[11 + rank]), expected, 5 * std::sqrt(expected)) << "rank " << rank;
+  }
+}
+
 TEST_F(SyntheticTest, RejectsImpossibleOptions) {
   SyntheticOptions o = options("bad.h5");
   o.vocab = 10;
   expect_user_error([&] { write_synthetic(o); }, {"--vocab 10 is too small: need at least 28"});
   o.vocab = 27;
   expect_user_error([&] { write_synthetic(o); }, {"--vocab 27"});
+  o.vocab = 10'000'001;
+  expect_user_error([&] { write_synthetic(o); }, {"--vocab 10000001 is too large: at most 10000000"});
   o.vocab = 28;
   o.maxlen = 5;
   expect_user_error([&] { write_synthetic(o); }, {"--maxlen 5 is too small: need at least 8"});
