@@ -26,6 +26,26 @@ ddptrain=$build/ddptrain
 data=$scratch/quickstart.h5
 nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv,noheader || true
 
+# Shared libraries the loader cannot find (cuDNN, NCCL, the CUDA runtime on a node where they live elsewhere):
+# look in the CUDA installs and in NVIDIA's Python wheels (site-packages/nvidia/*/lib), add what is found to
+# LD_LIBRARY_PATH, and say what is still missing.
+find_missing_libraries() {
+  local lib path roots=(/usr/local/cuda*/ /usr/lib/x86_64-linux-gnu)
+  read -r -a site <<<"$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)"
+  roots+=("${site[@]}")
+  for lib in $(ldd "$1" | awk '/not found/ {print $1}' | sort -u); do
+    path=$(find "${roots[@]}" -name "$lib" -print -quit 2>/dev/null)
+    if [ -n "$path" ]; then
+      export LD_LIBRARY_PATH=${path%/*}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+      echo "library $lib: found in ${path%/*}"
+    else
+      echo "library $lib: not found anywhere"
+    fi
+  done
+}
+find_missing_libraries "$ddptrain"
+find_missing_libraries "$build/tests/ddptrain_gpu_tests"
+
 # metric FILE KEY: the last epoch's value of KEY in a metrics.jsonl ("" when absent).
 metric() {
   tail -n 1 "$1" | python3 -c 'import json, sys; print(json.load(sys.stdin).get(sys.argv[1], ""))' "$2"

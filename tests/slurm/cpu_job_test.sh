@@ -27,8 +27,8 @@ done
 
 check_job() {  # launcher
   local launcher=$1 id=${job_of[$1]} run=$work/run-$1 state lines file
-  state=$(local_slurm_wait_job "$id" 60) || { echo "did not end within 60 s"; return 1; }
-  [ "$state" = COMPLETED ] || { echo "ended $state"; return 1; }
+  state=$(local_slurm_wait_job "$id" 60) || { echo "job $id did not end within 60 s"; return 1; }
+  [ "$state" = COMPLETED ] || { echo "job $id ended $state"; return 1; }
   grep -q "2 rank(s)" "$work/job-$launcher.out" || { echo "ddptrain did not start as one job of 2 ranks"; return 1; }
   for file in last.h5 best.h5 metrics.jsonl config.ini; do
     [ -s "$run/$file" ] || { echo "$run/$file is missing"; return 1; }
@@ -39,15 +39,4 @@ check_job() {  # launcher
   echo "job $id COMPLETED, $lines epochs, checkpoints in $run"
 }
 
-failed=0
-for launcher in srun mpirun; do
-  if result=$(check_job "$launcher" 2>&1); then
-    echo "ok (LAUNCHER=$launcher): $result"
-  else
-    echo "FAIL (LAUNCHER=$launcher, job ${job_of[$launcher]}): $result"
-    echo "---- job output"
-    cat "$work/job-$launcher.out" 2>/dev/null || true
-    failed=1
-  fi
-done
-exit "$failed"
+local_slurm_check_launchers check_job

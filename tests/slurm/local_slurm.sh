@@ -8,6 +8,10 @@
 #                           prints the job's state (PENDING, RUNNING, COMPLETED, ...).
 #   local_slurm_wait_job ID SECONDS
 #                           waits until the job has ended and prints its final state; fails after SECONDS.
+#   local_slurm_check_launchers CHECK
+#                           runs `CHECK srun` then `CHECK mpirun` (a function of the test), prints "ok" or "FAIL"
+#                           with what it printed, and after a failure the job's output $work/job-LAUNCHER.out;
+#                           fails if either failed.
 #   local_slurm_test_setup  what every Slurm test starts with: skip (77) unless possible, a scratch folder in
 #                           $work (removed on exit), the daemons started under it, and Open MPI allowed to
 #                           run as root and to oversubscribe.
@@ -154,4 +158,19 @@ local_slurm_wait_job() {
   echo "job $id has not ended after $bound s (state: ${state:-unknown})" >&2
   scontrol show job "$id" >&2 || true
   return 1
+}
+
+local_slurm_check_launchers() {
+  local check=$1 launcher result status=0
+  for launcher in srun mpirun; do
+    if result=$("$check" "$launcher" 2>&1); then
+      echo "ok (LAUNCHER=$launcher): $result"
+    else
+      echo "FAIL (LAUNCHER=$launcher): $result"
+      echo "---- job output"
+      cat "$work/job-$launcher.out" 2>/dev/null || true
+      status=1
+    fi
+  done
+  return "$status"
 }

@@ -50,15 +50,4 @@ lose_a_rank() {  # launcher
   echo "job $id ended $state $(($(date +%s) - start)) s after rank process $victim was killed"
 }
 
-failed=0
-for launcher in srun mpirun; do
-  if result=$(lose_a_rank "$launcher" 2>&1); then
-    echo "ok (LAUNCHER=$launcher): $result"
-  else
-    echo "FAIL (LAUNCHER=$launcher): $result"
-    echo "---- job output"
-    cat "$work/job-$launcher.out" 2>/dev/null || true
-    failed=1
-  fi
-done
-exit "$failed"
+local_slurm_check_launchers lose_a_rank
