@@ -118,12 +118,13 @@ struct SmokeResult {
 };
 
 // Builds the replica on the rank's device, initializes it, runs one step and checks it. Never throws: a
-// failure is reported, so that no rank leaves the others waiting.
+// failure, a failed CUDA or cuDNN call too, is reported, so that no rank leaves the others waiting.
 SmokeResult smoke_test(const Topology& topology) {
   SmokeResult result;
   result.device = topology.device;
   const auto start = std::chrono::steady_clock::now();
   try {
+    const ThrowFatalErrors report_instead_of_abort;  // no MPI call in here: no other rank can be left waiting
     const models::ModelShape shape = smoke_shape();
     const models::ParamLayout layout(shape);
     std::vector<float> params(layout.total_size());

@@ -5,8 +5,22 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 namespace ddp {
+namespace {
+
+thread_local bool throw_fatal_errors = false;
+
+}  // namespace
+
+ThrowFatalErrors::ThrowFatalErrors() : previous_(throw_fatal_errors) {
+  throw_fatal_errors = true;
+}
+
+ThrowFatalErrors::~ThrowFatalErrors() {
+  throw_fatal_errors = previous_;
+}
 
 std::string host_name() {
   char name[256] = {};
@@ -16,6 +30,7 @@ std::string host_name() {
 }
 
 void fatal(const std::string& what, const char* file, int line, int exit_code) {
+  if (throw_fatal_errors) throw FatalError(what + " (" + file + ":" + std::to_string(line) + ")");
   int initialized = 0;
   int finalized = 0;
   MPI_Initialized(&initialized);

@@ -29,9 +29,29 @@ class UserError : public std::runtime_error {
 };
 
 // Prints "ddptrain: fatal: <what> (<file>:<line>, host H, rank R)" and aborts the whole MPI job with
-// `exit_code`.
+// `exit_code`; while a ThrowFatalErrors is alive on this thread, throws FatalError instead.
 [[noreturn]] void fatal(const std::string& what, const char* file, int line,
                         int exit_code = kExitInternalError);
+
+// What fatal() throws under ThrowFatalErrors: "<what> (<file>:<line>)".
+class FatalError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// For code whose job is to report failures rather than die of them (check-env's smoke test: a cuDNN that
+// does not match the driver must show in the node's report). Only where no other rank can be left waiting:
+// a rank that throws out of a collective would hang the job. Scopes nest.
+class ThrowFatalErrors {
+ public:
+  ThrowFatalErrors();
+  ~ThrowFatalErrors();
+  ThrowFatalErrors(const ThrowFatalErrors&) = delete;
+  ThrowFatalErrors& operator=(const ThrowFatalErrors&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // The short host name of this process, for log lines.
 std::string host_name();

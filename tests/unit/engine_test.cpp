@@ -314,3 +314,34 @@ TEST(Metrics, EpochLineAndJson) {
 
 }  // namespace
 }  // namespace ddp::engine
+
+namespace ddp {
+namespace {
+
+TEST(FatalErrors, EndTheProcessWithTheMessage) {
+  EXPECT_EXIT(DDP_CHECK(1 + 1 == 3), ::testing::ExitedWithCode(kExitInternalError),
+              "ddptrain: fatal: check failed: 1 \\+ 1 == 3 \\(.*engine_test.cpp:[0-9]+, host .*, rank -1\\)");
+}
+
+TEST(FatalErrors, ThrowWhileAScopeAsksForIt) {
+  {
+    const ThrowFatalErrors outer;
+    {
+      const ThrowFatalErrors inner;
+      EXPECT_THROW(DDP_FATAL("inner"), FatalError);
+    }
+    try {
+      DDP_CHECK(1 + 1 == 3);
+      ADD_FAILURE() << "DDP_CHECK did not throw";
+    } catch (const FatalError& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.rfind("check failed: 1 + 1 == 3 (", 0), 0u) << what;
+      EXPECT_NE(what.find("engine_test.cpp:"), std::string::npos) << what;
+    }
+  }
+  // Outside every scope it ends the process again.
+  EXPECT_EXIT(DDP_FATAL("after"), ::testing::ExitedWithCode(kExitInternalError), "ddptrain: fatal: after");
+}
+
+}  // namespace
+}  // namespace ddp
