@@ -41,6 +41,8 @@ std::string kind_name(int64_t kind) {
       return "done";
     case PsKind::kParams:
       return "params";
+    case PsKind::kSparseGrads:
+      return "sparse grads";
   }
   return "kind " + std::to_string(kind);
 }
@@ -133,6 +135,7 @@ class Server {
       DDP_FATAL("parameter server (rank " + std::to_string(rank_) + ") got a shard of " +
                 std::to_string(shard.size()) + " parameters, owns " + std::to_string(expected));
     }
+    DDP_CHECK(options.sparse_rows.end() <= total_size);
     message_bytes_ = message_bytes(shard.size());
     me_ = "parameter server (rank " + std::to_string(rank_) + ")";
     comm_ = duplicate(parent, options.timeout_s, me_);
@@ -140,9 +143,11 @@ class Server {
     const auto workers = static_cast<std::size_t>(roles_.workers());
     workers_.resize(workers);
     receives_.assign(workers, MPI_REQUEST_NULL);
+    shard_begin_ = roles_.shard_begin(index, total_size);
     for (Worker& w : workers_) {
       w.receive.resize(kHeaderFloats + shard.size());
       w.send.resize(kHeaderFloats + shard.size());
+      w.dense.resize(shard.size());  // a row-sparse push expands here
     }
     if (!options.async) mean_.resize(shard.size());
     active_ = roles_.workers();
@@ -177,6 +182,8 @@ class Server {
  private:
   struct Worker {
     std::vector<float> receive;  // header + gradients; in sync mode held until the step is applied
+    std::vector<float> dense;    // the last row-sparse push, expanded
+    bool sparse = false;         // the last push was row-sparse: its gradients are in `dense`
     std::vector<float> send;     // header + parameters
     MPI_Request send_request = MPI_REQUEST_NULL;
     int64_t pushes = 0;              // gradients received: the step the worker pushes next
@@ -197,20 +204,31 @@ class Server {
     from.last_contact = Clock::now();
     const std::size_t floats = received_floats(status, me_);
     const int tag = status.MPI_TAG;
-    if (tag != tag_of(PsKind::kGrads) && tag != tag_of(PsKind::kPull) && tag != tag_of(PsKind::kDone))
+    if (tag != tag_of(PsKind::kGrads) && tag != tag_of(PsKind::kSparseGrads) &&
+        tag != tag_of(PsKind::kPull) && tag != tag_of(PsKind::kDone))
       DDP_FATAL(me_ + " got a message with unknown tag " + std::to_string(tag) + " from worker rank " +
                 std::to_string(w));
     const auto kind = static_cast<PsKind>(tag);
     const std::string error =
         ps_header_error(read_header(from.receive), tag, kind, from.pushes, w, rank_, true);
     if (!error.empty()) DDP_FATAL(error);
-    const std::size_t expected = kind == PsKind::kGrads ? shard_.size() : 0;
-    if (floats != expected) {
-      DDP_FATAL(me_ + " got " + kind_name(tag) + " with " + std::to_string(floats) +
-                " values from worker rank " + std::to_string(w) + ", expected " + std::to_string(expected));
+    if (kind == PsKind::kSparseGrads) {
+      const std::string corrupt =
+          decode_row_sparse(payload(from.receive, floats), shard_begin_, shard_begin_ + shard_.size(),
+                            options_.sparse_rows, from.dense);
+      if (!corrupt.empty()) DDP_FATAL(me_ + " got " + corrupt + " from worker rank " + std::to_string(w));
+    } else {
+      const std::size_t expected = kind == PsKind::kGrads ? shard_.size() : 0;
+      if (floats != expected) {
+        DDP_FATAL(me_ + " got " + kind_name(tag) + " with " + std::to_string(floats) +
+                  " values from worker rank " + std::to_string(w) + ", expected " + std::to_string(expected));
+      }
     }
     switch (kind) {
       case PsKind::kGrads:
+      case PsKind::kSparseGrads:
+        from.sparse = kind == PsKind::kSparseGrads;
+        stats_.gradient_bytes += static_cast<int64_t>(floats * sizeof(float));
         on_grads(w);
         break;
       case PsKind::kPull:
@@ -243,7 +261,7 @@ class Server {
       if (++owed_ == active_) apply_sync_step();
       return;
     }
-    update_(shard_, payload(from.receive, shard_.size()));
+    update_(shard_, gradients(w));
     ++stats_.updates;
     ++stats_.steps;
     post_receive(w);
@@ -253,10 +271,10 @@ class Server {
   // Sums the workers' gradients in rank order and scales once, so every run gives the same bits.
   void apply_sync_step() {
     const std::span<float> mean(mean_);
-    const std::span<const float> first = payload(worker(0).receive, mean.size());
+    const std::span<const float> first = gradients(0);
     std::copy(first.begin(), first.end(), mean.begin());
     for (int w = 1; w < roles_.workers(); ++w) {
-      const std::span<const float> grads = payload(worker(w).receive, mean.size());
+      const std::span<const float> grads = gradients(w);
       for (std::size_t i = 0; i < mean.size(); ++i) mean[i] += grads[i];
     }
     const float scale = 1.0f / static_cast<float>(roles_.workers());
@@ -360,8 +378,15 @@ class Server {
     return std::span<const float>(buffer).subspan(kHeaderFloats, size);
   }
 
+  // Worker w's last pushed gradients for this shard, dense.
+  std::span<const float> gradients(int w) {
+    const Worker& from = worker(w);
+    return from.sparse ? std::span<const float>(from.dense) : payload(from.receive, shard_.size());
+  }
+
   PsOptions options_;
   std::span<float> shard_;
+  std::size_t shard_begin_ = 0;  // where the shard starts in the flat vector
   const ShardUpdate& update_;
   PsRoles roles_;
   int rank_ = 0;
@@ -432,6 +457,7 @@ ParameterClient::ParameterClient(MPI_Comm comm, const PsOptions& options, std::s
   validate(options);
   if (roles_.is_server(rank_))
     DDP_FATAL("ParameterClient on rank " + std::to_string(rank_) + ", which is a parameter server");
+  DDP_CHECK(options.sparse_rows.end() <= total_size);
   for (int j = 0; j < roles_.servers; ++j) {
     Peer peer;
     peer.rank = roles_.server_rank(j);
@@ -455,26 +481,44 @@ ParameterClient::~ParameterClient() {
 
 void ParameterClient::push_pull(std::span<const float> grads, std::span<float> params) {
   DDP_CHECK(grads.size() == total_size_);
-  exchange(PsKind::kGrads, grads, params);
+  exchange(PsKind::kGrads, grads, nullptr, params);
+  ++step_;
+}
+
+void ParameterClient::push_pull(std::span<const float> grads, std::span<const int32_t> touched_rows,
+                                std::span<float> params) {
+  DDP_CHECK(grads.size() == total_size_);
+  exchange(PsKind::kGrads, grads, &touched_rows, params);
   ++step_;
 }
 
 void ParameterClient::pull(std::span<float> params) {
-  exchange(PsKind::kPull, {}, params);
+  exchange(PsKind::kPull, {}, nullptr, params);
 }
 
-void ParameterClient::exchange(PsKind kind, std::span<const float> grads, std::span<float> params) {
+void ParameterClient::exchange(PsKind kind, std::span<const float> grads,
+                               const std::span<const int32_t>* touched_rows, std::span<float> params) {
   DDP_CHECK(!finished_);
   DDP_CHECK(params.size() == total_size_);
   for (Peer& peer : peers_) {
     const std::size_t shard = peer.end - peer.begin;
     DDP_CHECK_MPI(MPI_Irecv(peer.receive.data(), message_bytes(shard), MPI_BYTE, peer.rank,
                             tag_of(PsKind::kParams), comm_, &peer.receive_request));
-    write_header(peer.send, step_, kind);
-    const std::size_t floats = kind == PsKind::kGrads ? shard : 0;
-    if (floats > 0)
+    PsKind sent = kind;
+    std::size_t floats = kind == PsKind::kGrads ? shard : 0;
+    if (touched_rows != nullptr) {
+      const std::size_t sparse =
+          encode_row_sparse(grads, peer.begin, peer.end, options_.sparse_rows, *touched_rows,
+                            std::span<float>(peer.send).subspan(kHeaderFloats, shard));
+      if (sparse > 0) {
+        sent = PsKind::kSparseGrads;
+        floats = sparse;
+      }
+    }
+    write_header(peer.send, step_, sent);
+    if (sent == PsKind::kGrads)
       std::copy(grads.begin() + peer.begin, grads.begin() + peer.end, peer.send.begin() + kHeaderFloats);
-    DDP_CHECK_MPI(MPI_Isend(peer.send.data(), message_bytes(floats), MPI_BYTE, peer.rank, tag_of(kind), comm_,
+    DDP_CHECK_MPI(MPI_Isend(peer.send.data(), message_bytes(floats), MPI_BYTE, peer.rank, tag_of(sent), comm_,
                             &peer.send_request));
   }
   const std::string me = "worker (rank " + std::to_string(rank_) + ")";

@@ -12,6 +12,8 @@
 // agree and that the step is the one it expects. A mismatch ends the job through DDP_FATAL with both steps
 // and both ranks, never silent corruption.
 //   worker -> server j:  kGrads  {t, grads[shard j]}   the gradients of the worker's step t (t = 0, 1, ...)
+//                        kSparseGrads {t, rows...}     the same, row-sparse in PsOptions::sparse_rows
+//                                                      (comm/row_sparse.h), when that is smaller
 //                        kPull   {t}                   "send me your shard now", outside the step sequence
 //                        kDone   {t}                   the worker will send nothing more
 //   server j -> worker:  kParams {t, params[shard j]}  the reply to kGrads of step t, or to kPull (t echoed)
@@ -47,6 +49,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/row_sparse.h"
+
 namespace ddp::comm {
 
 struct PsOptions {
@@ -54,6 +58,9 @@ struct PsOptions {
   bool async = false;      // sync: averaged lock-step; async: bounded-staleness updates
   int max_staleness = 0;   // async only: s >= 0
   double timeout_s = 120;  // the longest silence a server accepts from a worker it waits for
+  // Where gradients may be zero outside the rows a step touched (the embedding): such pushes send only those
+  // rows (push_pull with touched rows). Empty: every push is dense. The same on every rank.
+  RowRegion sparse_rows;
 };
 
 // Which ranks serve and which shard each owns; the same on every rank.
@@ -78,7 +85,7 @@ struct PsRoles {
 using ShardUpdate = std::function<void(std::span<float> params_shard, std::span<const float> grads_shard)>;
 
 // The message kinds; each is also the MPI tag its messages travel with.
-enum class PsKind : int64_t { kGrads = 1, kPull = 2, kDone = 3, kParams = 4 };
+enum class PsKind : int64_t { kGrads = 1, kPull = 2, kDone = 3, kParams = 4, kSparseGrads = 5 };
 
 // What travels in front of every payload.
 struct PsHeader {
@@ -93,9 +100,10 @@ std::string ps_header_error(const PsHeader& got, int tag, PsKind expected_kind, 
 
 // What a server saw, for logs and tests.
 struct PsServerStats {
-  int64_t steps = 0;    // sync: steps applied; async: gradients applied
-  int64_t updates = 0;  // calls of the ShardUpdate
-  int64_t max_gap = 0;  // largest difference of push counts between active workers
+  int64_t steps = 0;           // sync: steps applied; async: gradients applied
+  int64_t updates = 0;         // calls of the ShardUpdate
+  int64_t max_gap = 0;         // largest difference of push counts between active workers
+  int64_t gradient_bytes = 0;  // payload bytes of the gradients received (dense or row-sparse)
 };
 
 // Runs this rank's server until every worker said kDone. `shard` holds this server's initial parameters
@@ -115,6 +123,10 @@ class ParameterClient {
   // Pushes this step's gradients (the full flat vector, host memory) and returns when `params` (the full
   // vector) holds the servers' updated parameters. Advances step() by one.
   void push_pull(std::span<const float> grads, std::span<float> params);
+  // The same, for gradients that are zero in PsOptions::sparse_rows outside `touched_rows` (sorted, unique):
+  // each server gets only those rows of its shard, or its shard dense where that is no larger.
+  void push_pull(std::span<const float> grads, std::span<const int32_t> touched_rows,
+                 std::span<float> params);
   // Fetches the servers' current parameters without pushing (at the start, for evaluation).
   void pull(std::span<float> params);
   // Tells every server this worker is done; the destructor calls it if it was not called.
@@ -132,7 +144,9 @@ class ParameterClient {
     MPI_Request send_request = MPI_REQUEST_NULL;
     MPI_Request receive_request = MPI_REQUEST_NULL;
   };
-  void exchange(PsKind kind, std::span<const float> grads, std::span<float> params);
+  // `touched_rows` non-null: grads are row-sparse in options_.sparse_rows (kGrads only).
+  void exchange(PsKind kind, std::span<const float> grads, const std::span<const int32_t>* touched_rows,
+                std::span<float> params);
   void wait_sends();
 
   MPI_Comm comm_ = MPI_COMM_NULL;

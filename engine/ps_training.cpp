@@ -44,8 +44,9 @@ float* data_or_null(std::vector<float>& v) {
 
 // --- The job -----------------------------------------------------------------------------------------------
 
-PsJob::PsJob(MPI_Comm world, const Config& config, int servers, std::size_t total_size)
-    : total_size_(total_size) {
+PsJob::PsJob(MPI_Comm world, const Config& config, int servers, const models::ParamLayout& layout)
+    : total_size_(layout.total_size()) {
+  const std::size_t total_size = total_size_;
   int size = 0;
   DDP_CHECK_MPI(MPI_Comm_size(world, &size));
   DDP_CHECK_MPI(MPI_Comm_rank(world, &rank_));
@@ -59,6 +60,11 @@ PsJob::PsJob(MPI_Comm world, const Config& config, int servers, std::size_t tota
   options_.async = config.comm.ps_mode == "async";
   options_.max_staleness = config.comm.max_staleness;
   options_.timeout_s = config.comm.timeout_s;
+  if (config.comm.sparse_embedding) {
+    const models::ParamTensor& embedding = layout.tensor("embedding");
+    options_.sparse_rows = {embedding.offset, static_cast<std::size_t>(embedding.shape.at(0)),
+                            static_cast<std::size_t>(embedding.shape.at(1))};
+  }
 
   counts_.assign(static_cast<std::size_t>(size), 0);
   offsets_.assign(static_cast<std::size_t>(size), 0);
@@ -167,6 +173,11 @@ class PsWorkerUpdater final : public Updater {
   void step(const models::BatchView& batch) override {
     replica_.train_step(batch, [](const models::ParamSegment&) {});
     timeline::Span span("push/pull");  // this worker's exchange with the servers, the update included
+    if (on_host_ && !job_.options().sparse_rows.empty()) {
+      // The CPU replica's embedding gradient is zero outside the rows the batch touched: push only those.
+      client_->push_pull(replica_.grads(), replica_.touched_embedding_rows(), replica_.params());
+      return;
+    }
     if (on_host_) {
       client_->push_pull(replica_.grads(), replica_.params());
       return;
@@ -279,7 +290,10 @@ TrainResult PsServerRun::run() {
     DDP_CHECK_MPI(MPI_Ibcast(&message, 1, MPI_INT64_T, 0, job_.world(), requests.data()));
     job_.wait(requests, "rank 0 to start the next run of steps");
     if (message != kAnotherRun) break;
-    comm::run_parameter_server(job_.world(), job_.options(), job_.total_size(), shard_, update);
+    const comm::PsServerStats stats =
+        comm::run_parameter_server(job_.world(), job_.options(), job_.total_size(), shard_, update);
+    gradients_received_ += job_.options().async ? stats.steps : stats.steps * job_.roles().workers();
+    gradient_bytes_ += stats.gradient_bytes;
     send_state();
   }
   TrainResult result;  // 6. the final parameters
@@ -288,7 +302,18 @@ TrainResult PsServerRun::run() {
   DDP_CHECK_MPI(MPI_Ibcast(result.params.data(), static_cast<int>(result.params.size()), MPI_FLOAT, 0,
                            job_.world(), requests.data()));
   job_.wait(requests, "rank 0 to hand out the final parameters");
+  log_traffic();
   return result;
+}
+
+// What the workers' pushes cost this server, against pushing every shard dense.
+void PsServerRun::log_traffic() const {
+  const double mb = 1e-6;
+  const double dense = static_cast<double>(gradients_received_) * static_cast<double>(shard_.size()) * 4.0;
+  std::printf("%s: %lld gradients received, %.1f MB (%.1f MB if dense)\n", job_.me().c_str(),
+              static_cast<long long>(gradients_received_), static_cast<double>(gradient_bytes_) * mb,
+              dense * mb);
+  std::fflush(stdout);
 }
 
 void PsServerRun::receive_start() {

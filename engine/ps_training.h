@@ -6,7 +6,8 @@
 // and pulls the updated parameters (ParameterClient::push_pull) instead of all-reduce + a local optimizer.
 // Server j owns the contiguous shard [PsRoles::shard_begin(j), shard_end(j)) of the flat parameter vector and
 // an engine::Optimizer over that shard, the same optimizer code the workers would run, applied as the
-// ShardUpdate of comm::run_parameter_server. Gradients travel dense (comm.sparse_embedding does not apply).
+// ShardUpdate of comm::run_parameter_server. With comm.sparse_embedding a CPU worker pushes the embedding's
+// gradient row-sparse (the rows its batch touched, PsOptions::sparse_rows); parameters come back dense.
 //
 // Runs of steps. The servers serve one run of steps at a time: an epoch, or its part up to a mid-epoch
 // checkpoint (checkpoint.every_steps) or a stop (train.stop_after_steps). At its end every worker says done,
@@ -49,6 +50,7 @@
 #include "engine/topology.h"
 #include "engine/trainer.h"
 #include "engine/updater.h"
+#include "models/param_layout.h"
 
 namespace ddp::engine {
 
@@ -57,7 +59,8 @@ namespace ddp::engine {
 // collective if the split is impossible.
 class PsJob {
  public:
-  PsJob(MPI_Comm world, const Config& config, int servers, std::size_t total_size);
+  // Gradients in `layout`'s embedding may be pushed row-sparse (PsOptions::sparse_rows).
+  PsJob(MPI_Comm world, const Config& config, int servers, const models::ParamLayout& layout);
   ~PsJob();
   PsJob(const PsJob&) = delete;
   PsJob& operator=(const PsJob&) = delete;
@@ -113,6 +116,7 @@ class PsServerRun {
   void receive_start();
   void send_state();
   void log_start();
+  void log_traffic() const;
 
   PsJob& job_;
   comm::Communicator& world_;
@@ -121,6 +125,8 @@ class PsServerRun {
   std::size_t begin_ = 0;
   std::vector<float> shard_;
   std::unique_ptr<Optimizer> optimizer_;
+  int64_t gradients_received_ = 0;  // over every run of steps
+  int64_t gradient_bytes_ = 0;
 };
 
 }  // namespace ddp::engine

@@ -558,7 +558,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
   }
 
   // The parameter server: the last ranks serve (ps_training.h), the others train.
-  PsJob job(world, config, backend.ps_servers, replica->layout().total_size());
+  PsJob job(world, config, backend.ps_servers, replica->layout());
   std::optional<StopAgreement> stop_signal;  // among the workers
   if (!job.serves()) stop_signal.emplace(job.workers_comm());
   std::unique_ptr<TrainingRun> run;

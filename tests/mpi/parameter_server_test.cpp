@@ -64,11 +64,38 @@ std::vector<float> gradient(int worker, int workers, int64_t step, std::span<con
   return g;
 }
 
+// For the row-sparse cases: a 60 x 16 matrix at offset 10, as an embedding inside the flat vector.
+constexpr comm::RowRegion kRows{10, 60, 16};
+
+// The rows of kRows that worker w's step t touches (about one in five, different per worker and step).
+std::vector<int32_t> touched_rows(int worker, int64_t step) {
+  std::vector<int32_t> rows;
+  for (int32_t r = 0; r < static_cast<int32_t>(kRows.rows); ++r) {
+    if ((7 * r + 3 * worker + step) % 5 == 0) rows.push_back(r);
+  }
+  return rows;
+}
+
+// gradient(), and for a row-sparse case zero in kRows outside the touched rows, as a CPU replica's
+// embedding gradient is.
+std::vector<float> step_gradient(bool row_sparse, int worker, int workers, int64_t step,
+                                 std::span<const float> params) {
+  std::vector<float> g = gradient(worker, workers, step, params);
+  if (!row_sparse) return g;
+  std::vector<char> touched(kRows.rows, 0);
+  for (const int32_t r : touched_rows(worker, step)) touched[static_cast<std::size_t>(r)] = 1;
+  for (std::size_t r = 0; r < kRows.rows; ++r) {
+    if (!touched[r])
+      std::fill_n(g.begin() + static_cast<std::ptrdiff_t>(kRows.offset + r * kRows.width), kRows.width, 0.0f);
+  }
+  return g;
+}
+
 // The synchronous server's arithmetic done locally: gradients summed in worker order, scaled by 1/W, SGD.
-void reference_step(std::vector<float>& params, int workers, int64_t step) {
-  std::vector<float> mean = gradient(0, workers, step, params);
+void reference_step(std::vector<float>& params, int workers, int64_t step, bool row_sparse) {
+  std::vector<float> mean = step_gradient(row_sparse, 0, workers, step, params);
   for (int w = 1; w < workers; ++w) {
-    const std::vector<float> g = gradient(w, workers, step, params);
+    const std::vector<float> g = step_gradient(row_sparse, w, workers, step, params);
     for (std::size_t i = 0; i < mean.size(); ++i) mean[i] += g[i];
   }
   const float scale = 1.0f / static_cast<float>(workers);
@@ -108,15 +135,17 @@ std::vector<float> shard_of(const PsRoles& roles, int rank, std::span<const floa
 struct SyncCase {
   int servers;
   std::size_t size;
+  bool row_sparse = false;  // gradients zero in kRows outside each step's touched rows, pushed as such
 };
 
 class SyncParameterServer : public ::testing::TestWithParam<SyncCase> {};
 
 // (a) after every step the workers hold exactly the parameters of SGD on the average of all workers'
 // gradients computed locally, and within rounding those of the all-reduce backend; (b) all workers agree
-// bit for bit after each step. A pull between steps (as evaluation would) changes nothing.
+// bit for bit after each step. A pull between steps (as evaluation would) changes nothing. Row-sparse pushes
+// give the same bits as dense ones, in fewer bytes.
 TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
-  const auto [servers, n] = GetParam();
+  const auto [servers, n, row_sparse] = GetParam();
   if (servers >= world_size())
     GTEST_SKIP() << servers << " servers need more than " << world_size() << " ranks";
   const int rank = world_rank();
@@ -125,6 +154,7 @@ TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
   PsOptions options;
   options.servers = servers;
   options.timeout_s = 30;
+  if (row_sparse) options.sparse_rows = kRows;
   constexpr int kSteps = 20;
 
   std::vector<float> reference = initial_params(n);
@@ -134,7 +164,13 @@ TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
   if (roles.is_server(rank)) {
     std::vector<float> shard = shard_of(roles, rank, reference);
     const comm::PsServerStats stats = comm::run_parameter_server(MPI_COMM_WORLD, options, n, shard, sgd);
-    for (int t = 0; t < kSteps; ++t) reference_step(reference, workers, t);
+    for (int t = 0; t < kSteps; ++t) reference_step(reference, workers, t, row_sparse);
+    const auto dense_bytes = static_cast<int64_t>(workers * kSteps * shard.size() * sizeof(float));
+    if (row_sparse) {
+      EXPECT_LT(stats.gradient_bytes, dense_bytes / 2) << "row-sparse pushes must be smaller";
+    } else {
+      EXPECT_EQ(stats.gradient_bytes, dense_bytes);
+    }
     EXPECT_EQ(stats.steps, kSteps);
     EXPECT_EQ(stats.updates, kSteps);
     EXPECT_LE(stats.max_gap, 1);
@@ -151,14 +187,19 @@ TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
     bool agree = true;
     double allreduce_diff = 0;
     for (int t = 0; t < kSteps; ++t) {
-      client.push_pull(gradient(rank, workers, t, params), params);
-      reference_step(reference, workers, t);
+      const std::vector<float> g = step_gradient(row_sparse, rank, workers, t, params);
+      if (row_sparse) {
+        client.push_pull(g, touched_rows(rank, t), params);
+      } else {
+        client.push_pull(g, params);
+      }
+      reference_step(reference, workers, t, row_sparse);
       exact = exact && same_bits(params, reference);
       agree = workers_agree(worker_comm, params) && agree;
 
-      std::vector<float> g = gradient(rank, workers, t, allreduce_params);
-      allreduce->average(g);
-      sgd(allreduce_params, g);
+      std::vector<float> reduced = step_gradient(row_sparse, rank, workers, t, allreduce_params);
+      allreduce->average(reduced);
+      sgd(allreduce_params, reduced);
       allreduce_diff = std::max(allreduce_diff, max_abs_diff(params, allreduce_params));
 
       if (t == kSteps / 2) {
@@ -178,10 +219,12 @@ TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ParameterServer, SyncParameterServer,
-                         ::testing::Values(SyncCase{1, 1001}, SyncCase{2, 1001}, SyncCase{2, 1}),
+                         ::testing::Values(SyncCase{1, 1001}, SyncCase{2, 1001}, SyncCase{2, 1},
+                                           SyncCase{1, 1001, true}, SyncCase{2, 1001, true}),
                          [](const auto& test) {
                            return std::to_string(test.param.servers) + "Servers" +
-                                  std::to_string(test.param.size) + "Params";
+                                  std::to_string(test.param.size) + "Params" +
+                                  (test.param.row_sparse ? "RowSparse" : "");
                          });
 
 class AsyncParameterServer : public ::testing::TestWithParam<int> {};  // param: servers

@@ -121,6 +121,17 @@ class PsTrainerTest : public ::testing::Test {
   MPI_Comm first_workers_ = MPI_COMM_NULL;
 };
 
+// A CPU worker pushes the embedding's gradient row-sparse (comm.sparse_embedding, the default): the servers
+// must end with exactly the parameters of dense pushes.
+TEST_F(PsTrainerTest, RowSparsePushesGiveTheParametersOfDensePushes) {
+  const engine::TrainResult sparse = run(dir_.file("sparse"), {"--comm.backend", "ps"}, MPI_COMM_WORLD);
+  const engine::TrainResult dense =
+      run(dir_.file("dense"), {"--comm.backend", "ps", "--comm.sparse_embedding", "false"}, MPI_COMM_WORLD);
+  ASSERT_EQ(sparse.params.size(), dense.params.size());
+  EXPECT_EQ(std::memcmp(sparse.params.data(), dense.params.data(), sparse.params.size() * sizeof(float)), 0)
+      << "row-sparse pushes changed the parameters";
+}
+
 TEST_F(PsTrainerTest, SyncEqualsAllReduceOnTheWorkersAndWritesTheSameCheckpoint) {
   const std::vector<float> reference = all_reduce_reference(dir_.file("reference"));
   // comm.backend = auto picks the parameter server on CPU ranks.
