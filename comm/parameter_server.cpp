@@ -147,7 +147,7 @@ class Server {
     for (Worker& w : workers_) {
       w.receive.resize(kHeaderFloats + shard.size());
       w.send.resize(kHeaderFloats + shard.size());
-      w.dense.resize(shard.size());  // a row-sparse push expands here
+      if (!options.sparse_rows.empty()) w.dense.resize(shard.size());  // a row-sparse push expands here
     }
     if (!options.async) mean_.resize(shard.size());
     active_ = roles_.workers();
