@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "io/synthetic.h"
 #include "tests/test_util.h"
 
 namespace ddp::testing {
@@ -44,5 +45,11 @@ class SharedDir {
   std::unique_ptr<TempDir> dir_;
   std::filesystem::path path_;
 };
+
+// Rank 0 writes a synthetic dataset (options.output a path every rank sees); the others wait for it.
+inline void write_synthetic_on_rank0(const io::SyntheticOptions& options) {
+  if (world_rank() == 0) io::write_synthetic(options);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
 
 }  // namespace ddp::testing

@@ -47,17 +47,8 @@ class PsTrainerTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_GE(world_size(), 2) << "the parameter server needs 2 ranks or more";
     data_path_ = dir_.file("data.h5");
-    if (world_rank() == 0) {
-      io::SyntheticOptions options;
-      options.output = data_path_;
-      options.train = 600;
-      options.test = 130;
-      options.vocab = 300;
-      options.maxlen = 16;
-      options.seed = 5;
-      io::write_synthetic(options);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
+    ddp::testing::write_synthetic_on_rank0(
+        {.output = data_path_, .train = 600, .test = 130, .vocab = 300, .maxlen = 16, .seed = 5});
     data_ = io::inspect_dataset(data_path_);
     topology_ = engine::discover_topology(MPI_COMM_WORLD, "cpu");
     // The first W ranks, for the all-reduce reference over the same W data shards.
@@ -204,17 +195,8 @@ TEST_F(PsTrainerTest, CheckpointResumesUnderAllReduce) {
 
 TEST_F(PsTrainerTest, AsyncWithAStragglerConverges) {
   const std::string easy = dir_.file("easy.h5");
-  if (world_rank() == 0) {
-    io::SyntheticOptions options;
-    options.output = easy;
-    options.train = 2000;
-    options.test = 400;
-    options.vocab = 60;
-    options.maxlen = 12;
-    options.seed = 3;
-    io::write_synthetic(options);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
+  ddp::testing::write_synthetic_on_rank0(
+      {.output = easy, .train = 2000, .test = 400, .vocab = 60, .maxlen = 12, .seed = 3});
   const engine::TrainResult result =
       run(dir_.file("async"),
           {"--comm.backend", "ps", "--comm.ps_mode", "async", "--train.straggle_ms", "2",

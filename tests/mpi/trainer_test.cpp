@@ -28,17 +28,8 @@ class TrainerTest : public ::testing::Test {
   void SetUp() override {
     comm_ = comm::make_mpi_communicator(MPI_COMM_WORLD);
     data_path_ = dir_.file("data.h5");
-    if (comm_->rank() == 0) {
-      io::SyntheticOptions options;
-      options.output = data_path_;
-      options.train = 600;
-      options.test = 130;
-      options.vocab = 300;
-      options.maxlen = 16;
-      options.seed = 5;
-      io::write_synthetic(options);
-    }
-    comm_->barrier();
+    ddp::testing::write_synthetic_on_rank0(
+        {.output = data_path_, .train = 600, .test = 130, .vocab = 300, .maxlen = 16, .seed = 5});
     data_ = io::inspect_dataset(data_path_);
     topology_ = engine::discover_topology(MPI_COMM_WORLD, "cpu");
   }
