@@ -100,7 +100,10 @@ check_evaluate() {
 
 check_text() { DDPTRAIN_TEST_DEVICE=cuda bash tests/cli/text_end_to_end.sh "$ddptrain" "$PWD"; }
 
-check_check_env() { bash tests/cli/check_env.sh "$ddptrain" "$PWD"; }
+check_check_env() {
+  bash tests/cli/check_env.sh "$ddptrain" "$PWD" | tee "$scratch/check_env.txt" || return 1
+  grep -q '^GPU machine' "$scratch/check_env.txt" || { echo "check_env.sh saw no GPU: it took its CPU branch"; return 1; }
+}
 
 check_timeline() {
   rm -rf "$scratch/run-timeline"
