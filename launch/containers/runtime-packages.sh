@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The Debian/Ubuntu packages that hold the shared libraries a binary loads, one per line, sorted. An image's
+# build stage writes them to a file and its runtime stage installs exactly those, so no package name (they
+# change between releases: libopenmpi3 became libopenmpi3t64, libhdf5-103-1 libhdf5-103-1t64) is written
+# into the image recipes by hand.
+#   bash launch/containers/runtime-packages.sh path/to/binary > runtime-packages.txt
+# Libraries that no package holds (a toolkit unpacked from a tarball) are named on stderr and left out: the
+# runtime image must bring them itself, which the recipes check with ldd once the binary is installed.
+# Exit status: 0, or 1 with one line on stderr when the binary is missing or ldd cannot resolve a library.
+set -euo pipefail
+binary=${1:?usage: runtime-packages.sh BINARY}
+[ -f "$binary" ] || { echo "runtime-packages.sh: $binary: no such file" >&2; exit 1; }
+libraries=$(ldd "$binary") || { echo "runtime-packages.sh: $binary: ldd failed" >&2; exit 1; }
+missing=$(awk '/not found/ {print $1}' <<<"$libraries" | paste -sd' ')
+[ -z "$missing" ] || { echo "runtime-packages.sh: $binary: libraries not found: $missing" >&2; exit 1; }
+
+# The package that owns PATH. dpkg records the path it unpacked, which is not always the one ldd prints:
+# the loader may go through /lib (a link to /usr/lib on merged-/usr systems) and soname links.
+owner() {
+  local path=$1 real candidate
+  real=$(realpath "$path")
+  for candidate in "$path" "$real" "${path#/usr}" "${real#/usr}" "/usr${path}" "/usr${real}"; do
+    dpkg-query -S "$candidate" 2>/dev/null | awk -F': ' '!/^diversion/ && !found++ { sub(/:[^:]*$/, "", $1); print $1 }' |
+      grep . && return 0
+  done
+  return 1
+}
+
+for path in $(awk '$2 == "=>" && $3 ~ /^\// {print $3}' <<<"$libraries"); do
+  owner "$path" || echo "runtime-packages.sh: $path belongs to no package: the runtime image must provide it" >&2
+done | sort -u
