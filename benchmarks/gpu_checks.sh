@@ -5,7 +5,6 @@
 # LOG_DIR/summary.txt, with the whole output in LOG_DIR/gpu_checks.log) and the exit status is the number of
 # failed checks. CHECKS="name ..." runs only those (names as in the summary).
 #   gpu_tests      the GPU tests (CPU/GPU parity, layout round trip, NCCL, the input pipeline); none may skip
-#   sanitizer      compute-sanitizer memcheck over the replica, optimizer and pipeline tests
 #   quickstart     the quickstart on the GPU reaches val_acc >= 0.90; NVML's gpu_util is in metrics.jsonl
 #   resume_cpu     the GPU run's checkpoint resumes on the CPU for one more epoch
 #   evaluate       evaluate on the GPU and on the CPU agree
@@ -14,6 +13,7 @@
 #   timeline       a GPU run's trace has forward/backward on "GPU stream", buckets on "NCCL stream", the copies
 #   mixed          one GPU worker, one CPU worker and a parameter server (comm.backend auto) train together
 #   epoch_bench    the side-by-side epoch against PyTorch and the cuDNN floor (table for RESULTS.md)
+#   sanitizer      compute-sanitizer memcheck over the replica, optimizer and pipeline tests
 # shellcheck disable=SC2317  # the check_* functions are called by name from the loop at the end
 set -uo pipefail
 build=$(cd "${1:-build}" && pwd)
@@ -152,7 +152,8 @@ check_epoch_bench() {
     "${floor[@]}" | tee "$logs/epoch_table.md"
 }
 
-all_checks="gpu_tests sanitizer quickstart resume_cpu evaluate text check_env timeline mixed epoch_bench"
+# The acceptance checks first, the slow sanitizer last: a run cut short by a time limit keeps what matters.
+all_checks="gpu_tests quickstart resume_cpu evaluate text check_env timeline mixed epoch_bench sanitizer"
 [ -f "$data" ] || "$ddptrain" prepare synthetic --output "$data" --train 20000 --test 4000 --vocab 2000 \
   --maxlen 40 --seed 1 >/dev/null
 failed=0
