@@ -4,10 +4,12 @@
 // (embedding, dense layer, loss, weight gather/scatter, gradient exchange, optimizer) comes on top.
 //
 // Prints "floor_ms <mean ms per step>" (read by gpu_epoch_compare.py) and, with --replica, "replica_ms <mean
-// ms per train_step>" of the cuDNN replica on the same shapes for comparison.
+// ms per train_step>" of the cuDNN replica on the same shapes and algorithm for comparison. --algo picks
+// cuDNN's RNN algorithm (as model.cudnn_rnn_algo; auto is not taken: name one); one that cuDNN turns down
+// exits 3 with "unsupported" and cuDNN's status.
 //
 //   build/benchmarks/cudnn_floor_bench --batch 32 [--seq 80 --embed 128 --hidden 128 --layers 1]
-//   build/benchmarks/cudnn_floor_bench --batch 256 --math default --replica
+//   build/benchmarks/cudnn_floor_bench --batch 256 --math default --algo persist_small_h --replica
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/errors.h"
 #include "models/cuda_replica.h"
 #include "models/initializers.h"
 #include "models/replica.h"
@@ -45,10 +48,23 @@ void check(cudnnStatus_t status, const char* what) {
 
 #define CHECK(call) check((call), #call)
 
+// For the calls whose support depends on the algorithm: a refusal is no failure of the benchmark.
+void check_supported(cudnnStatus_t status, const char* what) {
+  const int category = CUDNN_STATUS_CATEGORY(static_cast<int>(status));
+  if (category == CUDNN_STATUS_NOT_SUPPORTED || category == CUDNN_STATUS_BAD_PARAM) {
+    std::printf("unsupported: %s: %s\n", what, cudnnGetErrorString(status));
+    std::exit(3);
+  }
+  check(status, what);
+}
+
+#define CHECK_SUPPORTED(call) check_supported((call), #call)
+
 struct Options {
   int batch = 32, seq = 80, embed = 128, hidden = 128, layers = 1, vocab = 20000;
   int warmup = 10, iters = 50;
   std::string math = "fma";
+  std::string algo = "standard";
   bool replica = false;
 };
 
@@ -83,12 +99,17 @@ double floor_ms(const Options& o) {
   const cudnnMathType_t math = o.math == "default"  ? CUDNN_DEFAULT_MATH
                                : o.math == "tensor" ? CUDNN_TENSOR_OP_MATH
                                                     : CUDNN_FMA_MATH;
+  const ddp::models::RnnAlgorithm requested = ddp::models::parse_rnn_algorithm(o.algo, "--algo");
+  const cudnnRNNAlgo_t algo =
+      requested == ddp::models::RnnAlgorithm::kPersistStaticSmallH ? CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H
+      : requested == ddp::models::RnnAlgorithm::kPersistStatic     ? CUDNN_RNN_ALGO_PERSIST_STATIC
+                                                                   : CUDNN_RNN_ALGO_STANDARD;
   cudnnRNNDescriptor_t rnn = nullptr;
   CHECK(cudnnCreateRNNDescriptor(&rnn));
-  CHECK(cudnnSetRNNDescriptor_v8(rnn, CUDNN_RNN_ALGO_STANDARD, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS,
-                                 CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT,
-                                 math, o.embed, o.hidden, o.hidden, o.layers, dropout,
-                                 CUDNN_RNN_PADDED_IO_ENABLED));
+  CHECK_SUPPORTED(cudnnSetRNNDescriptor_v8(rnn, algo, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS, CUDNN_UNIDIRECTIONAL,
+                                           CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, math,
+                                           o.embed, o.hidden, o.hidden, o.layers, dropout,
+                                           CUDNN_RNN_PADDED_IO_ENABLED));
 
   const std::vector<int> lengths(to_size(o.batch), o.seq);
   cudnnRNNDataDescriptor_t x_desc = nullptr;
@@ -106,8 +127,9 @@ double floor_ms(const Options& o) {
   CHECK(cudnnSetTensorNdDescriptor(state, CUDNN_DATA_FLOAT, 3, dims, strides));
 
   std::size_t weight_bytes = 0, work_bytes = 0, reserve_bytes = 0;
-  CHECK(cudnnGetRNNWeightSpaceSize(handle, rnn, &weight_bytes));
-  CHECK(cudnnGetRNNTempSpaceSizes(handle, rnn, CUDNN_FWD_MODE_TRAINING, x_desc, &work_bytes, &reserve_bytes));
+  CHECK_SUPPORTED(cudnnGetRNNWeightSpaceSize(handle, rnn, &weight_bytes));
+  CHECK_SUPPORTED(
+      cudnnGetRNNTempSpaceSizes(handle, rnn, CUDNN_FWD_MODE_TRAINING, x_desc, &work_bytes, &reserve_bytes));
   const std::size_t rows = to_size(o.seq) * to_size(o.batch);
   void* weights = device_alloc(weight_bytes);
   void* d_weights = device_alloc(weight_bytes);
@@ -124,16 +146,16 @@ double floor_ms(const Options& o) {
   fill_random(dy, rows * to_size(o.hidden), 3);
 
   auto step = [&] {
-    CHECK(cudnnRNNForward(handle, rnn, CUDNN_FWD_MODE_TRAINING, seq_lengths, x_desc, x, y_desc, y, state,
-                          nullptr, nullptr, state, nullptr, nullptr, weight_bytes, weights, work_bytes, work,
-                          reserve_bytes, reserve));
-    CHECK(cudnnRNNBackwardData_v8(handle, rnn, seq_lengths, y_desc, y, dy, x_desc, dx, state, nullptr,
-                                  nullptr, nullptr, state, nullptr, nullptr, nullptr, weight_bytes, weights,
-                                  work_bytes, work, reserve_bytes, reserve));
+    CHECK_SUPPORTED(cudnnRNNForward(handle, rnn, CUDNN_FWD_MODE_TRAINING, seq_lengths, x_desc, x, y_desc, y,
+                                    state, nullptr, nullptr, state, nullptr, nullptr, weight_bytes, weights,
+                                    work_bytes, work, reserve_bytes, reserve));
+    CHECK_SUPPORTED(cudnnRNNBackwardData_v8(handle, rnn, seq_lengths, y_desc, y, dy, x_desc, dx, state,
+                                            nullptr, nullptr, nullptr, state, nullptr, nullptr, nullptr,
+                                            weight_bytes, weights, work_bytes, work, reserve_bytes, reserve));
     CHECK(cudaMemsetAsync(d_weights, 0, weight_bytes, stream));
-    CHECK(cudnnRNNBackwardWeights_v8(handle, rnn, CUDNN_WGRAD_MODE_ADD, seq_lengths, x_desc, x, state,
-                                     nullptr, y_desc, y, weight_bytes, d_weights, work_bytes, work,
-                                     reserve_bytes, reserve));
+    CHECK_SUPPORTED(cudnnRNNBackwardWeights_v8(handle, rnn, CUDNN_WGRAD_MODE_ADD, seq_lengths, x_desc, x,
+                                               state, nullptr, y_desc, y, weight_bytes, d_weights, work_bytes,
+                                               work, reserve_bytes, reserve));
   };
   for (int i = 0; i < o.warmup; ++i) step();
   cudaEvent_t start = nullptr, stop = nullptr;
@@ -166,7 +188,7 @@ double floor_ms(const Options& o) {
 // The cuDNN replica's train_step on the same shapes (random tokens and labels, Keras initialization).
 double replica_ms(const Options& o) {
   const ddp::models::ModelShape shape{o.vocab, o.embed, o.hidden, o.layers};
-  auto replica = ddp::models::make_cuda_replica(shape, 0);
+  auto replica = ddp::models::make_cuda_replica(shape, 0, ddp::models::parse_rnn_algorithm(o.algo, "--algo"));
   std::vector<float> params(replica->layout().total_size());
   ddp::models::initialize_keras(replica->layout(), params, 1);
   replica->copy_params_from_host(params);
@@ -214,6 +236,8 @@ int main(int argc, char** argv) {
                                                                po::value(&o.iters)->default_value(o.iters))(
       "math", po::value(&o.math)->default_value(o.math),
       "the floor's cuDNN math: fma (fp32, as the replica), default (TF32 allowed on sm_80+) or tensor")(
+      "algo", po::value(&o.algo)->default_value(o.algo),
+      "cuDNN's RNN algorithm: standard, persist_small_h or persist_static (the replica's too)")(
       "replica", po::bool_switch(&o.replica), "also time the cuDNN replica's train_step");
   po::variables_map vm;
   try {
@@ -228,19 +252,36 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (o.batch <= 0 || o.seq <= 0 || o.embed <= 0 || o.hidden <= 0 || o.layers <= 0 || o.iters <= 0 ||
-      o.warmup < 0 || (o.math != "fma" && o.math != "default" && o.math != "tensor")) {
-    std::cerr << "cudnn_floor_bench: every size must be positive and --math one of fma, default, tensor\n";
+      o.warmup < 0 || (o.math != "fma" && o.math != "default" && o.math != "tensor") || o.algo == "auto") {
+    std::cerr
+        << "cudnn_floor_bench: every size must be positive, --math one of fma, default, tensor and --algo "
+           "a named algorithm\n";
+    return 2;
+  }
+  try {
+    ddp::models::parse_rnn_algorithm(o.algo, "--algo");
+  } catch (const ddp::UserError& e) {
+    std::cerr << "cudnn_floor_bench: " << e.what() << "\n";
     return 2;
   }
   int devices = 0;
   CHECK(cudaGetDeviceCount(&devices));
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("GPU %s, cuDNN %zu, batch %d, seq %d, embed %d, hidden %d, layers %d, math %s, %d iterations\n",
-              prop.name, cudnnGetVersion(), o.batch, o.seq, o.embed, o.hidden, o.layers, o.math.c_str(),
-              o.iters);
+  std::printf(
+      "GPU %s, cuDNN %zu, batch %d, seq %d, embed %d, hidden %d, layers %d, math %s, algo %s, %d "
+      "iterations\n",
+      prop.name, cudnnGetVersion(), o.batch, o.seq, o.embed, o.hidden, o.layers, o.math.c_str(),
+      o.algo.c_str(), o.iters);
   CHECK(cudaSetDevice(0));
   std::printf("floor_ms %.4f\n", floor_ms(o));
-  if (o.replica) std::printf("replica_ms %.4f\n", replica_ms(o));
+  if (o.replica) {
+    try {
+      std::printf("replica_ms %.4f\n", replica_ms(o));
+    } catch (const ddp::UserError& e) {
+      std::printf("unsupported: replica: %s\n", e.what());
+      return 3;
+    }
+  }
   return 0;
 }

@@ -24,6 +24,7 @@ struct Config {
     int embedding_dim = 128;
     int hidden = 128;
     int layers = 1;
+    std::string cudnn_rnn_algo = "auto";  // auto | standard | persist_small_h | persist_static (GPU only)
   } model;
 
   struct Train {

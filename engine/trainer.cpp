@@ -528,8 +528,10 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
                                  config.model.layers};
   std::unique_ptr<models::Replica> replica;
   comm::agree_on_errors(*boot, [&] {
-    replica =
-        topology.gpu >= 0 ? models::make_cuda_replica(shape, topology.gpu) : models::make_cpu_replica(shape);
+    replica = topology.gpu >= 0
+                  ? models::make_cuda_replica(shape, topology.gpu,
+                                              models::parse_rnn_algorithm(config.model.cudnn_rnn_algo))
+                  : models::make_cpu_replica(shape);
   });
   comm::BackendChoice backend;
   comm::agree_on_errors(*boot, [&] {

@@ -5,17 +5,33 @@
 // same as the CPU replica's.
 //
 // CMake compiles lstm_classifier_cuda.cu in a CUDA build and cuda_replica_none.cpp otherwise (whose factory
-// throws a UserError saying so).
+// throws a UserError saying so); rnn_algorithm.cpp in both.
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "models/replica.h"
 
 namespace ddp::models {
 
+// The cuDNN algorithm that runs the LSTM (model.cudnn_rnn_algo). The persistent kernels keep the recurrent
+// weights on chip across time steps instead of launching kernels per step, which pays at small batches.
+enum class RnnAlgorithm {
+  kAuto,                 // persistent small-hidden for hidden <= 128 (as PyTorch), else standard
+  kStandard,             // CUDNN_RNN_ALGO_STANDARD: kernels per layer and time step
+  kPersistStaticSmallH,  // CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H
+  kPersistStatic,        // CUDNN_RNN_ALGO_PERSIST_STATIC
+};
+
+// "auto", "standard", "persist_small_h" or "persist_static"; anything else is a UserError naming `key`.
+RnnAlgorithm parse_rnn_algorithm(const std::string& text, const std::string& key = "model.cudnn_rnn_algo");
+std::string rnn_algorithm_name(RnnAlgorithm algorithm);
+
 // A replica on CUDA device `device` (an ordinal after CUDA_VISIBLE_DEVICES), computing on a stream of its
-// own.
-std::unique_ptr<Replica> make_cuda_replica(const ModelShape& shape, int device);
+// own. Under kAuto, a persistent algorithm that cuDNN turns down for a batch shape gives way to the standard
+// one (said once on stderr); an algorithm asked for by name that cuDNN turns down is a UserError.
+std::unique_ptr<Replica> make_cuda_replica(const ModelShape& shape, int device,
+                                           RnnAlgorithm algorithm = RnnAlgorithm::kAuto);
 
 }  // namespace ddp::models

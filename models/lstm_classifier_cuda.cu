@@ -16,6 +16,13 @@
 // bits depend on the order the GPU happens to run them; everything else the replica computes itself is in a
 // fixed order. cuDNN's own kernels may not be bitwise reproducible either.
 //
+// Algorithm. cuDNN runs the LSTM with its standard algorithm (kernels per time step) or a persistent one
+// (the recurrent weights stay on chip across steps; PyTorch picks PERSIST_STATIC_SMALL_H for hidden <= 128).
+// Which shapes a persistent algorithm takes is cuDNN's to say, so every new batch shape is tried once on
+// scratch buffers (forward in both modes, both backwards) before it is used: under model.cudnn_rnn_algo =
+// auto a refusal falls back to the standard algorithm for the rest of the run, a named algorithm that is
+// refused is a UserError. The weight map is rebuilt with the descriptor, whatever layout the new one has.
+//
 // Synchronisation. A train_step only enqueues work on the replica's stream; the host waits in take_stats(),
 // predict(), the host copies of the parameters, and the first time a batch shape is seen (descriptors and
 // scratch buffers are then built and grown, and the stream is drained before an old buffer is freed).
@@ -50,6 +57,52 @@
 
 namespace ddp::models {
 namespace {
+
+// A persistent algorithm that cuDNN refused (a bad-parameter or not-supported status) for a call whose
+// support depends on the algorithm; the replica catches it and falls back or reports.
+struct AlgorithmRefused {
+  std::string what;
+};
+
+// In descriptor setup and the shape probe: refusals under a persistent algorithm throw AlgorithmRefused,
+// every other failure (and any under the standard algorithm) is fatal as in DDP_CUDNN_CHECK.
+void check_algorithm_status(cudnnStatus_t status, cudnnRNNAlgo_t algorithm, const char* call,
+                            const char* file, int line) {
+  if (status == CUDNN_STATUS_SUCCESS) return;
+  const std::string what = std::string(call) + " failed: " + cudnnGetErrorString(status);
+  const int category = CUDNN_STATUS_CATEGORY(static_cast<int>(status));
+  if (algorithm != CUDNN_RNN_ALGO_STANDARD &&
+      (category == CUDNN_STATUS_BAD_PARAM || category == CUDNN_STATUS_NOT_SUPPORTED)) {
+    throw AlgorithmRefused{what};
+  }
+  ::ddp::fatal(what, file, line);
+}
+
+#define DDP_CUDNN_CHECK_ALGORITHM(call) check_algorithm_status((call), algorithm_, #call, __FILE__, __LINE__)
+
+cudnnRNNAlgo_t to_cudnn(RnnAlgorithm algorithm) {
+  switch (algorithm) {
+    case RnnAlgorithm::kPersistStaticSmallH:
+      return CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H;
+    case RnnAlgorithm::kPersistStatic:
+      return CUDNN_RNN_ALGO_PERSIST_STATIC;
+    case RnnAlgorithm::kAuto:
+    case RnnAlgorithm::kStandard:
+      break;
+  }
+  return CUDNN_RNN_ALGO_STANDARD;
+}
+
+const char* cudnn_algorithm_name(cudnnRNNAlgo_t algorithm) {
+  switch (algorithm) {
+    case CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H:
+      return "persistent small-hidden (CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H)";
+    case CUDNN_RNN_ALGO_PERSIST_STATIC:
+      return "persistent static (CUDNN_RNN_ALGO_PERSIST_STATIC)";
+    default:
+      return "standard (CUDNN_RNN_ALGO_STANDARD)";
+  }
+}
 
 constexpr int kThreads = 256;
 constexpr int kDenseThreads = 256;
@@ -326,7 +379,7 @@ struct BatchShape {
 
 class CudaReplica final : public Replica {
  public:
-  CudaReplica(const ModelShape& shape, int device);
+  CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algorithm);
   ~CudaReplica() override;
   CudaReplica(const CudaReplica&) = delete;
   CudaReplica& operator=(const CudaReplica&) = delete;
@@ -354,8 +407,17 @@ class CudaReplica final : public Replica {
 
  private:
   void select_device() const { DDP_CUDA_CHECK(cudaSetDevice(device_)); }
+  // The RNN descriptor, weight space and weight map for algorithm_, or for the standard algorithm if cuDNN
+  // refuses a persistent one under auto.
+  void configure_rnn();
   void build_rnn();
   void build_weight_map();
+  // After a refusal: under auto, the standard algorithm from now on (shapes are built again); else a
+  // UserError.
+  void refuse_persistent(const AlgorithmRefused& refused);
+  // Runs every cuDNN call a step makes once on this shape's scratch buffers, so that a refusal shows here.
+  void probe(const BatchShape& shape);
+  const BatchShape& build_shape(int batch, int seq);
   // The descriptors for this batch shape, with every scratch buffer large enough for it.
   const BatchShape& shape_for(int batch, int seq);
   void check_batch(const BatchView& batch, bool need_labels, const char* what) const;
@@ -371,6 +433,8 @@ class CudaReplica final : public Replica {
 
   ParamLayout layout_;
   int device_ = 0;
+  RnnAlgorithm requested_ = RnnAlgorithm::kAuto;
+  cudnnRNNAlgo_t algorithm_ = CUDNN_RNN_ALGO_STANDARD;
   int max_blocks_ = 0;
   std::size_t embedding_offset_ = 0;
   std::size_t dense_w_offset_ = 0;
@@ -411,7 +475,8 @@ class CudaReplica final : public Replica {
   int64_t count_ = 0;  // samples since the last take_stats(): known on the host
 };
 
-CudaReplica::CudaReplica(const ModelShape& shape, int device) : layout_(shape), device_(device) {
+CudaReplica::CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algorithm)
+    : layout_(shape), device_(device), requested_(algorithm) {
   select_device();
   embedding_offset_ = layout_.tensor("embedding").offset;
   dense_w_offset_ = layout_.tensor("dense.w").offset;
@@ -438,8 +503,14 @@ CudaReplica::CudaReplica(const ModelShape& shape, int device) : layout_(shape), 
   host_stats_.allocate();
   host_bad_token_.allocate();
 
-  build_rnn();
-  build_weight_map();
+  algorithm_ = to_cudnn(requested_);
+  int major = 0;
+  DDP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
+  // Where PyTorch also takes it: LSTMs of hidden size <= 128 on sm_60 and newer.
+  if (requested_ == RnnAlgorithm::kAuto && shape.hidden <= 128 && major >= 6) {
+    algorithm_ = CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H;
+  }
+  configure_rnn();
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
 }
 
@@ -449,20 +520,45 @@ CudaReplica::~CudaReplica() {
   report_release(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize");
 }
 
+void CudaReplica::configure_rnn() {
+  try {
+    build_rnn();
+    build_weight_map();
+  } catch (const AlgorithmRefused& refused) {
+    refuse_persistent(refused);
+    build_rnn();
+    build_weight_map();
+  }
+}
+
+void CudaReplica::refuse_persistent(const AlgorithmRefused& refused) {
+  if (requested_ != RnnAlgorithm::kAuto) {
+    throw UserError("model.cudnn_rnn_algo = " + rnn_algorithm_name(requested_) + ": cuDNN " +
+                    std::to_string(cudnnGetVersion()) + " turned it down for this model on this GPU (" +
+                    refused.what + "): use auto or standard");
+  }
+  std::fprintf(stderr,
+               "ddptrain: note: cuDNN turned down its %s LSTM algorithm (%s); using the standard one\n",
+               cudnn_algorithm_name(algorithm_), refused.what.c_str());
+  algorithm_ = CUDNN_RNN_ALGO_STANDARD;
+  shapes_.clear();
+}
+
 void CudaReplica::build_rnn() {
   const ModelShape& shape = layout_.shape();
   // No dropout; cuDNN still wants a descriptor (no states are needed for a rate of 0).
   DDP_CUDNN_CHECK(cudnnCreateDropoutDescriptor(dropout_.out()));
   DDP_CUDNN_CHECK(cudnnSetDropoutDescriptor(dropout_.get(), cudnn_.get(), 0.0f, nullptr, 0, 0));
   DDP_CUDNN_CHECK(cudnnCreateRNNDescriptor(rnn_.out()));
+  // A descriptor that cuDNN turns down for this algorithm throws AlgorithmRefused.
   // CUDNN_FMA_MATH: plain fp32 FMA kernels. CUDNN_DEFAULT_MATH would allow TF32 tensor cores on sm_80+, whose
   // 10-bit mantissa breaks parity with the CPU replica. Unpacked (padded) data needs PADDED_IO_ENABLED; every
   // sequence has the full length, so there is no padding in practice.
-  DDP_CUDNN_CHECK(cudnnSetRNNDescriptor_v8(
-      rnn_.get(), CUDNN_RNN_ALGO_STANDARD, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS, CUDNN_UNIDIRECTIONAL,
-      CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, CUDNN_FMA_MATH, shape.embedding_dim,
-      shape.hidden, shape.hidden, shape.layers, dropout_.get(), CUDNN_RNN_PADDED_IO_ENABLED));
-  DDP_CUDNN_CHECK(cudnnGetRNNWeightSpaceSize(cudnn_.get(), rnn_.get(), &weight_space_bytes_));
+  DDP_CUDNN_CHECK_ALGORITHM(cudnnSetRNNDescriptor_v8(
+      rnn_.get(), algorithm_, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS, CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT,
+      CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, CUDNN_FMA_MATH, shape.embedding_dim, shape.hidden, shape.hidden,
+      shape.layers, dropout_.get(), CUDNN_RNN_PADDED_IO_ENABLED));
+  DDP_CUDNN_CHECK_ALGORITHM(cudnnGetRNNWeightSpaceSize(cudnn_.get(), rnn_.get(), &weight_space_bytes_));
   if (weight_space_bytes_ == 0 || weight_space_bytes_ % sizeof(float) != 0) {
     DDP_FATAL("cudnnGetRNNWeightSpaceSize: " + std::to_string(weight_space_bytes_) +
               " bytes is not a whole number of floats");
@@ -535,9 +631,9 @@ void CudaReplica::build_weight_map() {
       const std::string what = prefix + (recurrent ? "w_hh" : "w_ih") + " gate " + std::to_string(gate);
       void* matrix = nullptr;
       void* bias = nullptr;
-      DDP_CUDNN_CHECK(cudnnGetRNNWeightParams(cudnn_.get(), rnn_.get(), l, weight_space_bytes_,
-                                              weight_space_.get(), id, matrix_desc.get(), &matrix,
-                                              bias_desc.get(), &bias));
+      DDP_CUDNN_CHECK_ALGORITHM(cudnnGetRNNWeightParams(cudnn_.get(), rnn_.get(), l, weight_space_bytes_,
+                                                        weight_space_.get(), id, matrix_desc.get(), &matrix,
+                                                        bias_desc.get(), &bias));
       expect_row_major(matrix_desc.get(), hidden, cols, what);
       expect_row_major(bias_desc.get(), hidden, 1, what + " bias");
       const std::size_t matrix_count = h * to_size(cols);
@@ -579,6 +675,7 @@ void CudaReplica::build_weight_map() {
   }
   if (merged.size() > 65535) DDP_FATAL("weight map: more runs than a grid's y dimension holds");
   weight_run_count_ = static_cast<unsigned int>(merged.size());
+  longest_weight_run_ = 0;
   for (const WeightRun& run : merged) longest_weight_run_ = std::max(longest_weight_run_, run.count);
   weight_runs_.ensure(merged.size());
   DDP_CUDA_CHECK(cudaMemcpyAsync(weight_runs_.get(), merged.data(), merged.size() * sizeof(WeightRun),
@@ -593,11 +690,21 @@ unsigned int CudaReplica::blocks_for(std::size_t n) const {
 }
 
 const BatchShape& CudaReplica::shape_for(int batch, int seq) {
-  const auto key = std::make_pair(batch, seq);
-  if (auto it = shapes_.find(key); it != shapes_.end()) return *it->second;
-
+  if (auto it = shapes_.find({batch, seq}); it != shapes_.end()) return *it->second;
   // A new shape: buffers may be replaced, so nothing queued may still use them.
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  try {
+    return build_shape(batch, seq);
+  } catch (const AlgorithmRefused& refused) {
+    refuse_persistent(refused);
+    DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    configure_rnn();
+    return build_shape(batch, seq);
+  }
+}
+
+const BatchShape& CudaReplica::build_shape(int batch, int seq) {
+  const auto key = std::make_pair(batch, seq);
   const ModelShape& model = layout_.shape();
   auto shape = std::make_unique<BatchShape>();
   const std::vector<int> lengths(to_size(batch), seq);
@@ -614,11 +721,13 @@ const BatchShape& CudaReplica::shape_for(int batch, int seq) {
   const int state_strides[3] = {batch * model.hidden, model.hidden, 1};
   DDP_CUDNN_CHECK(
       cudnnSetTensorNdDescriptor(shape->state.get(), CUDNN_DATA_FLOAT, 3, state_dims, state_strides));
-  DDP_CUDNN_CHECK(cudnnGetRNNTempSpaceSizes(cudnn_.get(), rnn_.get(), CUDNN_FWD_MODE_TRAINING, shape->x.get(),
-                                            &shape->train_workspace, &shape->reserve));
+  DDP_CUDNN_CHECK_ALGORITHM(cudnnGetRNNTempSpaceSizes(cudnn_.get(), rnn_.get(), CUDNN_FWD_MODE_TRAINING,
+                                                      shape->x.get(), &shape->train_workspace,
+                                                      &shape->reserve));
   std::size_t inference_reserve = 0;
-  DDP_CUDNN_CHECK(cudnnGetRNNTempSpaceSizes(cudnn_.get(), rnn_.get(), CUDNN_FWD_MODE_INFERENCE,
-                                            shape->x.get(), &shape->inference_workspace, &inference_reserve));
+  DDP_CUDNN_CHECK_ALGORITHM(cudnnGetRNNTempSpaceSizes(cudnn_.get(), rnn_.get(), CUDNN_FWD_MODE_INFERENCE,
+                                                      shape->x.get(), &shape->inference_workspace,
+                                                      &inference_reserve));
   shape->seq_lengths.ensure(to_size(batch));
   fill_int32<<<blocks_for(to_size(batch)), kThreads, 0, stream_.get()>>>(shape->seq_lengths.get(), batch,
                                                                          seq);
@@ -637,7 +746,42 @@ const BatchShape& CudaReplica::shape_for(int batch, int seq) {
   reserve_.ensure(std::max<std::size_t>(shape->reserve, 1));
   probabilities_.ensure(to_size(batch));
   d_logits_.ensure(to_size(batch));
+  if (algorithm_ != CUDNN_RNN_ALGO_STANDARD) probe(*shape);
   return *shapes_.emplace(key, std::move(shape)).first->second;
+}
+
+void CudaReplica::probe(const BatchShape& shape) {
+  // Scratch only: x and dy are zeros (dy_ is re-zeroed before the next backward), and the real forward,
+  // backward and weight-gradient zeroing of a step overwrite everything the probe writes. The gathered
+  // weights are the canonical parameters, as in a forward.
+  cudaStream_t stream = stream_.get();
+  DDP_CUDA_CHECK(cudaMemsetAsync(x_.get(), 0, x_.bytes(), stream));
+  DDP_CUDA_CHECK(cudaMemsetAsync(dy_.get(), 0, dy_.bytes(), stream));
+  dy_shape_ = {0, 0};
+  const dim3 copy_grid(blocks_for(longest_weight_run_), weight_run_count_);
+  copy_weight_runs<<<copy_grid, kThreads, 0, stream>>>(weight_runs_.get(), params_.get(), weight_space_.get(),
+                                                       true);
+  DDP_CUDA_CHECK_LAUNCH("copy_weight_runs (probe)");
+  DDP_CUDNN_CHECK_ALGORITHM(cudnnRNNForward(
+      cudnn_.get(), rnn_.get(), CUDNN_FWD_MODE_INFERENCE, shape.seq_lengths.get(), shape.x.get(), x_.get(),
+      shape.y.get(), y_.get(), shape.state.get(), nullptr, nullptr, shape.state.get(), nullptr, nullptr,
+      weight_space_bytes_, weight_space_.get(), workspace_.bytes(), workspace_.get(), 0, nullptr));
+  DDP_CUDNN_CHECK_ALGORITHM(
+      cudnnRNNForward(cudnn_.get(), rnn_.get(), CUDNN_FWD_MODE_TRAINING, shape.seq_lengths.get(),
+                      shape.x.get(), x_.get(), shape.y.get(), y_.get(), shape.state.get(), nullptr, nullptr,
+                      shape.state.get(), nullptr, nullptr, weight_space_bytes_, weight_space_.get(),
+                      workspace_.bytes(), workspace_.get(), reserve_.bytes(), reserve_.get()));
+  DDP_CUDNN_CHECK_ALGORITHM(cudnnRNNBackwardData_v8(
+      cudnn_.get(), rnn_.get(), shape.seq_lengths.get(), shape.y.get(), y_.get(), dy_.get(), shape.x.get(),
+      dx_.get(), shape.state.get(), nullptr, nullptr, nullptr, shape.state.get(), nullptr, nullptr, nullptr,
+      weight_space_bytes_, weight_space_.get(), workspace_.bytes(), workspace_.get(), reserve_.bytes(),
+      reserve_.get()));
+  DDP_CUDNN_CHECK_ALGORITHM(cudnnRNNBackwardWeights_v8(
+      cudnn_.get(), rnn_.get(), CUDNN_WGRAD_MODE_ADD, shape.seq_lengths.get(), shape.x.get(), x_.get(),
+      shape.state.get(), nullptr, shape.y.get(), y_.get(), weight_space_bytes_, weight_grads_.get(),
+      workspace_.bytes(), workspace_.get(), reserve_.bytes(), reserve_.get()));
+  // A kernel fault of the persistent algorithm shows here, on the shape that caused it.
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 void CudaReplica::check_batch(const BatchView& batch, bool need_labels, const char* what) const {
@@ -837,7 +981,7 @@ void CudaReplica::copy_grads_to_host(std::span<float> host) {
 
 }  // namespace
 
-std::unique_ptr<Replica> make_cuda_replica(const ModelShape& shape, int device) {
+std::unique_ptr<Replica> make_cuda_replica(const ModelShape& shape, int device, RnnAlgorithm algorithm) {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
@@ -851,7 +995,7 @@ std::unique_ptr<Replica> make_cuda_replica(const ModelShape& shape, int device) 
     throw UserError("device = cuda: GPU " + std::to_string(device) + " requested, but " +
                     std::to_string(count) + " visible");
   }
-  return std::make_unique<CudaReplica>(shape, device);
+  return std::make_unique<CudaReplica>(shape, device, algorithm);
 }
 
 }  // namespace ddp::models

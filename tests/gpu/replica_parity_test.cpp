@@ -217,15 +217,15 @@ TEST(CudaReplica, HostCopiesAreExactAndStepsLeaveParametersAlone) {
 // Three train steps on different batches: a small one, then two full ones (the larger shape moves the last
 // step's block of dy, so the small step's block must have been cleared; no step may keep embedding rows of
 // the one before). Then evaluate and predict, on a smaller batch too (a second set of cuDNN descriptors).
-void check_parity(int layers) {
+void check_parity(int layers, RnnAlgorithm algorithm) {
   const ModelShape shape{100, 32, 32, layers};
   auto cpu = make_cpu_replica(shape);
-  auto gpu = make_cuda_replica(shape, 0);
+  auto gpu = make_cuda_replica(shape, 0, algorithm);
   const ParamLayout& layout = cpu->layout();
   const std::vector<float> params = test_params(layout, 11 + static_cast<uint64_t>(layers));
   cpu->copy_params_from_host(params);
   gpu->copy_params_from_host(params);
-  const std::string context = "layers " + std::to_string(layers);
+  const std::string context = rnn_algorithm_name(algorithm) + ", layers " + std::to_string(layers);
 
   const int step_batches[] = {7, 16, 16};
   for (int step = 0; step < 3; ++step) {
@@ -263,12 +263,33 @@ void check_parity(int layers) {
 
 TEST(CudaReplica, MatchesTheCpuReplicaOneLayer) {
   DDP_REQUIRE_GPU();
-  check_parity(1);
+  check_parity(1, RnnAlgorithm::kStandard);
 }
 
 TEST(CudaReplica, MatchesTheCpuReplicaTwoLayers) {
   DDP_REQUIRE_GPU();
-  check_parity(2);
+  check_parity(2, RnnAlgorithm::kStandard);
+}
+
+// Auto picks the persistent small-hidden algorithm here (hidden 32), or falls back to the standard one if
+// cuDNN turns it down; either way the results are the CPU's.
+TEST(CudaReplica, MatchesTheCpuReplicaWithTheAutomaticAlgorithm) {
+  DDP_REQUIRE_GPU();
+  check_parity(1, RnnAlgorithm::kAuto);
+}
+
+// Asked for by name, the persistent small-hidden algorithm runs or is a UserError saying cuDNN turned it
+// down (then this test is skipped with that reason: the algorithm is not there to check).
+TEST(CudaReplica, PersistentSmallHiddenMatchesTheCpuReplica) {
+  DDP_REQUIRE_GPU();
+  for (const int layers : {1, 2}) {
+    try {
+      check_parity(layers, RnnAlgorithm::kPersistStaticSmallH);
+    } catch (const UserError& e) {
+      ASSERT_NE(std::string(e.what()).find("turned it down"), std::string::npos) << e.what();
+      GTEST_SKIP() << e.what();
+    }
+  }
 }
 
 TEST(CudaReplica, ReportsTokensOutsideTheVocabulary) {

@@ -10,6 +10,7 @@
 #include "engine/errors.h"
 #include "engine/metrics.h"
 #include "engine/optimizer.h"
+#include "models/cuda_replica.h"
 #include "tests/test_util.h"
 
 namespace ddp::engine {
@@ -118,6 +119,18 @@ TEST(Config, ParameterServerKeys) {
   }
   EXPECT_NE(error_of({"--data.path", "x", "--comm.ps_mode", "eventual"}).find("sync or async"),
             std::string::npos);
+}
+
+TEST(Config, CudnnRnnAlgorithmKey) {
+  EXPECT_EQ(parse_config({"--data.path", "x"}).config.model.cudnn_rnn_algo, "auto");
+  for (const char* name : {"auto", "standard", "persist_small_h", "persist_static"}) {
+    EXPECT_EQ(parse_config({"--data.path", "x", "--model.cudnn_rnn_algo", name}).config.model.cudnn_rnn_algo,
+              name);
+    EXPECT_EQ(models::rnn_algorithm_name(models::parse_rnn_algorithm(name)), name);
+  }
+  const std::string error = error_of({"--data.path", "x", "--model.cudnn_rnn_algo", "fastest"});
+  EXPECT_NE(error.find("model.cudnn_rnn_algo = fastest"), std::string::npos) << error;
+  EXPECT_NE(error.find("persist_small_h"), std::string::npos) << error;
 }
 
 TEST(Config, MissingConfigFile) {
