@@ -412,6 +412,8 @@ class CudaReplica final : public Replica {
   void configure_rnn();
   void build_rnn();
   void build_weight_map();
+  // A weight space the map cannot take: AlgorithmRefused under a persistent algorithm, else fatal.
+  [[noreturn]] void weight_map_failed(const std::string& what) const;
   // After a refusal: under auto, the standard algorithm from now on (shapes are built again); else a
   // UserError.
   void refuse_persistent(const AlgorithmRefused& refused);
@@ -571,9 +573,10 @@ void CudaReplica::build_rnn() {
   DDP_CUDA_CHECK(cudaMemsetAsync(weight_grads_.get(), 0, weight_space_bytes_, stream_.get()));
 }
 
-// Reads a descriptor cudnnGetRNNWeightParams filled in and checks it is a row-major [rows, cols] float
-// matrix ({1, rows, cols} with unit column stride and row stride cols), as the canonical layout stores it.
-void expect_row_major(cudnnTensorDescriptor_t desc, int rows, int cols, const std::string& what) {
+// Reads a descriptor cudnnGetRNNWeightParams filled in: "" if it is a row-major [rows, cols] float matrix
+// ({1, rows, cols} with unit column stride and row stride cols), as the canonical layout stores it, else
+// what it is instead.
+std::string row_major_problem(cudnnTensorDescriptor_t desc, int rows, int cols, const std::string& what) {
   cudnnDataType_t type{};
   int dims_count = 0;
   int dims[3] = {};
@@ -581,13 +584,18 @@ void expect_row_major(cudnnTensorDescriptor_t desc, int rows, int cols, const st
   DDP_CUDNN_CHECK(cudnnGetTensorNdDescriptor(desc, 3, &type, &dims_count, dims, strides));
   const bool ok = type == CUDNN_DATA_FLOAT && dims_count == 3 && dims[0] == 1 && dims[1] == rows &&
                   dims[2] == cols && strides[2] == 1 && (rows == 1 || strides[1] == cols);
-  if (!ok) {
-    DDP_FATAL("cudnnGetRNNWeightParams: " + what + " is not a row-major float [" + std::to_string(rows) +
-              ", " + std::to_string(cols) + "] (got " + std::to_string(dims_count) + " dims {" +
-              std::to_string(dims[0]) + ", " + std::to_string(dims[1]) + ", " + std::to_string(dims[2]) +
-              "}, strides {" + std::to_string(strides[0]) + ", " + std::to_string(strides[1]) + ", " +
-              std::to_string(strides[2]) + "})");
-  }
+  if (ok) return "";
+  return "cudnnGetRNNWeightParams: " + what + " is not a row-major float [" + std::to_string(rows) + ", " +
+         std::to_string(cols) + "] (got " + std::to_string(dims_count) + " dims {" + std::to_string(dims[0]) +
+         ", " + std::to_string(dims[1]) + ", " + std::to_string(dims[2]) + "}, strides {" +
+         std::to_string(strides[0]) + ", " + std::to_string(strides[1]) + ", " + std::to_string(strides[2]) +
+         "})";
+}
+
+void CudaReplica::weight_map_failed(const std::string& what) const {
+  // A persistent algorithm may lay its weights out in a way the map does not take: auto then falls back.
+  if (algorithm_ != CUDNN_RNN_ALGO_STANDARD) throw AlgorithmRefused{what};
+  DDP_FATAL(what);
 }
 
 void CudaReplica::build_weight_map() {
@@ -599,11 +607,11 @@ void CudaReplica::build_weight_map() {
   auto offset_in_space = [&](const void* address, std::size_t count, const std::string& what) {
     const auto* p = static_cast<const char*>(address);
     if (p == nullptr || p < base || (p - base) % static_cast<std::ptrdiff_t>(sizeof(float)) != 0) {
-      DDP_FATAL("cudnnGetRNNWeightParams: " + what + " is not a float inside the weight space");
+      weight_map_failed("cudnnGetRNNWeightParams: " + what + " is not a float inside the weight space");
     }
     const auto offset = static_cast<std::size_t>(p - base) / sizeof(float);
     if (offset + count > space_floats) {
-      DDP_FATAL("cudnnGetRNNWeightParams: " + what + " ends past the weight space");
+      weight_map_failed("cudnnGetRNNWeightParams: " + what + " ends past the weight space");
     }
     return offset;
   };
@@ -634,8 +642,10 @@ void CudaReplica::build_weight_map() {
       DDP_CUDNN_CHECK_ALGORITHM(cudnnGetRNNWeightParams(cudnn_.get(), rnn_.get(), l, weight_space_bytes_,
                                                         weight_space_.get(), id, matrix_desc.get(), &matrix,
                                                         bias_desc.get(), &bias));
-      expect_row_major(matrix_desc.get(), hidden, cols, what);
-      expect_row_major(bias_desc.get(), hidden, 1, what + " bias");
+      for (const std::string& problem : {row_major_problem(matrix_desc.get(), hidden, cols, what),
+                                         row_major_problem(bias_desc.get(), hidden, 1, what + " bias")}) {
+        if (!problem.empty()) weight_map_failed(problem);
+      }
       const std::size_t matrix_count = h * to_size(cols);
       runs.push_back({(recurrent ? w_hh : w_ih).offset + gate * matrix_count,
                       offset_in_space(matrix, matrix_count, what), matrix_count});
@@ -649,18 +659,18 @@ void CudaReplica::build_weight_map() {
             [](const WeightRun& a, const WeightRun& b) { return a.cudnn < b.cudnn; });
   for (std::size_t i = 1; i < runs.size(); ++i) {
     if (runs[i - 1].cudnn + runs[i - 1].count > runs[i].cudnn) {
-      DDP_FATAL("cuDNN's weight space: blocks overlap");
+      weight_map_failed("cuDNN's weight space: blocks overlap");
     }
   }
   std::sort(runs.begin(), runs.end(),
             [](const WeightRun& a, const WeightRun& b) { return a.canonical < b.canonical; });
   std::size_t next = layout_.tensor("lstm.l0.w_ih").offset;
   for (const WeightRun& run : runs) {
-    if (run.canonical != next) DDP_FATAL("weight map: the LSTM tensors are not covered exactly once");
+    if (run.canonical != next) weight_map_failed("weight map: the LSTM tensors are not covered exactly once");
     next += run.count;
   }
   if (next != layout_.tensor("lstm.l0.w_ih").offset + lstm_floats) {
-    DDP_FATAL("weight map: LSTM size mismatch");
+    weight_map_failed("weight map: LSTM size mismatch");
   }
 
   // Neighbours in both layouts become one run: fewer blocks of the copy kernel idle on short runs.
