@@ -149,7 +149,16 @@ check_epoch_bench() {
   [ -x "$build/benchmarks/cudnn_floor_bench" ] && floor=(--floor "$build/benchmarks/cudnn_floor_bench")
   python3 -c "import torch" || { echo "PyTorch not importable"; return 1; }
   PYTHONUNBUFFERED=1 python3 benchmarks/gpu_epoch_compare.py --ddptrain "$ddptrain" --data "$bench_data" \
-    "${floor[@]}" | tee "$logs/epoch_table.md"
+    "${floor[@]}" | tee "$logs/epoch_table.md" || return 1
+  # The replica's whole train_step against cuDNN's LSTM alone, per algorithm (exit 3: cuDNN turned it down).
+  [ -x "$build/benchmarks/cudnn_floor_bench" ] || return 0
+  local batch algo
+  for batch in 32 256 1024; do
+    for algo in standard persist_small_h persist_static; do
+      "$build/benchmarks/cudnn_floor_bench" --batch "$batch" --algo "$algo" --replica | grep -E '_ms|unsupported' |
+        sed "s/^/batch $batch $algo: /"
+    done
+  done | tee "$logs/replica_vs_floor.txt"
 }
 
 # The acceptance checks first, the slow sanitizer last: a run cut short by a time limit keeps what matters.
