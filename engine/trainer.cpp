@@ -239,10 +239,11 @@ class TrainingRun {
   }
 
   void log_start() {
-    const std::string device = topology_.gpu >= 0 ? topology_.device + " " + topology_.gpu_name + " (PCI " +
-                                                        topology_.gpu_bus_id + ")"
-                                                  : topology_.device;
-    char line[768];
+    std::string device = topology_.gpu >= 0 ? topology_.device + " " + topology_.gpu_name + " (PCI " +
+                                                  topology_.gpu_bus_id + ")"
+                                            : topology_.device;
+    if (const std::string kernels = replica_->lstm_kernels(); !kernels.empty()) device += ", " + kernels;
+    char line[1024];
     std::snprintf(line, sizeof(line), "rank %d/%d on %s (local rank %d/%d): %s [%s], train rows [%lld, %lld)",
                   world_.rank(), world_.size(), topology_.host.c_str(), topology_.local_rank,
                   topology_.local_size, device.c_str(), topology_.device_reason.c_str(),

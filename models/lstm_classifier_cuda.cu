@@ -387,6 +387,10 @@ class CudaReplica final : public Replica {
   const ParamLayout& layout() const override { return layout_; }
   DeviceKind device() const override { return DeviceKind::kCuda; }
   void* stream() const override { return stream_.get(); }
+  std::string lstm_kernels() const override {
+    return std::string("cuDNN LSTM ") + cudnn_algorithm_name(algorithm_) +
+           " (model.cudnn_rnn_algo = " + rnn_algorithm_name(requested_) + ")";
+  }
   std::span<float> params() override { return {params_.get(), layout_.total_size()}; }
   std::span<float> grads() override { return {grads_.get(), layout_.total_size()}; }
   void copy_params_to_host(std::span<float> host) override;

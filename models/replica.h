@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 
 #include "models/param_layout.h"
 
@@ -51,6 +52,9 @@ class Replica {
   // The CUDA stream (a cudaStream_t) the replica computes on; nullptr for the CPU replica. Communicators and
   // optimizers of the same device order their work after it.
   virtual void* stream() const { return nullptr; }
+  // What runs the LSTM where the device leaves a choice (the GPU's cuDNN algorithm), for the start log; ""
+  // when there is nothing to say.
+  virtual std::string lstm_kernels() const { return ""; }
   // The flat buffers in the replica's own memory, for a communicator and an optimizer of the same device.
   virtual std::span<float> params() = 0;
   virtual std::span<float> grads() = 0;
