@@ -4,11 +4,24 @@
 # change between releases: libopenmpi3 became libopenmpi3t64, libhdf5-103-1 libhdf5-103-1t64) is written
 # into the image recipes by hand.
 #   bash launch/containers/runtime-packages.sh path/to/binary > runtime-packages.txt
+#   bash launch/containers/runtime-packages.sh --not-installed runtime-packages.txt
+# The second form, for the runtime stage, prints those of the list that are not installed yet: the CUDA
+# images hold their cuDNN and NCCL packages (apt-mark hold), and asking apt for a held package that has a
+# newer version fails the build, so the packages the base image has are left alone.
 # Libraries that no package holds (a toolkit unpacked from a tarball) are named on stderr and left out: the
 # runtime image must bring them itself, which the recipes check with ldd once the binary is installed.
 # Exit status: 0, or 1 with one line on stderr when the binary is missing or ldd cannot resolve a library.
 set -euo pipefail
-binary=${1:?usage: runtime-packages.sh BINARY}
+if [ "${1:-}" = --not-installed ]; then
+  list=${2:?usage: runtime-packages.sh --not-installed LIST}
+  [ -f "$list" ] || { echo "runtime-packages.sh: $list: no such file" >&2; exit 1; }
+  while read -r package; do
+    [ -z "$package" ] || [ "$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null)" = "install ok installed" ] ||
+      echo "$package"
+  done <"$list"
+  exit 0
+fi
+binary=${1:?usage: runtime-packages.sh BINARY | --not-installed LIST}
 [ -f "$binary" ] || { echo "runtime-packages.sh: $binary: no such file" >&2; exit 1; }
 libraries=$(ldd "$binary") || { echo "runtime-packages.sh: $binary: ldd failed" >&2; exit 1; }
 missing=$(awk '/not found/ {print $1}' <<<"$libraries" | paste -sd' ')

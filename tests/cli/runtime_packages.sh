@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # launch/containers/runtime-packages.sh, which the container recipes use to pick their runtime packages, on
 # the ddptrain just built: the packages it prints are installed here, their files hold every library ldd
-# resolves for ddptrain (but those it names on stderr as belonging to no package), and a missing binary or an
-# unresolvable library is one error line and exit 1.
+# resolves for ddptrain (but those it names on stderr as belonging to no package), --not-installed leaves out
+# what is installed, and a missing binary or an unresolvable library is one error line and exit 1.
 #   bash tests/cli/runtime_packages.sh path/to/ddptrain source-dir
 set -uo pipefail
 ddptrain=$1
@@ -41,6 +41,12 @@ done < <(ldd "$ddptrain" | awk '$2 == "=>" && $3 ~ /^\// {print $3}')
 for library in libmpi libhdf5 libboost_program_options libopenblas; do
   grep -q "^$library" "$work/files" || fail "no package of $library listed"
 done
+
+# --not-installed: of a list, the packages not installed here (the runtime stage installs only those).
+printf '%s\n' "$(head -n 1 "$work/packages")" ddptrain-no-such-package "" >"$work/list"
+bash "$script" --not-installed "$work/list" >"$work/missing" || fail "--not-installed: exit status $?"
+[ "$(cat "$work/missing")" = ddptrain-no-such-package ] ||
+  fail "--not-installed printed '$(cat "$work/missing")', expected only ddptrain-no-such-package"
 
 # A missing binary.
 status=0
