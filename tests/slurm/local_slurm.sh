@@ -142,6 +142,11 @@ local_slurm_job_state() {
   scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2
 }
 
+# How many times Slurm has requeued job $1.
+local_slurm_job_restarts() {
+  scontrol show job "$1" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2
+}
+
 local_slurm_wait_job() {
   local id=$1 bound=$2 state="" waited=0
   while [ "$waited" -lt $((bound * 5)) ]; do

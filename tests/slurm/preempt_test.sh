@@ -73,7 +73,7 @@ preempt_and_check() {  # launcher
   local state restarts
   state=$(local_slurm_wait_job "$id" 90) || fail "job $id did not end within 90 s"
   [ "$state" = COMPLETED ] || fail "job $id ended $state"
-  restarts=$(scontrol show job "$id" | grep -o 'Restarts=[0-9]*' | cut -d= -f2)
+  restarts=$(local_slurm_job_restarts "$id")
   [ "$restarts" = 1 ] || fail "Restarts=$restarts, expected 1 (one requeue)"
 
   expect_log "batch shell received SIGUSR1" "the signal reaching the batch shell"
@@ -115,7 +115,7 @@ cancel_and_check() {
   echo "cancelled job $id after epoch 1"
   state=$(local_slurm_wait_job "$id" 60) || fail "job $id did not end within 60 s"
   [ "$state" = CANCELLED ] || fail "the cancelled job $id ended $state"
-  restarts=$(scontrol show job "$id" | grep -o 'Restarts=[0-9]*' | cut -d= -f2)
+  restarts=$(local_slurm_job_restarts "$id")
   [ "$restarts" = 0 ] || fail "the cancelled job $id was requeued (Restarts=$restarts)"
   expect_log "batch shell received SIGTERM" "the cancel's SIGTERM reaching the batch shell"
   expect_log "not requeued" "the decision not to requeue"
