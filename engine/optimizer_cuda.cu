@@ -1,7 +1,7 @@
 // Adam and SGD over a flat device buffer (optimizer.h): one fused kernel per step on the replica's stream, no
 // host synchronisation. The arithmetic is the host loop's, operation for operation, with explicitly rounded
-// intrinsics so that nvcc cannot contract a multiply-add into an FMA: where the host does not contract
-// either, the two agree to the last bit.
+// intrinsics so that nvcc cannot contract a multiply-add into an FMA. optimizer.cpp is compiled with
+// -ffp-contract=off for the same reason, so the two agree to the last bit.
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -214,6 +214,70 @@ TEST(Optimizer, StateRoundTripContinuesIdentically) {
   EXPECT_THROW(make_optimizer(sgd, 4)->load_state(a->state()), UserError);
 }
 
+// Every operation of the update rounded to float on its own, as the CUDA kernels do with their _rn
+// intrinsics: a volatile store keeps the compiler from fusing a multiply and an add here.
+float rounded(float x) {
+  volatile float r = x;
+  return r;
+}
+
+// The host optimizers round each operation separately (no multiply-add contracted into an FMA, whatever the
+// CPU's vector clone), so that CPU and GPU replicas applying the same gradient keep the same parameters to
+// the last bit. An odd size runs the vector loops' tails too.
+TEST(Optimizer, UpdatesRoundEveryOperationLikeTheCudaKernels) {
+  constexpr std::size_t n = 1003;
+  std::vector<float> p(n), g(n);
+  uint32_t state = 12345;
+  auto next = [&state] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / 16777216.0f - 0.5f;
+  };
+  for (std::size_t i = 0; i < n; ++i) p[i] = next();
+
+  OptimizerSettings adam_settings;
+  adam_settings.learning_rate = 0.003;
+  auto adam = make_optimizer(adam_settings, n);
+  std::vector<float> pa = p, ref = p, m(n, 0.0f), v(n, 0.0f);
+  const auto b1 = static_cast<float>(adam_settings.beta1);
+  const auto b2 = static_cast<float>(adam_settings.beta2);
+  const auto eps = static_cast<float>(adam_settings.epsilon);
+  for (int t = 1; t <= 5; ++t) {
+    for (std::size_t i = 0; i < n; ++i) g[i] = next() * 0.01f;
+    adam->step(pa, g);
+    const auto lr_t = static_cast<float>(adam_settings.learning_rate * std::sqrt(1.0 - std::pow(0.999, t)) /
+                                         (1.0 - std::pow(0.9, t)));
+    for (std::size_t i = 0; i < n; ++i) {
+      m[i] = rounded(rounded(b1 * m[i]) + rounded(rounded(1.0f - b1) * g[i]));
+      v[i] = rounded(rounded(b2 * v[i]) + rounded(rounded(rounded(1.0f - b2) * g[i]) * g[i]));
+      ref[i] = rounded(ref[i] - rounded(rounded(lr_t * m[i]) / rounded(rounded(std::sqrt(v[i])) + eps)));
+    }
+  }
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < n; ++i) differ += pa[i] != ref[i] ? 1 : 0;
+  EXPECT_EQ(differ, 0u) << "Adam: parameters that differ from the per-operation rounding";
+
+  OptimizerSettings sgd_settings;
+  sgd_settings.name = "sgd";
+  sgd_settings.learning_rate = 0.05;
+  sgd_settings.momentum = 0.9;
+  auto sgd = make_optimizer(sgd_settings, n);
+  std::vector<float> ps = p, velocity(n, 0.0f);
+  ref = p;
+  const auto lr = static_cast<float>(sgd_settings.learning_rate);
+  const auto momentum = static_cast<float>(sgd_settings.momentum);
+  for (int t = 1; t <= 5; ++t) {
+    for (std::size_t i = 0; i < n; ++i) g[i] = next();
+    sgd->step(ps, g);
+    for (std::size_t i = 0; i < n; ++i) {
+      velocity[i] = rounded(rounded(momentum * velocity[i]) - rounded(lr * g[i]));
+      ref[i] = rounded(ref[i] + velocity[i]);
+    }
+  }
+  differ = 0;
+  for (std::size_t i = 0; i < n; ++i) differ += ps[i] != ref[i] ? 1 : 0;
+  EXPECT_EQ(differ, 0u) << "SGD: parameters that differ from the per-operation rounding";
+}
+
 // Lazy rows: a matrix at offset 2 of width 2 with 3 rows. A first step touches every row; then only row 1 has
 // a gradient. Lazily, rows 0 and 2 keep the values of the first step; densely their moments keep moving them.
 // Outside the matrix, and on row 1, both updates are the same.
