@@ -63,7 +63,8 @@ void visit_keys(C& c, Visitor&& key) {
   key("comm", "max_staleness", c.comm.max_staleness,
       "ps async: steps a worker may run ahead of the slowest worker");
   key("comm", "timeout_s", c.comm.timeout_s,
-      "ps: seconds of silence from a rank after which the job ends, naming the rank");
+      "seconds a rank may go without progress before the job ends: ps names a silent rank; the all-reduce "
+      "backends end when no step or evaluation batch finished for this long (a hung rank)");
   key("checkpoint", "dir", c.checkpoint.dir, "run directory: config.ini, metrics.jsonl, last.h5, best.h5");
   key("checkpoint", "every_steps", c.checkpoint.every_steps,
       "also write last.h5 every N steps; 0: per epoch");

@@ -19,6 +19,7 @@
 #include "engine/ps_training.h"
 #include "engine/timeline.h"
 #include "engine/updater.h"
+#include "engine/watchdog.h"
 #include "io/batch_reader.h"
 #include "io/batch_source.h"
 #include "models/cuda_replica.h"
@@ -92,11 +93,12 @@ std::unique_ptr<Optimizer> make_optimizer_for(models::Replica& replica, const Op
 // (ps_training.h lists the sequence).
 class TrainingRun {
  public:
-  // `stop_signal` spans the ranks of `comm`.
+  // `stop_signal` spans the ranks of `comm`. With `stall_timeout_s` > 0 a ProgressWatchdog ends the job when
+  // no step or evaluation batch finishes for that long (the parameter server has deadlines of its own).
   TrainingRun(const Config& config, const Topology& topology, comm::Communicator& world,
               comm::Communicator& comm, StopAgreement& stop_signal, std::string backend_reason,
               std::unique_ptr<models::Replica> replica, std::unique_ptr<Updater> updater,
-              const io::DatasetInfo& data)
+              const io::DatasetInfo& data, double stall_timeout_s)
       : config_(config),
         topology_(topology),
         world_(world),
@@ -110,7 +112,8 @@ class TrainingRun {
         train_shard_(io::shard_of(data.train_size, comm_.rank(), comm_.size(), /*cover_all=*/false)),
         test_shard_(io::shard_of(data.test_size, comm_.rank(), comm_.size(), /*cover_all=*/true)),
         host_params_(replica_->layout().total_size()),
-        stop_signal_(stop_signal) {
+        stop_signal_(stop_signal),
+        stall_timeout_s_(stall_timeout_s) {
     const int64_t per_epoch =
         io::BatchReader::batches_per_epoch(train_shard_.size(), config.train.batch_size, /*drop_last=*/true);
     steps_per_epoch_ = config.train.max_steps_per_epoch > 0
@@ -130,12 +133,16 @@ class TrainingRun {
     start_gpu_monitor();
 
     TrainResult result;
+    if (stall_timeout_s_ > 0) {
+      watchdog_.emplace(stall_timeout_s_, [](const std::string& reason) { DDP_FATAL(reason); });
+    }
     for (int64_t epoch = progress_.epoch; epoch < config_.train.epochs && !stop_requested(); ++epoch) {
       if (stop_signal_.now()) break;  // signalled between epochs: last.h5 already holds the finished ones
       std::optional<EpochMetrics> metrics = train_epoch(epoch);
       if (!metrics) break;  // stopped in the middle of the epoch, last.h5 written
       result.history.push_back(*metrics);
     }
+    watchdog_.reset();
     result.params.resize(replica_->layout().total_size());
     updater_->finish(result.params);
     result.stopped_by_signal = stop_signal_.stopped();
@@ -328,6 +335,7 @@ class TrainingRun {
       const bool signalled = stop_signal_.poll();  // every step on every rank, so the calls pair up
       ++step;
       ++progress_.global_step;
+      beat();
       progress_.step_in_epoch = step;
       if (progress && progress->due(step)) {
         local += replica_->take_stats();  // a host sync on a GPU: only when progress is shown
@@ -396,6 +404,10 @@ class TrainingRun {
     return m;
   }
 
+  void beat() {
+    if (watchdog_) watchdog_->beat(progress_.global_step);
+  }
+
   static std::optional<io::BatchRef> next_batch(io::BatchSource& source) {
     timeline::Span span("data wait");
     return source.next();
@@ -437,6 +449,7 @@ class TrainingRun {
       std::unique_ptr<io::BatchSource> source = make_source(options);
       while (const std::optional<io::BatchRef> batch = source->next()) {
         replica_->evaluate({batch->tokens, batch->labels, batch->batch_size, batch->seq});
+        beat();
       }
     }
     const models::BatchStats local = replica_->take_stats();
@@ -507,7 +520,9 @@ class TrainingRun {
   bool resumed_ = false;
   std::vector<float> host_params_;  // host copy of the parameters: initialization, broadcast, checkpoints
   StopAgreement& stop_signal_;
-  std::unique_ptr<GpuMonitor> gpu_monitor_;  // null on a CPU rank or without NVML
+  double stall_timeout_s_ = 0;
+  std::optional<ProgressWatchdog> watchdog_;  // while the epochs run, with a stall timeout
+  std::unique_ptr<GpuMonitor> gpu_monitor_;   // null on a CPU rank or without NVML
 };
 
 }  // namespace
@@ -554,8 +569,9 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
       auto updater = std::make_unique<AllReduceUpdater>(
           *replica, comm, make_optimizer_for(*replica, optimizer_settings(config)),
           config.comm.sparse_embedding && backend.all_on_cpu);
-      run = std::make_unique<TrainingRun>(config, topology, *boot, comm, stop_signal, backend.reason,
-                                          std::move(replica), std::move(updater), data);
+      run =
+          std::make_unique<TrainingRun>(config, topology, *boot, comm, stop_signal, backend.reason,
+                                        std::move(replica), std::move(updater), data, config.comm.timeout_s);
     });
     return run->run();
   }
@@ -575,7 +591,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     std::unique_ptr<Updater> updater = make_ps_worker_updater(job, *replica, optimizer_settings(config));
     run = std::make_unique<TrainingRun>(config, topology, *boot, job.workers(), *stop_signal,
                                         backend.reason + "; " + job.describe_mode(), std::move(replica),
-                                        std::move(updater), data);
+                                        std::move(updater), data, /*stall_timeout_s=*/0);
   });
   return server ? server->run() : run->run();
 }

@@ -1,15 +1,21 @@
-// Config parsing, optimizers, checkpoints and metrics formatting.
+// Config parsing, optimizers, the progress watchdog, checkpoints and metrics formatting.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <thread>
 
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/errors.h"
 #include "engine/metrics.h"
 #include "engine/optimizer.h"
+#include "engine/watchdog.h"
 #include "models/cuda_replica.h"
 #include "tests/test_util.h"
 
@@ -307,6 +313,43 @@ TEST(Optimizer, LazyRowsLeaveUntouchedRowsAlone) {
     EXPECT_EQ(pl[i], after_first[i]) << i;
     EXPECT_NE(pd[i], after_first[i]) << i;
   }
+}
+
+// The stall handler is called once no beat came for the timeout, with the last step in its message.
+TEST(ProgressWatchdog, CallsTheHandlerWhenBeatsStop) {
+  std::mutex mutex;
+  std::condition_variable called;
+  std::string reason;
+  const auto start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration after{};
+  ProgressWatchdog watchdog(0.2, [&](const std::string& why) {
+    std::lock_guard<std::mutex> lock(mutex);
+    reason = why;
+    after = std::chrono::steady_clock::now() - start;
+    called.notify_all();
+  });
+  watchdog.beat(41);
+  watchdog.beat(42);
+  std::unique_lock<std::mutex> lock(mutex);
+  ASSERT_TRUE(called.wait_for(lock, std::chrono::seconds(10), [&] { return !reason.empty(); }))
+      << "the handler was not called";
+  EXPECT_GE(after, std::chrono::milliseconds(200));
+  EXPECT_NE(reason.find("after step 42"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("(comm.timeout_s 0.2;"), std::string::npos) << reason;
+}
+
+// Beats that keep coming, each within the timeout, keep it quiet however long the run; so does its end.
+TEST(ProgressWatchdog, StaysQuietWhileBeatsComeAndAfterItEnds) {
+  std::atomic<int> calls{0};
+  {
+    ProgressWatchdog watchdog(1.0, [&](const std::string&) { ++calls; });
+    for (int step = 0; step < 30; ++step) {  // 1.5 s of beats, 50 ms apart
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      watchdog.beat(step);
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_EQ(calls.load(), 0);
 }
 
 TEST(Checkpoint, RoundTripAndAtomicWrite) {

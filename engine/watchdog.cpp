@@ -1,0 +1,54 @@
+#include "engine/watchdog.h"
+
+#include <algorithm>
+#include <iomanip>
+#include <sstream>
+
+#include "engine/errors.h"
+
+namespace ddp::engine {
+
+ProgressWatchdog::ProgressWatchdog(double timeout_s, StallHandler on_stall)
+    : timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))),
+      on_stall_(std::move(on_stall)),
+      last_beat_(Clock::now().time_since_epoch().count()) {
+  DDP_CHECK(timeout_s > 0);
+  thread_ = std::thread([this] { watch(); });
+}
+
+ProgressWatchdog::~ProgressWatchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void ProgressWatchdog::beat(int64_t global_step) {
+  last_step_.store(global_step, std::memory_order_relaxed);
+  last_beat_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+}
+
+void ProgressWatchdog::watch() {
+  // Checks ten times per timeout (at most once a second), so a stall is reported at most 10% late.
+  const auto period = std::min<Clock::duration>(timeout_ / 10, std::chrono::seconds(1));
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!wake_.wait_for(lock, period, [this] { return stopping_; })) {
+    const Clock::time_point last{Clock::duration(last_beat_.load(std::memory_order_relaxed))};
+    const auto silent = Clock::now() - last;
+    if (silent < timeout_) continue;
+    std::ostringstream reason;
+    reason << "no training step or evaluation batch finished in " << std::fixed << std::setprecision(1)
+           << std::chrono::duration<double>(silent).count() << " s (comm.timeout_s " << std::defaultfloat
+           << std::setprecision(6) << std::chrono::duration<double>(timeout_).count()
+           << "; the last after step " << last_step_.load(std::memory_order_relaxed)
+           << "): a rank is hung or lost, this one or one it waits for in a collective; ending the job (the "
+              "last checkpoint stays for --resume auto)";
+    lock.unlock();
+    on_stall_(reason.str());
+    return;
+  }
+}
+
+}  // namespace ddp::engine
