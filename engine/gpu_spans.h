@@ -3,8 +3,8 @@
 // (gpu_spans_cuda.cpp); only CUDA code uses it.
 //
 // A span costs two cudaEventRecord calls and no host synchronisation: the timeline's writer thread waits
-// for the end event and converts the events' times to host times through a reference event recorded (and
-// waited for, once) when the first span begins.
+// for the end event and converts the events' times to host times through an anchor event, recorded (and
+// waited for) when the first span begins and again once a minute.
 #pragma once
 
 #include <memory>

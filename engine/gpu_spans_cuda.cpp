@@ -1,5 +1,6 @@
 #include <cuda_runtime_api.h>
 
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -18,8 +19,14 @@ struct GpuSpans::State {
   std::mutex mutex;                      // the pool is shared with the writer thread
   std::vector<cudaEvent_t> free_events;  // recorded events go back here once resolved
   std::vector<cudaEvent_t> all_events;
-  cudaEvent_t reference = nullptr;  // recorded once; its host time is reference_time
-  Clock::time_point reference_time;
+  // An event pinned to a host time. cudaEventElapsedTime is a float of milliseconds, 62 us coarse ten minutes
+  // after its reference, and the GPU's clock drifts from the host's: a new anchor every minute keeps a span's
+  // start within a few microseconds. Spans still being written keep their own anchor alive.
+  struct Anchor {
+    cudaEvent_t event = nullptr;
+    Clock::time_point time;
+  };
+  std::shared_ptr<const Anchor> anchor;
 
   ~State() {
     for (cudaEvent_t e : all_events) warn_cuda(cudaEventDestroy(e), "cudaEventDestroy");
@@ -44,15 +51,33 @@ struct GpuSpans::State {
     free_events.push_back(end);
   }
 
-  // Host time of a completed event: the reference's host time plus the GPU time between them.
-  bool host_time(cudaEvent_t event, Clock::time_point& out) const {
-    float ms = 0;
-    if (cudaEventElapsedTime(&ms, reference, event) != cudaSuccess) return false;
-    out = reference_time +
-          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
-    return true;
+  // Records a new anchor on the stream and waits for it: the only host synchronisation, once a minute.
+  void anchor_now() {
+    cudaEvent_t event = nullptr;
+    DDP_CUDA_CHECK(cudaEventCreate(&event));
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      all_events.push_back(event);  // destroyed with the pool
+    }
+    DDP_CUDA_CHECK(cudaEventRecord(event, stream));
+    DDP_CUDA_CHECK(cudaEventSynchronize(event));
+    anchor = std::make_shared<const Anchor>(Anchor{event, Clock::now()});
   }
 };
+
+namespace {
+
+// `to` - `from` of two completed events, as a host duration.
+bool elapsed(cudaEvent_t from, cudaEvent_t to, Clock::duration& out) {
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, from, to) != cudaSuccess) return false;
+  out = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+  return true;
+}
+
+constexpr auto kAnchorLifetime = std::chrono::seconds(60);
+
+}  // namespace
 
 GpuSpans::GpuSpans(void* stream, int device, const char* track_name) : state_(std::make_shared<State>()) {
   state_->stream = static_cast<cudaStream_t>(stream);
@@ -65,14 +90,8 @@ GpuSpans::~GpuSpans() = default;
 void* GpuSpans::begin() {
   if (!enabled()) return nullptr;
   State& s = *state_;
-  if (s.reference == nullptr) {
-    s.reference = s.take_event();
-    s.track = track(s.track_name, s.device);
-    // The one host synchronisation: pins the reference event to a host time (to within the wake-up latency).
-    DDP_CUDA_CHECK(cudaEventRecord(s.reference, s.stream));
-    DDP_CUDA_CHECK(cudaEventSynchronize(s.reference));
-    s.reference_time = Clock::now();
-  }
+  if (s.anchor == nullptr) s.track = track(s.track_name, s.device);
+  if (s.anchor == nullptr || Clock::now() - s.anchor->time > kAnchorLifetime) s.anchor_now();
   cudaEvent_t begin_event = s.take_event();
   DDP_CUDA_CHECK(cudaEventRecord(begin_event, s.stream));
   return begin_event;
@@ -84,13 +103,19 @@ void GpuSpans::end(void* begin_handle, const char* name) {
   cudaEvent_t end_event = state_->take_event();
   DDP_CUDA_CHECK(cudaEventRecord(end_event, state_->stream));
   // Runs on the writer thread: it must not end the job, so a failure only drops the span.
+  // The start from the anchor; the length from the span's own two events, at full precision.
   record_deferred(name, state_->track,
-                  [state = state_, begin_event, end_event](Clock::time_point& begin, Clock::time_point& end) {
+                  [state = state_, anchor = state_->anchor, begin_event, end_event](Clock::time_point& begin,
+                                                                                    Clock::time_point& end) {
+                    Clock::duration since_anchor{};
+                    Clock::duration length{};
                     const bool timed = cudaSetDevice(state->device) == cudaSuccess &&
                                        cudaEventSynchronize(end_event) == cudaSuccess &&
-                                       state->host_time(begin_event, begin) &&
-                                       state->host_time(end_event, end);
+                                       elapsed(anchor->event, begin_event, since_anchor) &&
+                                       elapsed(begin_event, end_event, length);
                     state->give_back(begin_event, end_event);
+                    begin = anchor->time + since_anchor;
+                    end = begin + length;
                     return timed;
                   });
 }
