@@ -10,9 +10,9 @@
 // state the event captured at its most recent cudaEventRecord() before the call, and later records do not
 // change what an earlier wait waits for (CUDA runtime API, cudaEventRecord).
 //
-// Averages are ncclAvg (NCCL >= 2.10): every rank receives the same bits, as with the MPI backend.
-// Host-side collectives (broadcast, sum, gather, first_error, barrier) go through the MPI backend on a
-// duplicate of the job's communicator.
+// Averages are ncclAvg (NCCL >= 2.10; the build asks for 2.14, for ncclCommFinalize): every rank receives the
+// same bits, as with the MPI backend. Host-side collectives (broadcast, sum, gather, first_error, barrier) go
+// through the MPI backend on a duplicate of the job's communicator.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -31,7 +31,8 @@
 #include "engine/errors.h"
 #include "engine/gpu_spans.h"
 
-static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0), "ncclAvg needs NCCL 2.10 or newer");
+static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0),
+              "ncclAvg needs NCCL 2.10 and ncclCommFinalize 2.14 or newer");
 
 namespace ddp::comm {
 namespace {

@@ -53,7 +53,8 @@ void visit_keys(C& c, Visitor&& key) {
       "mpi (all-reduce), nccl (all-reduce on GPUs) or ps (parameter server)");
   key("comm", "sparse_embedding", c.comm.sparse_embedding,
       "average only the embedding rows some rank's batch used (same result, less traffic)");
-  key("comm", "compression", c.comm.compression, "gradients on the wire with NCCL: none, fp16 or bf16");
+  key("comm", "compression", c.comm.compression,
+      "gradients on the wire with NCCL: none, fp16 or bf16 (bf16 keeps fp32's range; fp16 is unscaled)");
   key("comm", "ps_servers", c.comm.ps_servers,
       "ps: the last K ranks are parameter servers, each owning a shard of the parameters and their "
       "optimizer state; the others are workers");

@@ -25,6 +25,16 @@ inline void warn_cuda(cudaError_t status, const char* call) {
 
 #define DDP_CUDA_CHECK(call) ::ddp::check_cuda((call), #call, __FILE__, __LINE__)
 
+namespace ddp {
+
 // After a kernel launch: a bad launch configuration shows here, a fault inside the kernel at the next sync.
-#define DDP_CUDA_CHECK_LAUNCH(kernel) \
-  ::ddp::check_cuda(cudaGetLastError(), (std::string("launch of ") + (kernel)).c_str(), __FILE__, __LINE__)
+// The message is built only on failure: launches are in the step's hot path.
+inline void check_launch(const char* kernel, const char* file, int line) {
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess)
+    fatal(std::string("launch of ") + kernel + " failed: " + cudaGetErrorString(status), file, line);
+}
+
+}  // namespace ddp
+
+#define DDP_CUDA_CHECK_LAUNCH(kernel) ::ddp::check_launch((kernel), __FILE__, __LINE__)

@@ -60,8 +60,10 @@ GpuInventory probe_gpus() {
   const cudaError_t status = cudaGetDeviceCount(&count);
   // No driver (cudaErrorInsufficientDriver) and no device (cudaErrorNoDevice) both mean: no GPU here.
   if (status != cudaSuccess || count == 0) {
-    inventory.why_none = std::string("no GPU visible (") + cudaGetErrorString(status) +
+    inventory.why_none = std::string("no GPU visible (") +
+                         (status != cudaSuccess ? cudaGetErrorString(status) : "the driver lists none") +
                          "): check the driver, CUDA_VISIBLE_DEVICES or the job's --gres/--gpus";
+    cudaGetLastError();  // these failures are not sticky: leave no error for a later launch check to report
     return inventory;
   }
   for (int i = 0; i < count; ++i) {
@@ -78,6 +80,7 @@ GpuInventory probe_gpus() {
     if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), i) == cudaSuccess) info.pci_bus_id = bus_id;
     inventory.gpus.push_back(info);
   }
+  cudaGetLastError();  // as above: a failed property query must not surface at a later launch check
   return inventory;
 }
 
