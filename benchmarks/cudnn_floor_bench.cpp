@@ -51,7 +51,13 @@ void check(cudnnStatus_t status, const char* what) {
 // For the calls whose support depends on the algorithm: a refusal is no failure of the benchmark.
 void check_supported(cudnnStatus_t status, const char* what) {
   const int category = CUDNN_STATUS_CATEGORY(static_cast<int>(status));
-  if (category == CUDNN_STATUS_NOT_SUPPORTED || category == CUDNN_STATUS_BAD_PARAM) {
+  // As the replica: a persistent kernel that cannot launch here, on a healthy device, is a refusal too.
+  bool could_not_run = false;
+  if (category == CUDNN_STATUS_EXECUTION_FAILED) {
+    cudaGetLastError();  // a launch failure is not sticky
+    could_not_run = cudaDeviceSynchronize() == cudaSuccess;
+  }
+  if (category == CUDNN_STATUS_NOT_SUPPORTED || category == CUDNN_STATUS_BAD_PARAM || could_not_run) {
     std::printf("unsupported: %s: %s\n", what, cudnnGetErrorString(status));
     std::exit(3);
   }
@@ -85,6 +91,8 @@ void fill_random(void* device, std::size_t count, uint64_t seed) {
   std::vector<float> host(count);
   for (auto& x : host) x = dist(rng);
   CHECK(cudaMemcpy(device, host.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+  // From pageable memory the copy may return before its DMA lands; the stream below is non-blocking.
+  CHECK(cudaDeviceSynchronize());
 }
 
 double floor_ms(const Options& o) {
@@ -141,6 +149,7 @@ double floor_ms(const Options& o) {
   void* dy = device_alloc(rows * to_size(o.hidden) * sizeof(float));
   auto* seq_lengths = static_cast<int32_t*>(device_alloc(lengths.size() * sizeof(int32_t)));
   CHECK(cudaMemcpy(seq_lengths, lengths.data(), lengths.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  CHECK(cudaDeviceSynchronize());  // as in fill_random
   fill_random(weights, weight_bytes / sizeof(float), 1);
   fill_random(x, rows * to_size(o.embed), 2);
   fill_random(dy, rows * to_size(o.hidden), 3);
@@ -201,6 +210,7 @@ double replica_ms(const Options& o) {
   auto* device_labels = static_cast<float*>(device_alloc(labels.size() * sizeof(float)));
   CHECK(cudaMemcpy(device_tokens, tokens.data(), tokens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(device_labels, labels.data(), labels.size() * sizeof(float), cudaMemcpyHostToDevice));
+  CHECK(cudaDeviceSynchronize());  // as in fill_random
   const ddp::models::BatchView batch{device_tokens, device_labels, o.batch, o.seq};
 
   auto stream = static_cast<cudaStream_t>(replica->stream());

@@ -141,9 +141,12 @@ DeviceCopy::DeviceCopy(int device, const void* host, std::size_t bytes) {
   throw_on_cuda_error(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
   throw_on_cuda_error(cudaMalloc(&data_, bytes), "cudaMalloc(" + std::to_string(bytes) + " bytes)");
   const cudaError_t copied = cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice);
-  if (copied != cudaSuccess) {
+  // From pageable memory cudaMemcpy may return before the DMA has landed, and the replica's non-blocking
+  // stream is not ordered after the default stream: wait for the data before anyone reads it.
+  const cudaError_t landed = copied == cudaSuccess ? cudaDeviceSynchronize() : copied;
+  if (landed != cudaSuccess) {
     warn_cuda(cudaFree(data_), "cudaFree");
-    throw_on_cuda_error(copied, "cudaMemcpy to GPU " + std::to_string(device));
+    throw_on_cuda_error(landed, "cudaMemcpy to GPU " + std::to_string(device));
   }
 }
 

@@ -65,15 +65,21 @@ struct AlgorithmRefused {
 };
 
 // In descriptor setup and the shape probe: refusals under a persistent algorithm throw AlgorithmRefused,
-// every other failure (and any under the standard algorithm) is fatal as in DDP_CUDNN_CHECK.
+// every other failure (and any under the standard algorithm) is fatal as in DDP_CUDNN_CHECK. A persistent
+// kernel that cannot launch here (too few SMs on a MIG slice or under an MPS share) fails to execute; that
+// is a refusal too, provided the device is healthy afterwards (no sticky error).
 void check_algorithm_status(cudnnStatus_t status, cudnnRNNAlgo_t algorithm, const char* call,
                             const char* file, int line) {
   if (status == CUDNN_STATUS_SUCCESS) return;
   const std::string what = std::string(call) + " failed: " + cudnnGetErrorString(status);
   const int category = CUDNN_STATUS_CATEGORY(static_cast<int>(status));
-  if (algorithm != CUDNN_RNN_ALGO_STANDARD &&
-      (category == CUDNN_STATUS_BAD_PARAM || category == CUDNN_STATUS_NOT_SUPPORTED)) {
-    throw AlgorithmRefused{what};
+  if (algorithm != CUDNN_RNN_ALGO_STANDARD) {
+    if (category == CUDNN_STATUS_BAD_PARAM || category == CUDNN_STATUS_NOT_SUPPORTED)
+      throw AlgorithmRefused{what};
+    if (category == CUDNN_STATUS_EXECUTION_FAILED) {
+      cudaGetLastError();  // clears a launch failure, which is not sticky; a sticky fault survives the sync
+      if (cudaDeviceSynchronize() == cudaSuccess) throw AlgorithmRefused{what};
+    }
   }
   ::ddp::fatal(what, file, line);
 }
@@ -760,7 +766,15 @@ const BatchShape& CudaReplica::build_shape(int batch, int seq) {
   reserve_.ensure(std::max<std::size_t>(shape->reserve, 1));
   probabilities_.ensure(to_size(batch));
   d_logits_.ensure(to_size(batch));
-  if (algorithm_ != CUDNN_RNN_ALGO_STANDARD) probe(*shape);
+  if (algorithm_ != CUDNN_RNN_ALGO_STANDARD) {
+    try {
+      probe(*shape);
+    } catch (const AlgorithmRefused&) {
+      // Work the probe queued may still use this shape's buffers, which the unwinding frees.
+      DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+      throw;
+    }
+  }
   return *shapes_.emplace(key, std::move(shape)).first->second;
 }
 

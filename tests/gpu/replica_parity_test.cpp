@@ -31,6 +31,13 @@ void cuda_ok(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
 }
 
+// A host-to-device copy that has landed when it returns: from pageable memory cudaMemcpy may return before
+// the DMA completes, and the replicas' non-blocking streams are not ordered after the default stream.
+void upload(void* device, const void* host, std::size_t bytes) {
+  cuda_ok(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
 std::size_t to_size(int v) {
   return static_cast<std::size_t>(v);
 }
@@ -65,13 +72,8 @@ class DeviceBatch {
     cuda_ok(cudaMalloc(reinterpret_cast<void**>(&tokens_), host.tokens.size() * sizeof(int32_t)),
             "cudaMalloc");
     cuda_ok(cudaMalloc(reinterpret_cast<void**>(&labels_), host.labels.size() * sizeof(float)), "cudaMalloc");
-    // Synchronous copies: done before any replica stream reads them.
-    cuda_ok(
-        cudaMemcpy(tokens_, host.tokens.data(), host.tokens.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
-        "cudaMemcpy");
-    cuda_ok(
-        cudaMemcpy(labels_, host.labels.data(), host.labels.size() * sizeof(float), cudaMemcpyHostToDevice),
-        "cudaMemcpy");
+    upload(tokens_, host.tokens.data(), host.tokens.size() * sizeof(int32_t));
+    upload(labels_, host.labels.data(), host.labels.size() * sizeof(float));
   }
   ~DeviceBatch() {
     cudaFree(tokens_);
@@ -326,8 +328,7 @@ void check_optimizer(const engine::OptimizerSettings& settings, std::size_t n, s
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> host_params(n);
     for (auto& p : host_params) p = normal(rng);
-    cuda_ok(cudaMemcpy(device_params + offset, host_params.data(), n * sizeof(float), cudaMemcpyHostToDevice),
-            "cudaMemcpy");
+    upload(device_params + offset, host_params.data(), n * sizeof(float));
     auto host = engine::make_optimizer(settings, n);
     auto gpu = engine::make_cuda_optimizer(settings, n, stream);
     EXPECT_EQ(gpu->name(), host->name());
@@ -339,8 +340,7 @@ void check_optimizer(const engine::OptimizerSettings& settings, std::size_t n, s
       host->step(host_params, grads);
       // The last step's kernel may still read the gradients: wait before overwriting them.
       cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-      cuda_ok(cudaMemcpy(device_grads + offset, grads.data(), n * sizeof(float), cudaMemcpyHostToDevice),
-              "cudaMemcpy");
+      upload(device_grads + offset, grads.data(), n * sizeof(float));
       cuda_optimizer.step(gpu_params, gpu_grads);
     };
     // Both sides round every operation on its own (optimizer.cpp is built without FMA contraction), so they
