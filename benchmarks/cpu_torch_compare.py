@@ -31,7 +31,8 @@ def torch_rank(rank, ranks, threads, samples, port, results):
     import torch
     import torch.distributed as dist
     import torch.nn as nn
-    import torch.nn.functional as F
+
+    import torch_reference
 
     if ranks > 1:  # bound one core per rank, as mpirun binds ddptrain's ranks
         os.sched_setaffinity(0, {rank % os.cpu_count()})
@@ -41,21 +42,10 @@ def torch_rank(rank, ranks, threads, samples, port, results):
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=ranks)
 
-    class Classifier(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embedding = nn.Embedding(VOCAB, EMBED)
-            self.lstm = nn.LSTM(EMBED, HIDDEN, batch_first=True)
-            self.dense = nn.Linear(HIDDEN, 1)
-
-        def forward(self, tokens):
-            out, _ = self.lstm(self.embedding(tokens))
-            return self.dense(out[:, -1]).squeeze(1)
-
-    model = Classifier()
+    model = torch_reference.Classifier(VOCAB, EMBED, HIDDEN)
     if ranks > 1:
         model = nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-7)
+    optimizer = torch_reference.adam(model)
     per_rank = samples // ranks
     generator = torch.Generator().manual_seed(1 + rank)
     x = torch.randint(0, VOCAB, (per_rank, SEQ), generator=generator)
@@ -67,12 +57,7 @@ def torch_rank(rank, ranks, threads, samples, port, results):
         if ranks > 1:
             dist.barrier()
         start = time.perf_counter()
-        for s in range(steps):
-            idx = perm[s * BATCH:(s + 1) * BATCH]
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.binary_cross_entropy_with_logits(model(x[idx]), y[idx])
-            loss.backward()
-            optimizer.step()
+        torch_reference.train_epoch(model, optimizer, x, y, perm, BATCH)
         if ranks > 1:
             dist.barrier()
         seconds = time.perf_counter() - start

@@ -24,27 +24,16 @@ import time
 
 def torch_epoch_seconds(batch, samples, seq, vocab, embed, hidden, epochs=2):
     import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
+
+    import torch_reference
 
     torch.backends.cudnn.enabled = True
     torch.backends.cuda.matmul.allow_tf32 = False  # same fp32 arithmetic as ddptrain
     torch.backends.cudnn.allow_tf32 = False
     device = torch.device("cuda")
 
-    class Classifier(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embedding = nn.Embedding(vocab, embed)
-            self.lstm = nn.LSTM(embed, hidden, batch_first=True)
-            self.dense = nn.Linear(hidden, 1)
-
-        def forward(self, tokens):
-            out, _ = self.lstm(self.embedding(tokens))
-            return self.dense(out[:, -1]).squeeze(1)
-
-    model = Classifier().to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-7)
+    model = torch_reference.Classifier(vocab, embed, hidden).to(device)
+    optimizer = torch_reference.adam(model)
     generator = torch.Generator(device=device).manual_seed(1)
     x = torch.randint(0, vocab, (samples, seq), device=device, generator=generator)
     y = torch.randint(0, 2, (samples,), device=device, generator=generator).float()
@@ -54,12 +43,7 @@ def torch_epoch_seconds(batch, samples, seq, vocab, embed, hidden, epochs=2):
         perm = torch.randperm(samples, device=device, generator=generator)
         torch.cuda.synchronize()
         start = time.perf_counter()
-        for s in range(steps):
-            idx = perm[s * batch:(s + 1) * batch]
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.binary_cross_entropy_with_logits(model(x[idx]), y[idx])
-            loss.backward()
-            optimizer.step()
+        torch_reference.train_epoch(model, optimizer, x, y, perm, batch)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return times[-1], steps

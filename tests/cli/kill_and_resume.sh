@@ -4,6 +4,7 @@
 #   bash tests/cli/kill_and_resume.sh path/to/ddptrain source-dir
 set -euo pipefail
 ddptrain=$1
+source "$(dirname "${BASH_SOURCE[0]}")/lib/background_run.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -15,15 +16,8 @@ run=(mpirun -np 3 "$ddptrain" --data.path data.h5 --checkpoint.dir run --comm.ba
 
 "${run[@]}" >out.txt 2>err.txt &
 launcher=$!
-for _ in $(seq 600); do  # wait (at most 30 s) for the first epoch's checkpoint
-  [ -s run/metrics.jsonl ] && break
-  sleep 0.05
-done
-[ -s run/metrics.jsonl ] || { echo "FAIL: no epoch finished"; cat err.txt; exit 1; }
-victim=""
-for pid in $(pgrep -f "checkpoint.dir run --comm.backend ps"); do
-  if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$pid; fi
-done
+wait_for_first_epoch run || { echo "FAIL: no epoch finished"; cat err.txt; exit 1; }
+victim=$(pid_of_rank run 1)
 [ -n "$victim" ] || { echo "FAIL: rank 1 not found"; exit 1; }
 killed=$(date +%s)
 kill -9 "$victim"

@@ -6,6 +6,7 @@
 #   bash tests/cli/preempt_and_resume.sh path/to/ddptrain source-dir
 set -euo pipefail
 ddptrain=$1
+source "$(dirname "${BASH_SOURCE[0]}")/lib/background_run.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -21,12 +22,6 @@ fail() {
 
 last_val_loss() { grep "\"epoch\": $epochs," "$1/metrics.jsonl" | sed 's/.*"val_loss": \([0-9.]*\).*/\1/'; }
 
-pid_of_rank() {  # run dir, rank
-  for pid in $(pgrep -f "checkpoint.dir $1 "); do
-    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo "$pid"; fi
-  done
-}
-
 run_case() {  # name, ranks, backend, signal, target
   local name=$1 ranks=$2 backend=$3 signal=$4 target=$5
   local args=(--data.path data.h5 --comm.backend "$backend" --model.embedding_dim 16 --model.hidden 16
@@ -37,11 +32,7 @@ run_case() {  # name, ranks, backend, signal, target
 
   mpirun -np "$ranks" "$ddptrain" --checkpoint.dir "$name" "${args[@]}" >"$name-1.txt" 2>&1 &
   local launcher=$!
-  for _ in $(seq 600); do  # at most 30 s for the first epoch
-    [ -s "$name/metrics.jsonl" ] && break
-    sleep 0.05
-  done
-  [ -s "$name/metrics.jsonl" ] || fail "$name: no epoch finished"
+  wait_for_first_epoch "$name" || fail "$name: no epoch finished"
   sleep 0.2  # into the next epoch
   if [ "$target" = mpirun ]; then
     kill -s "$signal" "$launcher"
