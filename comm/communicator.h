@@ -62,6 +62,11 @@ class Communicator {
   // Collective: every rank passes its error (or nothing); every rank gets back the error of the lowest rank
   // that had one, so one rank can print it and all can exit together instead of hanging.
   virtual std::optional<std::string> first_error(const std::optional<std::string>& mine) = 0;
+
+  // An error the backend's asynchronous work has met (a peer that failed, a network that went down), which
+  // may otherwise show only as a hang; nothing if none. Not collective, and safe to call from another thread
+  // (the trainer's watchdog polls it). MPI reports such errors at the failing call, so only NCCL has any.
+  virtual std::optional<std::string> asynchronous_error() { return std::nullopt; }
 };
 
 // Runs `work` on every rank; if it throws a UserError on any rank, every rank throws the lowest failing

@@ -212,6 +212,17 @@ class NcclCommunicator final : public Communicator {
     return host_->first_error(mine);
   }
 
+  // NCCL answers this from any thread while the owning thread enqueues work.
+  std::optional<std::string> asynchronous_error() override {
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t status = ncclCommGetAsyncError(nccl_, &async);
+    if (status != ncclSuccess)
+      return std::string("ncclCommGetAsyncError failed: ") + ncclGetErrorString(status);
+    if (async == ncclSuccess || async == ncclInProgress) return std::nullopt;
+    return std::string("NCCL asynchronous error: ") + ncclGetErrorString(async) +
+           " (a peer failed or the network went down)";
+  }
+
  private:
   // Cast to the wire type, average, cast back; all on the communication stream, which runs them in order,
   // so one staging buffer serves every segment however many are pending.

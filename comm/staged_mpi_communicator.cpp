@@ -100,6 +100,7 @@ class StagedMpiCommunicator final : public Communicator {
   std::optional<std::string> first_error(const std::optional<std::string>& mine) override {
     return inner_->first_error(mine);
   }
+  std::optional<std::string> asynchronous_error() override { return inner_->asynchronous_error(); }
 
  private:
   struct PinnedBuffer {

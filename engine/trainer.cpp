@@ -134,7 +134,9 @@ class TrainingRun {
 
     TrainResult result;
     if (stall_timeout_s_ > 0) {
-      watchdog_.emplace(stall_timeout_s_, [](const std::string& reason) { DDP_FATAL(reason); });
+      watchdog_.emplace(
+          stall_timeout_s_, [](const std::string& reason) { DDP_FATAL(reason); },
+          [this] { return comm_.asynchronous_error(); });
     }
     for (int64_t epoch = progress_.epoch; epoch < config_.train.epochs && !stop_requested(); ++epoch) {
       if (stop_signal_.now()) break;  // signalled between epochs: last.h5 already holds the finished ones

@@ -8,9 +8,10 @@
 
 namespace ddp::engine {
 
-ProgressWatchdog::ProgressWatchdog(double timeout_s, StallHandler on_stall)
+ProgressWatchdog::ProgressWatchdog(double timeout_s, StallHandler on_stall, HealthCheck health)
     : timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))),
       on_stall_(std::move(on_stall)),
+      health_(std::move(health)),
       last_beat_(Clock::now().time_since_epoch().count()) {
   DDP_CHECK(timeout_s > 0);
   thread_ = std::thread([this] { watch(); });
@@ -35,6 +36,13 @@ void ProgressWatchdog::watch() {
   const auto period = std::min<Clock::duration>(timeout_ / 10, std::chrono::seconds(1));
   std::unique_lock<std::mutex> lock(mutex_);
   while (!wake_.wait_for(lock, period, [this] { return stopping_; })) {
+    if (health_) {
+      if (std::optional<std::string> error = health_()) {
+        lock.unlock();
+        on_stall_(*error + "; ending the job (the last checkpoint stays for --resume auto)");
+        return;
+      }
+    }
     const Clock::time_point last{Clock::duration(last_beat_.load(std::memory_order_relaxed))};
     const auto silent = Clock::now() - last;
     if (silent < timeout_) continue;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -23,9 +24,12 @@ class ProgressWatchdog {
  public:
   // Receives the one-line reason; in the trainer it does not return (fatal()).
   using StallHandler = std::function<void(const std::string& reason)>;
+  // Asked at every check: an error that dooms the run before the timeout would show it (NCCL's
+  // asynchronous error); nothing while all is well.
+  using HealthCheck = std::function<std::optional<std::string>()>;
 
   // Starts watching now, as if a beat had just come. `timeout_s` > 0.
-  ProgressWatchdog(double timeout_s, StallHandler on_stall);
+  ProgressWatchdog(double timeout_s, StallHandler on_stall, HealthCheck health = {});
   ~ProgressWatchdog();  // stops watching; the handler is not called after it returns
   ProgressWatchdog(const ProgressWatchdog&) = delete;
   ProgressWatchdog& operator=(const ProgressWatchdog&) = delete;
@@ -40,6 +44,7 @@ class ProgressWatchdog {
   using Clock = std::chrono::steady_clock;
   const Clock::duration timeout_;
   const StallHandler on_stall_;
+  const HealthCheck health_;
   std::atomic<Clock::rep> last_beat_;  // Clock ticks since its epoch
   std::atomic<int64_t> last_step_{0};
   std::mutex mutex_;

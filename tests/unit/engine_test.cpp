@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "engine/checkpoint.h"
@@ -350,6 +351,33 @@ TEST(ProgressWatchdog, StaysQuietWhileBeatsComeAndAfterItEnds) {
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   EXPECT_EQ(calls.load(), 0);
+}
+
+// An error the health check reports ends the run at the next check, long before the timeout, even while
+// beats keep coming.
+TEST(ProgressWatchdog, EndsAtOnceOnAnErrorTheHealthCheckReports) {
+  std::mutex mutex;
+  std::condition_variable called;
+  std::string reason;
+  std::atomic<bool> broken{false};
+  ProgressWatchdog watchdog(
+      60.0,
+      [&](const std::string& why) {
+        std::lock_guard<std::mutex> lock(mutex);
+        reason = why;
+        called.notify_all();
+      },
+      [&]() -> std::optional<std::string> {
+        if (broken) return std::string("NCCL asynchronous error: remote process exited");
+        return std::nullopt;
+      });
+  watchdog.beat(7);
+  broken = true;
+  std::unique_lock<std::mutex> lock(mutex);
+  // Checks come every second here (the lesser of 1 s and a tenth of the timeout).
+  ASSERT_TRUE(called.wait_for(lock, std::chrono::seconds(10), [&] { return !reason.empty(); }))
+      << "the handler was not called";
+  EXPECT_EQ(reason.find("NCCL asynchronous error: remote process exited; ending the job"), 0u) << reason;
 }
 
 TEST(Checkpoint, RoundTripAndAtomicWrite) {
