@@ -59,6 +59,8 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
     std::printf("ddptrain %s: %d rank(s)\n", DDPTRAIN_VERSION, boot.size());
     std::printf("BLAS %s: %d thread(s) per rank%s\n", models::blas_description().c_str(), threads,
                 threads_set ? "" : " (set by the BLAS's own environment variable)");
+    if (const std::string hint = engine::idle_cores_hint(topology, config.train.threads); !hint.empty())
+      std::printf("hint (rank 0): %s\n", hint.c_str());
     std::fflush(stdout);
   }
   if (!config.log.timeline.empty()) {

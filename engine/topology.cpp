@@ -126,15 +126,45 @@ Topology discover_topology(MPI_Comm world, const std::string& device_request) {
   return t;
 }
 
-int blas_threads_for(const Topology& topology, int requested) {
-  if (requested > 0) return requested;
-  const int online = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+namespace {
+
+struct Cores {
+  int online = 1;   // on the node
+  int allowed = 1;  // in this process's affinity mask
+};
+
+Cores cores() {
+  Cores c;
+  c.online = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   cpu_set_t mask;
   CPU_ZERO(&mask);
-  const int allowed = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : online;
+  c.allowed = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : c.online;
+  return c;
+}
+
+}  // namespace
+
+int blas_threads_for(const Topology& topology, int requested) {
+  if (requested > 0) return requested;
+  const Cores c = cores();
   // A launcher that bound this rank to its own cores already did the sharing; otherwise share the node.
-  if (allowed < online) return std::max(1, allowed);
-  return std::max(1, online / std::max(1, topology.local_size));
+  if (c.allowed < c.online) return std::max(1, c.allowed);
+  return std::max(1, c.online / std::max(1, topology.local_size));
+}
+
+std::string idle_cores_hint(const Topology& topology, int requested_threads) {
+  if (requested_threads > 0 || topology.gpu >= 0) return "";
+  const Cores c = cores();
+  return idle_cores_hint(c.online, c.allowed, topology.local_size);
+}
+
+std::string idle_cores_hint(int online, int allowed, int local_size) {
+  const int share = online / std::max(1, local_size);
+  if (allowed >= share) return "";
+  return "the launcher bound this rank to " + std::to_string(allowed) + " of the node's " +
+         std::to_string(online) + " cores, less than its share of " + std::to_string(share) + " with " +
+         std::to_string(local_size) +
+         " rank(s) on the node; mpirun --bind-to none (or srun --cpus-per-task) " + "lets it use more";
 }
 
 }  // namespace ddp::engine

@@ -34,4 +34,11 @@ Topology discover_topology(MPI_Comm world, const std::string& device_request);
 // BLAS threads for this rank: `requested` if positive, else the node's cores shared among its ranks.
 int blas_threads_for(const Topology& topology, int requested);
 
+// A hint for the start log when the launcher bound this CPU rank to fewer cores than its share of the node,
+// so that train.threads = 0 leaves cores idle (Open MPI binds each rank of a one- or two-rank job to one
+// core by default: half the speed of a lone rank on two cores); "" otherwise, or when train.threads is set.
+std::string idle_cores_hint(const Topology& topology, int requested_threads);
+// The rule: `online` cores on the node, `allowed` of them open to this rank, `local_size` ranks on the node.
+std::string idle_cores_hint(int online, int allowed, int local_size);
+
 }  // namespace ddp::engine
