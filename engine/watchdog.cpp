@@ -8,8 +8,16 @@
 
 namespace ddp::engine {
 
+namespace {
+
+// A year: longer than any run, and far from the overflow of the clock's 64-bit nanoseconds.
+constexpr double kLongestTimeoutS = 365.0 * 24 * 3600;
+
+}  // namespace
+
 ProgressWatchdog::ProgressWatchdog(double timeout_s, StallHandler on_stall, HealthCheck health)
-    : timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))),
+    : timeout_(std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(std::min(timeout_s, kLongestTimeoutS)))),
       on_stall_(std::move(on_stall)),
       health_(std::move(health)),
       last_beat_(Clock::now().time_since_epoch().count()) {
@@ -32,8 +40,10 @@ void ProgressWatchdog::beat(int64_t global_step) {
 }
 
 void ProgressWatchdog::watch() {
-  // Checks ten times per timeout (at most once a second), so a stall is reported at most 10% late.
-  const auto period = std::min<Clock::duration>(timeout_ / 10, std::chrono::seconds(1));
+  // Checks ten times per timeout (at most once a second, at least once a millisecond), so a stall is
+  // reported at most 10% late.
+  const auto period =
+      std::clamp<Clock::duration>(timeout_ / 10, std::chrono::milliseconds(1), std::chrono::seconds(1));
   std::unique_lock<std::mutex> lock(mutex_);
   while (!wake_.wait_for(lock, period, [this] { return stopping_; })) {
     if (health_) {
