@@ -182,6 +182,8 @@ struct RankFacts {
   std::string mpi;
   std::string hdf5;
   std::string blas;
+  CoreCount cores;
+  std::string cores_hint;  // a CPU rank that its binding leaves fewer cores than its share
   SmokeResult smoke;
 };
 
@@ -238,6 +240,9 @@ std::string encode(const RankFacts& f) {
   put("mpi", f.mpi);
   put("hdf5", f.hdf5);
   put("blas", f.blas);
+  put("cores_online", std::to_string(f.cores.online));
+  put("cores_allowed", std::to_string(f.cores.allowed));
+  put("cores_hint", f.cores_hint);
   put("smoke_ok", f.smoke.ok ? "1" : "0");
   put("smoke_device", f.smoke.device);
   put("smoke_loss", number_text(f.smoke.loss));
@@ -295,6 +300,8 @@ RankFacts decode(const std::string& text) {
   f.mpi = values["mpi"];
   f.hdf5 = values["hdf5"];
   f.blas = values["blas"];
+  f.cores = {std::atoi(values["cores_online"].c_str()), std::atoi(values["cores_allowed"].c_str())};
+  f.cores_hint = values["cores_hint"];
   f.smoke.ok = values["smoke_ok"] == "1";
   f.smoke.device = values["smoke_device"];
   f.smoke.loss = text_number(values["smoke_loss"]);
@@ -367,6 +374,8 @@ RankFacts gather_facts(const std::string& device_request) {
   f.mpi = mpi_version();
   f.hdf5 = hdf5_version();
   f.blas = models::blas_description();
+  f.cores = core_count();
+  f.cores_hint = idle_cores_hint(topology, /*requested_threads=*/0);
   models::set_blas_threads(1);  // a tiny step; ranks of a node must not fight over cores
   f.smoke = smoke_test(topology);
   return f;
@@ -443,6 +452,8 @@ std::vector<std::string> report_node(const std::string& host, const std::vector<
                 r.visible_devices.c_str(), r.device.c_str(),
                 r.bound_gpu.empty() ? "" : (" (" + r.bound_gpu + ")").c_str());
     std::printf("    binding: %s\n", r.device_reason.c_str());
+    std::printf("    cores: %d of the node's %d\n", r.cores.allowed, r.cores.online);
+    if (!r.cores_hint.empty()) std::printf("    hint: %s\n", r.cores_hint.c_str());
     std::printf("    smoke test: %s\n", smoke_line(r.smoke).c_str());
     if (r.device == "cpu") unbound.push_back(r.rank);
   }

@@ -126,15 +126,8 @@ Topology discover_topology(MPI_Comm world, const std::string& device_request) {
   return t;
 }
 
-namespace {
-
-struct Cores {
-  int online = 1;   // on the node
-  int allowed = 1;  // in this process's affinity mask
-};
-
-Cores cores() {
-  Cores c;
+CoreCount core_count() {
+  CoreCount c;
   c.online = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   cpu_set_t mask;
   CPU_ZERO(&mask);
@@ -142,11 +135,9 @@ Cores cores() {
   return c;
 }
 
-}  // namespace
-
 int blas_threads_for(const Topology& topology, int requested) {
   if (requested > 0) return requested;
-  const Cores c = cores();
+  const CoreCount c = core_count();
   // A launcher that bound this rank to its own cores already did the sharing; otherwise share the node.
   if (c.allowed < c.online) return std::max(1, c.allowed);
   return std::max(1, c.online / std::max(1, topology.local_size));
@@ -154,7 +145,7 @@ int blas_threads_for(const Topology& topology, int requested) {
 
 std::string idle_cores_hint(const Topology& topology, int requested_threads) {
   if (requested_threads > 0 || topology.gpu >= 0) return "";
-  const Cores c = cores();
+  const CoreCount c = core_count();
   return idle_cores_hint(c.online, c.allowed, topology.local_size);
 }
 

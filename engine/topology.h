@@ -34,6 +34,13 @@ Topology discover_topology(MPI_Comm world, const std::string& device_request);
 // BLAS threads for this rank: `requested` if positive, else the node's cores shared among its ranks.
 int blas_threads_for(const Topology& topology, int requested);
 
+// The node's cores and those this process may run on (its affinity mask, as the launcher bound it).
+struct CoreCount {
+  int online = 1;
+  int allowed = 1;
+};
+CoreCount core_count();
+
 // A hint for the start log when the launcher bound this CPU rank to fewer cores than its share of the node,
 // so that train.threads = 0 leaves cores idle (Open MPI binds each rank of a one- or two-rank job to one
 // core by default: half the speed of a lone rank on two cores); "" otherwise, or when train.threads is set.

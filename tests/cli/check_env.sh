@@ -2,7 +2,8 @@
 # `ddptrain check-env` end to end, alone and under `mpirun -np 2`: on a machine without a usable GPU it exits
 # 3 with the "no GPU visible" advice; on a GPU machine (nvidia-smi lists a GPU and the build has CUDA) it
 # exits 0 and names the GPU. Either way the report has the MPI and HDF5 versions, one report per node,
-# `--device cpu` passes and a bad option exits 2.
+# each rank's cores (with a hint when the binding leaves cores idle), `--device cpu` passes and a bad option
+# exits 2.
 #   bash tests/cli/check_env.sh path/to/ddptrain source-dir
 set -uo pipefail
 ddptrain=$1
@@ -106,6 +107,18 @@ expect_text cpu_np2 "check-env: OK"
 run auto "$ddptrain" check-env --device auto
 expect_status auto 0
 expect_text auto "verdict: OK"
+
+# Each rank's cores; a hint where the launcher's binding leaves a CPU rank fewer than its share (Open MPI
+# binds a lone rank to one core), none where it does not.
+expect_text cpu_np2 "    cores: "
+if [ "$(nproc)" -ge 2 ]; then
+  run bound mpirun -np 1 --bind-to core "$ddptrain" check-env --device cpu
+  expect_status bound 0
+  expect_text bound "    hint: the launcher bound this rank to 1 of the node's"
+  run unbound mpirun -np 1 --bind-to none "$ddptrain" check-env --device cpu
+  expect_status unbound 0
+  grep -q "hint:" unbound.out && fail "unbound: a hint although the rank may use every core"
+fi
 
 # Bad options: exit 2 and one line naming the option or value.
 run bad_option "$ddptrain" check-env --bogus
