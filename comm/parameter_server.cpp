@@ -96,17 +96,10 @@ MPI_Comm duplicate(MPI_Comm parent, double timeout_s, const std::string& who) {
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Request request = MPI_REQUEST_NULL;
   DDP_CHECK_MPI(MPI_Comm_idup(parent, &comm, &request));
-  const auto start = Clock::now();
-  Poller poller;
-  for (int done = 0;;) {
-    DDP_CHECK_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-    if (done) break;
-    if (poller.confirm_overdue(seconds_since(start, Clock::now()) > timeout_s)) {
-      DDP_FATAL(who + " waited " + format_seconds(timeout_s) +
-                " s for the other ranks to set up the parameter server: rank lost?");
-    }
-    poller.idle();
-  }
+  wait_or_fatal(std::span<MPI_Request>(&request, 1), Clock::now(), timeout_s, [&] {
+    return who + " waited " + format_seconds(timeout_s) +
+           " s for the other ranks to set up the parameter server: rank lost?";
+  });
   DDP_CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
   return comm;
 }
@@ -333,18 +326,10 @@ class Server {
   }
 
   void wait_send(int w) {
-    Worker& to = worker(w);
-    const auto start = Clock::now();
-    Poller poller;
-    for (int done = 0;;) {
-      DDP_CHECK_MPI(MPI_Test(&to.send_request, &done, MPI_STATUS_IGNORE));
-      if (done) return;
-      if (poller.confirm_overdue(seconds_since(start, Clock::now()) > options_.timeout_s)) {
-        DDP_FATAL(me_ + " could not deliver parameters to worker rank " + std::to_string(w) + " for " +
-                  format_seconds(options_.timeout_s) + " s: rank lost?");
-      }
-      poller.idle();
-    }
+    wait_or_fatal(std::span<MPI_Request>(&worker(w).send_request, 1), Clock::now(), options_.timeout_s, [&] {
+      return me_ + " could not deliver parameters to worker rank " + std::to_string(w) + " for " +
+             format_seconds(options_.timeout_s) + " s: rank lost?";
+    });
   }
 
   // Ends the job if a worker the server waits for (active, no reply owed) has been silent too long.
@@ -575,17 +560,11 @@ void ParameterClient::finish() {
 void ParameterClient::wait_sends() {
   const double limit = 2 * options_.timeout_s;
   const auto start = Clock::now();
-  Poller poller;
   for (Peer& peer : peers_) {
-    for (int done = 0;;) {
-      DDP_CHECK_MPI(MPI_Test(&peer.send_request, &done, MPI_STATUS_IGNORE));
-      if (done) break;
-      if (poller.confirm_overdue(seconds_since(start, Clock::now()) > limit)) {
-        DDP_FATAL("worker (rank " + std::to_string(rank_) + ") could not deliver to parameter server rank " +
-                  std::to_string(peer.rank) + " for " + format_seconds(limit) + " s: rank lost?");
-      }
-      poller.idle();
-    }
+    wait_or_fatal(std::span<MPI_Request>(&peer.send_request, 1), start, limit, [&] {
+      return "worker (rank " + std::to_string(rank_) + ") could not deliver to parameter server rank " +
+             std::to_string(peer.rank) + " for " + format_seconds(limit) + " s: rank lost?";
+    });
   }
 }
 

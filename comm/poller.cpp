@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <thread>
 
+#include "comm/mpi_check.h"
+#include "engine/errors.h"
+
 namespace ddp::comm {
 namespace {
 
@@ -45,6 +48,19 @@ void Poller::progressed() {
 bool Poller::confirm_overdue(bool past_deadline) {
   overdue_polls_ = past_deadline ? overdue_polls_ + 1 : 0;
   return overdue_polls_ >= kConfirmPolls;
+}
+
+void wait_or_fatal(std::span<MPI_Request> requests, std::chrono::steady_clock::time_point since,
+                   double timeout_s, const std::function<std::string()>& late_message) {
+  Poller poller;
+  for (int done = 0;;) {
+    DDP_CHECK_MPI(
+        MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
+    if (done) return;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+    if (poller.confirm_overdue(waited > timeout_s)) DDP_FATAL(late_message());
+    poller.idle();
+  }
 }
 
 }  // namespace ddp::comm

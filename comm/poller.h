@@ -9,7 +9,12 @@
 // from 1.5 ms with plain 10-250 us sleeps to about 1.0 ms.
 #pragma once
 
+#include <mpi.h>
+
 #include <chrono>
+#include <functional>
+#include <span>
+#include <string>
 
 namespace ddp::comm {
 
@@ -36,5 +41,11 @@ class Poller {
   std::chrono::microseconds sleep_ = kMinSleep;
   int overdue_polls_ = 0;
 };
+
+// Polls `requests` (MPI_Testall, paced by a Poller) until every one is complete. Once more than `timeout_s`
+// has passed since `since` (confirmed over several polls) it ends the job (ddp::fatal) with late_message(),
+// which names what was waited for: the lost rank is named instead of waited for forever.
+void wait_or_fatal(std::span<MPI_Request> requests, std::chrono::steady_clock::time_point since,
+                   double timeout_s, const std::function<std::string()>& late_message);
 
 }  // namespace ddp::comm

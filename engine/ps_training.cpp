@@ -113,18 +113,9 @@ std::string PsJob::me() const {
 }
 
 void PsJob::wait(std::vector<MPI_Request>& requests, const std::string& what) const {
-  const auto start = Clock::now();
-  comm::Poller poller;
-  for (int done = 0;;) {
-    DDP_CHECK_MPI(
-        MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
-    if (done) return;
-    const bool late = std::chrono::duration<double>(Clock::now() - start).count() > options_.timeout_s;
-    if (poller.confirm_overdue(late)) {
-      DDP_FATAL(me() + " waited " + seconds_text(options_.timeout_s) + " s for " + what + ": rank lost?");
-    }
-    poller.idle();
-  }
+  comm::wait_or_fatal(requests, Clock::now(), options_.timeout_s, [&] {
+    return me() + " waited " + seconds_text(options_.timeout_s) + " s for " + what + ": rank lost?";
+  });
 }
 
 // --- A worker ----------------------------------------------------------------------------------------------
