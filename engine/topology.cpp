@@ -152,10 +152,11 @@ std::string idle_cores_hint(const Topology& topology, int requested_threads) {
 std::string idle_cores_hint(int online, int allowed, int local_size) {
   const int share = online / std::max(1, local_size);
   if (allowed >= share) return "";
-  return "the launcher bound this rank to " + std::to_string(allowed) + " of the node's " +
-         std::to_string(online) + " cores, less than its share of " + std::to_string(share) + " with " +
-         std::to_string(local_size) +
-         " rank(s) on the node; mpirun --bind-to none (or srun --cpus-per-task) " + "lets it use more";
+  const std::string binding = "the launcher bound this rank to " + std::to_string(allowed) +
+                              " of the node's " + std::to_string(online) + " cores, less than its share of " +
+                              std::to_string(share) + " with " + std::to_string(local_size) +
+                              " rank(s) on the node";
+  return binding + "; mpirun --bind-to none (or srun --cpus-per-task) lets it use more";
 }
 
 }  // namespace ddp::engine
