@@ -64,8 +64,8 @@ void visit_keys(C& c, Visitor&& key) {
   key("comm", "max_staleness", c.comm.max_staleness,
       "ps async: steps a worker may run ahead of the slowest worker");
   key("comm", "timeout_s", c.comm.timeout_s,
-      "seconds a rank may go without progress before the job ends: ps names a silent rank; the all-reduce "
-      "backends end when no step or evaluation batch finished for this long (a hung rank)");
+      "seconds a rank may go without progress (start-up, a step, an evaluation batch) before the job ends, "
+      "naming what it waited for: a hung rank ends the job instead of freezing it");
   key("checkpoint", "dir", c.checkpoint.dir, "run directory: config.ini, metrics.jsonl, last.h5, best.h5");
   key("checkpoint", "every_steps", c.checkpoint.every_steps,
       "also write last.h5 every N steps; 0: per epoch");

@@ -17,6 +17,7 @@
 #include "engine/timeline.h"
 #include "engine/topology.h"
 #include "engine/trainer.h"
+#include "engine/watchdog.h"
 #include "io/dataset.h"
 #include "models/blas_threads.h"
 
@@ -38,13 +39,18 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
     return kExitOk;
   }
   const engine::Config& config = parsed.config;
+  // From here on every collective waits for every rank: a rank that hangs must end the job, not freeze it.
+  engine::ProgressWatchdog watchdog(config.comm.timeout_s,
+                                    [](const std::string& reason) { DDP_FATAL(reason); });
 
+  watchdog.enter("discovering the topology");
   engine::Topology topology;
   comm::agree_on_errors(boot, [&] { topology = engine::discover_topology(MPI_COMM_WORLD, config.device); });
   const int threads = engine::blas_threads_for(topology, config.train.threads);
   const bool threads_set = models::set_blas_threads(threads);
 
   io::DatasetInfo data;
+  watchdog.enter("reading data.path " + config.data.path);
   comm::agree_on_errors(boot, [&] {
     data = io::inspect_dataset(config.data.path);
     if (!config.data.validate) return;
@@ -64,6 +70,7 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
     std::fflush(stdout);
   }
   if (!config.log.timeline.empty()) {
+    watchdog.enter("starting the timeline");
     comm::agree_on_errors(boot, [&] {
       DDP_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));  // the ranks' time origins meet within the barrier's skew
       timeline::start(
@@ -71,7 +78,8 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
           "rank " + std::to_string(boot.rank()) + " (" + topology.host + ", " + topology.device + ")");
     });
   }
-  const engine::TrainResult result = engine::train(config, topology, data, MPI_COMM_WORLD);
+  const engine::TrainResult result = engine::train(config, topology, data, MPI_COMM_WORLD, watchdog);
+  watchdog.enter("finishing");
   if (!config.log.timeline.empty()) {
     // Every rank's events go to rank 0, so the trace needs no shared file system.
     const std::vector<std::string> events = boot.gather(timeline::finish(), 0);

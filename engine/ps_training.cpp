@@ -257,8 +257,8 @@ std::unique_ptr<Updater> make_ps_worker_updater(PsJob& job, models::Replica& rep
 // --- A server ----------------------------------------------------------------------------------------------
 
 PsServerRun::PsServerRun(PsJob& job, comm::Communicator& world, const Config& config,
-                         const Topology& topology)
-    : job_(job), world_(world), topology_(topology) {
+                         const Topology& topology, ProgressWatchdog& watchdog)
+    : job_(job), world_(world), topology_(topology), watchdog_(watchdog) {
   DDP_CHECK(job.serves());
   index_ = job.roles().server_index(job.rank());
   begin_ = job.roles().shard_begin(index_, job.total_size());
@@ -267,10 +267,15 @@ PsServerRun::PsServerRun(PsJob& job, comm::Communicator& world, const Config& co
 }
 
 TrainResult PsServerRun::run() {
+  watchdog_.enter("waiting for rank 0 to prepare checkpoint.dir");
   comm::agree_on_errors(world_, [] {});  // 1. the run directory
+  watchdog_.enter("waiting for rank 0 to read the starting point");
   comm::agree_on_errors(world_, [] {});  // 2. the starting point
-  receive_start();                       // 3.
-  log_start();                           // 4.
+  watchdog_.pause();
+  receive_start();  // 3.
+  watchdog_.enter("gathering the start-up log");
+  log_start();  // 4.
+  watchdog_.pause();
   const comm::ShardUpdate update = [&](std::span<float> params, std::span<const float> grads) {
     timeline::Span span("server update");
     optimizer_->step(params, grads);

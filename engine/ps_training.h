@@ -50,6 +50,7 @@
 #include "engine/topology.h"
 #include "engine/trainer.h"
 #include "engine/updater.h"
+#include "engine/watchdog.h"
 #include "models/param_layout.h"
 
 namespace ddp::engine {
@@ -109,7 +110,10 @@ std::unique_ptr<Updater> make_ps_worker_updater(PsJob& job, models::Replica& rep
 // Its TrainResult has no history (the workers report the epochs) and the final parameters.
 class PsServerRun {
  public:
-  PsServerRun(PsJob& job, comm::Communicator& world, const Config& config, const Topology& topology);
+  // `watchdog` watches the blocking calls of the sequence (1, 2, 4) and is paused where the protocol's own
+  // deadlines hold.
+  PsServerRun(PsJob& job, comm::Communicator& world, const Config& config, const Topology& topology,
+              ProgressWatchdog& watchdog);
   TrainResult run();
 
  private:
@@ -121,6 +125,7 @@ class PsServerRun {
   PsJob& job_;
   comm::Communicator& world_;
   const Topology& topology_;
+  ProgressWatchdog& watchdog_;
   int index_ = 0;  // of this server
   std::size_t begin_ = 0;
   std::vector<float> shard_;

@@ -93,12 +93,13 @@ std::unique_ptr<Optimizer> make_optimizer_for(models::Replica& replica, const Op
 // (ps_training.h lists the sequence).
 class TrainingRun {
  public:
-  // `stop_signal` spans the ranks of `comm`. With `stall_timeout_s` > 0 a ProgressWatchdog ends the job when
-  // no step or evaluation batch finishes for that long (the parameter server has deadlines of its own).
+  // `stop_signal` spans the ranks of `comm`. `watchdog` is told each phase and beaten at every step and
+  // evaluation batch; with `exchange_has_deadlines` (the parameter server's protocol, which names the rank it
+  // waits for) it is paused wherever that protocol waits.
   TrainingRun(const Config& config, const Topology& topology, comm::Communicator& world,
               comm::Communicator& comm, StopAgreement& stop_signal, std::string backend_reason,
               std::unique_ptr<models::Replica> replica, std::unique_ptr<Updater> updater,
-              const io::DatasetInfo& data, double stall_timeout_s)
+              const io::DatasetInfo& data, ProgressWatchdog& watchdog, bool exchange_has_deadlines)
       : config_(config),
         topology_(topology),
         world_(world),
@@ -113,7 +114,8 @@ class TrainingRun {
         test_shard_(io::shard_of(data.test_size, comm_.rank(), comm_.size(), /*cover_all=*/true)),
         host_params_(replica_->layout().total_size()),
         stop_signal_(stop_signal),
-        stall_timeout_s_(stall_timeout_s) {
+        watchdog_(watchdog),
+        exchange_has_deadlines_(exchange_has_deadlines) {
     const int64_t per_epoch =
         io::BatchReader::batches_per_epoch(train_shard_.size(), config.train.batch_size, /*drop_last=*/true);
     steps_per_epoch_ = config.train.max_steps_per_epoch > 0
@@ -127,24 +129,26 @@ class TrainingRun {
   }
 
   TrainResult run() {
+    watchdog_.enter("preparing checkpoint.dir " + files_.dir.string());
     prepare_run_directory();
+    watchdog_.enter("reading the starting point (seed or checkpoint) and broadcasting it");
     start_from_checkpoint_or_seed();
+    pause_where_the_exchange_has_deadlines();
+    updater_->distribute_start(host_params_);
+    watchdog_.enter("gathering the start-up log");
     log_start();
     start_gpu_monitor();
 
     TrainResult result;
-    if (stall_timeout_s_ > 0) {
-      watchdog_.emplace(
-          stall_timeout_s_, [](const std::string& reason) { DDP_FATAL(reason); },
-          [this] { return comm_.asynchronous_error(); });
-    }
+    watchdog_.enter("training");
+    pause_where_the_exchange_has_deadlines();
     for (int64_t epoch = progress_.epoch; epoch < config_.train.epochs && !stop_requested(); ++epoch) {
       if (stop_signal_.now()) break;  // signalled between epochs: last.h5 already holds the finished ones
       std::optional<EpochMetrics> metrics = train_epoch(epoch);
       if (!metrics) break;  // stopped in the middle of the epoch, last.h5 written
       result.history.push_back(*metrics);
     }
-    watchdog_.reset();
+    pause_where_the_exchange_has_deadlines();
     result.params.resize(replica_->layout().total_size());
     updater_->finish(result.params);
     result.stopped_by_signal = stop_signal_.stopped();
@@ -238,7 +242,10 @@ class TrainingRun {
     if (!is_root()) progress_.loss_sum = progress_.correct = progress_.count = 0;
     progress_.world_size = comm_.size();  // the training ranks, over which the data is sharded
     progress_.batch_size = config_.train.batch_size;
-    updater_->distribute_start(host_params_);
+  }
+
+  void pause_where_the_exchange_has_deadlines() {
+    if (exchange_has_deadlines_) watchdog_.pause();
   }
 
   bool last_exists_on_root() {
@@ -406,9 +413,7 @@ class TrainingRun {
     return m;
   }
 
-  void beat() {
-    if (watchdog_) watchdog_->beat(progress_.global_step);
-  }
+  void beat() { watchdog_.beat(progress_.global_step); }
 
   static std::optional<io::BatchRef> next_batch(io::BatchSource& source) {
     timeline::Span span("data wait");
@@ -522,9 +527,9 @@ class TrainingRun {
   bool resumed_ = false;
   std::vector<float> host_params_;  // host copy of the parameters: initialization, broadcast, checkpoints
   StopAgreement& stop_signal_;
-  double stall_timeout_s_ = 0;
-  std::optional<ProgressWatchdog> watchdog_;  // while the epochs run, with a stall timeout
-  std::unique_ptr<GpuMonitor> gpu_monitor_;   // null on a CPU rank or without NVML
+  ProgressWatchdog& watchdog_;
+  const bool exchange_has_deadlines_;
+  std::unique_ptr<GpuMonitor> gpu_monitor_;  // null on a CPU rank or without NVML
 };
 
 }  // namespace
@@ -539,12 +544,13 @@ OptimizerSettings optimizer_settings(const Config& c) {
           c.train.embedding_update == "lazy"};
 }
 
-TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data,
-                  MPI_Comm world) {
+TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data, MPI_Comm world,
+                  ProgressWatchdog& watchdog) {
   std::unique_ptr<comm::Communicator> boot = comm::make_mpi_communicator(world);
   const models::ModelShape shape{data.vocab_size, config.model.embedding_dim, config.model.hidden,
                                  config.model.layers};
   std::unique_ptr<models::Replica> replica;
+  watchdog.enter("creating the model replica on " + topology.device);
   comm::agree_on_errors(*boot, [&] {
     replica = topology.gpu >= 0
                   ? models::make_cuda_replica(shape, topology.gpu,
@@ -552,6 +558,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
                   : models::make_cpu_replica(shape);
   });
   comm::BackendChoice backend;
+  watchdog.enter("setting up the communication backend (comm.backend = " + config.comm.backend + ")");
   comm::agree_on_errors(*boot, [&] {
     comm::BackendRequest request;
     request.backend = config.comm.backend;
@@ -563,6 +570,15 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     backend = comm::choose_backend(request, world);
   });
 
+  // Ends the job at once on an error NCCL has seen; cleared before the communicator goes.
+  struct HealthCheckScope {
+    ProgressWatchdog& watchdog;
+    ~HealthCheckScope() { watchdog.set_health_check({}); }
+  } health_scope{watchdog};
+  if (backend.communicator) {
+    watchdog.set_health_check([&comm = *backend.communicator] { return comm.asynchronous_error(); });
+  }
+
   if (!backend.parameter_server) {
     StopAgreement stop_signal(world);  // collective: made outside agree_on_errors, which a throw may skip
     std::unique_ptr<TrainingRun> run;
@@ -571,9 +587,9 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
       auto updater = std::make_unique<AllReduceUpdater>(
           *replica, comm, make_optimizer_for(*replica, optimizer_settings(config)),
           config.comm.sparse_embedding && backend.all_on_cpu);
-      run =
-          std::make_unique<TrainingRun>(config, topology, *boot, comm, stop_signal, backend.reason,
-                                        std::move(replica), std::move(updater), data, config.comm.timeout_s);
+      run = std::make_unique<TrainingRun>(config, topology, *boot, comm, stop_signal, backend.reason,
+                                          std::move(replica), std::move(updater), data, watchdog,
+                                          /*exchange_has_deadlines=*/false);
     });
     return run->run();
   }
@@ -587,13 +603,13 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
   comm::agree_on_errors(*boot, [&] {
     if (job.serves()) {
       replica.reset();  // a server holds its shard only
-      server = std::make_unique<PsServerRun>(job, *boot, config, topology);
+      server = std::make_unique<PsServerRun>(job, *boot, config, topology, watchdog);
       return;
     }
     std::unique_ptr<Updater> updater = make_ps_worker_updater(job, *replica, optimizer_settings(config));
     run = std::make_unique<TrainingRun>(config, topology, *boot, job.workers(), *stop_signal,
                                         backend.reason + "; " + job.describe_mode(), std::move(replica),
-                                        std::move(updater), data, /*stall_timeout_s=*/0);
+                                        std::move(updater), data, watchdog, /*exchange_has_deadlines=*/true);
   });
   return server ? server->run() : run->run();
 }

@@ -23,6 +23,7 @@
 #include "engine/config.h"
 #include "engine/metrics.h"
 #include "engine/topology.h"
+#include "engine/watchdog.h"
 #include "io/dataset.h"
 
 namespace ddp::engine {
@@ -37,8 +38,9 @@ struct TrainResult {
 // devices call for (comm::choose_backend) and trains: with all-reduce, every rank with the optimizer of its
 // device; with the parameter server, the first ranks as workers and the last comm.ps_servers ranks as
 // servers. Throws UserError for problems found before the first step (every rank throws the same one);
-// problems met later end the job through fatal().
-TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data,
-                  MPI_Comm world);
+// problems met later end the job through fatal(). It tells `watchdog` each phase and beats it at every step
+// and evaluation batch, pausing it where the parameter server's protocol waits with deadlines of its own.
+TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data, MPI_Comm world,
+                  ProgressWatchdog& watchdog);
 
 }  // namespace ddp::engine

@@ -19,8 +19,8 @@ ProgressWatchdog::ProgressWatchdog(double timeout_s, StallHandler on_stall, Heal
     : timeout_(std::chrono::duration_cast<Clock::duration>(
           std::chrono::duration<double>(std::min(timeout_s, kLongestTimeoutS)))),
       on_stall_(std::move(on_stall)),
-      health_(std::move(health)),
-      last_beat_(Clock::now().time_since_epoch().count()) {
+      last_progress_(Clock::now().time_since_epoch().count()),
+      health_(std::move(health)) {
   DDP_CHECK(timeout_s > 0);
   thread_ = std::thread([this] { watch(); });
 }
@@ -34,9 +34,30 @@ ProgressWatchdog::~ProgressWatchdog() {
   thread_.join();
 }
 
+void ProgressWatchdog::enter(const std::string& phase) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  phase_ = phase;
+  paused_ = false;
+  mark_progress();
+}
+
 void ProgressWatchdog::beat(int64_t global_step) {
   last_step_.store(global_step, std::memory_order_relaxed);
-  last_beat_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  mark_progress();
+}
+
+void ProgressWatchdog::mark_progress() {
+  last_progress_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+}
+
+void ProgressWatchdog::pause() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  paused_ = true;
+}
+
+void ProgressWatchdog::set_health_check(HealthCheck health) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  health_ = std::move(health);
 }
 
 void ProgressWatchdog::watch() {
@@ -44,25 +65,28 @@ void ProgressWatchdog::watch() {
   // reported at most 10% late.
   const auto period =
       std::clamp<Clock::duration>(timeout_ / 10, std::chrono::milliseconds(1), std::chrono::seconds(1));
+  const char* const consequence = "; ending the job (the last checkpoint stays for --resume auto)";
   std::unique_lock<std::mutex> lock(mutex_);
   while (!wake_.wait_for(lock, period, [this] { return stopping_; })) {
     if (health_) {
       if (std::optional<std::string> error = health_()) {
         lock.unlock();
-        on_stall_(*error + "; ending the job (the last checkpoint stays for --resume auto)");
+        on_stall_(*error + consequence);
         return;
       }
     }
-    const Clock::time_point last{Clock::duration(last_beat_.load(std::memory_order_relaxed))};
+    if (paused_) continue;
+    const Clock::time_point last{Clock::duration(last_progress_.load(std::memory_order_relaxed))};
     const auto silent = Clock::now() - last;
     if (silent < timeout_) continue;
     std::ostringstream reason;
-    reason << "no training step or evaluation batch finished in " << std::fixed << std::setprecision(1)
+    reason << "no progress for " << std::fixed << std::setprecision(1)
            << std::chrono::duration<double>(silent).count() << " s (comm.timeout_s " << std::defaultfloat
-           << std::setprecision(6) << std::chrono::duration<double>(timeout_).count()
-           << "; the last after step " << last_step_.load(std::memory_order_relaxed)
-           << "): a rank is hung or lost, this one or one it waits for in a collective; ending the job (the "
-              "last checkpoint stays for --resume auto)";
+           << std::setprecision(6) << std::chrono::duration<double>(timeout_).count() << ") while " << phase_;
+    if (const int64_t step = last_step_.load(std::memory_order_relaxed); step > 0) {
+      reason << " (steps done: " << step << ")";
+    }
+    reason << ": a rank is hung or lost, this one or one it waits for in a collective" << consequence;
     lock.unlock();
     on_stall_(reason.str());
     return;

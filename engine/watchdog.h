@@ -1,10 +1,13 @@
-// Ends a training run that has stopped making progress. A rank that dies is noticed by the launcher (mpirun
-// and srun end the job); a rank that hangs while alive (a GPU kernel or NCCL waiting on a peer that will
-// never come, a read from a frozen file system, a stopped process) leaves every other rank waiting in the
-// next all-reduce, where MPI and NCCL wait forever. The trainer beats once per step and per evaluation batch;
-// a thread of its own notices when no beat came for the timeout and calls the stall handler, which ends the
-// job (MPI_Abort from that thread: the waiting thread may be blocked in MPI, CUDA or NCCL and never return).
-// The timeout (comm.timeout_s) must therefore exceed the longest pause of a healthy run between two beats,
+// Ends a job that has stopped making progress. A rank that dies is noticed by the launcher (mpirun and srun
+// end the job); a rank that hangs while alive (a GPU kernel or NCCL waiting on a peer that will never come,
+// a read from a frozen file system, a stopped process) leaves every other rank waiting in the next
+// collective, where MPI and NCCL wait forever. That holds during start-up too (the topology's
+// MPI_Comm_split_type, NCCL's ncclCommInitRank, the checkpoint's broadcast), so the watchdog is armed as soon
+// as the config is read. The ranks name what they are doing (enter: "reading data.path ...", "training");
+// while training they beat once per step and per evaluation batch. A thread of its own notices when no
+// progress came for the timeout and calls the stall handler, which ends the job (MPI_Abort from that thread:
+// the waiting thread may be blocked in MPI, CUDA, NCCL or a read and never return). The timeout
+// (comm.timeout_s) must therefore exceed the longest pause of a healthy rank between two signs of progress,
 // such as rank 0 writing a checkpoint while the others wait.
 #pragma once
 
@@ -28,28 +31,40 @@ class ProgressWatchdog {
   // asynchronous error); nothing while all is well.
   using HealthCheck = std::function<std::optional<std::string>()>;
 
-  // Starts watching now, as if a beat had just come. `timeout_s` > 0.
+  // Starts watching now, in the phase "starting", as if progress had just been made. `timeout_s` > 0.
   ProgressWatchdog(double timeout_s, StallHandler on_stall, HealthCheck health = {});
   ~ProgressWatchdog();  // stops watching; the handler is not called after it returns
   ProgressWatchdog(const ProgressWatchdog&) = delete;
   ProgressWatchdog& operator=(const ProgressWatchdog&) = delete;
 
-  // Progress was made; `global_step` (the steps trained so far) goes into the message. Costs a clock read
-  // and two relaxed stores.
+  // Starts a phase (what this rank does now, for the message: "reading the checkpoint"), which counts as
+  // progress, and watches again after pause().
+  void enter(const std::string& phase);
+  // Progress was made within the phase; `global_step` (the steps trained so far) goes into the message.
+  // Costs a clock read and two relaxed stores.
   void beat(int64_t global_step);
+  // Stops judging until the next enter(), while code with deadlines of its own waits (the parameter
+  // server's protocol names the rank it waits for). The health check still runs.
+  void pause();
+  // Replaces the health check; once it returns, the previous one is not running and is not called again
+  // (so it may refer to a communicator about to be destroyed).
+  void set_health_check(HealthCheck health);
 
  private:
   void watch();
+  void mark_progress();
 
   using Clock = std::chrono::steady_clock;
   const Clock::duration timeout_;
   const StallHandler on_stall_;
-  const HealthCheck health_;
-  std::atomic<Clock::rep> last_beat_;  // Clock ticks since its epoch
+  std::atomic<Clock::rep> last_progress_;  // Clock ticks since its epoch
   std::atomic<int64_t> last_step_{0};
-  std::mutex mutex_;
+  std::mutex mutex_;  // guards the members below; held by the watching thread while it checks
   std::condition_variable wake_;
-  bool stopping_ = false;  // guarded by mutex_
+  HealthCheck health_;
+  std::string phase_ = "starting";
+  bool paused_ = false;
+  bool stopping_ = false;
   std::thread thread_;
 };
 

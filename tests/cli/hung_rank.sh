@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # A rank of a 2-rank all-reduce run hangs while alive (SIGSTOP: the launcher sees no death): the other rank
 # must end the job within comm.timeout_s plus a margin, saying why, and --resume must then finish the training.
+# Before that, the same during start-up: data.path is a FIFO nobody writes to, so opening it blocks as a read
+# from a frozen file system would, and the job must end naming that phase.
 #   bash tests/cli/hung_rank.sh path/to/ddptrain source-dir
 set -euo pipefail
 ddptrain=$1
@@ -15,6 +17,20 @@ trap cleanup EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 cd "$work"
 "$ddptrain" prepare synthetic --output data.h5 --train 2000 --test 400 --vocab 300 --maxlen 20 --seed 3 >/dev/null
+
+# Start-up: every rank blocks opening the FIFO, for every backend (the data is read before one is chosen).
+mkfifo frozen.h5
+started=$(date +%s)
+status=0
+timeout 60 mpirun -np 2 "$ddptrain" --data.path frozen.h5 --checkpoint.dir frozen-run --comm.timeout_s 3 \
+  >frozen-out.txt 2>frozen-err.txt || status=$?
+elapsed=$(($(date +%s) - started))
+echo "start-up: the job ended after $elapsed s, exit status $status"
+cat frozen-err.txt
+[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: exit status $status"; exit 1; }
+grep -q "no progress for .* (comm.timeout_s 3) while reading data.path frozen.h5: a rank is hung" \
+  frozen-err.txt || { echo "FAIL: no message names the phase"; exit 1; }
+
 bound=5
 run=(mpirun -np 2 "$ddptrain" --data.path data.h5 --checkpoint.dir run --comm.backend mpi --comm.timeout_s "$bound"
   --model.embedding_dim 16 --model.hidden 16 --train.epochs 8 --train.straggle_ms 20 --log.progress lines)
@@ -33,7 +49,7 @@ echo "job ended $elapsed s after rank 1 stopped, exit status $status"
 [ "$status" -ne 0 ] || { echo "FAIL: the job reported success"; exit 1; }
 [ "$elapsed" -le $((bound + 15)) ] || { echo "FAIL: took $elapsed s, bound $bound s"; exit 1; }
 cat err.txt
-grep -q "no training step or evaluation batch finished in" err.txt || {
+grep -q "no progress for .* (comm.timeout_s $bound) while training (steps done: [0-9]*): a rank is hung" err.txt || {
   echo "FAIL: no message says why:"
   cat err.txt
   exit 1

@@ -78,7 +78,9 @@ class PsTrainerTest : public ::testing::Test {
     }
     const engine::Config config = engine::parse_config(args).config;
     const io::DatasetInfo data = data_path.empty() ? data_ : io::inspect_dataset(data_path);
-    return engine::train(config, topology_, data, comm);
+    engine::ProgressWatchdog watchdog(config.comm.timeout_s,
+                                      [](const std::string& reason) { DDP_FATAL(reason); });
+    return engine::train(config, topology_, data, comm, watchdog);
   }
 
   // The all-reduce trainer on the first W ranks; every rank gets rank 0's parameters.

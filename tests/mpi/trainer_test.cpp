@@ -10,6 +10,7 @@
 #include "comm/communicator.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "engine/errors.h"
 #include "engine/topology.h"
 #include "engine/trainer.h"
 #include "io/dataset.h"
@@ -43,7 +44,9 @@ class TrainerTest : public ::testing::Test {
                                   "--log.progress",        "lines",    "--comm.backend",   "mpi"};
     args.insert(args.end(), extra.begin(), extra.end());
     const engine::Config config = engine::parse_config(args).config;
-    return engine::train(config, topology_, data_, MPI_COMM_WORLD);
+    engine::ProgressWatchdog watchdog(config.comm.timeout_s,
+                                      [](const std::string& reason) { DDP_FATAL(reason); });
+    return engine::train(config, topology_, data_, MPI_COMM_WORLD, watchdog);
   }
 
   bool identical_on_all_ranks(const std::vector<float>& params) {

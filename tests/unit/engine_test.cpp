@@ -330,14 +330,83 @@ TEST(ProgressWatchdog, CallsTheHandlerWhenBeatsStop) {
     after = std::chrono::steady_clock::now() - start;
     called.notify_all();
   });
+  watchdog.enter("training");
   watchdog.beat(41);
   watchdog.beat(42);
   std::unique_lock<std::mutex> lock(mutex);
   ASSERT_TRUE(called.wait_for(lock, std::chrono::seconds(10), [&] { return !reason.empty(); }))
       << "the handler was not called";
   EXPECT_GE(after, std::chrono::milliseconds(200));
-  EXPECT_NE(reason.find("after step 42"), std::string::npos) << reason;
-  EXPECT_NE(reason.find("(comm.timeout_s 0.2;"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("(comm.timeout_s 0.2) while training (steps done: 42): a rank is hung"),
+            std::string::npos)
+      << reason;
+}
+
+// Before the first step (a collective of start-up waiting for a hung rank) the message names the phase.
+TEST(ProgressWatchdog, NamesThePhaseItStalledIn) {
+  std::mutex mutex;
+  std::condition_variable called;
+  std::string reason;
+  ProgressWatchdog watchdog(0.2, [&](const std::string& why) {
+    std::lock_guard<std::mutex> lock(mutex);
+    reason = why;
+    called.notify_all();
+  });
+  watchdog.enter("reading data.path /frozen/imdb.h5");
+  std::unique_lock<std::mutex> lock(mutex);
+  ASSERT_TRUE(called.wait_for(lock, std::chrono::seconds(10), [&] { return !reason.empty(); }))
+      << "the handler was not called";
+  EXPECT_EQ(reason.find("no progress for "), 0u) << reason;
+  EXPECT_NE(reason.find(" while reading data.path /frozen/imdb.h5: a rank is hung"), std::string::npos)
+      << reason;
+  EXPECT_EQ(reason.find("steps done"), std::string::npos) << reason;
+}
+
+// Paused (the parameter server's deadlines hold), it lets any silence pass; the next phase arms it again,
+// with a fresh timeout.
+TEST(ProgressWatchdog, JudgesNothingWhilePausedAndWatchesAgainFromTheNextPhase) {
+  std::atomic<int> calls{0};
+  std::string reason;
+  std::mutex mutex;
+  ProgressWatchdog watchdog(0.2, [&](const std::string& why) {
+    std::lock_guard<std::mutex> lock(mutex);
+    reason = why;
+    ++calls;
+  });
+  watchdog.pause();
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // three timeouts
+  EXPECT_EQ(calls.load(), 0);
+  watchdog.enter("gathering the start-up log");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // half a timeout since the phase began
+  EXPECT_EQ(calls.load(), 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (calls.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(calls.load(), 1);
+  std::lock_guard<std::mutex> lock(mutex);
+  EXPECT_NE(reason.find("while gathering the start-up log"), std::string::npos) << reason;
+}
+
+// Once set_health_check returns, the old check is neither running nor called again: the trainer clears it
+// before the communicator it asks goes away.
+TEST(ProgressWatchdog, NeverCallsAHealthCheckAfterItIsReplaced) {
+  std::atomic<bool> replaced{false};
+  std::atomic<int> calls_after_replacement{0};
+  std::atomic<int> calls{0};
+  ProgressWatchdog watchdog(0.01, [](const std::string&) {});
+  watchdog.pause();  // only the health check runs, every millisecond
+  watchdog.set_health_check([&]() -> std::optional<std::string> {
+    ++calls;
+    if (replaced) ++calls_after_replacement;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return std::nullopt;
+  });
+  while (calls.load() < 5) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  watchdog.set_health_check({});
+  replaced = true;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(calls_after_replacement.load(), 0);
 }
 
 // Beats that keep coming, each within the timeout, keep it quiet however long the run; so does its end.
