@@ -4,6 +4,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <random>
+
+#include "models/initializers.h"
 
 namespace ddp::testing {
 
@@ -18,6 +21,19 @@ TempDir::TempDir() {
 TempDir::~TempDir() {
   std::error_code ignored;
   std::filesystem::remove_all(path_, ignored);
+}
+
+std::vector<float> test_params(const models::ParamLayout& layout, uint64_t seed) {
+  std::vector<float> params(layout.total_size());
+  models::initialize_keras(layout, params, seed);
+  std::mt19937_64 rng(seed + 1);
+  std::uniform_real_distribution<float> noise(-0.2f, 0.2f);
+  for (const auto& tensor : layout.tensors()) {
+    if (tensor.name.ends_with(".b_ih") || tensor.name.ends_with(".b_hh") || tensor.name == "dense.b") {
+      for (std::size_t i = 0; i < tensor.size(); ++i) params[tensor.offset + i] += noise(rng);
+    }
+  }
+  return params;
 }
 
 }  // namespace ddp::testing

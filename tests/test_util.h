@@ -3,12 +3,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "engine/errors.h"
+#include "models/param_layout.h"
 
 namespace ddp::testing {
 
@@ -37,5 +39,9 @@ inline void expect_user_error(const std::function<void()>& action, const std::ve
     for (const std::string& part : parts) EXPECT_NE(message.find(part), std::string::npos) << message;
   }
 }
+
+// Keras's initialization with random biases on top, so that every gate's bias differs (a bias mapped to the
+// wrong gate shows) and bias gradients are not a special case.
+std::vector<float> test_params(const models::ParamLayout& layout, uint64_t seed);
 
 }  // namespace ddp::testing

@@ -23,6 +23,7 @@
 #include "models/param_layout.h"
 #include "models/replica.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/test_util.h"
 
 namespace ddp::models {
 namespace {
@@ -90,21 +91,6 @@ class DeviceBatch {
   int batch_ = 0;
   int seq_ = 0;
 };
-
-// Keras's initialization with random biases on top, so that every gate's bias differs and a bias mapped to
-// the wrong gate shows.
-std::vector<float> test_params(const ParamLayout& layout, uint64_t seed) {
-  std::vector<float> params(layout.total_size());
-  initialize_keras(layout, params, seed);
-  std::mt19937_64 rng(seed + 1);
-  std::uniform_real_distribution<float> noise(-0.2f, 0.2f);
-  for (const auto& tensor : layout.tensors()) {
-    if (tensor.name.ends_with(".b_ih") || tensor.name.ends_with(".b_hh") || tensor.name == "dense.b") {
-      for (std::size_t i = 0; i < tensor.size(); ++i) params[tensor.offset + i] += noise(rng);
-    }
-  }
-  return params;
-}
 
 // The replica's gradients on the host, once its queued work is done.
 std::vector<float> gradients_to_host(Replica& replica) {
@@ -224,7 +210,7 @@ void check_parity(int layers, RnnAlgorithm algorithm) {
   auto cpu = make_cpu_replica(shape);
   auto gpu = make_cuda_replica(shape, 0, algorithm);
   const ParamLayout& layout = cpu->layout();
-  const std::vector<float> params = test_params(layout, 11 + static_cast<uint64_t>(layers));
+  const std::vector<float> params = ddp::testing::test_params(layout, 11 + static_cast<uint64_t>(layers));
   cpu->copy_params_from_host(params);
   gpu->copy_params_from_host(params);
   const std::string context = rnn_algorithm_name(algorithm) + ", layers " + std::to_string(layers);

@@ -18,6 +18,7 @@
 #include "models/lstm_classifier_cpu.h"
 #include "models/param_layout.h"
 #include "models/replica.h"
+#include "tests/test_util.h"
 
 namespace ddp::models {
 namespace {
@@ -38,20 +39,6 @@ Batch random_batch(int vocab, int batch, int seq, uint64_t seed) {
   for (int b = 0; b < batch; ++b) out.tokens[static_cast<std::size_t>(b * seq)] = 0;  // left padding
   for (auto& y : out.labels) y = static_cast<float>(rng() % 2);
   return out;
-}
-
-// Keras's initialization with small random biases on top, so that bias gradients are not a special case.
-std::vector<float> test_params(const ParamLayout& layout, uint64_t seed) {
-  std::vector<float> params(layout.total_size());
-  initialize_keras(layout, params, seed);
-  std::mt19937_64 rng(seed + 1);
-  std::uniform_real_distribution<float> noise(-0.2f, 0.2f);
-  for (const auto& tensor : layout.tensors()) {
-    if (tensor.name.ends_with(".b_ih") || tensor.name.ends_with(".b_hh") || tensor.name == "dense.b") {
-      for (std::size_t i = 0; i < tensor.size(); ++i) params[tensor.offset + i] += noise(rng);
-    }
-  }
-  return params;
 }
 
 template <typename Scalar>
@@ -95,7 +82,7 @@ TEST(ParamLayout, SizeOffsetsAndSegments) {
 // d(mean loss)/d(every parameter) against central differences, all in double.
 void check_gradients(const ModelShape& shape) {
   const ParamLayout layout(shape);
-  const std::vector<float> init = test_params(layout, 7);
+  const std::vector<float> init = ddp::testing::test_params(layout, 7);
   CpuLstmClassifier<double> model(shape);
   std::copy(init.begin(), init.end(), model.params().begin());
   const Batch batch = random_batch(shape.vocab_size, 3, 6, 11);
@@ -154,7 +141,7 @@ double relative_norm_difference(std::span<const float> f, std::span<const double
 TEST(CpuLstmClassifier, FloatMatchesDouble) {
   const ModelShape shape{50, 16, 12, 1};
   const ParamLayout layout(shape);
-  const std::vector<float> init = test_params(layout, 3);
+  const std::vector<float> init = ddp::testing::test_params(layout, 3);
   CpuLstmClassifier<float> single(shape);
   CpuLstmClassifier<double> reference(shape);
   std::copy(init.begin(), init.end(), single.params().begin());
@@ -244,7 +231,7 @@ TEST(Initializers, KerasDistributions) {
 TEST(CpuLstmClassifier, GradientsReadyDenseFirstEmbeddingLast) {
   const ModelShape shape{20, 6, 5, 2};
   CpuLstmClassifier<float> model(shape);
-  const std::vector<float> init = test_params(model.layout(), 9);
+  const std::vector<float> init = ddp::testing::test_params(model.layout(), 9);
   std::copy(init.begin(), init.end(), model.params().begin());
   const Batch batch = random_batch(shape.vocab_size, 4, 7, 2);
 
@@ -280,7 +267,7 @@ TEST(CpuLstmClassifier, GradientsReadyDenseFirstEmbeddingLast) {
 TEST(CpuLstmClassifier, EvaluateAndTrainStepAgree) {
   const ModelShape shape{40, 8, 6, 2};
   CpuLstmClassifier<float> model(shape);
-  const std::vector<float> init = test_params(model.layout(), 4);
+  const std::vector<float> init = ddp::testing::test_params(model.layout(), 4);
   std::copy(init.begin(), init.end(), model.params().begin());
   const Batch batch = random_batch(shape.vocab_size, 9, 12, 8);
 
@@ -364,7 +351,7 @@ TEST(CpuLstmClassifier, EmbeddingGradientTouchesOnlyTheBatchRows) {
   // run. Consecutive batches overlap partly, not at all, or fully, and change shape.
   const ModelShape shape{60, 6, 5, 2};
   const ParamLayout layout(shape);
-  const std::vector<float> init = test_params(layout, 21);
+  const std::vector<float> init = ddp::testing::test_params(layout, 21);
   CpuLstmClassifier<float> model(shape);
   std::copy(init.begin(), init.end(), model.params().begin());
   EXPECT_TRUE(model.touched_embedding_rows().empty());
