@@ -7,16 +7,7 @@
 set -euo pipefail
 ddptrain=$1
 source "$(dirname "${BASH_SOURCE[0]}")/lib/background_run.sh"
-work=$(mktemp -d)
-victim=""
-cleanup() {
-  if [ -n "$victim" ]; then kill -9 "$victim" 2>/dev/null || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-cd "$work"
-"$ddptrain" prepare synthetic --output data.h5 --train 2000 --test 400 --vocab 300 --maxlen 20 --seed 3 >/dev/null
+enter_scratch_dir_with_data "$ddptrain"
 
 # Start-up: every rank blocks opening the FIFO, for every backend (the data is read before one is chosen).
 mkfifo frozen.h5
@@ -28,6 +19,7 @@ elapsed=$(($(date +%s) - started))
 echo "start-up: the job ended after $elapsed s, exit status $status"
 cat frozen-err.txt
 [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: exit status $status"; exit 1; }
+[ "$elapsed" -le 18 ] || { echo "FAIL: took $elapsed s, bound 3 s"; exit 1; }
 grep -q "no progress for .* (comm.timeout_s 3) while reading data.path frozen.h5: a rank is hung" \
   frozen-err.txt || { echo "FAIL: no message names the phase"; exit 1; }
 
@@ -35,18 +27,7 @@ bound=5
 run=(mpirun -np 2 "$ddptrain" --data.path data.h5 --checkpoint.dir run --comm.backend mpi --comm.timeout_s "$bound"
   --model.embedding_dim 16 --model.hidden 16 --train.epochs 8 --train.straggle_ms 20 --log.progress lines)
 
-"${run[@]}" >out.txt 2>err.txt &
-launcher=$!
-wait_for_first_epoch run || { echo "FAIL: no epoch finished"; cat err.txt; exit 1; }
-victim=$(pid_of_rank run 1)
-[ -n "$victim" ] || { echo "FAIL: rank 1 not found"; exit 1; }
-stopped=$(date +%s)
-kill -STOP "$victim"
-status=0
-wait "$launcher" || status=$?
-elapsed=$(($(date +%s) - stopped))
-echo "job ended $elapsed s after rank 1 stopped, exit status $status"
-[ "$status" -ne 0 ] || { echo "FAIL: the job reported success"; exit 1; }
+signal_rank_and_wait STOP 1
 [ "$elapsed" -le $((bound + 15)) ] || { echo "FAIL: took $elapsed s, bound $bound s"; exit 1; }
 cat err.txt
 grep -q "no progress for .* (comm.timeout_s $bound) while training (steps done: [0-9]*): a rank is hung" err.txt || {
@@ -55,8 +36,5 @@ grep -q "no progress for .* (comm.timeout_s $bound) while training (steps done: 
   exit 1
 }
 kill -9 "$victim" 2>/dev/null || true
-
-"${run[@]}" --resume >resume.txt 2>&1 || { echo "FAIL: --resume failed"; cat resume.txt; exit 1; }
-grep -q "resumed from" resume.txt || { echo "FAIL: did not resume"; cat resume.txt; exit 1; }
-grep -q '"epoch": 8,' run/metrics.jsonl || { echo "FAIL: epoch 8 missing"; cat run/metrics.jsonl; exit 1; }
+resume_to_the_end 8
 echo "PASS"

@@ -7,11 +7,7 @@
 set -euo pipefail
 ddptrain=$1
 source "$(dirname "${BASH_SOURCE[0]}")/lib/background_run.sh"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-cd "$work"
-"$ddptrain" prepare synthetic --output data.h5 --train 2000 --test 400 --vocab 300 --maxlen 20 --seed 3 >/dev/null
+enter_scratch_dir_with_data "$ddptrain"
 epochs=8
 
 fail() {

@@ -19,3 +19,42 @@ wait_for_first_epoch() {  # run dir
   done
   return 1
 }
+
+# Makes a scratch directory holding a small synthetic dataset data.h5 and enters it; at exit kills $victim
+# (a rank a test stopped, if it still lives) and removes the directory. Lets mpirun run as root and
+# oversubscribe.
+enter_scratch_dir_with_data() {  # path/to/ddptrain
+  work=$(mktemp -d)
+  victim=""
+  trap 'if [ -n "$victim" ]; then kill -9 "$victim" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  cd "$work"
+  "$1" prepare synthetic --output data.h5 --train 2000 --test 400 --vocab 300 --maxlen 20 --seed 3 >/dev/null
+}
+
+# Starts the command in the array `run` in the background (stdout out.txt, stderr err.txt; checkpoint.dir
+# `run`), sends SIGNAL to rank RANK (its PID left in $victim) once an epoch has finished, and waits for the job
+# to end. Sets `status` (the job's exit status) and `elapsed` (seconds from the signal to the end); fails the
+# test if the job reported success.
+signal_rank_and_wait() {  # signal, rank
+  "${run[@]}" >out.txt 2>err.txt &
+  local launcher=$!
+  wait_for_first_epoch run || { echo "FAIL: no epoch finished"; cat err.txt; exit 1; }
+  victim=$(pid_of_rank run "$2")
+  [ -n "$victim" ] || { echo "FAIL: rank $2 not found"; exit 1; }
+  local signalled
+  signalled=$(date +%s)
+  kill -s "$1" "$victim"
+  status=0
+  wait "$launcher" || status=$?
+  elapsed=$(($(date +%s) - signalled))
+  echo "job ended $elapsed s after rank $2 got SIG$1, exit status $status"
+  [ "$status" -ne 0 ] || { echo "FAIL: the job reported success"; exit 1; }
+}
+
+# Runs `run` again with --resume: it must resume and write epoch EPOCHS to run/metrics.jsonl.
+resume_to_the_end() {  # epochs
+  "${run[@]}" --resume >resume.txt 2>&1 || { echo "FAIL: --resume failed"; cat resume.txt; exit 1; }
+  grep -q "resumed from" resume.txt || { echo "FAIL: did not resume"; cat resume.txt; exit 1; }
+  grep -q "\"epoch\": $1," run/metrics.jsonl || { echo "FAIL: epoch $1 missing"; cat run/metrics.jsonl; exit 1; }
+}
