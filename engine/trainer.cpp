@@ -140,8 +140,7 @@ class TrainingRun {
     start_gpu_monitor();
 
     TrainResult result;
-    watchdog_.enter("training");
-    pause_where_the_exchange_has_deadlines();
+    enter_training();
     for (int64_t epoch = progress_.epoch; epoch < config_.train.epochs && !stop_requested(); ++epoch) {
       if (stop_signal_.now()) break;  // signalled between epochs: last.h5 already holds the finished ones
       std::optional<EpochMetrics> metrics = train_epoch(epoch);
@@ -242,6 +241,12 @@ class TrainingRun {
     if (!is_root()) progress_.loss_sum = progress_.correct = progress_.count = 0;
     progress_.world_size = comm_.size();  // the training ranks, over which the data is sharded
     progress_.batch_size = config_.train.batch_size;
+  }
+
+  // From here every step and evaluation batch beats the watchdog.
+  void enter_training() {
+    watchdog_.enter("training");
+    pause_where_the_exchange_has_deadlines();
   }
 
   void pause_where_the_exchange_has_deadlines() {
@@ -467,15 +472,18 @@ class TrainingRun {
   }
 
   // Problems writing the run directory after training started end the job (exit 2) rather than leave the
-  // other ranks waiting in the next collective.
+  // other ranks waiting in the next collective. A write that hangs (a frozen file system) ends it through
+  // the watchdog, which then names the write.
   template <typename Work>
   void on_root_or_abort(Work&& work) {
     if (!is_root()) return;
+    watchdog_.enter("writing to checkpoint.dir " + files_.dir.string());
     try {
       work();
     } catch (const UserError& e) {
       fatal(e.what(), __FILE__, __LINE__, kExitUserError);
     }
+    enter_training();
   }
 
   void finish_epoch_on_root(const EpochMetrics& m, bool best) {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A rank of a 2-rank all-reduce run hangs while alive (SIGSTOP: the launcher sees no death): the other rank
 # must end the job within comm.timeout_s plus a margin, saying why, and --resume must then finish the training.
-# Before that, the same during start-up: data.path is a FIFO nobody writes to, so opening it blocks as a read
-# from a frozen file system would, and the job must end naming that phase.
+# Before that, the same where a file system freezes: during start-up (data.path is a FIFO nobody writes to,
+# so opening it blocks) and while rank 0 writes the run directory (metrics.jsonl is a FIFO nobody reads); the
+# job must end naming what the rank was doing.
 #   bash tests/cli/hung_rank.sh path/to/ddptrain source-dir
 set -euo pipefail
 ddptrain=$1
@@ -22,6 +23,18 @@ cat frozen-err.txt
 [ "$elapsed" -le 18 ] || { echo "FAIL: took $elapsed s, bound 3 s"; exit 1; }
 grep -q "no progress for .* (comm.timeout_s 3) while reading data.path frozen.h5: a rank is hung" \
   frozen-err.txt || { echo "FAIL: no message names the phase"; exit 1; }
+
+# Rank 0 blocks appending its first epoch to metrics.jsonl. One rank only: with two, the other rank's
+# watchdog (waiting in the next collective) may end the job before rank 0's prints.
+mkdir frozen-dir
+mkfifo frozen-dir/metrics.jsonl
+status=0
+timeout 60 mpirun -np 1 "$ddptrain" --data.path data.h5 --checkpoint.dir frozen-dir --comm.backend mpi \
+  --comm.timeout_s 3 --model.embedding_dim 16 --model.hidden 16 >frozen-out.txt 2>frozen-err.txt || status=$?
+cat frozen-err.txt
+[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: exit status $status"; exit 1; }
+grep -q "(comm.timeout_s 3) while writing to checkpoint.dir frozen-dir (steps done: [0-9]*): a rank is hung" \
+  frozen-err.txt || { echo "FAIL: rank 0's message does not name the write"; exit 1; }
 
 bound=5
 run=(mpirun -np 2 "$ddptrain" --data.path data.h5 --checkpoint.dir run --comm.backend mpi --comm.timeout_s "$bound"
