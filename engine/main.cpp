@@ -40,8 +40,7 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
   }
   const engine::Config& config = parsed.config;
   // From here on every collective waits for every rank: a rank that hangs must end the job, not freeze it.
-  engine::ProgressWatchdog watchdog(config.comm.timeout_s,
-                                    [](const std::string& reason) { DDP_FATAL(reason); });
+  engine::ProgressWatchdog watchdog(config.comm.timeout_s);
 
   watchdog.enter("discovering the topology");
   engine::Topology topology;

@@ -13,12 +13,16 @@ namespace {
 // A year: longer than any run, and far from the overflow of the clock's 64-bit nanoseconds.
 constexpr double kLongestTimeoutS = 365.0 * 24 * 3600;
 
+void end_the_job(const std::string& reason) {
+  DDP_FATAL(reason);
+}
+
 }  // namespace
 
 ProgressWatchdog::ProgressWatchdog(double timeout_s, StallHandler on_stall, HealthCheck health)
     : timeout_(std::chrono::duration_cast<Clock::duration>(
           std::chrono::duration<double>(std::min(timeout_s, kLongestTimeoutS)))),
-      on_stall_(std::move(on_stall)),
+      on_stall_(on_stall ? std::move(on_stall) : end_the_job),
       last_progress_(Clock::now().time_since_epoch().count()),
       health_(std::move(health)) {
   DDP_CHECK(timeout_s > 0);

@@ -25,14 +25,14 @@ namespace ddp::engine {
 
 class ProgressWatchdog {
  public:
-  // Receives the one-line reason; in the trainer it does not return (fatal()).
+  // Receives the one-line reason. The default ends the job (fatal(): MPI_Abort) and does not return.
   using StallHandler = std::function<void(const std::string& reason)>;
   // Asked at every check: an error that dooms the run before the timeout would show it (NCCL's
   // asynchronous error); nothing while all is well.
   using HealthCheck = std::function<std::optional<std::string>()>;
 
   // Starts watching now, in the phase "starting", as if progress had just been made. `timeout_s` > 0.
-  ProgressWatchdog(double timeout_s, StallHandler on_stall, HealthCheck health = {});
+  ProgressWatchdog(double timeout_s, StallHandler on_stall = {}, HealthCheck health = {});
   ~ProgressWatchdog();  // stops watching; the handler is not called after it returns
   ProgressWatchdog(const ProgressWatchdog&) = delete;
   ProgressWatchdog& operator=(const ProgressWatchdog&) = delete;

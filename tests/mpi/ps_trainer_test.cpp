@@ -78,8 +78,7 @@ class PsTrainerTest : public ::testing::Test {
     }
     const engine::Config config = engine::parse_config(args).config;
     const io::DatasetInfo data = data_path.empty() ? data_ : io::inspect_dataset(data_path);
-    engine::ProgressWatchdog watchdog(config.comm.timeout_s,
-                                      [](const std::string& reason) { DDP_FATAL(reason); });
+    engine::ProgressWatchdog watchdog(config.comm.timeout_s);
     return engine::train(config, topology_, data, comm, watchdog);
   }
 

@@ -10,7 +10,6 @@
 #include "comm/communicator.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
-#include "engine/errors.h"
 #include "engine/topology.h"
 #include "engine/trainer.h"
 #include "io/dataset.h"
@@ -44,8 +43,7 @@ class TrainerTest : public ::testing::Test {
                                   "--log.progress",        "lines",    "--comm.backend",   "mpi"};
     args.insert(args.end(), extra.begin(), extra.end());
     const engine::Config config = engine::parse_config(args).config;
-    engine::ProgressWatchdog watchdog(config.comm.timeout_s,
-                                      [](const std::string& reason) { DDP_FATAL(reason); });
+    engine::ProgressWatchdog watchdog(config.comm.timeout_s);
     return engine::train(config, topology_, data_, MPI_COMM_WORLD, watchdog);
   }
 
