@@ -146,7 +146,7 @@ EOF
   cat >"$CLUSTER_DIR/bin/cluster-mpirun" <<EOF
 #!/usr/bin/env bash
 # cluster-mpirun ARG...: mpirun on node1 across the cluster's nodes.
-exec nsenter -t "${cluster_holder[node1]}" --net --uts --mount -- env TMPDIR="$CLUSTER_DIR/node1/tmp" \\
+exec nsenter -t "${cluster_holder[node1]}" --net --uts --mount --wd="\$PWD" -- env TMPDIR="$CLUSTER_DIR/node1/tmp" \\
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun \\
   --mca plm_rsh_agent "$CLUSTER_DIR/bin/cluster-on" --mca plm_rsh_no_tree_spawn 1 \\
   --mca pml ob1 --mca btl tcp,vader,self --mca btl_tcp_if_include $cluster_subnet.0/24 \\
@@ -184,8 +184,8 @@ cluster_net_bytes() {  # node
   cluster_in_node "$1" cat /proc/net/dev | awk '$1 == "eth0:" { print $10, $2 }'
 }
 
-# PIDs of the processes running in NODE's network namespace (every node's if none is named), holders
-# excluded.
+# PIDs of the processes running in NODE's network namespace (every node's if none is named), holders and
+# their unshare parents (which share the namespaces) excluded.
 cluster_pids() {  # [node]
   local nodes=${1:-$CLUSTER_NODES} node namespaces=""
   for node in $nodes; do
@@ -195,7 +195,7 @@ cluster_pids() {  # [node]
   [ -n "$namespaces" ] || return 0
   # One find for every process: "/proc/PID/ns net:[INODE]".
   find /proc/[0-9]*/ns/net -maxdepth 0 -printf '%h %l\n' 2>/dev/null |
-    awk -v namespaces="$namespaces" -v holders=" ${cluster_holder[*]} " '
+    awk -v namespaces="$namespaces" -v holders=" ${cluster_holder[*]} ${cluster_unshare_pids[*]} " '
       BEGIN { n = split(namespaces, list, " "); for (i = 1; i <= n; i++) wanted[list[i]] = 1 }
       { split($1, path, "/"); pid = path[3] }
       ($2 in wanted) && index(holders, " " pid " ") == 0 { print pid }'
@@ -203,30 +203,30 @@ cluster_pids() {  # [node]
 
 # Kills (SIGKILL) every process of NODE but its holder: the node's daemons and ranks die at once.
 cluster_kill_node() {  # node
-  local pids
-  pids=$(cluster_pids "$1")
-  [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
+  local pids=()
+  mapfile -t pids < <(cluster_pids "$1")
+  [ ${#pids[@]} -eq 0 ] || kill -9 "${pids[@]}" 2>/dev/null || true
 }
 
 # Ends every process in the cluster's namespaces (TERM, then KILL), the holders (their namespaces, links and
 # mounts go with them) and removes the folder. Safe to call twice.
 cluster_down() {
-  local status=$? pids _ name
+  local status=$? pids=() _ name
   [ -n "$CLUSTER_DIR" ] || return "$status"
-  pids=$(cluster_pids)
-  if [ -n "$pids" ]; then
-    kill $pids 2>/dev/null || true
+  mapfile -t pids < <(cluster_pids)
+  if [ ${#pids[@]} -gt 0 ]; then
+    kill "${pids[@]}" 2>/dev/null || true
     for _ in $(seq 30); do
-      pids=$(cluster_pids)
-      [ -n "$pids" ] || break
+      mapfile -t pids < <(cluster_pids)
+      [ ${#pids[@]} -gt 0 ] || break
       sleep 0.1
     done
-    [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
+    [ ${#pids[@]} -eq 0 ] || kill -9 "${pids[@]}" 2>/dev/null || true
   fi
   for name in "${!cluster_holder[@]}"; do kill -9 "${cluster_holder[$name]}" 2>/dev/null || true; done
   for _ in "${cluster_unshare_pids[@]}"; do wait "$_" 2>/dev/null || true; done
   rm -rf "$CLUSTER_DIR"
-  cluster_left_holders=("${cluster_holder[@]}")
+  cluster_left_holders=("${cluster_holder[@]}" "${cluster_unshare_pids[@]}")
   cluster_holder=()
   cluster_unshare_pids=()
   CLUSTER_DIR=""
@@ -257,7 +257,10 @@ cluster_main() {
     esac
   done
   [ $# -gt 0 ] || { echo "cluster.sh: no COMMAND after --" >&2; exit 2; }
-  [[ $nodes =~ ^[1-9][0-9]?$ ]] && [ "$nodes" -le 64 ] || { echo "cluster.sh: --nodes $nodes: expected 1 to 64" >&2; exit 2; }
+  if ! [[ $nodes =~ ^[1-9][0-9]?$ ]] || [ "$nodes" -gt 64 ]; then
+    echo "cluster.sh: --nodes $nodes: expected 1 to 64" >&2
+    exit 2
+  fi
   cluster_skip_unless_possible
   cluster_up "$nodes" "$rate" || { echo "cluster.sh: could not bring up the cluster" >&2; exit 1; }
   echo "cluster: $nodes nodes ($CLUSTER_NODES), links $rate, folder $CLUSTER_DIR" >&2

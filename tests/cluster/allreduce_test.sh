@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# 2 nodes x 2 ranks on the one-machine cluster (tests/cluster/cluster.sh), MPI all-reduce over TCP:
+# - check-env across the nodes: each rank reports its node's host name and its node-local rank;
+# - training: the start log places ranks 0-1 on node1 and 2-3 on node2; the final parameters equal those of a
+#   one-node 4-rank run of the same seed within float rounding (once with the sparse embedding exchange,
+#   once dense);
+# - the gradients crossed the links: each node received at least the dense gradient's bytes per step (a node
+#   must learn the other node's contribution to every element of every step's average);
+# - nothing of the cluster is left afterwards.
+#   bash tests/cluster/allreduce_test.sh path/to/ddptrain source-dir        (as root; else exit 77, skipped)
+set -euo pipefail
+ddptrain=$(realpath "$1")
+src=$(realpath "$2")
+# shellcheck source=tests/cluster/cluster_test_lib.sh
+source "$src/tests/cluster/cluster_test_lib.sh"
+cluster_test_setup "$ddptrain" 2 1gbit
+
+# check-env: one report per node, ranks with their local ranks.
+cluster_mpirun -H node1:2,node2:2 -np 4 "$ddptrain" check-env --device cpu >"$shared/check_env.txt" 2>&1 ||
+  { cat "$shared/check_env.txt"; fail "check-env across the nodes failed"; }
+for expected in "=== node node1: 2 rank(s) ===" "=== node node2: 2 rank(s) ===" \
+  "rank 0: local rank 0" "rank 1: local rank 1" "rank 2: local rank 0" "rank 3: local rank 1"; do
+  grep -qF "$expected" "$shared/check_env.txt" || { cat "$shared/check_env.txt"; fail "check-env lacks '$expected'"; }
+done
+# Each rank under its own node's heading.
+awk '/^=== node/ { node = $3 } /^  rank [0-9]:/ { print node, $2 }' "$shared/check_env.txt" >"$shared/placement.txt"
+printf 'node1: 0:\nnode1: 1:\nnode2: 2:\nnode2: 3:\n' | diff - "$shared/placement.txt" ||
+  fail "check-env placed the ranks on the wrong nodes"
+echo "ok: check-env reports ranks 0-1 on node1 and 2-3 on node2 with local ranks 0 and 1"
+
+for sparse in true false; do
+  args=$(training_args "$src" "$shared/one-node-$sparse")
+  read -r -a one_node <<<"$args --comm.backend mpi --comm.sparse_embedding $sparse"
+  mpirun -np 4 --bind-to none "$ddptrain" "${one_node[@]}" >"$shared/one-node.txt" 2>&1 ||
+    { cat "$shared/one-node.txt"; fail "the one-node 4-rank run failed"; }
+
+  read -r -a before <<<"$(cluster_net_bytes node1) $(cluster_net_bytes node2)"
+  args=$(training_args "$src" "$shared/two-nodes-$sparse")
+  read -r -a two_nodes <<<"$args --comm.backend mpi --comm.sparse_embedding $sparse"
+  cluster_mpirun -H node1:2,node2:2 -np 4 "$ddptrain" "${two_nodes[@]}" >"$shared/two-nodes.txt" 2>&1 ||
+    { cat "$shared/two-nodes.txt"; fail "the 2-node run failed"; }
+  read -r -a after <<<"$(cluster_net_bytes node1) $(cluster_net_bytes node2)"
+
+  for placement in "rank 0/4 on node1 (local rank 0/2)" "rank 1/4 on node1 (local rank 1/2)" \
+    "rank 2/4 on node2 (local rank 0/2)" "rank 3/4 on node2 (local rank 1/2)"; do
+    grep -qF "$placement" "$shared/two-nodes.txt" || { cat "$shared/two-nodes.txt"; fail "no '$placement'"; }
+  done
+  difference=$(max_param_difference "$shared/one-node-$sparse/last.h5" "$shared/two-nodes-$sparse/last.h5") ||
+    fail "the checkpoints hold different parameter counts"
+  awk -v d="$difference" 'BEGIN { exit !(d <= 1e-5) }' ||
+    fail "sparse_embedding $sparse: parameters differ from the one-node run by up to $difference"
+  echo "ok (sparse_embedding $sparse): 2 nodes x 2 ranks end with the one-node 4-rank parameters" \
+    "(largest difference $difference)"
+
+  # Bytes: steps from metrics.jsonl; the dense gradient is every parameter but the embedding.
+  parameters=$(grep -oE '[0-9]+ parameters;' "$shared/two-nodes.txt" | head -n 1 | cut -d' ' -f1)
+  steps=$(grep -o '"steps": [0-9]*' "$shared/two-nodes-$sparse/metrics.jsonl" | awk '{ s += $2 } END { print s }')
+  if [ -z "$parameters" ] || [ -z "$steps" ]; then fail "no parameter count or steps in the run's output"; fi
+  dense_bytes=$(((parameters - 500 * 16) * 4))
+  for node in 1 2; do
+    received=$((after[2 * node - 1] - before[2 * node - 1]))
+    sent=$((after[2 * node - 2] - before[2 * node - 2]))
+    echo "node$node: sent $sent, received $received bytes over $steps steps (dense gradient $dense_bytes bytes)"
+    [ "$received" -ge $((steps * dense_bytes)) ] ||
+      fail "node$node received $received bytes: less than $steps steps x $dense_bytes: the gradients did not cross the link"
+  done
+done
+
+expect_no_leftovers

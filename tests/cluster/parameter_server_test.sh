@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The parameter server with its server alone on a node of the one-machine cluster (tests/cluster/cluster.sh):
+# 3 nodes, one rank each: workers on node1 and node2, the server (the last rank) on node3. Checks: the start
+# log places the server on node3; the final parameters equal those of the same 3 ranks on one node (sync
+# mode is exact); the server's link carried every worker's pull of the whole parameter vector each step; and
+# nothing of the cluster is left.
+#   bash tests/cluster/parameter_server_test.sh path/to/ddptrain source-dir   (as root; else exit 77, skipped)
+set -euo pipefail
+ddptrain=$(realpath "$1")
+src=$(realpath "$2")
+# shellcheck source=tests/cluster/cluster_test_lib.sh
+source "$src/tests/cluster/cluster_test_lib.sh"
+cluster_test_setup "$ddptrain" 3 1gbit
+
+read -r -a one_node <<<"$(training_args "$src" "$shared/one-node") --comm.backend ps --comm.ps_servers 1"
+mpirun -np 3 --bind-to none "$ddptrain" "${one_node[@]}" >"$shared/one-node.txt" 2>&1 ||
+  { cat "$shared/one-node.txt"; fail "the one-node 3-rank run failed"; }
+
+read -r -a before <<<"$(cluster_net_bytes node3)"
+read -r -a three_nodes <<<"$(training_args "$src" "$shared/three-nodes") --comm.backend ps --comm.ps_servers 1"
+cluster_mpirun -H node1:1,node2:1,node3:1 -np 3 "$ddptrain" "${three_nodes[@]}" >"$shared/three-nodes.txt" 2>&1 ||
+  { cat "$shared/three-nodes.txt"; fail "the 3-node run failed"; }
+read -r -a after <<<"$(cluster_net_bytes node3)"
+
+grep -q "rank 2/3 on node3 " "$shared/three-nodes.txt" || { cat "$shared/three-nodes.txt"; fail "rank 2 is not on node3"; }
+grep -qi "parameter server" "$shared/three-nodes.txt" || { cat "$shared/three-nodes.txt"; fail "no parameter server"; }
+difference=$(max_param_difference "$shared/one-node/last.h5" "$shared/three-nodes/last.h5") ||
+  fail "the checkpoints hold different parameter counts"
+[ "$difference" = 0 ] || fail "the parameters differ from the one-node run by up to $difference"
+echo "ok: workers on node1 and node2, the server on node3: the parameters of the one-node run, bit for bit"
+
+parameters=$(grep -oE '[0-9]+ parameters;' "$shared/three-nodes.txt" | head -n 1 | cut -d' ' -f1)
+steps=$(grep -o '"steps": [0-9]*' "$shared/three-nodes/metrics.jsonl" | awk '{ s += $2 } END { print s }')
+if [ -z "$parameters" ] || [ -z "$steps" ]; then fail "no parameter count or steps in the run's output"; fi
+sent=$((after[0] - before[0]))
+pulls=$((steps * 2 * parameters * 4))
+echo "node3 (server) sent $sent bytes over $steps steps; 2 workers' pulls of $parameters parameters: $pulls bytes"
+[ "$sent" -ge "$pulls" ] || fail "the server's node sent less than the workers' pulls: the exchange did not cross the link"
+
+expect_no_leftovers
