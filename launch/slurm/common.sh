@@ -66,14 +66,19 @@ ddp_should_requeue() {
 ddp_launcher_command() {
   case "$LAUNCHER" in
     srun)
-      # srun starts SLURM_NTASKS tasks with the job's layout; PMIx (or PMI2) wires up MPI.
-      ddp_command=(srun --mpi="$SRUN_MPI")
+      # srun starts SLURM_NTASKS tasks with the job's layout; PMIx (or PMI2) wires up MPI. A task that exits
+      # with an error (a rank whose watchdog ended it) ends the whole step, whatever the MPI's PMI does.
+      ddp_command=(srun --mpi="$SRUN_MPI" --kill-on-bad-exit=1)
       ;;
     mpirun)
       # Open MPI reads the allocation (nodes, tasks per node) from Slurm. --bind-to none lets each rank's
       # BLAS threads use the cores ddptrain gives them (train.threads). As root, or with more ranks than
       # cores, Open MPI also needs OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1 or OMPI_MCA_rmaps_base_oversubscribe=1.
-      ddp_command=(mpirun -np "${SLURM_NTASKS:?not inside a Slurm job}" --bind-to none)
+      # TCP keepalive on mpirun's connections to its node daemons: a node that dies or drops off the network
+      # ends the job within 10 + 3 x 5 s. Without it mpirun waits on the silent daemon for as long as the
+      # node stays unreachable, after ddptrain's watchdog (comm.timeout_s) has ended every other rank.
+      ddp_command=(mpirun -np "${SLURM_NTASKS:?not inside a Slurm job}" --bind-to none
+        --mca oob_tcp_keepalive_time 10 --mca oob_tcp_keepalive_intvl 5 --mca oob_tcp_keepalive_probes 3)
       ;;
     *)
       echo "ddp-slurm: error: LAUNCHER=$LAUNCHER: use srun or mpirun" >&2
