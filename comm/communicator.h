@@ -44,14 +44,15 @@ class Communicator {
     finish_average();
   }
 
-  // Averages the rows of a row-major matrix [total_rows, width] that any rank touched, for sparse gradients
-  // such as the embedding's. `rows` are this rank's touched rows (sorted, unique); every other row of
-  // `matrix` must be zero on this rank. Returns the union of all ranks' rows (sorted), which every rank
-  // then holds averaged; rows outside the union stay zero. Only the union's rows travel, unless the union
-  // covers most of the matrix, when the whole matrix is averaged. Blocking; call it after start_average()
-  // of other segments, in the same order on every rank.
-  virtual std::vector<int32_t> average_rows(std::span<float> matrix, std::size_t width,
-                                            std::span<const int32_t> rows) = 0;
+  // Starts averaging the rows of a row-major matrix [total_rows, width] that any rank touched, for sparse
+  // gradients such as the embedding's. `rows` are this rank's touched rows (sorted, unique); every other row
+  // of `matrix` must be zero on this rank. Returns the union of all ranks' rows (sorted): exchanging the row
+  // ids (small) blocks, the values travel in the background like a segment of start_average(), and once
+  // finish_average() returns every rank holds those rows averaged; rows outside the union stay zero. Only
+  // the union's rows travel, unless the union covers most of the matrix, when the whole matrix is averaged.
+  // At most one such exchange may be pending; it counts as a segment for the order across ranks.
+  virtual std::vector<int32_t> start_average_rows(std::span<float> matrix, std::size_t width,
+                                                  std::span<const int32_t> rows) = 0;
 
   // In-place sum over ranks of a few numbers (metrics, counters).
   virtual void sum(std::span<double> data) = 0;
@@ -85,13 +86,20 @@ void agree_on_errors(Communicator& comm, Work&& work) {
 // The MPI backend over `comm` (duplicated, so its traffic never mixes with other users of `comm`).
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
 
+// Call before MPI_Init. Open MPI's TCP transport sends a message above 64 KiB by rendezvous: a first
+// fragment, then a wait for the receiver's answer before the rest. Across a link whose queue holds
+// milliseconds of data that answer waits behind the gradients going the other way, which halved the
+// throughput of a 1.3 MB all-reduce at 1 Gbit/s (benchmarks/RESULTS.md). Gradient buckets are sent eagerly
+// up to 4 MiB instead. Sets only Open MPI parameters the user has not set; other MPIs ignore them.
+void set_mpi_transport_defaults();
+
 // NCCL over one GPU per rank: one communicator for the job (its unique id travels by MPI_Bcast). Gradient
 // segments (device memory) are reduced on a communication stream that first waits on an event recorded on
 // `compute_stream` (the replica's cudaStream_t), so backward keeps running while a bucket is reduced;
 // finish_average() makes the compute stream wait for the reductions, without a host synchronisation.
-// `compression` is none, fp16 or bf16 (gradients cast for the wire, averaged, cast back). average_rows()
-// averages the whole matrix. broadcast(), sum(), gather() and first_error() work on host memory over MPI.
-// In a build without CUDA it throws a UserError.
+// `compression` is none, fp16 or bf16 (gradients cast for the wire, averaged, cast back).
+// start_average_rows() averages the whole matrix. broadcast(), sum(), gather() and first_error() work on host
+// memory over MPI. In a build without CUDA it throws a UserError.
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, void* compute_stream,
                                                      const std::string& compression);
 

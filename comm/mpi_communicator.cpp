@@ -3,6 +3,8 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <optional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -43,7 +45,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Request request = MPI_REQUEST_NULL;
     DDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, segment.data(), checked_count(segment.size()), MPI_FLOAT,
                                  MPI_SUM, comm_, &request));
-    pending_.push_back(Pending{segment, request, timeline::Clock::now()});
+    pending_.push_back(Pending{segment, request, timeline::Clock::now(), {}});
     // Without a progress thread, MPI advances non-blocking collectives only inside MPI calls: poke it.
     complete_some(/*wait=*/false);
   }
@@ -54,13 +56,17 @@ class MpiCommunicator final : public Communicator {
     }
     const float scale = 1.0f / static_cast<float>(size_);
     for (const Pending& p : pending_) {
-      for (float& x : p.segment) x *= scale;
+      if (p.rows_target) {
+        unpack_rows(*p.rows_target, scale);
+      } else {
+        for (float& x : p.segment) x *= scale;
+      }
     }
     pending_.clear();
   }
 
-  std::vector<int32_t> average_rows(std::span<float> matrix, std::size_t width,
-                                    std::span<const int32_t> rows) override {
+  std::vector<int32_t> start_average_rows(std::span<float> matrix, std::size_t width,
+                                          std::span<const int32_t> rows) override {
     if (size_ == 1) return {rows.begin(), rows.end()};
     const std::size_t total_rows = matrix.size() / width;
     // Every rank learns every rank's rows and forms the same sorted union.
@@ -80,23 +86,18 @@ class MpiCommunicator final : public Communicator {
     gathered.erase(std::unique(gathered.begin(), gathered.end()), gathered.end());
 
     if (2 * gathered.size() > total_rows) {  // dense is cheaper than packing most of the matrix
-      average(matrix);
+      start_average(matrix);
       return gathered;
     }
     // Untouched rows are zero, so packing the union's rows from every rank's matrix sums correctly.
+    DDP_CHECK(std::none_of(pending_.begin(), pending_.end(), [](const Pending& p) { return p.rows_target; }));
     packed_.resize(gathered.size() * width);
     for (std::size_t i = 0; i < gathered.size(); ++i) {
       const float* row = matrix.data() + static_cast<std::size_t>(gathered[i]) * width;
       std::copy(row, row + width, packed_.data() + i * width);
     }
-    DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, packed_.data(), checked_count(packed_.size()), MPI_FLOAT,
-                                MPI_SUM, comm_));
-    const float scale = 1.0f / static_cast<float>(size_);
-    for (std::size_t i = 0; i < gathered.size(); ++i) {
-      float* row = matrix.data() + static_cast<std::size_t>(gathered[i]) * width;
-      const float* summed = packed_.data() + i * width;
-      for (std::size_t j = 0; j < width; ++j) row[j] = summed[j] * scale;
-    }
+    start_average(packed_);
+    pending_.back().rows_target = RowsTarget{matrix, width, gathered};
     return gathered;
   }
 
@@ -142,11 +143,26 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // Where the packed, summed rows of start_average_rows() go once their reduction completes.
+  struct RowsTarget {
+    std::span<float> matrix;
+    std::size_t width = 0;
+    std::vector<int32_t> rows;
+  };
   struct Pending {
     std::span<float> segment;
     MPI_Request request;
     timeline::Clock::time_point started;  // for the timeline's bucket track
+    std::optional<RowsTarget> rows_target;
   };
+
+  void unpack_rows(const RowsTarget& target, float scale) const {
+    for (std::size_t i = 0; i < target.rows.size(); ++i) {
+      float* row = target.matrix.data() + static_cast<std::size_t>(target.rows[i]) * target.width;
+      const float* summed = packed_.data() + i * target.width;
+      for (std::size_t j = 0; j < target.width; ++j) row[j] = summed[j] * scale;
+    }
+  }
 
   static int checked_count(std::size_t n) {
     DDP_CHECK(n <= static_cast<std::size_t>(INT32_MAX));
@@ -189,13 +205,21 @@ class MpiCommunicator final : public Communicator {
   std::vector<Pending> pending_;
   std::vector<MPI_Request> requests_;  // scratch of complete_some()
   std::vector<int> indices_;
-  std::vector<float> packed_;  // reused by average_rows
+  std::vector<float> packed_;  // the rows of start_average_rows() in flight, reused
 };
 
 }  // namespace
 
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
   return std::make_unique<MpiCommunicator>(comm);
+}
+
+void set_mpi_transport_defaults() {
+  constexpr const char* kEagerBytes = "4194304";
+  for (const char* name : {"OMPI_MCA_btl_tcp_eager_limit", "OMPI_MCA_btl_tcp_rndv_eager_limit",
+                           "OMPI_MCA_btl_tcp_max_send_size"}) {
+    setenv(name, kEagerBytes, /*overwrite=*/0);
+  }
 }
 
 }  // namespace ddp::comm

@@ -197,9 +197,9 @@ class NcclCommunicator final : public Communicator {
   // not track touched rows), and every row then holds the average. Returns no rows: the caller clears the
   // whole embedding gradient. Like every other call here it only orders work on the streams; it does not
   // block.
-  std::vector<int32_t> average_rows(std::span<float> matrix, std::size_t /*width*/,
-                                    std::span<const int32_t> /*rows*/) override {
-    average(matrix);
+  std::vector<int32_t> start_average_rows(std::span<float> matrix, std::size_t /*width*/,
+                                          std::span<const int32_t> /*rows*/) override {
+    start_average(matrix);
     return {};
   }
 

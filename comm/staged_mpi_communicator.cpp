@@ -84,11 +84,12 @@ class StagedMpiCommunicator final : public Communicator {
   }
 
   // A GPU replica tracks no touched rows, and the trainer turns sparse exchange off on every rank of a job
-  // with a GPU rank, so the CPU ranks of a mixed job call average() for the embedding too: stage and average
-  // the whole matrix, and return no rows (every row holds the average; the caller clears the whole gradient).
-  std::vector<int32_t> average_rows(std::span<float> matrix, std::size_t /*width*/,
-                                    std::span<const int32_t> /*rows*/) override {
-    average(matrix);
+  // with a GPU rank, so the CPU ranks of a mixed job call start_average() for the embedding too: stage and
+  // average the whole matrix, and return no rows (every row holds the average; the caller clears the whole
+  // gradient).
+  std::vector<int32_t> start_average_rows(std::span<float> matrix, std::size_t /*width*/,
+                                          std::span<const int32_t> /*rows*/) override {
+    start_average(matrix);
     return {};
   }
 

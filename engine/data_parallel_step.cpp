@@ -24,18 +24,20 @@ void DataParallelStep::run(const models::BatchView& batch) {
   std::span<float> grads = replica_.grads();
   const models::ParamLayout& layout = replica_.layout();
   const models::ParamSegment& embedding = layout.segments().front();
+  const auto width = static_cast<std::size_t>(layout.shape().embedding_dim);
   replica_.train_step(batch, [&](const models::ParamSegment& segment) {
-    if (sparse_embedding_ && segment.offset == embedding.offset) return;  // exchanged below, by rows
+    if (sparse_embedding_ && segment.offset == embedding.offset) {
+      // By rows, in the background like the other segments: the CPU replica hands the embedding over
+      // before the first layer's weight gradients, which it computes while the rows travel.
+      timeline::Span span("embedding rows exchange");
+      embedding_rows_ = comm_.start_average_rows(grads.subspan(embedding.offset, embedding.size), width,
+                                                 replica_.touched_embedding_rows());
+      return;
+    }
     comm_.start_average(grads.subspan(segment.offset, segment.size));
   });
   const auto computed = Clock::now();
 
-  const auto width = static_cast<std::size_t>(layout.shape().embedding_dim);
-  if (sparse_embedding_) {
-    timeline::Span span("embedding rows exchange");
-    embedding_rows_ = comm_.average_rows(grads.subspan(embedding.offset, embedding.size), width,
-                                         replica_.touched_embedding_rows());
-  }
   {
     timeline::Span span("reduction wait");
     comm_.finish_average();

@@ -129,6 +129,7 @@ int main(int argc, char** argv) {
   const bool check_env = command == "check-env";
   if (command == "train" || check_env) args.erase(args.begin());
 
+  ddp::comm::set_mpi_transport_defaults();
   MPI_Init(&argc, &argv);
   int status = ddp::kExitOk;
   {

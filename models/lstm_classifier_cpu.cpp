@@ -332,20 +332,44 @@ BatchStats CpuLstmClassifier<Scalar>::train_step(const int32_t* tokens, const Sc
     for (std::size_t j = 0; j < hidden; ++j) d_last[b * hidden + j] = d_logits_[b] * dense_w[j];
   }
 
-  for (int l = layers - 1; l >= 0; --l) {
-    backward_layer(l, batch, seq, /*dy_every_step=*/l + 1 < layers);
+  for (int l = layers - 1; l > 0; --l) {
+    backward_through_time(l, batch, seq, /*dy_every_step=*/l + 1 < layers);
+    weight_gradients(l, batch, seq);
     ready(to_size(l) + 1);
-    // dX = dG * w_ih: into the outputs of the layer below (d_hidden_ is consumed by now) or the embedding.
-    const LayerTensors& tensors = layers_[to_size(l)];
-    Scalar* d_input = l > 0 ? d_hidden_.data() : d_embedded_.data();
-    const int gate_width = 4 * layout_.shape().hidden;
-    gemm(Trans::kNo, Trans::kNo, static_cast<int>(rows), tensors.in, gate_width, Scalar(1), d_gates_.data(),
-         gate_width, params_.data() + tensors.w_ih, tensors.in, Scalar(0), d_input, tensors.in);
+    input_gradient(l, batch, seq);
   }
-
+  // The first layer hands over the embedding before its own weight gradients: the embedding's exchange is
+  // the largest, and it travels while those two GEMMs run.
+  backward_through_time(0, batch, seq, /*dy_every_step=*/layers > 1);
+  input_gradient(0, batch, seq);
   accumulate_embedding_gradient(tokens, batch, seq);
   ready(0);
+  weight_gradients(0, batch, seq);
+  ready(1);
   return stats;
+}
+
+template <typename Scalar>
+void CpuLstmClassifier<Scalar>::input_gradient(int layer, int batch, int seq) {
+  // dX = dG * w_ih: into the outputs of the layer below (d_hidden_ is consumed by now) or the embedding.
+  const LayerTensors& tensors = layers_[to_size(layer)];
+  Scalar* d_input = layer > 0 ? d_hidden_.data() : d_embedded_.data();
+  const int gate_width = 4 * layout_.shape().hidden;
+  gemm(Trans::kNo, Trans::kNo, batch * seq, tensors.in, gate_width, Scalar(1), d_gates_.data(), gate_width,
+       params_.data() + tensors.w_ih, tensors.in, Scalar(0), d_input, tensors.in);
+}
+
+template <typename Scalar>
+void CpuLstmClassifier<Scalar>::weight_gradients(int layer, int batch, int seq) {
+  // Of the whole sequence, one GEMM each; hidden_ row blocks 0..T-1 are h_{t-1}.
+  const LayerTensors& tensors = layers_[to_size(layer)];
+  const int hidden = layout_.shape().hidden;
+  const int gate_width = 4 * hidden;
+  const int rows = batch * seq;
+  gemm(Trans::kYes, Trans::kNo, gate_width, hidden, rows, Scalar(1), d_gates_.data(), gate_width,
+       hidden_[to_size(layer)].data(), hidden, Scalar(0), grads_.data() + tensors.w_hh, hidden);
+  gemm(Trans::kYes, Trans::kNo, gate_width, tensors.in, rows, Scalar(1), d_gates_.data(), gate_width,
+       layer_input(layer, batch), tensors.in, Scalar(0), grads_.data() + tensors.w_ih, tensors.in);
 }
 
 template <typename Scalar>
@@ -384,13 +408,12 @@ void CpuLstmClassifier<Scalar>::accumulate_embedding_gradient(const int32_t* tok
 }
 
 template <typename Scalar>
-void CpuLstmClassifier<Scalar>::backward_layer(int layer, int batch, int seq, bool dy_every_step) {
+void CpuLstmClassifier<Scalar>::backward_through_time(int layer, int batch, int seq, bool dy_every_step) {
   const LayerTensors& tensors = layers_[to_size(layer)];
   const int hidden = layout_.shape().hidden;
   const int gate_width = 4 * hidden;
   const auto h_size = to_size(hidden);
   const auto g_size = to_size(gate_width);
-  const int rows = batch * seq;
   const std::size_t step_states = to_size(batch) * h_size;
   const Scalar* w_hh = params_.data() + tensors.w_hh;
   const Scalar* gates = gates_[to_size(layer)].data();
@@ -436,11 +459,6 @@ void CpuLstmClassifier<Scalar>::backward_layer(int layer, int batch, int seq, bo
     }
   }
 
-  // Weight gradients of the whole sequence, one GEMM each; hidden_ row blocks 0..T-1 are h_{t-1}.
-  gemm(Trans::kYes, Trans::kNo, gate_width, hidden, rows, Scalar(1), d_gates, gate_width,
-       hidden_[to_size(layer)].data(), hidden, Scalar(0), grads_.data() + tensors.w_hh, hidden);
-  gemm(Trans::kYes, Trans::kNo, gate_width, tensors.in, rows, Scalar(1), d_gates, gate_width,
-       layer_input(layer, batch), tensors.in, Scalar(0), grads_.data() + tensors.w_ih, tensors.in);
   std::copy(d_b, d_b + g_size, grads_.data() + tensors.b_hh);
 }
 

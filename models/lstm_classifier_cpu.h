@@ -48,10 +48,14 @@ class CpuLstmClassifier {
 
   void forward(const int32_t* tokens, int batch, int seq);
   void forward_layer(int layer, int batch, int seq);
-  // Backward through time of one layer, from d_hidden_ (gradient into its outputs) to its weight gradients
-  // and d_gates_; the gradient into its input is left to the caller. Unless dy_every_step (the top layer,
-  // whose only output with a gradient is the last step's), it reads d_hidden_'s last row block only.
-  void backward_layer(int layer, int batch, int seq, bool dy_every_step);
+  // Backward through time of one layer, from d_hidden_ (gradient into its outputs) to d_gates_ and the bias
+  // gradients. Unless dy_every_step (every layer but the top one, whose only output with a gradient is the
+  // last step's), it reads d_hidden_'s last row block only.
+  void backward_through_time(int layer, int batch, int seq, bool dy_every_step);
+  // From d_gates_: the layer's weight gradients, and the gradient into its input (d_hidden_ of the layer
+  // below, or d_embedded_).
+  void weight_gradients(int layer, int batch, int seq);
+  void input_gradient(int layer, int batch, int seq);
   // The embedding gradient from d_embedded_, touching only the rows of this batch and the last one.
   void accumulate_embedding_gradient(const int32_t* tokens, int batch, int seq);
   BatchStats loss_and_stats(const Scalar* labels, int batch, std::span<Scalar> probabilities);

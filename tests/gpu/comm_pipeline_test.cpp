@@ -103,7 +103,7 @@ std::vector<float> ramp(std::size_t n, float scale) {
   return v;
 }
 
-// One rank averages to itself: several segments pending at once, then the embedding through average_rows.
+// One rank averages to itself: several segments pending at once, the embedding through start_average_rows.
 void expect_one_rank_average_is_identity(comm::Communicator& comm, GpuFixture& gpu, float* a, float* b,
                                          float* matrix) {
   const std::vector<float> va = ramp(1000, 0.01f);
@@ -116,7 +116,7 @@ void expect_one_rank_average_is_identity(comm::Communicator& comm, GpuFixture& g
     comm.start_average({a, va.size()});
     comm.start_average({b, vb.size()});
     const std::vector<int32_t> touched = {1, 5};
-    EXPECT_TRUE(comm.average_rows({matrix, vm.size()}, 8, touched).empty());  // dense on a GPU
+    EXPECT_TRUE(comm.start_average_rows({matrix, vm.size()}, 8, touched).empty());  // dense on a GPU
     comm.finish_average();
     EXPECT_EQ(gpu.download(a, va.size()), va);
     EXPECT_EQ(gpu.download(b, vb.size()), vb);

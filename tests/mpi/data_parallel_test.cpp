@@ -82,7 +82,12 @@ TEST(Communicator, AverageRowsSendsTheUnion) {
       for (std::size_t j = 0; j < width; ++j)
         matrix[static_cast<std::size_t>(row) * width + j] = float(r + 1);
     }
-    const std::vector<int32_t> rows = comm->average_rows(matrix, width, mine);
+    // A dense segment in flight beside the rows: both complete at finish_average().
+    std::vector<float> dense(5, float(r + 1));
+    comm->start_average(dense);
+    const std::vector<int32_t> rows = comm->start_average_rows(matrix, width, mine);
+    comm->finish_average();
+    for (float x : dense) ASSERT_FLOAT_EQ(x, static_cast<float>(n + 1) / 2.0f);
     ASSERT_EQ(static_cast<int>(rows.size()), 2 * n);
     for (std::size_t row = 0; row < total_rows; ++row) {
       const auto it = std::find(rows.begin(), rows.end(), static_cast<int32_t>(row));
