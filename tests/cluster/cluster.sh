@@ -118,7 +118,7 @@ cluster_up() {  # nodes, [rate]
   # The cluster is up when every node reaches every other: a refused TCP connection is an answer.
   for node in $CLUSTER_NODES; do
     for k in $(seq "$nodes"); do
-      answer=$(cluster_in_node "$node" timeout 5 bash -c "exec 3<>/dev/tcp/$cluster_subnet.$k/9" 2>&1)
+      answer=$(cluster_in_node "$node" timeout 5 bash -c "exec 3<>/dev/tcp/$cluster_subnet.$k/9" 2>&1) || true
       [[ $answer == *"Connection refused"* ]] || { echo "cluster: $node cannot reach $cluster_subnet.$k" >&2; return 1; }
     done
   done
