@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# Preemption of a two-node Slurm job, on the one-machine cluster of tests/cluster/cluster.sh.
+#   bash tests/cluster/slurm_preempt_test.sh path/to/ddptrain source-dir
+# Exit 0 (pass), 1 (fail) or 77 (skipped: not root, no namespaces, Slurm or a tool missing; the reason is
+# printed).
+#
+# The cluster has 2 nodes; slurmctld runs on node1 (a controller may share a compute node) and one slurmd in
+# each node (NodeName=node[1-2], 2 CPUs each, auth/none, no cgroups: proctrack/linuxproc, task/none). The
+# Slurm clients run on node1 too (cluster_on), since nothing outside the nodes reaches their network.
+# launch/slurm/cpu_ps.sbatch runs with --nodes=2 --ntasks-per-node=1: rank 0 (the worker) on node1, rank 1
+# (the parameter server) on node2, 4 epochs slowed by --train.straggle_ms 25 so that it is still running after
+# its first epoch. The test then sends what #SBATCH --signal=B:USR1@120 sends, `scancel --signal=USR1 --batch
+# JOB`, and checks: the ranks ran on node1 and node2, ddptrain checkpointed and exited 75, the script requeued
+# the job, which ran twice (Restarts=1), resumed from the checkpoint and ended COMPLETED; metrics.jsonl has
+# each epoch once and the final parameters equal those of an uninterrupted run of the same layout
+# (cluster_mpirun, one rank per node). Once with LAUNCHER=mpirun (Open MPI's mpirun starts its daemon on
+# node2 with srun, inside the allocation) and once with LAUNCHER=srun (SRUN_MPI=pmix). Last, every daemon is
+# stopped, the cluster torn down, and nothing of it may be left.
+#
+# Notes:
+# - Slurm's PMIx plugin puts each step's client folder at TmpFS/spmix_appdir_UID_JOB.STEP; with the default
+#   TmpFS=/tmp, shared by the nodes here, node2's slurmstepd finds node1's folder ("Cannot create directory
+#   /tmp/spmix_appdir_0_1.0: File exists") and the step fails. TmpFS accepts %n, so each node gets its own
+#   folder (the cluster's node TMPDIR), as separate machines would.
+# - cpu_ps.sbatch passes --train.threads 0 and ddptrain refuses an option given twice, so the job runs with
+#   threads 0 (one rank per node: the node's 2 cores); the reference runs the same layout with the same
+#   setting.
+# - A requeued job waits until its first run's credential has expired (AuthInfo=cred_expire=10 here).
+set -uo pipefail
+ddptrain=$(realpath "$1")
+src=$(realpath "$2")
+# shellcheck source=tests/cluster/cluster.sh
+source "$src/tests/cluster/cluster.sh"
+# shellcheck source=tests/slurm/local_slurm.sh
+source "$src/tests/slurm/local_slurm.sh"
+cluster_skip_unless_possible
+local_slurm_skip_unless_possible
+command -v h5dump >/dev/null 2>&1 || { echo "SKIP: h5dump is not installed (apt-get install hdf5-tools)"; exit 77; }
+PATH=$PATH:/usr/sbin  # slurmctld and slurmd; cluster_up hands this PATH to the nodes
+
+out=""
+fail() {
+  echo "FAIL: $*"
+  if [ -n "$out" ]; then
+    echo "---- job output"
+    cat "$out" 2>/dev/null || true
+  fi
+  exit 1
+}
+
+cluster_up 2 || fail "could not bring up the cluster"
+slurm=$CLUSTER_DIR/slurm
+conf=$slurm/slurm.conf
+shared=$CLUSTER_DIR/shared
+
+# Runs a command (leading NAME=VALUE words: its environment) on node1, where slurmctld listens, in the
+# source folder, with the node's clean environment and SLURM_CONF.
+on_node1() {
+  cluster_on node1 "cd $(printf %q "$src") && exec $(printf '%q ' env SLURM_CONF="$conf" "$@")"
+}
+# local_slurm.sh's local_slurm_job_state and local_slurm_job_restarts call scontrol: on node1.
+scontrol() { on_node1 scontrol "$@"; }
+
+slurm_logs() {
+  local log
+  for log in "$slurm"/slurmctld.log "$slurm"/node*/slurmd.log; do
+    [ -f "$log" ] || continue
+    echo "---- $log (last 40 lines)"
+    tail -n 40 "$log"
+  done
+}
+
+# Stops the daemons by their PIDs (the nodes share this machine's PID namespace), all at once (each takes
+# about 2 s), waiting at most 5 s; cluster_down, next, ends whatever is left in the nodes.
+slurm_stop() {
+  local status=$? pid_file pids=() pid _
+  if [ "$status" -ne 0 ] && [ "$status" -ne 77 ]; then slurm_logs; fi
+  for pid_file in "$slurm"/node*/slurmd.pid "$slurm"/slurmctld.pid; do
+    [ -s "$pid_file" ] && pids+=("$(cat "$pid_file")")
+  done
+  [ ${#pids[@]} -gt 0 ] || return "$status"
+  kill "${pids[@]}" 2>/dev/null
+  for _ in $(seq 50); do
+    for pid in "${pids[@]}"; do
+      kill -0 "$pid" 2>/dev/null && break
+      pid=""
+    done
+    [ -n "$pid" ] || break
+    sleep 0.1
+  done
+  return "$status"
+}
+trap 'slurm_stop; cluster_down' EXIT
+
+mkdir -p "$slurm"/state "$slurm"/node1/spool "$slurm"/node2/spool
+cat >"$conf" <<EOF
+ClusterName=ddpcluster
+SlurmctldHost=node1($cluster_subnet.1)
+AuthType=auth/none
+AuthInfo=cred_expire=10
+CredType=cred/none
+SlurmUser=root
+SlurmdUser=root
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+MpiDefault=none
+JobRequeue=1
+ReturnToService=2
+SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=1
+StateSaveLocation=$slurm/state
+SlurmdSpoolDir=$slurm/%n/spool
+TmpFS=$CLUSTER_DIR/%n/tmp
+SlurmctldPidFile=$slurm/slurmctld.pid
+SlurmdPidFile=$slurm/%n/slurmd.pid
+SlurmctldLogFile=$slurm/slurmctld.log
+SlurmdLogFile=$slurm/%n/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+NodeName=node[1-2] NodeAddr=$cluster_subnet.[1-2] CPUs=2 State=UNKNOWN
+PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP
+EOF
+
+cluster_on node1 "slurmctld -f $conf" || fail "slurmctld did not start on node1"
+for node in $CLUSTER_NODES; do
+  cluster_on "$node" "slurmd -f $conf -N $node" || fail "slurmd did not start on $node"
+done
+nodes_state=""
+for _ in $(seq 150); do  # at most 30 s
+  nodes_state=$(on_node1 sinfo -h -N -o '%N %T' 2>/dev/null | tr '\n' ' ')
+  [ "$nodes_state" = "node1 idle node2 idle " ] && break
+  sleep 0.2
+done
+[ "$nodes_state" = "node1 idle node2 idle " ] ||
+  fail "the Slurm nodes are not idle after 30 s (sinfo: ${nodes_state:-nothing})"
+echo "Slurm up: slurmctld on node1, slurmd on node1 and node2, both idle"
+
+epochs=4
+"$ddptrain" prepare synthetic --output "$shared/data.h5" --train 2000 --test 400 --vocab 300 --maxlen 20 \
+  --seed 3 >/dev/null || fail "could not prepare the data"
+args="--data.path $shared/data.h5 --model.embedding_dim 16 --model.hidden 16 --train.epochs $epochs"
+
+# The same training without interruption, in the job's layout (one rank per node), without the slowdown.
+read -r -a arg_list <<<"$args"
+OPENBLAS_NUM_THREADS=1 cluster_mpirun -H node1:1,node2:1 -np 2 "$ddptrain" \
+  --config "$src/launch/configs/imdb.ini" --checkpoint.dir "$shared/reference" --device cpu \
+  --comm.backend ps --comm.ps_servers 1 --train.threads 0 --log.progress lines "${arg_list[@]}" \
+  >"$shared/reference.out" 2>&1 || { cat "$shared/reference.out"; fail "the uninterrupted reference run failed"; }
+reference_lines=$(grep -c '"epoch"' "$shared/reference/metrics.jsonl" || true)
+[ "$reference_lines" -eq "$epochs" ] || fail "the uninterrupted run has $reference_lines epochs, expected $epochs"
+h5dump -m %.9g -d /params "$shared/reference/last.h5" | tail -n +2 >"$shared/reference_params.txt" ||
+  fail "h5dump could not read the reference's last.h5"
+
+# Waits until job ID has ended, setting job_state; fails after SECONDS. Like local_slurm_wait_job, but in this
+# shell rather than in a $(...): a SIGTERM or Ctrl-C then tears the cluster down within 0.2 s, not after the
+# job.
+wait_job() {  # id, seconds
+  local _
+  job_state=""
+  for _ in $(seq $(($2 * 5))); do
+    job_state=$(local_slurm_job_state "$1")
+    case $job_state in
+      COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED)
+        return 0
+        ;;
+    esac
+    sleep 0.2
+  done
+  return 1
+}
+
+expect_log() {  # pattern, what it shows
+  grep -q -- "$1" "$out" || fail "the job output lacks $2 ('$1')"
+}
+
+preempt_and_check() {  # launcher
+  local launcher=$1 run=$shared/run-$1 id
+  out=$shared/job-$launcher.out
+  # Open MPI stays on TCP over the cluster's network (Debian's build would pick UCX); the job passes the
+  # submitting environment on (--export=ALL), to mpirun's daemon on node2 too.
+  id=$(on_node1 LAUNCHER="$launcher" SRUN_MPI=pmix DDPTRAIN="$ddptrain" RUN_DIR="$run" \
+    DDPTRAIN_EXTRA_ARGS="$args --train.straggle_ms 25" OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,vader,self \
+    OMPI_MCA_btl_tcp_if_include="$cluster_subnet.0/24" OMPI_MCA_oob_tcp_if_include="$cluster_subnet.0/24" \
+    sbatch --parsable --export=ALL --job-name="preempt-$launcher" --nodes=2 --ntasks-per-node=1 \
+    --cpus-per-task=1 --requeue --time=5 --output="$out" launch/slurm/cpu_ps.sbatch) || fail "sbatch failed"
+  local tick state=""
+  for tick in $(seq 300); do  # at most 60 s until the first epoch ends; the job's state every second
+    grep -q "^Epoch 1/$epochs" "$out" 2>/dev/null && break
+    if [ $((tick % 5)) -eq 0 ]; then
+      state=$(local_slurm_job_state "$id")
+      case $state in PENDING | CONFIGURING | RUNNING | "") ;; *) break ;; esac
+    fi
+    sleep 0.2
+  done
+  grep -q "^Epoch 1/$epochs" "$out" 2>/dev/null ||
+    fail "job $id (LAUNCHER=$launcher): no epoch finished (state $(local_slurm_job_state "$id"))"
+  expect_log "^rank 0/2 on node1 " "rank 0 on node1"
+  expect_log "^rank 1/2 on node2 " "rank 1 on node2"
+  on_node1 scancel --signal=USR1 --batch "$id" || fail "scancel --signal=USR1 --batch $id failed"
+  echo "sent SIGUSR1 to the batch shell of job $id (LAUNCHER=$launcher, ranks on node1 and node2) after epoch 1"
+
+  local restarts
+  wait_job "$id" 90 || fail "job $id did not end within 90 s (state ${job_state:-unknown})"
+  [ "$job_state" = COMPLETED ] || fail "job $id ended $job_state"
+  restarts=$(local_slurm_job_restarts "$id")
+  [ "$restarts" = 1 ] || fail "Restarts=$restarts, expected 1 (one requeue)"
+
+  expect_log "batch shell received SIGUSR1" "the signal reaching the batch shell"
+  expect_log "forwarding SIGUSR1 to $launcher" "the signal forwarded to $launcher"
+  expect_log "stopped by a signal" "ddptrain's checkpoint-and-stop message"
+  expect_log "ddptrain stopped for preemption (exit 75)" "exit code 75"
+  expect_log "requeued job $id" "the requeue"
+  expect_log "run 2 on node\[1-2\], 2 tasks: resuming from $run/last.h5" "a second run on both nodes that resumes"
+  expect_log "resumed from" "ddptrain resuming from the checkpoint"
+  local node_lines
+  node_lines=$(grep -c "^rank 1/2 on node2 " "$out" || true)
+  [ "$node_lines" -eq 2 ] || fail "rank 1 started on node2 $node_lines time(s), expected 2 (one per run)"
+  # The stop came before the last epoch: epoch $epochs ends in the second run only.
+  if sed -n '/run 2 on/q;p' "$out" | grep -q "^Epoch $epochs/$epochs"; then
+    fail "the first run finished all epochs: no preemption"
+  fi
+
+  local lines count epoch
+  lines=$(grep -c '"epoch"' "$run/metrics.jsonl" || true)
+  [ "$lines" -eq "$reference_lines" ] || fail "metrics.jsonl has $lines epoch lines, $reference_lines uninterrupted"
+  for epoch in $(seq "$epochs"); do
+    count=$(grep -c "\"epoch\": $epoch," "$run/metrics.jsonl" || true)
+    [ "$count" -eq 1 ] || fail "epoch $epoch appears $count times in metrics.jsonl"
+  done
+  h5dump -m %.9g -d /params "$run/last.h5" | tail -n +2 >"$shared/params-$launcher.txt" ||
+    fail "h5dump could not read $run/last.h5"
+  cmp -s "$shared/params-$launcher.txt" "$shared/reference_params.txt" ||
+    fail "the preempted run's final parameters differ from the uninterrupted run's"
+  echo "ok (LAUNCHER=$launcher): job $id on node1 and node2 checkpointed, exited 75, was requeued once," \
+    "resumed and COMPLETED $epochs epochs with the parameters of an uninterrupted run"
+}
+
+preempt_and_check mpirun
+preempt_and_check srun
+out=""
+
+# Teardown, checked: the daemons stop, then the cluster goes, and nothing of it may remain.
+slurm_stop
+# The jobs are over and the daemons gone: no rank, Open MPI daemon or slurmstepd may be left in the nodes.
+left=""
+for _ in $(seq 25); do  # at most 5 s
+  left=$(cluster_pids | tr '\n' ' ')
+  [ -z "$left" ] && break
+  sleep 0.2
+done
+[ -z "$left" ] || fail "processes left in the nodes after the jobs ended and the daemons stopped:" \
+  "$(for pid in $left; do ps -o pid=,args= -p "$pid"; done)"
+cluster_down
+leftovers=$(cluster_leftovers)
+[ -z "$leftovers" ] || fail "the cluster left something behind: $leftovers"
+echo "ok: the Slurm daemons stopped and the cluster is gone"
