@@ -1,10 +1,20 @@
 // The MPI backend: gradient segments are averaged with non-blocking MPI_Iallreduce (sum, then one scale by
 // 1/size on every rank, so all ranks compute bit-identical averages from bit-identical sums).
+//
+// Open MPI moves a non-blocking collective only inside MPI calls, and backward makes none: across a slow
+// link the buckets would travel only once finish_average() waits. Where MPI allows calls from several
+// threads (MPI_THREAD_MULTIPLE), a progress thread of the communicator tests the pending reductions every
+// kProgressPeriod while any is pending, and sleeps otherwise; the main thread's own MPI calls go on beside
+// it. The thread touches only pending_ (under mutex_).
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -22,8 +32,19 @@ class MpiCommunicator final : public Communicator {
     DDP_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     DDP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
     DDP_CHECK_MPI(MPI_Comm_size(comm_, &size_));
+    int threading = MPI_THREAD_SINGLE;
+    DDP_CHECK_MPI(MPI_Query_thread(&threading));
+    progress_thread_allowed_ = threading == MPI_THREAD_MULTIPLE && size_ > 1;
   }
   ~MpiCommunicator() override {
+    if (progress_.joinable()) {
+      {
+        std::lock_guard lock(mutex_);
+        stopping_ = true;
+      }
+      work_.notify_one();
+      progress_.join();
+    }
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&comm_);
@@ -42,15 +63,20 @@ class MpiCommunicator final : public Communicator {
 
   void start_average(std::span<float> segment) override {
     if (size_ == 1 || segment.empty()) return;
+    if (progress_thread_allowed_ && !progress_.joinable())
+      progress_ = std::thread([this] { make_progress(); });
+    std::lock_guard lock(mutex_);
     MPI_Request request = MPI_REQUEST_NULL;
     DDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, segment.data(), checked_count(segment.size()), MPI_FLOAT,
                                  MPI_SUM, comm_, &request));
     pending_.push_back(Pending{segment, request, timeline::Clock::now(), {}});
-    // Without a progress thread, MPI advances non-blocking collectives only inside MPI calls: poke it.
+    // Poke MPI once now: without a progress thread, nothing moves the reduction until the next MPI call.
     complete_some(/*wait=*/false);
+    work_.notify_one();
   }
 
   void finish_average() override {
+    std::lock_guard lock(mutex_);
     if (pending_.empty()) return;
     while (complete_some(/*wait=*/true)) {
     }
@@ -90,13 +116,18 @@ class MpiCommunicator final : public Communicator {
       return gathered;
     }
     // Untouched rows are zero, so packing the union's rows from every rank's matrix sums correctly.
-    DDP_CHECK(std::none_of(pending_.begin(), pending_.end(), [](const Pending& p) { return p.rows_target; }));
+    {
+      std::lock_guard lock(mutex_);
+      DDP_CHECK(
+          std::none_of(pending_.begin(), pending_.end(), [](const Pending& p) { return p.rows_target; }));
+    }
     packed_.resize(gathered.size() * width);
     for (std::size_t i = 0; i < gathered.size(); ++i) {
       const float* row = matrix.data() + static_cast<std::size_t>(gathered[i]) * width;
       std::copy(row, row + width, packed_.data() + i * width);
     }
     start_average(packed_);
+    std::lock_guard lock(mutex_);
     pending_.back().rows_target = RowsTarget{matrix, width, gathered};
     return gathered;
   }
@@ -175,8 +206,26 @@ class MpiCommunicator final : public Communicator {
     DDP_CHECK_MPI(MPI_Bcast(data, checked_count(n), type, root, comm_));
   }
 
+  // The progress thread: while reductions are pending, test them every kProgressPeriod (MPI moves them on
+  // each call); otherwise wait for start_average().
+  void make_progress() {
+    std::unique_lock lock(mutex_);
+    while (!stopping_) {
+      const bool active = std::any_of(pending_.begin(), pending_.end(),
+                                      [](const Pending& p) { return p.request != MPI_REQUEST_NULL; });
+      if (!active) {
+        work_.wait(lock);
+        continue;
+      }
+      complete_some(/*wait=*/false);
+      lock.unlock();
+      std::this_thread::sleep_for(kProgressPeriod);
+      lock.lock();
+    }
+  }
+
   // Tests (or waits for) the pending reductions; those that completed get their span on the timeline, one
-  // track per bucket. False once none is left.
+  // track per bucket. False once none is left. Called with mutex_ held.
   bool complete_some(bool wait) {
     requests_.clear();
     for (const Pending& p : pending_) requests_.push_back(p.request);
@@ -199,9 +248,17 @@ class MpiCommunicator final : public Communicator {
     return true;
   }
 
+  // Short against a step (tens of milliseconds), long enough that the polls cost the computing core little.
+  static constexpr std::chrono::microseconds kProgressPeriod{200};
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
+  bool progress_thread_allowed_ = false;
+  std::thread progress_;
+  std::mutex mutex_;
+  std::condition_variable work_;
+  bool stopping_ = false;
   std::vector<Pending> pending_;
   std::vector<MPI_Request> requests_;  // scratch of complete_some()
   std::vector<int> indices_;
@@ -220,6 +277,8 @@ void set_mpi_transport_defaults() {
                            "OMPI_MCA_btl_tcp_max_send_size"}) {
     setenv(name, kEagerBytes, /*overwrite=*/0);
   }
+  constexpr const char* kRabenseifner = "3";
+  setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", kRabenseifner, /*overwrite=*/0);
 }
 
 }  // namespace ddp::comm

@@ -130,7 +130,10 @@ int main(int argc, char** argv) {
   if (command == "train" || check_env) args.erase(args.begin());
 
   ddp::comm::set_mpi_transport_defaults();
-  MPI_Init(&argc, &argv);
+  // MPI_THREAD_MULTIPLE lets the MPI backend's progress thread move gradient reductions during backward;
+  // an MPI that offers less is used as it is (the backend then makes progress only in its own calls).
+  int threading = MPI_THREAD_SINGLE;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &threading);
   int status = ddp::kExitOk;
   {
     auto boot = ddp::comm::make_mpi_communicator(MPI_COMM_WORLD);
