@@ -20,6 +20,8 @@ Inputs (CSV, a header line naming the columns in any order; blank lines and line
   step_ms              the measured mean step time.
   compute_ms           forward + backward + optimizer of one step without any exchange (a one-rank run of the
                        same layout, shapes and threads per rank).
+  fit                  optional, 0 or 1 (default 1): 0 reports the point against the model but leaves it out of
+                       the fit (a job the model does not describe, e.g. more busy ranks than the machine's cores).
   bytes_per_step_rank  bytes sent over the node links per step per rank: the sum over all nodes of the
                        interfaces' transmitted-byte counters, divided by steps and by all ranks (for the
                        all-reduce layouts every node is alike, so one node's count / ranks_per_node).
@@ -262,6 +264,7 @@ class Point:
     step_ms: float
     compute_ms: float
     bytes_per_step_rank: float
+    fitted: bool = True  # the optional column `fit`: 0 leaves the point out of the fit (still reported)
 
     @property
     def ranks(self):
@@ -287,6 +290,10 @@ def read_points(path):
                       number(path, line, row, "step_ms", minimum=0, exclusive=True),
                       number(path, line, row, "compute_ms", minimum=0),
                       number(path, line, row, "bytes_per_step_rank", minimum=0))
+        if "fit" in row:
+            if row["fit"] not in ("0", "1"):
+                raise InputError(f"{path} line {line}: fit = '{row['fit']}': expected 0 or 1")
+            point.fitted = row["fit"] == "1"
         if layout == "ps_dedicated" and point.nodes < 2:
             raise InputError(f"{path} line {line}: ps_dedicated needs nodes >= 2 (the server's own node and "
                              "at least one worker node)")
@@ -643,17 +650,18 @@ def parameters_section(fit, shape, rows, points):
 def points_section(fit, points, exchanges):
     out = ["### Measured points against the model", "",
            "Step times in ms; bytes sent over node links per step per rank in kB; error = (model - measured) / "
-           "measured. Implied efficiency: the efficiency that would make this point exact.", "",
-           "| layout | nodes × ranks/node | link Mbit/s | compute | step measured | step model | error | "
+           "measured. Implied efficiency: the efficiency that would make this point exact. Fitted: whether the "
+           "point took part in the fit (the CSV's `fit` column).", "",
+           "| layout | nodes × ranks/node | link Mbit/s | fitted | compute | step measured | step model | error | "
            "bytes measured | bytes model | error | implied efficiency |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for point, exchange in zip(points, exchanges):
         step = model_step_ms(fit, point, exchange)
         implied = implied_efficiency(fit, point, exchange)
         byte_error = relative(exchange.sent_per_rank, point.bytes_per_step_rank)
         out.append(
             f"| {point.layout} | {point.nodes} × {point.ranks_per_node} | {point.link_mbit:g} | "
-            f"{ms_text(point.compute_ms)} | {ms_text(point.step_ms)} | {ms_text(step)} | "
+            f"{'yes' if point.fitted else 'no'} | {ms_text(point.compute_ms)} | {ms_text(point.step_ms)} | {ms_text(step)} | "
             f"{percent(relative(step, point.step_ms))} | {point.bytes_per_step_rank / 1e3:,.1f} | "
             f"{exchange.sent_per_rank / 1e3:,.1f} | {percent(byte_error)} | "
             f"{'-' if implied is None else f'{implied:.3f}'} |")
@@ -847,7 +855,11 @@ def run(args):
     if len(points) < free_parameters:
         raise InputError(f"{args.points}: {len(points)} point(s) cannot fit {free_parameters} parameters")
     exchanges = [exchange_of(p.layout, shape, rows, p.ranks, p.ranks_per_node) for p in points]
-    fit = fit_model(points, exchanges, args.efficiency, args.host_cost)
+    fitted = [(p, e) for p, e in zip(points, exchanges) if p.fitted]
+    if len(fitted) < free_parameters:
+        raise InputError(f"{args.points}: {len(fitted)} point(s) with fit = 1 cannot fit {free_parameters} "
+                         "parameters")
+    fit = fit_model([p for p, _ in fitted], [e for _, e in fitted], args.efficiency, args.host_cost)
     compute_ms = args.compute_ms if args.compute_ms is not None else statistics.median(
         p.compute_ms for p in points)
     predictions = predict(fit, shape, rows, compute_ms, args.ranks_per_node, PREDICT_RANKS, PREDICT_GBIT)
@@ -857,6 +869,7 @@ def run(args):
         write_svg(args.svg, fit, shape, rows, points, compute_ms, args.ranks_per_node)
 
     step_errors, byte_errors = errors(fit, points, exchanges)
+    fitted_errors, _ = errors(fit, [p for p, _ in fitted], [e for _, e in fitted])
     efficiencies = {l: fit.efficiency(l) for l in fit.inverse_efficiency}
     print(f"scaling model: {len(points)} points, P = {shape.total_floats:,} parameters, "
           f"alpha = {1e6 * fit.alpha:.2f} us, efficiency "
@@ -866,6 +879,10 @@ def run(args):
     met = "met" if step_errors[0][0] <= ERROR_TARGET else "NOT met"
     print(f"step time: max |error| {percent(step_errors[0][0], False)} ({step_errors[0][1]}), mean |error| "
           f"{percent(statistics.mean(e for e, _ in step_errors), False)}; target {ERROR_TARGET:.0%} {met}")
+    if len(fitted) < len(points):
+        met = "met" if fitted_errors[0][0] <= ERROR_TARGET else "NOT met"
+        print(f"step time, the {len(fitted)} fitted points: max |error| {percent(fitted_errors[0][0], False)} "
+              f"({fitted_errors[0][1]}); target {ERROR_TARGET:.0%} {met}")
     if byte_errors:
         print(f"bytes per step per rank: max |error| {percent(byte_errors[0][0], False)} ({byte_errors[0][1]})")
     for note in fit.notes:

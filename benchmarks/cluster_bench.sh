@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Step time and bytes on the wire across nodes of the one-machine cluster (tests/cluster/cluster.sh), at the
+# IMDB shapes (vocabulary 20000, maxlen 80, embedding and hidden 128, batch 32 per rank), one rank per node,
+# one BLAS thread per rank, for each layout and link:
+#   allreduce_sparse   comm.backend mpi, the embedding's touched rows exchanged sparsely
+#   allreduce_dense    comm.backend mpi, comm.sparse_embedding false
+#   ps_dedicated       comm.backend ps: workers on nodes 1..N-1, the server alone on node N
+# against the same ranks on one node (plain mpirun, shared memory). Bytes per step per rank come from the
+# nodes' interface counters, as the difference between a run of S2 and one of S1 steps (which removes
+# start-up, evaluation and checkpoint traffic), divided by S2 - S1 and by the ranks; the step time is the
+# mean of the S2 run's epoch (metrics.jsonl). Writes OUT/points.csv (the scaling model's input: compute_ms
+# is the same ranks' step on one node; plus that step again and the ratio), OUT/rows.csv (distinct embedding rows per global batch) and OUT/log.txt.
+#   bash benchmarks/cluster_bench.sh build/ddptrain OUT [nodes...]      (as root; default nodes: 2 3)
+set -euo pipefail
+ddptrain=$(realpath "$1")
+out=$(realpath -m "$2")
+shift 2
+node_counts=("${@:-2 3}")
+read -r -a node_counts <<<"${node_counts[*]}"
+src=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$out"
+# shellcheck source=tests/cluster/cluster.sh
+source "$src/tests/cluster/cluster.sh"
+cluster_skip_unless_possible
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OPENBLAS_NUM_THREADS=1
+exec > >(tee "$out/log.txt") 2>&1
+
+max_nodes=0
+for n in "${node_counts[@]}"; do [ "$n" -gt "$max_nodes" ] && max_nodes=$n; done
+cluster_up "$max_nodes" none
+data=$CLUSTER_DIR/shared/imdb-shapes.h5
+"$ddptrain" prepare synthetic --output "$data" --train 25000 --test 256 --vocab 20000 --maxlen 80 --seed 1 >/dev/null
+
+# Distinct rows per global batch: the union of k consecutive batches of 32 training rows, k = 1, 2, 4, ...
+h5dump -y -d /train/x "$data" | sed -n '/DATA {/,/}/p' | tr -s ', ' '\n' | grep -E '^[0-9]+$' |
+  /usr/bin/python3 -c '
+import sys
+tokens = [int(t) for t in sys.stdin.read().split()]
+seq, batch = 80, 32
+rows = [tokens[i:i + seq] for i in range(0, len(tokens), seq)]
+print("samples,unique_rows")
+k = 1
+while k * batch <= len(rows) // 2:
+    n = k * batch
+    groups = [rows[s:s + n] for s in range(0, len(rows) - n + 1, n)][:8]
+    mean = sum(len({t for r in g for t in r if t != 0}) for g in groups) / len(groups)
+    print(f"{n},{mean:.1f}")
+    k *= 2
+' >"$out/rows.csv"
+
+# One TCP stream from node1 to node2 for 2 s: the unshaped link's rate in Mbit/s.
+stream_mbit() {
+  cluster_on node2 "timeout 10 /usr/bin/python3 -c '
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"0.0.0.0\", 5999)); s.listen(1)
+c, _ = s.accept()
+while c.recv(1 << 20): pass
+'" &
+  local server=$!
+  sleep 0.5
+  cluster_on node1 "/usr/bin/python3 -c '
+import socket, time
+c = socket.create_connection((\"node2\", 5999)); buf = bytes(1 << 20); n = 0; t = time.time()
+while time.time() - t < 2: c.sendall(buf); n += len(buf)
+print(round(n * 8 / (time.time() - t) / 1e6))
+'"
+  wait "$server" || true
+}
+
+run_args() {  # layout, run dir, steps
+  local layout=$1
+  local args="--config $src/launch/configs/imdb.ini --data.path $data --checkpoint.dir $2 --device cpu"
+  args+=" --train.epochs 1 --train.max_steps_per_epoch $3 --train.threads 1 --log.progress lines"
+  case $layout in
+    allreduce_sparse) args+=" --comm.backend mpi --comm.sparse_embedding true" ;;
+    allreduce_dense) args+=" --comm.backend mpi --comm.sparse_embedding false" ;;
+    ps_dedicated) args+=" --comm.backend ps --comm.ps_servers 1" ;;
+  esac
+  echo "$args"
+}
+
+step_ms_of() { grep -o '"step_time_ms": [0-9.]*' "$1/metrics.jsonl" | tail -n 1 | awk '{ print $2 }'; }
+
+total_tx() {
+  local node sum=0 tx
+  for node in $CLUSTER_NODES; do
+    read -r tx _ <<<"$(cluster_net_bytes "$node")"
+    sum=$((sum + tx))
+  done
+  echo "$sum"
+}
+
+# Runs LAYOUT on NODES nodes for STEPS steps; prints "step_ms tx_bytes".
+cluster_run() {  # layout, nodes, steps
+  local hosts="" k run=$CLUSTER_DIR/shared/run
+  for k in $(seq "$2"); do hosts+="node$k:1,"; done
+  rm -rf "$run"
+  local before after args=()
+  read -r -a args <<<"$(run_args "$1" "$run" "$3")"
+  before=$(total_tx)
+  cluster_mpirun -H "${hosts%,}" -np "$2" "$ddptrain" "${args[@]}" >"$out/last-run.txt" 2>&1 ||
+    { cat "$out/last-run.txt"; echo "run failed" >&2; return 1; }
+  after=$(total_tx)
+  echo "$(step_ms_of "$run") $((after - before))"
+}
+
+one_node_step_ms() {  # layout, ranks
+  local run=$CLUSTER_DIR/shared/one-node args=()
+  rm -rf "$run"
+  read -r -a args <<<"$(run_args "$1" "$run" 40)"
+  mpirun -np "$2" --bind-to none "$ddptrain" "${args[@]}" >"$out/last-run.txt" 2>&1 ||
+    { cat "$out/last-run.txt"; return 1; }
+  step_ms_of "$run"
+}
+
+echo "layout,nodes,ranks_per_node,link_mbit,step_ms,compute_ms,bytes_per_step_rank,fit,one_node_step_ms,ratio" \
+  >"$out/points.csv"
+unshaped=$(stream_mbit)
+echo "unshaped link: one TCP stream reaches $unshaped Mbit/s"
+for rate in none 1gbit 100mbit; do
+  cluster_set_rate "$rate"
+  case $rate in none) mbit=$unshaped ;; 1gbit) mbit=1000 ;; 100mbit) mbit=100 ;; esac
+  for nodes in "${node_counts[@]}"; do
+    for layout in allreduce_sparse allreduce_dense ps_dedicated; do
+      s1=10 s2=40
+      if [ "$rate" = 100mbit ] && [ "$layout" != allreduce_sparse ]; then s1=4 s2=12; fi
+      read -r _ tx1 <<<"$(cluster_run "$layout" "$nodes" "$s1")"
+      read -r step tx2 <<<"$(cluster_run "$layout" "$nodes" "$s2")"
+      bytes=$(((tx2 - tx1) / (s2 - s1) / nodes))
+      one=$(one_node_step_ms "$layout" "$nodes")
+      ratio=$(awk -v a="$step" -v b="$one" 'BEGIN { printf "%.2f", a / b }')
+      # The model describes ranks that each have a core: a job with more busy ranks than this machine's
+      # cores (a server mostly waits) is reported but left out of its fit.
+      busy=$nodes
+      [ "$layout" = ps_dedicated ] && busy=$((nodes - 1))
+      fit=1
+      [ "$busy" -le "$(nproc)" ] || fit=0
+      echo "$layout,$nodes,1,$mbit,$step,$one,$bytes,$fit,$one,$ratio" >>"$out/points.csv"
+      echo "$rate $layout nodes=$nodes: step $step ms (one node $one ms, ${ratio}x), $bytes bytes/step/rank"
+    done
+  done
+done
+cluster_down
+trap - EXIT
+echo "wrote $out/points.csv and $out/rows.csv"
