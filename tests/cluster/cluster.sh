@@ -34,6 +34,9 @@ CLUSTER_NODES=""
 cluster_burst=${CLUSTER_BURST:-32kb}
 declare -A cluster_holder=()  # node (or "switch") -> PID of the process holding its namespaces
 cluster_unshare_pids=()       # the unshare processes that wait on the holders
+cluster_left_holders=()       # after cluster_down: what it ended, for cluster_leftovers
+cluster_left_dir=""
+cluster_left_namespaces=""
 
 # Prints why this machine cannot make a cluster (nothing if it can).
 cluster_impossible_reason() {
@@ -213,6 +216,10 @@ cluster_kill_node() {  # node
 cluster_down() {
   local status=$? pids=() _ name
   [ -n "$CLUSTER_DIR" ] || return "$status"
+  cluster_left_namespaces=""
+  for name in "${!cluster_holder[@]}"; do
+    cluster_left_namespaces+=" $(readlink "/proc/${cluster_holder[$name]}/ns/net" 2>/dev/null)"
+  done
   mapfile -t pids < <(cluster_pids)
   if [ ${#pids[@]} -gt 0 ]; then
     kill "${pids[@]}" 2>/dev/null || true
@@ -226,6 +233,7 @@ cluster_down() {
   for name in "${!cluster_holder[@]}"; do kill -9 "${cluster_holder[$name]}" 2>/dev/null || true; done
   for _ in "${cluster_unshare_pids[@]}"; do wait "$_" 2>/dev/null || true; done
   rm -rf "$CLUSTER_DIR"
+  cluster_left_dir=$CLUSTER_DIR
   cluster_left_holders=("${cluster_holder[@]}" "${cluster_unshare_pids[@]}")
   cluster_holder=()
   cluster_unshare_pids=()
@@ -233,13 +241,21 @@ cluster_down() {
   return "$status"
 }
 
-# After cluster_down: prints what is left of the cluster (a holder or a process in its namespaces still
-# alive); nothing if all is gone.
+# After cluster_down: prints what is left of the cluster (a holder, a process in one of its network
+# namespaces, which would keep the namespace and its links alive, or its folder); nothing if all is gone.
+# No interface, address or mount was ever made outside the namespaces.
 cluster_leftovers() {
   local pid
   for pid in "${cluster_left_holders[@]}"; do
     [ -d "/proc/$pid" ] && echo "holder process $pid still runs"
   done
+  if [ -n "${cluster_left_namespaces// /}" ]; then
+    find /proc/[0-9]*/ns/net -maxdepth 0 -printf '%h %l\n' 2>/dev/null |
+      awk -v namespaces="$cluster_left_namespaces" '
+        BEGIN { n = split(namespaces, list, " "); for (i = 1; i <= n; i++) gone[list[i]] = 1 }
+        $2 in gone { split($1, path, "/"); print "process " path[3] " still runs in a node'"'"'s namespace" }'
+  fi
+  [ -z "$cluster_left_dir" ] || [ ! -e "$cluster_left_dir" ] || echo "folder $cluster_left_dir still exists"
   return 0
 }
 

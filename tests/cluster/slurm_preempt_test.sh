@@ -96,21 +96,7 @@ mkdir -p "$slurm"/state "$slurm"/node1/spool "$slurm"/node2/spool
 cat >"$conf" <<EOF
 ClusterName=ddpcluster
 SlurmctldHost=node1($cluster_subnet.1)
-AuthType=auth/none
-AuthInfo=cred_expire=10
-CredType=cred/none
-SlurmUser=root
-SlurmdUser=root
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-MpiDefault=none
-JobRequeue=1
-ReturnToService=2
-SchedulerType=sched/builtin
-SchedulerParameters=sched_interval=1
+$(local_slurm_test_settings)
 StateSaveLocation=$slurm/state
 SlurmdSpoolDir=$slurm/%n/spool
 TmpFS=$CLUSTER_DIR/%n/tmp
@@ -223,17 +209,7 @@ preempt_and_check() {  # launcher
     fail "the first run finished all epochs: no preemption"
   fi
 
-  local lines count epoch
-  lines=$(grep -c '"epoch"' "$run/metrics.jsonl" || true)
-  [ "$lines" -eq "$reference_lines" ] || fail "metrics.jsonl has $lines epoch lines, $reference_lines uninterrupted"
-  for epoch in $(seq "$epochs"); do
-    count=$(grep -c "\"epoch\": $epoch," "$run/metrics.jsonl" || true)
-    [ "$count" -eq 1 ] || fail "epoch $epoch appears $count times in metrics.jsonl"
-  done
-  h5dump -m %.9g -d /params "$run/last.h5" | tail -n +2 >"$shared/params-$launcher.txt" ||
-    fail "h5dump could not read $run/last.h5"
-  cmp -s "$shared/params-$launcher.txt" "$shared/reference_params.txt" ||
-    fail "the preempted run's final parameters differ from the uninterrupted run's"
+  local_slurm_check_resumed_run "$run" "$epochs" "$shared/reference_params.txt"
   echo "ok (LAUNCHER=$launcher): job $id on node1 and node2 checkpointed, exited 75, was requeued once," \
     "resumed and COMPLETED $epochs epochs with the parameters of an uninterrupted run"
 }

@@ -84,19 +84,11 @@ local_slurm_stop() {
   return "$status"
 }
 
-local_slurm_start() {
-  local_slurm_skip_unless_possible
-  local_slurm_dir=$1
-  mkdir -p "$local_slurm_dir"/state "$local_slurm_dir"/spool
-  local host ctld_port slurmd_port
-  host=$(hostname -s)
-  read -r ctld_port slurmd_port < <(local_slurm_free_ports) || { echo "FAIL: no free TCP ports"; exit 1; }
-  # cred_expire is how long Slurm holds a requeued job before it may start again (default 120 s).
-  cat >"$local_slurm_dir/slurm.conf" <<EOF
-ClusterName=ddptest
-SlurmctldHost=$host(127.0.0.1)
-SlurmctldPort=$ctld_port
-SlurmdPort=$slurmd_port
+# The settings every test Slurm shares: no munge (auth/none), root daemons, no cgroups, requeue allowed, a
+# requeued job free to start again 10 s after its first run (cred_expire, 120 s by default), scheduling
+# every second.
+local_slurm_test_settings() {
+  cat <<'EOF'
 AuthType=auth/none
 AuthInfo=cred_expire=10
 CredType=cred/none
@@ -112,6 +104,40 @@ JobRequeue=1
 ReturnToService=2
 SchedulerType=sched/builtin
 SchedulerParameters=sched_interval=1
+EOF
+}
+
+# Checks the run directory of a preempted and resumed job against an uninterrupted run of EPOCHS epochs:
+# metrics.jsonl holds each epoch exactly once, and last.h5's parameters equal REFERENCE_PARAMS (a file of
+# `h5dump -m %.9g -d /params` output without its first line). Fails the test (exit 1) otherwise.
+local_slurm_check_resumed_run() {  # run dir, epochs, reference params file
+  local lines count epoch
+  lines=$(grep -c '"epoch"' "$1/metrics.jsonl" || true)
+  [ "$lines" -eq "$2" ] || { echo "FAIL: metrics.jsonl has $lines epoch lines, $2 uninterrupted"; exit 1; }
+  for epoch in $(seq "$2"); do
+    count=$(grep -c "\"epoch\": $epoch," "$1/metrics.jsonl" || true)
+    [ "$count" -eq 1 ] || { echo "FAIL: epoch $epoch appears $count times in metrics.jsonl"; exit 1; }
+  done
+  h5dump -m %.9g -d /params "$1/last.h5" | tail -n +2 >"$1/params.txt" ||
+    { echo "FAIL: h5dump could not read $1/last.h5"; exit 1; }
+  cmp -s "$1/params.txt" "$3" ||
+    { echo "FAIL: the preempted run's final parameters differ from the uninterrupted run's"; exit 1; }
+}
+
+local_slurm_start() {
+  local_slurm_skip_unless_possible
+  local_slurm_dir=$1
+  mkdir -p "$local_slurm_dir"/state "$local_slurm_dir"/spool
+  local host ctld_port slurmd_port
+  host=$(hostname -s)
+  read -r ctld_port slurmd_port < <(local_slurm_free_ports) || { echo "FAIL: no free TCP ports"; exit 1; }
+  # cred_expire is how long Slurm holds a requeued job before it may start again (default 120 s).
+  cat >"$local_slurm_dir/slurm.conf" <<EOF
+ClusterName=ddptest
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
+$(local_slurm_test_settings)
 StateSaveLocation=$local_slurm_dir/state
 SlurmdSpoolDir=$local_slurm_dir/spool
 SlurmctldPidFile=$local_slurm_dir/slurmctld.pid

@@ -88,16 +88,7 @@ preempt_and_check() {  # launcher
     fail "the first run finished all epochs: no preemption"
   fi
 
-  local lines count epoch
-  lines=$(grep -c '"epoch"' "$run/metrics.jsonl" || true)
-  [ "$lines" -eq "$reference_lines" ] || fail "metrics.jsonl has $lines epoch lines, $reference_lines uninterrupted"
-  for epoch in $(seq "$epochs"); do
-    count=$(grep -c "\"epoch\": $epoch," "$run/metrics.jsonl" || true)
-    [ "$count" -eq 1 ] || fail "epoch $epoch appears $count times in metrics.jsonl"
-  done
-  h5dump -m %.9g -d /params "$run/last.h5" | tail -n +2 >"$work/params-$launcher.txt"
-  cmp -s "$work/params-$launcher.txt" "$work/reference_params.txt" ||
-    fail "the preempted run's final parameters differ from the uninterrupted run's"
+  local_slurm_check_resumed_run "$run" "$epochs" "$work/reference_params.txt"
   echo "ok (LAUNCHER=$launcher): job $id checkpointed, exited 75, was requeued once, resumed and COMPLETED" \
     "$epochs epochs with the parameters of an uninterrupted run"
 }
