@@ -273,6 +273,10 @@ cluster_main() {
     esac
   done
   [ $# -gt 0 ] || { echo "cluster.sh: no COMMAND after --" >&2; exit 2; }
+  if ! [[ $rate =~ ^(none|[0-9]+(\.[0-9]+)?([kKmMgGtT])?(bit|bps))$ ]]; then
+    echo "cluster.sh: --rate $rate: expected none or a tc rate such as 1gbit, 100mbit, 500kbit" >&2
+    exit 2
+  fi
   if ! [[ $nodes =~ ^[1-9][0-9]?$ ]] || [ "$nodes" -gt 64 ]; then
     echo "cluster.sh: --nodes $nodes: expected 1 to 64" >&2
     exit 2
