@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Preemption of a two-node Slurm job, on the one-machine cluster of tests/cluster/cluster.sh.
-#   bash tests/cluster/slurm_preempt_test.sh path/to/ddptrain source-dir
+# A two-node Slurm job on the one-machine cluster of tests/cluster/cluster.sh: preempted, and a node lost.
+#   bash tests/cluster/slurm_job_test.sh path/to/ddptrain source-dir
 # Exit 0 (pass), 1 (fail) or 77 (skipped: not root, no namespaces, Slurm or a tool missing; the reason is
 # printed).
 #
@@ -26,6 +26,13 @@
 #   threads 0 (one rank per node: the node's 2 cores); the reference runs the same layout with the same
 #   setting.
 # - A requeued job waits until its first run's credential has expired (AuthInfo=cred_expire=10 here).
+#
+# Last, node loss under srun: the same job (comm.timeout_s 10), and after its first epoch node2's link is cut
+# and every process of node2 killed, slurmd included. The worker on node1 must end within its deadline for
+# the server (2 x comm.timeout_s) + 10 s, naming the lost rank and its own rank and host; srun ends the step
+# (--kill-on-bad-exit) and Slurm, which marks node2 DOWN after SlurmdTimeout (10 s here, 300 s by default),
+# ends the run: the job leaves RUNNING (Slurm requeues a job that lost a node, so it waits PENDING for node2)
+# and no process of it is left on node1.
 set -uo pipefail
 ddptrain=$(realpath "$1")
 src=$(realpath "$2")
@@ -97,6 +104,7 @@ cat >"$conf" <<EOF
 ClusterName=ddpcluster
 SlurmctldHost=node1($cluster_subnet.1)
 $(local_slurm_test_settings)
+SlurmdTimeout=10
 StateSaveLocation=$slurm/state
 SlurmdSpoolDir=$slurm/%n/spool
 TmpFS=$CLUSTER_DIR/%n/tmp
@@ -214,8 +222,56 @@ preempt_and_check() {  # launcher
     "resumed and COMPLETED $epochs epochs with the parameters of an uninterrupted run"
 }
 
+# Node loss under srun; last, since node2 stays DOWN.
+lose_node2_under_srun() {
+  local run=$shared/run-loss id
+  out=$shared/job-loss.out
+  id=$(on_node1 LAUNCHER=srun SRUN_MPI=pmix DDPTRAIN="$ddptrain" RUN_DIR="$run" \
+    DDPTRAIN_EXTRA_ARGS="$args --train.straggle_ms 25 --comm.timeout_s 10" \
+    sbatch --parsable --export=ALL --job-name=node-loss --nodes=2 --ntasks-per-node=1 --cpus-per-task=1 \
+    --requeue --time=5 --output="$out" launch/slurm/cpu_ps.sbatch) || fail "sbatch failed"
+  local _
+  for _ in $(seq 300); do
+    grep -q "^Epoch 1/$epochs" "$out" 2>/dev/null && break
+    sleep 0.2
+  done
+  grep -q "^Epoch 1/$epochs" "$out" 2>/dev/null || fail "job $id: no epoch finished"
+  local lost now ranks_ended="" state
+  lost=$(date +%s)
+  cluster_link_down node2
+  cluster_kill_node node2
+  echo "job $id: node2 lost after epoch 1 (link cut, every process killed, slurmd included)"
+  for _ in $(seq 600); do  # at most 60 s
+    now=$(date +%s)
+    if [ -z "$ranks_ended" ] && ! grep -qx ddptrain <(for pid in $(cluster_pids node1); do
+      cat "/proc/$pid/comm" 2>/dev/null; done); then
+      ranks_ended=$((now - lost))
+    fi
+    state=$(local_slurm_job_state "$id")
+    [ -n "$ranks_ended" ] && [ "$state" != RUNNING ] && break
+    sleep 0.1
+  done
+  [ -n "$ranks_ended" ] || fail "job $id: ddptrain still runs on node1 60 s after node2 was lost"
+  [ "$ranks_ended" -le 30 ] || fail "job $id: ddptrain ran on node1 for $ranks_ended s after the loss (bound 30 s)"
+  [ "$state" != RUNNING ] || fail "job $id: still RUNNING 60 s after node2 was lost"
+  expect_log "ddptrain: fatal: worker (rank 0) heard nothing from parameter server rank 1 for 20 s" \
+    "the worker naming the lost server"
+  expect_log "host node1, rank 0)" "the reporting rank and host"
+  local steps=""
+  for _ in $(seq 50); do  # the job's processes on node1 go with it
+    steps=$(for pid in $(cluster_pids node1); do cat "/proc/$pid/comm" 2>/dev/null; done |
+      grep -E '^(srun|slurmstepd|slurm_script|ddptrain)$' | tr '\n' ' ')
+    [ -z "$steps" ] && break
+    sleep 0.2
+  done
+  [ -z "$steps" ] || fail "job $id left processes on node1: $steps"
+  echo "ok: node2 lost: ddptrain on node1 ended after $ranks_ended s naming the lost server, the job left" \
+    "RUNNING ($state: Slurm requeues a job that lost a node) and nothing of it is left on node1"
+}
+
 preempt_and_check mpirun
 preempt_and_check srun
+lose_node2_under_srun
 out=""
 
 # Teardown, checked: the daemons stop, then the cluster goes, and nothing of it may remain.
