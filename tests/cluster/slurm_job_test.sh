@@ -202,13 +202,8 @@ preempt_and_check() {  # launcher
   restarts=$(local_slurm_job_restarts "$id")
   [ "$restarts" = 1 ] || fail "Restarts=$restarts, expected 1 (one requeue)"
 
-  expect_log "batch shell received SIGUSR1" "the signal reaching the batch shell"
-  expect_log "forwarding SIGUSR1 to $launcher" "the signal forwarded to $launcher"
-  expect_log "stopped by a signal" "ddptrain's checkpoint-and-stop message"
-  expect_log "ddptrain stopped for preemption (exit 75)" "exit code 75"
-  expect_log "requeued job $id" "the requeue"
-  expect_log "run 2 on node\[1-2\], 2 tasks: resuming from $run/last.h5" "a second run on both nodes that resumes"
-  expect_log "resumed from" "ddptrain resuming from the checkpoint"
+  local_slurm_check_preemption_log "$out" "$launcher" "$id" "$run"
+  expect_log "run 2 on node\[1-2\], 2 tasks: " "a second run on both nodes"
   local node_lines
   node_lines=$(grep -c "^rank 1/2 on node2 " "$out" || true)
   [ "$node_lines" -eq 2 ] || fail "rank 1 started on node2 $node_lines time(s), expected 2 (one per run)"

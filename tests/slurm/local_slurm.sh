@@ -124,6 +124,27 @@ local_slurm_check_resumed_run() {  # run dir, epochs, reference params file
     { echo "FAIL: the preempted run's final parameters differ from the uninterrupted run's"; exit 1; }
 }
 
+# Checks the output of a preempted job for each link of the chain: the signal reached the batch shell and was
+# forwarded to LAUNCHER, ddptrain checkpointed and exited 75, the script requeued the job, and its second run
+# resumed from RUN_DIR/last.h5. Fails the test (exit 1, printing the output) at the first link missing.
+local_slurm_check_preemption_log() {  # job output, launcher, job id, run dir
+  local check
+  for check in "batch shell received SIGUSR1|the signal reaching the batch shell" \
+    "forwarding SIGUSR1 to $2|the signal forwarded to $2" \
+    "stopped by a signal|ddptrain's checkpoint-and-stop message" \
+    "ddptrain stopped for preemption (exit 75)|exit code 75" \
+    "requeued job $3|the requeue" \
+    "run 2 on .*resuming from $4/last.h5|a second run that resumes" \
+    "resumed from|ddptrain resuming from the checkpoint"; do
+    if ! grep -q -- "${check%%|*}" "$1"; then
+      echo "FAIL: the job output lacks ${check#*|} ('${check%%|*}')"
+      echo "---- job output"
+      cat "$1"
+      exit 1
+    fi
+  done
+}
+
 local_slurm_start() {
   local_slurm_skip_unless_possible
   local_slurm_dir=$1

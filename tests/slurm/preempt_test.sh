@@ -76,13 +76,7 @@ preempt_and_check() {  # launcher
   restarts=$(local_slurm_job_restarts "$id")
   [ "$restarts" = 1 ] || fail "Restarts=$restarts, expected 1 (one requeue)"
 
-  expect_log "batch shell received SIGUSR1" "the signal reaching the batch shell"
-  expect_log "forwarding SIGUSR1 to $launcher" "the signal forwarded to $launcher"
-  expect_log "stopped by a signal" "ddptrain's checkpoint-and-stop message"
-  expect_log "ddptrain stopped for preemption (exit 75)" "exit code 75"
-  expect_log "requeued job $id" "the requeue"
-  expect_log "run 2 on .*resuming from $run/last.h5" "a second run that resumes"
-  expect_log "resumed from" "ddptrain resuming from the checkpoint"
+  local_slurm_check_preemption_log "$out" "$launcher" "$id" "$run"
   # The stop came before the last epoch: epoch $epochs ends in the second run only.
   if sed -n '/run 2 on/q;p' "$out" | grep -q "^Epoch $epochs/$epochs"; then
     fail "the first run finished all epochs: no preemption"
