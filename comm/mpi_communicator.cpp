@@ -2,10 +2,10 @@
 // 1/size on every rank, so all ranks compute bit-identical averages from bit-identical sums).
 //
 // Open MPI moves a non-blocking collective only inside MPI calls, and backward makes none: across a slow
-// link the buckets would travel only once finish_average() waits. Where MPI allows calls from several
-// threads (MPI_THREAD_MULTIPLE), a progress thread of the communicator tests the pending reductions every
-// kProgressPeriod while any is pending, and sleeps otherwise; the main thread's own MPI calls go on beside
-// it. The thread touches only pending_ (under mutex_).
+// link the buckets would travel only once finish_average() waits. So on a job of several nodes, where MPI
+// allows calls from several threads (MPI_THREAD_MULTIPLE), a progress thread of the communicator tests the
+// pending reductions every kProgressPeriod while any is pending, and sleeps otherwise; the main thread's
+// own MPI calls go on beside it. The thread touches only pending_ (under mutex_).
 #include <mpi.h>
 
 #include <algorithm>
@@ -34,7 +34,7 @@ class MpiCommunicator final : public Communicator {
     DDP_CHECK_MPI(MPI_Comm_size(comm_, &size_));
     int threading = MPI_THREAD_SINGLE;
     DDP_CHECK_MPI(MPI_Query_thread(&threading));
-    progress_thread_allowed_ = threading == MPI_THREAD_MULTIPLE && size_ > 1;
+    progress_thread_allowed_ = threading == MPI_THREAD_MULTIPLE && spans_several_nodes();
   }
   ~MpiCommunicator() override {
     if (progress_.joinable()) {
@@ -193,6 +193,18 @@ class MpiCommunicator final : public Communicator {
       const float* summed = packed_.data() + i * target.width;
       for (std::size_t j = 0; j < target.width; ++j) row[j] = summed[j] * scale;
     }
+  }
+
+  // Within one node, shared-memory reductions complete inside the MPI calls the step makes anyway, and the
+  // progress thread's polls only took cores from the replicas (the quickstart's 1.2 ms step on 2 ranks: 12%
+  // slower with it). Collective.
+  bool spans_several_nodes() const {
+    MPI_Comm node = MPI_COMM_NULL;
+    DDP_CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+    int node_size = 0;
+    DDP_CHECK_MPI(MPI_Comm_size(node, &node_size));
+    DDP_CHECK_MPI(MPI_Comm_free(&node));
+    return node_size < size_;
   }
 
   static int checked_count(std::size_t n) {

@@ -3,7 +3,8 @@
 #include <mpi.h>
 
 int main(int argc, char** argv) {
-  // As ddptrain does: the MPI backend's progress thread runs in these tests too.
+  // As ddptrain asks (the MPI backend starts its progress thread only on jobs of several nodes, which
+  // tests/cluster runs).
   int threading = MPI_THREAD_SINGLE;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &threading);
   ::testing::InitGoogleTest(&argc, argv);
