@@ -118,13 +118,24 @@ cluster_up() {  # nodes, [rate]
   done
   cluster_set_rate "$rate" || return 1
   cluster_write_commands
-  # The cluster is up when every node reaches every other: a refused TCP connection is an answer.
+  # The cluster is up when every node reaches every other.
+  local other
   for node in $CLUSTER_NODES; do
-    for k in $(seq "$nodes"); do
-      answer=$(cluster_in_node "$node" timeout 5 bash -c "exec 3<>/dev/tcp/$cluster_subnet.$k/9" 2>&1) || true
-      [[ $answer == *"Connection refused"* ]] || { echo "cluster: $node cannot reach $cluster_subnet.$k" >&2; return 1; }
+    for other in $CLUSTER_NODES; do
+      cluster_wait_reachable "$node" "$other" || { echo "cluster: $node cannot reach $other" >&2; return 1; }
     done
   done
+}
+
+# Waits at most 10 s until node A reaches node B (a refused TCP connection is an answer); fails otherwise.
+cluster_wait_reachable() {  # node a, node b
+  local address=$cluster_subnet.${2#node} answer _
+  for _ in $(seq 20); do
+    answer=$(cluster_in_node "$1" timeout 1 bash -c "exec 3<>/dev/tcp/$address/9" 2>&1) || true
+    [[ $answer == *"Connection refused"* ]] && return 0
+    sleep 0.5
+  done
+  return 1
 }
 
 # The commands COMMAND (and mpirun, as its remote-shell agent) call: bin/cluster-on and bin/cluster-mpirun.
@@ -178,9 +189,12 @@ cluster_set_rate() {  # rate
 }
 
 # Cuts (or restores) NODE's link at the switch: packets are dropped without a reset, as when a cable or a
-# switch port fails.
+# switch port fails. Restoring waits until the node answers again.
 cluster_link_down() { cluster_in_switch ip link set "p$1" down; }
-cluster_link_up() { cluster_in_switch ip link set "p$1" up; }
+cluster_link_up() {  # node: and waits until node1 reaches it again
+  cluster_in_switch ip link set "p$1" up
+  cluster_wait_reachable node1 "$1"
+}
 
 # Bytes NODE's eth0 has sent and received: "TX RX".
 cluster_net_bytes() {  # node

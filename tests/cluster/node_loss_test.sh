@@ -45,7 +45,11 @@ lose_node2() {  # name, timeout_s, limit, mpirun options...
     if [ -s "$run/metrics.jsonl" ] || ! kill -0 "$launcher" 2>/dev/null; then break; fi
     sleep 0.1
   done
-  [ -s "$run/metrics.jsonl" ] || { cat "$err"; fail "$name: no epoch finished within 60 s"; }
+  if [ ! -s "$run/metrics.jsonl" ]; then
+    cat "$err"
+    echo "processes in the nodes: $(for pid in $(cluster_pids); do cat "/proc/$pid/comm"; done | tr '\n' ' ')"
+    fail "$name: no epoch finished within 60 s"
+  fi
   if [ -z "$(ddptrain_pids_on node1)" ] || [ -z "$(ddptrain_pids_on node2)" ]; then fail "$name: ranks missing"; fi
   local lost
   lost=$(date +%s.%N)
@@ -86,7 +90,7 @@ if ! grep -q "lost communication with a remote daemon" "$err" || ! grep -q "on n
 fi
 echo "ok: with keepalive, the job ended ${ended_after} s after node2 was lost (bound 15 s, comm.timeout_s 20)"
 
-cluster_link_up node2
+cluster_link_up node2 || fail "node1 does not reach node2 again after its link came back"
 
 # 2. plain mpirun: the watchdog ends the ranks; mpirun waits on node2's daemon.
 lose_node2 watchdog 5 10

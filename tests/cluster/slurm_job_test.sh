@@ -45,15 +45,6 @@ local_slurm_skip_unless_possible
 command -v h5dump >/dev/null 2>&1 || { echo "SKIP: h5dump is not installed (apt-get install hdf5-tools)"; exit 77; }
 PATH=$PATH:/usr/sbin  # slurmctld and slurmd; cluster_up hands this PATH to the nodes
 
-out=""
-fail() {
-  echo "FAIL: $*"
-  if [ -n "$out" ]; then
-    echo "---- job output"
-    cat "$out" 2>/dev/null || true
-  fi
-  exit 1
-}
 
 cluster_up 2 || fail "could not bring up the cluster"
 slurm=$CLUSTER_DIR/slurm

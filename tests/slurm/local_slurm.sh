@@ -15,12 +15,27 @@
 #   local_slurm_test_setup  what every Slurm test starts with: skip (77) unless possible, a scratch folder in
 #                           $work (removed on exit), the daemons started under it, and Open MPI allowed to
 #                           run as root and to oversubscribe.
+#   fail MESSAGE            ends the test: FAIL, the output of the job in $out if set, exit 1.
+#   local_slurm_test_settings, local_slurm_check_resumed_run, local_slurm_check_preemption_log
+#                           the settings every test Slurm shares, and the checks of a preempted job (below).
 # Set local_slurm_remove_on_exit to a folder to have it removed after the daemons stopped.
 # Each test uses a fresh DIR, so no job state carries over from one test to the next. The daemons talk over
 # 127.0.0.1, so the host name need not resolve.
 # shellcheck shell=bash
 
 local_slurm_dir=""
+
+# fail MESSAGE: ends a test (exit 1) with FAIL and, when `out` names the output file of the job under test,
+# that output.
+out=""
+fail() {
+  echo "FAIL: $*"
+  if [ -n "$out" ]; then
+    echo "---- job output"
+    cat "$out" 2>/dev/null || true
+  fi
+  exit 1
+}
 local_slurm_remove_on_exit=""
 
 local_slurm_skip_unless_possible() {

@@ -20,15 +20,6 @@ src=$(realpath "$2")
 source "$src/tests/slurm/local_slurm.sh"
 local_slurm_test_setup
 
-out=""
-fail() {
-  echo "FAIL: $*"
-  if [ -n "$out" ]; then
-    echo "---- job output"
-    cat "$out" 2>/dev/null || true
-  fi
-  exit 1
-}
 
 epochs=4
 "$ddptrain" prepare synthetic --output "$work/data.h5" --train 2000 --test 400 --vocab 300 --maxlen 20 \
