@@ -42,6 +42,10 @@ void clear_stop_signal() {
   received_signal = 0;
 }
 
+std::string StopAgreement::signal_name() const {
+  return stopped_ ? stop_signal_received() : "";
+}
+
 StopAgreement::StopAgreement(MPI_Comm comm) {
   DDP_CHECK_MPI(MPI_Comm_dup(comm, &comm_));
 }

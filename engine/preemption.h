@@ -35,6 +35,8 @@ class StopAgreement {
   bool now();
   // Whether a poll() or now() said stop.
   bool stopped() const { return stopped_; }
+  // The signal that stopped the ranks ("SIGTERM", ...), "" if none.
+  std::string signal_name() const;
 
  private:
   void complete_pending();

@@ -151,6 +151,9 @@ class TrainingRun {
     result.params.resize(replica_->layout().total_size());
     updater_->finish(result.params);
     result.stopped_by_signal = stop_signal_.stopped();
+    result.stop_signal = stop_signal_.signal_name();
+    result.epochs_done = progress_.epoch;
+    result.steps_done_in_epoch = progress_.step_in_epoch;
     return result;
   }
 

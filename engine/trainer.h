@@ -16,7 +16,9 @@
 // parameter server the last comm.ps_servers ranks do not train: they serve their shards.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -31,7 +33,10 @@ namespace ddp::engine {
 struct TrainResult {
   std::vector<EpochMetrics> history;  // the epochs this invocation trained (empty on a parameter server)
   std::vector<float> params;          // the final parameters (identical on every rank)
-  bool stopped_by_signal = false;     // a training rank got SIGUSR1/SIGTERM; last.h5 holds the progress
+  bool stopped_by_signal = false;     // a training rank got a stop signal; last.h5 holds the progress
+  std::string stop_signal;            // which one ("SIGINT", "SIGTERM", ...), agreed by the training ranks
+  int64_t epochs_done = 0;            // where the run stands at the end (last.h5 holds the same on a stop)
+  int64_t steps_done_in_epoch = 0;
 };
 
 // Collective over `world`: builds this rank's replica on its device (topology), picks the backend the job's
