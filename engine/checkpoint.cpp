@@ -71,7 +71,7 @@ void fsync_path(const std::string& path, int flags) {
 
 void write_checkpoint(const std::string& path, const models::ModelShape& shape, std::span<const float> params,
                       const Optimizer& optimizer, const TrainingProgress& progress,
-                      const std::string& config_ini) {
+                      const std::string& config_ini, const RunRecord& run) {
   std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
   io::quiet_hdf5_errors();
   const std::filesystem::path final_path(path);
@@ -97,6 +97,11 @@ void write_checkpoint(const std::string& path, const models::ModelShape& shape, 
     write_double_attribute(root, "correct", progress.correct);
     write_double_attribute(root, "count", progress.count);
     io::write_string_attribute(root, "config", config_ini);
+    io::write_string_attribute(root, "run_id", run.run_id);
+    io::write_string_attribute(root, "data_path", run.data_path);
+    io::write_string_attribute(root, "data_fingerprint", run.data_fingerprint);
+    io::write_int_attribute(root, "maxlen", run.maxlen);
+    if (!run.vocabulary.empty()) io::write_string_list(root, "vocab", run.vocabulary);
     write_floats(root, "params", params);
 
     const OptimizerState state = optimizer.state();
@@ -151,6 +156,11 @@ Checkpoint read_checkpoint(const std::string& path) {
   p.correct = read_double_attribute(root, path, "correct");
   p.count = read_double_attribute(root, path, "count");
   c.config_ini = io::read_string_attribute(root, "config");
+  c.run.run_id = io::read_string_attribute(root, "run_id");
+  c.run.data_path = io::read_string_attribute(root, "data_path");
+  c.run.data_fingerprint = io::read_string_attribute(root, "data_fingerprint");
+  c.run.maxlen = H5Aexists(root, "maxlen") > 0 ? static_cast<int>(read_int(root, path, "maxlen")) : 0;
+  c.has_vocabulary = io::link_exists(root, "vocab");
 
   Hid group(H5Gopen2(root, "optimizer", H5P_DEFAULT), Hid::Kind::kGroup);
   if (!group.valid()) throw UserError(path + ": checkpoint group /optimizer is missing");

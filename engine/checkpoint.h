@@ -5,7 +5,10 @@
 //   root attributes         format ("ddptrain-checkpoint-1"), vocab_size, embedding_dim, hidden, layers,
 //                           epoch, step_in_epoch, global_step, seed, world_size, batch_size,
 //                           best_val_loss, loss_sum, correct, count (the interrupted epoch's running sums),
-//                           config (the effective INI text)
+//                           config (the effective INI text), run_id, data_path, data_fingerprint
+//                           (io/dataset_fingerprint.h), maxlen
+//   /vocab                  optional UTF-8 strings, copied from the dataset: /vocab[i] is the word of id i,
+//                           so predict needs only the checkpoint
 //
 // The data order is a pure function of (seed, epoch, step), so those attributes are the whole RNG state.
 // Files are written atomically: a temporary file in the same directory, fsync, then rename over the old one,
@@ -15,6 +18,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "engine/optimizer.h"
 #include "models/param_layout.h"
@@ -34,8 +38,19 @@ struct TrainingProgress {
   double count = 0;
 };
 
+// Which run wrote the checkpoint, and on what data.
+struct RunRecord {
+  std::string run_id;
+  std::string data_path;
+  std::string data_fingerprint;
+  int maxlen = 0;                       // 0 in checkpoints written before it was recorded
+  std::vector<std::string> vocabulary;  // empty when the dataset had none
+};
+
 struct Checkpoint {
   models::ModelShape shape;
+  RunRecord run;  // run.vocabulary stays empty when read: read it with io::read_vocabulary(path)
+  bool has_vocabulary = false;
   std::vector<float> params;
   OptimizerState optimizer;
   std::string optimizer_name;
@@ -45,7 +60,7 @@ struct Checkpoint {
 
 void write_checkpoint(const std::string& path, const models::ModelShape& shape, std::span<const float> params,
                       const Optimizer& optimizer, const TrainingProgress& progress,
-                      const std::string& config_ini);
+                      const std::string& config_ini, const RunRecord& run = {});
 
 // Throws UserError naming the file for a missing, foreign or damaged checkpoint.
 Checkpoint read_checkpoint(const std::string& path);

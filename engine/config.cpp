@@ -22,6 +22,12 @@ void visit_keys(C& c, Visitor&& key) {
   key("data", "path", c.data.path, "HDF5 dataset (schema in the README); `ddptrain prepare` makes one");
   key("data", "prefetch", c.data.prefetch, "batches each rank reads ahead on its prefetch thread");
   key("data", "validate", c.data.validate, "check token ids and labels of each rank's shard before training");
+  key("data", "validation", c.data.validation,
+      "rows that judge each epoch and choose best.h5: auto (the file's /val if it has one, else split), "
+      "val (the file's /val), split (the last data.validation_split of /train) or test (/test, as Keras's "
+      "imdb_lstm example; then no separate test score)");
+  key("data", "validation_split", c.data.validation_split,
+      "with validation split (or auto and no /val): the fraction of /train held out, its last rows");
   key("model", "embedding_dim", c.model.embedding_dim, "embedding width E");
   key("model", "hidden", c.model.hidden, "LSTM hidden size H");
   key("model", "layers", c.model.layers, "stacked LSTM layers");
@@ -69,12 +75,17 @@ void visit_keys(C& c, Visitor&& key) {
   key("checkpoint", "dir", c.checkpoint.dir, "run directory: config.ini, metrics.jsonl, last.h5, best.h5");
   key("checkpoint", "every_steps", c.checkpoint.every_steps,
       "also write last.h5 every N steps; 0: per epoch");
+  key("checkpoint", "overwrite", c.checkpoint.overwrite,
+      "a new run may replace the results of another run in checkpoint.dir (otherwise it refuses)");
+  key("checkpoint", "allow_data_change", c.checkpoint.allow_data_change,
+      "--resume may continue on a dataset other than the checkpoint's (fine-tuning on new data)");
   key("log", "progress", c.log.progress,
       "auto (a live bar on a terminal, plain lines otherwise), bar or lines");
   key("log", "interval", c.log.interval,
-      "with plain lines: a progress line every N steps; 0: per epoch only");
+      "with plain lines: a progress line every N steps; 0: one about every 10 seconds");
   key("log", "timeline", c.log.timeline,
-      "write a Chrome/Perfetto trace of every rank's steps to this file (empty: off)");
+      "write a Chrome/Perfetto trace of every rank's steps to this file, relative to checkpoint.dir (empty: "
+      "off)");
 }
 
 std::string full_name(const char* section, const char* name) {
@@ -110,6 +121,11 @@ void require(bool ok, const std::string& key, const std::string& value, const st
 void check_values(const Config& c) {
   const std::set<std::string> devices{"cpu", "cuda", "auto"};
   require(devices.count(c.device), "device", c.device, "expected cpu, cuda or auto");
+  require(c.data.validation == "auto" || c.data.validation == "val" || c.data.validation == "split" ||
+              c.data.validation == "test",
+          "data.validation", c.data.validation, "expected auto, val, split or test");
+  require(c.data.validation_split > 0 && c.data.validation_split < 1, "data.validation_split",
+          value_text(c.data.validation_split), "must be in (0, 1)");
   require(c.data.prefetch >= 1, "data.prefetch", value_text(c.data.prefetch), "must be at least 1");
   require(c.model.embedding_dim >= 1, "model.embedding_dim", value_text(c.model.embedding_dim),
           "must be positive");

@@ -18,6 +18,8 @@ struct Config {
     std::string path;
     int prefetch = 4;
     bool validate = true;
+    std::string validation = "auto";  // auto | val | split | test: which rows the epochs are judged on
+    double validation_split = 0.1;    // split (and auto without /val): the last fraction of /train
   } data;
 
   struct Model {
@@ -56,13 +58,15 @@ struct Config {
 
   struct Checkpoint {
     std::string dir = "runs/latest";
-    int64_t every_steps = 0;  // also write last.h5 every N steps (0: at the end of each epoch only)
+    int64_t every_steps = 0;         // also write last.h5 every N steps (0: at the end of each epoch only)
+    bool overwrite = false;          // a new run may replace another run's files in dir
+    bool allow_data_change = false;  // --resume may continue on data other than the checkpoint's
   } checkpoint;
 
   struct Log {
     std::string progress = "auto";  // auto (bar on a terminal) | bar | lines
-    int64_t interval = 0;           // steps between plain progress lines (0: per-epoch lines only)
-    std::string timeline;           // Chrome trace file (engine/timeline.h); empty: off
+    int64_t interval = 0;           // steps between plain progress lines (0: about every 10 s)
+    std::string timeline;  // Chrome trace file (engine/timeline.h), relative to checkpoint.dir; empty: off
   } log;
 
   // The effective configuration as an INI text that --config can read back.

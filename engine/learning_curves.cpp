@@ -27,9 +27,14 @@ class FlatJsonParser {
  public:
   explicit FlatJsonParser(std::string_view text) : text_(text) {}
 
-  // The numeric members, or nothing when the line is not such an object.
-  std::optional<std::map<std::string, double>> parse() {
+  struct Members {
     std::map<std::string, double> numbers;
+    std::map<std::string, std::string> strings;
+  };
+
+  // The numeric and string members, or nothing when the line is not such an object.
+  std::optional<Members> parse() {
+    Members members;
     skip_space();
     if (!consume('{')) return std::nullopt;
     skip_space();
@@ -42,8 +47,10 @@ class FlatJsonParser {
         if (!consume(':')) return std::nullopt;
         skip_space();
         std::optional<double> number;
-        if (!parse_value(&number)) return std::nullopt;
-        if (number) numbers[key] = *number;
+        std::optional<std::string> text;
+        if (!parse_value(&number, &text)) return std::nullopt;
+        if (number) members.numbers[key] = *number;
+        if (text) members.strings[key] = *text;
         skip_space();
         if (consume('}')) break;
         if (!consume(',')) return std::nullopt;
@@ -51,7 +58,7 @@ class FlatJsonParser {
     }
     skip_space();
     if (pos_ != text_.size()) return std::nullopt;
-    return numbers;
+    return members;
   }
 
  private:
@@ -80,12 +87,14 @@ class FlatJsonParser {
     }
     return consume('"');
   }
-  bool parse_value(std::optional<double>* number) {
+  bool parse_value(std::optional<double>* number, std::optional<std::string>* text) {
     if (pos_ >= text_.size()) return false;
     const char c = text_[pos_];
     if (c == '"') {
-      std::string ignored;
-      return parse_string(&ignored);
+      std::string value;
+      if (!parse_string(&value)) return false;
+      *text = std::move(value);
+      return true;
     }
     if (consume_word("true") || consume_word("false") || consume_word("null")) return true;
     // from_chars: locale-independent, and it reads nan, -nan and inf as printf writes them.
@@ -304,19 +313,28 @@ std::string run_name(const std::string& metrics_jsonl) {
 std::vector<EpochCurvePoint> read_learning_curves(const std::string& metrics_jsonl) {
   std::ifstream in(metrics_jsonl);
   if (!in) throw UserError(metrics_jsonl + ": cannot read this file");
+  // The file belongs to one run (run_directory.h); should lines of an earlier run precede it (a file from
+  // before run ids, or copied together), only the last run's are drawn.
   std::map<int64_t, EpochCurvePoint> by_epoch;
+  std::string run_id;
   for (std::string line; std::getline(in, line);) {
-    const auto numbers = FlatJsonParser(line).parse();
-    if (!numbers) continue;
-    const double epoch = member(*numbers, "epoch");
+    const auto members = FlatJsonParser(line).parse();
+    if (!members) continue;
+    const double epoch = member(members->numbers, "epoch");
     // An epoch number must be a whole number in a sane range, or the line is not one of ours.
     if (!std::isfinite(epoch) || epoch != std::floor(epoch) || std::abs(epoch) > 1e15) continue;
+    const auto id = members->strings.find("run_id");
+    const std::string line_run = id != members->strings.end() ? id->second : "";
+    if (line_run != run_id) by_epoch.clear();
+    run_id = line_run;
     EpochCurvePoint point;
     point.epoch = static_cast<int64_t>(epoch);
-    point.loss = member(*numbers, "loss");
-    point.acc = member(*numbers, "acc");
-    point.val_loss = member(*numbers, "val_loss");
-    point.val_acc = member(*numbers, "val_acc");
+    point.loss = member(members->numbers, "loss");
+    point.acc = member(members->numbers, "acc");
+    // data.validation = test names the held-out numbers test_*.
+    const bool on_test = !members->numbers.count("val_loss") && members->numbers.count("test_loss");
+    point.val_loss = member(members->numbers, on_test ? "test_loss" : "val_loss");
+    point.val_acc = member(members->numbers, on_test ? "test_acc" : "val_acc");
     by_epoch[point.epoch] = point;
   }
   if (in.bad()) throw UserError(metrics_jsonl + ": read error");

@@ -14,6 +14,7 @@
 #include "engine/config.h"
 #include "engine/errors.h"
 #include "engine/preemption.h"
+#include "engine/run_directory.h"
 #include "engine/timeline.h"
 #include "engine/topology.h"
 #include "engine/trainer.h"
@@ -68,23 +69,24 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
       std::printf("hint (rank 0): %s\n", hint.c_str());
     std::fflush(stdout);
   }
-  if (!config.log.timeline.empty()) {
+  const std::string timeline_path = engine::inside_run_directory(config.checkpoint.dir, config.log.timeline);
+  if (!timeline_path.empty()) {
     watchdog.enter("starting the timeline");
     comm::agree_on_errors(boot, [&] {
       DDP_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));  // the ranks' time origins meet within the barrier's skew
       timeline::start(
-          config.log.timeline, boot.rank(),
+          timeline_path, boot.rank(),
           "rank " + std::to_string(boot.rank()) + " (" + topology.host + ", " + topology.device + ")");
     });
   }
   const engine::TrainResult result = engine::train(config, topology, data, MPI_COMM_WORLD, watchdog);
   watchdog.enter("finishing");
-  if (!config.log.timeline.empty()) {
+  if (!timeline_path.empty()) {
     // Every rank's events go to rank 0, so the trace needs no shared file system.
     const std::vector<std::string> events = boot.gather(timeline::finish(), 0);
     if (boot.rank() == 0) {
-      timeline::write_trace(config.log.timeline, events);
-      std::printf("timeline: %s\n", config.log.timeline.c_str());
+      timeline::write_trace(timeline_path, events);
+      std::printf("timeline: %s\n", timeline_path.c_str());
     }
   }
   // Parameter servers do not see the workers' stop: agree over the whole job so every rank exits alike.

@@ -9,9 +9,15 @@
 namespace ddp::engine {
 
 struct EpochMetrics {
-  int64_t epoch = 0;  // 1-based
+  std::string run_id;  // run_directory.h
+  std::string time;    // UTC, ISO 8601, when the epoch ended
+  int64_t epoch = 0;   // 1-based
   int64_t epochs = 0;
   int64_t steps = 0;
+  int64_t steps_run = 0;  // fewer than steps when the epoch was resumed in the middle
+  // What val_loss and val_acc were measured on: "val" (held-out rows: /val or part of /train), or "test"
+  // when data.validation = test (then they are named test_loss and test_acc).
+  std::string held_out = "val";
   double loss = 0;
   double acc = 0;
   double val_loss = 0;
@@ -35,6 +41,20 @@ struct EpochMetrics {
 std::string format_epoch_line(const EpochMetrics& m);
 // One JSON object on one line.
 std::string to_json(const EpochMetrics& m);
+
+// The test split's score at the end of a run, of the model in best.h5.
+struct TestMetrics {
+  std::string run_id;
+  std::string time;
+  int64_t best_epoch = 0;  // the epoch best.h5 holds
+  double test_loss = 0;
+  double test_acc = 0;
+  int64_t samples = 0;
+};
+// "Test (best.h5, epoch 4): test_loss: 0.3571 - test_acc: 0.8468 (25000 samples)"
+std::string format_test_line(const TestMetrics& m);
+// One JSON object on one line, with "event": "test" (and no "epoch", so curves skip it).
+std::string to_json(const TestMetrics& m);
 // Appends `line` and a newline to `path`, creating it if needed. Throws UserError if it cannot.
 void append_line(const std::string& path, const std::string& line);
 
@@ -44,7 +64,7 @@ void append_line(const std::string& path, const std::string& line);
 bool stdout_is_terminal();
 
 // Progress within an epoch. Live mode redraws one line with \r at most 10 times a second; line mode prints
-// a plain line every `interval` steps (none if 0).
+// a plain line every `interval` steps, or with interval 0 about every 10 seconds.
 class Progress {
  public:
   Progress(bool live, int64_t interval, int64_t epoch, int64_t epochs, int64_t total_steps);

@@ -38,11 +38,11 @@ struct ModelOptions {
   int batch_size = 128;
 };
 
-void add_model_options(po::options_description& desc, ModelOptions& o) {
+void add_model_options(po::options_description& desc, ModelOptions& o, const char* data_help) {
   desc.add_options()("checkpoint,c", po::value(&o.checkpoint)->required(),
                      "checkpoint of a training run (RUN/best.h5 or RUN/last.h5)")(
-      "data,d", po::value(&o.data)->required(), "the dataset file the model was trained on")(
-      "device", po::value(&o.device)->default_value(o.device), "cpu, cuda or auto (the first GPU if any)")(
+      "data,d", po::value(&o.data), data_help)("device", po::value(&o.device)->default_value(o.device),
+                                               "cpu, cuda or auto (the first GPU if any)")(
       "batch-size", po::value(&o.batch_size)->default_value(o.batch_size), "documents per forward pass");
 }
 
@@ -61,13 +61,15 @@ struct LoadedModel {
   int gpu = -1;  // CUDA ordinal, -1 on the CPU
 };
 
-LoadedModel load_model(const ModelOptions& o, const io::DatasetInfo& data, const std::string& command) {
-  const Checkpoint checkpoint = read_checkpoint(o.checkpoint);
+void check_same_vocab(const ModelOptions& o, const Checkpoint& checkpoint, const io::DatasetInfo& data) {
   if (checkpoint.shape.vocab_size != data.vocab_size) {
     throw UserError(o.checkpoint + ": the model has vocab_size " +
                     std::to_string(checkpoint.shape.vocab_size) + " but " + o.data + " has vocab_size " +
                     std::to_string(data.vocab_size) + ": give the dataset the model was trained on");
   }
+}
+
+LoadedModel load_model(const ModelOptions& o, const Checkpoint& checkpoint, const std::string& command) {
   LoadedModel model;
   if (o.device != "cpu") {
     const GpuInventory inventory = probe_gpus();
@@ -135,6 +137,10 @@ std::vector<std::string> read_lines(const std::string& input) {
   return lines;
 }
 
+bool is_blank(const std::string& line) {
+  return line.find_first_not_of(" \t\r\f\v") == std::string::npos;
+}
+
 // The document's first characters on one line: valid UTF-8, control characters as spaces, "..." if cut.
 std::string excerpt(const std::string& document) {
   const std::string text = io::to_utf8(document);
@@ -157,12 +163,13 @@ int predict_command(const std::vector<std::string>& args) {
   std::string input;
   po::options_description desc("ddptrain predict");
   desc.add_options()("help,h", "print this help");
-  add_model_options(desc, o);
+  add_model_options(desc, o,
+                    "the dataset the model was trained on, for its /vocab (only for checkpoints that do "
+                    "not carry theirs)");
   desc.add_options()("text,t", po::value(&texts)->composing(), "a document (give it several times for more)")(
       "input,i", po::value(&input), "a file with one document per line ('-': standard input)");
-  if (!parse_subcommand(
-          args, desc, kCommand,
-          "ddptrain predict --checkpoint RUN/best.h5 --data F.h5 (--text \"...\" ... | --input FILE)"))
+  if (!parse_subcommand(args, desc, kCommand,
+                        "ddptrain predict --checkpoint RUN/best.h5 (--text \"...\" ... | --input FILE)"))
     return kExitOk;
   check_model_options(o, kCommand);
   if (texts.empty() == input.empty()) {
@@ -170,19 +177,42 @@ int predict_command(const std::vector<std::string>& args) {
                     ": give the documents either with --text \"...\" (repeatable) or with --input FILE");
   }
 
-  const io::DatasetInfo data = io::inspect_dataset(o.data);
-  const io::Vocabulary vocabulary = io::read_vocabulary(o.data);
-  const std::vector<std::string> documents = input.empty() ? texts : read_lines(input);
-  const LoadedModel model = load_model(o, data, kCommand);
+  // The checkpoint carries its vocabulary and maxlen; older checkpoints need the dataset they came from.
+  const Checkpoint checkpoint = read_checkpoint(o.checkpoint);
+  int maxlen = checkpoint.run.maxlen;
+  std::string vocabulary_file = o.checkpoint;
+  if (!checkpoint.has_vocabulary || maxlen <= 0) {
+    if (o.data.empty()) {
+      throw UserError(o.checkpoint +
+                      " carries no vocabulary (written by an older ddptrain, or trained on a "
+                      "dataset without /vocab): give the dataset with --data FILE");
+    }
+    const io::DatasetInfo data = io::inspect_dataset(o.data);
+    check_same_vocab(o, checkpoint, data);
+    maxlen = data.maxlen;
+    vocabulary_file = o.data;
+  }
+  const io::Vocabulary vocabulary = io::read_vocabulary(vocabulary_file);
+  // Blank lines of a file are not documents; a document without a single word gets no score.
+  std::vector<std::string> documents = input.empty() ? texts : read_lines(input);
+  if (!input.empty()) std::erase_if(documents, [](const std::string& d) { return is_blank(d); });
+  if (documents.empty()) throw UserError(input + ": only blank lines, no documents");
+  const LoadedModel model = load_model(o, checkpoint, kCommand);
 
   std::vector<int32_t> tokens;
-  tokens.reserve(documents.size() * static_cast<size_t>(data.maxlen));
+  std::vector<bool> has_words;
+  tokens.reserve(documents.size() * static_cast<size_t>(maxlen));
   for (const std::string& document : documents) {
-    const std::vector<int32_t> row = vocabulary.encode(document, data.maxlen);
+    has_words.push_back(!io::tokenize(document).empty());
+    const std::vector<int32_t> row = vocabulary.encode(document, maxlen);
     tokens.insert(tokens.end(), row.begin(), row.end());
   }
-  const std::vector<float> probabilities = predict_rows(model, tokens, data.maxlen, o.batch_size);
+  const std::vector<float> probabilities = predict_rows(model, tokens, maxlen, o.batch_size);
   for (size_t i = 0; i < documents.size(); ++i) {
+    if (!has_words[i]) {
+      std::printf("-\t%s(no words to score)\n", excerpt(documents[i]).c_str());
+      continue;
+    }
     std::printf("%.4f\t%s\n", static_cast<double>(probabilities[i]), excerpt(documents[i]).c_str());
   }
   return kExitOk;
@@ -193,15 +223,18 @@ int evaluate_command(const std::vector<std::string>& args) {
   ModelOptions o;
   po::options_description desc("ddptrain evaluate");
   desc.add_options()("help,h", "print this help");
-  add_model_options(desc, o);
+  add_model_options(desc, o, "the dataset whose /test split is scored");
   if (!parse_subcommand(args, desc, kCommand, "ddptrain evaluate --checkpoint RUN/best.h5 --data F.h5"))
     return kExitOk;
   check_model_options(o, kCommand);
+  if (o.data.empty()) throw UserError(std::string(kCommand) + ": give the dataset to score with --data FILE");
 
   const io::DatasetInfo data = io::inspect_dataset(o.data);
   if (data.test_size == 0) throw UserError(o.data + ": /test is empty, nothing to evaluate");
   io::validate_rows(data, "test", 0, data.test_size);
-  const LoadedModel model = load_model(o, data, kCommand);
+  const Checkpoint checkpoint = read_checkpoint(o.checkpoint);
+  check_same_vocab(o, checkpoint, data);
+  const LoadedModel model = load_model(o, checkpoint, kCommand);
 
   const std::unique_ptr<io::BatchSource> source = test_batches(model, o.data, data.test_size, o.batch_size);
   while (const std::optional<io::BatchRef> batch = source->next()) {

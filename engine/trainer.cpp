@@ -17,11 +17,15 @@
 #include "engine/optimizer.h"
 #include "engine/preemption.h"
 #include "engine/ps_training.h"
+#include "engine/run_directory.h"
 #include "engine/timeline.h"
 #include "engine/updater.h"
 #include "engine/watchdog.h"
 #include "io/batch_reader.h"
 #include "io/batch_source.h"
+#include "io/data_plan.h"
+#include "io/dataset_fingerprint.h"
+#include "io/tokenizer.h"
 #include "models/cuda_replica.h"
 #include "models/initializers.h"
 #include "models/replica.h"
@@ -34,15 +38,6 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
-
-struct RunFiles {
-  std::filesystem::path dir;
-  std::string last() const { return (dir / "last.h5").string(); }
-  std::string best() const { return (dir / "best.h5").string(); }
-  std::string metrics() const { return (dir / "metrics.jsonl").string(); }
-  std::string config() const { return (dir / "config.ini").string(); }
-  std::string curves() const { return (dir / "curves.svg").string(); }
-};
 
 // The all-reduce backends: gradients averaged over every rank, then every rank's own optimizer.
 class AllReduceUpdater final : public Updater {
@@ -110,20 +105,20 @@ class TrainingRun {
         shape_(replica->layout().shape()),
         replica_(std::move(replica)),
         updater_(std::move(updater)),
-        train_shard_(io::shard_of(data.train_size, comm_.rank(), comm_.size(), /*cover_all=*/false)),
-        test_shard_(io::shard_of(data.test_size, comm_.rank(), comm_.size(), /*cover_all=*/true)),
+        plan_(io::plan_data(data, config.data.validation, config.data.validation_split, comm_.rank(),
+                            comm_.size())),
         host_params_(replica_->layout().total_size()),
         stop_signal_(stop_signal),
         watchdog_(watchdog),
         exchange_has_deadlines_(exchange_has_deadlines) {
     const int64_t per_epoch =
-        io::BatchReader::batches_per_epoch(train_shard_.size(), config.train.batch_size, /*drop_last=*/true);
+        io::BatchReader::batches_per_epoch(plan_.train.size(), config.train.batch_size, /*drop_last=*/true);
     steps_per_epoch_ = config.train.max_steps_per_epoch > 0
                            ? std::min(per_epoch, config.train.max_steps_per_epoch)
                            : per_epoch;
     if (steps_per_epoch_ < 1) {
-      throw UserError(data.path + ": /train has " + std::to_string(data.train_size) +
-                      " samples, fewer than " + std::to_string(comm_.size()) + " " + trainers() +
+      throw UserError(data.path + ": /train has " + std::to_string(plan_.train_rows) +
+                      " samples to train on, fewer than " + std::to_string(comm_.size()) + " " + trainers() +
                       " x train.batch_size " + std::to_string(config.train.batch_size));
     }
   }
@@ -150,6 +145,11 @@ class TrainingRun {
     pause_where_the_exchange_has_deadlines();
     result.params.resize(replica_->layout().total_size());
     updater_->finish(result.params);
+    // Only a run that trained its last epoch just now (the same answer on every training rank).
+    if (plan_.test && !result.history.empty() && progress_.epoch == config_.train.epochs) {
+      watchdog_.enter("scoring best.h5 on the test split");
+      score_best_on_test(*plan_.test);
+    }
     result.stopped_by_signal = stop_signal_.stopped();
     result.stop_signal = stop_signal_.signal_name();
     result.epochs_done = progress_.epoch;
@@ -164,6 +164,8 @@ class TrainingRun {
     return std::string(world_.size() == comm_.size() ? "rank" : "worker") + (comm_.size() == 1 ? "" : "s");
   }
 
+  // Rank 0 claims checkpoint.dir for this run (run_directory.h) and writes the effective config there;
+  // every training rank learns whether the run continues last.h5.
   void prepare_run_directory() {
     comm::agree_on_errors(world_, [&] {
       if (!is_root()) return;
@@ -172,28 +174,54 @@ class TrainingRun {
       if (ec)
         throw UserError("checkpoint.dir = " + files_.dir.string() + ": cannot create it (" + ec.message() +
                         ")");
+      resumed_ = claim_run_directory(files_, config_.resume, config_.checkpoint.overwrite);
       std::ofstream out(files_.config());
       out << config_.to_ini();
       if (!out) throw UserError(files_.config() + ": cannot write the effective config");
     });
+    std::vector<double> resume{resumed_ ? 1.0 : 0.0};
+    comm_.broadcast(std::span<double>(resume), 0);
+    resumed_ = resume[0] != 0.0;
+  }
+
+  // What the checkpoints record about the run and its data (rank 0 only).
+  void describe_run_on_root() {
+    run_record_.run_id = new_run_id();
+    run_record_.data_path = data_.path;
+    run_record_.data_fingerprint = io::dataset_fingerprint(data_);
+    run_record_.maxlen = data_.maxlen;
+    if (data_.has_vocab) run_record_.vocabulary = io::read_vocabulary(data_.path).words();
+  }
+
+  // The checkpoint must continue on the data it was trained on, unless checkpoint.allow_data_change.
+  void check_resumed_data(const Checkpoint& c) const {
+    if (c.run.data_fingerprint.empty() || c.run.data_fingerprint == run_record_.data_fingerprint) return;
+    const std::string what = files_.last() + " was trained on " + c.run.data_path + " (" +
+                             c.run.data_fingerprint + ") but data.path " + data_.path + " is (" +
+                             run_record_.data_fingerprint + ")";
+    if (!config_.checkpoint.allow_data_change) {
+      throw UserError("--resume: " + what +
+                      ": resume on the same data, or set checkpoint.allow_data_change = true to continue "
+                      "training on this data");
+    }
+    std::printf("note: %s; continuing on the new data (checkpoint.allow_data_change)\n", what.c_str());
   }
 
   // Rank 0 reads last.h5 (or initializes from the seed) and broadcasts everything, so ranks need not share
   // a file system and all start bit-identical.
   void start_from_checkpoint_or_seed() {
-    const bool want_resume = config_.resume == "last" || (config_.resume == "auto" && last_exists_on_root());
     std::vector<double> header(10, 0.0);
     comm::agree_on_errors(world_, [&] {
       if (!is_root()) return;
-      if (!want_resume) {
+      describe_run_on_root();
+      if (!resumed_) {
         models::initialize_keras(replica_->layout(), host_params_, config_.train.seed);
         progress_.seed = config_.train.seed;
         return;
       }
-      if (!std::filesystem::exists(files_.last())) {
-        throw UserError(files_.last() + ": --resume was given but there is no checkpoint to resume from");
-      }
       Checkpoint c = read_checkpoint(files_.last());
+      check_resumed_data(c);
+      if (!c.run.run_id.empty()) run_record_.run_id = c.run.run_id;  // a resumed run keeps its id
       if (!(c.shape == shape_)) {
         throw UserError(files_.last() + ": the checkpoint's model (vocab " +
                         std::to_string(c.shape.vocab_size) + ", embedding " +
@@ -223,7 +251,6 @@ class TrainingRun {
       if (progress_.step_in_epoch >= steps_per_epoch_) {
         progress_.step_in_epoch = 0;  // the interrupted epoch had finished its steps
       }
-      resumed_ = true;
     });
 
     // Broadcast the starting point.
@@ -244,6 +271,7 @@ class TrainingRun {
     if (!is_root()) progress_.loss_sum = progress_.correct = progress_.count = 0;
     progress_.world_size = comm_.size();  // the training ranks, over which the data is sharded
     progress_.batch_size = config_.train.batch_size;
+    finished_at_start_ = resumed_ && progress_.epoch >= config_.train.epochs;
   }
 
   // From here every step and evaluation batch beats the watchdog.
@@ -256,12 +284,6 @@ class TrainingRun {
     if (exchange_has_deadlines_) watchdog_.pause();
   }
 
-  bool last_exists_on_root() {
-    std::vector<double> exists{is_root() && std::filesystem::exists(files_.last()) ? 1.0 : 0.0};
-    comm_.broadcast(std::span<double>(exists), 0);
-    return exists[0] != 0.0;
-  }
-
   void log_start() {
     std::string device = topology_.gpu >= 0 ? topology_.device + " " + topology_.gpu_name + " (PCI " +
                                                   topology_.gpu_bus_id + ")"
@@ -271,23 +293,31 @@ class TrainingRun {
     std::snprintf(line, sizeof(line), "rank %d/%d on %s (local rank %d/%d): %s [%s], train rows [%lld, %lld)",
                   world_.rank(), world_.size(), topology_.host.c_str(), topology_.local_rank,
                   topology_.local_size, device.c_str(), topology_.device_reason.c_str(),
-                  static_cast<long long>(train_shard_.begin), static_cast<long long>(train_shard_.end));
+                  static_cast<long long>(plan_.train.begin), static_cast<long long>(plan_.train.end));
     const std::vector<std::string> lines = world_.gather(line, 0);
     if (!is_root()) return;
     std::printf("backend %s\n", backend_reason_.c_str());
     for (const std::string& l : lines) std::printf("%s\n", l.c_str());
-    std::printf("data %s: train %lld, test %lld, vocab %d, maxlen %d\n", data_.path.c_str(),
-                static_cast<long long>(data_.train_size), static_cast<long long>(data_.test_size),
-                data_.vocab_size, data_.maxlen);
+    std::printf("data %s: vocab %d, maxlen %d; %s\n", data_.path.c_str(), data_.vocab_size, data_.maxlen,
+                plan_.describe().c_str());
     std::printf(
         "model: embedding %d, LSTM %d x %d, %zu parameters; %s lr %g; batch %d per rank x %d %s; "
         "%lld steps per epoch\n",
         shape_.embedding_dim, shape_.layers, shape_.hidden, replica_->layout().total_size(),
         updater_->optimizer().name().c_str(), config_.train.learning_rate, config_.train.batch_size,
         comm_.size(), trainers().c_str(), static_cast<long long>(steps_per_epoch_));
-    if (resumed_) {
-      std::printf("resumed from %s: %lld epochs and %lld steps done\n", files_.last().c_str(),
-                  static_cast<long long>(progress_.epoch), static_cast<long long>(progress_.step_in_epoch));
+    if (finished_at_start_) {
+      std::printf(
+          "%s: run %s already finished its %lld epochs (train.epochs = %d): nothing to train; raise "
+          "train.epochs to train further\n",
+          files_.last().c_str(), run_record_.run_id.c_str(), static_cast<long long>(progress_.epoch),
+          config_.train.epochs);
+    } else if (resumed_) {
+      std::printf("resumed run %s from %s: %lld epochs and %lld steps done\n", run_record_.run_id.c_str(),
+                  files_.last().c_str(), static_cast<long long>(progress_.epoch),
+                  static_cast<long long>(progress_.step_in_epoch));
+    } else {
+      std::printf("run %s in %s\n", run_record_.run_id.c_str(), files_.dir.string().c_str());
     }
     std::fflush(stdout);
   }
@@ -325,7 +355,7 @@ class TrainingRun {
     io::BatchReaderOptions options;
     options.path = data_.path;
     options.split = "train";
-    options.shard = train_shard_;
+    options.shard = plan_.train;
     options.batch_size = config_.train.batch_size;
     options.shuffle = true;
     options.seed = progress_.seed;  // the resumed run's seed, so the data order continues
@@ -389,7 +419,7 @@ class TrainingRun {
     progress_.loss_sum = progress_.correct = progress_.count = 0;
 
     const auto eval_start = Clock::now();
-    const models::BatchStats val = evaluate();
+    const models::BatchStats val = evaluate(plan_.validation);
     const double eval_time = seconds_since(eval_start);
 
     EpochMetrics m;
@@ -404,6 +434,8 @@ class TrainingRun {
     m.eval_time_s = eval_time;
     m.epoch_time_s = seconds_since(epoch_start);
     const int64_t steps_run = steps_per_epoch_ - first;
+    m.steps_run = steps_run;
+    m.held_out = plan_.validation.name;
     m.step_time_ms = steps_run > 0 ? 1000.0 * train_time / static_cast<double>(steps_run) : 0.0;
     m.samples_per_s = static_cast<double>(steps_run) * config_.train.batch_size * comm_.size() / train_time;
     m.data_wait_s = source->input_wait_seconds();
@@ -450,17 +482,18 @@ class TrainingRun {
     m.gpu_mem_mib = sums[1] / sums[2];
   }
 
-  models::BatchStats evaluate() {
+  // Collective over the training ranks: the loss and accuracy over every row of `rows`.
+  models::BatchStats evaluate(const io::RowSet& rows) {
     timeline::Span span("evaluation");
     io::BatchReaderOptions options;
     options.path = data_.path;
-    options.split = "test";
-    options.shard = test_shard_;
+    options.split = rows.split;
+    options.shard = rows.shard;
     options.batch_size = config_.train.batch_size;
     options.shuffle = false;
     options.drop_last = false;
     options.prefetch = config_.data.prefetch;
-    if (test_shard_.size() > 0) {
+    if (rows.shard.size() > 0) {
       std::unique_ptr<io::BatchSource> source = make_source(options);
       while (const std::optional<io::BatchRef> batch = source->next()) {
         replica_->evaluate({batch->tokens, batch->labels, batch->batch_size, batch->seq});
@@ -472,6 +505,32 @@ class TrainingRun {
                              static_cast<double>(local.count)};
     comm_.sum(sums);
     return {sums[0], static_cast<int64_t>(sums[1]), static_cast<int64_t>(sums[2])};
+  }
+
+  // The test split, scored once at the end of the run on the model in best.h5, the one validation chose.
+  void score_best_on_test(const io::RowSet& test) {
+    std::vector<double> best_epoch{0.0};
+    on_root_or_abort([&] {
+      const Checkpoint best = read_checkpoint(files_.best());
+      host_params_ = best.params;
+      best_epoch[0] = static_cast<double>(best.progress.epoch);
+    });
+    comm_.broadcast(std::span<float>(host_params_), 0);
+    comm_.broadcast(std::span<double>(best_epoch), 0);
+    replica_->copy_params_from_host(host_params_);
+    const models::BatchStats scores = evaluate(test);
+    on_root_or_abort([&] {
+      TestMetrics m;
+      m.run_id = run_record_.run_id;
+      m.time = utc_timestamp();
+      m.best_epoch = static_cast<int64_t>(best_epoch[0]);
+      m.test_loss = scores.loss_sum / static_cast<double>(scores.count);
+      m.test_acc = static_cast<double>(scores.correct) / static_cast<double>(scores.count);
+      m.samples = scores.count;
+      std::printf("%s\n", format_test_line(m).c_str());
+      std::fflush(stdout);
+      append_line(files_.metrics(), to_json(m));
+    });
   }
 
   // Problems writing the run directory after training started end the job (exit 2) rather than leave the
@@ -494,11 +553,14 @@ class TrainingRun {
       timeline::Span span("checkpoint");
       std::printf("%s\n", format_epoch_line(m).c_str());
       std::fflush(stdout);
-      append_line(files_.metrics(), to_json(m));
+      EpochMetrics stamped = m;
+      stamped.run_id = run_record_.run_id;
+      stamped.time = utc_timestamp();
+      append_line(files_.metrics(), to_json(stamped));
       write_learning_curves(files_.metrics(), files_.curves());
       replica_->copy_params_to_host(host_params_);
       write_checkpoint(files_.last(), shape_, host_params_, updater_->optimizer(), progress_,
-                       config_.to_ini());
+                       config_.to_ini(), run_record_);
       if (best)
         std::filesystem::copy_file(files_.last(), files_.best(),
                                    std::filesystem::copy_options::overwrite_existing);
@@ -516,8 +578,8 @@ class TrainingRun {
       snapshot.correct += sums[1];
       snapshot.count += sums[2];
       replica_->copy_params_to_host(host_params_);
-      write_checkpoint(files_.last(), shape_, host_params_, updater_->optimizer(), snapshot,
-                       config_.to_ini());
+      write_checkpoint(files_.last(), shape_, host_params_, updater_->optimizer(), snapshot, config_.to_ini(),
+                       run_record_);
     });
   }
 
@@ -531,11 +593,12 @@ class TrainingRun {
   models::ModelShape shape_;
   std::unique_ptr<models::Replica> replica_;
   std::unique_ptr<Updater> updater_;  // refers to *replica_, declared after it
-  io::Shard train_shard_;
-  io::Shard test_shard_;
+  io::DataPlan plan_;                 // this rank's training, validation and test rows
   int64_t steps_per_epoch_ = 0;
   TrainingProgress progress_;
-  bool resumed_ = false;
+  bool resumed_ = false;            // continues last.h5 (decided by rank 0, known to every training rank)
+  bool finished_at_start_ = false;  // the resumed run had already trained every epoch
+  RunRecord run_record_;            // rank 0: what its checkpoints say about the run
   std::vector<float> host_params_;  // host copy of the parameters: initialization, broadcast, checkpoints
   StopAgreement& stop_signal_;
   ProgressWatchdog& watchdog_;

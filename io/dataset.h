@@ -19,6 +19,7 @@ struct DatasetInfo {
   std::string path;
   int64_t train_size = 0;
   int64_t test_size = 0;
+  int64_t val_size = 0;  // 0 when the file has no /val
   int vocab_size = 0;
   int maxlen = 0;
   bool has_vocab = false;

@@ -248,6 +248,29 @@ void write_string_attribute(hid_t loc, const std::string& name, const std::strin
   check_h5(H5Awrite(attr.get(), type.get(), value.c_str()), ("H5Awrite " + name).c_str());
 }
 
+void write_string_list(hid_t loc, const std::string& name, const std::vector<std::string>& strings) {
+  std::vector<const char*> pointers;
+  pointers.reserve(strings.size());
+  for (const std::string& s : strings) pointers.push_back(s.c_str());
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  Hid type(check_h5_id(H5Tcopy(H5T_C_S1), "H5Tcopy"), Hid::Kind::kDatatype);
+  check_h5(H5Tset_size(type.get(), H5T_VARIABLE), "H5Tset_size");
+  check_h5(H5Tset_cset(type.get(), H5T_CSET_UTF8), "H5Tset_cset");
+  const hsize_t dims[1] = {static_cast<hsize_t>(strings.size())};
+  Hid space(check_h5_id(H5Screate_simple(1, dims, nullptr), "H5Screate_simple"), Hid::Kind::kDataspace);
+  // No object timestamps: the same input then gives a byte-identical file.
+  Hid dcpl(check_h5_id(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate"), Hid::Kind::kPropertyList);
+  check_h5(H5Pset_obj_track_times(dcpl.get(), false), "H5Pset_obj_track_times");
+  const std::string what = "H5Dcreate2 /" + name;
+  Hid list(check_h5_id(
+               H5Dcreate2(loc, name.c_str(), type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+               what.c_str()),
+           Hid::Kind::kDataset);
+  if (strings.empty()) return;
+  check_h5(H5Dwrite(list.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, pointers.data()),
+           ("H5Dwrite /" + name).c_str());
+}
+
 std::string read_string_attribute(hid_t loc, const std::string& name) {
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   quiet_hdf5_errors();

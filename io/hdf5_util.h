@@ -52,6 +52,8 @@ int64_t read_int_attribute(hid_t file, const std::string& file_path, const std::
 void write_int_attribute(hid_t loc, const std::string& name, int64_t value);
 void write_string_attribute(hid_t loc, const std::string& name, const std::string& value);
 std::string read_string_attribute(hid_t loc, const std::string& name);  // "" if absent
+// A 1-D dataset of variable-length UTF-8 strings (what h5py writes for a list of str), e.g. /vocab.
+void write_string_list(hid_t loc, const std::string& name, const std::vector<std::string>& strings);
 
 // Throws std::runtime_error with `what` when status < 0 (for HDF5 calls on files we create ourselves).
 void check_h5(herr_t status, const char* what);

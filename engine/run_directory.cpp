@@ -1,0 +1,78 @@
+#include "engine/run_directory.h"
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <random>
+#include <system_error>
+
+#include "engine/errors.h"
+
+namespace fs = std::filesystem;
+
+namespace ddp::engine {
+namespace {
+
+std::string format_utc(const char* format) {
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof(text), format, &utc);
+  return text;
+}
+
+// The results present in the directory, by file name: "last.h5, metrics.jsonl".
+std::string present_results(const RunFiles& files) {
+  std::string names;
+  for (const std::string& path : files.results()) {
+    std::error_code ec;
+    if (!fs::exists(path, ec)) continue;
+    names += (names.empty() ? "" : ", ") + fs::path(path).filename().string();
+  }
+  return names;
+}
+
+}  // namespace
+
+bool claim_run_directory(const RunFiles& files, const std::string& resume, bool overwrite) {
+  std::error_code ec;
+  const bool has_last = fs::exists(files.last(), ec);
+  if (resume == "last" && !has_last) {
+    throw UserError(files.last() + ": --resume was given but there is no checkpoint to resume from");
+  }
+  if (resume == "last" || (resume == "auto" && has_last)) return true;
+
+  const std::string present = present_results(files);
+  if (present.empty()) return false;
+  if (!overwrite) {
+    throw UserError("checkpoint.dir = " + files.dir.string() + " holds another run (" + present +
+                    "): continue it with --resume, give this run its own checkpoint.dir, or replace the old "
+                    "one with --checkpoint.overwrite true");
+  }
+  for (const std::string& path : files.results()) {
+    fs::remove(path, ec);
+    if (ec) throw UserError(path + ": cannot remove the old run's file (" + ec.message() + ")");
+  }
+  std::printf("checkpoint.overwrite: removed the previous run's %s from %s\n", present.c_str(),
+              files.dir.string().c_str());
+  return false;
+}
+
+std::string new_run_id() {
+  std::random_device entropy;
+  char suffix[8];
+  std::snprintf(suffix, sizeof(suffix), "%04x", static_cast<unsigned>(entropy() & 0xFFFFu));
+  return format_utc("%Y%m%dT%H%M%SZ") + "-" + suffix;
+}
+
+std::string utc_timestamp() {
+  return format_utc("%Y-%m-%dT%H:%M:%SZ");
+}
+
+std::string inside_run_directory(const std::string& dir, const std::string& path) {
+  if (path.empty() || fs::path(path).is_absolute()) return path;
+  return (fs::path(dir) / path).string();
+}
+
+}  // namespace ddp::engine
