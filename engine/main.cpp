@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -74,6 +75,10 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
     watchdog.enter("starting the timeline");
     comm::agree_on_errors(boot, [&] {
       DDP_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));  // the ranks' time origins meet within the barrier's skew
+      if (timeline_path != config.log.timeline) {  // inside the run directory, which may not exist yet
+        std::error_code ignored;                   // if it cannot be made, timeline::start says so
+        std::filesystem::create_directories(config.checkpoint.dir, ignored);
+      }
       timeline::start(
           timeline_path, boot.rank(),
           "rank " + std::to_string(boot.rank()) + " (" + topology.host + ", " + topology.device + ")");

@@ -28,8 +28,9 @@ std::string seconds_text(double s) {
 
 std::string format_epoch_line(const EpochMetrics& m) {
   const std::string resumed =
-      m.steps_run < m.steps ? printf_string(" (%lld after resuming)", static_cast<long long>(m.steps_run))
-                            : "";
+      m.steps_run > 0 && m.steps_run < m.steps
+          ? printf_string(" (%lld after resuming)", static_cast<long long>(m.steps_run))
+          : "";
   const char* held_out = m.held_out.c_str();
   return printf_string(
       "Epoch %lld/%lld - %lld steps%s - %s - %.2fms/step - loss: %.4f - acc: %.4f - %s_loss: %.4f - "

@@ -181,16 +181,17 @@ int predict_command(const std::vector<std::string>& args) {
   const Checkpoint checkpoint = read_checkpoint(o.checkpoint);
   int maxlen = checkpoint.run.maxlen;
   std::string vocabulary_file = o.checkpoint;
-  if (!checkpoint.has_vocabulary || maxlen <= 0) {
-    if (o.data.empty()) {
-      throw UserError(o.checkpoint +
-                      " carries no vocabulary (written by an older ddptrain, or trained on a "
-                      "dataset without /vocab): give the dataset with --data FILE");
-    }
+  if (!o.data.empty()) {  // given: it must be the model's
     const io::DatasetInfo data = io::inspect_dataset(o.data);
     check_same_vocab(o, checkpoint, data);
-    maxlen = data.maxlen;
-    vocabulary_file = o.data;
+    if (!checkpoint.has_vocabulary || maxlen <= 0) {
+      maxlen = data.maxlen;
+      vocabulary_file = o.data;
+    }
+  } else if (!checkpoint.has_vocabulary || maxlen <= 0) {
+    throw UserError(o.checkpoint +
+                    " carries no vocabulary (written by an older ddptrain, or trained on a dataset without "
+                    "/vocab): give the dataset it was trained on with --data FILE");
   }
   const io::Vocabulary vocabulary = io::read_vocabulary(vocabulary_file);
   // Blank lines of a file are not documents; a document without a single word gets no score.
@@ -210,7 +211,7 @@ int predict_command(const std::vector<std::string>& args) {
   const std::vector<float> probabilities = predict_rows(model, tokens, maxlen, o.batch_size);
   for (size_t i = 0; i < documents.size(); ++i) {
     if (!has_words[i]) {
-      std::printf("-\t%s(no words to score)\n", excerpt(documents[i]).c_str());
+      std::printf("-\t%s (no words to score)\n", excerpt(documents[i]).c_str());
       continue;
     }
     std::printf("%.4f\t%s\n", static_cast<double>(probabilities[i]), excerpt(documents[i]).c_str());

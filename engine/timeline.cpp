@@ -40,11 +40,6 @@ class Recorder {
     rank_ = rank;
     origin_ = Clock::now();
     part_path_ = path + ".rank" + std::to_string(rank) + ".part";
-    // The trace goes into the run directory, which may not exist yet on this node.
-    if (const std::filesystem::path folder = std::filesystem::path(path).parent_path(); !folder.empty()) {
-      std::error_code ignored;  // a folder that cannot be made shows as the fopen failure below
-      std::filesystem::create_directories(folder, ignored);
-    }
     part_ = std::fopen(part_path_.c_str(), "w");
     if (part_ == nullptr) throw UserError("log.timeline = " + path + ": cannot write " + part_path_);
     std::fprintf(part_,

@@ -152,6 +152,7 @@ class TrainingRun {
     }
     result.stopped_by_signal = stop_signal_.stopped();
     result.stop_signal = stop_signal_.signal_name();
+    result.run_id = run_record_.run_id;
     result.epochs_done = progress_.epoch;
     result.steps_done_in_epoch = progress_.step_in_epoch;
     return result;
@@ -313,8 +314,8 @@ class TrainingRun {
           files_.last().c_str(), run_record_.run_id.c_str(), static_cast<long long>(progress_.epoch),
           config_.train.epochs);
     } else if (resumed_) {
-      std::printf("resumed run %s from %s: %lld epochs and %lld steps done\n", run_record_.run_id.c_str(),
-                  files_.last().c_str(), static_cast<long long>(progress_.epoch),
+      std::printf("resumed from %s (run %s): %lld epochs and %lld steps done\n", files_.last().c_str(),
+                  run_record_.run_id.c_str(), static_cast<long long>(progress_.epoch),
                   static_cast<long long>(progress_.step_in_epoch));
     } else {
       std::printf("run %s in %s\n", run_record_.run_id.c_str(), files_.dir.string().c_str());

@@ -33,6 +33,7 @@ namespace ddp::engine {
 struct TrainResult {
   std::vector<EpochMetrics> history;  // the epochs this invocation trained (empty on a parameter server)
   std::vector<float> params;          // the final parameters (identical on every rank)
+  std::string run_id;                 // on the first training rank (engine/run_directory.h)
   bool stopped_by_signal = false;     // a training rank got a stop signal; last.h5 holds the progress
   std::string stop_signal;            // which one ("SIGINT", "SIGTERM", ...), agreed by the training ranks
   int64_t epochs_done = 0;            // where the run stands at the end (last.h5 holds the same on a stop)

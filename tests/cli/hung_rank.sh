@@ -24,13 +24,17 @@ cat frozen-err.txt
 grep -q "no progress for .* (comm.timeout_s 3) while reading data.path frozen.h5: a rank is hung" \
   frozen-err.txt || { echo "FAIL: no message names the phase"; exit 1; }
 
-# Rank 0 blocks appending its first epoch to metrics.jsonl. One rank only: with two, the other rank's
-# watchdog (waiting in the next collective) may end the job before rank 0's prints.
-mkdir frozen-dir
+# Rank 0 blocks appending its second epoch to metrics.jsonl, a FIFO nobody reads, in a run it resumes. One
+# rank only: with two, the other rank's watchdog (waiting in the next collective) may end the job before rank
+# 0's prints.
+frozen_run=(mpirun -np 1 "$ddptrain" --data.path data.h5 --checkpoint.dir frozen-dir --comm.backend mpi
+  --comm.timeout_s 3 --model.embedding_dim 16 --model.hidden 16)
+timeout 60 "${frozen_run[@]}" --train.epochs 1 >frozen-out.txt 2>frozen-err.txt ||
+  { echo "FAIL: the first epoch did not run"; cat frozen-out.txt frozen-err.txt; exit 1; }
+rm frozen-dir/metrics.jsonl
 mkfifo frozen-dir/metrics.jsonl
 status=0
-timeout 60 mpirun -np 1 "$ddptrain" --data.path data.h5 --checkpoint.dir frozen-dir --comm.backend mpi \
-  --comm.timeout_s 3 --model.embedding_dim 16 --model.hidden 16 >frozen-out.txt 2>frozen-err.txt || status=$?
+timeout 60 "${frozen_run[@]}" --train.epochs 2 --resume >frozen-out.txt 2>frozen-err.txt || status=$?
 cat frozen-err.txt
 [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: exit status $status"; exit 1; }
 grep -q "(comm.timeout_s 3) while writing to checkpoint.dir frozen-dir (steps done: [0-9]*): a rank is hung" \

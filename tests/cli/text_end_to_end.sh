@@ -78,6 +78,14 @@ printf 'excellent superb\nterrible dull\n' >docs.txt
 "$ddptrain" predict -c run/best.h5 -d data.h5 --device "$device" --input - <docs.txt >stdin.txt 2>&1 ||
   fail "predict --input - failed" stdin.txt
 [ "$(cut -f2 stdin.txt | tr '\n' '|')" = "excellent superb|terrible dull|" ] || fail "predict --input -" stdin.txt
+# The checkpoint carries the vocabulary: the dataset is not needed. Blank lines are not documents, and a
+# document without words gets no score.
+printf 'excellent superb\n\n   \nterrible dull\n?!\n' >docs_with_blanks.txt
+"$ddptrain" predict -c run/best.h5 --device "$device" --input docs_with_blanks.txt >alone.txt 2>&1 ||
+  fail "predict with only the checkpoint failed" alone.txt
+[ "$(head -2 alone.txt)" = "$(cat stdin.txt)" ] || fail "predict without --data scores differently" alone.txt stdin.txt
+[ "$(wc -l <alone.txt)" -eq 3 ] && grep -qP '^-\t\?! \(no words to score\)$' alone.txt ||
+  fail "blank lines or a document without words" alone.txt
 
 "$ddptrain" evaluate --checkpoint run/best.h5 --data data.h5 --device "$device" >evaluate.txt 2>&1 ||
   fail "evaluate failed" evaluate.txt
@@ -113,7 +121,9 @@ expect_user_error "predict without documents" "--text" predict --checkpoint run/
 expect_user_error "predict with --text and --input" "--input" predict -c run/best.h5 -d data.h5 --text a --input docs.txt
 vocab_size=$(grep -oP 'vocab_size \K\d+' prepare.txt)
 "$ddptrain" prepare synthetic --output plain.h5 --train 40 --test 8 --vocab "$vocab_size" --maxlen 24 >/dev/null
-expect_user_error "dataset without /vocab" "plain.h5 has no /vocab" predict -c run/best.h5 -d plain.h5 --text great
+"$ddptrain" --data.path plain.h5 --checkpoint.dir plain-run --model.embedding_dim 16 --model.hidden 16 \
+  --train.epochs 1 >plain-train.txt 2>&1 || fail "training on plain.h5 failed" plain-train.txt
+expect_user_error "a checkpoint without a vocabulary" "--data" predict -c plain-run/best.h5 --text great
 expect_user_error "missing --input file" "absent.txt" predict -c run/best.h5 -d data.h5 --input absent.txt
 "$ddptrain" prepare text --input corpus --output other.h5 --vocab 10 --maxlen 24 >/dev/null
 expect_user_error "dataset of another vocabulary" "vocab_size" predict -c run/best.h5 -d other.h5 --text a

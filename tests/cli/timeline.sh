@@ -50,13 +50,14 @@ PY
 
 mpirun -np 2 "$ddptrain" "${common[@]}" --comm.backend mpi --checkpoint.dir ar --log.timeline ar.json >ar.txt 2>&1 ||
   { echo "FAIL: all-reduce run"; cat ar.txt; exit 1; }
-check ar.json 2 "data wait" "HDF5 read" forward backward "all-reduce bucket" "reduction wait" optimizer \
+check ar/ar.json 2 "data wait" "HDF5 read" forward backward "all-reduce bucket" "reduction wait" optimizer \
   evaluation checkpoint step
-ls ./*.part 2>/dev/null && { echo "FAIL: part files left behind"; exit 1; }
+ls ./*.part ar/*.part 2>/dev/null && { echo "FAIL: part files left behind"; exit 1; }
+[ ! -e ar.json ] || { echo "FAIL: a relative log.timeline went outside checkpoint.dir"; exit 1; }
 
 mpirun -np 3 "$ddptrain" "${common[@]}" --comm.backend ps --checkpoint.dir ps --log.timeline ps.json >ps.txt 2>&1 ||
   { echo "FAIL: parameter-server run"; cat ps.txt; exit 1; }
-check ps.json 3 "data wait" "HDF5 read" forward backward "push/pull" evaluation checkpoint step
+check ps/ps.json 3 "data wait" "HDF5 read" forward backward "push/pull" evaluation checkpoint step
 
 # A path that cannot be written is refused before training, on every rank, with exit 2.
 status=0

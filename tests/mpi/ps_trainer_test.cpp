@@ -71,6 +71,8 @@ class PsTrainerTest : public ::testing::Test {
         {"--train.batch_size", "10"},
         {"--train.epochs", "2"},
         {"--log.progress", "lines"},
+        // Epochs judged on /test, so every step count below is a share of the whole /train.
+        {"--data.validation", "test"},
         {"--comm.ps_servers", std::to_string(servers())}};
     std::vector<std::string> args = extra;
     for (const auto& [key, value] : defaults) {

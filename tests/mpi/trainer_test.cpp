@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,10 +11,13 @@
 #include "comm/communicator.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "engine/errors.h"
 #include "engine/topology.h"
 #include "engine/trainer.h"
+#include "io/batch_source.h"
 #include "io/dataset.h"
 #include "io/synthetic.h"
+#include "models/replica.h"
 #include "tests/mpi/mpi_test_util.h"
 
 namespace ddp {
@@ -22,6 +26,19 @@ namespace {
 using ddp::testing::SharedDir;
 using ddp::testing::world_rank;
 using ddp::testing::world_size;
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+double number_after(const std::string& line, const std::string& key) {
+  const std::size_t at = line.find(key);
+  if (at == std::string::npos) return -1;
+  return std::strtod(line.c_str() + at + key.size(), nullptr);
+}
 
 class TrainerTest : public ::testing::Test {
  protected:
@@ -36,15 +53,21 @@ class TrainerTest : public ::testing::Test {
 
   // The all-reduce trainer (comm.backend = auto would pick the parameter server on CPU ranks: those runs are
   // tested in ps_trainer_test.cpp).
+  // `extra` (--key value ..., or a lone --resume) adds or overrides keys.
   engine::TrainResult run(const std::string& run_dir, std::vector<std::string> extra) {
-    std::vector<std::string> args{"--data.path",           data_path_, "--checkpoint.dir", run_dir,
-                                  "--model.embedding_dim", "8",        "--model.hidden",   "8",
-                                  "--train.batch_size",    "10",       "--train.epochs",   "2",
-                                  "--log.progress",        "lines",    "--comm.backend",   "mpi"};
-    args.insert(args.end(), extra.begin(), extra.end());
+    const std::vector<std::pair<std::string, std::string>> defaults{
+        {"--data.path", data_path_}, {"--checkpoint.dir", run_dir}, {"--model.embedding_dim", "8"},
+        {"--model.hidden", "8"},     {"--train.batch_size", "10"},  {"--train.epochs", "2"},
+        {"--log.progress", "lines"}, {"--comm.backend", "mpi"}};
+    std::vector<std::string> args = extra;
+    for (const auto& [key, value] : defaults) {
+      if (std::find(extra.begin(), extra.end(), key) == extra.end()) args.insert(args.end(), {key, value});
+    }
     const engine::Config config = engine::parse_config(args).config;
+    const io::DatasetInfo data =
+        io::inspect_dataset(args[std::find(args.begin(), args.end(), "--data.path") - args.begin() + 1]);
     engine::ProgressWatchdog watchdog(config.comm.timeout_s);
-    return engine::train(config, topology_, data_, MPI_COMM_WORLD, watchdog);
+    return engine::train(config, topology_, data, MPI_COMM_WORLD, watchdog);
   }
 
   bool identical_on_all_ranks(const std::vector<float>& params) {
@@ -68,17 +91,16 @@ TEST_F(TrainerTest, ReplicasEndIdenticalAndMetricsAreWritten) {
   ASSERT_EQ(result.history.size(), 2u);
   EXPECT_TRUE(identical_on_all_ranks(result.params));
   EXPECT_EQ(result.history[0].world_size, comm_->size());
-  EXPECT_EQ(result.history[0].steps, 600 / comm_->size() / 10);
+  // data.validation = auto on a file without /val holds out the last 10% of /train.
+  EXPECT_EQ(result.history[0].steps, 540 / comm_->size() / 10);
   EXPECT_GT(result.history[1].val_acc, 0.0);
   if (comm_->rank() == 0) {
-    std::ifstream metrics(dir_.file("run/metrics.jsonl"));
-    std::string line;
-    int lines = 0;
-    while (std::getline(metrics, line)) {
-      ++lines;
-      EXPECT_NE(line.find("\"val_acc\""), std::string::npos);
-    }
-    EXPECT_EQ(lines, 2);
+    const std::vector<std::string> lines = read_lines(dir_.file("run/metrics.jsonl"));
+    ASSERT_EQ(lines.size(), 3u);  // two epochs, then the test score
+    const std::string run_id = "\"run_id\": \"" + result.run_id + "\"";
+    for (const std::string& line : lines) EXPECT_NE(line.find(run_id), std::string::npos) << line;
+    EXPECT_NE(lines[0].find("\"val_acc\""), std::string::npos);
+    EXPECT_NE(lines[2].find("\"event\": \"test\""), std::string::npos);
     EXPECT_TRUE(std::filesystem::exists(dir_.file("run/last.h5")));
     EXPECT_TRUE(std::filesystem::exists(dir_.file("run/best.h5")));
     EXPECT_TRUE(std::filesystem::exists(dir_.file("run/config.ini")));
@@ -103,6 +125,101 @@ TEST_F(TrainerTest, StoppedAndResumedEqualsUninterrupted) {
 
 TEST_F(TrainerTest, ResumeWithoutCheckpointIsAUserErrorOnEveryRank) {
   EXPECT_THROW(run(dir_.file("empty"), {"--resume"}), UserError);
+}
+
+// data.validation_split: epochs judged on the held-out rows, best.h5 chosen on them, and the test split
+// scored once at the end, on best.h5's model.
+TEST_F(TrainerTest, ValidationSplitChoosesBestOnValAndScoresTestOnce) {
+  const engine::TrainResult result =
+      run(dir_.file("val"), {"--data.validation", "split", "--data.validation_split", "0.2", "--train.epochs",
+                             "3", "--train.learning_rate", "0.02"});
+  ASSERT_EQ(result.history.size(), 3u);
+  EXPECT_EQ(result.history[0].steps, 480 / comm_->size() / 10);
+  if (comm_->rank() != 0) return;
+  int best_epoch = 1;
+  for (int e = 1; e <= 3; ++e) {
+    EXPECT_EQ(result.history[e - 1].held_out, "val");
+    if (result.history[e - 1].val_loss < result.history[best_epoch - 1].val_loss) best_epoch = e;
+  }
+  const engine::Checkpoint best = engine::read_checkpoint(dir_.file("val/best.h5"));
+  EXPECT_EQ(best.progress.epoch, best_epoch);
+
+  const std::vector<std::string> lines = read_lines(dir_.file("val/metrics.jsonl"));
+  ASSERT_EQ(lines.size(), 4u);
+  const std::string& test_line = lines.back();
+  ASSERT_NE(test_line.find("\"event\": \"test\""), std::string::npos) << test_line;
+  const double test_loss = number_after(test_line, "\"test_loss\": ");
+  // The same score from best.h5 on every /test row, computed here apart from the trainer.
+  std::unique_ptr<models::Replica> replica = models::make_cpu_replica(best.shape);
+  replica->copy_params_from_host(best.params);
+  io::BatchReaderOptions options;
+  options.path = data_path_;
+  options.split = "test";
+  options.shard = {0, data_.test_size};
+  options.batch_size = 32;
+  options.shuffle = false;
+  options.drop_last = false;
+  const std::unique_ptr<io::BatchSource> source = io::make_host_batch_source(options);
+  while (const std::optional<io::BatchRef> batch = source->next()) {
+    replica->evaluate({batch->tokens, batch->labels, batch->batch_size, batch->seq});
+  }
+  const models::BatchStats stats = replica->take_stats();
+  ASSERT_EQ(stats.count, data_.test_size);
+  EXPECT_NEAR(test_loss, stats.loss_sum / static_cast<double>(stats.count), 1e-5);
+  // The held-out rows are not the test rows: their numbers differ.
+  EXPECT_NE(result.history[best_epoch - 1].val_loss, test_loss);
+}
+
+TEST_F(TrainerTest, ANewRunRefusesAnotherRunsDirectoryUnlessToldToOverwrite) {
+  const engine::TrainResult first = run(dir_.file("used"), {"--train.epochs", "1"});
+  try {
+    run(dir_.file("used"), {"--train.epochs", "1"});
+    FAIL() << "a second run wrote over the first";
+  } catch (const UserError& e) {
+    for (const char* part : {"holds another run", "last.h5", "--resume", "--checkpoint.overwrite"}) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << part << " in " << e.what();
+    }
+  }
+  if (comm_->rank() == 0) {
+    EXPECT_EQ(read_lines(dir_.file("used/metrics.jsonl")).size(), 2u);
+  }
+  const engine::TrainResult second =
+      run(dir_.file("used"), {"--train.epochs", "1", "--checkpoint.overwrite", "true"});
+  if (comm_->rank() == 0) {
+    EXPECT_NE(second.run_id, first.run_id);
+    const std::vector<std::string> lines = read_lines(dir_.file("used/metrics.jsonl"));
+    ASSERT_EQ(lines.size(), 2u);
+    EXPECT_NE(lines[0].find(second.run_id), std::string::npos);
+  }
+}
+
+TEST_F(TrainerTest, ResumeRefusesOtherDataAndSaysWhenTheRunIsFinished) {
+  run(dir_.file("done"), {"--train.epochs", "1"});
+  // Resuming the finished run trains nothing and writes nothing.
+  const engine::TrainResult again = run(dir_.file("done"), {"--train.epochs", "1", "--resume", "auto"});
+  EXPECT_TRUE(again.history.empty());
+  if (comm_->rank() == 0) {
+    EXPECT_EQ(read_lines(dir_.file("done/metrics.jsonl")).size(), 2u);
+  }
+
+  // The same shapes, other rows.
+  const std::string other = dir_.file("other.h5");
+  ddp::testing::write_synthetic_on_rank0(
+      {.output = other, .train = 600, .test = 130, .vocab = 300, .maxlen = 16, .seed = 6});
+  auto run_on_other = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--data.path", other, "--resume", "auto"});
+    return run(dir_.file("done"), extra);
+  };
+  try {
+    run_on_other({});
+    FAIL() << "resumed on other data without a word";
+  } catch (const UserError& e) {
+    for (const char* part : {"was trained on", "other.h5", "checkpoint.allow_data_change"}) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << part << " in " << e.what();
+    }
+  }
+  const engine::TrainResult tuned = run_on_other({"--checkpoint.allow_data_change", "true"});
+  EXPECT_EQ(tuned.history.size(), 1u);  // epoch 2 of 2, on the other data
 }
 
 }  // namespace

@@ -222,7 +222,7 @@ TEST(Cli, AutoUnderMpirunPicksTheParameterServerAndSaysWhy) {
             std::string::npos)
       << o.out;
   EXPECT_NE(o.out.find("Epoch 1/1"), std::string::npos) << o.out;
-  const Outcome alone = run_ddptrain(dir, train_args(dir, data));
+  const Outcome alone = run_ddptrain(dir, train_args(dir, data) + " --checkpoint.overwrite true");
   EXPECT_NE(alone.out.find("backend mpi: 0 of 1 ranks on GPUs, CPU all-reduce; a single rank trains alone"),
             std::string::npos)
       << alone.out;

@@ -545,6 +545,41 @@ TEST(Metrics, EpochLineAndJson) {
   }
 }
 
+TEST(Metrics, SayWhichRunWhenAndOnWhatRows) {
+  EpochMetrics m;
+  m.run_id = "20261123T204512Z-3f9a";
+  m.time = "2026-11-23T20:45:12Z";
+  m.epoch = 2;
+  m.epochs = 3;
+  m.steps = 300;
+  m.steps_run = 200;  // resumed at step 100
+  m.epoch_time_s = 7.0;
+  m.step_time_ms = 35.0;
+  m.held_out = "test";  // data.validation = test
+  const std::string line = format_epoch_line(m);
+  EXPECT_NE(line.find("300 steps (200 after resuming)"), std::string::npos) << line;
+  EXPECT_NE(line.find("test_loss: "), std::string::npos) << line;
+  EXPECT_EQ(line.find("val_"), std::string::npos) << line;
+  const std::string json = to_json(m);
+  for (const char* key : {"\"run_id\": \"20261123T204512Z-3f9a\"", "\"time\": \"2026-11-23T20:45:12Z\"",
+                          "\"steps_run\": 200", "\"test_loss\":", "\"test_acc\":"}) {
+    EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;
+  }
+  EXPECT_EQ(json.find("val_loss"), std::string::npos) << json;
+
+  TestMetrics t;
+  t.run_id = m.run_id;
+  t.best_epoch = 4;
+  t.test_loss = 0.35714;
+  t.test_acc = 0.84681;
+  t.samples = 25000;
+  EXPECT_EQ(format_test_line(t),
+            "Test (best.h5, epoch 4) - test_loss: 0.3571 - test_acc: 0.8468 (25000 samples)");
+  const std::string test_json = to_json(t);
+  EXPECT_NE(test_json.find("\"event\": \"test\""), std::string::npos) << test_json;
+  EXPECT_EQ(test_json.find("\"epoch\":"), std::string::npos) << "curves would take it for an epoch";
+}
+
 }  // namespace
 }  // namespace ddp::engine
 

@@ -196,6 +196,30 @@ TEST(LearningCurves, RepeatedEpochTakesTheLastLine) {
   EXPECT_NEAR(train[1].y, plot_area(svg, "loss").y, 0.01);  // epoch 2's 0.9 is now the highest loss
 }
 
+std::string run_line(const std::string& run_id, int64_t epoch, double loss, const std::string& held_out) {
+  EpochMetrics m;
+  m.run_id = run_id;
+  m.epoch = epoch;
+  m.loss = loss;
+  m.val_loss = loss + 0.1;
+  m.held_out = held_out;
+  return to_json(m);
+}
+
+TEST(LearningCurves, OnlyTheLastRunsLinesCount) {
+  TempDir dir;
+  // Lines of run a (3 epochs), then of run b (2 epochs): the file describes b.
+  write_text(dir.file("metrics.jsonl"), run_line("a", 1, 0.9, "val") + "\n" + run_line("a", 2, 0.8, "val") +
+                                            "\n" + run_line("a", 3, 0.7, "val") + "\n" +
+                                            run_line("b", 1, 0.5, "test") + "\n" +
+                                            run_line("b", 2, 0.4, "test") + "\n");
+  const std::vector<EpochCurvePoint> points = read_learning_curves(dir.file("metrics.jsonl"));
+  ASSERT_EQ(points.size(), 2u);
+  EXPECT_DOUBLE_EQ(points[0].loss, 0.5);
+  EXPECT_DOUBLE_EQ(points[1].loss, 0.4);
+  EXPECT_DOUBLE_EQ(points[1].val_loss, 0.5);  // run b validated on /test: its test_loss is the held-out curve
+}
+
 TEST(LearningCurves, UnparsableLinesAreSkipped) {
   TempDir dir;
   std::string text = metrics_line(1, 0.7, 0.5, 0.7, 0.5) + "\n";
