@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# A run directory belongs to one run, and --resume checks what it resumes:
+#   - a second run into a used checkpoint.dir is refused (exit 2, one line naming the ways out), and
+#     replaces it only with --checkpoint.overwrite true; every metrics.jsonl line names its run
+#   - --resume auto with other data is refused (exit 2, one line) unless checkpoint.allow_data_change
+#   - --resume auto of a finished run says so, exits 0 and writes nothing
+#   - data.validation_split 0.1: epochs report val_*, best.h5 is the epoch of the lowest val_loss, and the
+#     test split is scored once at the end, on best.h5
+#   bash tests/cli/run_directory.sh path/to/ddptrain source-dir
+set -euo pipefail
+ddptrain=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OPENBLAS_NUM_THREADS=1
+cd "$work"
+
+fail() {
+  echo "FAIL: $1"
+  shift
+  for f in "$@"; do [ -f "$f" ] && cat "$f"; done
+  exit 1
+}
+expect_user_error() {  # what, text the line must hold, command...
+  local what=$1 mention=$2
+  shift 2
+  local status=0
+  "$@" >bad_out.txt 2>bad_err.txt || status=$?
+  [ "$status" -eq 2 ] || fail "$what: exit status $status, expected 2" bad_out.txt bad_err.txt
+  [ "$(wc -l <bad_err.txt)" -eq 1 ] || fail "$what: not one line on stderr" bad_err.txt
+  grep -qF -- "$mention" bad_err.txt || fail "$what: '$mention' not in the message" bad_err.txt
+}
+
+"$ddptrain" prepare synthetic --output data.h5 --train 1200 --test 300 --vocab 300 --maxlen 20 >/dev/null
+"$ddptrain" prepare synthetic --output other.h5 --train 1200 --test 300 --vocab 300 --maxlen 20 --seed 9 \
+  >/dev/null
+train=("$ddptrain" --checkpoint.dir run --model.embedding_dim 16 --model.hidden 16 --train.learning_rate 0.01
+  --log.progress lines)
+
+# 1. One run per directory.
+"${train[@]}" --data.path data.h5 --train.epochs 3 --data.validation_split 0.1 >first.txt 2>&1 || fail "first run" first.txt
+first_id=$(grep -oP '^run \K\S+' first.txt) || fail "no run id in the log" first.txt
+cp run/best.h5 best-before.h5
+expect_user_error "a second run into run/" "--checkpoint.overwrite true" "${train[@]}" --data.path data.h5 \
+  --train.epochs 3
+grep -qF "holds another run" bad_err.txt || fail "the refusal does not say why" bad_err.txt
+cmp -s run/best.h5 best-before.h5 || fail "the refused run changed best.h5"
+[ "$(grep -c "\"run_id\": \"$first_id\"" run/metrics.jsonl)" -eq 4 ] ||
+  fail "metrics.jsonl: 3 epochs and a test line of run $first_id expected" run/metrics.jsonl
+grep -q '"time": "20[0-9][0-9]-[01][0-9]-[0-3][0-9]T' run/metrics.jsonl || fail "no timestamps" run/metrics.jsonl
+
+# 2. The validation split: val_* per epoch, best.h5 on the lowest val_loss, test once at the end.
+grep -qF "train 1080, val 120 (the last rows of /train), test 300" first.txt || fail "the data plan" first.txt
+[ "$(grep -c ' - val_loss: ' first.txt)" -eq 3 ] || fail "epoch lines do not report val_loss" first.txt
+[ "$(grep -c '^Test (best.h5, epoch [1-3]) - test_loss: ' first.txt)" -eq 1 ] || fail "no single test line" first.txt
+best_epoch=$(grep '"epoch"' run/metrics.jsonl | sed -E 's/.*"epoch": ([0-9]+),.*"val_loss": ([0-9.]+).*/\2 \1/' |
+  sort -g | head -1 | cut -d' ' -f2)
+grep -qF "Test (best.h5, epoch $best_epoch)" first.txt || fail "best.h5 is not epoch $best_epoch" first.txt run/metrics.jsonl
+"$ddptrain" evaluate --checkpoint run/best.h5 --data data.h5 >evaluate.txt || fail "evaluate" evaluate.txt
+test_loss=$(grep -oP '"test_loss": \K[0-9.]+' run/metrics.jsonl)
+awk -v a="$test_loss" -v b="$(grep -oP 'loss \K[0-9.]+' evaluate.txt)" 'BEGIN { d = a - b; exit !(d < 1e-4 && d > -1e-4) }' ||
+  fail "the run's test_loss $test_loss is not evaluate's of best.h5" evaluate.txt
+
+# 3. Resume checks its data, and a finished run says so.
+expect_user_error "resume on other data" "checkpoint.allow_data_change" "${train[@]}" --data.path other.h5 --train.epochs 3 --resume auto
+grep -qF "was trained on data.h5" bad_err.txt || fail "the refusal does not name the checkpoint's data" bad_err.txt
+"${train[@]}" --data.path data.h5 --train.epochs 3 --resume auto >again.txt 2>&1 || fail "resume of a finished run" again.txt
+grep -qF "already finished its 3 epochs" again.txt || fail "a finished run is not said to be finished" again.txt
+grep -q "^Epoch" again.txt && fail "a finished run trained again" again.txt
+[ "$(wc -l <run/metrics.jsonl)" -eq 4 ] || fail "a finished run wrote metrics" run/metrics.jsonl
+"${train[@]}" --train.epochs 4 --data.path other.h5 --resume auto --checkpoint.allow_data_change true >tune.txt 2>&1 || fail "allowed data change" tune.txt
+grep -q "^Epoch 4/4" tune.txt || fail "the allowed data change did not train epoch 4" tune.txt
+
+# 4. Overwrite replaces the old run: a new id, only its own lines.
+"${train[@]}" --data.path data.h5 --checkpoint.overwrite true --train.epochs 1 >new.txt 2>&1 || fail "overwrite" new.txt
+new_id=$(grep -oP '^run \K\S+' new.txt)
+[ "$new_id" != "$first_id" ] || fail "the new run kept the old id"
+[ "$(grep -c "\"run_id\": \"$new_id\"" run/metrics.jsonl)" -eq "$(wc -l <run/metrics.jsonl)" ] ||
+  fail "metrics.jsonl mixes runs" run/metrics.jsonl
+echo "PASS: one run per directory, resume checks its data, best.h5 on val (epoch $best_epoch), test once"
