@@ -26,21 +26,6 @@ constexpr int kMaxVocab = 10'000'000;  // the filler table takes 8 bytes a word
 constexpr int64_t kMaxBlockRows = 65536;
 constexpr int64_t kMaxBlockElements = int64_t{1} << 24;  // 64 MiB of tokens per block at most
 
-// Independent generator streams of one seed (splitmix64 of seed and stream number).
-uint64_t stream_seed(uint64_t seed, uint64_t stream) {
-  return mix64(mix64(seed + 0x9E3779B97F4A7C15ULL) ^ stream);
-}
-
-// Uniform in [0, n), n > 0, by rejection: the same numbers with every standard library, unlike
-// std::uniform_int_distribution whose algorithm is unspecified.
-uint64_t uniform_below(std::mt19937_64& rng, uint64_t n) {
-  const uint64_t threshold = (0 - n) % n;  // 2^64 mod n: values below it would favour small results
-  for (;;) {
-    const uint64_t r = rng();
-    if (r >= threshold) return r % n;
-  }
-}
-
 int uniform_between(std::mt19937_64& rng, int low, int high) {  // inclusive
   return low + static_cast<int>(uniform_below(rng, static_cast<uint64_t>(high - low) + 1));
 }
