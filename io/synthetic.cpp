@@ -150,6 +150,7 @@ void validate(const SyntheticOptions& o) {
     throw UserError("--vocab " + std::to_string(o.vocab) + " is too large: at most " +
                     std::to_string(kMaxVocab));
   }
+  val_rows_of("prepare synthetic", o.val_fraction, o.train);
   const WordClasses words = word_classes(o.vocab);
   const int64_t needed = int64_t{words.filler_begin} + kMinFillerWords;
   if (o.vocab < needed) {
@@ -177,9 +178,12 @@ void write_split(DatasetWriter& writer, const std::string& split, int64_t rows, 
 void write_synthetic(const SyntheticOptions& o) {
   validate(o);
   const WordClasses words = word_classes(o.vocab);
-  DatasetWriter writer(o.output, o.vocab, o.maxlen, o.train, o.test);
-  writer.write_attribute("generator", "synthetic-v2 seed=" + std::to_string(o.seed));
+  const int64_t val_rows = val_rows_of("prepare synthetic", o.val_fraction, o.train);
+  DatasetWriter writer(o.output, o.vocab, o.maxlen, o.train, o.test, val_rows);
+  writer.write_attribute("generator", "synthetic-v2 seed=" + std::to_string(o.seed) +
+                                          (val_rows > 0 ? " val_rows=" + std::to_string(val_rows) : ""));
   const ZipfTable fillers(words.vocab - words.filler_begin);
+  // The writer sends the last val_rows of these to /val.
   ReviewGenerator train(words, fillers, o.maxlen, stream_seed(o.seed, 1));
   write_split(writer, "train", o.train, o.maxlen, train);
   ReviewGenerator test(words, fillers, o.maxlen, stream_seed(o.seed, 2));
