@@ -8,6 +8,7 @@
 #include "engine/commands.h"
 #include "engine/errors.h"
 #include "engine/metrics.h"
+#include "io/dataset_writer.h"
 #include "io/imdb_npz.h"
 #include "io/synthetic.h"
 #include "io/text_corpus.h"
@@ -16,6 +17,8 @@ namespace po = boost::program_options;
 
 namespace ddp::engine {
 namespace {
+
+const char* kValFractionHelp = "share of the training rows that go to /val instead of /train, in [0, 1)";
 
 void require_positive(int value, const char* option, const std::string& command) {
   if (value < 1) throw UserError(command + ": " + option + " must be positive, got " + std::to_string(value));
@@ -30,15 +33,18 @@ int prepare_synthetic(const std::vector<std::string>& args) {
       "test", po::value(&o.test)->default_value(o.test), "test samples")(
       "vocab", po::value(&o.vocab)->default_value(o.vocab), "vocabulary size (token ids < vocab)")(
       "maxlen", po::value(&o.maxlen)->default_value(o.maxlen), "tokens per sample")(
-      "seed", po::value(&o.seed)->default_value(o.seed), "random seed");
+      "seed", po::value(&o.seed)->default_value(o.seed), "random seed")(
+      "val-fraction", po::value(&o.val_fraction)->default_value(o.val_fraction, "0"), kValFractionHelp);
   if (!parse_subcommand(args, desc, "prepare synthetic",
                         "ddptrain prepare synthetic --output FILE [options]"))
     return kExitOk;
   if (o.train < 1 || o.test < 1) throw UserError("prepare synthetic: --train and --test must be positive");
+  const int64_t val_rows = io::val_rows_of("prepare synthetic", o.val_fraction, o.train);
   io::write_synthetic(o);
-  std::printf("wrote %s: %lld train and %lld test samples, vocab %d, maxlen %d, seed %llu\n",
-              o.output.c_str(), static_cast<long long>(o.train), static_cast<long long>(o.test), o.vocab,
-              o.maxlen, static_cast<unsigned long long>(o.seed));
+  const std::string val_text = val_rows > 0 ? ", " + std::to_string(val_rows) + " val" : "";
+  std::printf("wrote %s: %lld train%s and %lld test samples, vocab %d, maxlen %d, seed %llu\n",
+              o.output.c_str(), static_cast<long long>(o.train - val_rows), val_text.c_str(),
+              static_cast<long long>(o.test), o.vocab, o.maxlen, static_cast<unsigned long long>(o.seed));
   return kExitOk;
 }
 
@@ -51,7 +57,8 @@ int prepare_imdb_npz(const std::vector<std::string>& args) {
       "vocab", po::value(&o.vocab)->default_value(o.vocab),
       "keep the most frequent words: ids >= vocab become 2 (load_data's num_words)")(
       "maxlen", po::value(&o.maxlen)->default_value(o.maxlen), "tokens per sample (pad_sequences' maxlen)")(
-      "seed", po::value(&o.seed)->default_value(o.seed), "load_data's shuffle seed");
+      "seed", po::value(&o.seed)->default_value(o.seed), "load_data's shuffle seed")(
+      "val-fraction", po::value(&o.val_fraction)->default_value(o.val_fraction, "0"), kValFractionHelp);
   if (!parse_subcommand(args, desc, "prepare imdb-npz",
                         "ddptrain prepare imdb-npz --input imdb.npz --output imdb.h5 [options]"))
     return kExitOk;
@@ -72,6 +79,8 @@ int prepare_text(const std::vector<std::string>& args) {
       "vocabulary size: the vocab - 3 most frequent training words get ids 3..")(
       "maxlen", po::value(&o.maxlen)->default_value(o.maxlen), "tokens per sample")(
       "threads", po::value(&o.threads)->default_value(o.threads), "reader threads (0: every core)")(
+      "seed", po::value(&o.seed)->default_value(o.seed), "seed of the random row order of each split")(
+      "val-fraction", po::value(&o.val_fraction)->default_value(o.val_fraction, "0"), kValFractionHelp)(
       "progress", po::value(&progress)->default_value(progress), "auto (bar on a terminal) | bar | none");
   if (!parse_subcommand(args, desc, "prepare text",
                         "ddptrain prepare text --input DIR --output FILE [options]"))
@@ -92,7 +101,8 @@ int prepare_command(const std::vector<std::string>& args) {
   static const char* kUsage =
       "Usage: ddptrain prepare synthetic --output FILE [--train N --test M --vocab V --maxlen T --seed S]\n"
       "       ddptrain prepare imdb-npz --input imdb.npz --output FILE [--vocab V --maxlen T]\n"
-      "       ddptrain prepare text --input DIR --output FILE [--vocab V --maxlen T --threads N]\n"
+      "       ddptrain prepare text --input DIR --output FILE [--vocab V --maxlen T --threads N --seed S]\n"
+      "Every KIND takes --val-fraction F: the last round(F * rows) training rows go to /val.\n"
       "Each KIND takes --help.\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::printf("%s", kUsage);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <thread>
 
@@ -132,6 +133,7 @@ class TrainingRun {
     updater_->distribute_start(host_params_);
     watchdog_.enter("gathering the start-up log");
     log_start();
+    log_class_balance();
     start_gpu_monitor();
 
     TrainResult result;
@@ -283,6 +285,45 @@ class TrainingRun {
 
   void pause_where_the_exchange_has_deadlines() {
     if (exchange_has_deadlines_) watchdog_.pause();
+  }
+
+  // Collective over the training ranks: the training rows' class balance, and each rank whose shard differs
+  // from it by more than kBalanceTolerance in some class (a file whose rows follow their labels).
+  void log_class_balance() {
+    constexpr double kBalanceTolerance = 0.05;
+    std::vector<int64_t> mine = io::label_counts(data_, "train", plan_.train.begin, plan_.train.end);
+    std::vector<double> all(256, 0.0);  // labels are uint8
+    for (std::size_t label = 0; label < mine.size() && label < all.size(); ++label)
+      all[label] = static_cast<double>(mine[label]);
+    comm_.sum(all);
+    const double total = std::accumulate(all.begin(), all.end(), 0.0);
+    const double rows = static_cast<double>(plan_.train.size());
+    double worst = 0;
+    for (std::size_t label = 0; label < mine.size() && total > 0 && rows > 0; ++label) {
+      worst = std::max(worst, std::abs(static_cast<double>(mine[label]) / rows - all[label] / total));
+    }
+    const std::string line = worst > kBalanceTolerance ? "rank " + std::to_string(comm_.rank()) +
+                                                             "'s shard: " + io::class_balance_text(mine)
+                                                       : "";
+    const std::vector<std::string> lines = comm_.gather(line, 0);
+    if (!is_root()) return;
+    std::size_t labels = 2;
+    for (std::size_t label = 0; label < all.size(); ++label) {
+      if (all[label] > 0) labels = std::max(labels, label + 1);
+    }
+    const std::vector<int64_t> counts(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(labels));
+    std::printf("classes of the training rows: %s\n", io::class_balance_text(counts).c_str());
+    int differing = 0;
+    for (const std::string& l : lines) {
+      if (l.empty()) continue;
+      if (differing++ == 0)
+        std::printf(
+            "note: some shards' classes differ from the training rows' by more than %.0f points (a "
+            "file in label order? `ddptrain prepare` writes rows in random order):\n",
+            100 * kBalanceTolerance);
+      std::printf("  %s\n", l.c_str());
+    }
+    std::fflush(stdout);
   }
 
   void log_start() {

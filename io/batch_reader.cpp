@@ -32,7 +32,7 @@ uint64_t checked_shard_size(const BatchReaderOptions& o) {
 }
 
 void validate(const BatchReaderOptions& o) {
-  if (o.split != "train" && o.split != "test") {
+  if (o.split != "train" && o.split != "test" && o.split != "val") {
     throw std::invalid_argument("BatchReader: unknown split " + o.split);
   }
   if (o.batch_size < 1) throw std::invalid_argument("BatchReader: batch_size must be at least 1");

@@ -47,7 +47,7 @@ struct Batch {
 
 struct BatchReaderOptions {
   std::string path;
-  std::string split = "train";  // "train" or "test"
+  std::string split = "train";  // "train", "test" or "val"
   Shard shard;
   int batch_size = 32;
   bool shuffle = true;       // false: rows in file order

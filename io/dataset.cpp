@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <stdexcept>
 #include <vector>
 
@@ -15,6 +16,8 @@ namespace {
 // Rows per validation read: at most 4096, fewer for very long rows so the buffer stays near 16 MiB.
 constexpr int64_t kMaxValidateRows = 4096;
 constexpr int64_t kMaxValidateElements = int64_t{1} << 22;
+// Labels per read in label_counts: 1 MiB.
+constexpr int64_t kLabelChunkRows = int64_t{1} << 20;
 
 // "int32", "uint8", "float64", "string", ... for messages about a wrong element type.
 std::string describe_type(hid_t type) {
@@ -121,6 +124,22 @@ void select_rows(hid_t space, int64_t first, int64_t count, int64_t columns) {
   check_h5(H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, one, block), "H5Sselect_hyperslab");
 }
 
+// The rows of `split` in `info`; std::invalid_argument for an unknown split or rows outside it (a caller's
+// bug: the rows come from shard_of over the sizes inspect_dataset reported).
+int64_t checked_rows(const char* function, const DatasetInfo& info, const std::string& split, int64_t begin,
+                     int64_t end) {
+  if (split != "train" && split != "test" && split != "val") {
+    throw std::invalid_argument(std::string(function) + ": unknown split " + split);
+  }
+  const int64_t rows = split == "train" ? info.train_size : split == "test" ? info.test_size : info.val_size;
+  if (begin < 0 || begin > end || end > rows) {
+    throw std::invalid_argument(std::string(function) + ": rows [" + std::to_string(begin) + ", " +
+                                std::to_string(end) + ") outside " + split + " of " + std::to_string(rows) +
+                                " rows");
+  }
+  return rows;
+}
+
 }  // namespace
 
 DatasetInfo inspect_dataset(const std::string& path) {
@@ -132,14 +151,19 @@ DatasetInfo inspect_dataset(const std::string& path) {
   }
   const SplitShape train = check_split(file.get(), path, "train");
   const SplitShape test = check_split(file.get(), path, "test");
+  // /val is optional, but once there it must have the schema of /train.
+  const bool has_val = link_exists(file.get(), "/val");
+  const SplitShape val = has_val ? check_split(file.get(), path, "val") : SplitShape{0, train.columns};
 
   DatasetInfo info;
   info.path = path;
   info.train_size = train.rows;
   info.test_size = test.rows;
+  info.val_size = val.rows;
   info.vocab_size = positive_int_attribute(file.get(), path, "vocab_size");
   info.maxlen = positive_int_attribute(file.get(), path, "maxlen");
-  for (const auto& [name, shape] : {std::pair{"/train/x", train}, std::pair{"/test/x", test}}) {
+  for (const auto& [name, shape] :
+       {std::pair{"/train/x", train}, std::pair{"/test/x", test}, std::pair{"/val/x", val}}) {
     if (shape.columns != info.maxlen) {
       throw UserError(path + ": dataset " + name + " has " + std::to_string(shape.columns) +
                       " columns but attribute maxlen = " + std::to_string(info.maxlen));
@@ -150,14 +174,7 @@ DatasetInfo inspect_dataset(const std::string& path) {
 }
 
 void validate_rows(const DatasetInfo& info, const std::string& split, int64_t begin, int64_t end) {
-  if (split != "train" && split != "test") {
-    throw std::invalid_argument("validate_rows: unknown split " + split);
-  }
-  const int64_t rows = split == "train" ? info.train_size : info.test_size;
-  if (begin < 0 || begin > end || end > rows) {
-    throw std::invalid_argument("validate_rows: rows [" + std::to_string(begin) + ", " + std::to_string(end) +
-                                ") outside " + split + " of " + std::to_string(rows) + " rows");
-  }
+  checked_rows("validate_rows", info, split, begin, end);
   const std::string x_name = "/" + split + "/x";
   const std::string y_name = "/" + split + "/y";
   const int64_t columns = info.maxlen;
@@ -213,6 +230,57 @@ void validate_rows(const DatasetInfo& info, const std::string& split, int64_t be
       }
     }
   }
+}
+
+std::vector<int64_t> label_counts(const DatasetInfo& info, const std::string& split, int64_t begin,
+                                  int64_t end) {
+  checked_rows("label_counts", info, split, begin, end);
+  const std::string y_name = "/" + split + "/y";
+  std::vector<int64_t> counts(2, 0);
+  if (begin == end) return counts;
+  Hid file;
+  Hid y;
+  Hid y_space;
+  {
+    std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+    file = open_file_readonly(info.path);
+    y = open_dataset(file.get(), info.path, y_name);
+    y_space = Hid(check_h5_id(H5Dget_space(y.get()), "H5Dget_space"), Hid::Kind::kDataspace);
+  }
+  std::vector<uint8_t> labels(static_cast<size_t>(std::min(kLabelChunkRows, end - begin)));
+  for (int64_t first = begin; first < end; first += kLabelChunkRows) {
+    const int64_t count = std::min(kLabelChunkRows, end - first);
+    {
+      // Per chunk, as in validate_rows: a reader's prefetch thread may be waiting for HDF5.
+      std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+      const hsize_t memory_dims[1] = {static_cast<hsize_t>(count)};
+      Hid y_memory(check_h5_id(H5Screate_simple(1, memory_dims, nullptr), "H5Screate_simple"),
+                   Hid::Kind::kDataspace);
+      select_rows(y_space.get(), first, count, 1);
+      check_h5(H5Dread(y.get(), H5T_NATIVE_UINT8, y_memory.get(), y_space.get(), H5P_DEFAULT, labels.data()),
+               ("H5Dread " + info.path + " " + y_name).c_str());
+    }
+    for (int64_t r = 0; r < count; ++r) {
+      const uint8_t label = labels[static_cast<size_t>(r)];
+      if (label >= counts.size()) counts.resize(size_t{label} + 1, 0);
+      ++counts[label];
+    }
+  }
+  return counts;
+}
+
+std::string class_balance_text(const std::vector<int64_t>& counts) {
+  int64_t total = 0;
+  for (const int64_t n : counts) total += n;
+  if (total == 0) return "no rows";
+  std::string text;
+  for (size_t label = 0; label < counts.size(); ++label) {
+    char part[48];
+    std::snprintf(part, sizeof(part), "%s%.1f%% %zu", label > 0 ? ", " : "",
+                  100.0 * static_cast<double>(counts[label]) / static_cast<double>(total), label);
+    text += part;
+  }
+  return text;
 }
 
 Shard shard_of(int64_t n, int rank, int world, bool cover_all) {

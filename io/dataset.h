@@ -4,14 +4,19 @@
 //   /train/y   uint8 [N]           labels 0 or 1
 //   /test/x    int32 [M, maxlen]
 //   /test/y    uint8 [M]
+//   /val/x     int32 [V, maxlen]   optional, validation rows held out of training
+//   /val/y     uint8 [V]           (`ddptrain prepare --val-fraction F`: the last round(F * rows) of /train)
 //   attributes on the root group: vocab_size (int, token ids are < vocab_size), maxlen (int)
 //   /vocab     optional variable-length UTF-8 strings, /vocab[i] is the word of id i
 //
-// The model takes vocab_size and maxlen from the file, so one config serves any dataset.
+// The model takes vocab_size and maxlen from the file, so one config serves any dataset. Every `ddptrain
+// prepare` writes the rows of each split in a seeded random order, so a contiguous shard (shard_of) is a
+// random sample of its split, with about the file's class balance.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ddp::io {
 
@@ -19,19 +24,28 @@ struct DatasetInfo {
   std::string path;
   int64_t train_size = 0;
   int64_t test_size = 0;
-  int64_t val_size = 0;  // 0 when the file has no /val
+  int64_t val_size = 0;  // 0: the file has no /val
   int vocab_size = 0;
   int maxlen = 0;
   bool has_vocab = false;
 };
 
 // Opens the file and checks the schema: datasets present, ranks, element types, matching lengths,
-// attributes. Throws UserError naming the file and the dataset or attribute that is wrong.
+// attributes; /val's too when the file has one. Throws UserError naming the file and the dataset or
+// attribute that is wrong.
 DatasetInfo inspect_dataset(const std::string& path);
 
-// Reads rows [begin, end) of split ("train" or "test") in bounded chunks and checks 0 <= token < vocab_size
-// and labels in {0, 1}. Throws UserError naming file, dataset, row and value of the first bad entry.
+// Reads rows [begin, end) of split ("train", "test" or "val") in bounded chunks and checks 0 <= token <
+// vocab_size and labels in {0, 1}. Throws UserError naming file, dataset, row and value of the first bad
+// entry.
 void validate_rows(const DatasetInfo& info, const std::string& split, int64_t begin, int64_t end);
+
+// How many rows [begin, end) of split ("train", "test" or "val") have each label: counts[v] rows have
+// label v, counts.size() = max(2, largest label + 1). Reads only the split's y, in bounded chunks.
+std::vector<int64_t> label_counts(const DatasetInfo& info, const std::string& split, int64_t begin,
+                                  int64_t end);
+// "31.2% 0, 68.8% 1": each label's share of the rows, in label order ("no rows" when all counts are 0).
+std::string class_balance_text(const std::vector<int64_t>& counts);
 
 // The contiguous rows [begin, end) of a split that rank `rank` of `world` reads: floor(n / world) rows each,
 // so every rank runs the same number of steps (the last n % world rows are left out of training).

@@ -1,5 +1,8 @@
 #include "io/dataset_writer.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <mutex>
 #include <stdexcept>
@@ -42,11 +45,22 @@ void write_block(hid_t dataset, int rank, int64_t first, int64_t rows, int64_t c
            what.c_str());
 }
 
+// 0.1 as "0.1", not "0.100000".
+std::string format_fraction(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", value);
+  return text;
+}
+
 }  // namespace
 
-DatasetWriter::DatasetWriter(std::string path, int vocab_size, int maxlen, int64_t train_rows,
-                             int64_t test_rows)
-    : path_(std::move(path)), tmp_path_(path_ + ".tmp"), maxlen_(maxlen) {
+DatasetWriter::DatasetWriter(std::string path, int vocab_size, int maxlen, int64_t training_rows,
+                             int64_t test_rows, int64_t val_rows)
+    : path_(std::move(path)),
+      tmp_path_(path_ + ".tmp"),
+      maxlen_(maxlen),
+      train_rows_(training_rows - val_rows) {
+  DDP_CHECK(val_rows >= 0 && train_rows_ >= 0 && test_rows >= 0);
   namespace fs = std::filesystem;
   const fs::path output(path_);
   std::error_code error;
@@ -68,15 +82,22 @@ DatasetWriter::DatasetWriter(std::string path, int vocab_size, int maxlen, int64
   }
   write_int_attribute(file_.get(), "vocab_size", vocab_size);
   write_int_attribute(file_.get(), "maxlen", maxlen);
-  for (const auto& [split, rows] : {std::pair{"train", train_rows}, std::pair{"test", test_rows}}) {
+  struct Group {
+    const char* name;
+    int64_t rows;
+    Hid* x;
+    Hid* y;
+  };
+  for (const Group& g :
+       {Group{"train", train_rows_, &train_x_, &train_y_}, Group{"test", test_rows, &test_x_, &test_y_},
+        Group{"val", val_rows, &val_x_, &val_y_}}) {
+    if (g.x == &val_x_ && val_rows == 0) continue;  // a /val group means validation rows
     Hid gcpl = create_property_list(H5P_GROUP_CREATE);
-    Hid group(check_h5_id(H5Gcreate2(file_.get(), split, H5P_DEFAULT, gcpl.get(), H5P_DEFAULT), split),
+    Hid group(check_h5_id(H5Gcreate2(file_.get(), g.name, H5P_DEFAULT, gcpl.get(), H5P_DEFAULT), g.name),
               Hid::Kind::kGroup);
-    const hsize_t dims[2] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(maxlen)};
-    Hid& x = std::string(split) == "train" ? train_x_ : test_x_;
-    Hid& y = std::string(split) == "train" ? train_y_ : test_y_;
-    x = create_dataset(group.get(), "x", H5T_STD_I32LE, 2, dims);
-    y = create_dataset(group.get(), "y", H5T_STD_U8LE, 1, dims);
+    const hsize_t dims[2] = {static_cast<hsize_t>(g.rows), static_cast<hsize_t>(maxlen)};
+    *g.x = create_dataset(group.get(), "x", H5T_STD_I32LE, 2, dims);
+    *g.y = create_dataset(group.get(), "y", H5T_STD_U8LE, 1, dims);
   }
 }
 
@@ -87,6 +108,8 @@ DatasetWriter::~DatasetWriter() {
   train_y_.reset();
   test_x_.reset();
   test_y_.reset();
+  val_x_.reset();
+  val_y_.reset();
   file_.reset();
   std::error_code ignored;
   std::filesystem::remove(tmp_path_, ignored);
@@ -96,36 +119,33 @@ void DatasetWriter::write_rows(const std::string& split, int64_t first, std::spa
                                std::span<const uint8_t> labels) {
   DDP_CHECK(split == "train" || split == "test");
   DDP_CHECK(tokens.size() == labels.size() * static_cast<size_t>(maxlen_));
-  if (labels.empty()) return;
-  const Hid& x = split == "train" ? train_x_ : test_x_;
-  const Hid& y = split == "train" ? train_y_ : test_y_;
   const auto rows = static_cast<int64_t>(labels.size());
+  if (split == "test") {
+    write_group_rows("test", first, tokens.data(), labels.data(), rows);
+    return;
+  }
+  // A block may straddle the end of /train: its head goes there, its tail to /val.
+  const int64_t to_train = std::clamp<int64_t>(train_rows_ - first, 0, rows);
+  write_group_rows("train", first, tokens.data(), labels.data(), to_train);
+  write_group_rows("val", first + to_train - train_rows_, tokens.data() + to_train * maxlen_,
+                   labels.data() + to_train, rows - to_train);
+}
+
+void DatasetWriter::write_group_rows(const std::string& group, int64_t first, const int32_t* tokens,
+                                     const uint8_t* labels, int64_t rows) {
+  if (rows == 0) return;
+  const Hid& x = group == "train" ? train_x_ : group == "test" ? test_x_ : val_x_;
+  const Hid& y = group == "train" ? train_y_ : group == "test" ? test_y_ : val_y_;
+  DDP_CHECK(x.get() >= 0 && first >= 0);
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-  write_block(x.get(), 2, first, rows, maxlen_, H5T_NATIVE_INT32, tokens.data(),
-              "H5Dwrite " + tmp_path_ + " /" + split + "/x");
-  write_block(y.get(), 1, first, rows, 1, H5T_NATIVE_UINT8, labels.data(),
-              "H5Dwrite " + tmp_path_ + " /" + split + "/y");
+  write_block(x.get(), 2, first, rows, maxlen_, H5T_NATIVE_INT32, tokens,
+              "H5Dwrite " + tmp_path_ + " /" + group + "/x");
+  write_block(y.get(), 1, first, rows, 1, H5T_NATIVE_UINT8, labels,
+              "H5Dwrite " + tmp_path_ + " /" + group + "/y");
 }
 
 void DatasetWriter::write_vocab(const std::vector<std::string>& words) {
-  std::vector<const char*> pointers;
-  pointers.reserve(words.size());
-  for (const std::string& w : words) pointers.push_back(w.c_str());
-  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-  Hid type(check_h5_id(H5Tcopy(H5T_C_S1), "H5Tcopy"), Hid::Kind::kDatatype);
-  check_h5(H5Tset_size(type.get(), H5T_VARIABLE), "H5Tset_size");
-  check_h5(H5Tset_cset(type.get(), H5T_CSET_UTF8), "H5Tset_cset");
-  const hsize_t dims[1] = {static_cast<hsize_t>(words.size())};
-  Hid space(check_h5_id(H5Screate_simple(1, dims, nullptr), "H5Screate_simple"), Hid::Kind::kDataspace);
-  Hid dcpl = create_property_list(H5P_DATASET_CREATE);
-  Hid vocab(check_h5_id(H5Dcreate2(file_.get(), "vocab", type.get(), space.get(), H5P_DEFAULT, dcpl.get(),
-                                   H5P_DEFAULT),
-                        "H5Dcreate2 /vocab"),
-            Hid::Kind::kDataset);
-  if (!words.empty()) {
-    check_h5(H5Dwrite(vocab.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, pointers.data()),
-             ("H5Dwrite " + tmp_path_ + " /vocab").c_str());
-  }
+  write_string_list(file_.get(), "vocab", words);
 }
 
 void DatasetWriter::write_attribute(const std::string& name, const std::string& value) {
@@ -142,12 +162,31 @@ void DatasetWriter::commit() {
     train_y_.reset();
     test_x_.reset();
     test_y_.reset();
+    val_x_.reset();
+    val_y_.reset();
     file_.reset();
   }
   std::error_code error;
   std::filesystem::rename(tmp_path_, path_, error);
   if (error) throw UserError(path_ + ": cannot move " + tmp_path_ + " into place (" + error.message() + ")");
   committed_ = true;
+}
+
+void check_val_fraction(const std::string& command, double val_fraction) {
+  // Written so that NaN fails too.
+  if (!(val_fraction >= 0 && val_fraction < 1)) {
+    throw UserError(command + ": --val-fraction must be in [0, 1), got " + format_fraction(val_fraction));
+  }
+}
+
+int64_t val_rows_of(const std::string& command, double val_fraction, int64_t training_rows) {
+  check_val_fraction(command, val_fraction);
+  const int64_t val_rows = std::llround(val_fraction * static_cast<double>(training_rows));
+  const std::string of = command + ": --val-fraction " + format_fraction(val_fraction) + " of " +
+                         std::to_string(training_rows) + " training rows";
+  if (val_rows >= training_rows) throw UserError(of + " leaves no row in /train");
+  if (val_fraction > 0 && val_rows == 0) throw UserError(of + " gives no row to /val");
+  return val_rows;
 }
 
 }  // namespace ddp::io

@@ -150,6 +150,7 @@ std::string prepare_imdb_npz(const ImdbNpzOptions& options) {
     throw UserError(command + ": --seed must be at most 4294967295 (numpy RandomState's range), got " +
                     std::to_string(options.seed));
   }
+  check_val_fraction(command, options.val_fraction);
   const NpzFile npz(options.input);
   // load_data reads x_train, y_train, x_test, y_test in this order.
   const Split train = read_split(npz, "train");
@@ -164,16 +165,23 @@ std::string prepare_imdb_npz(const ImdbNpzOptions& options) {
   std::iota(test_order.begin(), test_order.end(), 0);
   rng.shuffle(test_order);
 
+  // /val: the last training rows in load_data's order, so /train + /val is exactly load_data's x_train.
+  const int64_t val_rows =
+      val_rows_of(command, options.val_fraction, static_cast<int64_t>(train_order.size()));
   DatasetWriter writer(options.output, options.vocab, options.maxlen,
-                       static_cast<int64_t>(train_order.size()), static_cast<int64_t>(test_order.size()));
+                       static_cast<int64_t>(train_order.size()), static_cast<int64_t>(test_order.size()),
+                       val_rows);
   write_split(writer, "train", train, train_order, options.vocab, options.maxlen);
   write_split(writer, "test", test, test_order, options.vocab, options.maxlen);
   writer.write_attribute(
       "source", "keras imdb.npz " + std::filesystem::path(options.input).filename().string() +
                     " num_words=" + std::to_string(options.vocab) +
-                    " maxlen=" + std::to_string(options.maxlen) + " seed=" + std::to_string(options.seed));
+                    " maxlen=" + std::to_string(options.maxlen) + " seed=" + std::to_string(options.seed) +
+                    (val_rows > 0 ? " val_rows=" + std::to_string(val_rows) : ""));
   writer.commit();
-  return "wrote " + options.output + ": " + std::to_string(train_order.size()) + " train and " +
+  const std::string val_text = val_rows > 0 ? ", " + std::to_string(val_rows) + " val" : "";
+  return "wrote " + options.output + ": " +
+         std::to_string(static_cast<int64_t>(train_order.size()) - val_rows) + " train" + val_text + " and " +
          std::to_string(test_order.size()) + " test samples, vocab " + std::to_string(options.vocab) +
          ", maxlen " + std::to_string(options.maxlen) +
          " (Keras imdb.load_data conventions: start 1, oov 2, index_from 3; pad and truncate 'pre')";

@@ -1,8 +1,12 @@
 // splitmix64's finalizer: a strong 64-bit mixer (every input bit flips about half of the output bits). The
-// data order and the synthetic dataset derive their seeds with it, so they are the same on every platform.
+// data order, the synthetic dataset and the row order of `prepare text` derive their seeds with it, so they
+// are the same on every platform.
 #pragma once
 
 #include <cstdint>
+#include <random>
+#include <utility>
+#include <vector>
 
 namespace ddp::io {
 
@@ -12,6 +16,33 @@ inline uint64_t mix64(uint64_t x) {
   x ^= x >> 27;
   x *= 0x94D049BB133111EBULL;
   return x ^ (x >> 31);
+}
+
+// Independent generator streams of one seed (splitmix64 of seed and stream number).
+inline uint64_t stream_seed(uint64_t seed, uint64_t stream) {
+  return mix64(mix64(seed + 0x9E3779B97F4A7C15ULL) ^ stream);
+}
+
+// Uniform in [0, n), n > 0, by rejection: the same numbers with every standard library, unlike
+// std::uniform_int_distribution whose algorithm is unspecified.
+inline uint64_t uniform_below(std::mt19937_64& rng, uint64_t n) {
+  const uint64_t threshold = (0 - n) % n;  // 2^64 mod n: values below it would favour small results
+  for (;;) {
+    const uint64_t r = rng();
+    if (r >= threshold) return r % n;
+  }
+}
+
+// A uniformly random permutation of [0, n) (Fisher-Yates), the same for a seed on every platform.
+inline std::vector<int64_t> seeded_permutation(int64_t n, uint64_t seed) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+  std::mt19937_64 rng(seed);
+  for (int64_t i = n - 1; i > 0; --i) {
+    const auto j = static_cast<int64_t>(uniform_below(rng, static_cast<uint64_t>(i) + 1));
+    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
+  }
+  return order;
 }
 
 }  // namespace ddp::io

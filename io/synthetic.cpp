@@ -26,21 +26,6 @@ constexpr int kMaxVocab = 10'000'000;  // the filler table takes 8 bytes a word
 constexpr int64_t kMaxBlockRows = 65536;
 constexpr int64_t kMaxBlockElements = int64_t{1} << 24;  // 64 MiB of tokens per block at most
 
-// Independent generator streams of one seed (splitmix64 of seed and stream number).
-uint64_t stream_seed(uint64_t seed, uint64_t stream) {
-  return mix64(mix64(seed + 0x9E3779B97F4A7C15ULL) ^ stream);
-}
-
-// Uniform in [0, n), n > 0, by rejection: the same numbers with every standard library, unlike
-// std::uniform_int_distribution whose algorithm is unspecified.
-uint64_t uniform_below(std::mt19937_64& rng, uint64_t n) {
-  const uint64_t threshold = (0 - n) % n;  // 2^64 mod n: values below it would favour small results
-  for (;;) {
-    const uint64_t r = rng();
-    if (r >= threshold) return r % n;
-  }
-}
-
 int uniform_between(std::mt19937_64& rng, int low, int high) {  // inclusive
   return low + static_cast<int>(uniform_below(rng, static_cast<uint64_t>(high - low) + 1));
 }
@@ -165,6 +150,7 @@ void validate(const SyntheticOptions& o) {
     throw UserError("--vocab " + std::to_string(o.vocab) + " is too large: at most " +
                     std::to_string(kMaxVocab));
   }
+  val_rows_of("prepare synthetic", o.val_fraction, o.train);
   const WordClasses words = word_classes(o.vocab);
   const int64_t needed = int64_t{words.filler_begin} + kMinFillerWords;
   if (o.vocab < needed) {
@@ -192,9 +178,12 @@ void write_split(DatasetWriter& writer, const std::string& split, int64_t rows, 
 void write_synthetic(const SyntheticOptions& o) {
   validate(o);
   const WordClasses words = word_classes(o.vocab);
-  DatasetWriter writer(o.output, o.vocab, o.maxlen, o.train, o.test);
-  writer.write_attribute("generator", "synthetic-v2 seed=" + std::to_string(o.seed));
+  const int64_t val_rows = val_rows_of("prepare synthetic", o.val_fraction, o.train);
+  DatasetWriter writer(o.output, o.vocab, o.maxlen, o.train, o.test, val_rows);
+  writer.write_attribute("generator", "synthetic-v2 seed=" + std::to_string(o.seed) +
+                                          (val_rows > 0 ? " val_rows=" + std::to_string(val_rows) : ""));
   const ZipfTable fillers(words.vocab - words.filler_begin);
+  // The writer sends the last val_rows of these to /val.
   ReviewGenerator train(words, fillers, o.maxlen, stream_seed(o.seed, 1));
   write_split(writer, "train", o.train, o.maxlen, train);
   ReviewGenerator test(words, fillers, o.maxlen, stream_seed(o.seed, 2));

@@ -2,6 +2,10 @@
 // fully. Each review is filler tokens (Zipf-distributed, as words in real text) with a few sentiment-bearing
 // words; a negation token right before a sentiment word flips its polarity, so the label depends on order,
 // not only on which words occur. Deterministic from the seed.
+//
+// Every row is an independent draw (one generator stream per split), so the rows are already in a random
+// order: a contiguous shard is a random sample. With val_fraction F the last round(F * train) rows of the
+// training stream go to /val, leaving train - round(F * train) rows in /train.
 #pragma once
 
 #include <cstdint>
@@ -16,10 +20,12 @@ struct SyntheticOptions {
   int vocab = 20000;
   int maxlen = 80;
   uint64_t seed = 1;
+  double val_fraction = 0;  // in [0, 1)
 };
 
 // Writes the file in the schema of dataset.h (atomically: temporary file, then rename).
-// Throws UserError for impossible options (vocab too small for the word classes, maxlen < 8, ...).
+// Throws UserError for impossible options (vocab too small for the word classes, maxlen < 8, a val_fraction
+// that leaves /train empty, ...).
 void write_synthetic(const SyntheticOptions& options);
 
 }  // namespace ddp::io

@@ -18,6 +18,7 @@
 
 #include "engine/errors.h"
 #include "io/dataset_writer.h"
+#include "io/mix.h"
 #include "io/tokenizer.h"
 
 namespace ddp::io {
@@ -228,6 +229,42 @@ std::string count_and_names(const std::vector<std::string>& names) {
   return text + (names.size() > kNamesShown ? ", ...)" : ")");
 }
 
+// Takes the words of the training documents that go to /val (order[train_rows..]) out of `counts`, so the
+// vocabulary is ranked on the rows of /train only. Reader threads keep no per-file counts, so those files
+// are read again: a tenth more reading for --val-fraction 0.1, and no memory that grows with the corpus.
+void subtract_val_counts(const std::vector<InputFile>& files, const std::vector<size_t>& train_order,
+                         int64_t train_rows, const std::vector<FileResult>& results, int threads,
+                         const fs::path& train_folder, int maxlen, WordCounts& counts,
+                         int64_t& train_tokens) {
+  std::vector<InputFile> val_files;
+  std::vector<size_t> first_read;
+  for (size_t i = static_cast<size_t>(train_rows); i < train_order.size(); ++i) {
+    val_files.push_back(files[train_order[i]]);
+    first_read.push_back(train_order[i]);
+  }
+  std::vector<FileResult> again(val_files.size());
+  const std::vector<WordTable> tables =
+      read_all(val_files, maxlen, std::min(threads, static_cast<int>(val_files.size())), false, again);
+  const auto changed = [](const fs::path& path) {
+    return UserError(path.string() + ": changed while prepare text was reading it; run it again");
+  };
+  for (size_t i = 0; i < val_files.size(); ++i) {
+    if (again[i].words != results[first_read[i]].words) throw changed(val_files[i].path);
+  }
+  for (const WordTable& table : tables) {
+    for (size_t id = 0; id < table.size(); ++id) {
+      const int64_t n = table.train_count(id);
+      if (n == 0) continue;
+      const auto found = counts.find(table.word(id));
+      if (found == counts.end() || found->second < n) throw changed(train_folder);
+      found->second -= n;
+      train_tokens -= n;
+    }
+  }
+  // A word seen only in /val documents is not a word of /train.
+  std::erase_if(counts, [](const auto& entry) { return entry.second == 0; });
+}
+
 std::string format_count(int64_t n) {
   char text[32];
   if (n >= 1'000'000) {
@@ -241,6 +278,8 @@ std::string format_count(int64_t n) {
 }  // namespace
 
 std::string prepare_text(const TextCorpusOptions& options) {
+  const std::string command = "prepare text";
+  check_val_fraction(command, options.val_fraction);
   if (options.vocab < kFirstWordId + 1) {
     throw UserError("prepare text: --vocab must be at least 4 (ids 0, 1 and 2 are reserved), got " +
                     std::to_string(options.vocab));
@@ -296,6 +335,21 @@ std::string prepare_text(const TextCorpusOptions& options) {
     }
   }
 
+  // Each split's documents, pos then neg in file order, then in a seeded random order (text_corpus.h): the
+  // order depends on the seed and the corpus only, not on which thread read what.
+  std::vector<size_t> order[2];
+  for (const int split : {kTrain, kTest}) {
+    std::vector<size_t> in_file_order = documents[split][kPos];
+    in_file_order.insert(in_file_order.end(), documents[split][kNeg].begin(), documents[split][kNeg].end());
+    const auto n = static_cast<int64_t>(in_file_order.size());
+    for (const int64_t i : seeded_permutation(n, stream_seed(options.seed, static_cast<uint64_t>(split)))) {
+      order[split].push_back(in_file_order[static_cast<size_t>(i)]);
+    }
+  }
+  const auto training_rows = static_cast<int64_t>(order[kTrain].size());
+  const int64_t val_rows = val_rows_of(command, options.val_fraction, training_rows);
+  const int64_t train_rows = training_rows - val_rows;
+
   // The vocabulary from the training counts of every reader.
   WordCounts counts;
   int64_t train_tokens = 0;
@@ -312,6 +366,10 @@ std::string prepare_text(const TextCorpusOptions& options) {
       }
     }
   }
+  if (val_rows > 0) {
+    subtract_val_counts(files, order[kTrain], train_rows, results, threads, root / kSplitNames[kTrain],
+                        options.maxlen, counts, train_tokens);
+  }
   const Vocabulary vocabulary = Vocabulary::from_counts(counts, options.vocab);
   int64_t covered_tokens = 0;
   for (size_t id = kFirstWordId; id < vocabulary.words().size(); ++id) {
@@ -323,15 +381,12 @@ std::string prepare_text(const TextCorpusOptions& options) {
     for (size_t id = 0; id < tables[w].size(); ++id) to_vocabulary[w][id] = vocabulary.id(tables[w].word(id));
   }
 
-  // Rows alternate pos and neg (text_corpus.h).
-  int64_t rows[2] = {0, 0};
+  // Rows in each split's order; the writer sends the last val_rows training rows to /val.
   std::vector<int32_t> tokens[2];
   std::vector<uint8_t> labels[2];
   std::vector<int32_t> ids;
   for (const int split : {kTrain, kTest}) {
-    const auto& pos = documents[split][kPos];
-    const auto& neg = documents[split][kNeg];
-    const auto add = [&](size_t file, int label) {
+    for (const size_t file : order[split]) {
       const FileResult& result = results[file];
       ids.clear();
       for (const int32_t local : result.tail) {
@@ -340,29 +395,30 @@ std::string prepare_text(const TextCorpusOptions& options) {
       // The tail holds every word that can survive truncation, so this is the whole document's row.
       const std::vector<int32_t> row = pad_pre(ids, options.maxlen);
       tokens[split].insert(tokens[split].end(), row.begin(), row.end());
-      labels[split].push_back(kLabelValues[label]);
-    };
-    for (size_t i = 0; i < std::max(pos.size(), neg.size()); ++i) {
-      if (i < pos.size()) add(pos[i], kPos);
-      if (i < neg.size()) add(neg[i], kNeg);
+      labels[split].push_back(kLabelValues[files[file].label]);
     }
-    rows[split] = static_cast<int64_t>(labels[split].size());
   }
 
-  DatasetWriter writer(options.output, vocabulary.size(), options.maxlen, rows[kTrain], rows[kTest]);
+  DatasetWriter writer(options.output, vocabulary.size(), options.maxlen, training_rows,
+                       static_cast<int64_t>(order[kTest].size()), val_rows);
   writer.write_rows("train", 0, tokens[kTrain], labels[kTrain]);
   writer.write_rows("test", 0, tokens[kTest], labels[kTest]);
   writer.write_vocab(vocabulary.words());
-  writer.write_attribute("source", "text " + options.input + " vocab=" + std::to_string(options.vocab) +
-                                       " maxlen=" + std::to_string(options.maxlen));
+  std::string source = "text " + options.input + " vocab=" + std::to_string(options.vocab) +
+                       " maxlen=" + std::to_string(options.maxlen) + " seed=" + std::to_string(options.seed);
+  if (val_rows > 0) source += " val_rows=" + std::to_string(val_rows);
+  writer.write_attribute("source", source);
   writer.commit();
 
-  std::string summary = "wrote " + options.output + ":";
-  for (const int split : {kTrain, kTest}) {
-    summary += std::string(split == kTrain ? " " : ", ") + kSplitNames[split] + " " +
-               std::to_string(rows[split]) + " (" + std::to_string(documents[split][kPos].size()) + " pos, " +
-               std::to_string(documents[split][kNeg].size()) + " neg)";
-  }
+  // "train 109 (55 pos, 54 neg)" for each group of rows.
+  const auto group_text = [&](const char* name, const std::vector<uint8_t>& y, int64_t begin, int64_t end) {
+    const auto pos = std::count(y.begin() + begin, y.begin() + end, kLabelValues[kPos]);
+    return std::string(name) + " " + std::to_string(end - begin) + " (" + std::to_string(pos) + " pos, " +
+           std::to_string(end - begin - pos) + " neg)";
+  };
+  std::string summary = "wrote " + options.output + ": " + group_text("train", labels[kTrain], 0, train_rows);
+  if (val_rows > 0) summary += ", " + group_text("val", labels[kTrain], train_rows, training_rows);
+  summary += ", " + group_text("test", labels[kTest], 0, static_cast<int64_t>(labels[kTest].size()));
   summary +=
       ", vocab_size " + std::to_string(vocabulary.size()) + ", maxlen " + std::to_string(options.maxlen);
   char line[160];

@@ -4,10 +4,13 @@
 // Documents are every regular file of the four folders whose name does not start with '.', in byte order
 // of their names; sub-folders are ignored. Files are read and tokenized (tokenizer.h) by a fixed pool of
 // threads; a file with no words (0 bytes, or only spaces, punctuation and line breaks) is counted and
-// skipped; a file that is not valid UTF-8 is decoded leniently and counted. The vocabulary is ranked on the
-// training split only and written to /vocab. Rows of a split alternate pos, neg, pos, neg, ... (each in
-// file order; when one label runs out, the other's remaining files follow), so contiguous shards of the file
-// stay balanced. The result does not depend on the thread count.
+// skipped; a file that is not valid UTF-8 is decoded leniently and counted.
+//
+// Rows of each split are its documents (pos, then neg, each in file order) in a random permutation drawn
+// from --seed, so a contiguous shard of the file is a random sample with about the split's class balance.
+// With --val-fraction F the last round(F * rows) training rows go to /val instead of /train. The vocabulary
+// is ranked on the rows of /train only (the /val files are read a second time to take their words out) and
+// written to /vocab. The result depends on the corpus and the options, never on the thread count.
 #pragma once
 
 #include <string>
@@ -20,6 +23,8 @@ struct TextCorpusOptions {
   int vocab = 20000;           // ids < vocab: 0 padding, 1 start, 2 out of vocabulary, 3.. words (>= 4)
   int maxlen = 80;             // tokens per sample, padded and truncated 'pre' as Keras
   int threads = 0;             // 0: every core
+  uint64_t seed = 1;           // the row order of each split
+  double val_fraction = 0;     // in [0, 1): the share of training rows that go to /val
   bool show_progress = false;  // a live bar (files/s, ETA) on stderr
 };
 

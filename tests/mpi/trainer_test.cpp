@@ -16,6 +16,7 @@
 #include "engine/trainer.h"
 #include "io/batch_source.h"
 #include "io/dataset.h"
+#include "io/dataset_writer.h"
 #include "io/synthetic.h"
 #include "models/replica.h"
 #include "tests/mpi/mpi_test_util.h"
@@ -220,6 +221,32 @@ TEST_F(TrainerTest, ResumeRefusesOtherDataAndSaysWhenTheRunIsFinished) {
   }
   const engine::TrainResult tuned = run_on_other({"--checkpoint.allow_data_change", "true"});
   EXPECT_EQ(tuned.history.size(), 1u);  // epoch 2 of 2, on the other data
+}
+
+// A file in label order (all 1s, then all 0s): the start log names the shards whose classes differ.
+TEST_F(TrainerTest, ShardsOfAFileInLabelOrderAreNamed) {
+  const std::string sorted = dir_.file("sorted.h5");
+  if (comm_->rank() == 0) {
+    constexpr int64_t kRows = 240;
+    constexpr int kMaxlen = 16;
+    io::DatasetWriter writer(sorted, 300, kMaxlen, kRows, 40);
+    std::vector<int32_t> tokens(kRows * kMaxlen, 5);
+    std::vector<uint8_t> labels(kRows, 0);
+    std::fill(labels.begin(), labels.begin() + kRows / 2, uint8_t{1});
+    writer.write_rows("train", 0, tokens, labels);
+    writer.write_rows("test", 0, std::span(tokens).first(40 * kMaxlen), std::span(labels).first(40));
+    writer.commit();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  ::testing::internal::CaptureStdout();
+  run(dir_.file("sorted-run"), {"--data.path", sorted, "--train.epochs", "1", "--data.validation", "test"});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  if (comm_->rank() != 0) return;
+  EXPECT_NE(out.find("classes of the training rows: 50.0% 0, 50.0% 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank 0's shard: 0.0% 0, 100.0% 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank " + std::to_string(comm_->size() - 1) + "'s shard: 100.0% 0, 0.0% 1"),
+            std::string::npos)
+      << out;
 }
 
 }  // namespace

@@ -42,6 +42,11 @@ struct FileSpec {
   int64_t train_y_rows = -1;  // -1: same as train_rows
   bool write_test_x = true;
   bool write_test_y = true;
+  int64_t val_rows = -1;    // -1: no /val group
+  int64_t val_y_rows = -1;  // -1: same as val_rows
+  hid_t val_x_type = H5T_STD_I32LE;
+  int val_columns = -1;  // -1: maxlen
+  bool write_val_y = true;
   // Non-empty: /train/y's data lives in this raw file, which a test deletes to make reads fail.
   std::string train_y_external;
   // x[i, c] = i * maxlen + c identifies row and column; y[i] = i % 2. `edit` may plant bad values.
@@ -70,11 +75,15 @@ void write_file(const std::string& path, const FileSpec& spec) {
            Hid::Kind::kFile);
   if (spec.write_vocab_size) write_int_attribute(file.get(), "vocab_size", spec.vocab_size);
   write_int_attribute(file.get(), "maxlen", spec.maxlen_attribute >= 0 ? spec.maxlen_attribute : spec.maxlen);
-  for (const std::string split : {"train", "test"}) {
+  for (const std::string split : {"train", "test", "val"}) {
     const bool train = split == "train";
-    const int64_t rows = train ? spec.train_rows : spec.test_rows;
-    const int64_t y_rows = train && spec.train_y_rows >= 0 ? spec.train_y_rows : rows;
-    std::vector<int32_t> x(static_cast<size_t>(rows * spec.maxlen));
+    const bool val = split == "val";
+    if (val && spec.val_rows < 0) continue;
+    const int64_t rows = train ? spec.train_rows : val ? spec.val_rows : spec.test_rows;
+    int64_t y_rows = train && spec.train_y_rows >= 0 ? spec.train_y_rows : rows;
+    if (val && spec.val_y_rows >= 0) y_rows = spec.val_y_rows;
+    const int columns = val && spec.val_columns >= 0 ? spec.val_columns : spec.maxlen;
+    std::vector<int32_t> x(static_cast<size_t>(rows * columns));
     for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<int32_t>(i);
     std::vector<uint8_t> y(static_cast<size_t>(y_rows));
     for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<uint8_t>(i % 2);
@@ -82,12 +91,12 @@ void write_file(const std::string& path, const FileSpec& spec) {
     Hid group(
         check_h5_id(H5Gcreate2(file.get(), split.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "group"),
         Hid::Kind::kGroup);
-    if (train || spec.write_test_x) {
-      std::vector<hsize_t> dims{static_cast<hsize_t>(rows), static_cast<hsize_t>(spec.maxlen)};
+    if (train || val || spec.write_test_x) {
+      std::vector<hsize_t> dims{static_cast<hsize_t>(rows), static_cast<hsize_t>(columns)};
       if (spec.x_rank_1) dims = {static_cast<hsize_t>(x.size())};
-      write_dataset(group.get(), "x", spec.x_type, H5T_NATIVE_INT32, dims, x.data());
+      write_dataset(group.get(), "x", val ? spec.val_x_type : spec.x_type, H5T_NATIVE_INT32, dims, x.data());
     }
-    if (train || spec.write_test_y) {
+    if (train || (val ? spec.write_val_y : spec.write_test_y)) {
       write_dataset(group.get(), "y", H5T_STD_U8LE, H5T_NATIVE_UINT8, {static_cast<hsize_t>(y_rows)},
                     y.data(), train ? spec.train_y_external : "");
     }
@@ -316,6 +325,95 @@ TEST_F(InspectTest, BadRowPastTheFirstChunk) {
   expect_user_error([&] { validate_rows(info, "train", 0, 5000); }, {path_, "/train/x[4500, 1] = -1"});
 }
 
+TEST_F(InspectTest, ValGroupIsOptionalAndCheckedWhenPresent) {
+  FileSpec spec;
+  EXPECT_EQ(inspect_dataset(write(spec)).val_size, 0);
+  spec.val_rows = 5;
+  const DatasetInfo info = inspect_dataset(write(spec));
+  EXPECT_EQ(info.train_size, 20);
+  EXPECT_EQ(info.val_size, 5);
+  EXPECT_NO_THROW(validate_rows(info, "val", 0, 5));
+  EXPECT_THROW(validate_rows(info, "val", 0, 6), std::invalid_argument);
+  EXPECT_THROW(validate_rows(info, "valid", 0, 1), std::invalid_argument);
+
+  // /val with the wrong schema: the same messages as for /train, naming /val.
+  FileSpec float_tokens = spec;
+  float_tokens.val_x_type = H5T_IEEE_F32LE;
+  expect_user_error([&] { inspect_dataset(write(float_tokens)); },
+                    {path_, "dataset /val/x must be int32 [N, maxlen], found float32 [5, 4]"});
+  FileSpec short_labels = spec;
+  short_labels.val_y_rows = 4;
+  expect_user_error([&] { inspect_dataset(write(short_labels)); },
+                    {path_, "/val/x has 5 rows but /val/y has 4"});
+  FileSpec no_labels = spec;
+  no_labels.write_val_y = false;
+  expect_user_error([&] { inspect_dataset(write(no_labels)); }, {path_, "dataset /val/y is missing"});
+  FileSpec wide = spec;
+  wide.val_columns = 3;
+  expect_user_error([&] { inspect_dataset(write(wide)); },
+                    {path_, "dataset /val/x has 3 columns but attribute maxlen = 4"});
+}
+
+TEST_F(InspectTest, BadTokenInVal) {
+  FileSpec spec;
+  spec.val_rows = 5;
+  spec.vocab_size = 1000;
+  spec.edit = [](const std::string& split, std::vector<int32_t>& x, std::vector<uint8_t>&) {
+    if (split == "val") x[2 * 4 + 1] = -3;
+  };
+  const DatasetInfo info = inspect_dataset(write(spec));
+  EXPECT_NO_THROW(validate_rows(info, "train", 0, 20));
+  expect_user_error([&] { validate_rows(info, "val", 0, 5); }, {path_, "/val/x[2, 1] = -3 is outside [0, "});
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// label_counts and class_balance_text
+
+TEST_F(InspectTest, LabelCountsCountRowsOfEachLabel) {
+  FileSpec spec;
+  spec.val_rows = 7;
+  spec.edit = [](const std::string& split, std::vector<int32_t>&, std::vector<uint8_t>& y) {
+    if (split == "val") y = {1, 1, 1, 0, 1, 1, 1};
+  };
+  const DatasetInfo info = inspect_dataset(write(spec));
+  // Labels are row % 2 in /train and /test.
+  EXPECT_EQ(label_counts(info, "train", 0, 20), (std::vector<int64_t>{10, 10}));
+  EXPECT_EQ(label_counts(info, "train", 3, 8), (std::vector<int64_t>{2, 3}));  // rows 3..7: 1 0 1 0 1
+  EXPECT_EQ(label_counts(info, "test", 5, 6), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(label_counts(info, "val", 0, 7), (std::vector<int64_t>{1, 6}));
+  EXPECT_EQ(label_counts(info, "val", 4, 4), (std::vector<int64_t>{0, 0}));  // no rows: still both labels
+  EXPECT_THROW(label_counts(info, "train", 0, 21), std::invalid_argument);
+  EXPECT_THROW(label_counts(info, "dev", 0, 1), std::invalid_argument);
+}
+
+TEST_F(InspectTest, LabelCountsReadInChunksAndSizeToTheLargestLabel) {
+  // More rows than one read (2^20): the counts must add up across chunks. A label 3 grows the vector.
+  constexpr int64_t kRows = (int64_t{1} << 20) + 10;
+  FileSpec spec;
+  spec.train_rows = kRows;
+  spec.maxlen = 1;
+  spec.edit = [](const std::string& split, std::vector<int32_t>&, std::vector<uint8_t>& y) {
+    if (split != "train") return;
+    for (size_t i = 0; i < y.size(); ++i) y[i] = i % 4 == 0 ? 1 : 0;
+    y[static_cast<size_t>(kRows - 3)] = 3;
+  };
+  const DatasetInfo info = inspect_dataset(write(spec));
+  // Rows i % 4 == 0 below kRows: (kRows + 3) / 4 of them; row kRows - 3 (= 2^20 + 7, i % 4 == 3) holds the 3.
+  const int64_t ones = (kRows + 3) / 4;
+  EXPECT_EQ(label_counts(info, "train", 0, kRows), (std::vector<int64_t>{kRows - ones - 1, ones, 0, 1}));
+  // Rows 2^20 - 2 .. 2^20 + 6: the ones are 2^20 and 2^20 + 4.
+  EXPECT_EQ(label_counts(info, "train", (int64_t{1} << 20) - 2, kRows - 3), (std::vector<int64_t>{7, 2}));
+}
+
+TEST(ClassBalanceText, SharesOfEachLabelInOrder) {
+  EXPECT_EQ(class_balance_text({5, 11}), "31.2% 0, 68.8% 1");
+  EXPECT_EQ(class_balance_text({1, 1}), "50.0% 0, 50.0% 1");
+  EXPECT_EQ(class_balance_text({0, 7}), "0.0% 0, 100.0% 1");
+  EXPECT_EQ(class_balance_text({3, 0, 0, 1}), "75.0% 0, 0.0% 1, 0.0% 2, 25.0% 3");
+  EXPECT_EQ(class_balance_text({0, 0}), "no rows");
+  EXPECT_EQ(class_balance_text({}), "no rows");
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // write_synthetic
 
@@ -480,6 +578,53 @@ TEST_F(SyntheticTest, RejectsImpossibleOptions) {
   EXPECT_NO_THROW(validate_rows(inspect_dataset(o.output), "train", 0, 100));
 }
 
+TEST_F(SyntheticTest, ValFractionTakesTheLastTrainingRows) {
+  const SyntheticOptions whole = options("whole.h5");
+  SyntheticOptions held = options("held.h5");
+  held.val_fraction = 0.1;
+  write_synthetic(whole);
+  write_synthetic(held);
+  const DatasetInfo info = inspect_dataset(held.output);
+  EXPECT_EQ(info.train_size, 2700);
+  EXPECT_EQ(info.val_size, 300);
+  EXPECT_EQ(info.test_size, 500);
+  EXPECT_NO_THROW(validate_rows(info, "val", 0, 300));
+  // The same stream of training rows, its last 300 in /val; the test split is untouched.
+  for (const char* name : {"x", "y"}) {
+    std::vector<int32_t> rows = read_all(held.output, std::string("/train/") + name);
+    const std::vector<int32_t> val = read_all(held.output, std::string("/val/") + name);
+    rows.insert(rows.end(), val.begin(), val.end());
+    EXPECT_EQ(rows, read_all(whole.output, std::string("/train/") + name)) << name;
+    EXPECT_EQ(read_all(held.output, std::string("/test/") + name),
+              read_all(whole.output, std::string("/test/") + name))
+        << name;
+  }
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  Hid file = open_file_readonly(held.output);
+  EXPECT_EQ(read_string_attribute(file.get(), "generator"), "synthetic-v2 seed=7 val_rows=300");
+}
+
+TEST_F(SyntheticTest, BadValFractionNamesTheOption) {
+  SyntheticOptions o = options("bad.h5");
+  o.train = 10;
+  o.val_fraction = -0.1;
+  expect_user_error([&] { write_synthetic(o); },
+                    {"prepare synthetic: --val-fraction must be in [0, 1), got -0.1"});
+  o.val_fraction = 1;
+  expect_user_error([&] { write_synthetic(o); },
+                    {"prepare synthetic: --val-fraction must be in [0, 1), got 1"});
+  o.val_fraction = 0.96;  // round(9.6) = 10 of 10 rows
+  expect_user_error([&] { write_synthetic(o); },
+                    {"prepare synthetic: --val-fraction 0.96 of 10 training rows leaves no row in /train"});
+  o.val_fraction = 0.04;  // round(0.4) = 0
+  expect_user_error([&] { write_synthetic(o); },
+                    {"--val-fraction 0.04 of 10 training rows gives no row to /val"});
+  EXPECT_FALSE(std::filesystem::exists(o.output));
+  o.val_fraction = 0.94;  // 9 of 10 rows to /val
+  write_synthetic(o);
+  EXPECT_EQ(inspect_dataset(o.output).train_size, 1);
+}
+
 TEST_F(SyntheticTest, FailedWriteLeavesNoTemporaryFile) {
   SyntheticOptions o = options("occupied");
   std::filesystem::create_directories(std::filesystem::path(o.output) / "child");  // rename onto it fails
@@ -496,6 +641,7 @@ class BatchReaderTest : public ::testing::Test {
     FileSpec spec;
     spec.train_rows = kRows;
     spec.test_rows = 250;
+    spec.val_rows = 50;
     spec.maxlen = kSeq;
     write_file(path_, spec);
   }
@@ -641,6 +787,19 @@ TEST_F(BatchReaderTest, TestSplitAndEmptyShard) {
   ASSERT_EQ(rows.size(), 125u);
   EXPECT_EQ(rows.front(), 125);
   EXPECT_TRUE(read_rows(base({10, 10})).empty());
+}
+
+TEST_F(BatchReaderTest, ValSplit) {
+  BatchReaderOptions o = base({0, 50}, 16);
+  o.split = "val";
+  o.shuffle = false;
+  const std::vector<int64_t> rows = flatten(read_rows(o));  // checks tokens and labels of each row
+  ASSERT_EQ(rows.size(), 50u);
+  for (int64_t i = 0; i < 50; ++i) EXPECT_EQ(rows[i], i);
+  o.shard = {40, 51};
+  expect_user_error([&] { BatchReader reader(o); }, {path_, "shard [40, 51) is outside /val/x of 50 rows"});
+  o.split = "dev";
+  EXPECT_THROW(BatchReader reader(o), std::invalid_argument);
 }
 
 TEST_F(BatchReaderTest, AHeldBatchIsNotOverwrittenByPrefetch) {

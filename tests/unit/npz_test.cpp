@@ -809,6 +809,31 @@ TEST(PrepareImdbNpz, FollowsKerasConventions) {
   EXPECT_FALSE(link_exists(file.get(), "vocab"));
 }
 
+TEST(PrepareImdbNpz, ValFractionHoldsOutTheLastRowsOfLoadDatasOrder) {
+  TempDir dir;
+  ImdbNpzOptions options;
+  options.input = write_imdb(dir, {});
+  options.output = dir.file("out.h5");
+  options.vocab = 10;
+  options.maxlen = 4;
+  options.val_fraction = 0.34;  // round(1.02) = 1 of 3 rows
+  const std::string summary = prepare_imdb_npz(options);
+  EXPECT_NE(summary.find("2 train, 1 val and 2 test samples"), std::string::npos) << summary;
+  // load_data's order as in FollowsKerasConventions, not reshuffled: its last row goes to /val.
+  EXPECT_EQ(read_ints(options.output, "/train/x"), (std::vector<int32_t>{0, 0, 0, 1, 0, 0, 1, 8}));
+  EXPECT_EQ(read_ints(options.output, "/train/y"), (std::vector<int32_t>{1, 1}));
+  EXPECT_EQ(read_ints(options.output, "/val/x"), (std::vector<int32_t>{5, 6, 7, 2}));
+  EXPECT_EQ(read_ints(options.output, "/val/y"), (std::vector<int32_t>{0}));
+  EXPECT_EQ(read_ints(options.output, "/test/x"), (std::vector<int32_t>{0, 0, 1, 9, 0, 1, 2, 2}));
+
+  options.val_fraction = 0.9;  // round(2.7) = 3 of 3
+  expect_user_error([&] { prepare_imdb_npz(options); },
+                    {"prepare imdb-npz: --val-fraction 0.9 of 3 training rows leaves no row in /train"});
+  options.val_fraction = -1;
+  expect_user_error([&] { prepare_imdb_npz(options); },
+                    {"prepare imdb-npz: --val-fraction must be in [0, 1), got -1"});
+}
+
 TEST(PrepareImdbNpz, BadInputIsAUserErrorAndWritesNothing) {
   TempDir dir;
   ImdbNpzOptions options;

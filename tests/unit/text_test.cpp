@@ -2,12 +2,16 @@
 // `prepare text` on small aclImdb-layout folders made here (row order, thread count, messages).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "engine/errors.h"
+#include "io/batch_reader.h"
+#include "io/dataset.h"
 #include "io/hdf5_util.h"
 #include "io/synthetic.h"
 #include "io/text_corpus.h"
@@ -124,6 +128,28 @@ std::vector<T> read_all(const std::string& path, const std::string& name, hid_t 
   return values;
 }
 
+// The rows of a split as (tokens, label), in file order.
+using Row = std::pair<std::vector<int32_t>, uint8_t>;
+std::vector<Row> rows_of(const std::string& path, const std::string& split, int maxlen) {
+  const std::vector<int32_t> x = read_all<int32_t>(path, "/" + split + "/x", H5T_NATIVE_INT32);
+  const std::vector<uint8_t> y = read_all<uint8_t>(path, "/" + split + "/y", H5T_NATIVE_UINT8);
+  EXPECT_EQ(x.size(), y.size() * static_cast<size_t>(maxlen));
+  std::vector<Row> rows;
+  for (size_t i = 0; i < y.size(); ++i) {
+    rows.emplace_back(std::vector<int32_t>(x.begin() + static_cast<std::ptrdiff_t>(i * maxlen),
+                                           x.begin() + static_cast<std::ptrdiff_t>((i + 1) * maxlen)),
+                      y[i]);
+  }
+  return rows;
+}
+
+// The same, sorted: what a split holds whatever its order.
+std::vector<Row> sorted_rows(const std::string& path, const std::string& split, int maxlen) {
+  std::vector<Row> rows = rows_of(path, split, maxlen);
+  std::sort(rows.begin(), rows.end());
+  return rows;
+}
+
 TextCorpusOptions options_for(const TempDir& dir, const std::string& output, int threads) {
   TextCorpusOptions o;
   o.input = dir.file("corpus");
@@ -150,16 +176,12 @@ TEST(PrepareText, RowsVocabularyAndSummary) {
   // Training counts: good 5, movie 3, a/acting/and/bad 1 each: vocab 7 keeps good, movie, then "a", "acting".
   const Vocabulary vocabulary = read_vocabulary(dir.file("data.h5"));
   EXPECT_EQ(vocabulary.words(), (Words{"<pad>", "<start>", "<oov>", "good", "movie", "a", "acting"}));
-  // Rows: pos a.txt (its last 5 words), neg x.txt, pos b.txt (pos and neg alternate, files by name, the
-  // empty y.txt skipped).
-  EXPECT_EQ(read_all<int32_t>(dir.file("data.h5"), "/train/x", H5T_NATIVE_INT32),
-            (std::vector<int32_t>{2, 5, 3, 4, 3, /**/ 0, 0, 1, 2, 4, /**/ 0, 1, 3, 3, 4}));
-  EXPECT_EQ(read_all<uint8_t>(dir.file("data.h5"), "/train/y", H5T_NATIVE_UINT8),
-            (std::vector<uint8_t>{1, 0, 1}));
-  EXPECT_EQ(read_all<int32_t>(dir.file("data.h5"), "/test/x", H5T_NATIVE_INT32),
-            (std::vector<int32_t>{0, 0, 1, 3, 2, /**/ 0, 0, 1, 2, 2}));
-  EXPECT_EQ(read_all<uint8_t>(dir.file("data.h5"), "/test/y", H5T_NATIVE_UINT8),
-            (std::vector<uint8_t>{1, 0}));
+  // Rows (in a random order, compared sorted): pos a.txt (its last 5 words), pos b.txt, neg x.txt; the empty
+  // y.txt skipped.
+  EXPECT_EQ(sorted_rows(dir.file("data.h5"), "train", 5),
+            (std::vector<Row>{{{0, 0, 1, 2, 4}, 0}, {{0, 1, 3, 3, 4}, 1}, {{2, 5, 3, 4, 3}, 1}}));
+  EXPECT_EQ(sorted_rows(dir.file("data.h5"), "test", 5),
+            (std::vector<Row>{{{0, 0, 1, 2, 2}, 0}, {{0, 0, 1, 3, 2}, 1}}));
 
   EXPECT_NE(summary.find("train 3 (2 pos, 1 neg), test 2 (1 pos, 1 neg), vocab_size 7, maxlen 5"),
             std::string::npos)
@@ -190,25 +212,30 @@ TEST(PrepareText, ThreadCountDoesNotChangeTheFile) {
     }
   }
   write_text(corpus / "train/neg/empty.txt", "");
-  TextCorpusOptions one = options_for(dir, "one.h5", 1);
-  TextCorpusOptions three = options_for(dir, "three.h5", 3);
-  one.maxlen = three.maxlen = 8;
-  prepare_text(one);
-  prepare_text(three);
-  for (const char* name : {"/train/x", "/test/x"}) {
-    EXPECT_EQ(read_all<int32_t>(one.output, name, H5T_NATIVE_INT32),
-              read_all<int32_t>(three.output, name, H5T_NATIVE_INT32))
-        << name;
+  // With /val too: its files are read again, by as many threads, to take their words out of the vocabulary.
+  for (const double val_fraction : {0.0, 0.25}) {
+    TextCorpusOptions one = options_for(dir, "one.h5", 1);
+    TextCorpusOptions three = options_for(dir, "three.h5", 3);
+    one.maxlen = three.maxlen = 8;
+    one.val_fraction = three.val_fraction = val_fraction;
+    prepare_text(one);
+    prepare_text(three);
+    for (const char* name : {"/train/x", "/test/x"}) {
+      EXPECT_EQ(read_all<int32_t>(one.output, name, H5T_NATIVE_INT32),
+                read_all<int32_t>(three.output, name, H5T_NATIVE_INT32))
+          << name;
+    }
+    EXPECT_EQ(read_all<uint8_t>(one.output, "/train/y", H5T_NATIVE_UINT8),
+              read_all<uint8_t>(three.output, "/train/y", H5T_NATIVE_UINT8));
+    EXPECT_EQ(read_vocabulary(one.output).words(), read_vocabulary(three.output).words());
+    EXPECT_EQ(inspect_dataset(three.output).val_size, val_fraction > 0 ? 20 : 0);  // round(0.25 * 80)
+    // The writer stores no timestamps, so the files are byte for byte the same.
+    std::ifstream a(one.output, std::ios::binary);
+    std::ifstream b(three.output, std::ios::binary);
+    const std::string bytes_one((std::istreambuf_iterator<char>(a)), {});
+    const std::string bytes_three((std::istreambuf_iterator<char>(b)), {});
+    EXPECT_EQ(bytes_one, bytes_three) << "val_fraction " << val_fraction;
   }
-  EXPECT_EQ(read_all<uint8_t>(one.output, "/train/y", H5T_NATIVE_UINT8),
-            read_all<uint8_t>(three.output, "/train/y", H5T_NATIVE_UINT8));
-  EXPECT_EQ(read_vocabulary(one.output).words(), read_vocabulary(three.output).words());
-  // The writer stores no timestamps, so the files are byte for byte the same.
-  std::ifstream a(one.output, std::ios::binary);
-  std::ifstream b(three.output, std::ios::binary);
-  const std::string bytes_one((std::istreambuf_iterator<char>(a)), {});
-  const std::string bytes_three((std::istreambuf_iterator<char>(b)), {});
-  EXPECT_EQ(bytes_one, bytes_three);
 }
 
 std::string user_error_of(const TextCorpusOptions& options) {
@@ -242,6 +269,206 @@ TEST(PrepareText, MissingFolderOrEmptySplitNamesTheFolder) {
   absent.input = dir.file("absent");
   message = user_error_of(absent);
   EXPECT_NE(message.find(dir.file("absent") + ": no such folder"), std::string::npos) << message;
+}
+
+// A class-sorted corpus of documents made to be told apart: training document i (i < pos + neg, the first
+// `pos` positive) is "aH bT cU uI", H = i / 100, T and U the last two digits of i, and I = i. With maxlen 5
+// its row is [1, aH, bT, cU, uI]: the a, b, c words occur in many documents, so the row names its document
+// even where uI, a word of that document only, is out of the vocabulary. The test split's 20 documents (the
+// first 10 positive) are copies of training documents 0..19.
+constexpr int kIndexedMaxlen = 5;
+
+std::string indexed_document(int i) {
+  return "a" + std::to_string(i / 100) + " b" + std::to_string(i / 10 % 10) + " c" + std::to_string(i % 10) +
+         " u" + std::to_string(i);
+}
+
+void write_indexed_corpus(const std::filesystem::path& corpus, int pos, int neg) {
+  const auto name = [](int i) {
+    char text[16];
+    std::snprintf(text, sizeof(text), "%04d.txt", i);  // byte order is number order
+    return std::string(text);
+  };
+  for (int i = 0; i < pos + neg; ++i) {
+    write_text(corpus / (i < pos ? "train/pos" : "train/neg") / name(i), indexed_document(i));
+  }
+  for (int j = 0; j < 20; ++j) {
+    write_text(corpus / (j < 10 ? "test/pos" : "test/neg") / name(j), indexed_document(j));
+  }
+}
+
+TextCorpusOptions indexed_options(const TempDir& dir, const std::string& output) {
+  TextCorpusOptions o = options_for(dir, output, 2);
+  o.vocab = 10000;  // every training word gets an id (up to 4826 u words and 69 a, b, c words)
+  o.maxlen = kIndexedMaxlen;
+  return o;
+}
+
+// The document numbers of a split's rows, in file order, read through the file's own /vocab.
+std::vector<int> documents_of(const std::string& path, const std::string& split) {
+  const Vocabulary vocabulary = read_vocabulary(path);
+  std::vector<int> documents;
+  for (const Row& row : rows_of(path, split, kIndexedMaxlen)) {
+    EXPECT_EQ(row.first[0], kStartId);
+    int number = 0;
+    for (int k = 1; k <= 3; ++k) {
+      const std::string& word = vocabulary.words()[static_cast<size_t>(row.first[static_cast<size_t>(k)])];
+      number = number * 10 + std::stoi(word.substr(1));
+    }
+    documents.push_back(number);
+  }
+  return documents;
+}
+
+TEST(PrepareText, ShuffledRowsGiveContiguousShardsTheFilesBalance) {
+  // The corpus of the report: 1,508 pos and 3,318 neg training documents, which the old order (pos and neg
+  // alternating) put into 2 rank shards of 50% and 12.5% positive.
+  constexpr int kPos = 1508;
+  constexpr int kRows = 1508 + 3318;
+  TempDir dir;
+  write_indexed_corpus(dir.file("corpus"), kPos, kRows - kPos);
+  TextCorpusOptions o = indexed_options(dir, "data.h5");
+  const double positive_share = static_cast<double>(kPos) / kRows;
+  for (const uint64_t seed : {1, 2, 3}) {
+    o.seed = seed;
+    prepare_text(o);
+    const std::vector<uint8_t> y = read_all<uint8_t>(o.output, "/train/y", H5T_NATIVE_UINT8);
+    ASSERT_EQ(y.size(), static_cast<size_t>(kRows));
+    // Each row is its document, with its label, and every document is there once.
+    std::vector<int> documents = documents_of(o.output, "train");
+    for (size_t r = 0; r < y.size(); ++r) EXPECT_EQ(y[r], documents[r] < kPos ? 1 : 0) << "row " << r;
+    std::sort(documents.begin(), documents.end());
+    for (int i = 0; i < kRows; ++i) ASSERT_EQ(documents[static_cast<size_t>(i)], i);
+    // In a random order a shard's positive share is hypergeometric, with a standard deviation of 0.67
+    // points for 2413 of 4826 rows and 0.95 for 1608: 4 points is over 4 of them, so any seed passes
+    // (at 150 and 330 documents it is 3.0 points for 160 rows, and 8 points failed seed 2). Rows in file
+    // order (all pos, then all neg) give rank 0 of 2 62.5% positive, and the old alternating order 50%.
+    for (const int world : {2, 3}) {
+      for (int rank = 0; rank < world; ++rank) {
+        const Shard shard = shard_of(kRows, rank, world, false);
+        const auto positives = std::count(y.begin() + shard.begin, y.begin() + shard.end, uint8_t{1});
+        EXPECT_NEAR(static_cast<double>(positives) / static_cast<double>(shard.size()), positive_share, 0.04)
+            << "seed " << seed << ", rank " << rank << " of " << world;
+      }
+    }
+  }
+}
+
+TEST(PrepareText, TheSeedChoosesTheRowOrder) {
+  TempDir dir;
+  write_indexed_corpus(dir.file("corpus"), 150, 330);
+  TextCorpusOptions a = indexed_options(dir, "a.h5");
+  TextCorpusOptions b = indexed_options(dir, "b.h5");
+  TextCorpusOptions c = indexed_options(dir, "c.h5");
+  a.seed = b.seed = 7;
+  c.seed = 8;
+  b.threads = 1;
+  prepare_text(a);
+  prepare_text(b);
+  prepare_text(c);
+  const auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  EXPECT_EQ(bytes(a.output), bytes(b.output));  // same seed, same file, whatever the thread count
+  for (const char* split : {"train", "test"}) {
+    const std::vector<int> order_a = documents_of(a.output, split);
+    const std::vector<int> order_c = documents_of(c.output, split);
+    EXPECT_NE(order_a, order_c) << split;
+    EXPECT_FALSE(std::is_sorted(order_a.begin(), order_a.end())) << split;  // not the file order
+    EXPECT_EQ(sorted_rows(a.output, split, kIndexedMaxlen), sorted_rows(c.output, split, kIndexedMaxlen))
+        << split;  // the same rows
+  }
+}
+
+TEST(PrepareText, ValFractionHoldsOutTheLastTrainingRows) {
+  TempDir dir;
+  write_indexed_corpus(dir.file("corpus"), 150, 330);
+  TextCorpusOptions whole = indexed_options(dir, "whole.h5");
+  TextCorpusOptions held = indexed_options(dir, "held.h5");
+  whole.seed = held.seed = 3;
+  held.val_fraction = 0.1;
+  prepare_text(whole);
+  const std::string summary = prepare_text(held);
+
+  const DatasetInfo info = inspect_dataset(held.output);
+  EXPECT_EQ(info.train_size, 432);
+  EXPECT_EQ(info.val_size, 48);  // round(0.1 * 480)
+  EXPECT_EQ(info.test_size, 20);
+  EXPECT_EQ(inspect_dataset(whole.output).val_size, 0);
+  EXPECT_NO_THROW(validate_rows(info, "val", 0, info.val_size));
+
+  // /train then /val are the training documents in the order of the file without /val: none lost, none twice.
+  std::vector<int> documents = documents_of(held.output, "train");
+  const std::vector<int> val = documents_of(held.output, "val");
+  documents.insert(documents.end(), val.begin(), val.end());
+  EXPECT_EQ(documents, documents_of(whole.output, "train"));
+  const std::vector<uint8_t> val_y = read_all<uint8_t>(held.output, "/val/y", H5T_NATIVE_UINT8);
+  ASSERT_EQ(val_y.size(), val.size());
+  for (size_t r = 0; r < val.size(); ++r) EXPECT_EQ(val_y[r], val[r] < 150 ? 1 : 0) << "val row " << r;
+  const auto val_positives = std::count(val_y.begin(), val_y.end(), uint8_t{1});
+  EXPECT_EQ(label_counts(info, "val", 0, 48), (std::vector<int64_t>{48 - val_positives, val_positives}));
+
+  // The vocabulary is ranked on /train's rows: the word of a /val document alone is out of it.
+  const Vocabulary vocabulary = read_vocabulary(held.output);
+  const Vocabulary whole_vocabulary = read_vocabulary(whole.output);
+  for (int i = 0; i < 480; ++i) {
+    const std::string word = "u" + std::to_string(i);
+    const bool in_val = std::find(val.begin(), val.end(), i) != val.end();
+    EXPECT_EQ(vocabulary.id(word) == kOovId, in_val) << word;
+    EXPECT_NE(whole_vocabulary.id(word), kOovId) << word;
+  }
+  EXPECT_EQ(vocabulary.size(), whole_vocabulary.size() - 48);
+  EXPECT_NE(summary.find("train 432 ("), std::string::npos) << summary;
+  EXPECT_NE(summary.find(", val 48 (" + std::to_string(val_positives) + " pos, "), std::string::npos)
+      << summary;
+  EXPECT_NE(summary.find("test 20 (10 pos, 10 neg)"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("distinct in train; they cover 100.0% of 1728 training tokens"), std::string::npos)
+      << summary;
+
+  // The /val rows in batches, as the trainer reads them.
+  BatchReaderOptions reader_options;
+  reader_options.path = held.output;
+  reader_options.split = "val";
+  reader_options.shard = {0, info.val_size};
+  reader_options.batch_size = 20;
+  reader_options.shuffle = false;
+  reader_options.drop_last = false;
+  BatchReader reader(reader_options);
+  std::vector<int32_t> tokens;
+  std::vector<float> labels;
+  while (const Batch* batch = reader.next()) {
+    tokens.insert(tokens.end(), batch->tokens.begin(), batch->tokens.end());
+    labels.insert(labels.end(), batch->labels.begin(), batch->labels.end());
+  }
+  EXPECT_EQ(reader.num_batches(), 3);
+  EXPECT_EQ(tokens, read_all<int32_t>(held.output, "/val/x", H5T_NATIVE_INT32));
+  EXPECT_EQ(labels, std::vector<float>(val_y.begin(), val_y.end()));
+}
+
+TEST(PrepareText, BadValFractionIsOneErrorNamingTheOption) {
+  TempDir dir;
+  write_indexed_corpus(dir.file("corpus"), 3, 2);
+  TextCorpusOptions o = indexed_options(dir, "data.h5");
+  o.val_fraction = -0.5;
+  EXPECT_NE(user_error_of(o).find("prepare text: --val-fraction must be in [0, 1), got -0.5"),
+            std::string::npos);
+  o.val_fraction = 1;
+  EXPECT_NE(user_error_of(o).find("prepare text: --val-fraction must be in [0, 1), got 1"),
+            std::string::npos);
+  o.val_fraction = 0.9;  // round(4.5) = 5 of 5 rows
+  EXPECT_NE(
+      user_error_of(o).find("prepare text: --val-fraction 0.9 of 5 training rows leaves no row in /train"),
+      std::string::npos)
+      << user_error_of(o);
+  o.val_fraction = 0.05;  // round(0.25) = 0
+  EXPECT_NE(user_error_of(o).find("--val-fraction 0.05 of 5 training rows gives no row to /val"),
+            std::string::npos)
+      << user_error_of(o);
+  EXPECT_FALSE(std::filesystem::exists(o.output));
+  o.val_fraction = 0.2;
+  EXPECT_EQ(user_error_of(o), "no error");
+  EXPECT_EQ(inspect_dataset(o.output).val_size, 1);
 }
 
 TEST(ReadVocabulary, DatasetWithoutVocabIsAUserError) {

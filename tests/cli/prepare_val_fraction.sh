@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# `ddptrain prepare KIND --val-fraction F` for every kind: /val holds the last round(F * rows) training rows,
+# /train the others, and a bad F exits 2 with one line naming --val-fraction.
+#   bash tests/cli/prepare_val_fraction.sh path/to/ddptrain source-dir
+set -euo pipefail
+ddptrain=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+
+fail() {
+  echo "FAIL: $1"
+  shift
+  for f in "$@"; do [ -f "$f" ] && cat "$f"; done
+  exit 1
+}
+
+rows() {  # rows FILE DATASET: the first dimension
+  h5ls "$1/$2" | sed -E 's/.*\{([0-9]+).*/\1/'
+}
+
+# synthetic: /train then /val is the training stream of the file without /val.
+"$ddptrain" prepare synthetic --output whole.h5 --train 200 --test 20 --vocab 100 --maxlen 12 >whole.txt
+"$ddptrain" prepare synthetic --output held.h5 --train 200 --test 20 --vocab 100 --maxlen 12 --val-fraction 0.25 \
+  >held.txt 2>&1 || fail "prepare synthetic --val-fraction failed" held.txt
+grep -q "150 train, 50 val and 20 test samples" held.txt || fail "synthetic summary" held.txt
+[ "$(rows held.h5 train/x)" = 150 ] && [ "$(rows held.h5 val/x)" = 50 ] && [ "$(rows held.h5 val/y)" = 50 ] ||
+  fail "synthetic: /train and /val sizes" held.txt
+for d in x y; do
+  h5dump -d "/train/$d" -b LE -o whole_$d.bin whole.h5 >/dev/null
+  h5dump -d "/train/$d" -b LE -o train_$d.bin held.h5 >/dev/null
+  h5dump -d "/val/$d" -b LE -o val_$d.bin held.h5 >/dev/null
+  cat train_$d.bin val_$d.bin | cmp -s - whole_$d.bin || fail "synthetic: /train + /val/$d differs from /train/$d"
+done
+if h5ls whole.h5 | grep -q '^val'; then fail "a file without --val-fraction has /val"; fi
+
+# text: the summary counts both groups.
+for split in train test; do
+  mkdir -p corpus/$split/pos corpus/$split/neg
+  for i in $(seq 20); do
+    echo "great film $i" >corpus/$split/pos/$i.txt
+    echo "awful film $i" >corpus/$split/neg/$i.txt
+  done
+done
+"$ddptrain" prepare text --input corpus --output text.h5 --val-fraction 0.1 --seed 5 >text.txt 2>&1 ||
+  fail "prepare text --val-fraction failed" text.txt
+grep -qE "wrote text.h5: train 36 \([0-9]+ pos, [0-9]+ neg\), val 4 \([0-9]+ pos, [0-9]+ neg\), test 40 \(20 pos, 20 neg\)" \
+  text.txt || fail "text summary" text.txt
+[ "$(rows text.h5 val/x)" = 4 ] || fail "text: /val/x rows" text.txt
+
+# Bad fractions: exit 2, one line naming the option, no file.
+expect_user_error() {  # expect_user_error MENTION ARGS...
+  local mention=$1 status=0
+  shift
+  "$ddptrain" "$@" >bad_out.txt 2>bad_err.txt || status=$?
+  [ "$status" -eq 2 ] || fail "$*: exit status $status, expected 2" bad_out.txt bad_err.txt
+  [ "$(wc -l <bad_err.txt)" -eq 1 ] || fail "$*: not one line on stderr" bad_err.txt
+  grep -qF -- "$mention" bad_err.txt || fail "$*: '$mention' not in the message" bad_err.txt
+  [ ! -e bad.h5 ] || fail "$*: bad.h5 was written"
+}
+expect_user_error "--val-fraction must be in [0, 1), got -0.1" prepare synthetic --output bad.h5 --val-fraction -0.1
+expect_user_error "--val-fraction must be in [0, 1), got 1" prepare text --input corpus --output bad.h5 --val-fraction 1
+expect_user_error "--val-fraction 0.99 of 40 training rows leaves no row in /train" \
+  prepare text --input corpus --output bad.h5 --val-fraction 0.99
+expect_user_error "--val-fraction" prepare imdb-npz --input absent.npz --output bad.h5 --val-fraction 2
+expect_user_error "'--val-fraction' is invalid" prepare synthetic --output bad.h5 --val-fraction tenth
+echo "PASS: /val for synthetic and text, bad fractions rejected"
