@@ -60,8 +60,10 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
     const io::Shard test_rows = io::shard_of(data.test_size, boot.rank(), boot.size(), /*cover_all=*/true);
     io::validate_rows(data, "train", train_rows.begin, train_rows.end);
     io::validate_rows(data, "test", test_rows.begin, test_rows.end);
-    const io::Shard val_rows = io::shard_of(data.val_size, boot.rank(), boot.size(), /*cover_all=*/true);
-    io::validate_rows(data, "val", val_rows.begin, val_rows.end);
+    if (data.val_size > 0) {
+      const io::Shard val_rows = io::shard_of(data.val_size, boot.rank(), boot.size(), /*cover_all=*/true);
+      io::validate_rows(data, "val", val_rows.begin, val_rows.end);
+    }
   });
 
   if (boot.rank() == 0) {

@@ -60,6 +60,13 @@ test_loss=$(grep -oP '"test_loss": \K[0-9.]+' run/metrics.jsonl)
 awk -v a="$test_loss" -v b="$(grep -oP 'loss \K[0-9.]+' evaluate.txt)" 'BEGIN { d = a - b; exit !(d < 1e-4 && d > -1e-4) }' ||
   fail "the run's test_loss $test_loss is not evaluate's of best.h5" evaluate.txt
 
+# A file with /val (prepare --val-fraction) validates on it under data.validation = auto.
+"$ddptrain" prepare synthetic --output with-val.h5 --train 1200 --test 300 --vocab 300 --maxlen 20 \
+  --val-fraction 0.1 >/dev/null
+"$ddptrain" --checkpoint.dir val-run --data.path with-val.h5 --train.epochs 1 --model.hidden 16 >val.txt 2>&1 ||
+  fail "training with /val" val.txt
+grep -qF "train 1080, val 120 (/val), test 300" val.txt || fail "/val is not the validation" val.txt
+
 # 3. Resume checks its data, and a finished run says so.
 expect_user_error "resume on other data" "checkpoint.allow_data_change" "${train[@]}" --data.path other.h5 --train.epochs 3 --resume auto
 grep -qF "was trained on data.h5" bad_err.txt || fail "the refusal does not name the checkpoint's data" bad_err.txt
