@@ -46,7 +46,8 @@ case "${1:-}" in
     mkdir -p data
     [ -f data/quickstart.h5 ] || "$build"/ddptrain prepare synthetic --output data/quickstart.h5 \
       --train 20000 --test 4000 --vocab 2000 --maxlen 40 --seed 1
-    mpirun -np 2 "$build"/ddptrain --config launch/configs/quickstart.ini
+    # runs/quickstart is the demo's own directory: each quickstart replaces the previous one.
+    mpirun -np 2 "$build"/ddptrain --config launch/configs/quickstart.ini --checkpoint.overwrite true
     ;;
   test)
     install_missing
