@@ -131,6 +131,17 @@ TEST(Cli, HelpListsOptionsAndExitsZero) {
   EXPECT_NE(o.out.find("(=32)"), std::string::npos);
 }
 
+TEST(Cli, AbbreviatedOptionsAreRefused) {
+  TempDir dir;
+  const std::string data = make_file(dir, "ok.h5", {});
+  // Boost.Program_options would take a unique prefix for the whole name: --train.epochs,
+  // --train.learning_rate.
+  expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --train.epoch 1"), {"'--train.epoch'"});
+  expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --train.learn 0.5"), {"'--train.learn'"});
+  expect_user_error(run_ddptrain(dir, "check-env --dev cpu"), {"check-env", "'--dev'"});
+  expect_user_error(run_ddptrain(dir, "prepare synthetic --out x.h5"), {"'--out'"});
+}
+
 TEST(Cli, BadConfigs) {
   TempDir dir;
   const std::string data = make_file(dir, "ok.h5", {});
