@@ -129,6 +129,10 @@ TEST(Cli, HelpListsOptionsAndExitsZero) {
   EXPECT_EQ(o.exit_code, 0);
   EXPECT_NE(o.out.find("--train.batch_size"), std::string::npos);
   EXPECT_NE(o.out.find("(=32)"), std::string::npos);
+  // Numbers as written, not as the nearest 17 digits.
+  EXPECT_NE(o.out.find("(=0.9)"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("(=1e-07)"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("0000000"), std::string::npos) << o.out;
 }
 
 TEST(Cli, AbbreviatedOptionsAreRefused) {
@@ -251,6 +255,11 @@ TEST(Cli, TrainsOnGoodFile) {
   const Outcome o = run_ddptrain(dir, train_args(dir, data));
   EXPECT_EQ(o.exit_code, 0) << o.err;
   EXPECT_NE(o.out.find("Epoch 1/1"), std::string::npos) << o.out;
+  // The run directory's effective configuration, numbers as written.
+  std::stringstream ini;
+  ini << std::ifstream(dir.file("run/config.ini")).rdbuf();
+  EXPECT_NE(ini.str().find("beta1 = 0.9\n"), std::string::npos) << ini.str();
+  EXPECT_NE(ini.str().find("epsilon = 1e-07\n"), std::string::npos) << ini.str();
 }
 
 }  // namespace
