@@ -43,7 +43,17 @@ std::string stop_summary(int64_t epochs_done, int64_t steps_in_epoch, const std:
   return where + ": " + last + " holds the progress; run again with --resume auto to continue";
 }
 
+// `ddptrain` alone: the first lines of --help (how to call it) instead of complaining about a missing key.
+int usage_command(int rank) {
+  if (rank != 0) return kExitUserError;
+  const std::string help = engine::parse_config({"--help"}).help;
+  std::fprintf(stderr, "%s\nddptrain --help lists every key, its default and meaning\n",
+               help.substr(0, help.find("\n\n") + 1).c_str());
+  return kExitUserError;
+}
+
 int train_command(const std::vector<std::string>& args, comm::Communicator& boot) {
+  if (args.empty()) return usage_command(boot.rank());
   // First, so that a preemption signal during start-up is kept for the first step boundary rather than
   // killing the rank.
   engine::install_stop_signal_handlers();

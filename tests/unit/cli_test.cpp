@@ -135,6 +135,22 @@ TEST(Cli, HelpListsOptionsAndExitsZero) {
   EXPECT_EQ(o.out.find("0000000"), std::string::npos) << o.out;
 }
 
+TEST(Cli, NoArgumentsShowsTheUsage) {
+  TempDir dir;
+  for (const std::string& args : {std::string(), std::string("train")}) {
+    const Outcome o = run_ddptrain(dir, args);
+    EXPECT_EQ(o.exit_code, 2) << args;
+    EXPECT_EQ(o.err.rfind("Usage: ddptrain [train] --config FILE", 0), 0u) << o.err;
+    EXPECT_NE(o.err.find("ddptrain check-env"), std::string::npos) << o.err;
+    EXPECT_NE(o.err.find("ddptrain --help lists every key"), std::string::npos) << o.err;
+    EXPECT_EQ(o.err.find("data.path"), std::string::npos) << o.err;
+  }
+  // Under mpirun, once (rank 0).
+  const Outcome o = run_ddptrain(dir, "", "mpirun --allow-run-as-root --oversubscribe -np 2");
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_EQ(o.err.find("Usage:"), o.err.rfind("Usage:")) << o.err;
+}
+
 TEST(Cli, AbbreviatedOptionsAreRefused) {
   TempDir dir;
   const std::string data = make_file(dir, "ok.h5", {});
