@@ -121,7 +121,9 @@ int main(int argc, char** argv) {
       "sparse", po::value(&sparse)->default_value(sparse), "exchange only touched embedding rows")(
       "lazy", po::value(&lazy)->default_value(lazy), "lazy (row-wise) Adam on the embedding");
   po::variables_map vm;
-  po::store(po::parse_command_line(argc, argv, desc), vm);
+  // No guessing of abbreviated option names: a typo must not set another option.
+  const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+  po::store(po::parse_command_line(argc, argv, desc, style), vm);
   po::notify(vm);
   if (vm.count("help")) {
     std::cout << desc;

@@ -251,7 +251,9 @@ int main(int argc, char** argv) {
       "replica", po::bool_switch(&o.replica), "also time the cuDNN replica's train_step");
   po::variables_map vm;
   try {
-    po::store(po::parse_command_line(argc, argv, desc), vm);
+    // No guessing of abbreviated option names: a typo must not set another option.
+    const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+    po::store(po::parse_command_line(argc, argv, desc, style), vm);
     po::notify(vm);
   } catch (const po::error& e) {
     std::cerr << "cudnn_floor_bench: " << e.what() << "\n" << desc;

@@ -172,7 +172,9 @@ int main(int argc, char** argv) {
       "staleness", po::value(&o.staleness)->default_value(o.staleness), "ps-async: max_staleness");
   po::variables_map vm;
   try {
-    po::store(po::parse_command_line(argc, argv, desc), vm);
+    // No guessing of abbreviated option names: a typo must not set another option.
+    const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+    po::store(po::parse_command_line(argc, argv, desc, style), vm);
     po::notify(vm);
   } catch (const po::error& e) {
     std::cerr << "ps_bench: " << e.what() << "\n";

@@ -172,10 +172,12 @@ struct RankFacts {
   std::string visible_devices;
   std::string device;
   std::string device_reason;
-  std::string bound_gpu;  // "name, bus id" of the GPU the rank would train on
+  std::string device_detail;  // the full text behind a brief device_reason (Topology::device_detail)
+  std::string bound_gpu;      // "name, bus id" of the GPU the rank would train on
   bool cuda_built = false;
   bool gpus_probed = false;
   std::string why_no_gpu;
+  std::string why_no_gpu_brief;
   std::vector<GpuInfo> gpus;
   std::vector<std::string> peer_rows;  // row i, column j: 'Y', 'N', '-' (itself) or '?' (CUDA refused)
   GpuSoftwareVersions versions;
@@ -223,10 +225,12 @@ std::string encode(const RankFacts& f) {
   put("visible", f.visible_devices);
   put("device", f.device);
   put("device_reason", f.device_reason);
+  put("device_detail", f.device_detail);
   put("bound_gpu", f.bound_gpu);
   put("cuda_built", f.cuda_built ? "1" : "0");
   put("gpus_probed", f.gpus_probed ? "1" : "0");
   put("why_no_gpu", f.why_no_gpu);
+  put("why_no_gpu_brief", f.why_no_gpu_brief);
   for (const GpuInfo& g : f.gpus) {
     put("gpu", std::to_string(g.index) + kUnit + one_line(g.name) + kUnit + one_line(g.pci_bus_id) + kUnit +
                    std::to_string(g.total_memory_bytes) + kUnit + std::to_string(g.compute_major) + kUnit +
@@ -292,10 +296,12 @@ RankFacts decode(const std::string& text) {
   f.visible_devices = values["visible"];
   f.device = values["device"];
   f.device_reason = values["device_reason"];
+  f.device_detail = values["device_detail"];
   f.bound_gpu = values["bound_gpu"];
   f.cuda_built = values["cuda_built"] == "1";
   f.gpus_probed = values["gpus_probed"] == "1";
   f.why_no_gpu = values["why_no_gpu"];
+  f.why_no_gpu_brief = values["why_no_gpu_brief"];
   f.versions = {values["driver"], values["cuda_runtime"], values["cudnn"], values["nccl"]};
   f.mpi = values["mpi"];
   f.hdf5 = values["hdf5"];
@@ -361,12 +367,14 @@ RankFacts gather_facts(const std::string& device_request) {
   f.visible_devices = visible != nullptr ? visible : "unset";
   f.device = topology.device;
   f.device_reason = topology.device_reason;
+  f.device_detail = topology.device_detail;
   if (topology.gpu >= 0) f.bound_gpu = topology.gpu_name + ", " + topology.gpu_bus_id;
   if (device_request != "cpu") {  // a CPU check creates no CUDA context
     const GpuInventory inventory = probe_gpus();
     f.gpus_probed = true;
     f.cuda_built = inventory.cuda_built;
     f.why_no_gpu = inventory.why_none;
+    f.why_no_gpu_brief = inventory.why_none_brief;
     f.gpus = inventory.gpus;
     f.peer_rows = peer_matrix(inventory.gpus);
   }
@@ -403,8 +411,10 @@ std::string smoke_line(const SmokeResult& s) {
 }
 
 // Prints one node's report; returns its problems (empty: OK).
+// `full`: CUDA's own words where a GPU is missing (--verbose, or --device cuda, where a GPU was asked for);
+// otherwise a few words, since a node without GPUs is a CPU node working as meant.
 std::vector<std::string> report_node(const std::string& host, const std::vector<RankFacts>& ranks,
-                                     const std::string& device_request) {
+                                     const std::string& device_request, bool full) {
   const RankFacts& first = ranks.front();
   // The rank that sees the most GPUs speaks for the node's GPUs (ranks may have their own
   // CUDA_VISIBLE_DEVICES).
@@ -426,7 +436,7 @@ std::vector<std::string> report_node(const std::string& host, const std::vector<
   if (!first.gpus_probed) {
     row("GPUs", "not checked (--device cpu)");
   } else if (widest->gpus.empty()) {
-    row("GPUs", "none: " + first.why_no_gpu);
+    row("GPUs", "none: " + (full ? first.why_no_gpu : first.why_no_gpu_brief));
   } else {
     const std::string seen_by = widest->rank == first.rank && ranks.size() == 1
                                     ? ""
@@ -448,10 +458,17 @@ std::vector<std::string> report_node(const std::string& host, const std::vector<
   std::vector<std::string> problems;
   std::vector<int> unbound;
   for (const RankFacts& r : ranks) {
+    // A rank that sees no GPU says why in a few words: "device cpu (no GPU driver)".
+    std::string what;
+    if (!r.bound_gpu.empty()) {
+      what = " (" + r.bound_gpu + ")";
+    } else if (r.gpus_probed && r.gpus.empty()) {
+      what = " (" + r.why_no_gpu_brief + ")";
+    }
     std::printf("  rank %d: local rank %d, CUDA_VISIBLE_DEVICES=%s, device %s%s\n", r.rank, r.local_rank,
-                r.visible_devices.c_str(), r.device.c_str(),
-                r.bound_gpu.empty() ? "" : (" (" + r.bound_gpu + ")").c_str());
-    std::printf("    binding: %s\n", r.device_reason.c_str());
+                r.visible_devices.c_str(), r.device.c_str(), what.c_str());
+    const std::string& binding = full && !r.device_detail.empty() ? r.device_detail : r.device_reason;
+    std::printf("    binding: %s\n", binding.c_str());
     std::printf("    cores: %d of the node's %d\n", r.cores.allowed, r.cores.online);
     if (!r.cores_hint.empty()) std::printf("    hint: %s\n", r.cores_hint.c_str());
     std::printf("    smoke test: %s\n", smoke_line(r.smoke).c_str());
@@ -466,12 +483,12 @@ std::vector<std::string> report_node(const std::string& host, const std::vector<
       if (first.cuda_built) {
         problems.push_back(
             "no GPU visible" + driver_note +
-            ": check CUDA_VISIBLE_DEVICES / --gres (Slurm) / --gpus (docker); use --device cpu on "
-            "CPU-only nodes");
+            ": check CUDA_VISIBLE_DEVICES / --gres (Slurm) / --gpus (docker); on CPU-only nodes use "
+            "--device auto (the default) or cpu");
       } else {
         problems.push_back(
             "no GPU visible: built without CUDA (reconfigure with -DDDPTRAIN_CUDA=ON where the CUDA toolkit, "
-            "cuDNN and NCCL are installed); use --device cpu on CPU-only nodes");
+            "cuDNN and NCCL are installed); on CPU-only nodes use --device auto (the default) or cpu");
       }
     } else if (!unbound.empty()) {
       std::string which;
@@ -486,7 +503,9 @@ std::vector<std::string> report_node(const std::string& host, const std::vector<
     if (!r.smoke.ok)
       problems.push_back("smoke test failed on rank " + std::to_string(r.rank) + ": " + r.smoke.error);
   }
-  if (problems.empty()) {
+  if (problems.empty() && widest->gpus.empty() && first.gpus_probed) {
+    std::printf("  verdict: OK (no GPU: training runs on the CPU)\n");
+  } else if (problems.empty()) {
     std::printf("  verdict: OK\n");
   } else {
     for (const std::string& p : problems) std::printf("  verdict: PROBLEM: %s\n", p.c_str());
@@ -495,7 +514,7 @@ std::vector<std::string> report_node(const std::string& host, const std::vector<
 }
 
 // Prints the whole report on rank 0; returns whether any node has a problem.
-bool report(const std::vector<RankFacts>& all, const std::string& device_request) {
+bool report(const std::vector<RankFacts>& all, const std::string& device_request, bool verbose) {
   std::vector<std::string> hosts;  // in order of their first rank
   std::map<std::string, std::vector<RankFacts>> by_host;
   for (const RankFacts& f : all) {
@@ -506,7 +525,8 @@ bool report(const std::vector<RankFacts>& all, const std::string& device_request
               device_request.c_str(), all.size(), hosts.size());
   std::size_t failing = 0;
   for (const std::string& host : hosts)
-    failing += report_node(host, by_host[host], device_request).empty() ? 0 : 1;
+    failing +=
+        report_node(host, by_host[host], device_request, verbose || device_request == "cuda").empty() ? 0 : 1;
   if (failing == 0) {
     std::printf("\ncheck-env: OK\n");
   } else {
@@ -520,15 +540,20 @@ bool report(const std::vector<RankFacts>& all, const std::string& device_request
 }  // namespace
 
 int check_env_command(const std::vector<std::string>& args) {
-  std::string device = "cuda";
+  // auto, as training's default: a CPU-only node is fine unless GPUs are asked for.
+  std::string device = "auto";
+  bool verbose = false;
   po::options_description desc("ddptrain check-env (also under mpirun/srun: one report per node)");
   desc.add_options()("help,h", "print this help")(
       "device", po::value(&device)->default_value(device),
-      "cuda: this node must train on GPUs | cpu: a CPU-only node (no GPU probed) | auto: either");
+      "auto: GPUs where there are, else the CPU | cuda: this node must train on GPUs | cpu: a CPU-only node "
+      "(no GPU probed)")("verbose,v", po::bool_switch(&verbose),
+                         "where a GPU is missing, CUDA's own words (always with --device cuda)");
   int rank = 0;
   DDP_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   const std::string usage =
-      "ddptrain check-env [--device cuda|cpu|auto]\nExit codes: 0 everything fine, 2 bad options, " +
+      "ddptrain check-env [--device auto|cuda|cpu] [--verbose]\nExit codes: 0 everything fine, 2 bad "
+      "options, " +
       std::to_string(kExitEnvironmentProblem) + " a problem was found (the report says what to do).";
   if (!parse_subcommand(args, desc, "check-env", usage, /*print_help=*/rank == 0)) return kExitOk;
   if (device != "cuda" && device != "cpu" && device != "auto") {
@@ -542,7 +567,7 @@ int check_env_command(const std::vector<std::string>& args) {
   if (comm->rank() == 0) {
     std::vector<RankFacts> all;
     for (const std::string& text : texts) all.push_back(decode(text));
-    problem[0] = report(all, device) ? 1 : 0;
+    problem[0] = report(all, device, verbose) ? 1 : 0;
   }
   comm->broadcast(problem, 0);
   return problem[0] != 0 ? kExitEnvironmentProblem : kExitOk;

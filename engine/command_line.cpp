@@ -17,7 +17,11 @@ void store_command_line(const std::vector<std::string>& args, const po::options_
     with_stray.add(options).add_options()("ddptrain-stray-words", po::value(&stray));
     po::positional_options_description positional;
     positional.add("ddptrain-stray-words", -1);
-    po::store(po::command_line_parser(args).options(with_stray).positional(positional).run(), vm);
+    // No guessing: Boost would take --train.epoch for --train.epochs, and --train.learn for
+    // --train.learning_rate, so a typo could silently set some other key.
+    const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+    po::store(po::command_line_parser(args).options(with_stray).positional(positional).style(style).run(),
+              vm);
     if (vm.count("ddptrain-stray-words")) {
       throw UserError(command + ": unexpected argument '" +
                       vm["ddptrain-stray-words"].as<std::vector<std::string>>()[0] +

@@ -1,6 +1,7 @@
 #include "engine/config.h"
 
 #include <boost/program_options.hpp>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -94,14 +95,18 @@ std::string full_name(const char* section, const char* name) {
 
 template <typename T>
 std::string value_text(const T& v) {
-  std::ostringstream out;
   if constexpr (std::is_same_v<T, bool>) {
-    out << (v ? "true" : "false");
+    return v ? "true" : "false";
+  } else if constexpr (std::is_arithmetic_v<T>) {
+    // The shortest text that reads back to the same value: 0.9 and 1e-07, not 0.90000000000000002.
+    char text[64];
+    const std::to_chars_result end = std::to_chars(text, text + sizeof(text), v);
+    return std::string(text, end.ptr);
   } else {
-    out.precision(17);
+    std::ostringstream out;
     out << v;
+    return out.str();
   }
-  return out.str();
 }
 
 po::options_description config_keys(Config& config) {

@@ -21,7 +21,10 @@ struct GpuInfo {
 struct GpuInventory {
   bool cuda_built = false;
   std::vector<GpuInfo> gpus;
-  std::string why_none;  // when gpus is empty: why, in words a user can act on
+  std::string why_none;  // when gpus is empty: why, in words a user can act on (with CUDA's own error text)
+  // The same in a few words for where no GPU is simply normal, a CPU-only node: "no GPU driver", "no GPU
+  // visible", "built without CUDA"; why_none itself for anything else (a driver too old for the runtime).
+  std::string why_none_brief;
 };
 
 GpuInventory probe_gpus();

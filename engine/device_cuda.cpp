@@ -63,6 +63,18 @@ GpuInventory probe_gpus() {
     inventory.why_none = std::string("no GPU visible (") +
                          (status != cudaSuccess ? cudaGetErrorString(status) : "the driver lists none") +
                          "): check the driver, CUDA_VISIBLE_DEVICES or the job's --gres/--gpus";
+    // Without a driver CUDA says "CUDA driver version is insufficient for CUDA runtime version": on a
+    // CPU-only node that is no problem, so say it plainly. A driver that is there but too old keeps the full
+    // text.
+    int driver = 0;
+    const bool no_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0;
+    if (no_driver) {
+      inventory.why_none_brief = "no GPU driver";
+    } else if (status == cudaErrorNoDevice || count == 0) {
+      inventory.why_none_brief = "no GPU visible";
+    } else {
+      inventory.why_none_brief = inventory.why_none;
+    }
     cudaGetLastError();  // these failures are not sticky: leave no error for a later launch check to report
     return inventory;
   }

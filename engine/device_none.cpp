@@ -9,6 +9,7 @@ namespace ddp::engine {
 GpuInventory probe_gpus() {
   GpuInventory inventory;
   inventory.why_none = "this ddptrain was built without CUDA (configure with -DDDPTRAIN_CUDA=ON)";
+  inventory.why_none_brief = "built without CUDA";
   return inventory;
 }
 

@@ -19,8 +19,8 @@ constexpr int kExitInternalError = 1;
 constexpr int kExitUserError = 2;
 // `ddptrain check-env` found a problem on this node (the report says what and what to do).
 constexpr int kExitEnvironmentProblem = 3;
-// Training stopped on SIGUSR1/SIGTERM (preemption, a time limit) after every rank wrote or agreed on
-// last.h5; run again with --resume auto to continue. 75 is EX_TEMPFAIL: "try again later".
+// Training stopped on SIGINT, SIGTERM or SIGUSR1 (Ctrl-C, preemption, a time limit) after every rank wrote or
+// agreed on last.h5; run again with --resume auto to continue. 75 is EX_TEMPFAIL: "try again later".
 constexpr int kExitPreempted = 75;
 
 class UserError : public std::runtime_error {

@@ -3,6 +3,7 @@
 // preempted run have their own codes (errors.h).
 #include <mpi.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -26,7 +27,34 @@
 namespace ddp {
 namespace {
 
+// Where a stopped run stands and how to continue it, for the stop message.
+std::string stop_summary(int64_t epochs_done, int64_t steps_in_epoch, const std::string& dir) {
+  const std::string last = dir + "/last.h5";
+  std::string where;
+  if (steps_in_epoch > 0) {
+    where = (epochs_done > 0 ? "after epoch " + std::to_string(epochs_done) + ", " : std::string("at ")) +
+            "step " + std::to_string(steps_in_epoch) + " of epoch " + std::to_string(epochs_done + 1);
+  } else if (epochs_done > 0) {
+    where = "after epoch " + std::to_string(epochs_done);
+  } else if (!std::filesystem::exists(last)) {
+    return "before its first step: no checkpoint yet";
+  } else {
+    where = "before its first step";
+  }
+  return where + ": " + last + " holds the progress; run again with --resume auto to continue";
+}
+
+// `ddptrain` alone: the first lines of --help (how to call it) instead of complaining about a missing key.
+int usage_command(int rank) {
+  if (rank != 0) return kExitUserError;
+  const std::string help = engine::parse_config({"--help"}).help;
+  std::fprintf(stderr, "%s\nddptrain --help lists every key, its default and meaning\n",
+               help.substr(0, help.find("\n\n") + 1).c_str());
+  return kExitUserError;
+}
+
 int train_command(const std::vector<std::string>& args, comm::Communicator& boot) {
+  if (args.empty()) return usage_command(boot.rank());
   // First, so that a preemption signal during start-up is kept for the first step boundary rather than
   // killing the rank.
   engine::install_stop_signal_handlers();
@@ -98,15 +126,24 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
       std::printf("timeline: %s\n", timeline_path.c_str());
     }
   }
-  // Parameter servers do not see the workers' stop: agree over the whole job so every rank exits alike.
-  std::vector<double> stopped{result.stopped_by_signal ? 1.0 : 0.0};
-  boot.sum(stopped);
-  if (stopped[0] == 0.0) return kExitOk;
+  // Parameter servers do not see the workers' stop: the training ranks' values (the same on each) win over
+  // the servers' zeros, so every rank exits alike and rank 0 can say where the run stopped.
+  int64_t stop[3] = {result.stopped_by_signal ? 1 : 0, result.epochs_done, result.steps_done_in_epoch};
+  DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, stop, 3, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+  const std::vector<std::string> signals = boot.gather(result.stop_signal, 0);
+  if (stop[0] == 0) return kExitOk;
+  std::string by = "a signal";
+  for (const std::string& s : signals) {
+    if (!s.empty()) by = s;
+  }
+  // A signal at the last epoch's last step waits for the epoch's end: then there is nothing left to resume.
+  if (stop[1] >= config.train.epochs) {
+    if (boot.rank() == 0) std::printf("%s came as the run ended: all epochs are done\n", by.c_str());
+    return kExitOk;
+  }
   if (boot.rank() == 0) {
-    std::printf(
-        "stopped by a signal (SIGUSR1/SIGTERM): %s/last.h5 holds the progress; run again with "
-        "--resume auto to continue (exit code %d)\n",
-        config.checkpoint.dir.c_str(), kExitPreempted);
+    std::printf("stopped by %s %s (exit code %d)\n", by.c_str(),
+                stop_summary(stop[1], stop[2], config.checkpoint.dir).c_str(), kExitPreempted);
     std::fflush(stdout);
   }
   return kExitPreempted;

@@ -1,6 +1,9 @@
 #include "engine/preemption.h"
 
+#include <unistd.h>
+
 #include <csignal>
+#include <cstring>
 
 #include "comm/mpi_check.h"
 
@@ -9,8 +12,28 @@ namespace {
 
 volatile std::sig_atomic_t received_signal = 0;
 
+void write_stderr(const char* text) {
+  // write() is async-signal-safe; stdio is not. Nothing to do if stderr is gone.
+  [[maybe_unused]] const ssize_t written = write(STDERR_FILENO, text, std::strlen(text));
+}
+
 extern "C" void on_stop_signal(int signal_number) {
-  if (received_signal == 0) received_signal = signal_number;
+  if (received_signal == 0) {
+    received_signal = signal_number;
+    if (signal_number == SIGINT) {
+      write_stderr(
+          "\nddptrain: SIGINT: writing a checkpoint at the next step, then stopping (Ctrl-C again aborts "
+          "without one)\n");
+    }
+    return;
+  }
+  if (signal_number != SIGINT) return;
+  // Ctrl-C while stopping: the user will not wait for the checkpoint. Dying of SIGINT (not exiting) tells the
+  // shell that started us that it was interrupted. SIGINT is blocked in here, so the raised one arrives on
+  // return.
+  write_stderr("\nddptrain: SIGINT while stopping: aborting without a checkpoint\n");
+  std::signal(SIGINT, SIG_DFL);
+  std::raise(SIGINT);
 }
 
 }  // namespace
@@ -20,30 +43,36 @@ void install_stop_signal_handlers() {
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
-  for (int signal_number : {SIGUSR1, SIGTERM}) {
+  for (int signal_number : {SIGINT, SIGTERM, SIGUSR1}) {
+    struct sigaction previous {};
+    if (sigaction(signal_number, nullptr, &previous) != 0) DDP_FATAL("sigaction failed");
+    // A shell starts background jobs with SIGINT ignored so that Ctrl-C reaches only the foreground job.
+    if (signal_number == SIGINT && previous.sa_handler == SIG_IGN) continue;
     if (sigaction(signal_number, &action, nullptr) != 0) DDP_FATAL("sigaction failed");
   }
 }
 
-std::string stop_signal_received() {
-  switch (received_signal) {
+std::string stop_signal_name(int signal_number) {
+  switch (signal_number) {
     case 0:
       return "";
-    case SIGUSR1:
-      return "SIGUSR1";
+    case SIGINT:
+      return "SIGINT";
     case SIGTERM:
       return "SIGTERM";
+    case SIGUSR1:
+      return "SIGUSR1";
     default:
-      return "signal " + std::to_string(received_signal);
+      return "signal " + std::to_string(signal_number);
   }
+}
+
+std::string stop_signal_received() {
+  return stop_signal_name(received_signal);
 }
 
 void clear_stop_signal() {
   received_signal = 0;
-}
-
-std::string StopAgreement::signal_name() const {
-  return stopped_ ? stop_signal_received() : "";
 }
 
 StopAgreement::StopAgreement(MPI_Comm comm) {
@@ -62,23 +91,29 @@ StopAgreement::~StopAgreement() {
 void StopAgreement::complete_pending() {
   if (pending_ == MPI_REQUEST_NULL) return;
   DDP_CHECK_MPI(MPI_Wait(&pending_, MPI_STATUS_IGNORE));
-  if (any_ != 0) stopped_ = true;
+  if (max_ != 0) {
+    stopped_ = true;
+    agreed_ = max_;
+  }
 }
 
 bool StopAgreement::poll() {
   complete_pending();
   if (stopped_) return true;
-  local_ = received_signal != 0 ? 1 : 0;
-  DDP_CHECK_MPI(MPI_Iallreduce(&local_, &any_, 1, MPI_INT, MPI_MAX, comm_, &pending_));
+  local_ = received_signal;
+  DDP_CHECK_MPI(MPI_Iallreduce(&local_, &max_, 1, MPI_INT, MPI_MAX, comm_, &pending_));
   return false;
 }
 
 bool StopAgreement::now() {
   complete_pending();
   if (stopped_) return true;
-  local_ = received_signal != 0 ? 1 : 0;
-  DDP_CHECK_MPI(MPI_Allreduce(&local_, &any_, 1, MPI_INT, MPI_MAX, comm_));
-  stopped_ = any_ != 0;
+  local_ = received_signal;
+  DDP_CHECK_MPI(MPI_Allreduce(&local_, &max_, 1, MPI_INT, MPI_MAX, comm_));
+  if (max_ != 0) {
+    stopped_ = true;
+    agreed_ = max_;
+  }
   return stopped_;
 }
 

@@ -1,7 +1,9 @@
-// Stopping cleanly when the cluster asks: SIGUSR1 (Slurm's --signal=B:USR1@120, forwarded to the ranks) or
-// SIGTERM (the end of a time limit, scancel). The handler only sets a flag; the training ranks agree on it at
-// a step boundary, rank 0 writes last.h5, and every rank exits with kExitPreempted, so no rank leaves while
-// another waits in a collective. A second signal changes nothing.
+// Stopping cleanly when asked: SIGINT (Ctrl-C), SIGTERM (the end of a time limit, scancel, mpirun passing on
+// a Ctrl-C) or SIGUSR1 (Slurm's --signal=B:USR1@120, forwarded to the ranks). The handler only sets a flag;
+// the training ranks agree on it (and on which signal it was) at a step boundary, rank 0 writes last.h5, and
+// every rank exits with kExitPreempted, so no rank leaves while another waits in a collective. A second
+// SIGTERM or SIGUSR1 changes nothing; a second SIGINT ends the process at once, as Ctrl-C twice does
+// elsewhere.
 #pragma once
 
 #include <mpi.h>
@@ -10,12 +12,15 @@
 
 namespace ddp::engine {
 
-// Installs the handler for SIGUSR1 and SIGTERM (SA_RESTART, so interrupted reads and writes go on).
+// Installs the handler for SIGINT, SIGTERM and SIGUSR1 (SA_RESTART, so interrupted reads and writes go on).
+// A SIGINT ignored by whoever started this process (a shell's background job) stays ignored.
 void install_stop_signal_handlers();
-// The signal this process received, "" if none ("SIGUSR1", "SIGTERM").
+// The signal this process received, "" if none ("SIGINT", "SIGTERM", "SIGUSR1").
 std::string stop_signal_received();
 // Forgets a received signal (for tests, which raise one and go on in the same process).
 void clear_stop_signal();
+// "SIGINT", "SIGTERM", "SIGUSR1", else "signal N"; "" for 0.
+std::string stop_signal_name(int signal_number);
 
 // The training ranks' agreement on a stop signal, over its own duplicate of `comm` (so its collectives never
 // mix with the gradient exchange). Every rank makes the same sequence of calls.
@@ -35,16 +40,18 @@ class StopAgreement {
   bool now();
   // Whether a poll() or now() said stop.
   bool stopped() const { return stopped_; }
-  // The signal that stopped the ranks ("SIGTERM", ...), "" if none.
-  std::string signal_name() const;
+  // The signal that stopped the ranks ("SIGTERM", ...), the same on every rank (the highest signal number
+  // among those the ranks had received when they agreed), "" if none.
+  std::string signal_name() const { return stop_signal_name(agreed_); }
 
  private:
   void complete_pending();
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Request pending_ = MPI_REQUEST_NULL;
-  int local_ = 0;
-  int any_ = 0;
+  int local_ = 0;   // the signal number this rank had received when it asked, 0 if none
+  int max_ = 0;     // the answer: the highest of them over the ranks
+  int agreed_ = 0;  // max_ of the answer that said stop
   bool stopped_ = false;
 };
 

@@ -98,6 +98,12 @@ Topology discover_topology(MPI_Comm world, const std::string& device_request) {
   if (count == 0) {
     if (required) throw UserError(request + inventory.why_none + " (" + visible + ")");
     t.device_reason = request + inventory.why_none + " (" + visible + "), training on CPU";
+    if (inventory.why_none_brief != inventory.why_none) {
+      // device = auto on a node without GPUs is a CPU node working as meant: a few words, not CUDA's error.
+      t.device_detail = t.device_reason;
+      t.device_reason = request + inventory.why_none_brief;
+      if (std::getenv("CUDA_VISIBLE_DEVICES") != nullptr) t.device_reason += " (" + visible + ")";
+    }
     return t;
   }
   const std::string local_rank = std::to_string(t.local_rank);

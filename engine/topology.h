@@ -16,7 +16,8 @@ struct Topology {
   int local_size = 1;
   std::string host;
   std::string device = "cpu";  // "cpu" or "cuda:N"
-  std::string device_reason;   // why this device, for the log
+  std::string device_reason;   // why this device, for the log: a few words where no GPU is simply normal
+  std::string device_detail;   // the full reason behind a brief device_reason (CUDA's own words), else ""
   int gpu = -1;                // CUDA ordinal (after CUDA_VISIBLE_DEVICES) when device is "cuda:N", else -1
   std::string gpu_name;
   std::string gpu_bus_id;  // PCI bus id, which names the board whatever CUDA_VISIBLE_DEVICES renumbers

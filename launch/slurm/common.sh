@@ -27,6 +27,7 @@ ddp_signal_received=""
 ddp_signal_forwarded=""
 ddp_term_received=""
 ddp_term_reason=""  # Slurm's reason for ending the job, when the batch shell got SIGTERM
+ddp_checkpoint_at_signal=""  # RUN_DIR/last.h5 (inode, size, time) when the first signal came
 
 ddp_log() {
   echo "[ddp-slurm $(date '+%F %T')] $*"
@@ -41,7 +42,14 @@ ddp_forward_signal() {
   kill -USR1 "$ddp_launcher_pid" 2>/dev/null || true
 }
 
+# What identifies RUN_DIR/last.h5 as written: inode, size, modification time ("none" if absent). Compared
+# with itself only, so clocks that differ between nodes and the file server do not matter.
+ddp_checkpoint_stamp() {
+  stat -c '%i %s %y' "$RUN_DIR/last.h5" 2>/dev/null || echo none
+}
+
 ddp_on_signal() {
+  [ -n "$ddp_signal_received" ] || ddp_checkpoint_at_signal=$(ddp_checkpoint_stamp)
   ddp_signal_received=$1
   if [ "$1" = TERM ] && [ -z "$ddp_term_received" ]; then
     ddp_term_received=1
@@ -122,8 +130,19 @@ ddp_train() {
   wait "$ddp_launcher_pid" || status=$?  # the launcher's own exit code, kept by the shell
   ddp_launcher_pid=""
 
+  local stopped=""
   if [ "$status" -eq "$ddp_exit_preempted" ]; then
+    stopped=1
     ddp_log "ddptrain stopped for preemption (exit $status) with its checkpoint in $RUN_DIR/last.h5"
+  elif [ "$status" -ne 0 ] && [ -n "$ddp_signal_received" ] &&
+    [ "$(ddp_checkpoint_stamp)" != "${ddp_checkpoint_at_signal:-none}" ]; then
+    # mpirun that got SIGTERM itself (Slurm signals every process of the job at the time limit and on
+    # scancel) returns 1 whatever its ranks exit with; the checkpoint they wrote after the signal tells.
+    stopped=1
+    ddp_log "$LAUNCHER exited with $status, but ddptrain wrote $RUN_DIR/last.h5 after SIG$ddp_signal_received:" \
+      "stopped for preemption with its checkpoint"
+  fi
+  if [ -n "$stopped" ]; then
     if [ -z "${SLURM_JOB_ID:-}" ]; then
       ddp_log "not inside a Slurm job: run this script again to continue from the checkpoint"
       exit "$status"

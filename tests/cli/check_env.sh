@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# `ddptrain check-env` end to end, alone and under `mpirun -np 2`: on a machine without a usable GPU it exits
-# 3 with the "no GPU visible" advice; on a GPU machine (nvidia-smi lists a GPU and the build has CUDA) it
-# exits 0 and names the GPU. Either way the report has the MPI and HDF5 versions, one report per node,
-# each rank's cores (with a hint when the binding leaves cores idle), `--device cpu` passes and a bad option
-# exits 2.
+# `ddptrain check-env` end to end, alone and under `mpirun -np 2`. On a machine without a usable GPU the
+# default (--device auto) calls the node fine for CPU training and says why there is no GPU in a few words
+# ("no GPU driver", "built without CUDA"), as training's start-up lines do; CUDA's own words come only with
+# --verbose or --device cuda, which exits 3 with the "no GPU visible" advice. On a GPU machine (nvidia-smi
+# lists a GPU and the build has CUDA) it exits 0 and names the GPU. Either way the report has the MPI and
+# HDF5 versions, one report per node, each rank's cores (with a hint when the binding leaves cores idle),
+# `--device cpu` passes and a bad option exits 2.
 #   bash tests/cli/check_env.sh path/to/ddptrain source-dir
 set -uo pipefail
 ddptrain=$1
@@ -69,7 +71,7 @@ if [ "$gpus" -gt 0 ]; then
     < <(sed -n 's/^GPU [0-9]*: \(.*\) (UUID.*/\1/p' gpus.txt)
   [ "$named" -eq 1 ] || fail "plain: no GPU name from nvidia-smi -L in the report"
 
-  run np2 mpirun -np 2 "$ddptrain" check-env
+  run np2 mpirun -np 2 "$ddptrain" check-env --device cuda
   expect_versions np2
   expect_one_report np2 2
   visible=$gpus
@@ -82,17 +84,57 @@ if [ "$gpus" -gt 0 ]; then
     expect_text np2 "more ranks than GPUs on node"
   fi
 else
-  echo "no usable GPU here: expecting the advice and exit status 3"
-  expect_status plain 3
-  expect_text plain "PROBLEM: no GPU visible"
-  expect_text plain "use --device cpu on CPU-only nodes"
+  echo "no usable GPU here: auto is fine, cuda exits 3 with the advice"
+  expect_status plain 0
+  expect_text plain "verdict: OK (no GPU: training runs on the CPU)"
   expect_text plain "smoke test: OK on cpu"
+  # Why there is no GPU, in a few words: no driver on a CUDA build, or a build without CUDA. CUDA's own text
+  # ("CUDA driver version is insufficient for CUDA runtime version") and the advice stay out.
+  few=("no GPU driver" "no GPU visible" "built without CUDA")
+  long_text="insufficient|configure with|check the driver"
+  full_reason="(no GPU visible \(|this ddptrain was built without CUDA \()"
+  few_words=$(sed -n 's/^  rank 0: local rank 0, .*, device cpu (\(.*\))$/\1/p' plain.out)
+  [[ " ${few[*]} " == *" $few_words "* ]] || fail "plain: rank 0 does not say in a few words why it has no GPU"
+  grep -qiE "$long_text" plain.out && fail "plain: CUDA's long text without --verbose"
+
+  run verbose "$ddptrain" check-env --verbose
+  expect_status verbose 0
+  grep -qE "^  GPUs +none: $full_reason" verbose.out ||
+    fail "verbose: no full reason for the missing GPU"
+
+  run cuda "$ddptrain" check-env --device cuda
+  expect_status cuda 3
+  expect_text cuda "PROBLEM: no GPU visible"
+  expect_text cuda "on CPU-only nodes use --device auto (the default) or cpu"
+  grep -qE "^  GPUs +none: $full_reason" cuda.out ||
+    fail "cuda: no full reason for the missing GPU although a GPU was asked for"
 
   run np2 mpirun -np 2 "$ddptrain" check-env
-  expect_status np2 3
+  expect_status np2 0
   expect_versions np2
   expect_one_report np2 2
-  expect_text np2 "PROBLEM: no GPU visible"
+  expect_text np2 "device cpu ($few_words)"
+  run np2_cuda mpirun -np 2 "$ddptrain" check-env --device cuda
+  expect_status np2_cuda 3
+  expect_one_report np2_cuda 2
+  expect_text np2_cuda "PROBLEM: no GPU visible"
+
+  # Training's start-up lines: each rank says the same few words; device = cuda is an error with the full
+  # reason.
+  "$ddptrain" prepare synthetic --output data.h5 --train 64 --test 32 --vocab 50 --maxlen 8 >/dev/null
+  train=(--data.path data.h5 --checkpoint.dir run --comm.backend mpi --model.embedding_dim 4 --model.hidden 4
+    --train.epochs 1 --log.progress lines)
+  run train mpirun -np 2 "$ddptrain" "${train[@]}"
+  expect_status train 0
+  for r in 0 1; do
+    grep -qF "(local rank $r/2): cpu [device = auto: $few_words], train rows" train.out ||
+      fail "train: rank $r's start-up line does not say 'cpu [device = auto: $few_words]'"
+  done
+  grep -qiE "$long_text" train.out && fail "train: CUDA's long text under device auto"
+  run train_cuda "$ddptrain" "${train[@]}" --device cuda
+  expect_status train_cuda 2
+  grep -qE "^ddptrain: error: device = cuda: $full_reason" train_cuda.err ||
+    fail "train_cuda: the error does not give the full reason"
 fi
 
 # A CPU-only check passes wherever the CPU path works; auto accepts either device.

@@ -41,7 +41,7 @@ run_case() {  # name, ranks, backend, signal, target
   local status=0
   wait "$launcher" || status=$?
   [ "$status" -eq 75 ] || fail "$name: exit status $status after SIG$signal, expected 75"
-  grep -q "stopped by a signal" "$name-1.txt" || fail "$name: no stop message"
+  grep -q "^stopped by SIG$signal after epoch [0-9]*" "$name-1.txt" || fail "$name: no stop message naming SIG$signal"
   local done_epochs
   done_epochs=$(grep -c '"epoch"' "$name/metrics.jsonl")
   [ "$done_epochs" -lt "$epochs" ] || fail "$name: the signal came too late to test anything"

@@ -1,8 +1,10 @@
 // The agreement on a stop signal: one rank's signal stops every rank, at the same call, one step late for
-// poll() (its question had a step to complete) and at once for now().
+// poll() (its question had a step to complete) and at once for now(); every rank then names the same signal.
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <string>
+#include <vector>
 
 #include "engine/preemption.h"
 #include "tests/mpi/mpi_test_util.h"
@@ -30,6 +32,7 @@ TEST_F(StopAgreementTest, OneRanksSignalStopsEveryRankAtTheSameCall) {
   EXPECT_TRUE(agreement.stopped());
   EXPECT_TRUE(agreement.now());  // stays stopped
   EXPECT_EQ(stop_signal_received(), signalled ? "SIGUSR1" : "");
+  EXPECT_EQ(agreement.signal_name(), "SIGUSR1");  // also where no signal came
 }
 
 TEST_F(StopAgreementTest, NowAnswersAtOnceAndNothingStopsWithoutASignal) {
@@ -40,6 +43,37 @@ TEST_F(StopAgreementTest, NowAnswersAtOnceAndNothingStopsWithoutASignal) {
   if (world_rank() == 0) std::raise(SIGTERM);
   EXPECT_TRUE(agreement.now());
   EXPECT_EQ(stop_signal_received(), world_rank() == 0 ? "SIGTERM" : "");
+  EXPECT_EQ(agreement.signal_name(), "SIGTERM");
+}
+
+TEST_F(StopAgreementTest, RanksWithDifferentSignalsAgreeOnOneName) {
+  StopAgreement agreement(MPI_COMM_WORLD);
+  EXPECT_EQ(agreement.signal_name(), "");
+  // Rank 0 a Ctrl-C, the last rank a SIGUSR1, any rank between a SIGTERM: every rank must name the same one.
+  const int rank = world_rank();
+  const int last = world_size() - 1;
+  std::raise(rank == 0 ? SIGINT : rank == last ? SIGUSR1 : SIGTERM);
+  EXPECT_TRUE(agreement.now());
+  const std::string mine = agreement.signal_name();
+  char text[32] = {};
+  mine.copy(text, sizeof(text) - 1);
+  std::vector<char> all(sizeof(text) * static_cast<std::size_t>(world_size()));
+  MPI_Allgather(text, sizeof(text), MPI_CHAR, all.data(), sizeof(text), MPI_CHAR, MPI_COMM_WORLD);
+  for (int r = 0; r < world_size(); ++r)
+    EXPECT_STREQ(all.data() + r * sizeof(text), text) << "rank " << r << " names another signal";
+  // The highest signal number among those received.
+  EXPECT_EQ(mine, world_size() > 2 ? "SIGTERM" : "SIGUSR1");
+  // A later poll() keeps the agreed name.
+  EXPECT_TRUE(agreement.poll());
+  EXPECT_EQ(agreement.signal_name(), mine);
+}
+
+TEST(StopSignalName, NamesTheStopSignals) {
+  EXPECT_EQ(stop_signal_name(0), "");
+  EXPECT_EQ(stop_signal_name(SIGINT), "SIGINT");
+  EXPECT_EQ(stop_signal_name(SIGTERM), "SIGTERM");
+  EXPECT_EQ(stop_signal_name(SIGUSR1), "SIGUSR1");
+  EXPECT_EQ(stop_signal_name(SIGHUP), "signal " + std::to_string(SIGHUP));
 }
 
 }  // namespace

@@ -146,7 +146,7 @@ local_slurm_check_preemption_log() {  # job output, launcher, job id, run dir
   local check
   for check in "batch shell received SIGUSR1|the signal reaching the batch shell" \
     "forwarding SIGUSR1 to $2|the signal forwarded to $2" \
-    "stopped by a signal|ddptrain's checkpoint-and-stop message" \
+    "stopped by SIGUSR1 after epoch|ddptrain's checkpoint-and-stop message" \
     "ddptrain stopped for preemption (exit 75)|exit code 75" \
     "requeued job $3|the requeue" \
     "run 2 on .*resuming from $4/last.h5|a second run that resumes" \

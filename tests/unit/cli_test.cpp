@@ -129,6 +129,37 @@ TEST(Cli, HelpListsOptionsAndExitsZero) {
   EXPECT_EQ(o.exit_code, 0);
   EXPECT_NE(o.out.find("--train.batch_size"), std::string::npos);
   EXPECT_NE(o.out.find("(=32)"), std::string::npos);
+  // Numbers as written, not as the nearest 17 digits.
+  EXPECT_NE(o.out.find("(=0.9)"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("(=1e-07)"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("0000000"), std::string::npos) << o.out;
+}
+
+TEST(Cli, NoArgumentsShowsTheUsage) {
+  TempDir dir;
+  for (const std::string& args : {std::string(), std::string("train")}) {
+    const Outcome o = run_ddptrain(dir, args);
+    EXPECT_EQ(o.exit_code, 2) << args;
+    EXPECT_EQ(o.err.rfind("Usage: ddptrain [train] --config FILE", 0), 0u) << o.err;
+    EXPECT_NE(o.err.find("ddptrain check-env"), std::string::npos) << o.err;
+    EXPECT_NE(o.err.find("ddptrain --help lists every key"), std::string::npos) << o.err;
+    EXPECT_EQ(o.err.find("data.path"), std::string::npos) << o.err;
+  }
+  // Under mpirun, once (rank 0).
+  const Outcome o = run_ddptrain(dir, "", "mpirun --allow-run-as-root --oversubscribe -np 2");
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_EQ(o.err.find("Usage:"), o.err.rfind("Usage:")) << o.err;
+}
+
+TEST(Cli, AbbreviatedOptionsAreRefused) {
+  TempDir dir;
+  const std::string data = make_file(dir, "ok.h5", {});
+  // Boost.Program_options would take a unique prefix for the whole name: --train.epochs,
+  // --train.learning_rate.
+  expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --train.epoch 1"), {"'--train.epoch'"});
+  expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --train.learn 0.5"), {"'--train.learn'"});
+  expect_user_error(run_ddptrain(dir, "check-env --dev cpu"), {"check-env", "'--dev'"});
+  expect_user_error(run_ddptrain(dir, "prepare synthetic --out x.h5"), {"'--out'"});
 }
 
 TEST(Cli, BadConfigs) {
@@ -240,6 +271,11 @@ TEST(Cli, TrainsOnGoodFile) {
   const Outcome o = run_ddptrain(dir, train_args(dir, data));
   EXPECT_EQ(o.exit_code, 0) << o.err;
   EXPECT_NE(o.out.find("Epoch 1/1"), std::string::npos) << o.out;
+  // The run directory's effective configuration, numbers as written.
+  std::stringstream ini;
+  ini << std::ifstream(dir.file("run/config.ini")).rdbuf();
+  EXPECT_NE(ini.str().find("beta1 = 0.9\n"), std::string::npos) << ini.str();
+  EXPECT_NE(ini.str().find("epsilon = 1e-07\n"), std::string::npos) << ini.str();
 }
 
 }  // namespace

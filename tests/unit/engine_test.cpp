@@ -171,6 +171,35 @@ TEST(Config, EffectiveIniReadsBack) {
   EXPECT_FALSE(again.data.validate);
 }
 
+TEST(Config, EffectiveIniWritesNumbersAsWrittenAndReadsThemBackExactly) {
+  TempDir dir;
+  const std::string ini_text = parse_config({"--data.path", "d.h5"}).config.to_ini();
+  EXPECT_NE(ini_text.find("beta1 = 0.9\n"), std::string::npos) << ini_text;
+  EXPECT_NE(ini_text.find("beta2 = 0.999\n"), std::string::npos) << ini_text;
+  EXPECT_NE(ini_text.find("epsilon = 1e-07\n"), std::string::npos) << ini_text;
+  EXPECT_NE(ini_text.find("learning_rate = 0.001\n"), std::string::npos) << ini_text;
+  EXPECT_NE(ini_text.find("timeout_s = 120\n"), std::string::npos) << ini_text;
+  // Values whose shortest text is long, or that need an exponent, come back as the identical double.
+  const double third = 1.0 / 3.0;
+  const double sum = 0.1 + 0.2;  // 0.30000000000000004
+  const double tiny = 1e-300 * 1.2345678901234567;
+  const double big = 6.02214076e23;
+  Config original = parse_config({"--data.path", "d.h5", "--train.learning_rate", "0.33333333333333331",
+                                  "--train.momentum", "0.30000000000000004", "--train.epsilon",
+                                  "1.2345678901234567e-300", "--comm.timeout_s", "6.02214076e23"})
+                        .config;
+  EXPECT_EQ(original.train.learning_rate, third);
+  EXPECT_EQ(original.train.momentum, sum);
+  const std::string ini = write_text(dir, "effective.ini", original.to_ini());
+  const Config again = parse_config({"--config", ini}).config;
+  EXPECT_EQ(again.to_ini(), original.to_ini());
+  EXPECT_EQ(again.train.learning_rate, third);
+  EXPECT_EQ(again.train.momentum, sum);
+  EXPECT_EQ(again.train.epsilon, tiny);
+  EXPECT_EQ(again.comm.timeout_s, big);
+  EXPECT_NE(original.to_ini().find("momentum = 0.30000000000000004\n"), std::string::npos);
+}
+
 TEST(Optimizer, AdamMatchesKerasFormulaInDouble) {
   OptimizerSettings s;
   s.learning_rate = 0.01;
