@@ -121,7 +121,7 @@ else
 
   # Training's start-up lines: each rank says the same few words; device = cuda is an error with the full
   # reason.
-  "$ddptrain" prepare synthetic --output data.h5 --train 64 --test 32 --vocab 50 --maxlen 8 >/dev/null
+  "$ddptrain" prepare synthetic --output data.h5 --train 80 --test 32 --vocab 50 --maxlen 8 >/dev/null
   train=(--data.path data.h5 --checkpoint.dir run --comm.backend mpi --model.embedding_dim 4 --model.hidden 4
     --train.epochs 1 --log.progress lines)
   run train mpirun -np 2 "$ddptrain" "${train[@]}"
