@@ -48,7 +48,7 @@ find_missing_libraries "$build/tests/ddptrain_gpu_tests"
 
 # metric FILE KEY: the last epoch's value of KEY in a metrics.jsonl ("" when absent).
 metric() {
-  tail -n 1 "$1" | python3 -c 'import json, sys; print(json.load(sys.stdin).get(sys.argv[1], ""))' "$2"
+  grep '"epoch"' "$1" | tail -n 1 | python3 -c 'import json, sys; print(json.load(sys.stdin).get(sys.argv[1], ""))' "$2"
 }
 # at_least VALUE FLOOR: true when VALUE is a number >= FLOOR.
 at_least() { awk -v v="$1" -v f="$2" 'BEGIN { exit !(v != "" && v + 0 >= f + 0) }'; }

@@ -12,7 +12,7 @@ data=$scratch/quickstart.h5
 [ -f "$data" ] || "$build"/ddptrain prepare synthetic --output "$data" --train 20000 --test 4000 --vocab 2000 \
   --maxlen 40 --seed 1 >/dev/null
 
-mean_step_ms() { awk -F'"step_time_ms": ' '{split($2, a, ","); s += a[1]; n++} END {printf "%.4f", s / n}' "$1"; }
+mean_step_ms() { awk -F'"step_time_ms": ' 'NF > 1 {split($2, a, ","); s += a[1]; n++} END {printf "%.4f", s / n}' "$1"; }
 median() { printf '%s\n' "$@" | sort -g | sed -n "$(( ($# + 1) / 2 ))p"; }
 
 off=() on=()
