@@ -85,11 +85,11 @@ ddp_launcher_command() {
       # TCP keepalive on mpirun's connections to its node daemons: a node that dies or drops off the network
       # ends the job within 10 + 3 x 5 s. Without it mpirun waits on the silent daemon for as long as the
       # node stays unreachable, after ddptrain's watchdog (comm.timeout_s) has ended every other rank.
-      # On a stop signal mpirun sends the ranks SIGTERM and, by default, SIGKILL 1 s later: 30 s lets them
-      # write last.h5 first.
+      # At a time limit Slurm sends SIGTERM to the ranks and to mpirun, which by default SIGKILLs the ranks
+      # 2 s later; odls_base_sigkill_timeout 10 leaves them 20 s (within Slurm's KillWait) to write last.h5.
       ddp_command=(mpirun -np "${SLURM_NTASKS:?not inside a Slurm job}" --bind-to none
         --mca oob_tcp_keepalive_time 10 --mca oob_tcp_keepalive_intvl 5 --mca oob_tcp_keepalive_probes 3
-        --mca odls_base_sigkill_timeout 30)
+        --mca odls_base_sigkill_timeout 10)
       ;;
     *)
       echo "ddp-slurm: error: LAUNCHER=$LAUNCHER: use srun or mpirun" >&2

@@ -18,16 +18,16 @@ expect_command() {  # expected command line, then ddprun's arguments; CUDA_VISIB
   [ "$got" = "$expected" ] || { echo "FAIL: ddprun $*: got '$got', expected '$expected'"; exit 1; }
 }
 
-CUDA_VISIBLE_DEVICES=0,1,3 expect_command "mpirun -np 3 --bind-to none --mca odls_base_sigkill_timeout 30 $ddptrain --config x.ini" -- --config x.ini
-CUDA_VISIBLE_DEVICES=2 expect_command "mpirun -np 1 --bind-to none --mca odls_base_sigkill_timeout 30 $ddptrain --config x.ini" -- --config x.ini
-CUDA_VISIBLE_DEVICES=0,1 expect_command "mpirun -np 4 --bind-to none --mca odls_base_sigkill_timeout 30 $ddptrain --config x.ini" --np 4 -- --config x.ini
+CUDA_VISIBLE_DEVICES=0,1,3 expect_command "mpirun -np 3 --bind-to none $ddptrain --config x.ini" -- --config x.ini
+CUDA_VISIBLE_DEVICES=2 expect_command "mpirun -np 1 --bind-to none $ddptrain --config x.ini" -- --config x.ini
+CUDA_VISIBLE_DEVICES=0,1 expect_command "mpirun -np 4 --bind-to none $ddptrain --config x.ini" --np 4 -- --config x.ini
 for none in "" NoDevFiles -1; do
-  CUDA_VISIBLE_DEVICES=$none expect_command "mpirun -np 2 --bind-to none --mca odls_base_sigkill_timeout 30 $ddptrain --a b" -- --a b
+  CUDA_VISIBLE_DEVICES=$none expect_command "mpirun -np 2 --bind-to none $ddptrain --a b" -- --a b
   grep -q "no GPU visible" "$work/err.txt" ||
     { echo "FAIL: no CPU fallback message for CUDA_VISIBLE_DEVICES='$none'"; cat "$work/err.txt"; exit 1; }
 done
 CUDA_VISIBLE_DEVICES='' MPIRUN_ARGS="--oversubscribe --tag-output" \
-  expect_command "mpirun -np 2 --bind-to none --mca odls_base_sigkill_timeout 30 --oversubscribe --tag-output $ddptrain --a b" -- --a b
+  expect_command "mpirun -np 2 --bind-to none --oversubscribe --tag-output $ddptrain --a b" -- --a b
 
 status=0
 "$ddprun" --np 0 -- --config x.ini 2>"$work/err.txt" || status=$?
