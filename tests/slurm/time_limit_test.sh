@@ -16,12 +16,12 @@ src=$(realpath "$2")
 source "$src/tests/slurm/local_slurm.sh"
 local_slurm_test_setup
 
-# 31 steps of at least 50 ms: about 1.7 s an epoch, so 60 epochs outlast a 1-minute limit (which Slurm
+# 31 steps (validated on /test, so all 1000 rows train) of at least 50 ms: about 1.7 s an epoch, so 60 epochs outlast a 1-minute limit (which Slurm
 # enforces 0 to 30 s late) and the rest fits in the next run's minute.
 epochs=60
 "$ddptrain" prepare synthetic --output "$work/data.h5" --train 1000 --test 200 --vocab 300 --maxlen 20 \
   --seed 3 >/dev/null
-args="--data.path $work/data.h5 --model.embedding_dim 16 --model.hidden 16 --train.epochs $epochs"
+args="--data.path $work/data.h5 --data.validation test --model.embedding_dim 16 --model.hidden 16 --train.epochs $epochs"
 sed '/^#SBATCH --signal/d' "$src/launch/slurm/cpu_ps.sbatch" >"$work/no_signal.sbatch"
 
 read -r -a arg_list <<<"$args"
