@@ -4,16 +4,8 @@
 #   bash tests/cli/prepare_val_fraction.sh path/to/ddptrain source-dir
 set -euo pipefail
 ddptrain=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work"
-
-fail() {
-  echo "FAIL: $1"
-  shift
-  for f in "$@"; do [ -f "$f" ] && cat "$f"; done
-  exit 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
+enter_scratch_dir
 
 rows() {  # rows FILE DATASET: the first dimension
   h5ls "$1/$2" | sed -E 's/.*\{([0-9]+).*/\1/'
@@ -49,19 +41,14 @@ grep -qE "wrote text.h5: train 36 \([0-9]+ pos, [0-9]+ neg\), val 4 \([0-9]+ pos
 [ "$(rows text.h5 val/x)" = 4 ] || fail "text: /val/x rows" text.txt
 
 # Bad fractions: exit 2, one line naming the option, no file.
-expect_user_error() {  # expect_user_error MENTION ARGS...
-  local mention=$1 status=0
-  shift
-  "$ddptrain" "$@" >bad_out.txt 2>bad_err.txt || status=$?
-  [ "$status" -eq 2 ] || fail "$*: exit status $status, expected 2" bad_out.txt bad_err.txt
-  [ "$(wc -l <bad_err.txt)" -eq 1 ] || fail "$*: not one line on stderr" bad_err.txt
-  grep -qF -- "$mention" bad_err.txt || fail "$*: '$mention' not in the message" bad_err.txt
+bad_fraction() {  # MENTION ARGS...: exit 2 with one line holding MENTION, and no bad.h5
+  expect_user_error "$*" "$1" "$ddptrain" "${@:2}"
   [ ! -e bad.h5 ] || fail "$*: bad.h5 was written"
 }
-expect_user_error "--val-fraction must be in [0, 1), got -0.1" prepare synthetic --output bad.h5 --val-fraction -0.1
-expect_user_error "--val-fraction must be in [0, 1), got 1" prepare text --input corpus --output bad.h5 --val-fraction 1
-expect_user_error "--val-fraction 0.99 of 40 training rows leaves no row in /train" \
+bad_fraction "--val-fraction must be in [0, 1), got -0.1" prepare synthetic --output bad.h5 --val-fraction -0.1
+bad_fraction "--val-fraction must be in [0, 1), got 1" prepare text --input corpus --output bad.h5 --val-fraction 1
+bad_fraction "--val-fraction 0.99 of 40 training rows leaves no row in /train" \
   prepare text --input corpus --output bad.h5 --val-fraction 0.99
-expect_user_error "--val-fraction" prepare imdb-npz --input absent.npz --output bad.h5 --val-fraction 2
-expect_user_error "'--val-fraction' is invalid" prepare synthetic --output bad.h5 --val-fraction tenth
+bad_fraction "--val-fraction" prepare imdb-npz --input absent.npz --output bad.h5 --val-fraction 2
+bad_fraction "'--val-fraction' is invalid" prepare synthetic --output bad.h5 --val-fraction tenth
 echo "PASS: /val for synthetic and text, bad fractions rejected"

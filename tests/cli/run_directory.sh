@@ -9,26 +9,9 @@
 #   bash tests/cli/run_directory.sh path/to/ddptrain source-dir
 set -euo pipefail
 ddptrain=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export OPENBLAS_NUM_THREADS=1
-cd "$work"
+source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
+enter_scratch_dir
 
-fail() {
-  echo "FAIL: $1"
-  shift
-  for f in "$@"; do [ -f "$f" ] && cat "$f"; done
-  exit 1
-}
-expect_user_error() {  # what, text the line must hold, command...
-  local what=$1 mention=$2
-  shift 2
-  local status=0
-  "$@" >bad_out.txt 2>bad_err.txt || status=$?
-  [ "$status" -eq 2 ] || fail "$what: exit status $status, expected 2" bad_out.txt bad_err.txt
-  [ "$(wc -l <bad_err.txt)" -eq 1 ] || fail "$what: not one line on stderr" bad_err.txt
-  grep -qF -- "$mention" bad_err.txt || fail "$what: '$mention' not in the message" bad_err.txt
-}
 
 "$ddptrain" prepare synthetic --output data.h5 --train 1200 --test 300 --vocab 300 --maxlen 20 >/dev/null
 "$ddptrain" prepare synthetic --output other.h5 --train 1200 --test 300 --vocab 300 --maxlen 20 --seed 9 \

@@ -8,18 +8,8 @@
 set -euo pipefail
 ddptrain=$1
 device=${DDPTRAIN_TEST_DEVICE:-cpu}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OPENBLAS_NUM_THREADS=1
-cd "$work"
-
-fail() {
-  echo "FAIL: $1"
-  shift
-  for f in "$@"; do [ -f "$f" ] && cat "$f"; done
-  exit 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
+enter_scratch_dir
 
 # Reviews of neutral filler words; the label is carried by two sentiment words placed at random.
 filler=(the a film movie plot actor scene story it was and of director script camera music ending cast
@@ -108,23 +98,14 @@ if [ "$device" != cpu ]; then  # the GPU's checkpoint on the CPU: the same predi
 fi
 
 # Bad input: exit code 2 and one line naming the problem.
-expect_user_error() {
-  local what=$1 mention=$2
-  shift 2
-  local status=0
-  "$ddptrain" "$@" >bad_out.txt 2>bad_err.txt || status=$?
-  [ "$status" -eq 2 ] || fail "$what: exit status $status, expected 2" bad_err.txt
-  [ "$(wc -l <bad_err.txt)" -eq 1 ] || fail "$what: not one line on stderr" bad_err.txt
-  grep -qF -- "$mention" bad_err.txt || fail "$what: '$mention' not in the message" bad_err.txt
-}
-expect_user_error "predict without documents" "--text" predict --checkpoint run/best.h5 --data data.h5
-expect_user_error "predict with --text and --input" "--input" predict -c run/best.h5 -d data.h5 --text a --input docs.txt
+expect_user_error "predict without documents" "--text" "$ddptrain" predict --checkpoint run/best.h5 --data data.h5
+expect_user_error "predict with --text and --input" "--input" "$ddptrain" predict -c run/best.h5 -d data.h5 --text a --input docs.txt
 vocab_size=$(grep -oP 'vocab_size \K\d+' prepare.txt)
 "$ddptrain" prepare synthetic --output plain.h5 --train 40 --test 8 --vocab "$vocab_size" --maxlen 24 >/dev/null
 "$ddptrain" --data.path plain.h5 --checkpoint.dir plain-run --model.embedding_dim 16 --model.hidden 16 \
   --train.epochs 1 >plain-train.txt 2>&1 || fail "training on plain.h5 failed" plain-train.txt
-expect_user_error "a checkpoint without a vocabulary" "--data" predict -c plain-run/best.h5 --text great
-expect_user_error "missing --input file" "absent.txt" predict -c run/best.h5 -d data.h5 --input absent.txt
+expect_user_error "a checkpoint without a vocabulary" "--data" "$ddptrain" predict -c plain-run/best.h5 --text great
+expect_user_error "missing --input file" "absent.txt" "$ddptrain" predict -c run/best.h5 -d data.h5 --input absent.txt
 "$ddptrain" prepare text --input corpus --output other.h5 --vocab 10 --maxlen 24 >/dev/null
-expect_user_error "dataset of another vocabulary" "vocab_size" predict -c run/best.h5 -d other.h5 --text a
+expect_user_error "dataset of another vocabulary" "vocab_size" "$ddptrain" predict -c run/best.h5 -d other.h5 --text a
 echo "PASS: prepared, trained (test accuracy $accuracy), positive $p_pos > negative $p_neg"

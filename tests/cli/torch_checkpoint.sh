@@ -11,17 +11,8 @@ if ! "$python" -c 'import torch, h5py' 2>/dev/null; then
   echo "SKIP: $python has no torch or h5py (apt-get install python3-torch python3-h5py)"
   exit 77
 fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export OPENBLAS_NUM_THREADS=1
-cd "$work"
-
-fail() {
-  echo "FAIL: $1"
-  shift
-  for f in "$@"; do [ -f "$f" ] && cat "$f"; done
-  exit 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
+enter_scratch_dir
 
 words=(the a film plot actor scene story was and of music ending cast)
 RANDOM=3

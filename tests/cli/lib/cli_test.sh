@@ -1,0 +1,31 @@
+# Sourced by the CLI tests: a scratch directory, and the failure and bad-input checks they share.
+
+# Makes a scratch directory, enters it and removes it at exit. Lets mpirun run as root and oversubscribe, and
+# keeps each rank's BLAS to one thread.
+enter_scratch_dir() {
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  export OPENBLAS_NUM_THREADS=1
+  cd "$work" || exit 1
+}
+
+# fail MESSAGE [FILE...]: prints the message and the files, and ends the test.
+fail() {
+  echo "FAIL: $1"
+  shift
+  for f in "$@"; do [ -f "$f" ] && cat "$f"; done
+  exit 1
+}
+
+# expect_user_error WHAT MENTION COMMAND...: the command must exit 2 with one line on stderr holding MENTION
+# (left in bad_out.txt and bad_err.txt).
+expect_user_error() {
+  local what=$1 mention=$2
+  shift 2
+  local status=0
+  "$@" >bad_out.txt 2>bad_err.txt || status=$?
+  [ "$status" -eq 2 ] || fail "$what: exit status $status, expected 2" bad_out.txt bad_err.txt
+  [ "$(wc -l <bad_err.txt)" -eq 1 ] || fail "$what: not one line on stderr" bad_err.txt
+  grep -qF -- "$mention" bad_err.txt || fail "$what: '$mention' not in the message" bad_err.txt
+}
