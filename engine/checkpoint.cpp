@@ -100,6 +100,7 @@ void write_checkpoint(const std::string& path, const models::ModelShape& shape, 
     io::write_string_attribute(root, "run_id", run.run_id);
     io::write_string_attribute(root, "data_path", run.data_path);
     io::write_string_attribute(root, "data_fingerprint", run.data_fingerprint);
+    io::write_string_attribute(root, "data_plan", run.data_plan);
     io::write_int_attribute(root, "maxlen", run.maxlen);
     if (!run.vocabulary.empty()) io::write_string_list(root, "vocab", run.vocabulary);
     write_floats(root, "params", params);
@@ -159,6 +160,7 @@ Checkpoint read_checkpoint(const std::string& path) {
   c.run.run_id = io::read_string_attribute(root, "run_id");
   c.run.data_path = io::read_string_attribute(root, "data_path");
   c.run.data_fingerprint = io::read_string_attribute(root, "data_fingerprint");
+  c.run.data_plan = io::read_string_attribute(root, "data_plan");
   c.run.maxlen = H5Aexists(root, "maxlen") > 0 ? static_cast<int>(read_int(root, path, "maxlen")) : 0;
   c.has_vocabulary = io::link_exists(root, "vocab");
 

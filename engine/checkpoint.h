@@ -6,7 +6,7 @@
 //                           epoch, step_in_epoch, global_step, seed, world_size, batch_size,
 //                           best_val_loss, loss_sum, correct, count (the interrupted epoch's running sums),
 //                           config (the effective INI text), run_id, data_path, data_fingerprint
-//                           (io/dataset_fingerprint.h), maxlen
+//                           (io/dataset_fingerprint.h), data_plan (io/data_plan.h), maxlen
 //   /vocab                  optional UTF-8 strings, copied from the dataset: /vocab[i] is the word of id i,
 //                           so predict needs only the checkpoint
 //
@@ -43,6 +43,7 @@ struct RunRecord {
   std::string run_id;
   std::string data_path;
   std::string data_fingerprint;
+  std::string data_plan;                // io::DataPlan::describe(): which rows train, validate and test
   int maxlen = 0;                       // 0 in checkpoints written before it was recorded
   std::vector<std::string> vocabulary;  // empty when the dataset had none
 };

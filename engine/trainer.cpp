@@ -192,6 +192,7 @@ class TrainingRun {
     run_record_.run_id = new_run_id();
     run_record_.data_path = data_.path;
     run_record_.data_fingerprint = io::dataset_fingerprint(data_);
+    run_record_.data_plan = plan_.describe();
     run_record_.maxlen = data_.maxlen;
     if (data_.has_vocab) run_record_.vocabulary = io::read_vocabulary(data_.path).words();
   }
@@ -210,6 +211,15 @@ class TrainingRun {
     std::printf("note: %s; continuing on the new data (checkpoint.allow_data_change)\n", what.c_str());
   }
 
+  // Another data.validation or data.validation_split changes which rows train: said, not refused.
+  void note_changed_data_plan(const Checkpoint& c) const {
+    if (c.run.data_plan.empty() || c.run.data_plan == run_record_.data_plan) return;
+    std::printf(
+        "warning: %s was trained on rows \"%s\"; this run's are \"%s\": the rows it trains on "
+        "change from here on\n",
+        files_.last().c_str(), c.run.data_plan.c_str(), run_record_.data_plan.c_str());
+  }
+
   // Rank 0 reads last.h5 (or initializes from the seed) and broadcasts everything, so ranks need not share
   // a file system and all start bit-identical.
   void start_from_checkpoint_or_seed() {
@@ -224,6 +234,7 @@ class TrainingRun {
       }
       Checkpoint c = read_checkpoint(files_.last());
       check_resumed_data(c);
+      note_changed_data_plan(c);
       if (!c.run.run_id.empty()) run_record_.run_id = c.run.run_id;  // a resumed run keeps its id
       if (!(c.shape == shape_)) {
         throw UserError(files_.last() + ": the checkpoint's model (vocab " +

@@ -59,6 +59,12 @@ grep -q "^Epoch" again.txt && fail "a finished run trained again" again.txt
 [ "$(wc -l <run/metrics.jsonl)" -eq 4 ] || fail "a finished run wrote metrics" run/metrics.jsonl
 "${train[@]}" --train.epochs 4 --data.path other.h5 --resume auto --checkpoint.allow_data_change true >tune.txt 2>&1 || fail "allowed data change" tune.txt
 grep -q "^Epoch 4/4" tune.txt || fail "the allowed data change did not train epoch 4" tune.txt
+# Other held-out rows change the training rows: said, and the run goes on.
+"${train[@]}" --train.epochs 5 --data.path other.h5 --data.validation_split 0.2 --resume auto >split.txt 2>&1 ||
+  fail "resume with another validation split" split.txt
+grep -qF 'was trained on rows "train 1080, val 120' split.txt && grep -qF 'this run'"'"'s are "train 960, val 240' split.txt ||
+  fail "another validation split is not said" split.txt
+grep -q "^Epoch 5/5" split.txt || fail "the resumed run did not train epoch 5" split.txt
 
 # 4. Overwrite replaces the old run: a new id, only its own lines.
 "${train[@]}" --data.path data.h5 --checkpoint.overwrite true --train.epochs 1 >new.txt 2>&1 || fail "overwrite" new.txt
