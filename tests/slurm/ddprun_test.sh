@@ -50,4 +50,28 @@ CUDA_VISIBLE_DEVICES='' "$ddprun" -- --config "$src/launch/configs/quickstart.in
   >out.txt 2>&1 || { echo "FAIL: the CPU run failed"; cat out.txt; exit 1; }
 grep -q "2 rank(s)" out.txt || { echo "FAIL: not one job of 2 ranks"; cat out.txt; exit 1; }
 grep -q '"epoch": 1,' run/metrics.jsonl || { echo "FAIL: no epoch in run/metrics.jsonl"; cat out.txt; exit 1; }
-echo "ok: ddprun counts GPUs, falls back to 2 CPU ranks, and trains"
+
+# Ctrl-C: SIGINT to ddprun's process group, as a terminal sends it. Every rank checkpoints and ddprun returns
+# 75; the run then resumes to its end.
+stop_run=(--data.path data.h5 --checkpoint.dir stopped --train.epochs 400 --model.embedding_dim 8
+  --model.hidden 8 --log.progress lines)
+set -m  # ddprun in a process group of its own, as a terminal's foreground job
+CUDA_VISIBLE_DEVICES='' "$ddprun" -- "${stop_run[@]}" >stop.txt 2>&1 &
+job=$!
+set +m
+for _ in $(seq 600); do
+  [ -s stopped/metrics.jsonl ] && break
+  sleep 0.05
+done
+[ -s stopped/metrics.jsonl ] || { echo "FAIL: no epoch within 30 s"; cat stop.txt; exit 1; }
+kill -INT -- "-$job"
+status=0
+wait "$job" || status=$?
+[ "$status" -eq 75 ] || { echo "FAIL: ddprun returned $status after Ctrl-C, expected 75"; cat stop.txt; exit 1; }
+grep -q "^stopped by SIGUSR1 after epoch [0-9]*" stop.txt || { echo "FAIL: no stop message"; cat stop.txt; exit 1; }
+[ -f stopped/last.h5 ] || { echo "FAIL: no last.h5"; exit 1; }
+done_epochs=$(grep -c '"epoch"' stopped/metrics.jsonl)
+CUDA_VISIBLE_DEVICES='' "$ddprun" -- "${stop_run[@]/400/$((done_epochs + 1))}" --resume auto >resume.txt 2>&1 ||
+  { echo "FAIL: resume after Ctrl-C"; cat resume.txt; exit 1; }
+grep -q "resumed from" resume.txt || { echo "FAIL: did not resume"; cat resume.txt; exit 1; }
+echo "ok: ddprun counts GPUs, falls back to 2 CPU ranks, trains, and a Ctrl-C checkpoints (exit 75) and resumes"
