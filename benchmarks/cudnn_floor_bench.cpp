@@ -105,7 +105,7 @@ double floor_ms(const Options& o) {
   CHECK(cudnnCreateDropoutDescriptor(&dropout));
   CHECK(cudnnSetDropoutDescriptor(dropout, handle, 0.0f, nullptr, 0, 0));
   const cudnnMathType_t math = o.math == "default"  ? CUDNN_DEFAULT_MATH
-                               : o.math == "tensor" ? CUDNN_TENSOR_OP_MATH
+                               : o.math == "tensor" ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
                                                     : CUDNN_FMA_MATH;
   const ddp::models::RnnAlgorithm requested = ddp::models::parse_rnn_algorithm(o.algo, "--algo");
   const cudnnRNNAlgo_t algo =
@@ -245,7 +245,8 @@ int main(int argc, char** argv) {
       "warmup", po::value(&o.warmup)->default_value(o.warmup))("iters",
                                                                po::value(&o.iters)->default_value(o.iters))(
       "math", po::value(&o.math)->default_value(o.math),
-      "the floor's cuDNN math: fma (fp32, as the replica), default (TF32 allowed on sm_80+) or tensor")(
+      "the floor's cuDNN math: fma (fp32, as the replica), default (TF32 allowed on sm_80+) or tensor "
+      "(tensor cores, fp32 data converted down)")(
       "algo", po::value(&o.algo)->default_value(o.algo),
       "cuDNN's RNN algorithm: standard, persist_small_h or persist_static (the replica's too)")(
       "replica", po::bool_switch(&o.replica), "also time the cuDNN replica's train_step");

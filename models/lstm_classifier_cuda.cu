@@ -46,6 +46,7 @@
 #include "engine/gpu_spans.h"
 #include "engine/timeline.h"
 #include "models/cuda_replica.h"
+#include "models/cudnn_status.h"
 
 #define DDP_CUDNN_CHECK(call)                                                               \
   do {                                                                                      \
@@ -64,22 +65,22 @@ struct AlgorithmRefused {
   std::string what;
 };
 
-// In descriptor setup and the shape probe: refusals under a persistent algorithm throw AlgorithmRefused,
-// every other failure (and any under the standard algorithm) is fatal as in DDP_CUDNN_CHECK. A persistent
-// kernel that cannot launch here (too few SMs on a MIG slice or under an MPS share) fails to execute; that
-// is a refusal too, provided the device is healthy afterwards (no sticky error).
+// In descriptor setup and the shape probe: what classify_cudnn_failure (cudnn_status.h) calls a refusal
+// throws AlgorithmRefused, a launch or execution failure too provided the device is healthy afterwards (no
+// sticky error); everything else is fatal as in DDP_CUDNN_CHECK.
 void check_algorithm_status(cudnnStatus_t status, cudnnRNNAlgo_t algorithm, const char* call,
                             const char* file, int line) {
   if (status == CUDNN_STATUS_SUCCESS) return;
   const std::string what = std::string(call) + " failed: " + cudnnGetErrorString(status);
-  const int category = CUDNN_STATUS_CATEGORY(static_cast<int>(status));
-  if (algorithm != CUDNN_RNN_ALGO_STANDARD) {
-    if (category == CUDNN_STATUS_BAD_PARAM || category == CUDNN_STATUS_NOT_SUPPORTED)
+  switch (classify_cudnn_failure(status, algorithm != CUDNN_RNN_ALGO_STANDARD)) {
+    case CudnnFailure::kRefused:
       throw AlgorithmRefused{what};
-    if (category == CUDNN_STATUS_EXECUTION_FAILED) {
+    case CudnnFailure::kRefusedIfDeviceHealthy:
       cudaGetLastError();  // clears a launch failure, which is not sticky; a sticky fault survives the sync
       if (cudaDeviceSynchronize() == cudaSuccess) throw AlgorithmRefused{what};
-    }
+      break;
+    case CudnnFailure::kFatal:
+      break;
   }
   ::ddp::fatal(what, file, line);
 }
