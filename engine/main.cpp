@@ -127,15 +127,12 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
     }
   }
   // Parameter servers do not see the workers' stop: the training ranks' values (the same on each) win over
-  // the servers' zeros, so every rank exits alike and rank 0 can say where the run stopped.
-  int64_t stop[3] = {result.stopped_by_signal ? 1 : 0, result.epochs_done, result.steps_done_in_epoch};
-  DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, stop, 3, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
-  const std::vector<std::string> signals = boot.gather(result.stop_signal, 0);
+  // the servers' zeros, so every rank exits alike and rank 0 can say where the run stopped and why.
+  int64_t stop[4] = {result.stopped_by_signal ? 1 : 0, result.epochs_done, result.steps_done_in_epoch,
+                     result.stop_signal};
+  DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, stop, 4, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
   if (stop[0] == 0) return kExitOk;
-  std::string by = "a signal";
-  for (const std::string& s : signals) {
-    if (!s.empty()) by = s;
-  }
+  const std::string by = engine::stop_signal_name(static_cast<int>(stop[3]));
   // A signal at the last epoch's last step waits for the epoch's end: then there is nothing left to resume.
   if (stop[1] >= config.train.epochs) {
     if (boot.rank() == 0) std::printf("%s came as the run ended: all epochs are done\n", by.c_str());

@@ -43,6 +43,7 @@ class StopAgreement {
   // The signal that stopped the ranks ("SIGTERM", ...), the same on every rank (the highest signal number
   // among those the ranks had received when they agreed), "" if none.
   std::string signal_name() const { return stop_signal_name(agreed_); }
+  int signal_number() const { return agreed_; }
 
  private:
   void complete_pending();

@@ -153,7 +153,7 @@ class TrainingRun {
       score_best_on_test(*plan_.test);
     }
     result.stopped_by_signal = stop_signal_.stopped();
-    result.stop_signal = stop_signal_.signal_name();
+    result.stop_signal = stop_signal_.signal_number();
     result.run_id = run_record_.run_id;
     result.epochs_done = progress_.epoch;
     result.steps_done_in_epoch = progress_.step_in_epoch;
@@ -168,7 +168,7 @@ class TrainingRun {
   }
 
   // Rank 0 claims checkpoint.dir for this run (run_directory.h) and writes the effective config there;
-  // every training rank learns whether the run continues last.h5.
+  // the other training ranks learn whether the run continues last.h5 with the starting point.
   void prepare_run_directory() {
     comm::agree_on_errors(world_, [&] {
       if (!is_root()) return;
@@ -182,9 +182,6 @@ class TrainingRun {
       out << config_.to_ini();
       if (!out) throw UserError(files_.config() + ": cannot write the effective config");
     });
-    std::vector<double> resume{resumed_ ? 1.0 : 0.0};
-    comm_.broadcast(std::span<double>(resume), 0);
-    resumed_ = resume[0] != 0.0;
   }
 
   // What the checkpoints record about the run and its data (rank 0 only).

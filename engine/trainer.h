@@ -35,8 +35,8 @@ struct TrainResult {
   std::vector<float> params;          // the final parameters (identical on every rank)
   std::string run_id;                 // on the first training rank (engine/run_directory.h)
   bool stopped_by_signal = false;     // a training rank got a stop signal; last.h5 holds the progress
-  std::string stop_signal;            // which one ("SIGINT", "SIGTERM", ...), agreed by the training ranks
-  int64_t epochs_done = 0;            // where the run stands at the end (last.h5 holds the same on a stop)
+  int stop_signal = 0;      // which one (SIGINT, ...; engine::stop_signal_name), agreed by the training ranks
+  int64_t epochs_done = 0;  // where the run stands at the end (last.h5 holds the same on a stop)
   int64_t steps_done_in_epoch = 0;
 };
 

@@ -5,8 +5,6 @@
 
 #include <cstdint>
 #include <random>
-#include <utility>
-#include <vector>
 
 namespace ddp::io {
 
@@ -31,18 +29,6 @@ inline uint64_t uniform_below(std::mt19937_64& rng, uint64_t n) {
     const uint64_t r = rng();
     if (r >= threshold) return r % n;
   }
-}
-
-// A uniformly random permutation of [0, n) (Fisher-Yates), the same for a seed on every platform.
-inline std::vector<int64_t> seeded_permutation(int64_t n, uint64_t seed) {
-  std::vector<int64_t> order(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
-  std::mt19937_64 rng(seed);
-  for (int64_t i = n - 1; i > 0; --i) {
-    const auto j = static_cast<int64_t>(uniform_below(rng, static_cast<uint64_t>(i) + 1));
-    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
-  }
-  return order;
 }
 
 }  // namespace ddp::io

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/errors.h"
+#include "io/batch_reader.h"
 #include "io/dataset_writer.h"
 #include "io/mix.h"
 #include "io/tokenizer.h"
@@ -341,10 +342,10 @@ std::string prepare_text(const TextCorpusOptions& options) {
   for (const int split : {kTrain, kTest}) {
     std::vector<size_t> in_file_order = documents[split][kPos];
     in_file_order.insert(in_file_order.end(), documents[split][kNeg].begin(), documents[split][kNeg].end());
-    const auto n = static_cast<int64_t>(in_file_order.size());
-    for (const int64_t i : seeded_permutation(n, stream_seed(options.seed, static_cast<uint64_t>(split)))) {
-      order[split].push_back(in_file_order[static_cast<size_t>(i)]);
-    }
+    // The reader's own seeded permutation (batch_reader.h), keyed per split.
+    const IndexPermutation permutation(in_file_order.size(),
+                                       stream_seed(options.seed, static_cast<uint64_t>(split)));
+    for (uint64_t i = 0; i < permutation.size(); ++i) order[split].push_back(in_file_order[permutation(i)]);
   }
   const auto training_rows = static_cast<int64_t>(order[kTrain].size());
   const int64_t val_rows = val_rows_of(command, options.val_fraction, training_rows);
