@@ -10,6 +10,7 @@
 
 #include <mpi.h>
 
+#include <exception>
 #include <memory>
 #include <optional>
 #include <span>
@@ -68,10 +69,34 @@ class Communicator {
   // may otherwise show only as a hang; nothing if none. Not collective, and safe to call from another thread
   // (the trainer's watchdog polls it). MPI reports such errors at the failing call, so only NCCL has any.
   virtual std::optional<std::string> asynchronous_error() { return std::nullopt; }
+
+  // After an error on this rank: ends the backend's outstanding work without waiting for the other ranks, so
+  // that nothing local waits on a reduction that will never complete (NCCL: ncclCommAbort, which releases a
+  // compute stream that waits on the communication stream). The communicator is unusable afterwards. MPI
+  // backends have nothing to abort: their errors end the job where they happen.
+  virtual void abort() {}
+};
+
+// Aborts `comm` (if any) when the scope is left by an exception. Declared after the objects whose
+// destructors wait for the communicator's work (a GPU replica synchronising its stream), it runs before them
+// on the way out.
+class AbortOnUnwind {
+ public:
+  explicit AbortOnUnwind(Communicator* comm) : comm_(comm), exceptions_(std::uncaught_exceptions()) {}
+  ~AbortOnUnwind() {
+    if (comm_ != nullptr && std::uncaught_exceptions() > exceptions_) comm_->abort();
+  }
+  AbortOnUnwind(const AbortOnUnwind&) = delete;
+  AbortOnUnwind& operator=(const AbortOnUnwind&) = delete;
+
+ private:
+  Communicator* comm_;
+  int exceptions_;
 };
 
 // Runs `work` on every rank; if it throws a UserError on any rank, every rank throws the lowest failing
-// rank's message. For checks of user input that run before (or between) collectives.
+// rank's message as an AgreedUserError (errors.h). For checks of user input that run before (or between)
+// collectives.
 template <typename Work>
 void agree_on_errors(Communicator& comm, Work&& work) {
   std::optional<std::string> error;
@@ -80,7 +105,7 @@ void agree_on_errors(Communicator& comm, Work&& work) {
   } catch (const UserError& e) {
     error = e.what();
   }
-  if (auto first = comm.first_error(error)) throw UserError(*first);
+  if (auto first = comm.first_error(error)) throw AgreedUserError(*first);
 }
 
 // The MPI backend over `comm` (duplicated, so its traffic never mixes with other users of `comm`).

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -133,8 +134,8 @@ class NcclCommunicator final : public Communicator {
 
   ~NcclCommunicator() override {
     // Unwinding on this rank alone: the other ranks may never reach a collective finalize, so abort locally.
-    if (std::uncaught_exceptions() > 0) {
-      warn_nccl(ncclCommAbort(nccl_), "ncclCommAbort");
+    if (std::uncaught_exceptions() > 0 || nccl_ == nullptr) {
+      abort();
       warn_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(communication stream)");
     } else {
       // The staging buffer may be in use until the stream drains.
@@ -212,8 +213,18 @@ class NcclCommunicator final : public Communicator {
     return host_->first_error(mine);
   }
 
+  // The watchdog's thread may be asking asynchronous_error() meanwhile: the mutex keeps it off a freed comm.
+  void abort() override {
+    const std::lock_guard<std::mutex> lock(abort_mutex_);
+    if (nccl_ == nullptr) return;
+    warn_nccl(ncclCommAbort(nccl_), "ncclCommAbort");
+    nccl_ = nullptr;
+  }
+
   // NCCL answers this from any thread while the owning thread enqueues work.
   std::optional<std::string> asynchronous_error() override {
+    const std::lock_guard<std::mutex> lock(abort_mutex_);
+    if (nccl_ == nullptr) return std::string("the NCCL communicator was aborted after an error on this rank");
     ncclResult_t async = ncclSuccess;
     const ncclResult_t status = ncclCommGetAsyncError(nccl_, &async);
     if (status != ncclSuccess)
@@ -262,6 +273,7 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t reduced_ = nullptr;   // communication -> compute
   void* wire_buffer_ = nullptr;     // fp16/bf16 staging
   std::size_t wire_bytes_ = 0;
+  std::mutex abort_mutex_;                   // abort() against asynchronous_error() on another thread
   int pending_ = 0;                          // segments started since the last finish_average()
   std::optional<timeline::GpuSpans> spans_;  // made with the stream
 };

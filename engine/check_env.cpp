@@ -555,12 +555,16 @@ int check_env_command(const std::vector<std::string>& args) {
       "ddptrain check-env [--device auto|cuda|cpu] [--verbose]\nExit codes: 0 everything fine, 2 bad "
       "options, " +
       std::to_string(kExitEnvironmentProblem) + " a problem was found (the report says what to do).";
-  if (!parse_subcommand(args, desc, "check-env", usage, /*print_help=*/rank == 0)) return kExitOk;
-  if (device != "cuda" && device != "cpu" && device != "auto") {
-    throw UserError("check-env: --device must be cuda, cpu or auto, got '" + device + "'");
-  }
-
   auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
+  bool run = false;
+  comm::agree_on_errors(*comm, [&] {
+    run = parse_subcommand(args, desc, "check-env", usage, /*print_help=*/rank == 0);
+    if (run && device != "cuda" && device != "cpu" && device != "auto") {
+      throw UserError("check-env: --device must be cuda, cpu or auto, got '" + device + "'");
+    }
+  });
+  if (!run) return kExitOk;
+
   const RankFacts mine = gather_facts(device);
   const std::vector<std::string> texts = comm->gather(encode(mine), 0);
   std::vector<double> problem{0};

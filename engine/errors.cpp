@@ -44,4 +44,13 @@ void fatal(const std::string& what, const char* file, int line, int exit_code) {
   std::_Exit(exit_code);
 }
 
+void end_job_with_user_error(const std::string& what) {
+  int rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::fprintf(stderr, "ddptrain: error: %s (rank %d on host %s)\n", what.c_str(), rank, host_name().c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, kExitUserError);
+  std::_Exit(kExitUserError);
+}
+
 }  // namespace ddp

@@ -28,6 +28,18 @@ class UserError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A UserError that every rank threw alike (comm::agree_on_errors): one rank prints it and all exit together.
+// Any other UserError that reaches main() was seen by this rank alone, while the others may wait for it in a
+// collective: main() prints it with the rank and host and ends the whole job (end_job_with_user_error).
+class AgreedUserError : public UserError {
+ public:
+  using UserError::UserError;
+};
+
+// Prints "ddptrain: error: <what> (rank R on host H)" and ends the whole MPI job with kExitUserError, so the
+// other ranks stop instead of waiting for this one until the watchdog fires.
+[[noreturn]] void end_job_with_user_error(const std::string& what);
+
 // Prints "ddptrain: fatal: <what> (<file>:<line>, host H, rank R)" and aborts the whole MPI job with
 // `exit_code`; while a ThrowFatalErrors is alive on this thread, throws FatalError instead.
 [[noreturn]] void fatal(const std::string& what, const char* file, int line,

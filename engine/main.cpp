@@ -184,8 +184,14 @@ int main(int argc, char** argv) {
     auto boot = ddp::comm::make_mpi_communicator(MPI_COMM_WORLD);
     try {
       status = check_env ? ddp::engine::check_env_command(args) : ddp::train_command(args, *boot);
-    } catch (const ddp::UserError& e) {
+    } catch (const ddp::AgreedUserError& e) {
+      // Every rank has it: one line, and all ranks leave together.
       if (boot->rank() == 0) std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
+      status = ddp::kExitUserError;
+    } catch (const ddp::UserError& e) {
+      // This rank's alone (a batch or a cuDNN shape after start-up): the others may be waiting for it.
+      if (boot->size() > 1) ddp::end_job_with_user_error(e.what());
+      std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
       status = ddp::kExitUserError;
     } catch (const std::exception& e) {
       ddp::fatal(std::string("unexpected error: ") + e.what(), __FILE__, __LINE__);

@@ -136,6 +136,19 @@ class TrainingRun {
     log_class_balance();
     start_gpu_monitor();
 
+    try {
+      return train_and_test();
+    } catch (const models::TokenOutsideVocabulary& e) {
+      // Seen by this rank alone, mid-run: main() ends the job with it.
+      throw UserError("data.path " + data_.path + ": " + e.what() +
+                      (config_.data.validate ? ""
+                                             : " (data.validate = false skipped the start-up check that "
+                                               "names the row)"));
+    }
+  }
+
+ private:
+  TrainResult train_and_test() {
     TrainResult result;
     enter_training();
     for (int64_t epoch = progress_.epoch; epoch < config_.train.epochs && !stop_requested(); ++epoch) {
@@ -160,7 +173,6 @@ class TrainingRun {
     return result;
   }
 
- private:
   bool is_root() const { return comm_.rank() == 0; }
   // What the training ranks are called in messages.
   std::string trainers() const {
@@ -706,6 +718,9 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
   if (!backend.parameter_server) {
     StopAgreement stop_signal(world);  // collective: made outside agree_on_errors, which a throw may skip
     std::unique_ptr<TrainingRun> run;
+    // After `run`, so that leaving by an exception aborts NCCL before the replica (in `run`) waits for its
+    // stream, which may wait on a reduction that a failed peer will never complete.
+    const comm::AbortOnUnwind abort_on_unwind(backend.communicator.get());
     comm::agree_on_errors(*boot, [&] {
       comm::Communicator& comm = *backend.communicator;
       auto updater = std::make_unique<AllReduceUpdater>(
@@ -719,7 +734,9 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
   }
 
   // The parameter server: the last ranks serve (ps_training.h), the others train.
-  PsJob job(world, config, backend.ps_servers, replica->layout());
+  std::optional<PsJob> ps_job;
+  comm::agree_on_errors(*boot, [&] { ps_job.emplace(world, config, backend.ps_servers, replica->layout()); });
+  PsJob& job = *ps_job;
   std::optional<StopAgreement> stop_signal;  // among the workers
   if (!job.serves()) stop_signal.emplace(job.workers_comm());
   std::unique_ptr<TrainingRun> run;

@@ -176,8 +176,8 @@ void CpuLstmClassifier<Scalar>::forward(const int32_t* tokens, int batch, int se
   const std::size_t count = to_size(batch) * to_size(seq);
   for (std::size_t i = 0; i < count; ++i) {
     if (tokens[i] < 0 || tokens[i] >= vocab) {
-      throw std::out_of_range("CpuLstmClassifier: token " + std::to_string(tokens[i]) +
-                              " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+      throw TokenOutsideVocabulary("token " + std::to_string(tokens[i]) + " is outside the vocabulary [0, " +
+                                   std::to_string(vocab) + ")");
     }
   }
   resize_workspace(batch, seq);

@@ -440,8 +440,8 @@ class CudaReplica final : public Replica {
   void dense_and_loss(const BatchView& batch, const float* labels, float* probabilities, float* d_logits,
                       bool add_stats);
   unsigned int blocks_for(std::size_t n) const;
-  // Throws std::out_of_range if a batch since the last check held a token outside the vocabulary (the flag
-  // was copied to the host by the caller, which synchronised the stream); clears the flag.
+  // Throws TokenOutsideVocabulary if a batch since the last check held a token outside the vocabulary (the
+  // flag was copied to the host by the caller, which synchronised the stream); clears the flag.
   void report_bad_token();
 
   ParamLayout layout_;
@@ -973,8 +973,8 @@ void CudaReplica::report_bad_token() {
   if (*host_bad_token_.get() == 0) return;
   *host_bad_token_.get() = 0;
   DDP_CUDA_CHECK(cudaMemsetAsync(bad_token_.get(), 0, sizeof(unsigned int), stream_.get()));
-  throw std::out_of_range("CudaReplica: a batch held a token outside the vocabulary [0, " +
-                          std::to_string(layout_.shape().vocab_size) + ")");
+  throw TokenOutsideVocabulary("a batch held a token outside the vocabulary [0, " +
+                               std::to_string(layout_.shape().vocab_size) + ")");
 }
 
 void CudaReplica::copy_params_to_host(std::span<float> host) {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 
 #include "models/param_layout.h"
@@ -41,6 +42,13 @@ struct BatchStats {
 using GradientReadyFn = std::function<void(const ParamSegment&)>;
 
 enum class DeviceKind { kCpu, kCuda };
+
+// A batch held a token id outside the model's vocabulary: bad data, which the trainer reports naming the
+// file. A CPU replica throws it from the step; a GPU replica at the next host synchronisation.
+class TokenOutsideVocabulary : public std::out_of_range {
+ public:
+  using std::out_of_range::out_of_range;
+};
 
 class Replica {
  public:
