@@ -142,8 +142,8 @@ SmokeResult smoke_test(const Topology& topology) {
     } else {
       auto gpu = models::make_cuda_replica(shape, topology.gpu);
       gpu->copy_params_from_host(params);
-      const DeviceCopy tokens(topology.gpu, host.tokens.data(), host.tokens.size() * sizeof(int32_t));
-      const DeviceCopy labels(topology.gpu, host.labels.data(), host.labels.size() * sizeof(float));
+      const DeviceBuffer tokens(topology.gpu, host.tokens.data(), host.tokens.size() * sizeof(int32_t));
+      const DeviceBuffer labels(topology.gpu, host.labels.data(), host.labels.size() * sizeof(float));
       const models::BatchView device_view{static_cast<const int32_t*>(tokens.data()),
                                           static_cast<const float*>(labels.data()), kSmokeBatch, kSmokeSeq};
       std::vector<float> gpu_grads;

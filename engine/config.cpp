@@ -73,6 +73,10 @@ void visit_keys(C& c, Visitor&& key) {
   key("comm", "timeout_s", c.comm.timeout_s,
       "seconds a rank may go without progress (start-up, a step, an evaluation batch) before the job ends, "
       "naming what it waited for: a hung rank ends the job instead of freezing it");
+  key("comm", "selfcheck", c.comm.selfcheck,
+      "GPU ranks check, before the first step, their cuDNN replica against the CPU replica (loss, every "
+      "gradient, outputs, the parameter mapping, an optimizer step) and NCCL's averages against their "
+      "closed form; a failure ends the job naming the rank, GPU and check (on or off)");
   key("checkpoint", "dir", c.checkpoint.dir, "run directory: config.ini, metrics.jsonl, last.h5, best.h5");
   key("checkpoint", "every_steps", c.checkpoint.every_steps,
       "also write last.h5 every N steps; 0: per epoch");

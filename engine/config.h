@@ -54,6 +54,7 @@ struct Config {
     std::string ps_mode = "sync";      // ps: sync | async
     int max_staleness = 4;             // ps async: how many pushes a worker may run ahead of the slowest
     double timeout_s = 120;            // ps: the longest silence accepted from a rank before the job ends
+    bool selfcheck = true;             // GPU ranks check their replica (and NCCL) before the first step
   } comm;
 
   struct Checkpoint {

@@ -50,20 +50,29 @@ GpuSoftwareVersions gpu_software_versions();
 // without CUDA.
 bool gpu_peer_access(int device, int peer);
 
-// A copy of host bytes in the memory of GPU `device`, freed with the object: small fixed inputs such as
-// check-env's smoke-test batch. Throws std::runtime_error naming the CUDA call that failed (so that a
-// caller can report it instead of ending the job), and UserError in a build without CUDA.
-class DeviceCopy {
+// Bytes in the memory of GPU `device`, freed with the object: small inputs such as check-env's smoke-test
+// batch and the self-check's batches and gradients. Copies complete before they return. Throws
+// std::runtime_error naming the CUDA call that failed (so that a caller can report it instead of ending the
+// job), and UserError in a build without CUDA.
+class DeviceBuffer {
  public:
-  DeviceCopy(int device, const void* host, std::size_t bytes);
-  DeviceCopy(const DeviceCopy&) = delete;
-  DeviceCopy& operator=(const DeviceCopy&) = delete;
-  ~DeviceCopy();
+  DeviceBuffer(int device, std::size_t bytes);
+  // Allocated and filled with `bytes` bytes from `host`.
+  DeviceBuffer(int device, const void* host, std::size_t bytes);
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer();
 
-  const void* data() const { return data_; }
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  // The first `bytes` bytes from or to host memory.
+  void upload(const void* host, std::size_t bytes);
+  void download(void* host, std::size_t bytes) const;
 
  private:
+  int device_ = 0;
   void* data_ = nullptr;
+  std::size_t bytes_ = 0;
 };
 
 }  // namespace ddp::engine

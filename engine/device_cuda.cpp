@@ -2,6 +2,7 @@
 #include <cudnn.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -149,21 +150,42 @@ bool gpu_peer_access(int device, int peer) {
   return can_access != 0;
 }
 
-DeviceCopy::DeviceCopy(int device, const void* host, std::size_t bytes) {
+DeviceBuffer::DeviceBuffer(int device, std::size_t bytes) : device_(device), bytes_(bytes) {
   throw_on_cuda_error(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
-  throw_on_cuda_error(cudaMalloc(&data_, bytes), "cudaMalloc(" + std::to_string(bytes) + " bytes)");
-  const cudaError_t copied = cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice);
-  // From pageable memory cudaMemcpy may return before the DMA has landed, and the replica's non-blocking
-  // stream is not ordered after the default stream: wait for the data before anyone reads it.
-  const cudaError_t landed = copied == cudaSuccess ? cudaDeviceSynchronize() : copied;
-  if (landed != cudaSuccess) {
+  throw_on_cuda_error(cudaMalloc(&data_, std::max<std::size_t>(bytes, 1)),
+                      "cudaMalloc(" + std::to_string(bytes) + " bytes)");
+}
+
+DeviceBuffer::DeviceBuffer(int device, const void* host, std::size_t bytes) : DeviceBuffer(device, bytes) {
+  try {
+    upload(host, bytes);
+  } catch (...) {
     warn_cuda(cudaFree(data_), "cudaFree");
-    throw_on_cuda_error(landed, "cudaMemcpy to GPU " + std::to_string(device));
+    throw;
   }
 }
 
-DeviceCopy::~DeviceCopy() {
+DeviceBuffer::~DeviceBuffer() {
   warn_cuda(cudaFree(data_), "cudaFree");
+}
+
+void DeviceBuffer::upload(const void* host, std::size_t bytes) {
+  if (bytes > bytes_) throw std::invalid_argument("DeviceBuffer::upload: more bytes than the buffer holds");
+  throw_on_cuda_error(cudaSetDevice(device_), "cudaSetDevice(" + std::to_string(device_) + ")");
+  throw_on_cuda_error(cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice),
+                      "cudaMemcpy to GPU " + std::to_string(device_));
+  // From pageable memory cudaMemcpy may return before the DMA has landed, and a replica's non-blocking
+  // stream is not ordered after the default stream: wait for the data before anyone reads it.
+  throw_on_cuda_error(cudaDeviceSynchronize(),
+                      "cudaDeviceSynchronize after a copy to GPU " + std::to_string(device_));
+}
+
+void DeviceBuffer::download(void* host, std::size_t bytes) const {
+  if (bytes > bytes_) throw std::invalid_argument("DeviceBuffer::download: more bytes than the buffer holds");
+  throw_on_cuda_error(cudaSetDevice(device_), "cudaSetDevice(" + std::to_string(device_) + ")");
+  // Work on other (non-blocking) streams that wrote the buffer has been waited for by the caller.
+  throw_on_cuda_error(cudaMemcpy(host, data_, bytes, cudaMemcpyDeviceToHost),
+                      "cudaMemcpy from GPU " + std::to_string(device_));
 }
 
 }  // namespace ddp::engine

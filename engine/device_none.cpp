@@ -25,10 +25,15 @@ bool gpu_peer_access(int, int) {
   return false;
 }
 
-DeviceCopy::DeviceCopy(int, const void*, std::size_t) {
+DeviceBuffer::DeviceBuffer(int, std::size_t) {
   throw UserError("this ddptrain was built without CUDA (configure with -DDDPTRAIN_CUDA=ON)");
 }
 
-DeviceCopy::~DeviceCopy() = default;
+DeviceBuffer::DeviceBuffer(int device, const void*, std::size_t bytes) : DeviceBuffer(device, bytes) {}
+
+DeviceBuffer::~DeviceBuffer() = default;
+
+void DeviceBuffer::upload(const void*, std::size_t) {}
+void DeviceBuffer::download(void*, std::size_t) const {}
 
 }  // namespace ddp::engine

@@ -110,7 +110,7 @@ std::vector<float> predict_rows(const LoadedModel& model, const std::vector<int3
     const std::size_t count = std::min(rows - first, static_cast<std::size_t>(batch_size));
     const int32_t* host = tokens.data() + first * static_cast<std::size_t>(maxlen);
     const std::size_t bytes = count * static_cast<std::size_t>(maxlen) * sizeof(int32_t);
-    std::optional<DeviceCopy> on_gpu;
+    std::optional<DeviceBuffer> on_gpu;
     if (model.gpu >= 0) on_gpu.emplace(model.gpu, host, bytes);
     const auto* batch_tokens = on_gpu ? static_cast<const int32_t*>(on_gpu->data()) : host;
     model.replica->predict({batch_tokens, nullptr, static_cast<int>(count), maxlen},

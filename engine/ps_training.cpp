@@ -267,6 +267,8 @@ PsServerRun::PsServerRun(PsJob& job, comm::Communicator& world, const Config& co
 }
 
 TrainResult PsServerRun::run() {
+  watchdog_.enter("waiting for the workers' batch shapes and GPU self-checks");
+  comm::agree_on_errors(world_, [] {});  // 0. the workers' devices
   watchdog_.enter("waiting for rank 0 to prepare checkpoint.dir");
   comm::agree_on_errors(world_, [] {});  // 1. the run directory
   watchdog_.enter("waiting for rank 0 to read the starting point");

@@ -25,6 +25,7 @@
 //
 // The world-level sequence. A server takes part in these calls only, in this order; on the workers the
 // trainer (TrainingRun with the updater from make_ps_worker_updater) makes the same calls:
+//   0. agree_on_errors over `world`: the workers' batch shapes and GPU self-checks
 //   1. agree_on_errors over `world`: the run directory (rank 0 makes it)
 //   2. agree_on_errors over `world`: the starting point (rank 0 reads the checkpoint or seeds)
 //   3. Updater::distribute_start: rank 0 scatters the parameter and optimizer-state shards to the servers

@@ -1,5 +1,6 @@
 #include "engine/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include "engine/preemption.h"
 #include "engine/ps_training.h"
 #include "engine/run_directory.h"
+#include "engine/self_check.h"
 #include "engine/timeline.h"
 #include "engine/updater.h"
 #include "engine/watchdog.h"
@@ -125,6 +127,7 @@ class TrainingRun {
   }
 
   TrainResult run() {
+    prepare_device();
     watchdog_.enter("preparing checkpoint.dir " + files_.dir.string());
     prepare_run_directory();
     watchdog_.enter("reading the starting point (seed or checkpoint) and broadcasting it");
@@ -177,6 +180,65 @@ class TrainingRun {
   // What the training ranks are called in messages.
   std::string trainers() const {
     return std::string(world_.size() == comm_.size() ? "rank" : "worker") + (comm_.size() == 1 ? "" : "s");
+  }
+
+  // The batch shapes this rank will meet: every training batch (a short last one is dropped), and the
+  // last, shorter batch of its validation and test shards (batch 0: none). Full evaluation batches have
+  // the training batch's shape.
+  std::vector<std::pair<int, int>> batch_shapes() const {
+    const int batch = config_.train.batch_size;
+    auto last_batch = [&](const io::RowSet* rows) {
+      return rows == nullptr ? 0 : static_cast<int>(rows->shard.size() % batch);
+    };
+    const io::RowSet* test = plan_.test ? &*plan_.test : nullptr;
+    return {{batch, data_.maxlen},
+            {last_batch(&plan_.validation), data_.maxlen},
+            {last_batch(test), data_.maxlen}};
+  }
+
+  // Collective over the job (parameter servers pair it with an empty agreement): before the replica's first
+  // batch, every batch shape of the run is tried on every training rank and settled on the same kernels
+  // everywhere (one GPU's cuDNN may turn a persistent algorithm down for a shape another's takes), and on
+  // a GPU the self-check runs (self_check.h). Errors end the job on every rank with the first failing
+  // rank's line. The self-check overwrites the replica's parameters: this runs before the starting point
+  // is loaded.
+  void prepare_device() {
+    const bool gpu = replica_->device() == models::DeviceKind::kCuda;
+    const bool self_check = gpu && config_.comm.selfcheck;
+    watchdog_.enter(std::string("preparing the batch shapes") +
+                    (self_check ? " and the GPU self-check" : ""));
+    comm::agree_on_errors(world_, [&] {
+      const std::vector<std::pair<int, int>> shapes = batch_shapes();
+      std::vector<double> refused(shapes.size(), 0.0);
+      std::optional<std::string> error;  // kept until every training rank has tried: the sum below pairs up
+      try {
+        for (std::size_t i = 0; i < shapes.size(); ++i) {
+          if (shapes[i].first > 0 && !replica_->try_shape(shapes[i].first, shapes[i].second)) refused[i] = 1;
+        }
+      } catch (const UserError& e) {
+        error = "rank " + std::to_string(world_.rank()) + " (" + topology_.host + ", " + topology_.device +
+                "): " + e.what();
+      }
+      if (auto first = comm_.first_error(error)) throw UserError(*first);
+      comm_.sum(refused);
+      std::vector<std::pair<int, int>> distinct;
+      for (std::size_t i = 0; i < shapes.size(); ++i) {
+        if (shapes[i].first <= 0) continue;
+        replica_->settle_shape(shapes[i].first, shapes[i].second, refused[i] == 0);
+        if (std::find(distinct.begin(), distinct.end(), shapes[i]) == distinct.end())
+          distinct.push_back(shapes[i]);
+      }
+      if (!self_check) return;
+      const SelfCheckReport report = check_gpu_replica(*replica_, topology_.gpu, distinct,
+                                                       optimizer_settings(config_), config_.train.seed);
+      self_check_summary_ = "self-check " + report.summary();
+      if (!report.ok) {
+        error = "self-check failed on rank " + std::to_string(world_.rank()) + " (host " + topology_.host +
+                ", GPU " + std::to_string(topology_.gpu) + " " + topology_.gpu_name + "): " + report.failure +
+                "; training there would give wrong results (comm.selfcheck = off skips the check)";
+      }
+      if (auto first = comm_.first_error(error)) throw UserError(*first);
+    });
   }
 
   // Rank 0 claims checkpoint.dir for this run (run_directory.h) and writes the effective config there;
@@ -351,6 +413,7 @@ class TrainingRun {
                                                   topology_.gpu_bus_id + ")"
                                             : topology_.device;
     if (const std::string kernels = replica_->lstm_kernels(); !kernels.empty()) device += ", " + kernels;
+    if (!self_check_summary_.empty()) device += ", " + self_check_summary_;
     char line[1024];
     std::snprintf(line, sizeof(line), "rank %d/%d on %s (local rank %d/%d): %s [%s], train rows [%lld, %lld)",
                   world_.rank(), world_.size(), topology_.host.c_str(), topology_.local_rank,
@@ -661,6 +724,7 @@ class TrainingRun {
   bool resumed_ = false;            // continues last.h5 (decided by rank 0, known to every training rank)
   bool finished_at_start_ = false;  // the resumed run had already trained every epoch
   RunRecord run_record_;            // rank 0: what its checkpoints say about the run
+  std::string self_check_summary_;  // a GPU rank's self-check, for its line of the start log
   std::vector<float> host_params_;  // host copy of the parameters: initialization, broadcast, checkpoints
   StopAgreement& stop_signal_;
   ProgressWatchdog& watchdog_;

@@ -18,10 +18,12 @@
 //
 // Algorithm. cuDNN runs the LSTM with its standard algorithm (kernels per time step) or a persistent one
 // (the recurrent weights stay on chip across steps; PyTorch picks PERSIST_STATIC_SMALL_H for hidden <= 128).
-// Which shapes a persistent algorithm takes is cuDNN's to say, so every new batch shape is tried once on
-// scratch buffers (forward in both modes, both backwards) before it is used: under model.cudnn_rnn_algo =
-// auto a refusal falls back to the standard algorithm for the rest of the run, a named algorithm that is
-// refused is a UserError. The weight map is rebuilt with the descriptor, whatever layout the new one has.
+// Each algorithm gets a plan of its own (descriptor, weight spaces, weight map: the layouts may differ), and
+// each batch shape runs on one plan. Which shapes a persistent algorithm takes is cuDNN's to say, so a new
+// shape is tried once on scratch buffers (forward in both modes, both backwards) before it is used: under
+// model.cudnn_rnn_algo = auto a refusal puts that shape alone on the standard plan, and a named algorithm
+// that is refused is a UserError. The trainer tries every shape of the run at start-up on every rank
+// (try_shape) and settles each on the same plan everywhere (settle_shape).
 //
 // Synchronisation. A train_step only enqueues work on the replica's stream; the host waits in take_stats(),
 // predict(), the host copies of the parameters, and the first time a batch shape is seen (descriptors and
@@ -30,9 +32,11 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -85,7 +89,8 @@ void check_algorithm_status(cudnnStatus_t status, cudnnRNNAlgo_t algorithm, cons
   ::ddp::fatal(what, file, line);
 }
 
-#define DDP_CUDNN_CHECK_ALGORITHM(call) check_algorithm_status((call), algorithm_, #call, __FILE__, __LINE__)
+#define DDP_CUDNN_CHECK_ALGORITHM(call, algorithm) \
+  check_algorithm_status((call), (algorithm), #call, __FILE__, __LINE__)
 
 cudnnRNNAlgo_t to_cudnn(RnnAlgorithm algorithm) {
   switch (algorithm) {
@@ -373,8 +378,26 @@ std::size_t to_size(int v) {
   return static_cast<std::size_t>(v);
 }
 
-// cuDNN's descriptors and sequence lengths for one (batch, seq), built the first time the shape is seen.
+// One cuDNN algorithm's view of the LSTM: its RNN descriptor, a weight space and a weight-gradient space laid
+// out as it wants them, and the table mapping them to and from the canonical layout. The replica keeps one
+// plan for the standard algorithm and, where it prefers a persistent one, one for that; each batch shape runs
+// on one of them.
+struct RnnPlan {
+  cudnnRNNAlgo_t algorithm = CUDNN_RNN_ALGO_STANDARD;
+  DropoutDescriptor dropout;
+  RnnDescriptor rnn;
+  std::size_t weight_space_bytes = 0;
+  DeviceArray<float> weight_space;
+  DeviceArray<float> weight_grads;
+  DeviceArray<WeightRun> weight_runs;
+  unsigned int weight_run_count = 0;
+  std::size_t longest_weight_run = 0;
+};
+
+// cuDNN's descriptors and sequence lengths for one (batch, seq), built the first time the shape is seen, and
+// the plan that runs it.
 struct BatchShape {
+  RnnPlan* plan = nullptr;
   RnnDataDescriptor x;               // [T, B, E] time-major, every sequence T long
   RnnDataDescriptor y;               // [T, B, H]
   TensorDescriptor state;            // h and c: [L, B, H]; passed with null pointers (zero initial state)
@@ -394,10 +417,7 @@ class CudaReplica final : public Replica {
   const ParamLayout& layout() const override { return layout_; }
   DeviceKind device() const override { return DeviceKind::kCuda; }
   void* stream() const override { return stream_.get(); }
-  std::string lstm_kernels() const override {
-    return std::string("cuDNN LSTM ") + cudnn_algorithm_name(algorithm_) +
-           " (model.cudnn_rnn_algo = " + rnn_algorithm_name(requested_) + ")";
-  }
+  std::string lstm_kernels() const override;
   std::span<float> params() override { return {params_.get(), layout_.total_size()}; }
   std::span<float> grads() override { return {grads_.get(), layout_.total_size()}; }
   void copy_params_to_host(std::span<float> host) override;
@@ -409,6 +429,10 @@ class CudaReplica final : public Replica {
   void predict(const BatchView& batch, std::span<float> probabilities) override;
   BatchStats take_stats() override;
 
+  bool try_shape(int batch, int seq) override;
+  void settle_shape(int batch, int seq, bool preferred) override;
+  std::string check_parameter_mapping() override;
+
   // The GPU exchanges the embedding gradient densely: no rows are tracked.
   std::span<const int32_t> touched_embedding_rows() const override { return {}; }
   // No-ops: every train_step zeroes the whole embedding gradient before it adds this batch's rows, so rows
@@ -418,19 +442,21 @@ class CudaReplica final : public Replica {
 
  private:
   void select_device() const { DDP_CUDA_CHECK(cudaSetDevice(device_)); }
-  // The RNN descriptor, weight space and weight map for algorithm_, or for the standard algorithm if cuDNN
-  // refuses a persistent one under auto.
-  void configure_rnn();
-  void build_rnn();
-  void build_weight_map();
+  // The RNN descriptor, weight spaces and weight map for `algorithm`; AlgorithmRefused if cuDNN turns a
+  // persistent one down.
+  std::unique_ptr<RnnPlan> make_plan(cudnnRNNAlgo_t algorithm);
+  void build_rnn(RnnPlan& plan);
+  void build_weight_map(RnnPlan& plan);
   // A weight space the map cannot take: AlgorithmRefused under a persistent algorithm, else fatal.
-  [[noreturn]] void weight_map_failed(const std::string& what) const;
-  // After a refusal: under auto, the standard algorithm from now on (shapes are built again); else a
-  // UserError.
-  void refuse_persistent(const AlgorithmRefused& refused);
+  [[noreturn]] static void weight_map_failed(const RnnPlan& plan, const std::string& what);
+  // After cuDNN refused the preferred algorithm (for the model, or for the batches `where`): a UserError if
+  // it was asked for by name; under auto a note, and the standard algorithm runs instead.
+  void refuse_preferred(const AlgorithmRefused& refused, const std::string& where);
   // Runs every cuDNN call a step makes once on this shape's scratch buffers, so that a refusal shows here.
   void probe(const BatchShape& shape);
-  const BatchShape& build_shape(int batch, int seq);
+  std::unique_ptr<BatchShape> build_shape(int batch, int seq, RnnPlan& plan);
+  // A shape seen for the first time: on the preferred plan if cuDNN takes it, else on the standard one.
+  const BatchShape& add_shape(int batch, int seq);
   // The descriptors for this batch shape, with every scratch buffer large enough for it.
   const BatchShape& shape_for(int batch, int seq);
   void check_batch(const BatchView& batch, bool need_labels, const char* what) const;
@@ -439,6 +465,9 @@ class CudaReplica final : public Replica {
   // The dense layer, sigmoid and loss on the forward's last hidden states.
   void dense_and_loss(const BatchView& batch, const float* labels, float* probabilities, float* d_logits,
                       bool add_stats);
+  // Copies the LSTM's parameters (to_cudnn) or weight gradients (!to_cudnn) between the canonical buffer
+  // and the plan's space, on the stream.
+  void copy_weights(const RnnPlan& plan, const float* source, float* target, bool to_cudnn, const char* what);
   unsigned int blocks_for(std::size_t n) const;
   // Throws TokenOutsideVocabulary if a batch since the last check held a token outside the vocabulary (the
   // flag was copied to the host by the caller, which synchronised the stream); clears the flag.
@@ -447,7 +476,8 @@ class CudaReplica final : public Replica {
   ParamLayout layout_;
   int device_ = 0;
   RnnAlgorithm requested_ = RnnAlgorithm::kAuto;
-  cudnnRNNAlgo_t algorithm_ = CUDNN_RNN_ALGO_STANDARD;
+  // What model.cudnn_rnn_algo (or auto, for this model and GPU) asks for.
+  cudnnRNNAlgo_t preferred_algorithm_ = CUDNN_RNN_ALGO_STANDARD;
   int max_blocks_ = 0;
   std::size_t embedding_offset_ = 0;
   std::size_t dense_w_offset_ = 0;
@@ -457,17 +487,14 @@ class CudaReplica final : public Replica {
   StreamHandle stream_;
   std::optional<timeline::GpuSpans> gpu_spans_;  // made with the stream
   CudnnHandle cudnn_;
-  DropoutDescriptor dropout_;
-  RnnDescriptor rnn_;
+  std::unique_ptr<RnnPlan> standard_;
+  // Null when the preferred algorithm is the standard one, or when cuDNN turned it down for the model under
+  // auto (preferred_refused_ then says so).
+  std::unique_ptr<RnnPlan> preferred_;
+  bool preferred_refused_ = false;
 
   DeviceArray<float> params_;
   DeviceArray<float> grads_;
-  std::size_t weight_space_bytes_ = 0;
-  DeviceArray<float> weight_space_;
-  DeviceArray<float> weight_grads_;
-  DeviceArray<WeightRun> weight_runs_;
-  unsigned int weight_run_count_ = 0;
-  std::size_t longest_weight_run_ = 0;
 
   // By (batch, seq).
   std::map<std::pair<int, int>, std::unique_ptr<BatchShape>> shapes_;
@@ -516,72 +543,95 @@ CudaReplica::CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algor
   host_stats_.allocate();
   host_bad_token_.allocate();
 
-  algorithm_ = to_cudnn(requested_);
+  preferred_algorithm_ = to_cudnn(requested_);
   int major = 0;
   DDP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
   // Where PyTorch also takes it: LSTMs of hidden size <= 128 on sm_60 and newer.
   if (requested_ == RnnAlgorithm::kAuto && shape.hidden <= 128 && major >= 6) {
-    algorithm_ = CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H;
+    preferred_algorithm_ = CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H;
   }
-  configure_rnn();
+  // The standard plan always: shapes the preferred algorithm does not take run on it.
+  standard_ = make_plan(CUDNN_RNN_ALGO_STANDARD);
+  if (preferred_algorithm_ != CUDNN_RNN_ALGO_STANDARD) {
+    try {
+      preferred_ = make_plan(preferred_algorithm_);
+    } catch (const AlgorithmRefused& refused) {
+      refuse_preferred(refused, "for this model");
+      preferred_refused_ = true;
+    }
+  }
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
 }
 
 CudaReplica::~CudaReplica() {
-  // Let queued work finish before the members free what it uses; a failure here is only reported.
+  // Let queued work finish before the members free what it uses; a failure here is only reported. Where a
+  // collective failed, the trainer has aborted the communicator before this (comm::AbortOnUnwind), so the
+  // stream does not wait on a reduction forever.
   report_release(cudaSetDevice(device_), "cudaSetDevice");
   report_release(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize");
 }
 
-void CudaReplica::configure_rnn() {
-  try {
-    build_rnn();
-    build_weight_map();
-  } catch (const AlgorithmRefused& refused) {
-    refuse_persistent(refused);
-    build_rnn();
-    build_weight_map();
+std::string CudaReplica::lstm_kernels() const {
+  const cudnnRNNAlgo_t runs = preferred_ ? preferred_algorithm_ : CUDNN_RNN_ALGO_STANDARD;
+  std::string text = std::string("cuDNN LSTM ") + cudnn_algorithm_name(runs);
+  std::string fallback;
+  for (const auto& [key, shape] : shapes_) {
+    if (preferred_ && shape->plan == standard_.get()) {
+      fallback +=
+          (fallback.empty() ? "" : ", ") + std::to_string(key.first) + " x " + std::to_string(key.second);
+    }
   }
+  if (!fallback.empty()) text += ", the standard one for batches " + fallback;
+  return text + " (model.cudnn_rnn_algo = " + rnn_algorithm_name(requested_) + ")";
 }
 
-void CudaReplica::refuse_persistent(const AlgorithmRefused& refused) {
+void CudaReplica::refuse_preferred(const AlgorithmRefused& refused, const std::string& where) {
   if (requested_ != RnnAlgorithm::kAuto) {
     throw UserError("model.cudnn_rnn_algo = " + rnn_algorithm_name(requested_) + ": cuDNN " +
-                    std::to_string(cudnnGetVersion()) + " turned it down for this model on this GPU (" +
+                    std::to_string(cudnnGetVersion()) + " turned it down " + where + " on this GPU (" +
                     refused.what + "): use auto or standard");
   }
   std::fprintf(stderr,
-               "ddptrain: note: cuDNN turned down its %s LSTM algorithm (%s); using the standard one\n",
-               cudnn_algorithm_name(algorithm_), refused.what.c_str());
-  algorithm_ = CUDNN_RNN_ALGO_STANDARD;
-  shapes_.clear();
+               "ddptrain: note: cuDNN turned down its %s LSTM algorithm %s (%s); the standard one runs\n",
+               cudnn_algorithm_name(preferred_algorithm_), where.c_str(), refused.what.c_str());
 }
 
-void CudaReplica::build_rnn() {
+std::unique_ptr<RnnPlan> CudaReplica::make_plan(cudnnRNNAlgo_t algorithm) {
+  auto plan = std::make_unique<RnnPlan>();
+  plan->algorithm = algorithm;
+  build_rnn(*plan);
+  build_weight_map(*plan);
+  return plan;
+}
+
+void CudaReplica::build_rnn(RnnPlan& plan) {
   const ModelShape& shape = layout_.shape();
   // No dropout; cuDNN still wants a descriptor (no states are needed for a rate of 0).
-  DDP_CUDNN_CHECK(cudnnCreateDropoutDescriptor(dropout_.out()));
-  DDP_CUDNN_CHECK(cudnnSetDropoutDescriptor(dropout_.get(), cudnn_.get(), 0.0f, nullptr, 0, 0));
-  DDP_CUDNN_CHECK(cudnnCreateRNNDescriptor(rnn_.out()));
+  DDP_CUDNN_CHECK(cudnnCreateDropoutDescriptor(plan.dropout.out()));
+  DDP_CUDNN_CHECK(cudnnSetDropoutDescriptor(plan.dropout.get(), cudnn_.get(), 0.0f, nullptr, 0, 0));
+  DDP_CUDNN_CHECK(cudnnCreateRNNDescriptor(plan.rnn.out()));
   // A descriptor that cuDNN turns down for this algorithm throws AlgorithmRefused.
   // CUDNN_FMA_MATH: plain fp32 FMA kernels. CUDNN_DEFAULT_MATH would allow TF32 tensor cores on sm_80+, whose
   // 10-bit mantissa breaks parity with the CPU replica. Unpacked (padded) data needs PADDED_IO_ENABLED; every
   // sequence has the full length, so there is no padding in practice.
-  DDP_CUDNN_CHECK_ALGORITHM(cudnnSetRNNDescriptor_v8(
-      rnn_.get(), algorithm_, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS, CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT,
-      CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, CUDNN_FMA_MATH, shape.embedding_dim, shape.hidden, shape.hidden,
-      shape.layers, dropout_.get(), CUDNN_RNN_PADDED_IO_ENABLED));
-  DDP_CUDNN_CHECK_ALGORITHM(cudnnGetRNNWeightSpaceSize(cudnn_.get(), rnn_.get(), &weight_space_bytes_));
-  if (weight_space_bytes_ == 0 || weight_space_bytes_ % sizeof(float) != 0) {
-    DDP_FATAL("cudnnGetRNNWeightSpaceSize: " + std::to_string(weight_space_bytes_) +
+  DDP_CUDNN_CHECK_ALGORITHM(
+      cudnnSetRNNDescriptor_v8(plan.rnn.get(), plan.algorithm, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS,
+                               CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT,
+                               CUDNN_FMA_MATH, shape.embedding_dim, shape.hidden, shape.hidden, shape.layers,
+                               plan.dropout.get(), CUDNN_RNN_PADDED_IO_ENABLED),
+      plan.algorithm);
+  DDP_CUDNN_CHECK_ALGORITHM(
+      cudnnGetRNNWeightSpaceSize(cudnn_.get(), plan.rnn.get(), &plan.weight_space_bytes), plan.algorithm);
+  if (plan.weight_space_bytes == 0 || plan.weight_space_bytes % sizeof(float) != 0) {
+    DDP_FATAL("cudnnGetRNNWeightSpaceSize: " + std::to_string(plan.weight_space_bytes) +
               " bytes is not a whole number of floats");
   }
-  const std::size_t floats = weight_space_bytes_ / sizeof(float);
-  weight_space_.ensure(floats);
-  weight_grads_.ensure(floats);
+  const std::size_t floats = plan.weight_space_bytes / sizeof(float);
+  plan.weight_space.ensure(floats);
+  plan.weight_grads.ensure(floats);
   // Any padding cuDNN keeps in its space stays zero.
-  DDP_CUDA_CHECK(cudaMemsetAsync(weight_space_.get(), 0, weight_space_bytes_, stream_.get()));
-  DDP_CUDA_CHECK(cudaMemsetAsync(weight_grads_.get(), 0, weight_space_bytes_, stream_.get()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(plan.weight_space.get(), 0, plan.weight_space_bytes, stream_.get()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(plan.weight_grads.get(), 0, plan.weight_space_bytes, stream_.get()));
 }
 
 // Reads a descriptor cudnnGetRNNWeightParams filled in: "" if it is a row-major [rows, cols] float matrix
@@ -603,26 +653,26 @@ std::string row_major_problem(cudnnTensorDescriptor_t desc, int rows, int cols, 
          "})";
 }
 
-void CudaReplica::weight_map_failed(const std::string& what) const {
+void CudaReplica::weight_map_failed(const RnnPlan& plan, const std::string& what) {
   // A persistent algorithm may lay its weights out in a way the map does not take: auto then falls back.
-  if (algorithm_ != CUDNN_RNN_ALGO_STANDARD) throw AlgorithmRefused{what};
+  if (plan.algorithm != CUDNN_RNN_ALGO_STANDARD) throw AlgorithmRefused{what};
   DDP_FATAL(what);
 }
 
-void CudaReplica::build_weight_map() {
+void CudaReplica::build_weight_map(RnnPlan& plan) {
   const ModelShape& shape = layout_.shape();
   const int hidden = shape.hidden;
   const std::size_t h = to_size(hidden);
-  const std::size_t space_floats = weight_space_bytes_ / sizeof(float);
-  const auto* base = reinterpret_cast<const char*>(weight_space_.get());
+  const std::size_t space_floats = plan.weight_space_bytes / sizeof(float);
+  const auto* base = reinterpret_cast<const char*>(plan.weight_space.get());
   auto offset_in_space = [&](const void* address, std::size_t count, const std::string& what) {
     const auto* p = static_cast<const char*>(address);
     if (p == nullptr || p < base || (p - base) % static_cast<std::ptrdiff_t>(sizeof(float)) != 0) {
-      weight_map_failed("cudnnGetRNNWeightParams: " + what + " is not a float inside the weight space");
+      weight_map_failed(plan, "cudnnGetRNNWeightParams: " + what + " is not a float inside the weight space");
     }
     const auto offset = static_cast<std::size_t>(p - base) / sizeof(float);
     if (offset + count > space_floats) {
-      weight_map_failed("cudnnGetRNNWeightParams: " + what + " ends past the weight space");
+      weight_map_failed(plan, "cudnnGetRNNWeightParams: " + what + " ends past the weight space");
     }
     return offset;
   };
@@ -650,12 +700,13 @@ void CudaReplica::build_weight_map() {
       const std::string what = prefix + (recurrent ? "w_hh" : "w_ih") + " gate " + std::to_string(gate);
       void* matrix = nullptr;
       void* bias = nullptr;
-      DDP_CUDNN_CHECK_ALGORITHM(cudnnGetRNNWeightParams(cudnn_.get(), rnn_.get(), l, weight_space_bytes_,
-                                                        weight_space_.get(), id, matrix_desc.get(), &matrix,
-                                                        bias_desc.get(), &bias));
+      DDP_CUDNN_CHECK_ALGORITHM(cudnnGetRNNWeightParams(cudnn_.get(), plan.rnn.get(), l,
+                                                        plan.weight_space_bytes, plan.weight_space.get(), id,
+                                                        matrix_desc.get(), &matrix, bias_desc.get(), &bias),
+                                plan.algorithm);
       for (const std::string& problem : {row_major_problem(matrix_desc.get(), hidden, cols, what),
                                          row_major_problem(bias_desc.get(), hidden, 1, what + " bias")}) {
-        if (!problem.empty()) weight_map_failed(problem);
+        if (!problem.empty()) weight_map_failed(plan, problem);
       }
       const std::size_t matrix_count = h * to_size(cols);
       runs.push_back({(recurrent ? w_hh : w_ih).offset + gate * matrix_count,
@@ -670,18 +721,20 @@ void CudaReplica::build_weight_map() {
             [](const WeightRun& a, const WeightRun& b) { return a.cudnn < b.cudnn; });
   for (std::size_t i = 1; i < runs.size(); ++i) {
     if (runs[i - 1].cudnn + runs[i - 1].count > runs[i].cudnn) {
-      weight_map_failed("cuDNN's weight space: blocks overlap");
+      weight_map_failed(plan, "cuDNN's weight space: blocks overlap");
     }
   }
   std::sort(runs.begin(), runs.end(),
             [](const WeightRun& a, const WeightRun& b) { return a.canonical < b.canonical; });
   std::size_t next = layout_.tensor("lstm.l0.w_ih").offset;
   for (const WeightRun& run : runs) {
-    if (run.canonical != next) weight_map_failed("weight map: the LSTM tensors are not covered exactly once");
+    if (run.canonical != next) {
+      weight_map_failed(plan, "weight map: the LSTM tensors are not covered exactly once");
+    }
     next += run.count;
   }
   if (next != layout_.tensor("lstm.l0.w_ih").offset + lstm_floats) {
-    weight_map_failed("weight map: LSTM size mismatch");
+    weight_map_failed(plan, "weight map: LSTM size mismatch");
   }
 
   // Neighbours in both layouts become one run: fewer blocks of the copy kernel idle on short runs.
@@ -695,14 +748,21 @@ void CudaReplica::build_weight_map() {
     }
   }
   if (merged.size() > 65535) DDP_FATAL("weight map: more runs than a grid's y dimension holds");
-  weight_run_count_ = static_cast<unsigned int>(merged.size());
-  longest_weight_run_ = 0;
-  for (const WeightRun& run : merged) longest_weight_run_ = std::max(longest_weight_run_, run.count);
-  weight_runs_.ensure(merged.size());
-  DDP_CUDA_CHECK(cudaMemcpyAsync(weight_runs_.get(), merged.data(), merged.size() * sizeof(WeightRun),
+  plan.weight_run_count = static_cast<unsigned int>(merged.size());
+  plan.longest_weight_run = 0;
+  for (const WeightRun& run : merged) plan.longest_weight_run = std::max(plan.longest_weight_run, run.count);
+  plan.weight_runs.ensure(merged.size());
+  DDP_CUDA_CHECK(cudaMemcpyAsync(plan.weight_runs.get(), merged.data(), merged.size() * sizeof(WeightRun),
                                  cudaMemcpyHostToDevice, stream_.get()));
   // `merged` is pageable and dies here: wait for the copy.
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+void CudaReplica::copy_weights(const RnnPlan& plan, const float* source, float* target, bool to_cudnn,
+                               const char* what) {
+  const dim3 grid(blocks_for(plan.longest_weight_run), plan.weight_run_count);
+  copy_weight_runs<<<grid, kThreads, 0, stream_.get()>>>(plan.weight_runs.get(), source, target, to_cudnn);
+  DDP_CUDA_CHECK_LAUNCH(what);
 }
 
 unsigned int CudaReplica::blocks_for(std::size_t n) const {
@@ -712,22 +772,47 @@ unsigned int CudaReplica::blocks_for(std::size_t n) const {
 
 const BatchShape& CudaReplica::shape_for(int batch, int seq) {
   if (auto it = shapes_.find({batch, seq}); it != shapes_.end()) return *it->second;
-  // A new shape: buffers may be replaced, so nothing queued may still use them.
-  DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-  try {
-    return build_shape(batch, seq);
-  } catch (const AlgorithmRefused& refused) {
-    refuse_persistent(refused);
-    DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-    configure_rnn();
-    return build_shape(batch, seq);
-  }
+  return add_shape(batch, seq);
 }
 
-const BatchShape& CudaReplica::build_shape(int batch, int seq) {
+const BatchShape& CudaReplica::add_shape(int batch, int seq) {
   const auto key = std::make_pair(batch, seq);
+  // A new shape: buffers may be replaced, so nothing queued may still use them.
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  if (preferred_) {
+    try {
+      return *shapes_.emplace(key, build_shape(batch, seq, *preferred_)).first->second;
+    } catch (const AlgorithmRefused& refused) {
+      refuse_preferred(refused, "for batches of " + std::to_string(batch) + " x " + std::to_string(seq));
+    }
+  }
+  return *shapes_.emplace(key, build_shape(batch, seq, *standard_)).first->second;
+}
+
+bool CudaReplica::try_shape(int batch, int seq) {
+  if (batch <= 0 || seq <= 0) {
+    throw std::invalid_argument("CudaReplica::try_shape: batch " + std::to_string(batch) + ", seq " +
+                                std::to_string(seq));
+  }
+  select_device();
+  if (!preferred_) return !preferred_refused_;
+  return shape_for(batch, seq).plan == preferred_.get();
+}
+
+void CudaReplica::settle_shape(int batch, int seq, bool preferred) {
+  select_device();
+  const BatchShape& shape = shape_for(batch, seq);
+  if (preferred || shape.plan == standard_.get()) return;
+  // Another rank's GPU turned the preferred algorithm down for this shape's role: the standard one here
+  // too, so that every rank runs the same kernels.
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  shapes_[{batch, seq}] = build_shape(batch, seq, *standard_);
+}
+
+std::unique_ptr<BatchShape> CudaReplica::build_shape(int batch, int seq, RnnPlan& plan) {
   const ModelShape& model = layout_.shape();
   auto shape = std::make_unique<BatchShape>();
+  shape->plan = &plan;
   const std::vector<int> lengths(to_size(batch), seq);
   DDP_CUDNN_CHECK(cudnnCreateRNNDataDescriptor(shape->x.out()));
   DDP_CUDNN_CHECK(cudnnSetRNNDataDescriptor(shape->x.get(), CUDNN_DATA_FLOAT,
@@ -742,13 +827,15 @@ const BatchShape& CudaReplica::build_shape(int batch, int seq) {
   const int state_strides[3] = {batch * model.hidden, model.hidden, 1};
   DDP_CUDNN_CHECK(
       cudnnSetTensorNdDescriptor(shape->state.get(), CUDNN_DATA_FLOAT, 3, state_dims, state_strides));
-  DDP_CUDNN_CHECK_ALGORITHM(cudnnGetRNNTempSpaceSizes(cudnn_.get(), rnn_.get(), CUDNN_FWD_MODE_TRAINING,
-                                                      shape->x.get(), &shape->train_workspace,
-                                                      &shape->reserve));
+  DDP_CUDNN_CHECK_ALGORITHM(
+      cudnnGetRNNTempSpaceSizes(cudnn_.get(), plan.rnn.get(), CUDNN_FWD_MODE_TRAINING, shape->x.get(),
+                                &shape->train_workspace, &shape->reserve),
+      plan.algorithm);
   std::size_t inference_reserve = 0;
-  DDP_CUDNN_CHECK_ALGORITHM(cudnnGetRNNTempSpaceSizes(cudnn_.get(), rnn_.get(), CUDNN_FWD_MODE_INFERENCE,
-                                                      shape->x.get(), &shape->inference_workspace,
-                                                      &inference_reserve));
+  DDP_CUDNN_CHECK_ALGORITHM(
+      cudnnGetRNNTempSpaceSizes(cudnn_.get(), plan.rnn.get(), CUDNN_FWD_MODE_INFERENCE, shape->x.get(),
+                                &shape->inference_workspace, &inference_reserve),
+      plan.algorithm);
   shape->seq_lengths.ensure(to_size(batch));
   fill_int32<<<blocks_for(to_size(batch)), kThreads, 0, stream_.get()>>>(shape->seq_lengths.get(), batch,
                                                                          seq);
@@ -767,7 +854,7 @@ const BatchShape& CudaReplica::build_shape(int batch, int seq) {
   reserve_.ensure(std::max<std::size_t>(shape->reserve, 1));
   probabilities_.ensure(to_size(batch));
   d_logits_.ensure(to_size(batch));
-  if (algorithm_ != CUDNN_RNN_ALGO_STANDARD) {
+  if (plan.algorithm != CUDNN_RNN_ALGO_STANDARD) {
     try {
       probe(*shape);
     } catch (const AlgorithmRefused&) {
@@ -776,7 +863,7 @@ const BatchShape& CudaReplica::build_shape(int batch, int seq) {
       throw;
     }
   }
-  return *shapes_.emplace(key, std::move(shape)).first->second;
+  return shape;
 }
 
 void CudaReplica::probe(const BatchShape& shape) {
@@ -784,33 +871,76 @@ void CudaReplica::probe(const BatchShape& shape) {
   // backward and weight-gradient zeroing of a step overwrite everything the probe writes. The gathered
   // weights are the canonical parameters, as in a forward.
   cudaStream_t stream = stream_.get();
+  const RnnPlan& plan = *shape.plan;
   DDP_CUDA_CHECK(cudaMemsetAsync(x_.get(), 0, x_.bytes(), stream));
   DDP_CUDA_CHECK(cudaMemsetAsync(dy_.get(), 0, dy_.bytes(), stream));
   dy_shape_ = {0, 0};
-  const dim3 copy_grid(blocks_for(longest_weight_run_), weight_run_count_);
-  copy_weight_runs<<<copy_grid, kThreads, 0, stream>>>(weight_runs_.get(), params_.get(), weight_space_.get(),
-                                                       true);
-  DDP_CUDA_CHECK_LAUNCH("copy_weight_runs (probe)");
-  DDP_CUDNN_CHECK_ALGORITHM(cudnnRNNForward(
-      cudnn_.get(), rnn_.get(), CUDNN_FWD_MODE_INFERENCE, shape.seq_lengths.get(), shape.x.get(), x_.get(),
-      shape.y.get(), y_.get(), shape.state.get(), nullptr, nullptr, shape.state.get(), nullptr, nullptr,
-      weight_space_bytes_, weight_space_.get(), workspace_.bytes(), workspace_.get(), 0, nullptr));
+  copy_weights(plan, params_.get(), plan.weight_space.get(), true, "copy_weight_runs (probe)");
   DDP_CUDNN_CHECK_ALGORITHM(
-      cudnnRNNForward(cudnn_.get(), rnn_.get(), CUDNN_FWD_MODE_TRAINING, shape.seq_lengths.get(),
+      cudnnRNNForward(cudnn_.get(), plan.rnn.get(), CUDNN_FWD_MODE_INFERENCE, shape.seq_lengths.get(),
                       shape.x.get(), x_.get(), shape.y.get(), y_.get(), shape.state.get(), nullptr, nullptr,
-                      shape.state.get(), nullptr, nullptr, weight_space_bytes_, weight_space_.get(),
-                      workspace_.bytes(), workspace_.get(), reserve_.bytes(), reserve_.get()));
-  DDP_CUDNN_CHECK_ALGORITHM(cudnnRNNBackwardData_v8(
-      cudnn_.get(), rnn_.get(), shape.seq_lengths.get(), shape.y.get(), y_.get(), dy_.get(), shape.x.get(),
-      dx_.get(), shape.state.get(), nullptr, nullptr, nullptr, shape.state.get(), nullptr, nullptr, nullptr,
-      weight_space_bytes_, weight_space_.get(), workspace_.bytes(), workspace_.get(), reserve_.bytes(),
-      reserve_.get()));
-  DDP_CUDNN_CHECK_ALGORITHM(cudnnRNNBackwardWeights_v8(
-      cudnn_.get(), rnn_.get(), CUDNN_WGRAD_MODE_ADD, shape.seq_lengths.get(), shape.x.get(), x_.get(),
-      shape.state.get(), nullptr, shape.y.get(), y_.get(), weight_space_bytes_, weight_grads_.get(),
-      workspace_.bytes(), workspace_.get(), reserve_.bytes(), reserve_.get()));
+                      shape.state.get(), nullptr, nullptr, plan.weight_space_bytes, plan.weight_space.get(),
+                      workspace_.bytes(), workspace_.get(), 0, nullptr),
+      plan.algorithm);
+  DDP_CUDNN_CHECK_ALGORITHM(
+      cudnnRNNForward(cudnn_.get(), plan.rnn.get(), CUDNN_FWD_MODE_TRAINING, shape.seq_lengths.get(),
+                      shape.x.get(), x_.get(), shape.y.get(), y_.get(), shape.state.get(), nullptr, nullptr,
+                      shape.state.get(), nullptr, nullptr, plan.weight_space_bytes, plan.weight_space.get(),
+                      workspace_.bytes(), workspace_.get(), reserve_.bytes(), reserve_.get()),
+      plan.algorithm);
+  DDP_CUDNN_CHECK_ALGORITHM(
+      cudnnRNNBackwardData_v8(cudnn_.get(), plan.rnn.get(), shape.seq_lengths.get(), shape.y.get(), y_.get(),
+                              dy_.get(), shape.x.get(), dx_.get(), shape.state.get(), nullptr, nullptr,
+                              nullptr, shape.state.get(), nullptr, nullptr, nullptr, plan.weight_space_bytes,
+                              plan.weight_space.get(), workspace_.bytes(), workspace_.get(), reserve_.bytes(),
+                              reserve_.get()),
+      plan.algorithm);
+  DDP_CUDNN_CHECK_ALGORITHM(
+      cudnnRNNBackwardWeights_v8(cudnn_.get(), plan.rnn.get(), CUDNN_WGRAD_MODE_ADD, shape.seq_lengths.get(),
+                                 shape.x.get(), x_.get(), shape.state.get(), nullptr, shape.y.get(), y_.get(),
+                                 plan.weight_space_bytes, plan.weight_grads.get(), workspace_.bytes(),
+                                 workspace_.get(), reserve_.bytes(), reserve_.get()),
+      plan.algorithm);
   // A kernel fault of the persistent algorithm shows here, on the shape that caused it.
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+std::string CudaReplica::check_parameter_mapping() {
+  select_device();
+  const std::size_t total = layout_.total_size();
+  std::vector<float> sent(total);
+  copy_params_to_host(sent);
+  DeviceArray<float> back;
+  back.ensure(total);
+  std::vector<float> received(total);
+  const std::size_t lstm_begin = layout_.tensor("lstm.l0.w_ih").offset;
+  const std::size_t lstm_end = layout_.tensor("dense.w").offset;
+  for (const RnnPlan* plan : {standard_.get(), preferred_.get()}) {
+    if (plan == nullptr) continue;
+    // All bits set is a NaN no parameter holds: a float the map never writes back keeps it.
+    DDP_CUDA_CHECK(cudaMemsetAsync(back.get(), 0xFF, back.bytes(), stream_.get()));
+    copy_weights(*plan, params_.get(), plan->weight_space.get(), true, "copy_weight_runs (mapping check)");
+    copy_weights(*plan, plan->weight_space.get(), back.get(), false, "copy_weight_runs (mapping check)");
+    DDP_CUDA_CHECK(
+        cudaMemcpyAsync(received.data(), back.get(), back.bytes(), cudaMemcpyDeviceToHost, stream_.get()));
+    DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    for (std::size_t i = 0; i < total; ++i) {
+      const bool lstm = i >= lstm_begin && i < lstm_end;
+      const bool untouched = std::isnan(received[i]);
+      if (lstm ? std::memcmp(&received[i], &sent[i], sizeof(float)) == 0 : untouched) continue;
+      const ParamTensor* tensor = nullptr;
+      for (const ParamTensor& t : layout_.tensors()) {
+        if (i >= t.offset && i < t.offset + t.size()) tensor = &t;
+      }
+      const std::string where = (tensor != nullptr ? tensor->name : std::string("?")) + "[" +
+                                std::to_string(tensor != nullptr ? i - tensor->offset : i) + "]";
+      return std::string("canonical -> cuDNN ") + cudnn_algorithm_name(plan->algorithm) +
+             " weight space -> canonical: " + where +
+             (lstm ? " came back as " + std::to_string(received[i]) + " instead of " + std::to_string(sent[i])
+                   : " was written, but it is not an LSTM weight");
+    }
+  }
+  return "";
 }
 
 void CudaReplica::check_batch(const BatchView& batch, bool need_labels, const char* what) const {
@@ -826,10 +956,8 @@ void CudaReplica::forward(const BatchView& batch, const BatchShape& shape, bool 
   const ModelShape& model = layout_.shape();
   cudaStream_t stream = stream_.get();
   // The optimizer updated the canonical parameters in place since the last forward.
-  const dim3 copy_grid(blocks_for(longest_weight_run_), weight_run_count_);
-  copy_weight_runs<<<copy_grid, kThreads, 0, stream>>>(weight_runs_.get(), params_.get(), weight_space_.get(),
-                                                       true);
-  DDP_CUDA_CHECK_LAUNCH("copy_weight_runs (gather)");
+  const RnnPlan& plan = *shape.plan;
+  copy_weights(plan, params_.get(), plan.weight_space.get(), true, "copy_weight_runs (gather)");
 
   const std::size_t x_count = to_size(batch.batch) * to_size(batch.seq) * to_size(model.embedding_dim);
   embedding_forward<<<blocks_for(x_count), kThreads, 0, stream>>>(
@@ -838,12 +966,12 @@ void CudaReplica::forward(const BatchView& batch, const BatchShape& shape, bool 
   DDP_CUDA_CHECK_LAUNCH("embedding_forward");
 
   // h0 = c0 = 0 (null pointers); hy and cy are not needed.
-  DDP_CUDNN_CHECK(
-      cudnnRNNForward(cudnn_.get(), rnn_.get(), training ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
-                      shape.seq_lengths.get(), shape.x.get(), x_.get(), shape.y.get(), y_.get(),
-                      shape.state.get(), nullptr, nullptr, shape.state.get(), nullptr, nullptr,
-                      weight_space_bytes_, weight_space_.get(), workspace_.bytes(), workspace_.get(),
-                      training ? reserve_.bytes() : 0, training ? reserve_.get() : nullptr));
+  DDP_CUDNN_CHECK(cudnnRNNForward(
+      cudnn_.get(), plan.rnn.get(), training ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
+      shape.seq_lengths.get(), shape.x.get(), x_.get(), shape.y.get(), y_.get(), shape.state.get(), nullptr,
+      nullptr, shape.state.get(), nullptr, nullptr, plan.weight_space_bytes, plan.weight_space.get(),
+      workspace_.bytes(), workspace_.get(), training ? reserve_.bytes() : 0,
+      training ? reserve_.get() : nullptr));
 }
 
 void CudaReplica::dense_and_loss(const BatchView& batch, const float* labels, float* probabilities,
@@ -860,6 +988,7 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
   check_batch(batch, true, "train_step");
   select_device();
   const BatchShape& shape = shape_for(batch.batch, batch.seq);
+  const RnnPlan& plan = *shape.plan;
   const ModelShape& model = layout_.shape();
   const auto& segments = layout_.segments();
   cudaStream_t stream = stream_.get();
@@ -897,19 +1026,16 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
   // cuDNN: dx (for the embedding) first, then the weight gradients of every layer at once, added into a
   // zeroed space.
   DDP_CUDNN_CHECK(cudnnRNNBackwardData_v8(
-      cudnn_.get(), rnn_.get(), shape.seq_lengths.get(), shape.y.get(), y_.get(), dy_.get(), shape.x.get(),
-      dx_.get(), shape.state.get(), nullptr, nullptr, nullptr, shape.state.get(), nullptr, nullptr, nullptr,
-      weight_space_bytes_, weight_space_.get(), workspace_.bytes(), workspace_.get(), reserve_.bytes(),
-      reserve_.get()));
-  DDP_CUDA_CHECK(cudaMemsetAsync(weight_grads_.get(), 0, weight_space_bytes_, stream));
+      cudnn_.get(), plan.rnn.get(), shape.seq_lengths.get(), shape.y.get(), y_.get(), dy_.get(),
+      shape.x.get(), dx_.get(), shape.state.get(), nullptr, nullptr, nullptr, shape.state.get(), nullptr,
+      nullptr, nullptr, plan.weight_space_bytes, plan.weight_space.get(), workspace_.bytes(),
+      workspace_.get(), reserve_.bytes(), reserve_.get()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(plan.weight_grads.get(), 0, plan.weight_space_bytes, stream));
   DDP_CUDNN_CHECK(cudnnRNNBackwardWeights_v8(
-      cudnn_.get(), rnn_.get(), CUDNN_WGRAD_MODE_ADD, shape.seq_lengths.get(), shape.x.get(), x_.get(),
-      shape.state.get(), nullptr, shape.y.get(), y_.get(), weight_space_bytes_, weight_grads_.get(),
+      cudnn_.get(), plan.rnn.get(), CUDNN_WGRAD_MODE_ADD, shape.seq_lengths.get(), shape.x.get(), x_.get(),
+      shape.state.get(), nullptr, shape.y.get(), y_.get(), plan.weight_space_bytes, plan.weight_grads.get(),
       workspace_.bytes(), workspace_.get(), reserve_.bytes(), reserve_.get()));
-  const dim3 copy_grid(blocks_for(longest_weight_run_), weight_run_count_);
-  copy_weight_runs<<<copy_grid, kThreads, 0, stream>>>(weight_runs_.get(), weight_grads_.get(), grads_.get(),
-                                                       false);
-  DDP_CUDA_CHECK_LAUNCH("copy_weight_runs (scatter)");
+  copy_weights(plan, plan.weight_grads.get(), grads_.get(), false, "copy_weight_runs (scatter)");
   for (int l = model.layers - 1; l >= 0; --l) ready(to_size(l) + 1);
 
   const ParamSegment& embedding = segments.front();

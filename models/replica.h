@@ -83,6 +83,21 @@ class Replica {
   // call it per epoch or per logging interval, not per step.
   virtual BatchStats take_stats() = 0;
 
+  // Batch shapes before the first batch, so that the kernels a device turns down show at start-up and every
+  // rank runs the same ones. try_shape prepares (batch, seq) and says whether the replica's preferred kernels
+  // take it (a GPU replica tries its persistent cuDNN algorithm on scratch data; false: it would fall back);
+  // it throws UserError where there is no fallback (an algorithm asked for by name). settle_shape then fixes
+  // the shape's kernels: the preferred ones only if `preferred` (every rank's try_shape said yes). A shape
+  // met without these calls is tried on its first batch, on this rank alone. The CPU replica has one kind.
+  virtual bool try_shape(int /*batch*/, int /*seq*/) { return true; }
+  virtual void settle_shape(int /*batch*/, int /*seq*/, bool /*preferred*/) {}
+
+  // The parameters must reach the device's kernels exactly as the canonical layout holds them: copies them
+  // into every layout the device uses (cuDNN's weight spaces) and back, and returns "" if every float came
+  // back bit for bit and nothing else was written, else where the first one differs. Leaves the parameters
+  // as they were. Nothing to check where the kernels read the canonical buffer itself (the CPU replica).
+  virtual std::string check_parameter_mapping() { return ""; }
+
   // Sparse embedding gradients (CPU replica): the embedding rows (token ids, sorted, unique) the last
   // train_step touched; every other row of the embedding gradient is exactly zero, so the exchange and the
   // optimizer can skip them. A replica that does not track rows returns an empty span.

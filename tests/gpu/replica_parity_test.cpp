@@ -8,16 +8,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/device.h"
 #include "engine/errors.h"
 #include "engine/optimizer.h"
+#include "engine/self_check.h"
 #include "models/cuda_replica.h"
 #include "models/initializers.h"
 #include "models/param_layout.h"
@@ -453,3 +456,47 @@ TEST(CudaReplica, LearnsAToyTaskWithTheCudaAdam) {
 
 }  // namespace
 }  // namespace ddp::models
+
+// --- The self-check the trainer and check-env run (engine/self_check.h) ------------------------------------
+
+namespace ddp::engine {
+namespace {
+
+// At the IMDB model's shapes (the training batch and a short last evaluation batch), with each algorithm.
+TEST(SelfCheck, PassesOnThisGpu) {
+  DDP_REQUIRE_GPU();
+  const std::vector<std::pair<int, int>> shapes{{32, 80}, {7, 80}};
+  for (const auto algorithm : {models::RnnAlgorithm::kAuto, models::RnnAlgorithm::kStandard}) {
+    for (const int layers : {1, 2}) {
+      auto replica = models::make_cuda_replica({20000, 128, 128, layers}, 0, algorithm);
+      for (const auto& [batch, seq] : shapes)
+        replica->settle_shape(batch, seq, replica->try_shape(batch, seq));
+      OptimizerSettings adam;
+      const SelfCheckReport report = check_gpu_replica(*replica, 0, shapes, adam, 1);
+      EXPECT_TRUE(report.ok) << models::rnn_algorithm_name(algorithm) << ", layers " << layers << ": "
+                             << report.failure;
+      std::printf("self-check (%s, %d layer(s), %s): %s\n", models::rnn_algorithm_name(algorithm).c_str(),
+                  layers, replica->lstm_kernels().c_str(), report.summary().c_str());
+    }
+  }
+}
+
+// A shape settled on the standard algorithm (another rank's GPU refused the persistent one) runs there,
+// says so, and still matches the CPU.
+TEST(CudaReplica, ShapesSettledOnTheStandardAlgorithmMatchTheCpu) {
+  DDP_REQUIRE_GPU();
+  auto replica = models::make_cuda_replica({300, 32, 32, 1}, 0, models::RnnAlgorithm::kAuto);
+  const bool persistent = replica->try_shape(16, 20);
+  replica->settle_shape(16, 20, persistent);
+  replica->settle_shape(5, 20, false);
+  if (persistent) {
+    EXPECT_NE(replica->lstm_kernels().find("the standard one for batches 5 x 20"), std::string::npos)
+        << replica->lstm_kernels();
+  }
+  const std::vector<std::pair<int, int>> shapes{{16, 20}, {5, 20}};
+  const SelfCheckReport report = check_gpu_replica(*replica, 0, shapes, OptimizerSettings{}, 3);
+  EXPECT_TRUE(report.ok) << report.failure;
+}
+
+}  // namespace
+}  // namespace ddp::engine

@@ -1,0 +1,242 @@
+#include "engine/self_check.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+#include "engine/device.h"
+#include "engine/errors.h"
+#include "models/initializers.h"
+#include "models/lstm_classifier_cpu.h"
+
+namespace ddp::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::size_t to_size(int v) {
+  return static_cast<std::size_t>(v);
+}
+
+std::string number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.3g", v);
+  return text;
+}
+
+// A failed comparison, thrown inside check_gpu_replica and caught at its end.
+struct CheckFailed {
+  std::string what;
+};
+
+// Random tokens with some rows left-padded (0 is padding, an ordinary token to the model) and random labels,
+// as the data pipeline delivers them.
+struct GeneratedBatch {
+  std::vector<int32_t> tokens;  // [batch, seq]
+  std::vector<float> labels;
+  std::vector<double> labels_double;
+};
+
+GeneratedBatch generate_batch(int vocab, int batch, int seq, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  GeneratedBatch out{std::vector<int32_t>(to_size(batch) * to_size(seq)), std::vector<float>(to_size(batch)),
+                     std::vector<double>(to_size(batch))};
+  for (auto& t : out.tokens) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+  for (int b = 0; b < batch; b += 3) {
+    const int padding = static_cast<int>(rng() % static_cast<uint64_t>(seq / 2 + 1));
+    for (int t = 0; t < padding; ++t) out.tokens[to_size(b) * to_size(seq) + to_size(t)] = 0;
+  }
+  for (std::size_t b = 0; b < out.labels.size(); ++b) {
+    out.labels[b] = static_cast<float>(rng() % 2);
+    out.labels_double[b] = out.labels[b];
+  }
+  return out;
+}
+
+// `gpu` against the float64 `reference`, with the bound derived from the float32 CPU's error (self_check.h).
+// `what` names the compared quantity for the failure line.
+template <typename GpuValues, typename CpuValues, typename ReferenceValues>
+void compare(const std::string& what, const GpuValues& gpu, const CpuValues& cpu,
+             const ReferenceValues& reference, std::size_t begin, std::size_t end) {
+  double gpu_error = 0;
+  double cpu_error = 0;
+  double size = 0;
+  double largest = 0;
+  std::size_t where = begin;
+  for (std::size_t i = begin; i < end; ++i) {
+    const double ref = static_cast<double>(reference[i]);
+    const double g = static_cast<double>(gpu[i]) - ref;
+    const double c = static_cast<double>(cpu[i]) - ref;
+    if (!std::isfinite(g) || std::abs(g) > largest) {
+      largest = std::isfinite(g) ? std::abs(g) : INFINITY;
+      where = i;
+    }
+    gpu_error += g * g;
+    cpu_error += c * c;
+    size += ref * ref;
+  }
+  gpu_error = std::sqrt(gpu_error);
+  const double bound =
+      std::max(kErrorFactor * std::sqrt(cpu_error), kRelativeFloor * std::max(std::sqrt(size), 1e-3));
+  if (std::isfinite(gpu_error) && gpu_error <= bound) return;
+  throw CheckFailed{what + ": error " + number(gpu_error) + " against the float64 reference (bound " +
+                    number(bound) + "; the float32 CPU's " + number(std::sqrt(cpu_error)) +
+                    "), largest at element " + std::to_string(where - begin) + ": " +
+                    number(static_cast<double>(gpu[where])) + " instead of " +
+                    number(static_cast<double>(reference[where]))};
+}
+
+// Host data where the checked replica reads it: copied to GPU `device` for a GPU replica, as it is for a
+// CPU one (which is how the check itself is tested without a GPU).
+class OnReplica {
+ public:
+  OnReplica(const models::Replica& replica, int device, const void* host, std::size_t bytes) : host_(host) {
+    if (replica.device() == models::DeviceKind::kCuda) copy_.emplace(device, host, bytes);
+  }
+  template <typename T>
+  const T* get() const {
+    return static_cast<const T*>(copy_ ? copy_->data() : host_);
+  }
+
+ private:
+  const void* host_;
+  std::optional<DeviceBuffer> copy_;
+};
+
+void compare_shape(models::Replica& gpu, int device, models::Replica& cpu,
+                   models::CpuLstmClassifier<double>& reference, int batch, int seq, uint64_t seed) {
+  const models::ParamLayout& layout = gpu.layout();
+  const GeneratedBatch data = generate_batch(layout.shape().vocab_size, batch, seq, seed);
+  const OnReplica tokens(gpu, device, data.tokens.data(), data.tokens.size() * sizeof(int32_t));
+  const OnReplica labels(gpu, device, data.labels.data(), data.labels.size() * sizeof(float));
+  const models::BatchView on_gpu{tokens.get<int32_t>(), labels.get<float>(), batch, seq};
+  const models::BatchView on_host{data.tokens.data(), data.labels.data(), batch, seq};
+  const std::string at = " (batch " + std::to_string(batch) + " x " + std::to_string(seq) + ")";
+
+  gpu.take_stats();
+  cpu.take_stats();
+  gpu.train_step(on_gpu, {});
+  cpu.train_step(on_host, {});
+  const models::BatchStats gpu_stats = gpu.take_stats();
+  const models::BatchStats cpu_stats = cpu.take_stats();
+  const models::BatchStats ref_stats =
+      reference.train_step(data.tokens.data(), data.labels_double.data(), batch, seq, {});
+  const double g_loss[] = {gpu_stats.loss_sum};
+  const double c_loss[] = {cpu_stats.loss_sum};
+  const double r_loss[] = {ref_stats.loss_sum};
+  compare("loss" + at, g_loss, c_loss, r_loss, 0, 1);
+
+  std::vector<float> gpu_grads(layout.total_size());
+  gpu.copy_grads_to_host(gpu_grads);
+  const std::span<const float> cpu_grads = cpu.grads();
+  const std::span<const double> ref_grads = reference.grads();
+  for (const models::ParamTensor& tensor : layout.tensors()) {
+    compare("gradient of " + tensor.name + at, gpu_grads, cpu_grads, ref_grads, tensor.offset,
+            tensor.offset + tensor.size());
+  }
+
+  std::vector<float> gpu_p(to_size(batch));
+  std::vector<float> cpu_p(to_size(batch));
+  std::vector<double> ref_p(to_size(batch));
+  gpu.predict(on_gpu, gpu_p);
+  cpu.predict(on_host, cpu_p);
+  reference.evaluate(data.tokens.data(), data.labels_double.data(), batch, seq, ref_p);
+  compare("probabilities" + at, gpu_p, cpu_p, ref_p, 0, gpu_p.size());
+}
+
+// One optimizer step on the GPU and on the host from the same parameters and gradients: the kernels round
+// every operation as the host code does (optimizer.cpp), so the results must be equal bit for bit.
+void compare_optimizer_step(models::Replica& gpu, int device, const OptimizerSettings& settings,
+                            std::span<const float> params, std::span<const float> grads) {
+  const std::size_t n = params.size();
+  std::vector<float> host(params.begin(), params.end());
+  make_optimizer(settings, n)->step(host, grads);
+  gpu.copy_params_from_host(params);
+  const OnReplica device_grads(gpu, device, grads.data(), grads.size_bytes());
+  const bool on_gpu = gpu.device() == models::DeviceKind::kCuda;
+  (on_gpu ? make_cuda_optimizer(settings, n, gpu.stream()) : make_optimizer(settings, n))
+      ->step(gpu.params(), {device_grads.get<float>(), n});
+  std::vector<float> back(n);
+  gpu.copy_params_to_host(back);
+  std::size_t differing = 0;
+  std::size_t first = n;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (std::memcmp(&back[i], &host[i], sizeof(float)) == 0) continue;
+    if (differing++ == 0) first = i;
+  }
+  if (differing == 0) return;
+  std::string where = std::to_string(first);
+  for (const models::ParamTensor& tensor : gpu.layout().tensors()) {
+    if (first >= tensor.offset && first < tensor.offset + tensor.size())
+      where = tensor.name + "[" + std::to_string(first - tensor.offset) + "]";
+  }
+  throw CheckFailed{settings.name + " step: " + std::to_string(differing) + " of " + std::to_string(n) +
+                    " parameters differ from the host optimizer's, first " + where + ": " +
+                    number(back[first]) + " instead of " + number(host[first])};
+}
+
+}  // namespace
+
+std::string SelfCheckReport::summary() const {
+  if (!ok) return "FAILED: " + failure;
+  std::string text = "passed in " + number(seconds) + " s (";
+  for (std::size_t i = 0; i < passed.size(); ++i) text += (i == 0 ? "" : "; ") + passed[i];
+  return text + ")";
+}
+
+SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
+                                  std::span<const std::pair<int, int>> shapes, OptimizerSettings settings,
+                                  uint64_t seed) {
+  const auto start = Clock::now();
+  SelfCheckReport report;
+  const models::ParamLayout& layout = replica.layout();
+  try {
+    const ThrowFatalErrors report_instead_of_abort;
+    std::vector<float> params(layout.total_size());
+    models::initialize_keras(layout, params, seed);
+    auto cpu = models::make_cpu_replica(layout.shape());
+    models::CpuLstmClassifier<double> reference(layout.shape());
+    cpu->copy_params_from_host(params);
+    std::copy(params.begin(), params.end(), reference.params().begin());
+    replica.copy_params_from_host(params);
+
+    std::string shapes_text;
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      const auto [batch, seq] = shapes[i];
+      compare_shape(replica, device, *cpu, reference, batch, seq, seed + 1 + i);
+      shapes_text += (i == 0 ? "" : ", ") + std::to_string(batch) + "x" + std::to_string(seq);
+    }
+    report.passed.push_back("loss, gradients and outputs = CPU's on " + shapes_text);
+
+    if (const std::string problem = replica.check_parameter_mapping(); !problem.empty()) {
+      throw CheckFailed{"parameter mapping: " + problem};
+    }
+    report.passed.push_back("parameter mapping exact");
+
+    settings.lazy_rows = false;  // GPU ranks update the embedding densely
+    const std::span<const float> grads = cpu->grads();
+    compare_optimizer_step(replica, device, settings, params, grads);
+    report.passed.push_back(settings.name + " step = host's bit for bit");
+    replica.take_stats();
+  } catch (const CheckFailed& failed) {
+    report.ok = false;
+    report.failure = failed.what;
+  } catch (const std::exception& e) {
+    // A CUDA or cuDNN call that failed on the way (FatalError under ThrowFatalErrors, runtime_error from
+    // DeviceBuffer), or a UserError of the replica.
+    report.ok = false;
+    report.failure = std::string("a GPU call failed: ") + e.what();
+  }
+  report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return report;
+}
+
+}  // namespace ddp::engine

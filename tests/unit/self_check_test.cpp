@@ -1,0 +1,134 @@
+// The GPU self-check's comparisons, run here on replicas that live on the CPU: the CPU replica itself must
+// pass, and a replica with one of the faults the check exists for (gates in the wrong order, a perturbed
+// output, a parameter mapping that loses a float) must fail, naming what differs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/self_check.h"
+#include "models/param_layout.h"
+#include "models/replica.h"
+
+namespace ddp::engine {
+namespace {
+
+// The CPU replica with a fault injected after each step or prediction.
+class FaultyReplica final : public models::Replica {
+ public:
+  explicit FaultyReplica(const models::ModelShape& shape) : inner_(models::make_cpu_replica(shape)) {}
+
+  std::function<void(const models::ParamLayout&, std::span<float>)> after_step;  // on the gradients
+  std::function<void(std::span<float>)> after_predict;                           // on the probabilities
+  std::string mapping_problem;
+
+  const models::ParamLayout& layout() const override { return inner_->layout(); }
+  models::DeviceKind device() const override { return inner_->device(); }
+  std::span<float> params() override { return inner_->params(); }
+  std::span<float> grads() override { return inner_->grads(); }
+  void copy_params_to_host(std::span<float> host) override { inner_->copy_params_to_host(host); }
+  void copy_params_from_host(std::span<const float> host) override { inner_->copy_params_from_host(host); }
+  void copy_grads_to_host(std::span<float> host) override { inner_->copy_grads_to_host(host); }
+  void train_step(const models::BatchView& batch, const models::GradientReadyFn& on_ready) override {
+    inner_->train_step(batch, on_ready);
+    if (after_step) after_step(layout(), inner_->grads());
+  }
+  void evaluate(const models::BatchView& batch) override { inner_->evaluate(batch); }
+  void predict(const models::BatchView& batch, std::span<float> probabilities) override {
+    inner_->predict(batch, probabilities);
+    if (after_predict) after_predict(probabilities);
+  }
+  models::BatchStats take_stats() override { return inner_->take_stats(); }
+  std::string check_parameter_mapping() override { return mapping_problem; }
+  std::span<const int32_t> touched_embedding_rows() const override {
+    return inner_->touched_embedding_rows();
+  }
+  void clear_embedding_gradient_rows(std::span<const int32_t> rows) override {
+    inner_->clear_embedding_gradient_rows(rows);
+  }
+  void clear_embedding_gradient() override { inner_->clear_embedding_gradient(); }
+
+ private:
+  std::unique_ptr<models::Replica> inner_;
+};
+
+const models::ModelShape kShape{50, 8, 8, 2};
+const std::vector<std::pair<int, int>> kShapes{{8, 12}, {3, 12}};
+
+SelfCheckReport check(models::Replica& replica) {
+  OptimizerSettings adam;
+  adam.learning_rate = 0.01;
+  return check_gpu_replica(replica, 0, kShapes, adam, 5);
+}
+
+TEST(SelfCheck, TheCpuReplicaPasses) {
+  auto replica = models::make_cpu_replica(kShape);
+  const SelfCheckReport report = check(*replica);
+  EXPECT_TRUE(report.ok) << report.failure;
+  EXPECT_EQ(report.passed.size(), 3u);
+  EXPECT_NE(report.summary().find("passed in"), std::string::npos) << report.summary();
+  EXPECT_NE(report.summary().find("8x12, 3x12"), std::string::npos) << report.summary();
+}
+
+TEST(SelfCheck, FloatRoundingPasses) {
+  FaultyReplica replica(kShape);
+  // A few units in the last place, as another summation order gives.
+  replica.after_step = [](const models::ParamLayout&, std::span<float> grads) {
+    for (float& g : grads) g *= 1.0f + 3e-7f;
+  };
+  const SelfCheckReport report = check(replica);
+  EXPECT_TRUE(report.ok) << report.failure;
+}
+
+TEST(SelfCheck, GatesInTheWrongOrderFail) {
+  FaultyReplica replica(kShape);
+  // The recurrent weights' gradient with gates i and f swapped: what a wrong weight map would give.
+  replica.after_step = [](const models::ParamLayout& layout, std::span<float> grads) {
+    const models::ParamTensor& w_hh = layout.tensor("lstm.l1.w_hh");
+    const std::size_t gate = w_hh.size() / 4;
+    std::swap_ranges(grads.begin() + static_cast<std::ptrdiff_t>(w_hh.offset),
+                     grads.begin() + static_cast<std::ptrdiff_t>(w_hh.offset + gate),
+                     grads.begin() + static_cast<std::ptrdiff_t>(w_hh.offset + gate));
+  };
+  const SelfCheckReport report = check(replica);
+  ASSERT_FALSE(report.ok);
+  EXPECT_NE(report.failure.find("gradient of lstm.l1.w_hh (batch 8 x 12)"), std::string::npos)
+      << report.failure;
+  EXPECT_NE(report.summary().find("FAILED: "), std::string::npos);
+}
+
+TEST(SelfCheck, AnOutputOffByAThousandthFails) {
+  FaultyReplica replica(kShape);
+  replica.after_predict = [](std::span<float> p) { p.back() += 1e-3f; };
+  const SelfCheckReport report = check(replica);
+  ASSERT_FALSE(report.ok);
+  EXPECT_NE(report.failure.find("probabilities (batch 8 x 12)"), std::string::npos) << report.failure;
+  EXPECT_NE(report.failure.find("largest at element 7"), std::string::npos) << report.failure;
+}
+
+TEST(SelfCheck, AMappingProblemFails) {
+  FaultyReplica replica(kShape);
+  replica.mapping_problem = "lstm.l0.b_hh[3] came back as 0 instead of 1";
+  const SelfCheckReport report = check(replica);
+  ASSERT_FALSE(report.ok);
+  EXPECT_EQ(report.failure, "parameter mapping: lstm.l0.b_hh[3] came back as 0 instead of 1");
+}
+
+TEST(SelfCheck, ANonFiniteGradientFails) {
+  FaultyReplica replica(kShape);
+  replica.after_step = [](const models::ParamLayout& layout, std::span<float> grads) {
+    grads[layout.tensor("dense.b").offset] = std::numeric_limits<float>::quiet_NaN();
+  };
+  const SelfCheckReport report = check(replica);
+  ASSERT_FALSE(report.ok);
+  EXPECT_NE(report.failure.find("gradient of dense.b"), std::string::npos) << report.failure;
+}
+
+}  // namespace
+}  // namespace ddp::engine
