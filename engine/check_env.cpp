@@ -17,6 +17,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -25,6 +26,8 @@
 #include "engine/commands.h"
 #include "engine/device.h"
 #include "engine/errors.h"
+#include "engine/optimizer.h"
+#include "engine/self_check.h"
 #include "engine/topology.h"
 #include "models/blas_threads.h"
 #include "models/cuda_replica.h"
@@ -163,6 +166,23 @@ SmokeResult smoke_test(const Topology& topology) {
   return result;
 }
 
+// The trainer's self-check (self_check.h) at the IMDB model's shapes, the default config's: its training
+// batch and a short last batch. Never throws.
+SelfCheckReport self_check(int gpu) {
+  const std::vector<std::pair<int, int>> shapes{{32, 80}, {7, 80}};
+  try {
+    const ThrowFatalErrors report_instead_of_abort;
+    auto replica = models::make_cuda_replica({20000, 128, 128, 1}, gpu);
+    for (const auto& [batch, seq] : shapes) replica->settle_shape(batch, seq, replica->try_shape(batch, seq));
+    return check_gpu_replica(*replica, gpu, shapes, OptimizerSettings{}, kSmokeSeed);
+  } catch (const std::exception& e) {
+    SelfCheckReport report;
+    report.ok = false;
+    report.failure = std::string("the GPU replica could not be made: ") + e.what();
+    return report;
+  }
+}
+
 // --- Facts of one rank, and their transport to rank 0 ----------------------------------------------------
 
 struct RankFacts {
@@ -187,6 +207,10 @@ struct RankFacts {
   CoreCount cores;
   std::string cores_hint;  // a CPU rank that its binding leaves fewer cores than its share
   SmokeResult smoke;
+  // A GPU rank's self-check at the IMDB model's shapes (self_check.h); not run on a CPU rank.
+  bool self_check_ran = false;
+  bool self_check_ok = false;
+  std::string self_check;  // SelfCheckReport::summary()
 };
 
 // Values travel as "key=value" lines; fields of a GPU are separated by the ASCII unit separator.
@@ -253,6 +277,9 @@ std::string encode(const RankFacts& f) {
   put("smoke_cpu_loss", number_text(f.smoke.cpu_loss));
   put("smoke_ms", number_text(f.smoke.millis));
   put("smoke_error", f.smoke.error);
+  put("self_check_ran", f.self_check_ran ? "1" : "0");
+  put("self_check_ok", f.self_check_ok ? "1" : "0");
+  put("self_check", f.self_check);
   return out;
 }
 
@@ -314,6 +341,9 @@ RankFacts decode(const std::string& text) {
   f.smoke.cpu_loss = text_number(values["smoke_cpu_loss"]);
   f.smoke.millis = text_number(values["smoke_ms"]);
   f.smoke.error = values["smoke_error"];
+  f.self_check_ran = values["self_check_ran"] == "1";
+  f.self_check_ok = values["self_check_ok"] == "1";
+  f.self_check = values["self_check"];
   return f;
 }
 
@@ -386,6 +416,12 @@ RankFacts gather_facts(const std::string& device_request) {
   f.cores_hint = idle_cores_hint(topology, /*requested_threads=*/0);
   models::set_blas_threads(1);  // a tiny step; ranks of a node must not fight over cores
   f.smoke = smoke_test(topology);
+  if (topology.gpu >= 0 && f.smoke.ok) {
+    const SelfCheckReport report = self_check(topology.gpu);
+    f.self_check_ran = true;
+    f.self_check_ok = report.ok;
+    f.self_check = report.summary();
+  }
   return f;
 }
 
@@ -472,6 +508,7 @@ std::vector<std::string> report_node(const std::string& host, const std::vector<
     std::printf("    cores: %d of the node's %d\n", r.cores.allowed, r.cores.online);
     if (!r.cores_hint.empty()) std::printf("    hint: %s\n", r.cores_hint.c_str());
     std::printf("    smoke test: %s\n", smoke_line(r.smoke).c_str());
+    if (r.self_check_ran) std::printf("    self-check: %s\n", r.self_check.c_str());
     if (r.device == "cpu") unbound.push_back(r.rank);
   }
 
@@ -502,6 +539,9 @@ std::vector<std::string> report_node(const std::string& host, const std::vector<
   for (const RankFacts& r : ranks) {
     if (!r.smoke.ok)
       problems.push_back("smoke test failed on rank " + std::to_string(r.rank) + ": " + r.smoke.error);
+    if (r.self_check_ran && !r.self_check_ok)
+      problems.push_back("self-check failed on rank " + std::to_string(r.rank) + " (" + r.bound_gpu +
+                         "): " + r.self_check + ": training there would give wrong results");
   }
   if (problems.empty() && widest->gpus.empty() && first.gpus_probed) {
     std::printf("  verdict: OK (no GPU: training runs on the CPU)\n");

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -128,6 +129,22 @@ TEST(SelfCheck, ANonFiniteGradientFails) {
   const SelfCheckReport report = check(replica);
   ASSERT_FALSE(report.ok);
   EXPECT_NE(report.failure.find("gradient of dense.b"), std::string::npos) << report.failure;
+}
+
+}  // namespace
+}  // namespace ddp::engine
+
+namespace ddp::engine {
+namespace {
+
+// The shapes check-env and a default run check; the time is what the check adds to a GPU rank's start-up
+// (its CPU side dominates), printed for the record and not judged here.
+TEST(SelfCheck, TheCpuReplicaPassesAtTheImdbShapes) {
+  auto replica = models::make_cpu_replica({20000, 128, 128, 1});
+  const std::vector<std::pair<int, int>> shapes{{32, 80}, {7, 80}};
+  const SelfCheckReport report = check_gpu_replica(*replica, 0, shapes, OptimizerSettings{}, 7);
+  EXPECT_TRUE(report.ok) << report.failure;
+  std::printf("%s\n", report.summary().c_str());
 }
 
 }  // namespace
