@@ -64,6 +64,19 @@ AverageCheckResult check_average(Communicator& comm, const CheckBuffer& buffer,
                    " (" + std::to_string(segment_sizes[segment]) + " floats), element " +
                    std::to_string(i - segment_begin) + ": " + number(got) + " instead of " + number(expected);
   }
+  // Every rank gets the job's verdict: with an odd rank count the middle rank's own values are the average,
+  // so a reduction that did nothing passes there and fails only elsewhere.
+  std::vector<double> errors(static_cast<std::size_t>(comm.size()), 0.0);
+  errors[static_cast<std::size_t>(comm.rank())] =
+      std::isfinite(result.largest_error) ? result.largest_error : 1e300;
+  comm.sum(errors);
+  const auto worst = static_cast<int>(std::max_element(errors.begin(), errors.end()) - errors.begin());
+  if (worst != comm.rank()) {
+    result.largest_error = errors[static_cast<std::size_t>(worst)];
+    result.where = "on rank " + std::to_string(worst) + " (which says where)";
+  } else {
+    result.where = "on rank " + std::to_string(worst) + ", " + result.where;
+  }
   result.ok = result.largest_error <= tolerance;
   return result;
 }

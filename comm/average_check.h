@@ -37,14 +37,15 @@ struct CheckBuffer {
 struct AverageCheckResult {
   bool ok = true;
   double largest_error = 0;  // relative to max(1, |expected|)
-  // Where the largest error is: "segment 2 of 3 (4096 floats), element 17: 2.5 instead of 3".
+  // Where the largest error is: "on rank 1, segment 2 of 3 (4096 floats), element 17: 2.5 instead of 3"
+  // (on the other ranks: "on rank 1 (which says where)").
   std::string where;
 };
 
 // Collective over `comm`: fills the first sum(segment_sizes) floats of `buffer` with this rank's pattern,
 // start_average()s each segment in order, finish_average(), and compares every element with the closed form:
-// ok when every error is within `tolerance` (relative to max(1, |expected|)). Every rank must pass the same
-// sizes.
+// ok when every error on every rank is within `tolerance` (relative to max(1, |expected|)); every rank gets
+// the largest error of the job and the rank it was on. Every rank must pass the same sizes.
 AverageCheckResult check_average(Communicator& comm, const CheckBuffer& buffer,
                                  std::span<const std::size_t> segment_sizes, double tolerance);
 
