@@ -39,12 +39,13 @@ constexpr double kErrorFactor = 16;
 constexpr double kRelativeFloor = 1e-4;
 
 // `replica` runs on GPU `device` (or on the CPU: how the check itself is tested); its parameters and
-// running stats are overwritten (load the real ones afterwards). For each (batch, seq) of `shapes`, the shapes the run will meet: one train_step and predict
-// on generated data against the CPU replicas (float and double) on the same parameters, comparing the loss,
-// every parameter tensor's gradient and the probabilities; then check_parameter_mapping(), and one step of
-// the optimizer `settings` names on the GPU against the host optimizer, on the same gradients: bit for bit.
-// CUDA failures on the way are reported as the check's failure (a check-env on a broken node must say so);
-// call it only where no other rank waits for this one in a collective meanwhile, or agree on the result.
+// running stats are overwritten (load the real ones afterwards). For each (batch, seq) of `shapes`, the
+// shapes the run will meet: one train_step and predict on generated data against the CPU replicas (float and
+// double) on the same parameters, comparing the loss, every parameter tensor's gradient and the
+// probabilities; then check_parameter_mapping(), and one step of the optimizer `settings` names on the GPU
+// against the host optimizer, on the same gradients: bit for bit. CUDA failures on the way are reported as
+// the check's failure (a check-env on a broken node must say so); call it only where no other rank waits for
+// this one in a collective meanwhile, or agree on the result.
 SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
                                   std::span<const std::pair<int, int>> shapes, OptimizerSettings settings,
                                   uint64_t seed);
