@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, in one go, on a GPU node from the repository root with a CUDA build:
-#   bash benchmarks/gpu_checks.sh [build-dir] [log-dir]
-# Every check runs even when an earlier one failed; the end prints PASS/FAIL per check (also written to
-# LOG_DIR/summary.txt, with the whole output in LOG_DIR/gpu_checks.log) and the exit status is the number of
-# failed checks. CHECKS="name ..." runs only those (names as in the summary).
+# The GPU acceptance command: on a GPU node, from the repository root,
+#   bash benchmarks/gpu_checks.sh [--rebuild] [build-dir] [log-dir]      (defaults: build, $SCRATCH or /tmp/...)
+# builds ddptrain with CUDA where build-dir has no CUDA-enabled ddptrain (or with --rebuild / REBUILD=1), runs
+# every check that needs a GPU and writes LOG_DIR/report.md, ready to paste into benchmarks/RESULTS.md:
+# versions, the command line, and a table of PASS/FAIL/SKIP, seconds and the numbers each check measured.
+# Every check runs even when an earlier one failed. The exit status is the number of failed checks (a SKIP is
+# not a failure). Also written: LOG_DIR/summary.txt, LOG_DIR/gpu_checks.log (everything), LOG_DIR/out/NAME.txt
+# (each check's output). CHECKS="name ..." runs only those (the build always runs first):
+#   self_check     check-env --device cuda and the trainer's start log both say "self-check passed"
 #   gpu_tests      the GPU tests (CPU/GPU parity, layout round trip, NCCL, the input pipeline); none may skip
 #   quickstart     the quickstart on the GPU reaches val_acc >= 0.90; NVML's gpu_util is in metrics.jsonl
 #   resume_cpu     the GPU run's checkpoint resumes on the CPU for one more epoch
@@ -12,24 +16,86 @@
 #   check_env      check-env names the GPU and exits 0 (tests/cli/check_env.sh's GPU branch)
 #   timeline       a GPU run's trace has forward/backward on "GPU stream", buckets on "NCCL stream", the copies
 #   mixed          one GPU worker, one CPU worker and a parameter server (comm.backend auto) train together
-#   epoch_bench    the side-by-side epoch against PyTorch and the cuDNN floor (table for RESULTS.md)
-#   sanitizer      compute-sanitizer memcheck over the replica, optimizer and pipeline tests
-# shellcheck disable=SC2317  # the check_* functions are called by name from the loop at the end
+#   epoch_bench    the side-by-side epoch against PyTorch and the cuDNN floor (SKIP without PyTorch)
+#   sanitizer_memcheck, sanitizer_racecheck, sanitizer_synccheck
+#                  compute-sanitizer over the replica, optimizer and pipeline tests ("sanitizer": all three;
+#                  each is cut off after SANITIZER_TIMEOUT seconds, 540 by default)
+# shellcheck disable=SC2317  # the check_* functions are called by name from run_check
 set -uo pipefail
-build=$(cd "${1:-build}" && pwd)
-logs=${2:-${SCRATCH:-/tmp/ddptrain-gpu-checks}}
+
+usage="bash benchmarks/gpu_checks.sh [--rebuild] [build-dir] [log-dir]"
+# The checks use relative paths (launch/configs, tests/cli, benchmarks/*.py): refuse anywhere else.
+if [ ! -f benchmarks/gpu_checks.sh ] || [ ! -f CMakeLists.txt ]; then
+  echo "gpu_checks.sh: run it from the repository root: cd into the ddptrain checkout, then $usage" >&2
+  exit 2
+fi
+command_line="bash benchmarks/gpu_checks.sh$(printf ' %q' "$@")"
+for var in CHECKS REBUILD SANITIZER_TIMEOUT SCRATCH; do
+  [ -n "${!var:-}" ] && command_line="$var=\"${!var}\" $command_line"
+done
+rebuild=${REBUILD:-0}
+args=()
+for arg in "$@"; do
+  case $arg in
+    --rebuild) rebuild=1 ;;
+    -h | --help) sed -n '2,/^# shellcheck/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "gpu_checks.sh: unknown option $arg; usage: $usage" >&2; exit 2 ;;
+    *) args+=("$arg") ;;
+  esac
+done
+absolute() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+build=$(absolute "${args[0]:-build}")
 scratch=${SCRATCH:-/tmp/ddptrain-gpu-checks}
-mkdir -p "$scratch" "$logs"
-exec > >(tee "$logs/gpu_checks.log") 2>&1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+logs=$(absolute "${args[1]:-$scratch}")
 ddptrain=$build/ddptrain
 data=$scratch/quickstart.h5
-nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv,noheader || true
+sanitizer_timeout=${SANITIZER_TIMEOUT:-540}
+# nvcc and compute-sanitizer: the CUDA install where a node does not put them on PATH.
+{ command -v nvcc && command -v compute-sanitizer; } >/dev/null || PATH=$PATH:/usr/local/cuda/bin
+
+# The acceptance checks first, the slow sanitizers last: a run cut short by a time limit keeps what matters.
+all_checks=(self_check gpu_tests quickstart resume_cpu evaluate text check_env timeline mixed epoch_bench
+  sanitizer_memcheck sanitizer_racecheck sanitizer_synccheck)
+selected=()
+for name in ${CHECKS:-${all_checks[*]}}; do
+  case $name in
+    build) ;;  # always runs first
+    sanitizer) selected+=(sanitizer_memcheck sanitizer_racecheck sanitizer_synccheck) ;;
+    *) selected+=("$name") ;;
+  esac
+done
+
+# --- Helpers ------------------------------------------------------------------------------------------------
+
+# note NAME TEXT: one figure for check NAME's "numbers" cell in the report.
+note() {
+  local name=$1
+  shift
+  echo "$*" >>"$logs/notes/$name"
+}
+# metric FILE KEY: the last epoch's value of KEY in a metrics.jsonl ("" when absent).
+metric() {
+  grep '"epoch"' "$1" | tail -n 1 | python3 -c 'import json, sys; print(json.load(sys.stdin).get(sys.argv[1], ""))' "$2"
+}
+# at_least VALUE FLOOR: true when VALUE is a number >= FLOOR.
+at_least() { awk -v v="$1" -v f="$2" 'BEGIN { exit !(v != "" && v + 0 >= f + 0) }'; }
+quickstart() {  # extra arguments for a one-rank quickstart training on the prepared data
+  "$ddptrain" --config launch/configs/quickstart.ini --data.path "$data" --log.progress lines "$@"
+}
+# gtest_counts FILE: "N passed, N failed, N skipped" from a gtest run's output.
+gtest_counts() {
+  local passed failed skipped
+  passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\{0,1\}\..*/\1/p' "$1" | tail -n 1)
+  failed=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) tests\{0,1\}, listed below.*/\1/p' "$1" | tail -n 1)
+  skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\{0,1\}, listed below.*/\1/p' "$1" | tail -n 1)
+  echo "${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped"
+}
 
 # Shared libraries the loader cannot find (cuDNN, NCCL, the CUDA runtime on a node where they live elsewhere):
 # look in the CUDA installs and in NVIDIA's Python wheels (site-packages/nvidia/*/lib), add what is found to
 # LD_LIBRARY_PATH, and say what is still missing.
 find_missing_libraries() {
+  [ -f "$1" ] || return 0
   local lib path roots=(/usr/local/cuda*/ /usr/lib/x86_64-linux-gnu)
   read -r -a site <<<"$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)"
   roots+=("${site[@]}")
@@ -43,37 +109,92 @@ find_missing_libraries() {
     fi
   done
 }
-find_missing_libraries "$ddptrain"
-find_missing_libraries "$build/tests/ddptrain_gpu_tests"
 
-# metric FILE KEY: the last epoch's value of KEY in a metrics.jsonl ("" when absent).
-metric() {
-  grep '"epoch"' "$1" | tail -n 1 | python3 -c 'import json, sys; print(json.load(sys.stdin).get(sys.argv[1], ""))' "$2"
+# --- The checks: each returns 0 (PASS), 77 (SKIP) or anything else (FAIL) --------------------------------
+
+check_build() {
+  local why=""
+  if [ "$rebuild" = 1 ]; then
+    why="--rebuild"
+  elif [ ! -x "$ddptrain" ]; then
+    why="no ddptrain in $build"
+  elif "$ddptrain" check-env --device cpu 2>/dev/null | grep -q '^ *CUDA runtime *not built'; then
+    why="the ddptrain in $build was built without CUDA"
+  fi
+  if [ -z "$why" ]; then
+    note build "existing $ddptrain (not rebuilt; --rebuild rebuilds)"
+    return 0
+  fi
+  echo "building: $why"
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDPTRAIN_CUDA=ON || { note build "cmake configure failed ($why)"; return 1; }
+  cmake --build "$build" -j || { note build "cmake --build failed ($why)"; return 1; }
+  [ -x "$ddptrain" ] || { note build "the build made no $ddptrain"; return 1; }
+  note build "built Release with DDPTRAIN_CUDA=ON in $build ($why)"
 }
-# at_least VALUE FLOOR: true when VALUE is a number >= FLOOR.
-at_least() { awk -v v="$1" -v f="$2" 'BEGIN { exit !(v != "" && v + 0 >= f + 0) }'; }
-quickstart() {  # extra arguments for a one-rank quickstart training on the prepared data
-  "$ddptrain" --config launch/configs/quickstart.ini --data.path "$data" --log.progress lines "$@"
+
+check_self_check() {
+  local ok=0 line
+  # check-env's exit status is the check_env check's business; here only the self-check lines count.
+  "$ddptrain" check-env --device cuda | tee "$scratch/check_env_cuda.txt"
+  if grep 'self-check:' "$scratch/check_env_cuda.txt" | grep -q 'passed' &&
+    ! grep 'self-check:' "$scratch/check_env_cuda.txt" | grep -qv 'passed'; then
+    while read -r line; do note self_check "check-env $line"; done < <(grep 'self-check:' "$scratch/check_env_cuda.txt")
+  else
+    note self_check "check-env: no passing self-check line"
+    ok=1
+  fi
+  # The trainer runs the same check before its first step and puts the result in its start log.
+  rm -rf "$scratch/run-selfcheck"
+  quickstart --device cuda --checkpoint.dir "$scratch/run-selfcheck" --train.epochs 1 | tee "$scratch/selfcheck-train.txt"
+  # The start line: "rank 0/1 on HOST (...): cuda GPU (...), self-check passed in T s (...) [reason], train rows [...)"
+  line=$(grep -m 1 -o 'self-check passed in .*' "$scratch/selfcheck-train.txt" | sed 's/ \[[^]]*\], train rows.*//')
+  if [ -n "$line" ]; then
+    note self_check "trainer start log: $line"
+  else
+    note self_check "trainer start log: no 'self-check passed in' line"
+    ok=1
+  fi
+  return "$ok"
 }
 
 check_gpu_tests() {
-  "$build"/tests/ddptrain_gpu_tests --gtest_color=no | tee "$scratch/gpu_tests.txt" || return 1
+  "$build"/tests/ddptrain_gpu_tests --gtest_color=no | tee "$scratch/gpu_tests.txt"
+  local rc=${PIPESTATUS[0]}
+  note gpu_tests "$(gtest_counts "$scratch/gpu_tests.txt")"
+  [ "$rc" = 0 ] || return 1
   ! grep -q '^\[  SKIPPED \]' "$scratch/gpu_tests.txt" || { echo "tests skipped on a GPU machine"; return 1; }
 }
 
-check_sanitizer() {
-  command -v compute-sanitizer >/dev/null || PATH=$PATH:/usr/local/cuda/bin
-  timeout 540 compute-sanitizer --tool memcheck --error-exitcode 9 "$build"/tests/ddptrain_gpu_tests \
-    --gtest_color=no --gtest_filter='CudaReplica.*:CudaOptimizer.*:*DeviceBatchSource*'
+# sanitize TOOL: compute-sanitizer TOOL over the replica, optimizer and pipeline tests, time-bounded.
+sanitize() {
+  local tool=$1 out=$scratch/sanitizer_$1.txt rc summary
+  command -v compute-sanitizer >/dev/null || { note "sanitizer_$tool" "compute-sanitizer not found"; return 1; }
+  timeout "$sanitizer_timeout" compute-sanitizer --tool "$tool" --error-exitcode 9 "$build"/tests/ddptrain_gpu_tests \
+    --gtest_color=no --gtest_filter='CudaReplica.*:CudaOptimizer.*:*DeviceBatchSource*' | tee "$out"
+  rc=${PIPESTATUS[0]}
+  summary=$(grep 'SUMMARY:' "$out" | tail -n 1 | sed 's/^=* *//')
+  note "sanitizer_$tool" "${summary:-no sanitizer summary}; tests $(gtest_counts "$out")"
+  [ "$rc" = 124 ] && note "sanitizer_$tool" "cut off after $sanitizer_timeout s (SANITIZER_TIMEOUT)"
+  [ "$rc" = 0 ] || return 1
+  # A filter that matched nothing would pass while checking nothing.
+  ! grep -q '^\[  PASSED  \] 0 tests' "$out" && grep -q '^\[  PASSED  \]' "$out"
 }
+check_sanitizer_memcheck() { sanitize memcheck; }
+check_sanitizer_racecheck() { sanitize racecheck; }
+check_sanitizer_synccheck() { sanitize synccheck; }
 
 check_quickstart() {
   rm -rf "$scratch/run-gpu"
   quickstart --device cuda --checkpoint.dir "$scratch/run-gpu" || return 1
-  local metrics=$scratch/run-gpu/metrics.jsonl
+  local metrics=$scratch/run-gpu/metrics.jsonl best best_epoch
   tail -n 1 "$metrics"
-  local best
-  best=$(python3 -c 'import json, sys; print(max(json.loads(l)["val_acc"] for l in open(sys.argv[1])))' "$metrics")
+  read -r best best_epoch < <(python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if "\"epoch\"" in l]
+top = max(rows, key=lambda r: r["val_acc"])
+print(top["val_acc"], top["epoch"])' "$metrics")
+  note quickstart "best val_acc $best (epoch $best_epoch), final epoch $(metric "$metrics" epoch)," \
+    "gpu_util $(metric "$metrics" gpu_util)"
   at_least "$best" 0.90 || { echo "best val_acc $best < 0.90"; return 1; }
   [ -n "$(metric "$metrics" gpu_util)" ] || { echo "no gpu_util in metrics.jsonl (NVML)"; return 1; }
   [ "$(metric "$metrics" device)" = cuda ] || { echo "metrics.jsonl does not say device cuda"; return 1; }
@@ -81,11 +202,12 @@ check_quickstart() {
 
 check_resume_cpu() {
   [ -f "$scratch/run-gpu/last.h5" ] || { echo "needs the quickstart check's run"; return 1; }
-  local epochs
-  epochs=$(metric "$scratch/run-gpu/metrics.jsonl" epoch)
+  local epochs metrics=$scratch/run-gpu/metrics.jsonl
+  epochs=$(metric "$metrics" epoch)
   quickstart --device cpu --checkpoint.dir "$scratch/run-gpu" --train.epochs $((epochs + 1)) --resume || return 1
-  [ "$(metric "$scratch/run-gpu/metrics.jsonl" epoch)" = $((epochs + 1)) ] || { echo "no epoch $((epochs + 1))"; return 1; }
-  at_least "$(metric "$scratch/run-gpu/metrics.jsonl" val_acc)" 0.90
+  note resume_cpu "epoch $(metric "$metrics" epoch) on the CPU after $epochs on the GPU: val_acc $(metric "$metrics" val_acc)"
+  [ "$(metric "$metrics" epoch)" = $((epochs + 1)) ] || { echo "no epoch $((epochs + 1))"; return 1; }
+  at_least "$(metric "$metrics" val_acc)" 0.90
 }
 
 check_evaluate() {
@@ -94,22 +216,31 @@ check_evaluate() {
     "$ddptrain" evaluate --checkpoint "$scratch/run-gpu/best.h5" --data "$data" --device cpu >"$scratch/eval-cpu.txt" ||
     return 1
   cat "$scratch/eval-gpu.txt" "$scratch/eval-cpu.txt"
+  # "test: loss L - accuracy A (N samples)"
+  note evaluate "$(awk '{ printf "GPU loss %s accuracy %s; ", $3, $6 }' "$scratch/eval-gpu.txt")$(
+    awk '{ printf "CPU loss %s accuracy %s", $3, $6 }' "$scratch/eval-cpu.txt")"
   paste -d' ' "$scratch/eval-gpu.txt" "$scratch/eval-cpu.txt" |
     awk '{ d = $3 - $11; if (d < 0) d = -d; exit !(d <= 2e-4 && $6 == $14) }'
 }
 
-check_text() { DDPTRAIN_TEST_DEVICE=cuda bash tests/cli/text_end_to_end.sh "$ddptrain" "$PWD"; }
+check_text() {
+  DDPTRAIN_TEST_DEVICE=cuda bash tests/cli/text_end_to_end.sh "$ddptrain" "$PWD" | tee "$scratch/text.txt"
+  local rc=${PIPESTATUS[0]}
+  note text "$(grep -o 'test: loss.*' "$scratch/text.txt" | head -n 1)"
+  return "$rc"
+}
 
 check_check_env() {
   bash tests/cli/check_env.sh "$ddptrain" "$PWD" | tee "$scratch/check_env.txt" || return 1
   grep -q '^GPU machine' "$scratch/check_env.txt" || { echo "check_env.sh saw no GPU: it took its CPU branch"; return 1; }
+  note check_env "$(grep -m 1 -o 'GPU 0: .*' "$scratch/check_env.txt")"
 }
 
 check_timeline() {
   rm -rf "$scratch/run-timeline"
   quickstart --device cuda --checkpoint.dir "$scratch/run-timeline" --train.epochs 1 \
     --log.timeline "$scratch/gpu-trace.json" || return 1
-  python3 - "$scratch/gpu-trace.json" <<'EOF'
+  python3 - "$scratch/gpu-trace.json" <<'EOF' | tee "$scratch/timeline.txt"
 import collections, json, sys
 events = json.load(open(sys.argv[1]))
 tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
@@ -119,10 +250,15 @@ for key, count in sorted(spans.items()):
     print(f"{count:8d}  {key[0]}  [{key[1]}]")
 need = [("forward", "GPU"), ("backward", "GPU"), ("all-reduce bucket", "NCCL"), ("host-to-device copy", None),
         ("data wait", None), ("optimizer", None), ("evaluation", None), ("checkpoint", None)]
-missing = [n for n, t in need if not any(k[0] == n and (t is None or k[1] == t) for k in spans)]
+found = {n: sum(c for k, c in spans.items() if k[0] == n and (t is None or k[1] == t)) for n, t in need}
+print("spans: " + ", ".join(f"{n} {c}" for n, c in found.items()))
+missing = [n for n, c in found.items() if c == 0]
 if missing:
     sys.exit(f"missing spans: {missing}")
 EOF
+  local rc=${PIPESTATUS[0]}
+  note timeline "$(grep -m 1 '^spans: ' "$scratch/timeline.txt")"
+  return "$rc"
 }
 
 check_mixed() {
@@ -134,6 +270,8 @@ check_mixed() {
   grep -q "backend ps: 1 of 3 ranks on GPUs" "$scratch/mixed.txt" || { echo "expected 1 of 3 ranks on a GPU"; return 1; }
   local metrics=$scratch/run-mixed/metrics.jsonl
   tail -n 1 "$metrics"
+  note mixed "backend $(metric "$metrics" backend), $(metric "$metrics" workers) workers," \
+    "val_acc $(metric "$metrics" val_acc) after epoch $(metric "$metrics" epoch)"
   if [ "$(metric "$metrics" backend)" != ps ] || [ "$(metric "$metrics" workers)" != 2 ]; then
     echo "expected the parameter server with 2 workers"
     return 1
@@ -142,37 +280,147 @@ check_mixed() {
 }
 
 check_epoch_bench() {
-  local bench_data=$scratch/synthetic-25000.h5
-  [ -f "$bench_data" ] || "$ddptrain" prepare synthetic --output "$bench_data" --train 25000 --test 25000 \
-    --vocab 20000 --maxlen 80 --seed 1 || return 1
-  local floor=()
+  local torch_error floor=() rc=0
   [ -x "$build/benchmarks/cudnn_floor_bench" ] && floor=(--floor "$build/benchmarks/cudnn_floor_bench")
-  python3 -c "import torch" || { echo "PyTorch not importable"; return 1; }
-  PYTHONUNBUFFERED=1 python3 benchmarks/gpu_epoch_compare.py --ddptrain "$ddptrain" --data "$bench_data" \
-    "${floor[@]}" | tee "$logs/epoch_table.md" || return 1
+  if torch_error=$(python3 -c "import torch" 2>&1); then
+    torch_error=""
+    local bench_data=$scratch/synthetic-25000.h5
+    [ -f "$bench_data" ] || "$ddptrain" prepare synthetic --output "$bench_data" --train 25000 --test 25000 \
+      --vocab 20000 --maxlen 80 --seed 1 || return 1
+    PYTHONUNBUFFERED=1 python3 benchmarks/gpu_epoch_compare.py --ddptrain "$ddptrain" --data "$bench_data" \
+      "${floor[@]}" | tee "$logs/epoch_table.md"
+    rc=${PIPESTATUS[0]}
+    note epoch_bench "table below"
+  else
+    torch_error=$(tail -n 1 <<<"${torch_error:-import torch failed}")
+    note epoch_bench "PyTorch not importable ($torch_error): no comparison"
+  fi
   # The replica's whole train_step against cuDNN's LSTM alone, per algorithm (exit 3: cuDNN turned it down).
-  [ -x "$build/benchmarks/cudnn_floor_bench" ] || return 0
-  local batch algo
-  for batch in 32 256 1024; do
-    for algo in standard persist_small_h persist_static; do
-      "$build/benchmarks/cudnn_floor_bench" --batch "$batch" --algo "$algo" --replica | grep -E '_ms|unsupported' |
-        sed "s/^/batch $batch $algo: /"
-    done
-  done | tee "$logs/replica_vs_floor.txt"
+  # It needs no PyTorch, so it runs either way.
+  if [ -x "$build/benchmarks/cudnn_floor_bench" ]; then
+    local batch algo
+    for batch in 32 256 1024; do
+      for algo in standard persist_small_h persist_static; do
+        "$build/benchmarks/cudnn_floor_bench" --batch "$batch" --algo "$algo" --replica | grep -E '_ms|unsupported' |
+          sed "s/^/batch $batch $algo: /"
+      done
+    done | tee "$logs/replica_vs_floor.txt"
+    [ -s "$logs/replica_vs_floor.txt" ] && note epoch_bench "replica vs cuDNN floor below"
+  fi
+  [ "$rc" = 0 ] || return 1
+  [ -z "$torch_error" ] || return 77
 }
 
-# The acceptance checks first, the slow sanitizer last: a run cut short by a time limit keeps what matters.
-all_checks="gpu_tests quickstart resume_cpu evaluate text check_env timeline mixed epoch_bench sanitizer"
-[ -f "$data" ] || "$ddptrain" prepare synthetic --output "$data" --train 20000 --test 4000 --vocab 2000 \
-  --maxlen 40 --seed 1 >/dev/null
+# --- Running and reporting ----------------------------------------------------------------------------------
+
 failed=0
-: >"$logs/summary.txt"
-for name in ${CHECKS:-$all_checks}; do
+# run_check NAME: runs check_NAME, its output also in out/NAME.txt; records verdict and seconds.
+run_check() {
+  local name=$1 start rc verdict seconds
   echo "== $name"
   start=$(date +%s)
-  if "check_$name"; then verdict=PASS; else verdict=FAIL failed=$((failed + 1)); fi
-  echo "$verdict $name ($(($(date +%s) - start)) s)" | tee -a "$logs/summary.txt"
+  "check_$name" 2>&1 | tee "$logs/out/$name.txt"
+  rc=${PIPESTATUS[0]}
+  case $rc in
+    0) verdict=PASS ;;
+    77) verdict=SKIP ;;
+    *) verdict=FAIL failed=$((failed + 1)) ;;
+  esac
+  seconds=$(($(date +%s) - start))
+  echo "$verdict $name ($seconds s)" | tee -a "$logs/summary.txt"
+  printf '%s\t%s\t%s\n' "$name" "$verdict" "$seconds" >>"$logs/results.tsv"
+}
+
+# The software this run used, one Markdown list item each ("unknown" where a tool is missing).
+versions_md() {
+  local commit="" env_txt=$scratch/check_env_versions.txt row
+  "$ddptrain" check-env --device cpu >"$env_txt" 2>&1
+  echo "- ddptrain: $("$ddptrain" --version 2>/dev/null || echo "not built")"
+  if commit=$(git rev-parse --short HEAD 2>/dev/null); then
+    git diff --quiet HEAD -- 2>/dev/null || commit="$commit (with local changes)"
+  fi
+  echo "- commit: ${commit:-unknown}"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
+    sed 's/^/- GPU (name, driver, memory): /' | grep . || echo "- GPU: none (nvidia-smi found no GPU)"
+  echo "- nvcc: $(nvcc --version 2>/dev/null | grep -m 1 release || echo unknown)"
+  for row in "CUDA runtime" cuDNN NCCL; do
+    echo "- $row: $(sed -n "s/^  $row  *//p" "$env_txt" | head -n 1 | grep . || echo unknown)"
+  done
+  echo "- MPI: $(mpirun --version 2>/dev/null | head -n 1 | grep . || echo unknown)"
+}
+
+# The numbers cell of NAME: its notes on one line, safe inside a table.
+numbers_cell() {
+  [ -f "$logs/notes/$1" ] || return 0
+  paste -s "$logs/notes/$1" | sed 's/\t/; /g; s/|/\\|/g'
+}
+
+write_report() {
+  local name verdict seconds
+  {
+    echo "## GPU acceptance run, $(date +%Y-%m-%d) on $(hostname)"
+    echo
+    versions_md
+    echo
+    echo '```'
+    echo "$command_line"
+    echo '```'
+    echo
+    echo "| check | result | seconds | numbers |"
+    echo "|---|---|---|---|"
+    while IFS=$'\t' read -r name verdict seconds; do
+      echo "| $name | $verdict | $seconds | $(numbers_cell "$name") |"
+    done <"$logs/results.tsv"
+    echo
+    echo "$failed failed, $(grep -c $'\tSKIP\t' "$logs/results.tsv") skipped, $(grep -c $'\tPASS\t' "$logs/results.tsv") passed."
+    if [ -s "$logs/epoch_table.md" ]; then
+      printf '\n### Epoch against PyTorch (epoch_bench)\n\n'
+      cat "$logs/epoch_table.md"
+    fi
+    if [ -s "$logs/replica_vs_floor.txt" ]; then
+      printf '\n### Replica train_step against the cuDNN floor (epoch_bench)\n\n```\n'
+      cat "$logs/replica_vs_floor.txt"
+      echo '```'
+    fi
+    # The end of a failed check's output, so that the report alone says what went wrong.
+    while IFS=$'\t' read -r name verdict seconds; do
+      [ "$verdict" = FAIL ] || continue
+      printf '\n### %s: last lines of its output\n\n```\n' "$name"
+      tail -n 15 "$logs/out/$name.txt" 2>/dev/null
+      echo '```'
+    done <"$logs/results.tsv"
+  } >"$logs/report.md"
+}
+
+# --- Main ---------------------------------------------------------------------------------------------------
+
+# A misspelt name in CHECKS is refused before a build that may take minutes.
+for name in "${selected[@]}"; do
+  declare -F "check_$name" >/dev/null && continue
+  echo "gpu_checks.sh: no check named '$name' in CHECKS; the names are: build ${all_checks[*]} sanitizer" >&2
+  exit 2
 done
+mkdir -p "$scratch" "$logs"
+rm -rf "$logs/notes" "$logs/out"
+rm -f "$logs/epoch_table.md" "$logs/replica_vs_floor.txt" "$logs/report.md"
+mkdir -p "$logs/notes" "$logs/out"
+: >"$logs/summary.txt"
+: >"$logs/results.tsv"
+exec > >(tee "$logs/gpu_checks.log") 2>&1
+echo "$command_line"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv,noheader || true
+
+run_check build
+find_missing_libraries "$ddptrain"
+find_missing_libraries "$build/tests/ddptrain_gpu_tests"
+if [ -x "$ddptrain" ] && [ ! -f "$data" ]; then
+  "$ddptrain" prepare synthetic --output "$data" --train 20000 --test 4000 --vocab 2000 --maxlen 40 --seed 1 >/dev/null
+fi
+for name in "${selected[@]}"; do run_check "$name"; done
+
+write_report
 echo "== summary"
 cat "$logs/summary.txt"
+echo "report: $logs/report.md (for benchmarks/RESULTS.md)"
 exit "$failed"
