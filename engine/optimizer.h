@@ -53,10 +53,11 @@ class Optimizer {
 // beta1^t); p -= lr_t * m / (sqrt(v) + epsilon). SGD as Keras: v = momentum * v - lr * g; p += v.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerSettings& settings, std::size_t size);
 
-// The same updates as one fused CUDA kernel over a flat device buffer, enqueued on `stream` (a cudaStream_t,
-// the replica's); state() and load_state() copy through the host. Lazy rows are not supported on the GPU
-// (the embedding's moments decay densely, as Keras does). In a build without CUDA it throws a UserError.
+// The same updates as one fused CUDA kernel over a flat device buffer on GPU `device`, enqueued on `stream`
+// (a cudaStream_t of that device, the replica's); state() and load_state() copy through the host. Lazy rows
+// are not supported on the GPU (the embedding's moments decay densely, as Keras does). In a build without
+// CUDA it throws a UserError.
 std::unique_ptr<Optimizer> make_cuda_optimizer(const OptimizerSettings& settings, std::size_t size,
-                                               void* stream);
+                                               int device, void* stream);
 
 }  // namespace ddp::engine

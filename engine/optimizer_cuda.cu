@@ -163,15 +163,11 @@ class CudaOptimizer : public Optimizer {
   }
 
  protected:
-  CudaOptimizer(std::size_t size, cudaStream_t stream, std::vector<std::string> names)
-      : size_(size), stream_(stream), names_(std::move(names)) {
-    // The moments live on the stream's device (the replica's), whatever device is current.
-    if (stream_ != nullptr) {
-      DDP_CUDA_CHECK(cudaStreamGetDevice(stream_, &device_));
-      DDP_CUDA_CHECK(cudaSetDevice(device_));
-    } else {
-      DDP_CUDA_CHECK(cudaGetDevice(&device_));
-    }
+  // The caller names the stream's device: cudaStreamGetDevice would tell, but only from CUDA 12.8 on.
+  CudaOptimizer(std::size_t size, int device, cudaStream_t stream, std::vector<std::string> names)
+      : size_(size), stream_(stream), device_(device), names_(std::move(names)) {
+    // The moments live on the replica's device, whatever device is current.
+    DDP_CUDA_CHECK(cudaSetDevice(device_));
     int sm_count = 0;
     DDP_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_));
     max_blocks_ = std::max(1, sm_count) * 8;
@@ -193,7 +189,7 @@ class CudaOptimizer : public Optimizer {
 
   std::size_t size_;
   cudaStream_t stream_;
-  int device_ = 0;
+  int device_;
   int64_t iterations_ = 0;
   std::vector<std::string> names_;
   std::vector<std::unique_ptr<DeviceBuffer>> buffers_;  // one per name, in order
@@ -202,8 +198,8 @@ class CudaOptimizer : public Optimizer {
 
 class CudaAdam final : public CudaOptimizer {
  public:
-  CudaAdam(const OptimizerSettings& s, std::size_t size, cudaStream_t stream)
-      : CudaOptimizer(size, stream, {"m", "v"}), s_(s) {}
+  CudaAdam(const OptimizerSettings& s, std::size_t size, int device, cudaStream_t stream)
+      : CudaOptimizer(size, device, stream, {"m", "v"}), s_(s) {}
   std::string name() const override { return "adam"; }
 
  protected:
@@ -228,8 +224,8 @@ class CudaAdam final : public CudaOptimizer {
 
 class CudaSgd final : public CudaOptimizer {
  public:
-  CudaSgd(const OptimizerSettings& s, std::size_t size, cudaStream_t stream)
-      : CudaOptimizer(size, stream, {"velocity"}), s_(s) {}
+  CudaSgd(const OptimizerSettings& s, std::size_t size, int device, cudaStream_t stream)
+      : CudaOptimizer(size, device, stream, {"velocity"}), s_(s) {}
   std::string name() const override { return "sgd"; }
 
  protected:
@@ -249,15 +245,15 @@ class CudaSgd final : public CudaOptimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_cuda_optimizer(const OptimizerSettings& settings, std::size_t size,
-                                               void* stream) {
+                                               int device, void* stream) {
   // Settings first: these errors need no GPU.
   if (settings.lazy_rows) throw UserError("train.embedding_update = lazy is not supported on the GPU");
   if (settings.name != "adam" && settings.name != "sgd") {
     throw UserError("train.optimizer = " + settings.name + ": expected adam or sgd");
   }
   auto* cuda_stream = static_cast<cudaStream_t>(stream);
-  if (settings.name == "adam") return std::make_unique<CudaAdam>(settings, size, cuda_stream);
-  return std::make_unique<CudaSgd>(settings, size, cuda_stream);
+  if (settings.name == "adam") return std::make_unique<CudaAdam>(settings, size, device, cuda_stream);
+  return std::make_unique<CudaSgd>(settings, size, device, cuda_stream);
 }
 
 }  // namespace ddp::engine

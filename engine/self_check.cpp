@@ -162,7 +162,7 @@ void compare_optimizer_step(models::Replica& gpu, int device, const OptimizerSet
   gpu.copy_params_from_host(params);
   const OnReplica device_grads(gpu, device, grads.data(), grads.size_bytes());
   const bool on_gpu = gpu.device() == models::DeviceKind::kCuda;
-  (on_gpu ? make_cuda_optimizer(settings, n, gpu.stream()) : make_optimizer(settings, n))
+  (on_gpu ? make_cuda_optimizer(settings, n, device, gpu.stream()) : make_optimizer(settings, n))
       ->step(gpu.params(), {device_grads.get<float>(), n});
   std::vector<float> back(n);
   gpu.copy_params_to_host(back);

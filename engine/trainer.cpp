@@ -78,9 +78,10 @@ class AllReduceUpdater final : public Updater {
   DataParallelStep step_;
 };
 
-std::unique_ptr<Optimizer> make_optimizer_for(models::Replica& replica, const OptimizerSettings& s) {
+// `gpu`: the replica's GPU, when it runs on one.
+std::unique_ptr<Optimizer> make_optimizer_for(models::Replica& replica, int gpu, const OptimizerSettings& s) {
   const std::size_t size = replica.layout().total_size();
-  return replica.device() == models::DeviceKind::kCuda ? make_cuda_optimizer(s, size, replica.stream())
+  return replica.device() == models::DeviceKind::kCuda ? make_cuda_optimizer(s, size, gpu, replica.stream())
                                                        : make_optimizer(s, size);
 }
 
@@ -788,7 +789,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     comm::agree_on_errors(*boot, [&] {
       comm::Communicator& comm = *backend.communicator;
       auto updater = std::make_unique<AllReduceUpdater>(
-          *replica, comm, make_optimizer_for(*replica, optimizer_settings(config)),
+          *replica, comm, make_optimizer_for(*replica, topology.gpu, optimizer_settings(config)),
           config.comm.sparse_embedding && backend.all_on_cpu);
       run = std::make_unique<TrainingRun>(config, topology, *boot, comm, stop_signal, backend.reason,
                                           std::move(replica), std::move(updater), data, watchdog,

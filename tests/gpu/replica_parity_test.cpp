@@ -153,14 +153,14 @@ TEST(CudaOptimizer, RefusesLazyRowsAndUnknownNames) {
   engine::OptimizerSettings lazy;
   lazy.lazy_rows = true;
   try {
-    engine::make_cuda_optimizer(lazy, 16, nullptr);
+    engine::make_cuda_optimizer(lazy, 16, 0, nullptr);
     FAIL() << "lazy rows accepted";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("lazy is not supported on the GPU"), std::string::npos) << e.what();
   }
   engine::OptimizerSettings unknown;
   unknown.name = "adagrad";
-  EXPECT_THROW(engine::make_cuda_optimizer(unknown, 16, nullptr), UserError);
+  EXPECT_THROW(engine::make_cuda_optimizer(unknown, 16, 0, nullptr), UserError);
 }
 
 // --- With a GPU
@@ -319,7 +319,7 @@ void check_optimizer(const engine::OptimizerSettings& settings, std::size_t n, s
     for (auto& p : host_params) p = normal(rng);
     upload(device_params + offset, host_params.data(), n * sizeof(float));
     auto host = engine::make_optimizer(settings, n);
-    auto gpu = engine::make_cuda_optimizer(settings, n, stream);
+    auto gpu = engine::make_cuda_optimizer(settings, n, 0, stream);
     EXPECT_EQ(gpu->name(), host->name());
     const std::span<float> gpu_params(device_params + offset, n);
     const std::span<const float> gpu_grads(device_grads + offset, n);
@@ -363,7 +363,7 @@ void check_optimizer(const engine::OptimizerSettings& settings, std::size_t n, s
     }
 
     // A fresh optimizer that loads the state continues exactly where the first one was.
-    auto resumed = engine::make_cuda_optimizer(settings, n, stream);
+    auto resumed = engine::make_cuda_optimizer(settings, n, 0, stream);
     resumed->load_state(gpu_state);
     one_step(*resumed);
     expect_params_equal("after resuming");
@@ -430,7 +430,7 @@ TEST(CudaReplica, LearnsAToyTaskWithTheCudaAdam) {
   engine::OptimizerSettings settings;
   settings.name = "adam";
   settings.learning_rate = 0.01;
-  auto optimizer = engine::make_cuda_optimizer(settings, params.size(), replica->stream());
+  auto optimizer = engine::make_cuda_optimizer(settings, params.size(), 0, replica->stream());
 
   std::mt19937_64 rng(2024);
   const HostBatch held_out = order_task_batch(shape.vocab_size, 256, seq, rng);
