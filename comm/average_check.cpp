@@ -81,6 +81,14 @@ AverageCheckResult check_average(Communicator& comm, const CheckBuffer& buffer,
   return result;
 }
 
+double average_tolerance(const std::string& compression, int ranks) {
+  const double rounding_steps = static_cast<double>(std::max(ranks, 1) + 1);
+  if (compression == "none") return std::max(kAverageTolerance, rounding_steps * std::ldexp(1.0, -24));
+  if (compression == "fp16") return std::max(kFp16Tolerance, rounding_steps * std::ldexp(1.0, -11));
+  if (compression == "bf16") return std::max(kBf16Tolerance, rounding_steps * std::ldexp(1.0, -8));
+  throw std::invalid_argument("average_tolerance: unknown compression " + compression);
+}
+
 CheckBuffer host_check_buffer(std::span<float> data) {
   return {data, [data](std::span<const float> from) { std::copy(from.begin(), from.end(), data.begin()); },
           [data](std::span<float> to) { std::copy(data.begin(), data.begin() + to.size(), to.begin()); }};

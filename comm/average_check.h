@@ -27,6 +27,12 @@ constexpr double kAverageTolerance = 1e-6;
 constexpr double kFp16Tolerance = 4.0 / 1024;  // 10-bit mantissa
 constexpr double kBf16Tolerance = 4.0 / 128;   // 7-bit mantissa
 
+// The tolerance for `ranks` ranks averaging with `compression` (none, fp16, bf16: comm.compression). A ring
+// or tree sums in the wire type (NCCL may scale each value by 1/ranks first), rounding up to ranks - 1
+// partial sums, each by half a unit in the last place of the total at most: (ranks + 1) half-units with the
+// scaling, and the fixed bounds above as the floor. Throws std::invalid_argument for another compression.
+double average_tolerance(const std::string& compression, int ranks);
+
 // Where the checked floats live, and how to reach them from the host (copies complete on return).
 struct CheckBuffer {
   std::span<float> data;

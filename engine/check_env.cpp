@@ -41,6 +41,8 @@ namespace ddp::engine {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+// The model of the default config (the Keras imdb_lstm), whose shapes the GPU checks use.
+const models::ModelShape kImdbShape{20000, 128, 128, 1};
 
 // --- The smoke test -----------------------------------------------------------------------------------
 
@@ -172,7 +174,7 @@ SelfCheckReport self_check(int gpu) {
   const std::vector<std::pair<int, int>> shapes{{32, 80}, {7, 80}};
   try {
     const ThrowFatalErrors report_instead_of_abort;
-    auto replica = models::make_cuda_replica({20000, 128, 128, 1}, gpu);
+    auto replica = models::make_cuda_replica(kImdbShape, gpu);
     for (const auto& [batch, seq] : shapes) replica->settle_shape(batch, seq, replica->try_shape(batch, seq));
     return check_gpu_replica(*replica, gpu, shapes, OptimizerSettings{}, kSmokeSeed);
   } catch (const std::exception& e) {
@@ -181,6 +183,31 @@ SelfCheckReport self_check(int gpu) {
     report.failure = std::string("the GPU replica could not be made: ") + e.what();
     return report;
   }
+}
+
+// Collective over MPI_COMM_WORLD: the GPU ranks whose replica passed its self-check (`ready`) average the
+// IMDB model's gradient segments over NCCL, without and with each compression, against the closed form
+// (self_check.h). Nothing (ran = false) on other ranks, or where fewer than two GPU ranks are ready.
+SelfCheckReport nccl_check(int gpu, bool ready, bool& ran) {
+  ran = false;
+  MPI_Comm gpus = MPI_COMM_NULL;
+  DDP_CHECK_MPI(MPI_Comm_split(MPI_COMM_WORLD, ready ? 0 : MPI_UNDEFINED, 0, &gpus));
+  SelfCheckReport report;
+  if (gpus == MPI_COMM_NULL) return report;
+  int size = 0;
+  DDP_CHECK_MPI(MPI_Comm_size(gpus, &size));
+  if (size >= 2) {
+    ran = true;
+    const models::ParamLayout imdb(kImdbShape);
+    std::vector<std::size_t> sizes;
+    for (const models::ParamSegment& s : imdb.segments()) sizes.push_back(s.size);
+    for (const std::string compression : {"none", "fp16", "bf16"}) {
+      auto nccl = comm::make_nccl_communicator(gpus, nullptr, compression);
+      report.add(check_gpu_communicator(*nccl, gpu, sizes, compression));
+    }
+  }
+  DDP_CHECK_MPI(MPI_Comm_free(&gpus));
+  return report;
 }
 
 // --- Facts of one rank, and their transport to rank 0 ----------------------------------------------------
@@ -211,6 +238,10 @@ struct RankFacts {
   bool self_check_ran = false;
   bool self_check_ok = false;
   std::string self_check;  // SelfCheckReport::summary()
+  // NCCL's averages among the GPU ranks that passed their self-check, where there are two or more.
+  bool nccl_check_ran = false;
+  bool nccl_check_ok = false;
+  std::string nccl_check;  // SelfCheckReport::summary()
 };
 
 // Values travel as "key=value" lines; fields of a GPU are separated by the ASCII unit separator.
@@ -280,6 +311,9 @@ std::string encode(const RankFacts& f) {
   put("self_check_ran", f.self_check_ran ? "1" : "0");
   put("self_check_ok", f.self_check_ok ? "1" : "0");
   put("self_check", f.self_check);
+  put("nccl_check_ran", f.nccl_check_ran ? "1" : "0");
+  put("nccl_check_ok", f.nccl_check_ok ? "1" : "0");
+  put("nccl_check", f.nccl_check);
   return out;
 }
 
@@ -344,6 +378,9 @@ RankFacts decode(const std::string& text) {
   f.self_check_ran = values["self_check_ran"] == "1";
   f.self_check_ok = values["self_check_ok"] == "1";
   f.self_check = values["self_check"];
+  f.nccl_check_ran = values["nccl_check_ran"] == "1";
+  f.nccl_check_ok = values["nccl_check_ok"] == "1";
+  f.nccl_check = values["nccl_check"];
   return f;
 }
 
@@ -422,6 +459,9 @@ RankFacts gather_facts(const std::string& device_request) {
     f.self_check_ok = report.ok;
     f.self_check = report.summary();
   }
+  const SelfCheckReport nccl = nccl_check(topology.gpu, f.self_check_ok, f.nccl_check_ran);
+  f.nccl_check_ok = nccl.ok;
+  if (f.nccl_check_ran) f.nccl_check = nccl.summary();
   return f;
 }
 
@@ -509,6 +549,7 @@ std::vector<std::string> report_node(const std::string& host, const std::vector<
     if (!r.cores_hint.empty()) std::printf("    hint: %s\n", r.cores_hint.c_str());
     std::printf("    smoke test: %s\n", smoke_line(r.smoke).c_str());
     if (r.self_check_ran) std::printf("    self-check: %s\n", r.self_check.c_str());
+    if (r.nccl_check_ran) std::printf("    NCCL check: %s\n", r.nccl_check.c_str());
     if (r.device == "cpu") unbound.push_back(r.rank);
   }
 
@@ -542,6 +583,9 @@ std::vector<std::string> report_node(const std::string& host, const std::vector<
     if (r.self_check_ran && !r.self_check_ok)
       problems.push_back("self-check failed on rank " + std::to_string(r.rank) + " (" + r.bound_gpu +
                          "): " + r.self_check + ": training there would give wrong results");
+    if (r.nccl_check_ran && !r.nccl_check_ok)
+      problems.push_back("NCCL check failed on rank " + std::to_string(r.rank) + " (" + r.bound_gpu +
+                         "): " + r.nccl_check + ": gradients would be averaged wrongly");
   }
   if (problems.empty() && widest->gpus.empty() && first.gpus_probed) {
     std::printf("  verdict: OK (no GPU: training runs on the CPU)\n");

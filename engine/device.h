@@ -51,7 +51,8 @@ GpuSoftwareVersions gpu_software_versions();
 bool gpu_peer_access(int device, int peer);
 
 // Bytes in the memory of GPU `device`, freed with the object: small inputs such as check-env's smoke-test
-// batch and the self-check's batches and gradients. Copies complete before they return. Throws
+// batch and the self-check's batches and gradients. Copies complete before they return, and a download
+// first waits for all work on the device (streams that may write the buffer). Throws
 // std::runtime_error naming the CUDA call that failed (so that a caller can report it instead of ending the
 // job), and UserError in a build without CUDA.
 class DeviceBuffer {

@@ -183,7 +183,9 @@ void DeviceBuffer::upload(const void* host, std::size_t bytes) {
 void DeviceBuffer::download(void* host, std::size_t bytes) const {
   if (bytes > bytes_) throw std::invalid_argument("DeviceBuffer::download: more bytes than the buffer holds");
   throw_on_cuda_error(cudaSetDevice(device_), "cudaSetDevice(" + std::to_string(device_) + ")");
-  // Work on other (non-blocking) streams that wrote the buffer has been waited for by the caller.
+  // Work on other (non-blocking) streams may be writing the buffer (a replica's, NCCL's): wait for all of it.
+  throw_on_cuda_error(cudaDeviceSynchronize(),
+                      "cudaDeviceSynchronize before a copy from GPU " + std::to_string(device_));
   throw_on_cuda_error(cudaMemcpy(host, data_, bytes, cudaMemcpyDeviceToHost),
                       "cudaMemcpy from GPU " + std::to_string(device_));
 }

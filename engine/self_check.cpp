@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/average_check.h"
 #include "engine/device.h"
 #include "engine/errors.h"
 #include "models/initializers.h"
@@ -183,7 +184,74 @@ void compare_optimizer_step(models::Replica& gpu, int device, const OptimizerSet
                     number(back[first]) + " instead of " + number(host[first])};
 }
 
+std::string describe_sizes(std::span<const std::size_t> sizes) {
+  std::string text;
+  for (std::size_t i = 0; i < sizes.size(); ++i) text += (i == 0 ? "" : ", ") + std::to_string(sizes[i]);
+  return text;
+}
+
 }  // namespace
+
+SelfCheckReport check_gpu_communicator(comm::Communicator& comm, int device,
+                                       std::span<const std::size_t> segment_sizes,
+                                       const std::string& compression) {
+  const auto start = Clock::now();
+  SelfCheckReport report;
+  const double tolerance = comm::average_tolerance(compression, comm.size());
+  std::size_t total = 0;
+  for (const std::size_t size : segment_sizes) total += size;
+  std::optional<DeviceBuffer> memory;
+  std::optional<std::string> error;
+  try {
+    const ThrowFatalErrors report_instead_of_abort;
+    memory.emplace(device, total * sizeof(float));
+  } catch (const std::exception& e) {
+    error = std::string("a GPU call failed: ") + e.what();
+  }
+  // Every rank learns whether every rank has its buffer before the first average.
+  if (auto first = comm.first_error(
+          error ? std::optional<std::string>("rank " + std::to_string(comm.rank()) + ": " + *error)
+                : std::nullopt)) {
+    report.ok = false;
+    report.failure = comm.backend() + " average check: " + *first;
+  } else {
+    // Between the collectives of check_average a copy that fails cannot be agreed on: it ends the job
+    // (fatal), as a failed NCCL call there does, instead of leaving the other ranks waiting.
+    auto or_fatal = [](auto&& copy) {
+      try {
+        copy();
+      } catch (const std::exception& e) {
+        DDP_FATAL(std::string("self-check of the communicator: ") + e.what());
+      }
+    };
+    comm::CheckBuffer buffer{
+        std::span<float>(static_cast<float*>(memory->data()), total),
+        [&](std::span<const float> host) {
+          or_fatal([&] { memory->upload(host.data(), host.size_bytes()); });
+        },
+        [&](std::span<float> host) { or_fatal([&] { memory->download(host.data(), host.size_bytes()); }); }};
+    const comm::AverageCheckResult result = comm::check_average(comm, buffer, segment_sizes, tolerance);
+    if (result.ok) {
+      report.passed.push_back(comm.backend() + " averages = closed form" +
+                              (compression == "none" ? "" : " (" + compression + " on the wire)") + " over " +
+                              std::to_string(comm.size()) + " ranks in segments of " +
+                              describe_sizes(segment_sizes) + " floats");
+    } else {
+      report.ok = false;
+      report.failure = comm.backend() + " average (comm.compression = " + compression + "): largest error " +
+                       number(result.largest_error) + " (bound " + number(tolerance) + ") " + result.where;
+    }
+  }
+  report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return report;
+}
+
+void SelfCheckReport::add(const SelfCheckReport& next) {
+  passed.insert(passed.end(), next.passed.begin(), next.passed.end());
+  if (ok && !next.ok) failure = next.failure;
+  ok = ok && next.ok;
+  seconds += next.seconds;
+}
 
 std::string SelfCheckReport::summary() const {
   if (!ok) return "FAILED: " + failure;

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "engine/optimizer.h"
 #include "models/replica.h"
 
@@ -31,6 +32,8 @@ struct SelfCheckReport {
 
   // "passed in 0.41 s (...)" or "FAILED: <failure>".
   std::string summary() const;
+  // This report followed by `next`: what both passed, the first failure, the time of both.
+  void add(const SelfCheckReport& next);
 };
 
 // Allowed error against the float64 reference: kErrorFactor x the float32 CPU replica's, at least
@@ -49,5 +52,14 @@ constexpr double kRelativeFloor = 1e-4;
 SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
                                   std::span<const std::pair<int, int>> shapes, OptimizerSettings settings,
                                   uint64_t seed);
+
+// Collective over `comm`, whose averages run in the memory of GPU `device` (NCCL): comm::check_average over
+// a buffer on that GPU, in the run's segments (`segment_sizes`, as the replica hands them to
+// start_average), within comm::average_tolerance(compression, ranks). Every rank gets the same verdict; the
+// failure names the rank and element with the largest error. CUDA failures on the way are reported as the
+// check's failure on this rank and agreed on, so no rank is left waiting in a collective.
+SelfCheckReport check_gpu_communicator(comm::Communicator& comm, int device,
+                                       std::span<const std::size_t> segment_sizes,
+                                       const std::string& compression);
 
 }  // namespace ddp::engine

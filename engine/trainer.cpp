@@ -230,16 +230,30 @@ class TrainingRun {
           distinct.push_back(shapes[i]);
       }
       if (!self_check) return;
-      const SelfCheckReport report = check_gpu_replica(*replica_, topology_.gpu, distinct,
-                                                       optimizer_settings(config_), config_.train.seed);
-      self_check_summary_ = "self-check " + report.summary();
-      if (!report.ok) {
-        error = "self-check failed on rank " + std::to_string(world_.rank()) + " (host " + topology_.host +
-                ", GPU " + std::to_string(topology_.gpu) + " " + topology_.gpu_name + "): " + report.failure +
-                "; training there would give wrong results (comm.selfcheck = off skips the check)";
-      }
+      SelfCheckReport report = check_gpu_replica(*replica_, topology_.gpu, distinct,
+                                                 optimizer_settings(config_), config_.train.seed);
+      if (!report.ok) error = self_check_failure(report);
       if (auto first = comm_.first_error(error)) throw UserError(*first);
+      // Every rank of an NCCL job is a GPU rank, so all of them are here; the verdict is the same on each.
+      if (comm_.backend() == "nccl" && comm_.size() > 1) {
+        report.add(check_gpu_communicator(comm_, topology_.gpu, segment_sizes(), config_.comm.compression));
+        if (!report.ok) throw UserError(self_check_failure(report));
+      }
+      self_check_summary_ = "self-check " + report.summary();
     });
+  }
+
+  std::string self_check_failure(const SelfCheckReport& report) const {
+    return "self-check failed on rank " + std::to_string(world_.rank()) + " (host " + topology_.host +
+           ", GPU " + std::to_string(topology_.gpu) + " " + topology_.gpu_name + "): " + report.failure +
+           "; training there would give wrong results (comm.selfcheck = off skips the check)";
+  }
+
+  // The sizes of the segments the replica hands to the communicator, in order.
+  std::vector<std::size_t> segment_sizes() const {
+    std::vector<std::size_t> sizes;
+    for (const models::ParamSegment& segment : replica_->layout().segments()) sizes.push_back(segment.size);
+    return sizes;
   }
 
   // Rank 0 claims checkpoint.dir for this run (run_directory.h) and writes the effective config there;

@@ -1,5 +1,6 @@
-// The MPI backend against the communicator contract (tests/communicator_contract.h), at every rank count
-// ctest runs this binary with.
+// Every communicator against the contract (tests/communicator_contract.h), at every rank count ctest runs
+// this binary with: the MPI backend here; NCCL and staged MPI where every rank has a GPU of its own (skipped,
+// with the reason, elsewhere).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -12,6 +13,9 @@
 
 #include "comm/average_check.h"
 #include "comm/communicator.h"
+#include "engine/device.h"
+#include "engine/self_check.h"
+#include "engine/topology.h"
 #include "tests/communicator_contract.h"
 
 namespace ddp {
@@ -74,6 +78,76 @@ TEST(CommunicatorContract, FailsACommunicatorThatDoesNotReduce) {
       comm::check_average(comm, comm::host_check_buffer(data), sizes, comm::kAverageTolerance);
   EXPECT_FALSE(result.ok) << "every rank must see the failure, the middle one of an odd count too";
   EXPECT_NE(result.where.find("on rank "), std::string::npos) << result.where;
+}
+
+// This rank's GPU where every rank has one of its own (device = auto's binding), or why the job cannot run
+// the GPU communicators (every rank skips).
+struct GpuPerRank {
+  int device = -1;
+  std::string why_not;
+};
+GpuPerRank gpu_per_rank() {
+  const engine::Topology topology = engine::discover_topology(MPI_COMM_WORLD, "auto");
+  int everyone = topology.gpu >= 0 ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &everyone, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (everyone == 1) return {topology.gpu, ""};
+  return {-1, topology.gpu >= 0 ? "another rank has no GPU of its own"
+                                : "rank " + std::to_string(topology.rank) + ": " + topology.device_reason};
+}
+
+// Buffers in the memory of `device`, kept alive by `owned`.
+testing::CheckBufferFactory device_buffers(int device,
+                                           std::vector<std::unique_ptr<engine::DeviceBuffer>>& owned) {
+  return [device, &owned](std::size_t floats) {
+    owned.push_back(std::make_unique<engine::DeviceBuffer>(device, floats * sizeof(float)));
+    engine::DeviceBuffer& memory = *owned.back();
+    return comm::CheckBuffer{
+        std::span<float>(static_cast<float*>(memory.data()), floats),
+        [&memory](std::span<const float> host) { memory.upload(host.data(), host.size_bytes()); },
+        [&memory](std::span<float> host) { memory.download(host.data(), host.size_bytes()); }};
+  };
+}
+
+TEST(CommunicatorContract, NcclAverages) {
+  const auto [device, why_not] = gpu_per_rank();
+  if (device < 0) GTEST_SKIP() << why_not;
+  std::vector<std::unique_ptr<engine::DeviceBuffer>> owned;
+  for (const std::string compression : {"none", "fp16", "bf16"}) {
+    auto comm = comm::make_nccl_communicator(MPI_COMM_WORLD, nullptr, compression);
+    testing::expect_averages(*comm, device_buffers(device, owned),
+                             comm::average_tolerance(compression, comm->size()));
+  }
+}
+
+TEST(CommunicatorContract, StagedMpiAverages) {
+  const auto [device, why_not] = gpu_per_rank();
+  if (device < 0) GTEST_SKIP() << why_not;
+  std::vector<std::unique_ptr<engine::DeviceBuffer>> owned;
+  auto comm = comm::make_staged_mpi_communicator(MPI_COMM_WORLD, nullptr);
+  testing::expect_averages(*comm, device_buffers(device, owned), comm::kAverageTolerance);
+}
+
+// The GPU self-check of the communicator (engine/self_check.h) on the segments of the IMDB model.
+TEST(CommunicatorContract, NcclSelfCheckPasses) {
+  const auto [device, why_not] = gpu_per_rank();
+  if (device < 0) GTEST_SKIP() << why_not;
+  auto comm = comm::make_nccl_communicator(MPI_COMM_WORLD, nullptr, "bf16");
+  const std::vector<std::size_t> sizes{20000 * 128, 131584, 129};
+  const engine::SelfCheckReport report = engine::check_gpu_communicator(*comm, device, sizes, "bf16");
+  EXPECT_TRUE(report.ok) << report.failure;
+}
+
+// Where a rank cannot even get its GPU buffer, every rank learns it and none waits in a collective.
+TEST(CommunicatorContract, SelfCheckAgreesOnAFailureToStart) {
+  const engine::GpuInventory inventory = engine::probe_gpus();
+  int gpus = static_cast<int>(inventory.gpus.size());
+  MPI_Allreduce(MPI_IN_PLACE, &gpus, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (gpus > 0) GTEST_SKIP() << "a GPU is visible: the failure to start cannot be made here";
+  auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
+  const std::vector<std::size_t> sizes{64, 3};
+  const engine::SelfCheckReport report = engine::check_gpu_communicator(*comm, 0, sizes, "none");
+  EXPECT_FALSE(report.ok);
+  EXPECT_NE(report.failure.find("rank 0: a GPU call failed"), std::string::npos) << report.failure;
 }
 
 }  // namespace

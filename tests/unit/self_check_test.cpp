@@ -9,10 +9,12 @@
 #include <limits>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "comm/average_check.h"
 #include "engine/self_check.h"
 #include "models/param_layout.h"
 #include "models/replica.h"
@@ -145,6 +147,40 @@ TEST(SelfCheck, TheCpuReplicaPassesAtTheImdbShapes) {
   const SelfCheckReport report = check_gpu_replica(*replica, 0, shapes, OptimizerSettings{}, 7);
   EXPECT_TRUE(report.ok) << report.failure;
   std::printf("%s\n", report.summary().c_str());
+}
+
+// The trainer joins the replica's check and the communicator's: the first failure stands, both times count.
+TEST(SelfCheck, ReportsAddUp) {
+  SelfCheckReport report;
+  report.passed = {"replica"};
+  report.seconds = 0.25;
+  SelfCheckReport failed;
+  failed.ok = false;
+  failed.failure = "nccl average: largest error 3";
+  failed.seconds = 0.5;
+  SelfCheckReport later;
+  later.ok = false;
+  later.failure = "a later failure";
+  report.add(failed);
+  report.add(later);
+  EXPECT_FALSE(report.ok);
+  EXPECT_EQ(report.failure, "nccl average: largest error 3");
+  EXPECT_EQ(report.passed, std::vector<std::string>{"replica"});
+  EXPECT_DOUBLE_EQ(report.seconds, 0.75);
+  EXPECT_EQ(report.summary(), "FAILED: nccl average: largest error 3");
+}
+
+// The communicator check's bounds: fp32 exact up to the scaling's rounding, 16-bit wire types a few units of
+// their last place, growing with the ranks whose partial sums a ring rounds.
+TEST(SelfCheck, AverageTolerances) {
+  EXPECT_DOUBLE_EQ(comm::average_tolerance("none", 2), comm::kAverageTolerance);
+  EXPECT_DOUBLE_EQ(comm::average_tolerance("fp16", 2), comm::kFp16Tolerance);
+  EXPECT_DOUBLE_EQ(comm::average_tolerance("bf16", 4), comm::kBf16Tolerance);
+  EXPECT_GT(comm::average_tolerance("bf16", 64), comm::kBf16Tolerance);
+  EXPECT_GT(comm::average_tolerance("none", 1024), comm::kAverageTolerance);
+  EXPECT_LT(comm::average_tolerance("none", 1024), 1e-4);
+  EXPECT_LT(comm::average_tolerance("fp16", 8), comm::average_tolerance("bf16", 8));
+  EXPECT_THROW(comm::average_tolerance("int8", 2), std::invalid_argument);
 }
 
 }  // namespace
