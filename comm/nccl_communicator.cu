@@ -13,8 +13,6 @@
 // Averages are ncclAvg (NCCL >= 2.10; the build asks for 2.14, for ncclCommFinalize): every rank receives the
 // same bits, as with the MPI backend. Host-side collectives (broadcast, sum, gather, first_error, barrier) go
 // through the MPI backend on a duplicate of the job's communicator.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -28,6 +26,7 @@
 
 #include "comm/communicator.h"
 #include "comm/mpi_check.h"
+#include "comm/wire_cast.h"
 #include "engine/cuda_check.h"
 #include "engine/errors.h"
 #include "engine/gpu_spans.h"
@@ -71,32 +70,20 @@ Wire parse_compression(const std::string& compression) {
   throw UserError("comm.compression = " + compression + ": expected none, fp16 or bf16");
 }
 
-__device__ inline void store(__half* out, float value) {
-  *out = __float2half_rn(value);
-}
-__device__ inline void store(__nv_bfloat16* out, float value) {
-  *out = __float2bfloat16_rn(value);
-}
-__device__ inline float load(const __half* in) {
-  return __half2float(*in);
-}
-__device__ inline float load(const __nv_bfloat16* in) {
-  return __bfloat162float(*in);
-}
-
-template <typename T>
-__global__ void to_wire(const float* __restrict__ in, T* __restrict__ out, std::size_t n) {
+// The casts of wire_cast.h, tested on the host.
+template <Wire kWire>
+__global__ void to_wire(const float* __restrict__ in, uint16_t* __restrict__ out, std::size_t n) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    store(out + i, in[i]);
+    out[i] = kWire == Wire::kHalf ? float_to_half(in[i]) : float_to_bfloat16(in[i]);
   }
 }
 
-template <typename T>
-__global__ void from_wire(const T* __restrict__ in, float* __restrict__ out, std::size_t n) {
+template <Wire kWire>
+__global__ void from_wire(const uint16_t* __restrict__ in, float* __restrict__ out, std::size_t n) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    out[i] = load(in + i);
+    out[i] = kWire == Wire::kHalf ? half_to_float(in[i]) : bfloat16_to_float(in[i]);
   }
 }
 
@@ -173,10 +160,10 @@ class NcclCommunicator final : public Communicator {
                        ncclAllReduce(segment.data(), segment.data(), n, ncclFloat, ncclAvg, nccl_, stream_));
         break;
       case Wire::kHalf:
-        reduce_on_wire<__half>(segment, ncclHalf);
+        reduce_on_wire<Wire::kHalf>(segment, ncclHalf);
         break;
       case Wire::kBfloat16:
-        reduce_on_wire<__nv_bfloat16>(segment, ncclBfloat16);
+        reduce_on_wire<Wire::kBfloat16>(segment, ncclBfloat16);
         break;
     }
     spans_->end(span, "all-reduce bucket");
@@ -237,14 +224,14 @@ class NcclCommunicator final : public Communicator {
  private:
   // Cast to the wire type, average, cast back; all on the communication stream, which runs them in order,
   // so one staging buffer serves every segment however many are pending.
-  template <typename T>
+  template <Wire kWire>
   void reduce_on_wire(std::span<float> segment, ncclDataType_t type) {
     const std::size_t n = segment.size();
-    T* wire = static_cast<T*>(wire_buffer(n * sizeof(T)));
-    to_wire<T><<<cast_blocks(n), kCastThreads, 0, stream_>>>(segment.data(), wire, n);
+    auto* wire = static_cast<uint16_t*>(wire_buffer(n * sizeof(uint16_t)));
+    to_wire<kWire><<<cast_blocks(n), kCastThreads, 0, stream_>>>(segment.data(), wire, n);
     DDP_CUDA_CHECK(cudaGetLastError());
     NCCL_COMM_NCCL(nccl_, ncclAllReduce(wire, wire, n, type, ncclAvg, nccl_, stream_));
-    from_wire<T><<<cast_blocks(n), kCastThreads, 0, stream_>>>(wire, segment.data(), n);
+    from_wire<kWire><<<cast_blocks(n), kCastThreads, 0, stream_>>>(wire, segment.data(), n);
     DDP_CUDA_CHECK(cudaGetLastError());
   }
 

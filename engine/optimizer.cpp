@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "engine/errors.h"
+#include "engine/optimizer_math.h"
 #include "models/fast_math.h"
 
 namespace ddp::engine {
@@ -17,27 +18,17 @@ void expect_buffers(const OptimizerState& state, const std::vector<std::string>&
   if (!ok) throw UserError("checkpoint: optimizer state does not match train.optimizer = " + optimizer);
 }
 
-struct AdamCoefficients {
-  float beta1, beta2, epsilon, lr_t;
-};
-
 // The update loops are memory-bound over millions of elements: compiled for AVX2 too (chosen at load time),
-// and vectorizable because the build does not keep errno for sqrt (-fno-math-errno).
+// and vectorizable because the build does not keep errno for sqrt (-fno-math-errno). The element-wise math
+// is the CUDA kernels' (optimizer_math.h).
 DDP_VECTOR_CLONES void adam_update(float* __restrict p, const float* __restrict g, float* __restrict m,
                                    float* __restrict v, std::size_t n, AdamCoefficients c) {
-  for (std::size_t i = 0; i < n; ++i) {
-    m[i] = c.beta1 * m[i] + (1.0f - c.beta1) * g[i];
-    v[i] = c.beta2 * v[i] + (1.0f - c.beta2) * g[i] * g[i];
-    p[i] -= c.lr_t * m[i] / (std::sqrt(v[i]) + c.epsilon);
-  }
+  for (std::size_t i = 0; i < n; ++i) adam_update_one(p[i], g[i], m[i], v[i], c);
 }
 
 DDP_VECTOR_CLONES void sgd_update(float* __restrict p, const float* __restrict g, float* __restrict velocity,
                                   std::size_t n, float lr, float momentum) {
-  for (std::size_t i = 0; i < n; ++i) {
-    velocity[i] = momentum * velocity[i] - lr * g[i];
-    p[i] += velocity[i];
-  }
+  for (std::size_t i = 0; i < n; ++i) sgd_update_one(p[i], g[i], velocity[i], lr, momentum);
 }
 
 }  // namespace
@@ -82,17 +73,11 @@ class Adam final : public HostOptimizer {
       : HostOptimizer(s.lazy_rows), s_(s), m_(size, 0.0f), v_(size, 0.0f) {}
 
  protected:
-  void begin_step() override {
-    ++iterations_;
-    const double t = static_cast<double>(iterations_);
-    lr_t_ = static_cast<float>(s_.learning_rate * std::sqrt(1.0 - std::pow(s_.beta2, t)) /
-                               (1.0 - std::pow(s_.beta1, t)));
-  }
+  void begin_step() override { coefficients_ = adam_coefficients(s_, ++iterations_); }
 
   void update_range(float* params, const float* grads, std::size_t begin, std::size_t end) override {
-    adam_update(
-        params + begin, grads + begin, m_.data() + begin, v_.data() + begin, end - begin,
-        {static_cast<float>(s_.beta1), static_cast<float>(s_.beta2), static_cast<float>(s_.epsilon), lr_t_});
+    adam_update(params + begin, grads + begin, m_.data() + begin, v_.data() + begin, end - begin,
+                coefficients_);
   }
   std::size_t size() const override { return m_.size(); }
 
@@ -109,7 +94,7 @@ class Adam final : public HostOptimizer {
  private:
   OptimizerSettings s_;
   int64_t iterations_ = 0;
-  float lr_t_ = 0;
+  AdamCoefficients coefficients_{};
   std::vector<float> m_;
   std::vector<float> v_;
 };
@@ -143,6 +128,13 @@ class Sgd final : public HostOptimizer {
 };
 
 }  // namespace
+
+AdamCoefficients adam_coefficients(const OptimizerSettings& s, int64_t iteration) {
+  const double t = static_cast<double>(iteration);
+  const double lr_t = s.learning_rate * std::sqrt(1.0 - std::pow(s.beta2, t)) / (1.0 - std::pow(s.beta1, t));
+  return {static_cast<float>(s.beta1), static_cast<float>(s.beta2), static_cast<float>(s.epsilon),
+          static_cast<float>(lr_t)};
+}
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerSettings& settings, std::size_t size) {
   if (settings.name == "adam") return std::make_unique<Adam>(settings, size);

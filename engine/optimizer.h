@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/optimizer_math.h"
+
 namespace ddp::engine {
 
 struct OptimizerSettings {
@@ -48,6 +50,10 @@ class Optimizer {
   virtual void load_state(const OptimizerState& state) = 0;
   virtual std::string name() const = 0;
 };
+
+// Adam's coefficients for step `iteration` (1 for the first), computed once per step on the host for the
+// host loop and the CUDA kernel alike.
+AdamCoefficients adam_coefficients(const OptimizerSettings& settings, int64_t iteration);
 
 // The host (CPU) optimizers. Adam as Keras computes it: m, v moments; lr_t = lr * sqrt(1 - beta2^t) / (1 -
 // beta1^t); p -= lr_t * m / (sqrt(v) + epsilon). SGD as Keras: v = momentum * v - lr * g; p += v.

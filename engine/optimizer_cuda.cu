@@ -1,11 +1,9 @@
 // Adam and SGD over a flat device buffer (optimizer.h): one fused kernel per step on the replica's stream, no
-// host synchronisation. The arithmetic is the host loop's, operation for operation, with explicitly rounded
-// intrinsics so that nvcc cannot contract a multiply-add into an FMA. optimizer.cpp is compiled with
-// -ffp-contract=off for the same reason, so the two agree to the last bit.
+// host synchronisation. The element-wise math is the host loop's own (optimizer_math.h), compiled here with
+// --fmad=false and there with -ffp-contract=off, so the two agree to the last bit.
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -16,28 +14,12 @@
 #include "engine/cuda_check.h"
 #include "engine/errors.h"
 #include "engine/optimizer.h"
+#include "engine/optimizer_math.h"
 
 namespace ddp::engine {
 namespace {
 
 constexpr int kThreads = 256;
-
-struct AdamCoefficients {
-  float beta1, beta2, epsilon, lr_t;
-};
-
-// m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g g;  p -= lr_t m / (sqrt(v) + eps)  (optimizer.cpp's order).
-__device__ __forceinline__ void adam_one(float& p, float g, float& m, float& v, const AdamCoefficients& c) {
-  m = __fadd_rn(__fmul_rn(c.beta1, m), __fmul_rn(__fsub_rn(1.0f, c.beta1), g));
-  v = __fadd_rn(__fmul_rn(c.beta2, v), __fmul_rn(__fmul_rn(__fsub_rn(1.0f, c.beta2), g), g));
-  p = __fsub_rn(p, __fdiv_rn(__fmul_rn(c.lr_t, m), __fadd_rn(__fsqrt_rn(v), c.epsilon)));
-}
-
-// velocity = momentum velocity - lr g;  p += velocity.
-__device__ __forceinline__ void sgd_one(float& p, float g, float& velocity, float lr, float momentum) {
-  velocity = __fsub_rn(__fmul_rn(momentum, velocity), __fmul_rn(lr, g));
-  p = __fadd_rn(p, velocity);
-}
 
 // With vec4 (every pointer 16-byte aligned) the first n/4*4 elements go as float4, the rest one by one.
 __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
@@ -56,17 +38,17 @@ __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, 
       const float4 gg = g4[i];
       float4 mm = m4[i];
       float4 vv = v4[i];
-      adam_one(pp.x, gg.x, mm.x, vv.x, c);
-      adam_one(pp.y, gg.y, mm.y, vv.y, c);
-      adam_one(pp.z, gg.z, mm.z, vv.z, c);
-      adam_one(pp.w, gg.w, mm.w, vv.w, c);
+      adam_update_one(pp.x, gg.x, mm.x, vv.x, c);
+      adam_update_one(pp.y, gg.y, mm.y, vv.y, c);
+      adam_update_one(pp.z, gg.z, mm.z, vv.z, c);
+      adam_update_one(pp.w, gg.w, mm.w, vv.w, c);
       p4[i] = pp;
       m4[i] = mm;
       v4[i] = vv;
     }
     done = n4 * 4;
   }
-  for (std::size_t i = done + first; i < n; i += stride) adam_one(p[i], g[i], m[i], v[i], c);
+  for (std::size_t i = done + first; i < n; i += stride) adam_update_one(p[i], g[i], m[i], v[i], c);
 }
 
 __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ velocity,
@@ -83,16 +65,17 @@ __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, f
       float4 pp = p4[i];
       const float4 gg = g4[i];
       float4 vv = vel4[i];
-      sgd_one(pp.x, gg.x, vv.x, lr, momentum);
-      sgd_one(pp.y, gg.y, vv.y, lr, momentum);
-      sgd_one(pp.z, gg.z, vv.z, lr, momentum);
-      sgd_one(pp.w, gg.w, vv.w, lr, momentum);
+      sgd_update_one(pp.x, gg.x, vv.x, lr, momentum);
+      sgd_update_one(pp.y, gg.y, vv.y, lr, momentum);
+      sgd_update_one(pp.z, gg.z, vv.z, lr, momentum);
+      sgd_update_one(pp.w, gg.w, vv.w, lr, momentum);
       p4[i] = pp;
       vel4[i] = vv;
     }
     done = n4 * 4;
   }
-  for (std::size_t i = done + first; i < n; i += stride) sgd_one(p[i], g[i], velocity[i], lr, momentum);
+  for (std::size_t i = done + first; i < n; i += stride)
+    sgd_update_one(p[i], g[i], velocity[i], lr, momentum);
 }
 
 bool aligned16(const void* p) {
@@ -204,12 +187,7 @@ class CudaAdam final : public CudaOptimizer {
 
  protected:
   void launch(float* params, const float* grads) override {
-    // lr_t in double on the host, then float, exactly as the host Adam.
-    const double t = static_cast<double>(iterations_);
-    const auto lr_t = static_cast<float>(s_.learning_rate * std::sqrt(1.0 - std::pow(s_.beta2, t)) /
-                                         (1.0 - std::pow(s_.beta1, t)));
-    const AdamCoefficients c{static_cast<float>(s_.beta1), static_cast<float>(s_.beta2),
-                             static_cast<float>(s_.epsilon), lr_t};
+    const AdamCoefficients c = adam_coefficients(s_, iterations_);
     float* m = buffers_[0]->get();
     float* v = buffers_[1]->get();
     const bool vec4 = aligned16(params) && aligned16(grads) && aligned16(m) && aligned16(v);

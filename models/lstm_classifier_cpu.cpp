@@ -10,6 +10,7 @@
 #include "engine/timeline.h"
 #include "models/blas.h"
 #include "models/fast_math.h"
+#include "models/output_math.h"
 
 namespace ddp::models {
 namespace {
@@ -31,13 +32,6 @@ inline float activation_tanh(float x) {
 }
 inline double activation_tanh(double x) {
   return std::tanh(x);
-}
-
-// p = sigmoid(z) without overflow for either sign of z.
-double stable_sigmoid(double z) {
-  if (z >= 0) return 1.0 / (1.0 + std::exp(-z));
-  const double e = std::exp(z);
-  return e / (1.0 + e);
 }
 
 template <typename Scalar>
@@ -269,8 +263,8 @@ BatchStats CpuLstmClassifier<Scalar>::loss_and_stats(const Scalar* labels, int b
     if (!probabilities.empty()) probabilities[b] = static_cast<Scalar>(stable_sigmoid(z));
     if (labels == nullptr) continue;
     const double y = static_cast<double>(labels[b]);
-    stats.loss_sum += std::max(z, 0.0) - z * y + std::log1p(std::exp(-std::abs(z)));
-    if ((z >= 0) == (y >= 0.5)) ++stats.correct;
+    stats.loss_sum += logistic_loss(z, y);
+    if (predicts_label(z, y)) ++stats.correct;
   }
   stats.count = labels == nullptr ? 0 : batch;
   return stats;
@@ -310,7 +304,7 @@ BatchStats CpuLstmClassifier<Scalar>::train_step(const int32_t* tokens, const Sc
   const Scalar inv_batch = Scalar(1) / static_cast<Scalar>(batch);
   for (std::size_t b = 0; b < to_size(batch); ++b) {
     const auto p = static_cast<Scalar>(stable_sigmoid(static_cast<double>(logits_[b])));
-    d_logits_[b] = (p - labels[b]) * inv_batch;
+    d_logits_[b] = logit_gradient(p, labels[b], inv_batch);
   }
   const Scalar* last = hidden_.back().data() + to_size(seq) * to_size(batch) * hidden;
   const Scalar* dense_w = params_.data() + dense_w_offset_;

@@ -51,6 +51,7 @@
 #include "engine/timeline.h"
 #include "models/cuda_replica.h"
 #include "models/cudnn_status.h"
+#include "models/output_math.h"
 
 #define DDP_CUDNN_CHECK(call)                                                               \
   do {                                                                                      \
@@ -276,13 +277,6 @@ __global__ void embedding_backward(const int32_t* __restrict__ tokens, const flo
   }
 }
 
-// p = sigmoid(z) without overflow for either sign of z (as the CPU replica computes it).
-__device__ double stable_sigmoid(double z) {
-  if (z >= 0) return 1.0 / (1.0 + exp(-z));
-  const double e = exp(z);
-  return e / (1.0 + e);
-}
-
 // The dense layer on the top layer's last hidden state h_last [B, H], then sigmoid and BCE, in one block: a
 // warp per sample, the block's sums in a fixed order. Optional outputs: probabilities [B]; with labels,
 // d_logits [B] = d(mean loss)/dz = (p - y) / B and the running stats (loss in double, as the CPU does).
@@ -310,9 +304,9 @@ __global__ void __launch_bounds__(kDenseThreads)
       if (probabilities != nullptr) probabilities[b] = static_cast<float>(p);
       if (labels != nullptr) {
         const double y = static_cast<double>(labels[b]);
-        loss += fmax(z, 0.0) - z * y + log1p(exp(-fabs(z)));
-        if ((z >= 0) == (y >= 0.5)) ++correct;
-        if (d_logits != nullptr) d_logits[b] = (static_cast<float>(p) - labels[b]) * inv_batch;
+        loss += logistic_loss(z, y);
+        if (predicts_label(z, y)) ++correct;
+        if (d_logits != nullptr) d_logits[b] = logit_gradient(static_cast<float>(p), labels[b], inv_batch);
       }
     }
   }
