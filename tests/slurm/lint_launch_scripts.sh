@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The launch scripts parse (bash -n) and pass shellcheck: launch/slurm/*, launch/ddprun, launch/bootstrap.sh
-# and the Slurm and cluster tests. Exit 77 (skipped) when shellcheck is not installed.
+# The launch scripts parse (bash -n) and pass shellcheck: launch/slurm/*, launch/ddprun, launch/bootstrap.sh,
+# the benchmark scripts (the GPU acceptance command among them), the Slurm, cluster and CMake tests. Exit 77
+# (skipped) when shellcheck is not installed.
 #   bash tests/slurm/lint_launch_scripts.sh source-dir
 set -euo pipefail
 cd "$1"
-scripts=(launch/slurm/*.sbatch launch/slurm/common.sh launch/ddprun launch/bootstrap.sh tests/slurm/*.sh tests/cluster/*.sh)
+scripts=(launch/slurm/*.sbatch launch/slurm/common.sh launch/ddprun launch/bootstrap.sh benchmarks/*.sh tests/slurm/*.sh
+  tests/cluster/*.sh tests/cmake/*.sh)
 status=0
 for script in "${scripts[@]}"; do
   bash -n "$script" || { echo "FAIL: bash -n $script"; status=1; }
