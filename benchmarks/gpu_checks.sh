@@ -163,6 +163,19 @@ check_gpu_tests() {
   note gpu_tests "$(gtest_counts "$scratch/gpu_tests.txt")"
   [ "$rc" = 0 ] || return 1
   ! grep -q '^\[  SKIPPED \]' "$scratch/gpu_tests.txt" || { echo "tests skipped on a GPU machine"; return 1; }
+  # The communicator contract over NCCL and staged MPI needs a GPU per rank: 2 ranks where 2 GPUs are.
+  local gpus
+  gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+  if [ "$gpus" -lt 2 ]; then
+    note gpu_tests "NCCL contract at 2 ranks not run: $gpus GPU(s)"
+    return 0
+  fi
+  mpirun -np 2 "$build"/tests/ddptrain_mpi_tests --gtest_color=no --gtest_filter='CommunicatorContract.*-*SelfCheckAgreesOnAFailureToStart' |
+    tee "$scratch/contract_tests.txt"
+  rc=${PIPESTATUS[0]}
+  note gpu_tests "NCCL contract at 2 ranks: $(gtest_counts "$scratch/contract_tests.txt")"
+  [ "$rc" = 0 ] || return 1
+  ! grep -q '^\[  SKIPPED \] Comm' "$scratch/contract_tests.txt" || { echo "contract tests skipped on 2 GPUs"; return 1; }
 }
 
 # sanitize TOOL: compute-sanitizer TOOL over the replica, optimizer and pipeline tests, time-bounded.
