@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 #include "models/cuda_replica.h"
 #include "models/initializers.h"
 #include "models/replica.h"

@@ -725,7 +725,7 @@ def xml_escape(text):
 
 def write_svg(path, fit, shape, rows, points, compute_ms, ranks_per_node):
     """Scaling efficiency against ranks (log2 axis) for each layout at the SVG_GBIT link rates (solid,
-    dashed), and the measured points' compute / step as markers, in engine/learning_curves.cpp's style."""
+    dashed), and the measured points' compute / step as markers, in engine/app/learning_curves.cpp's style."""
     width, height = 960.0, 480.0
     x0, x1, top, bottom = 72.0, width - 24, 112.0, height - 64
     measured_ranks = [p.ranks for p in points]

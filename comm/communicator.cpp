@@ -1,7 +1,7 @@
 #include "comm/communicator.h"
 
 #include "comm/mpi_check.h"
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace ddp::comm {
 namespace {

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace ddp::comm {
 

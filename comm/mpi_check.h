@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace ddp::comm {
 

@@ -19,7 +19,7 @@
 
 #include "comm/communicator.h"
 #include "comm/mpi_check.h"
-#include "engine/timeline.h"
+#include "engine/base/timeline.h"
 
 namespace ddp::comm {
 namespace {

@@ -27,9 +27,9 @@
 #include "comm/communicator.h"
 #include "comm/mpi_check.h"
 #include "comm/wire_cast.h"
-#include "engine/cuda_check.h"
-#include "engine/errors.h"
-#include "engine/gpu_spans.h"
+#include "engine/base/cuda_check.h"
+#include "engine/base/errors.h"
+#include "engine/base/gpu_spans.h"
 
 static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0),
               "ncclAvg needs NCCL 2.10 and ncclCommFinalize 2.14 or newer");

@@ -1,5 +1,5 @@
 #include "comm/communicator.h"
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace ddp::comm {
 

@@ -10,7 +10,7 @@
 
 #include "comm/mpi_check.h"
 #include "comm/poller.h"
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace ddp::comm {
 namespace {

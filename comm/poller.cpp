@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "comm/mpi_check.h"
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace ddp::comm {
 namespace {

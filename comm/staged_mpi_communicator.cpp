@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "engine/cuda_check.h"
-#include "engine/errors.h"
+#include "engine/base/cuda_check.h"
+#include "engine/base/errors.h"
 
 namespace ddp::comm {
 namespace {

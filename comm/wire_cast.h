@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "engine/host_device.h"
+#include "engine/base/host_device.h"
 
 namespace ddp::comm {
 

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <sstream>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 #include "io/hdf5_util.h"
 
 namespace ddp::engine {

@@ -2,7 +2,7 @@
 
 #include <iostream>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace po = boost::program_options;
 

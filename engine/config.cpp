@@ -7,8 +7,8 @@
 #include <set>
 #include <sstream>
 
+#include "engine/base/errors.h"
 #include "engine/command_line.h"
-#include "engine/errors.h"
 #include "models/cuda_replica.h"
 
 namespace po = boost::program_options;

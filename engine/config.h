@@ -67,7 +67,8 @@ struct Config {
   struct Log {
     std::string progress = "auto";  // auto (bar on a terminal) | bar | lines
     int64_t interval = 0;           // steps between plain progress lines (0: about every 10 s)
-    std::string timeline;  // Chrome trace file (engine/timeline.h), relative to checkpoint.dir; empty: off
+    std::string
+        timeline;  // Chrome trace file (engine/base/timeline.h), relative to checkpoint.dir; empty: off
   } log;
 
   // The effective configuration as an INI text that --config can read back.

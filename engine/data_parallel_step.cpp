@@ -2,7 +2,7 @@
 
 #include <chrono>
 
-#include "engine/timeline.h"
+#include "engine/base/timeline.h"
 
 namespace ddp::engine {
 namespace {

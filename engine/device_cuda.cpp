@@ -7,9 +7,9 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "engine/cuda_check.h"
+#include "engine/base/cuda_check.h"
+#include "engine/base/errors.h"
 #include "engine/device.h"
-#include "engine/errors.h"
 
 namespace ddp::engine {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace ddp::engine {
 

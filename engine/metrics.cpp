@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace ddp::engine {
 namespace {

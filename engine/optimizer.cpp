@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 #include "engine/optimizer_math.h"
 #include "models/fast_math.h"
 

@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/cuda_check.h"
-#include "engine/errors.h"
+#include "engine/base/cuda_check.h"
+#include "engine/base/errors.h"
 #include "engine/optimizer.h"
 #include "engine/optimizer_math.h"
 

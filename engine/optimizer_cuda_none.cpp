@@ -1,4 +1,4 @@
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 #include "engine/optimizer.h"
 
 namespace ddp::engine {

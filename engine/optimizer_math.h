@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "engine/host_device.h"
+#include "engine/base/host_device.h"
 
 namespace ddp::engine {
 

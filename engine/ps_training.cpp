@@ -10,8 +10,8 @@
 
 #include "comm/mpi_check.h"
 #include "comm/poller.h"
-#include "engine/errors.h"
-#include "engine/timeline.h"
+#include "engine/base/errors.h"
+#include "engine/base/timeline.h"
 
 namespace ddp::engine {
 namespace {

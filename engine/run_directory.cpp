@@ -6,7 +6,7 @@
 #include <random>
 #include <system_error>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace fs = std::filesystem;
 

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "comm/average_check.h"
+#include "engine/base/errors.h"
 #include "engine/device.h"
-#include "engine/errors.h"
 #include "models/initializers.h"
 #include "models/lstm_classifier_cpu.h"
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "comm/mpi_check.h"
+#include "engine/base/errors.h"
 #include "engine/device.h"
-#include "engine/errors.h"
 
 namespace ddp::engine {
 namespace {

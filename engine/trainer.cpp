@@ -11,17 +11,16 @@
 #include <optional>
 #include <thread>
 
+#include "engine/base/errors.h"
+#include "engine/base/timeline.h"
 #include "engine/checkpoint.h"
 #include "engine/data_parallel_step.h"
-#include "engine/errors.h"
 #include "engine/gpu_monitor.h"
-#include "engine/learning_curves.h"
 #include "engine/optimizer.h"
 #include "engine/preemption.h"
 #include "engine/ps_training.h"
 #include "engine/run_directory.h"
 #include "engine/self_check.h"
-#include "engine/timeline.h"
 #include "engine/updater.h"
 #include "engine/watchdog.h"
 #include "io/batch_reader.h"
@@ -98,7 +97,8 @@ class TrainingRun {
   TrainingRun(const Config& config, const Topology& topology, comm::Communicator& world,
               comm::Communicator& comm, StopAgreement& stop_signal, std::string backend_reason,
               std::unique_ptr<models::Replica> replica, std::unique_ptr<Updater> updater,
-              const io::DatasetInfo& data, ProgressWatchdog& watchdog, bool exchange_has_deadlines)
+              const io::DatasetInfo& data, ProgressWatchdog& watchdog, bool exchange_has_deadlines,
+              EpochWritten epoch_written)
       : config_(config),
         topology_(topology),
         world_(world),
@@ -114,7 +114,8 @@ class TrainingRun {
         host_params_(replica_->layout().total_size()),
         stop_signal_(stop_signal),
         watchdog_(watchdog),
-        exchange_has_deadlines_(exchange_has_deadlines) {
+        exchange_has_deadlines_(exchange_has_deadlines),
+        epoch_written_(std::move(epoch_written)) {
     const int64_t per_epoch =
         io::BatchReader::batches_per_epoch(plan_.train.size(), config.train.batch_size, /*drop_last=*/true);
     steps_per_epoch_ = config.train.max_steps_per_epoch > 0
@@ -697,7 +698,7 @@ class TrainingRun {
       stamped.run_id = run_record_.run_id;
       stamped.time = utc_timestamp();
       append_line(files_.metrics(), to_json(stamped));
-      write_learning_curves(files_.metrics(), files_.curves());
+      if (epoch_written_) epoch_written_(files_);
       replica_->copy_params_to_host(host_params_);
       write_checkpoint(files_.last(), shape_, host_params_, updater_->optimizer(), progress_,
                        config_.to_ini(), run_record_);
@@ -744,6 +745,7 @@ class TrainingRun {
   StopAgreement& stop_signal_;
   ProgressWatchdog& watchdog_;
   const bool exchange_has_deadlines_;
+  EpochWritten epoch_written_;
   std::unique_ptr<GpuMonitor> gpu_monitor_;  // null on a CPU rank or without NVML
 };
 
@@ -760,7 +762,7 @@ OptimizerSettings optimizer_settings(const Config& c) {
 }
 
 TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data, MPI_Comm world,
-                  ProgressWatchdog& watchdog) {
+                  ProgressWatchdog& watchdog, const EpochWritten& epoch_written) {
   std::unique_ptr<comm::Communicator> boot = comm::make_mpi_communicator(world);
   const models::ModelShape shape{data.vocab_size, config.model.embedding_dim, config.model.hidden,
                                  config.model.layers};
@@ -807,7 +809,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
           config.comm.sparse_embedding && backend.all_on_cpu);
       run = std::make_unique<TrainingRun>(config, topology, *boot, comm, stop_signal, backend.reason,
                                           std::move(replica), std::move(updater), data, watchdog,
-                                          /*exchange_has_deadlines=*/false);
+                                          /*exchange_has_deadlines=*/false, epoch_written);
     });
     return run->run();
   }
@@ -829,7 +831,8 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     std::unique_ptr<Updater> updater = make_ps_worker_updater(job, *replica, optimizer_settings(config));
     run = std::make_unique<TrainingRun>(config, topology, *boot, job.workers(), *stop_signal,
                                         backend.reason + "; " + job.describe_mode(), std::move(replica),
-                                        std::move(updater), data, watchdog, /*exchange_has_deadlines=*/true);
+                                        std::move(updater), data, watchdog, /*exchange_has_deadlines=*/true,
+                                        epoch_written);
   });
   return server ? server->run() : run->run();
 }

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "comm/communicator.h"
 #include "engine/config.h"
 #include "engine/metrics.h"
+#include "engine/run_directory.h"
 #include "engine/topology.h"
 #include "engine/watchdog.h"
 #include "io/dataset.h"
@@ -40,6 +42,10 @@ struct TrainResult {
   int64_t steps_done_in_epoch = 0;
 };
 
+// Called on rank 0 after each epoch's line is in the run directory's metrics.jsonl, before its checkpoint
+// (the application redraws the learning curves there). A UserError it throws ends the job.
+using EpochWritten = std::function<void(const RunFiles& files)>;
+
 // Collective over `world`: builds this rank's replica on its device (topology), picks the backend the job's
 // devices call for (comm::choose_backend) and trains: with all-reduce, every rank with the optimizer of its
 // device; with the parameter server, the first ranks as workers and the last comm.ps_servers ranks as
@@ -47,6 +53,6 @@ struct TrainResult {
 // problems met later end the job through fatal(). It tells `watchdog` each phase and beats it at every step
 // and evaluation batch, pausing it where the parameter server's protocol waits with deadlines of its own.
 TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data, MPI_Comm world,
-                  ProgressWatchdog& watchdog);
+                  ProgressWatchdog& watchdog, const EpochWritten& epoch_written = {});
 
 }  // namespace ddp::engine

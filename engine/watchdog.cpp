@@ -4,7 +4,7 @@
 #include <iomanip>
 #include <sstream>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace ddp::engine {
 

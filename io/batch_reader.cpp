@@ -4,8 +4,8 @@
 #include <chrono>
 #include <stdexcept>
 
-#include "engine/errors.h"
-#include "engine/timeline.h"
+#include "engine/base/errors.h"
+#include "engine/base/timeline.h"
 #include "io/hdf5_util.h"
 #include "io/mix.h"
 

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace ddp::io {
 namespace {

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 #include "io/hdf5_util.h"
 
 namespace ddp::io {

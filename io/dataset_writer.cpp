@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <system_error>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace ddp::io {
 namespace {

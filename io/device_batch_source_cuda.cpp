@@ -24,9 +24,9 @@
 #include <deque>
 #include <vector>
 
-#include "engine/cuda_check.h"
-#include "engine/errors.h"
-#include "engine/timeline.h"
+#include "engine/base/cuda_check.h"
+#include "engine/base/errors.h"
+#include "engine/base/timeline.h"
 #include "io/batch_source.h"
 
 namespace ddp::io {

@@ -1,4 +1,4 @@
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 #include "io/batch_source.h"
 
 namespace ddp::io {

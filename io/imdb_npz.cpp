@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 #include "io/dataset_writer.h"
 #include "io/npz.h"
 

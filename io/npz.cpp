@@ -14,7 +14,7 @@
 #include <unordered_set>
 #include <utility>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace ddp::io {
 namespace {

@@ -5,7 +5,7 @@
 #include <span>
 #include <vector>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 #include "io/dataset_writer.h"
 #include "io/mix.h"
 

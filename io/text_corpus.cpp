@@ -16,7 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 #include "io/batch_reader.h"
 #include "io/dataset_writer.h"
 #include "io/mix.h"

@@ -4,7 +4,7 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 #include "io/hdf5_util.h"
 
 namespace ddp::io {

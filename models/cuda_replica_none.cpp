@@ -1,4 +1,4 @@
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 #include "models/cuda_replica.h"
 
 namespace ddp::models {

@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "engine/timeline.h"
+#include "engine/base/timeline.h"
 #include "models/blas.h"
 #include "models/fast_math.h"
 #include "models/output_math.h"

@@ -45,10 +45,10 @@
 #include <utility>
 #include <vector>
 
-#include "engine/cuda_check.h"
-#include "engine/errors.h"
-#include "engine/gpu_spans.h"
-#include "engine/timeline.h"
+#include "engine/base/cuda_check.h"
+#include "engine/base/errors.h"
+#include "engine/base/gpu_spans.h"
+#include "engine/base/timeline.h"
 #include "models/cuda_replica.h"
 #include "models/cudnn_status.h"
 #include "models/output_math.h"

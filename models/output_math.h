@@ -8,7 +8,7 @@
 
 #include <math.h>
 
-#include "engine/host_device.h"
+#include "engine/base/host_device.h"
 
 namespace ddp::models {
 

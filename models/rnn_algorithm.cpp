@@ -1,7 +1,7 @@
 #include <array>
 #include <utility>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 #include "models/cuda_replica.h"
 
 namespace ddp::models {

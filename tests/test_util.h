@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 #include "models/param_layout.h"
 
 namespace ddp::testing {

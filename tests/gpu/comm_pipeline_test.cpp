@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 #include "io/batch_source.h"
 #include "io/synthetic.h"
 #include "tests/gpu/gpu_test_util.h"

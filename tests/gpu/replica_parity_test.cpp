@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/base/errors.h"
 #include "engine/device.h"
-#include "engine/errors.h"
 #include "engine/optimizer.h"
 #include "engine/self_check.h"
 #include "models/cuda_replica.h"

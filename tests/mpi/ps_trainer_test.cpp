@@ -12,9 +12,9 @@
 #include <fstream>
 #include <memory>
 
+#include "engine/base/errors.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
-#include "engine/errors.h"
 #include "engine/topology.h"
 #include "engine/trainer.h"
 #include "io/dataset.h"

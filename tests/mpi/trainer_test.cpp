@@ -9,9 +9,9 @@
 #include <fstream>
 
 #include "comm/communicator.h"
+#include "engine/base/errors.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
-#include "engine/errors.h"
 #include "engine/topology.h"
 #include "engine/trainer.h"
 #include "io/batch_source.h"

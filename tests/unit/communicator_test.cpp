@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace ddp::comm {
 namespace {

@@ -11,9 +11,9 @@
 #include <optional>
 #include <thread>
 
+#include "engine/base/errors.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
-#include "engine/errors.h"
 #include "engine/metrics.h"
 #include "engine/optimizer.h"
 #include "engine/topology.h"

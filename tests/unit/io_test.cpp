@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 #include "io/batch_reader.h"
 #include "io/dataset.h"
 #include "io/hdf5_util.h"

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/errors.h"
-#include "engine/learning_curves.h"
+#include "engine/app/learning_curves.h"
+#include "engine/base/errors.h"
 #include "engine/metrics.h"
 #include "tests/test_util.h"
 

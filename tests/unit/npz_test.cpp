@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 #include "io/hdf5_util.h"
 #include "io/imdb_npz.h"
 #include "io/npz.h"

@@ -1,4 +1,4 @@
-#include "engine/learning_curves.h"
+#include "engine/app/learning_curves.h"
 
 #include <algorithm>
 #include <charconv>
@@ -11,7 +11,7 @@
 #include <string_view>
 #include <system_error>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace ddp::engine {
 namespace {

@@ -5,9 +5,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/cuda_check.h"
-#include "engine/gpu_spans.h"
-#include "engine/timeline.h"
+#include "engine/base/cuda_check.h"
+#include "engine/base/gpu_spans.h"
+#include "engine/base/timeline.h"
 
 namespace ddp::timeline {
 

@@ -1,4 +1,4 @@
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 #include <mpi.h>
 #include <unistd.h>

@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <string>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace ddp {
 

@@ -12,12 +12,13 @@
 
 #include "comm/communicator.h"
 #include "comm/mpi_check.h"
-#include "engine/commands.h"
+#include "engine/app/commands.h"
+#include "engine/app/learning_curves.h"
+#include "engine/base/errors.h"
+#include "engine/base/timeline.h"
 #include "engine/config.h"
-#include "engine/errors.h"
 #include "engine/preemption.h"
 #include "engine/run_directory.h"
-#include "engine/timeline.h"
 #include "engine/topology.h"
 #include "engine/trainer.h"
 #include "engine/watchdog.h"
@@ -116,7 +117,9 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
           "rank " + std::to_string(boot.rank()) + " (" + topology.host + ", " + topology.device + ")");
     });
   }
-  const engine::TrainResult result = engine::train(config, topology, data, MPI_COMM_WORLD, watchdog);
+  const engine::TrainResult result = engine::train(
+      config, topology, data, MPI_COMM_WORLD, watchdog,
+      [](const engine::RunFiles& files) { engine::write_learning_curves(files.metrics(), files.curves()); });
   watchdog.enter("finishing");
   if (!timeline_path.empty()) {
     // Every rank's events go to rank 0, so the trace needs no shared file system.

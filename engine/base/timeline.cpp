@@ -1,4 +1,4 @@
-#include "engine/timeline.h"
+#include "engine/base/timeline.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -11,7 +11,7 @@
 #include <thread>
 #include <utility>
 
-#include "engine/errors.h"
+#include "engine/base/errors.h"
 
 namespace ddp::timeline {
 namespace {

@@ -22,10 +22,10 @@
 
 #include "comm/communicator.h"
 #include "comm/mpi_check.h"
+#include "engine/app/commands.h"
+#include "engine/base/errors.h"
 #include "engine/command_line.h"
-#include "engine/commands.h"
 #include "engine/device.h"
-#include "engine/errors.h"
 #include "engine/optimizer.h"
 #include "engine/self_check.h"
 #include "engine/topology.h"

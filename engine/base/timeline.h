@@ -10,7 +10,7 @@
 //
 // Times are host times. On a GPU, compute is asynchronous: the main thread's spans there are the host's
 // enqueue time, and the GPU's own forward and backward are timed with CUDA events on a "GPU stream" track,
-// NCCL's bucket reductions on an "NCCL stream" track (engine/gpu_spans.h).
+// NCCL's bucket reductions on an "NCCL stream" track (engine/base/gpu_spans.h).
 #pragma once
 
 #include <chrono>

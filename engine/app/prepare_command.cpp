@@ -4,9 +4,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/app/commands.h"
+#include "engine/base/errors.h"
 #include "engine/command_line.h"
-#include "engine/commands.h"
-#include "engine/errors.h"
 #include "engine/metrics.h"
 #include "io/dataset_writer.h"
 #include "io/imdb_npz.h"

@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "engine/app/commands.h"
+#include "engine/base/errors.h"
 #include "engine/checkpoint.h"
 #include "engine/command_line.h"
-#include "engine/commands.h"
 #include "engine/device.h"
-#include "engine/errors.h"
 #include "io/batch_source.h"
 #include "io/dataset.h"
 #include "io/tokenizer.h"
