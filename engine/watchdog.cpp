@@ -20,13 +20,26 @@ void end_the_job(const std::string& reason) {
 }  // namespace
 
 ProgressWatchdog::ProgressWatchdog(double timeout_s, StallHandler on_stall, HealthCheck health)
+    : ProgressWatchdog(timeout_s, std::move(on_stall), std::move(health), Clock::now,
+                       /*watch_in_thread=*/true) {}
+
+std::unique_ptr<ProgressWatchdog> ProgressWatchdog::without_thread(double timeout_s, Now now,
+                                                                   StallHandler on_stall,
+                                                                   HealthCheck health) {
+  return std::unique_ptr<ProgressWatchdog>(
+      new ProgressWatchdog(timeout_s, std::move(on_stall), std::move(health), std::move(now), false));
+}
+
+ProgressWatchdog::ProgressWatchdog(double timeout_s, StallHandler on_stall, HealthCheck health, Now now,
+                                   bool watch_in_thread)
     : timeout_(std::chrono::duration_cast<Clock::duration>(
           std::chrono::duration<double>(std::min(timeout_s, kLongestTimeoutS)))),
       on_stall_(on_stall ? std::move(on_stall) : end_the_job),
-      last_progress_(Clock::now().time_since_epoch().count()),
+      now_(std::move(now)),
+      last_progress_(now_().time_since_epoch().count()),
       health_(std::move(health)) {
   DDP_CHECK(timeout_s > 0);
-  thread_ = std::thread([this] { watch(); });
+  if (watch_in_thread) thread_ = std::thread([this] { watch(); });
 }
 
 ProgressWatchdog::~ProgressWatchdog() {
@@ -35,7 +48,7 @@ ProgressWatchdog::~ProgressWatchdog() {
     stopping_ = true;
   }
   wake_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void ProgressWatchdog::enter(const std::string& phase) {
@@ -51,7 +64,7 @@ void ProgressWatchdog::beat(int64_t global_step) {
 }
 
 void ProgressWatchdog::mark_progress() {
-  last_progress_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  last_progress_.store(now_().time_since_epoch().count(), std::memory_order_relaxed);
 }
 
 void ProgressWatchdog::pause() {
@@ -64,36 +77,47 @@ void ProgressWatchdog::set_health_check(HealthCheck health) {
   health_ = std::move(health);
 }
 
-void ProgressWatchdog::watch() {
-  // Checks ten times per timeout (at most once a second, at least once a millisecond), so a stall is
-  // reported at most 10% late.
-  const auto period =
-      std::clamp<Clock::duration>(timeout_ / 10, std::chrono::milliseconds(1), std::chrono::seconds(1));
-  const char* const consequence = "; ending the job (the last checkpoint stays for --resume auto)";
+bool ProgressWatchdog::check() {
   std::unique_lock<std::mutex> lock(mutex_);
-  while (!wake_.wait_for(lock, period, [this] { return stopping_; })) {
-    if (health_) {
-      if (std::optional<std::string> error = health_()) {
-        lock.unlock();
-        on_stall_(*error + consequence);
-        return;
-      }
-    }
-    if (paused_) continue;
+  return check_locked(lock);
+}
+
+bool ProgressWatchdog::check_locked(std::unique_lock<std::mutex>& lock) {
+  if (stalled_) return false;
+  const char* const consequence = "; ending the job (the last checkpoint stays for --resume auto)";
+  std::optional<std::string> reason;
+  if (health_) {
+    if (std::optional<std::string> error = health_()) reason = *error + consequence;
+  }
+  if (!reason && !paused_) {
     const Clock::time_point last{Clock::duration(last_progress_.load(std::memory_order_relaxed))};
-    const auto silent = Clock::now() - last;
-    if (silent < timeout_) continue;
-    std::ostringstream reason;
-    reason << "no progress for " << std::fixed << std::setprecision(1)
+    const auto silent = now_() - last;
+    if (silent >= timeout_) {
+      std::ostringstream text;
+      text << "no progress for " << std::fixed << std::setprecision(1)
            << std::chrono::duration<double>(silent).count() << " s (comm.timeout_s " << std::defaultfloat
            << std::setprecision(6) << std::chrono::duration<double>(timeout_).count() << ") while " << phase_;
-    if (const int64_t step = last_step_.load(std::memory_order_relaxed); step > 0) {
-      reason << " (steps done: " << step << ")";
+      if (const int64_t step = last_step_.load(std::memory_order_relaxed); step > 0) {
+        text << " (steps done: " << step << ")";
+      }
+      text << ": a rank is hung or lost, this one or one it waits for in a collective" << consequence;
+      reason = text.str();
     }
-    reason << ": a rank is hung or lost, this one or one it waits for in a collective" << consequence;
-    lock.unlock();
-    on_stall_(reason.str());
-    return;
+  }
+  if (!reason) return false;
+  stalled_ = true;
+  lock.unlock();
+  on_stall_(*reason);  // the default handler ends the job and does not return
+  lock.lock();
+  return true;
+}
+
+void ProgressWatchdog::watch() {
+  const auto period =
+      std::clamp<Clock::duration>(timeout_ / 10, std::chrono::milliseconds(1), std::chrono::seconds(1));
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!wake_.wait_for(lock, period, [this] { return stopping_; })) {
+    if (check_locked(lock)) return;
   }
 }
 

@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -30,9 +31,18 @@ class ProgressWatchdog {
   // Asked at every check: an error that dooms the run before the timeout would show it (NCCL's
   // asynchronous error); nothing while all is well.
   using HealthCheck = std::function<std::optional<std::string>()>;
+  using Clock = std::chrono::steady_clock;
+  // Where the watchdog reads the time.
+  using Now = std::function<Clock::time_point()>;
 
-  // Starts watching now, in the phase "starting", as if progress had just been made. `timeout_s` > 0.
+  // Starts watching now, in the phase "starting", as if progress had just been made: a thread of its own
+  // checks ten times per timeout (at most once a second, at least once a millisecond), so a stall is
+  // reported at most 10% late. `timeout_s` > 0.
   ProgressWatchdog(double timeout_s, StallHandler on_stall = {}, HealthCheck health = {});
+  // The same judgement without the thread, on the time `now` gives: checks happen when check() is called.
+  // For tests, which step their own clock.
+  static std::unique_ptr<ProgressWatchdog> without_thread(double timeout_s, Now now, StallHandler on_stall,
+                                                          HealthCheck health = {});
   ~ProgressWatchdog();  // stops watching; the handler is not called after it returns
   ProgressWatchdog(const ProgressWatchdog&) = delete;
   ProgressWatchdog& operator=(const ProgressWatchdog&) = delete;
@@ -50,13 +60,22 @@ class ProgressWatchdog {
   // (so it may refer to a communicator about to be destroyed).
   void set_health_check(HealthCheck health);
 
+  // One check, now: the health check, then (unless paused) the silence since the last progress against the
+  // timeout. Calls the stall handler on the first problem found and returns true; it is called once at most
+  // in the watchdog's life.
+  bool check();
+
  private:
+  ProgressWatchdog(double timeout_s, StallHandler on_stall, HealthCheck health, Now now,
+                   bool watch_in_thread);
   void watch();
+  // check() with mutex_ held by `lock`, which it releases while the handler runs.
+  bool check_locked(std::unique_lock<std::mutex>& lock);
   void mark_progress();
 
-  using Clock = std::chrono::steady_clock;
   const Clock::duration timeout_;
   const StallHandler on_stall_;
+  const Now now_;
   std::atomic<Clock::rep> last_progress_;  // Clock ticks since its epoch
   std::atomic<int64_t> last_step_{0};
   std::mutex mutex_;  // guards the members below; held by the watching thread while it checks
@@ -65,6 +84,7 @@ class ProgressWatchdog {
   std::string phase_ = "starting";
   bool paused_ = false;
   bool stopping_ = false;
+  bool stalled_ = false;  // the handler has been called
   std::thread thread_;
 };
 

@@ -9,7 +9,9 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "engine/base/errors.h"
 #include "engine/checkpoint.h"
@@ -346,46 +348,56 @@ TEST(Optimizer, LazyRowsLeaveUntouchedRowsAlone) {
   }
 }
 
-// The stall handler is called once no beat came for the timeout, with the last step in its message.
+// The watchdog's judgement on a clock the test steps: no test waits for real time to pass.
+class ManualClock {
+ public:
+  ProgressWatchdog::Now now() {
+    return [this] { return time_; };
+  }
+  void advance(double seconds) {
+    time_ +=
+        std::chrono::duration_cast<ProgressWatchdog::Clock::duration>(std::chrono::duration<double>(seconds));
+  }
+
+ private:
+  ProgressWatchdog::Clock::time_point time_{std::chrono::hours(1000)};
+};
+
+// The stall handler is called once no beat came for the timeout, with the last step in its message, and
+// only once.
 TEST(ProgressWatchdog, CallsTheHandlerWhenBeatsStop) {
-  std::mutex mutex;
-  std::condition_variable called;
-  std::string reason;
-  const auto start = std::chrono::steady_clock::now();
-  std::chrono::steady_clock::duration after{};
-  ProgressWatchdog watchdog(0.2, [&](const std::string& why) {
-    std::lock_guard<std::mutex> lock(mutex);
-    reason = why;
-    after = std::chrono::steady_clock::now() - start;
-    called.notify_all();
-  });
-  watchdog.enter("training");
-  watchdog.beat(41);
-  watchdog.beat(42);
-  std::unique_lock<std::mutex> lock(mutex);
-  ASSERT_TRUE(called.wait_for(lock, std::chrono::seconds(10), [&] { return !reason.empty(); }))
-      << "the handler was not called";
-  EXPECT_GE(after, std::chrono::milliseconds(200));
-  EXPECT_NE(reason.find("(comm.timeout_s 0.2) while training (steps done: 42): a rank is hung"),
-            std::string::npos)
-      << reason;
+  ManualClock clock;
+  std::vector<std::string> reasons;
+  auto watchdog = ProgressWatchdog::without_thread(0.2, clock.now(),
+                                                   [&](const std::string& why) { reasons.push_back(why); });
+  watchdog->enter("training");
+  watchdog->beat(41);
+  clock.advance(0.1);
+  watchdog->beat(42);
+  clock.advance(0.19);
+  EXPECT_FALSE(watchdog->check());
+  clock.advance(0.01);
+  EXPECT_TRUE(watchdog->check());
+  clock.advance(1.0);
+  EXPECT_FALSE(watchdog->check());
+  ASSERT_EQ(reasons.size(), 1u);
+  EXPECT_EQ(
+      reasons[0].find("no progress for 0.2 s (comm.timeout_s 0.2) while training (steps done: 42): a rank "
+                      "is hung or lost"),
+      0u)
+      << reasons[0];
 }
 
 // Before the first step (a collective of start-up waiting for a hung rank) the message names the phase.
 TEST(ProgressWatchdog, NamesThePhaseItStalledIn) {
-  std::mutex mutex;
-  std::condition_variable called;
+  ManualClock clock;
   std::string reason;
-  ProgressWatchdog watchdog(0.2, [&](const std::string& why) {
-    std::lock_guard<std::mutex> lock(mutex);
-    reason = why;
-    called.notify_all();
-  });
-  watchdog.enter("reading data.path /frozen/imdb.h5");
-  std::unique_lock<std::mutex> lock(mutex);
-  ASSERT_TRUE(called.wait_for(lock, std::chrono::seconds(10), [&] { return !reason.empty(); }))
-      << "the handler was not called";
-  EXPECT_EQ(reason.find("no progress for "), 0u) << reason;
+  auto watchdog =
+      ProgressWatchdog::without_thread(0.2, clock.now(), [&](const std::string& why) { reason = why; });
+  watchdog->enter("reading data.path /frozen/imdb.h5");
+  clock.advance(0.5);
+  ASSERT_TRUE(watchdog->check());
+  EXPECT_EQ(reason.find("no progress for 0.5 s"), 0u) << reason;
   EXPECT_NE(reason.find(" while reading data.path /frozen/imdb.h5: a rank is hung"), std::string::npos)
       << reason;
   EXPECT_EQ(reason.find("steps done"), std::string::npos) << reason;
@@ -394,89 +406,109 @@ TEST(ProgressWatchdog, NamesThePhaseItStalledIn) {
 // Paused (the parameter server's deadlines hold), it lets any silence pass; the next phase arms it again,
 // with a fresh timeout.
 TEST(ProgressWatchdog, JudgesNothingWhilePausedAndWatchesAgainFromTheNextPhase) {
-  std::atomic<int> calls{0};
+  ManualClock clock;
   std::string reason;
-  std::mutex mutex;
-  ProgressWatchdog watchdog(0.2, [&](const std::string& why) {
-    std::lock_guard<std::mutex> lock(mutex);
-    reason = why;
-    ++calls;
-  });
-  watchdog.pause();
-  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // three timeouts
-  EXPECT_EQ(calls.load(), 0);
-  watchdog.enter("gathering the start-up log");
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // half a timeout since the phase began
-  EXPECT_EQ(calls.load(), 0);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (calls.load() == 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_EQ(calls.load(), 1);
-  std::lock_guard<std::mutex> lock(mutex);
+  auto watchdog =
+      ProgressWatchdog::without_thread(0.2, clock.now(), [&](const std::string& why) { reason = why; });
+  watchdog->pause();
+  clock.advance(60);
+  EXPECT_FALSE(watchdog->check());
+  watchdog->enter("gathering the start-up log");
+  clock.advance(0.1);
+  EXPECT_FALSE(watchdog->check());
+  clock.advance(0.1);
+  ASSERT_TRUE(watchdog->check());
   EXPECT_NE(reason.find("while gathering the start-up log"), std::string::npos) << reason;
 }
 
-// Once set_health_check returns, the old check is neither running nor called again: the trainer clears it
-// before the communicator it asks goes away.
-TEST(ProgressWatchdog, NeverCallsAHealthCheckAfterItIsReplaced) {
-  std::atomic<bool> replaced{false};
-  std::atomic<int> calls_after_replacement{0};
-  std::atomic<int> calls{0};
-  ProgressWatchdog watchdog(0.01, [](const std::string&) {});
-  watchdog.pause();  // only the health check runs, every millisecond
-  watchdog.set_health_check([&]() -> std::optional<std::string> {
-    ++calls;
-    if (replaced) ++calls_after_replacement;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    return std::nullopt;
-  });
-  while (calls.load() < 5) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  watchdog.set_health_check({});
-  replaced = true;
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(calls_after_replacement.load(), 0);
-}
-
-// Beats that keep coming, each within the timeout, keep it quiet however long the run; so does its end.
-TEST(ProgressWatchdog, StaysQuietWhileBeatsComeAndAfterItEnds) {
-  std::atomic<int> calls{0};
-  {
-    ProgressWatchdog watchdog(1.0, [&](const std::string&) { ++calls; });
-    for (int step = 0; step < 30; ++step) {  // 1.5 s of beats, 50 ms apart
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      watchdog.beat(step);
-    }
+// Beats that keep coming, each within the timeout, keep it quiet however long the run.
+TEST(ProgressWatchdog, StaysQuietWhileBeatsCome) {
+  ManualClock clock;
+  int calls = 0;
+  auto watchdog = ProgressWatchdog::without_thread(1.0, clock.now(), [&](const std::string&) { ++calls; });
+  for (int step = 1; step <= 1000; ++step) {  // 900 s of beats, 0.9 s apart
+    clock.advance(0.9);
+    EXPECT_FALSE(watchdog->check());
+    watchdog->beat(step);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  EXPECT_EQ(calls.load(), 0);
+  EXPECT_EQ(calls, 0);
 }
 
 // An error the health check reports ends the run at the next check, long before the timeout, even while
 // beats keep coming.
 TEST(ProgressWatchdog, EndsAtOnceOnAnErrorTheHealthCheckReports) {
-  std::mutex mutex;
-  std::condition_variable called;
+  ManualClock clock;
   std::string reason;
-  std::atomic<bool> broken{false};
-  ProgressWatchdog watchdog(
-      60.0,
-      [&](const std::string& why) {
-        std::lock_guard<std::mutex> lock(mutex);
-        reason = why;
-        called.notify_all();
-      },
+  bool broken = false;
+  auto watchdog = ProgressWatchdog::without_thread(
+      60.0, clock.now(), [&](const std::string& why) { reason = why; },
       [&]() -> std::optional<std::string> {
         if (broken) return std::string("NCCL asynchronous error: remote process exited");
         return std::nullopt;
       });
-  watchdog.beat(7);
+  watchdog->beat(7);
+  EXPECT_FALSE(watchdog->check());
   broken = true;
-  std::unique_lock<std::mutex> lock(mutex);
-  // Checks come every second here (the lesser of 1 s and a tenth of the timeout).
-  ASSERT_TRUE(called.wait_for(lock, std::chrono::seconds(10), [&] { return !reason.empty(); }))
-      << "the handler was not called";
+  watchdog->beat(8);
+  ASSERT_TRUE(watchdog->check());
   EXPECT_EQ(reason.find("NCCL asynchronous error: remote process exited; ending the job"), 0u) << reason;
+}
+
+// Once set_health_check returns, the old check is neither running nor called again: the trainer clears it
+// before the communicator it asks goes away. A check in progress holds the replacement back until it ends.
+TEST(ProgressWatchdog, NeverCallsAHealthCheckAfterItIsReplaced) {
+  ManualClock clock;
+  auto watchdog = ProgressWatchdog::without_thread(1.0, clock.now(), [](const std::string&) {});
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool inside = false;
+  bool release = false;
+  std::atomic<bool> replaced{false};
+  int calls_after_replacement = 0;
+  watchdog->set_health_check([&]() -> std::optional<std::string> {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (replaced) ++calls_after_replacement;
+    inside = true;
+    changed.notify_all();
+    changed.wait(lock, [&] { return release; });
+    if (replaced) ++calls_after_replacement;
+    return std::nullopt;
+  });
+  std::thread checking([&] { watchdog->check(); });
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    changed.wait(lock, [&] { return inside; });
+  }
+  std::thread replacing([&] {
+    watchdog->set_health_check({});
+    replaced = true;
+  });
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    release = true;
+  }
+  changed.notify_all();
+  checking.join();
+  replacing.join();
+  EXPECT_FALSE(watchdog->check());
+  EXPECT_EQ(calls_after_replacement, 0);
+}
+
+// The real thing: its own thread notices the silence (here a millisecond) without anyone calling check().
+TEST(ProgressWatchdog, ItsThreadCallsTheHandler) {
+  std::mutex mutex;
+  std::condition_variable called;
+  std::string reason;
+  ProgressWatchdog watchdog(0.001, [&](const std::string& why) {
+    std::lock_guard<std::mutex> lock(mutex);
+    reason = why;
+    called.notify_all();
+  });
+  watchdog.enter("training");
+  std::unique_lock<std::mutex> lock(mutex);
+  ASSERT_TRUE(called.wait_for(lock, std::chrono::seconds(30), [&] { return !reason.empty(); }))
+      << "the handler was not called";
+  EXPECT_NE(reason.find("while training"), std::string::npos) << reason;
 }
 
 // The hint names a binding that leaves cores idle: one rank bound to one core of two (Open MPI's default for

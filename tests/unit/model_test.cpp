@@ -518,7 +518,6 @@ Batch order_task_batch(int vocab, int batch, int seq, std::mt19937_64& rng) {
 }
 
 TEST(CpuReplica, LearnsAToyTask) {
-  const auto start = std::chrono::steady_clock::now();
   const ModelShape shape{8, 8, 16, 1};
   const int batch_size = 16;
   const int seq = 10;
@@ -559,8 +558,6 @@ TEST(CpuReplica, LearnsAToyTask) {
   }
   const double after = held_out_loss();
   EXPECT_LT(after, 0.5 * before) << "before " << before << ", after " << after;
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_LT(seconds, 2.0);
 }
 
 }  // namespace
