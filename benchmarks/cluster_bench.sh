@@ -80,7 +80,7 @@ run_args() {  # layout, run dir, steps
   echo "$args"
 }
 
-step_ms_of() { grep -o '"step_time_ms": [0-9.]*' "$1/metrics.jsonl" | tail -n 1 | awk '{ print $2 }'; }
+step_ms_of() { python3 "$src/tests/json_field.py" "$1/metrics.jsonl" step_time_ms | tail -n 1; }
 
 total_tx() {
   local node sum=0 tx

@@ -2,11 +2,11 @@
 // point-to-point, every wait a poll against a deadline.
 #include "comm/parameter_server.h"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstring>
-#include <sstream>
 
 #include "comm/mpi_check.h"
 #include "comm/poller.h"
@@ -25,10 +25,9 @@ double seconds_since(Clock::time_point start, Clock::time_point now) {
   return std::chrono::duration<double>(now - start).count();
 }
 
+// As the config writes it: 0.5, 30, 1e-05.
 std::string format_seconds(double seconds) {
-  std::ostringstream out;
-  out << seconds;
-  return out.str();
+  return fmt::format("{}", seconds);
 }
 
 std::string kind_name(int64_t kind) {

@@ -2,74 +2,74 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
 #include "engine/base/errors.h"
+#include "engine/base/json.h"
+#include "engine/base/progress.h"
 
 namespace ddp::engine {
 namespace {
 
-std::string printf_string(const char* format, auto... args) {
-  char buffer[512];
-  std::snprintf(buffer, sizeof(buffer), format, args...);
-  return buffer;
-}
+using progress::seconds_text;
 
 constexpr std::chrono::seconds kAutoLineInterval{10};
-
-std::string seconds_text(double s) {
-  return s < 100 ? printf_string("%.1fs", s) : printf_string("%.0fs", s);
-}
 
 }  // namespace
 
 std::string format_epoch_line(const EpochMetrics& m) {
   const std::string resumed =
-      m.steps_run > 0 && m.steps_run < m.steps
-          ? printf_string(" (%lld after resuming)", static_cast<long long>(m.steps_run))
-          : "";
-  const char* held_out = m.held_out.c_str();
-  return printf_string(
-      "Epoch %lld/%lld - %lld steps%s - %s - %.2fms/step - loss: %.4f - acc: %.4f - %s_loss: %.4f - "
-      "%s_acc: %.4f",
-      static_cast<long long>(m.epoch), static_cast<long long>(m.epochs), static_cast<long long>(m.steps),
-      resumed.c_str(), seconds_text(m.epoch_time_s).c_str(), m.step_time_ms, m.loss, m.acc, held_out,
-      m.val_loss, held_out, m.val_acc);
+      m.steps_run > 0 && m.steps_run < m.steps ? fmt::format(" ({} after resuming)", m.steps_run) : "";
+  return fmt::format(
+      "Epoch {}/{} - {} steps{} - {} - {:.2f}ms/step - loss: {:.4f} - acc: {:.4f} - {}_loss: {:.4f} - "
+      "{}_acc: {:.4f}",
+      m.epoch, m.epochs, m.steps, resumed, seconds_text(m.epoch_time_s), m.step_time_ms, m.loss, m.acc,
+      m.held_out, m.val_loss, m.held_out, m.val_acc);
 }
 
 std::string to_json(const EpochMetrics& m) {
-  const std::string gpu = m.gpu_util < 0 ? std::string()
-                                         : printf_string(", \"gpu_util\": %.1f, \"gpu_mem_mib\": %.0f",
-                                                         m.gpu_util, m.gpu_mem_mib);
-  const char* held_out = m.held_out.c_str();
-  return printf_string(
-      "{\"run_id\": \"%s\", \"time\": \"%s\", \"epoch\": %lld, \"epochs\": %lld, \"steps\": %lld, "
-      "\"steps_run\": %lld, \"loss\": %.6f, \"acc\": %.6f, \"%s_loss\": %.6f, \"%s_acc\": %.6f, "
-      "\"epoch_time_s\": %.4f, \"train_time_s\": %.4f, \"eval_time_s\": %.4f, \"step_time_ms\": %.4f, "
-      "\"samples_per_s\": %.1f, \"data_wait_s\": %.4f, \"world_size\": %d, \"workers\": %d, "
-      "\"backend\": \"%s\", \"device\": \"%s\"%s}",
-      m.run_id.c_str(), m.time.c_str(), static_cast<long long>(m.epoch), static_cast<long long>(m.epochs),
-      static_cast<long long>(m.steps), static_cast<long long>(m.steps_run), m.loss, m.acc, held_out,
-      m.val_loss, held_out, m.val_acc, m.epoch_time_s, m.train_time_s, m.eval_time_s, m.step_time_ms,
-      m.samples_per_s, m.data_wait_s, m.world_size, m.workers, m.backend.c_str(), m.device.c_str(),
-      gpu.c_str());
+  json::Object line{{"run_id", m.run_id}, {"time", m.time},   {"epoch", m.epoch},
+                    {"epochs", m.epochs}, {"steps", m.steps}, {"steps_run", m.steps_run}};
+  json::put_number(line, "loss", m.loss);
+  json::put_number(line, "acc", m.acc);
+  json::put_number(line, m.held_out + "_loss", m.val_loss);
+  json::put_number(line, m.held_out + "_acc", m.val_acc);
+  json::put_number(line, "epoch_time_s", m.epoch_time_s);
+  json::put_number(line, "train_time_s", m.train_time_s);
+  json::put_number(line, "eval_time_s", m.eval_time_s);
+  json::put_number(line, "step_time_ms", m.step_time_ms);
+  json::put_number(line, "samples_per_s", m.samples_per_s);
+  json::put_number(line, "data_wait_s", m.data_wait_s);
+  line["world_size"] = m.world_size;
+  line["workers"] = m.workers;
+  line["backend"] = m.backend;
+  line["device"] = m.device;
+  if (m.gpu_util >= 0) {
+    json::put_number(line, "gpu_util", m.gpu_util);
+    json::put_number(line, "gpu_mem_mib", m.gpu_mem_mib);
+  }
+  return line.dump();
 }
 
 std::string format_test_line(const TestMetrics& m) {
-  return printf_string("Test (best.h5, epoch %lld) - test_loss: %.4f - test_acc: %.4f (%lld samples)",
-                       static_cast<long long>(m.best_epoch), m.test_loss, m.test_acc,
-                       static_cast<long long>(m.samples));
+  return fmt::format("Test (best.h5, epoch {}) - test_loss: {:.4f} - test_acc: {:.4f} ({} samples)",
+                     m.best_epoch, m.test_loss, m.test_acc, m.samples);
 }
 
 std::string to_json(const TestMetrics& m) {
-  return printf_string(
-      "{\"run_id\": \"%s\", \"time\": \"%s\", \"event\": \"test\", \"checkpoint\": \"best.h5\", "
-      "\"best_epoch\": %lld, \"test_loss\": %.6f, \"test_acc\": %.6f, \"samples\": %lld}",
-      m.run_id.c_str(), m.time.c_str(), static_cast<long long>(m.best_epoch), m.test_loss, m.test_acc,
-      static_cast<long long>(m.samples));
+  json::Object line{{"run_id", m.run_id},
+                    {"time", m.time},
+                    {"event", "test"},
+                    {"checkpoint", "best.h5"},
+                    {"best_epoch", m.best_epoch}};
+  json::put_number(line, "test_loss", m.test_loss);
+  json::put_number(line, "test_acc", m.test_acc);
+  line["samples"] = m.samples;
+  return line.dump();
 }
 
 void append_line(const std::string& path, const std::string& line) {
@@ -111,22 +111,17 @@ void Progress::update(int64_t step, double loss, double acc) {
   const double elapsed = std::chrono::duration<double>(now - start_).count();
   if (live_) {
     last_draw_ = now;
-    constexpr int kWidth = 30;
-    const int filled = total_ > 0 ? static_cast<int>(kWidth * step / total_) : kWidth;
-    std::string bar(static_cast<std::size_t>(filled), '=');
-    if (filled < kWidth) bar += '>' + std::string(static_cast<std::size_t>(kWidth - filled - 1), '.');
+    const double done = total_ > 0 ? static_cast<double>(step) / static_cast<double>(total_) : 1.0;
     const double eta =
         step > 0 ? elapsed * static_cast<double>(total_ - step) / static_cast<double>(step) : 0;
-    std::printf("\rEpoch %lld/%lld %lld/%lld [%s] - ETA: %s - loss: %.4f - acc: %.4f\033[K",
-                static_cast<long long>(epoch_), static_cast<long long>(epochs_), static_cast<long long>(step),
-                static_cast<long long>(total_), bar.c_str(), seconds_text(eta).c_str(), loss, acc);
+    fmt::print("\rEpoch {}/{} {}/{} {} - ETA: {} - loss: {:.4f} - acc: {:.4f}\033[K", epoch_, epochs_, step,
+               total_, progress::bar(done), seconds_text(eta), loss, acc);
     std::fflush(stdout);
     drawn_ = true;
   } else {
     last_draw_ = now;
-    std::printf("Epoch %lld/%lld - step %lld/%lld - %s - loss: %.4f - acc: %.4f\n",
-                static_cast<long long>(epoch_), static_cast<long long>(epochs_), static_cast<long long>(step),
-                static_cast<long long>(total_), seconds_text(elapsed).c_str(), loss, acc);
+    fmt::print("Epoch {}/{} - step {}/{} - {} - loss: {:.4f} - acc: {:.4f}\n", epoch_, epochs_, step, total_,
+               seconds_text(elapsed), loss, acc);
     std::fflush(stdout);
   }
 }

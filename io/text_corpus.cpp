@@ -1,5 +1,6 @@
 #include "io/text_corpus.h"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "engine/base/errors.h"
+#include "engine/base/progress.h"
 #include "io/batch_reader.h"
 #include "io/dataset_writer.h"
 #include "io/mix.h"
@@ -159,31 +161,16 @@ void read_files(int worker, const std::vector<InputFile>& files, int maxlen, Wor
   state.finished.notify_all();
 }
 
-std::string format_seconds(double seconds) {
-  char text[32];
-  if (seconds < 60) {
-    std::snprintf(text, sizeof(text), "%.0fs", seconds);
-  } else {
-    std::snprintf(text, sizeof(text), "%dm%02ds", static_cast<int>(seconds / 60),
-                  static_cast<int>(seconds) % 60);
-  }
-  return text;
-}
-
-// One line on stderr, redrawn with '\r': files done/total, a bar, files/s and the time left.
+// One line on stderr, redrawn with '\r': files done/total, the bar, files/s and the time left.
 void draw_progress(size_t done, size_t total, double elapsed, bool final) {
-  constexpr int kWidth = 30;
   const double fraction = total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 1.0;
-  const int filled = static_cast<int>(fraction * kWidth);
   const double rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0.0;
   const std::string when =
-      final
-          ? "in " + format_seconds(elapsed)
-          : "ETA " + (rate > 0 ? format_seconds(static_cast<double>(total - done) / rate) : std::string("?"));
-  std::fprintf(stderr, "\rreading %zu/%zu files [%s%s] %3.0f%% %.0f files/s %s   ", done, total,
-               std::string(static_cast<size_t>(filled), '=').c_str(),
-               std::string(static_cast<size_t>(kWidth - filled), ' ').c_str(), 100.0 * fraction, rate,
-               when.c_str());
+      final ? "in " + progress::seconds_text(elapsed)
+            : "ETA " + (rate > 0 ? progress::seconds_text(static_cast<double>(total - done) / rate)
+                                 : std::string("?"));
+  fmt::print(stderr, "\rreading {}/{} files {} {:3.0f}% {:.0f} files/s {}   ", done, total,
+             progress::bar(fraction), 100.0 * fraction, rate, when);
   if (final) std::fputc('\n', stderr);
   std::fflush(stderr);
 }

@@ -17,7 +17,7 @@ cuda=${DDPTRAIN_CUDA:-AUTO}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
 packages=(build-essential cmake clang-format git libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libboost-program-options-dev
-  libopenblas-dev libgtest-dev zlib1g-dev python3-numpy python3-h5py slurm-wlm shellcheck)
+  libopenblas-dev libgtest-dev zlib1g-dev nlohmann-json3-dev libfmt-dev python3-numpy python3-h5py slurm-wlm shellcheck)
 
 install_missing() {
   local missing=()

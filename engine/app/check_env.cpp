@@ -4,6 +4,7 @@
 #include <hdf5.h>
 #include <mpi.h>
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
@@ -24,6 +25,7 @@
 #include "comm/mpi_check.h"
 #include "engine/app/commands.h"
 #include "engine/base/errors.h"
+#include "engine/base/json.h"
 #include "engine/command_line.h"
 #include "engine/device.h"
 #include "engine/optimizer.h"
@@ -38,6 +40,13 @@
 namespace po = boost::program_options;
 
 namespace ddp::engine {
+
+// The facts of device.h and topology.h that check-env sends to rank 0.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(GpuInfo, index, name, pci_bus_id, total_memory_bytes, compute_major,
+                                   compute_minor)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(GpuSoftwareVersions, driver, cuda_runtime, cudnn, nccl)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CoreCount, online, allowed)
+
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -244,145 +253,26 @@ struct RankFacts {
   std::string nccl_check;  // SelfCheckReport::summary()
 };
 
-// Values travel as "key=value" lines; fields of a GPU are separated by the ASCII unit separator.
-constexpr char kUnit = '\x1f';
-
-std::string one_line(std::string text) {
-  for (char& c : text) {
-    if (c == '\n' || c == '\r' || c == kUnit) c = ' ';
-  }
-  return text;
+// Facts travel to rank 0 as JSON (a GPU name or a CUDA error text may hold any character).
+void to_json(nlohmann::json& out, const SmokeResult& s) {
+  out = {{"ok", s.ok}, {"device", s.device}, {"error", s.error}};
+  json::put_number(out, "loss", s.loss);
+  json::put_number(out, "cpu_loss", s.cpu_loss);
+  json::put_number(out, "millis", s.millis);
 }
-
-std::string number_text(double value) {
-  std::ostringstream out;
-  out.precision(17);
-  out << value;
-  return out.str();
+void from_json(const nlohmann::json& in, SmokeResult& s) {
+  s.ok = in.at("ok").get<bool>();
+  s.device = in.at("device").get<std::string>();
+  s.error = in.at("error").get<std::string>();
+  s.loss = json::number_at(in, "loss");
+  s.cpu_loss = json::number_at(in, "cpu_loss");
+  s.millis = json::number_at(in, "millis");
 }
-
-double text_number(const std::string& text) {
-  try {
-    return std::stod(text);
-  } catch (const std::exception&) {
-    return kNaN;  // "nan" is read by stod; anything else means the value was missing
-  }
-}
-
-std::string encode(const RankFacts& f) {
-  std::string out;
-  const auto put = [&out](const std::string& key, const std::string& value) {
-    out += key + "=" + one_line(value) + "\n";
-  };
-  put("rank", std::to_string(f.rank));
-  put("local_rank", std::to_string(f.local_rank));
-  put("host", f.host);
-  put("visible", f.visible_devices);
-  put("device", f.device);
-  put("device_reason", f.device_reason);
-  put("device_detail", f.device_detail);
-  put("bound_gpu", f.bound_gpu);
-  put("cuda_built", f.cuda_built ? "1" : "0");
-  put("gpus_probed", f.gpus_probed ? "1" : "0");
-  put("why_no_gpu", f.why_no_gpu);
-  put("why_no_gpu_brief", f.why_no_gpu_brief);
-  for (const GpuInfo& g : f.gpus) {
-    put("gpu", std::to_string(g.index) + kUnit + one_line(g.name) + kUnit + one_line(g.pci_bus_id) + kUnit +
-                   std::to_string(g.total_memory_bytes) + kUnit + std::to_string(g.compute_major) + kUnit +
-                   std::to_string(g.compute_minor));
-  }
-  for (const std::string& row : f.peer_rows) put("peer", row);
-  put("driver", f.versions.driver);
-  put("cuda_runtime", f.versions.cuda_runtime);
-  put("cudnn", f.versions.cudnn);
-  put("nccl", f.versions.nccl);
-  put("mpi", f.mpi);
-  put("hdf5", f.hdf5);
-  put("blas", f.blas);
-  put("cores_online", std::to_string(f.cores.online));
-  put("cores_allowed", std::to_string(f.cores.allowed));
-  put("cores_hint", f.cores_hint);
-  put("smoke_ok", f.smoke.ok ? "1" : "0");
-  put("smoke_device", f.smoke.device);
-  put("smoke_loss", number_text(f.smoke.loss));
-  put("smoke_cpu_loss", number_text(f.smoke.cpu_loss));
-  put("smoke_ms", number_text(f.smoke.millis));
-  put("smoke_error", f.smoke.error);
-  put("self_check_ran", f.self_check_ran ? "1" : "0");
-  put("self_check_ok", f.self_check_ok ? "1" : "0");
-  put("self_check", f.self_check);
-  put("nccl_check_ran", f.nccl_check_ran ? "1" : "0");
-  put("nccl_check_ok", f.nccl_check_ok ? "1" : "0");
-  put("nccl_check", f.nccl_check);
-  return out;
-}
-
-std::vector<std::string> split(const std::string& text, char separator) {
-  std::vector<std::string> parts;
-  std::string part;
-  std::istringstream in(text);
-  while (std::getline(in, part, separator)) parts.push_back(part);
-  if (!text.empty() && text.back() == separator) parts.emplace_back();
-  return parts;
-}
-
-RankFacts decode(const std::string& text) {
-  RankFacts f;
-  std::map<std::string, std::string> values;
-  for (const std::string& line : split(text, '\n')) {
-    const std::size_t eq = line.find('=');
-    if (eq == std::string::npos) continue;
-    const std::string key = line.substr(0, eq);
-    const std::string value = line.substr(eq + 1);
-    if (key == "gpu") {
-      const std::vector<std::string> parts = split(value, kUnit);
-      if (parts.size() != 6) continue;
-      GpuInfo g;
-      g.index = std::atoi(parts[0].c_str());
-      g.name = parts[1];
-      g.pci_bus_id = parts[2];
-      g.total_memory_bytes = std::strtoull(parts[3].c_str(), nullptr, 10);
-      g.compute_major = std::atoi(parts[4].c_str());
-      g.compute_minor = std::atoi(parts[5].c_str());
-      f.gpus.push_back(g);
-    } else if (key == "peer") {
-      f.peer_rows.push_back(value);
-    } else {
-      values[key] = value;
-    }
-  }
-  f.rank = std::atoi(values["rank"].c_str());
-  f.local_rank = std::atoi(values["local_rank"].c_str());
-  f.host = values["host"];
-  f.visible_devices = values["visible"];
-  f.device = values["device"];
-  f.device_reason = values["device_reason"];
-  f.device_detail = values["device_detail"];
-  f.bound_gpu = values["bound_gpu"];
-  f.cuda_built = values["cuda_built"] == "1";
-  f.gpus_probed = values["gpus_probed"] == "1";
-  f.why_no_gpu = values["why_no_gpu"];
-  f.why_no_gpu_brief = values["why_no_gpu_brief"];
-  f.versions = {values["driver"], values["cuda_runtime"], values["cudnn"], values["nccl"]};
-  f.mpi = values["mpi"];
-  f.hdf5 = values["hdf5"];
-  f.blas = values["blas"];
-  f.cores = {std::atoi(values["cores_online"].c_str()), std::atoi(values["cores_allowed"].c_str())};
-  f.cores_hint = values["cores_hint"];
-  f.smoke.ok = values["smoke_ok"] == "1";
-  f.smoke.device = values["smoke_device"];
-  f.smoke.loss = text_number(values["smoke_loss"]);
-  f.smoke.cpu_loss = text_number(values["smoke_cpu_loss"]);
-  f.smoke.millis = text_number(values["smoke_ms"]);
-  f.smoke.error = values["smoke_error"];
-  f.self_check_ran = values["self_check_ran"] == "1";
-  f.self_check_ok = values["self_check_ok"] == "1";
-  f.self_check = values["self_check"];
-  f.nccl_check_ran = values["nccl_check_ran"] == "1";
-  f.nccl_check_ok = values["nccl_check_ok"] == "1";
-  f.nccl_check = values["nccl_check"];
-  return f;
-}
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RankFacts, rank, local_rank, host, visible_devices, device, device_reason,
+                                   device_detail, bound_gpu, cuda_built, gpus_probed, why_no_gpu,
+                                   why_no_gpu_brief, gpus, peer_rows, versions, mpi, hdf5, blas, cores,
+                                   cores_hint, smoke, self_check_ran, self_check_ok, self_check,
+                                   nccl_check_ran, nccl_check_ok, nccl_check)
 
 // --- Gathering ---------------------------------------------------------------------------------------
 
@@ -467,23 +357,17 @@ RankFacts gather_facts(const std::string& device_request) {
 
 // --- The report ----------------------------------------------------------------------------------------
 
-std::string fixed(double value, int decimals) {
-  char text[64];
-  std::snprintf(text, sizeof(text), "%.*f", decimals, value);
-  return text;
-}
-
 std::string gpu_line(const GpuInfo& g) {
   const double mib = static_cast<double>(g.total_memory_bytes) / (1024.0 * 1024.0);
-  return g.name + ", " + fixed(mib, 0) + " MiB, compute " + std::to_string(g.compute_major) + "." +
-         std::to_string(g.compute_minor) + ", bus " + (g.pci_bus_id.empty() ? "unknown" : g.pci_bus_id);
+  return g.name + ", " + fmt::format("{:.0f}", mib) + " MiB, compute " + std::to_string(g.compute_major) +
+         "." + std::to_string(g.compute_minor) + ", bus " + (g.pci_bus_id.empty() ? "unknown" : g.pci_bus_id);
 }
 
 std::string smoke_line(const SmokeResult& s) {
   if (!s.ok) return "FAILED on " + s.device + ": " + s.error;
-  std::string line = "OK on " + s.device + ": loss " + fixed(s.loss, 6);
-  if (std::isfinite(s.cpu_loss)) line += " (CPU replica " + fixed(s.cpu_loss, 6) + ")";
-  return line + ", gradients finite and non-zero, " + fixed(s.millis, 1) + " ms";
+  std::string line = "OK on " + s.device + ": loss " + fmt::format("{:.6f}", s.loss);
+  if (std::isfinite(s.cpu_loss)) line += " (CPU replica " + fmt::format("{:.6f}", s.cpu_loss) + ")";
+  return line + ", gradients finite and non-zero, " + fmt::format("{:.1f}", s.millis) + " ms";
 }
 
 // Prints one node's report; returns its problems (empty: OK).
@@ -650,11 +534,11 @@ int check_env_command(const std::vector<std::string>& args) {
   if (!run) return kExitOk;
 
   const RankFacts mine = gather_facts(device);
-  const std::vector<std::string> texts = comm->gather(encode(mine), 0);
+  const std::vector<std::string> texts = comm->gather(nlohmann::json(mine).dump(), 0);
   std::vector<double> problem{0};
   if (comm->rank() == 0) {
     std::vector<RankFacts> all;
-    for (const std::string& text : texts) all.push_back(decode(text));
+    for (const std::string& text : texts) all.push_back(nlohmann::json::parse(text).get<RankFacts>());
     problem[0] = report(all, device, verbose) ? 1 : 0;
   }
   comm->broadcast(problem, 0);

@@ -1,128 +1,26 @@
 #include "engine/app/learning_curves.h"
 
+#include <fmt/format.h>
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <optional>
-#include <string_view>
 #include <system_error>
 
 #include "engine/base/errors.h"
+#include "engine/base/json.h"
 
 namespace ddp::engine {
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// --- Reading metrics.jsonl ---------------------------------------------------------------------------
-
-// A parser for one flat JSON object, just enough for the lines metrics.cpp writes: string keys, values
-// that are numbers, strings, true, false or null. It also takes nan and inf, which printf writes for a
-// diverged loss. Nested objects and arrays make the line unparsable.
-class FlatJsonParser {
- public:
-  explicit FlatJsonParser(std::string_view text) : text_(text) {}
-
-  struct Members {
-    std::map<std::string, double> numbers;
-    std::map<std::string, std::string> strings;
-  };
-
-  // The numeric and string members, or nothing when the line is not such an object.
-  std::optional<Members> parse() {
-    Members members;
-    skip_space();
-    if (!consume('{')) return std::nullopt;
-    skip_space();
-    if (!consume('}')) {
-      while (true) {
-        std::string key;
-        skip_space();
-        if (!parse_string(&key)) return std::nullopt;
-        skip_space();
-        if (!consume(':')) return std::nullopt;
-        skip_space();
-        std::optional<double> number;
-        std::optional<std::string> text;
-        if (!parse_value(&number, &text)) return std::nullopt;
-        if (number) members.numbers[key] = *number;
-        if (text) members.strings[key] = *text;
-        skip_space();
-        if (consume('}')) break;
-        if (!consume(',')) return std::nullopt;
-      }
-    }
-    skip_space();
-    if (pos_ != text_.size()) return std::nullopt;
-    return members;
-  }
-
- private:
-  void skip_space() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\r')) ++pos_;
-  }
-  bool consume(char c) {
-    if (pos_ >= text_.size() || text_[pos_] != c) return false;
-    ++pos_;
-    return true;
-  }
-  bool consume_word(std::string_view word) {
-    if (text_.substr(pos_, word.size()) != word) return false;
-    pos_ += word.size();
-    return true;
-  }
-  // Keys are plain names; an escape is kept as its two characters, which is enough to skip it.
-  bool parse_string(std::string* out) {
-    if (!consume('"')) return false;
-    while (pos_ < text_.size() && text_[pos_] != '"') {
-      if (text_[pos_] == '\\') {
-        if (pos_ + 1 >= text_.size()) return false;
-        out->push_back(text_[pos_++]);
-      }
-      out->push_back(text_[pos_++]);
-    }
-    return consume('"');
-  }
-  bool parse_value(std::optional<double>* number, std::optional<std::string>* text) {
-    if (pos_ >= text_.size()) return false;
-    const char c = text_[pos_];
-    if (c == '"') {
-      std::string value;
-      if (!parse_string(&value)) return false;
-      *text = std::move(value);
-      return true;
-    }
-    if (consume_word("true") || consume_word("false") || consume_word("null")) return true;
-    // from_chars: locale-independent, and it reads nan, -nan and inf as printf writes them.
-    double value = 0;
-    const char* begin = text_.data() + pos_;
-    const auto [end, error] = std::from_chars(begin, text_.data() + text_.size(), value);
-    if (error != std::errc() || end == begin) return false;
-    pos_ += static_cast<std::size_t>(end - begin);
-    *number = value;
-    return true;
-  }
-
-  std::string_view text_;
-  std::size_t pos_ = 0;
-};
-
-double member(const std::map<std::string, double>& numbers, const std::string& key) {
-  const auto it = numbers.find(key);
-  return it != numbers.end() ? it->second : kNaN;
-}
-
 // --- Drawing -------------------------------------------------------------------------------------------
 
+// SVG numbers: fixed-point, never in the locale's format (fmt ignores the locale unless asked).
 std::string fixed(double value, int decimals) {
-  char buffer[64];
-  const auto result =
-      std::to_chars(buffer, buffer + sizeof(buffer), value, std::chars_format::fixed, decimals);
-  return result.ec == std::errc() ? std::string(buffer, result.ptr) : std::string("0");
+  return fmt::format("{:.{}f}", value, decimals);
 }
 
 // The decimals that show every multiple of `step` exactly (0.25 -> 2).
@@ -318,23 +216,22 @@ std::vector<EpochCurvePoint> read_learning_curves(const std::string& metrics_jso
   std::map<int64_t, EpochCurvePoint> by_epoch;
   std::string run_id;
   for (std::string line; std::getline(in, line);) {
-    const auto members = FlatJsonParser(line).parse();
-    if (!members) continue;
-    const double epoch = member(members->numbers, "epoch");
-    // An epoch number must be a whole number in a sane range, or the line is not one of ours.
-    if (!std::isfinite(epoch) || epoch != std::floor(epoch) || std::abs(epoch) > 1e15) continue;
-    const auto id = members->strings.find("run_id");
-    const std::string line_run = id != members->strings.end() ? id->second : "";
+    const nlohmann::json members = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!members.is_object()) continue;  // a half-written last line, say
+    const auto epoch = members.find("epoch");
+    if (epoch == members.end() || !epoch->is_number_integer()) continue;  // the test line, or not ours
+    const auto id = members.find("run_id");
+    const std::string line_run = id != members.end() && id->is_string() ? id->get<std::string>() : "";
     if (line_run != run_id) by_epoch.clear();
     run_id = line_run;
     EpochCurvePoint point;
-    point.epoch = static_cast<int64_t>(epoch);
-    point.loss = member(members->numbers, "loss");
-    point.acc = member(members->numbers, "acc");
+    point.epoch = epoch->get<int64_t>();
+    point.loss = json::number_at(members, "loss");
+    point.acc = json::number_at(members, "acc");
     // data.validation = test names the held-out numbers test_*.
-    const bool on_test = !members->numbers.count("val_loss") && members->numbers.count("test_loss");
-    point.val_loss = member(members->numbers, on_test ? "test_loss" : "val_loss");
-    point.val_acc = member(members->numbers, on_test ? "test_acc" : "val_acc");
+    const bool on_test = !members.contains("val_loss") && members.contains("test_loss");
+    point.val_loss = json::number_at(members, on_test ? "test_loss" : "val_loss");
+    point.val_acc = json::number_at(members, on_test ? "test_acc" : "val_acc");
     by_epoch[point.epoch] = point;
   }
   if (in.bad()) throw UserError(metrics_jsonl + ": read error");

@@ -20,9 +20,10 @@ struct EpochCurvePoint {
 
 // The epochs of a metrics.jsonl in increasing order. A resumed run may write an epoch twice: the last line
 // for an epoch wins. Only the last run's lines count (by "run_id"; a line of another run starts afresh).
-// Held-out numbers are val_loss/val_acc, or test_loss/test_acc in a run validated on its test split. Lines
-// that do not parse as a flat JSON object with an integer "epoch" (a half-written last line, say) are
-// skipped. Throws UserError naming the file when it cannot be read.
+// Held-out numbers are val_loss/val_acc, or test_loss/test_acc in a run validated on its test split; a
+// value written as null for a diverged run (engine/base/json.h) reads as NaN or infinity. Lines that are
+// not a JSON object with an integer "epoch" (a half-written last line, the test line) are skipped. Throws
+// UserError naming the file when it cannot be read.
 std::vector<EpochCurvePoint> read_learning_curves(const std::string& metrics_jsonl);
 
 // Axis ticks for [lo, hi] (lo < hi): 4 to 6 "nice" values (1, 2, 5, 2.5 ... times a power of ten) inside

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "engine/base/errors.h"
+#include "engine/base/json.h"
 
 namespace ddp::timeline {
 namespace {
@@ -42,13 +43,9 @@ class Recorder {
     part_path_ = path + ".rank" + std::to_string(rank) + ".part";
     part_ = std::fopen(part_path_.c_str(), "w");
     if (part_ == nullptr) throw UserError("log.timeline = " + path + ": cannot write " + part_path_);
-    std::fprintf(part_,
-                 "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"%s\"}},\n",
-                 rank_, process_label.c_str());
-    std::fprintf(
-        part_,
-        "{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"sort_index\": %d}},\n",
-        rank_, rank_);
+    write_event({{"name", "process_name"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"name", process_label}}}});
+    write_event(
+        {{"name", "process_sort_index"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"sort_index", rank_}}}});
     stopping_ = false;
     writer_ = std::thread([this] { write_loop(); });
     on.store(true);
@@ -88,6 +85,17 @@ class Recorder {
   }
 
  private:
+  // Chrome's trace format counts microseconds; nanoseconds are the clock's resolution.
+  static double microseconds(Clock::duration d) {
+    return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()) / 1000.0;
+  }
+
+  // One event, one line of the rank's part file (the lines are joined into a JSON array at the end).
+  void write_event(const json::Object& event) {
+    const std::string line = event.dump() + ",\n";
+    std::fwrite(line.data(), 1, line.size(), part_);
+  }
+
   void write_loop() {
     std::vector<Event> events;
     std::vector<TrackName> names;
@@ -101,29 +109,27 @@ class Recorder {
         names.swap(new_tracks_);
       }
       for (const TrackName& t : names) {
-        std::fprintf(
-            part_,
-            "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": "
-            "\"%s\"}},\n{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, "
-            "\"args\": {\"sort_index\": %d}},\n",
-            rank_, t.track, t.name.c_str(), rank_, t.track, t.track);
+        write_event({{"name", "thread_name"},
+                     {"ph", "M"},
+                     {"pid", rank_},
+                     {"tid", t.track},
+                     {"args", {{"name", t.name}}}});
+        write_event({{"name", "thread_sort_index"},
+                     {"ph", "M"},
+                     {"pid", rank_},
+                     {"tid", t.track},
+                     {"args", {{"sort_index", t.track}}}});
       }
       for (Event& e : events) {
         if (e.resolve && !e.resolve(e.begin, e.end)) continue;
-        const double ts = std::chrono::duration<double, std::micro>(e.begin - origin_).count();
-        const double dur = std::chrono::duration<double, std::micro>(e.end - e.begin).count();
-        if (e.arg >= 0) {
-          std::fprintf(
-              part_,
-              "{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, "
-              "\"args\": {\"value\": %lld}},\n",
-              e.name, rank_, e.track, ts, dur, static_cast<long long>(e.arg));
-        } else {
-          std::fprintf(
-              part_,
-              "{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f},\n",
-              e.name, rank_, e.track, ts, dur);
-        }
+        json::Object span{{"name", e.name},
+                          {"ph", "X"},
+                          {"pid", rank_},
+                          {"tid", e.track},
+                          {"ts", microseconds(e.begin - origin_)},
+                          {"dur", microseconds(e.end - e.begin)}};
+        if (e.arg >= 0) span["args"] = {{"value", e.arg}};
+        write_event(span);
       }
       std::fflush(part_);
       events.clear();

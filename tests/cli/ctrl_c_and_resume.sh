@@ -27,7 +27,7 @@ fail() {
 
 args=(--data.path data.h5 --model.embedding_dim 16 --model.hidden 16 --train.epochs "$epochs"
   --train.straggle_ms 10 --log.progress lines)
-last_val_loss() { grep "\"epoch\": $epochs," "$1/metrics.jsonl" | sed 's/.*"val_loss": \([0-9.]*\).*/\1/'; }
+last_val_loss() { json_field "$1/metrics.jsonl" val_loss "epoch=$epochs"; }
 now() { date +%s.%N; }
 seconds_since() { /usr/bin/python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$1" "$(now)"; }
 

@@ -16,7 +16,7 @@ fail() {
   exit 1
 }
 
-last_val_loss() { grep "\"epoch\": $epochs," "$1/metrics.jsonl" | sed 's/.*"val_loss": \([0-9.]*\).*/\1/'; }
+last_val_loss() { json_field "$1/metrics.jsonl" val_loss "epoch=$epochs"; }
 
 run_case() {  # name, ranks, backend, signal, target
   local name=$1 ranks=$2 backend=$3 signal=$4 target=$5

@@ -27,19 +27,18 @@ expect_user_error "a second run into run/" "--checkpoint.overwrite true" "${trai
   --train.epochs 3
 grep -qF "holds another run" bad_err.txt || fail "the refusal does not say why" bad_err.txt
 cmp -s run/best.h5 best-before.h5 || fail "the refused run changed best.h5"
-[ "$(grep -c "\"run_id\": \"$first_id\"" run/metrics.jsonl)" -eq 4 ] ||
+[ "$(json_field run/metrics.jsonl run_id "run_id=$first_id" | wc -l)" -eq 4 ] ||
   fail "metrics.jsonl: 3 epochs and a test line of run $first_id expected" run/metrics.jsonl
-grep -q '"time": "20[0-9][0-9]-[01][0-9]-[0-3][0-9]T' run/metrics.jsonl || fail "no timestamps" run/metrics.jsonl
+json_field run/metrics.jsonl time | grep -q '^20[0-9][0-9]-[01][0-9]-[0-3][0-9]T' || fail "no timestamps" run/metrics.jsonl
 
 # 2. The validation split: val_* per epoch, best.h5 on the lowest val_loss, test once at the end.
 grep -qF "train 1080, val 120 (the last rows of /train), test 300" first.txt || fail "the data plan" first.txt
 [ "$(grep -c ' - val_loss: ' first.txt)" -eq 3 ] || fail "epoch lines do not report val_loss" first.txt
 [ "$(grep -c '^Test (best.h5, epoch [1-3]) - test_loss: ' first.txt)" -eq 1 ] || fail "no single test line" first.txt
-best_epoch=$(grep '"epoch"' run/metrics.jsonl | sed -E 's/.*"epoch": ([0-9]+),.*"val_loss": ([0-9.]+).*/\2 \1/' |
-  sort -g | head -1 | cut -d' ' -f2)
+best_epoch=$(json_field run/metrics.jsonl val_loss,epoch | sort -g | head -1 | cut -d' ' -f2)
 grep -qF "Test (best.h5, epoch $best_epoch)" first.txt || fail "best.h5 is not epoch $best_epoch" first.txt run/metrics.jsonl
 "$ddptrain" evaluate --checkpoint run/best.h5 --data data.h5 >evaluate.txt || fail "evaluate" evaluate.txt
-test_loss=$(grep -oP '"test_loss": \K[0-9.]+' run/metrics.jsonl)
+test_loss=$(json_field run/metrics.jsonl test_loss event=test)
 awk -v a="$test_loss" -v b="$(grep -oP 'loss \K[0-9.]+' evaluate.txt)" 'BEGIN { d = a - b; exit !(d < 1e-4 && d > -1e-4) }' ||
   fail "the run's test_loss $test_loss is not evaluate's of best.h5" evaluate.txt
 
@@ -70,6 +69,6 @@ grep -q "^Epoch 5/5" split.txt || fail "the resumed run did not train epoch 5" s
 "${train[@]}" --data.path data.h5 --checkpoint.overwrite true --train.epochs 1 >new.txt 2>&1 || fail "overwrite" new.txt
 new_id=$(grep -oP '^run \K\S+' new.txt)
 [ "$new_id" != "$first_id" ] || fail "the new run kept the old id"
-[ "$(grep -c "\"run_id\": \"$new_id\"" run/metrics.jsonl)" -eq "$(wc -l <run/metrics.jsonl)" ] ||
+[ "$(json_field run/metrics.jsonl run_id "run_id=$new_id" | wc -l)" -eq "$(wc -l <run/metrics.jsonl)" ] ||
   fail "metrics.jsonl mixes runs" run/metrics.jsonl
 echo "PASS: one run per directory, resume checks its data, best.h5 on val (epoch $best_epoch), test once"

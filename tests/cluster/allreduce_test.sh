@@ -54,7 +54,7 @@ for sparse in true false; do
 
   # Bytes: steps from metrics.jsonl; the dense gradient is every parameter but the embedding.
   parameters=$(grep -oE '[0-9]+ parameters;' "$shared/two-nodes.txt" | head -n 1 | cut -d' ' -f1)
-  steps=$(grep -o '"steps": [0-9]*' "$shared/two-nodes-$sparse/metrics.jsonl" | awk '{ s += $2 } END { print s }')
+  steps=$(grep -oE '"steps": ?[0-9]+' "$shared/two-nodes-$sparse/metrics.jsonl" | tr -dc '0-9\n' | awk '{ s += $1 } END { print s }')
   if [ -z "$parameters" ] || [ -z "$steps" ]; then fail "no parameter count or steps in the run's output"; fi
   dense_bytes=$(((parameters - 500 * 16) * 4))
   for node in 1 2; do

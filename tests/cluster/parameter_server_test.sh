@@ -30,7 +30,7 @@ difference=$(max_param_difference "$shared/one-node/last.h5" "$shared/three-node
 echo "ok: workers on node1 and node2, the server on node3: the parameters of the one-node run, bit for bit"
 
 parameters=$(grep -oE '[0-9]+ parameters;' "$shared/three-nodes.txt" | head -n 1 | cut -d' ' -f1)
-steps=$(grep -o '"steps": [0-9]*' "$shared/three-nodes/metrics.jsonl" | awk '{ s += $2 } END { print s }')
+steps=$(grep -oE '"steps": ?[0-9]+' "$shared/three-nodes/metrics.jsonl" | tr -dc '0-9\n' | awk '{ s += $1 } END { print s }')
 if [ -z "$parameters" ] || [ -z "$steps" ]; then fail "no parameter count or steps in the run's output"; fi
 sent=$((after[0] - before[0]))
 pulls=$((steps * 2 * parameters * 4))

@@ -35,7 +35,7 @@ check_job() {  # launcher
   done
   lines=$(grep -c '"epoch"' "$run/metrics.jsonl" || true)
   [ "$lines" -eq "$epochs" ] || { echo "metrics.jsonl has $lines epoch lines, expected $epochs"; return 1; }
-  grep -q "\"epoch\": $epochs," "$run/metrics.jsonl" || { echo "epoch $epochs missing from metrics.jsonl"; return 1; }
+  grep -qE "\"epoch\": ?$epochs," "$run/metrics.jsonl" || { echo "epoch $epochs missing from metrics.jsonl"; return 1; }
   echo "job $id COMPLETED, $lines epochs, checkpoints in $run"
 }
 

@@ -23,6 +23,8 @@
 # 127.0.0.1, so the host name need not resolve.
 # shellcheck shell=bash
 
+# Reads metrics.jsonl (tests/json_field.py says how).
+json_field_script=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/json_field.py
 local_slurm_dir=""
 
 # fail MESSAGE: ends a test (exit 1) with FAIL and, when `out` names the output file of the job under test,
@@ -130,7 +132,7 @@ local_slurm_check_resumed_run() {  # run dir, epochs, reference params file
   lines=$(grep -c '"epoch"' "$1/metrics.jsonl" || true)
   [ "$lines" -eq "$2" ] || { echo "FAIL: metrics.jsonl has $lines epoch lines, $2 uninterrupted"; exit 1; }
   for epoch in $(seq "$2"); do
-    count=$(grep -c "\"epoch\": $epoch," "$1/metrics.jsonl" || true)
+    count=$(python3 "$json_field_script" "$1/metrics.jsonl" epoch "epoch=$epoch" | wc -l)
     [ "$count" -eq 1 ] || { echo "FAIL: epoch $epoch appears $count times in metrics.jsonl"; exit 1; }
   done
   h5dump -m %.9g -d /params "$1/last.h5" | tail -n +2 >"$1/params.txt" ||

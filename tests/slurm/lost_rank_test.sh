@@ -35,7 +35,7 @@ lose_a_rank() {  # launcher
     sbatch --parsable --export=ALL --job-name="lost-$launcher" --nodes=1 --ntasks-per-node=2 \
     --cpus-per-task=1 --time=5 --output="$out" launch/slurm/cpu_ps.sbatch)
   for ((waited = 0; waited < 300; ++waited)); do  # 60 s for the job to start and write its first epoch
-    [ -s "$run/last.h5" ] && grep -q '"epoch": 1,' "$run/metrics.jsonl" 2>/dev/null && break
+    [ -s "$run/last.h5" ] && grep -qE '"epoch": ?1,' "$run/metrics.jsonl" 2>/dev/null && break
     sleep 0.2
   done
   [ -s "$run/last.h5" ] || { echo "job $id wrote no first epoch within 60 s"; return 1; }

@@ -1,4 +1,6 @@
 # Sourced by the CLI tests that start a training run in the background and then act on one of its ranks.
+# shellcheck source=tests/cli/lib/cli_test.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cli_test.sh"
 
 # Prints the PID of MPI rank RANK of the run whose checkpoint directory is RUN_DIR, started from this
 # directory (nothing if none): other tests running at the same time may use the same RUN_DIR name.

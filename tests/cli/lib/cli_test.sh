@@ -1,4 +1,9 @@
-# Sourced by the CLI tests: a scratch directory, and the failure and bad-input checks they share.
+# Sourced by the CLI tests: a scratch directory, the failure and bad-input checks they share, and reading
+# metrics.jsonl.
+
+# json_field FILE KEYS [KEY=VALUE...]: values from a JSON-lines file (tests/json_field.py says how).
+json_field_script=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/json_field.py
+json_field() { python3 "$json_field_script" "$@"; }
 
 # Makes a scratch directory, enters it and removes it at exit. Lets mpirun run as root and oversubscribe, and
 # keeps each rank's BLAS to one thread.
