@@ -1,6 +1,6 @@
 // CPU step benchmark at the IMDB shapes (default batch 32, seq 80, E = H = 128, vocab 20000, one LSTM layer).
 //
-// Under mpirun each rank runs one replica and the timed step is the trainer's (engine::DataParallelStep):
+// Under mpirun each rank runs one replica and the timed step is the trainer's (engine::AllReduceStep):
 // forward + backward, gradient averaging over MPI, Adam. After a burn-in it prints the mean and standard
 // deviation of the step time, the implied seconds per 25,000-sample epoch (each of W ranks does 25000 / (W x
 // batch) steps), and the floor: the FLOPs of the step's matrix products divided by the sgemm rate this BLAS
@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "engine/data_parallel_step.h"
+#include "engine/all_reduce_step.h"
 #include "engine/optimizer.h"
 #include "models/blas_threads.h"
 #include "models/initializers.h"
@@ -138,9 +138,9 @@ int main(int argc, char** argv) {
   auto replica = ddp::models::make_cpu_replica(shape);
   ddp::models::initialize_keras(replica->layout(), replica->params(), 1);
   ddp::engine::OptimizerSettings adam_settings;
-  adam_settings.lazy_rows = lazy;
+  adam_settings.lazy_update = lazy;
   auto adam = ddp::engine::make_optimizer(adam_settings, replica->layout().total_size());
-  ddp::engine::DataParallelStep step_runner(*replica, *comm, *adam, sparse);
+  ddp::engine::AllReduceStep step_runner(*replica, *comm, *adam, sparse);
   std::mt19937_64 rng(static_cast<uint64_t>(rank) + 1);
   std::vector<int32_t> tokens(static_cast<std::size_t>(s.batch) * s.seq);
   std::vector<float> labels(static_cast<std::size_t>(s.batch));

@@ -211,7 +211,7 @@ double replica_ms(const Options& o) {
   CHECK(cudaMemcpy(device_tokens, tokens.data(), tokens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(device_labels, labels.data(), labels.size() * sizeof(float), cudaMemcpyHostToDevice));
   CHECK(cudaDeviceSynchronize());  // as in fill_random
-  const ddp::models::BatchView batch{device_tokens, device_labels, o.batch, o.seq};
+  const ddp::BatchView batch{device_tokens, device_labels, o.batch, o.seq};
 
   auto stream = static_cast<cudaStream_t>(replica->stream());
   for (int i = 0; i < o.warmup; ++i) replica->train_step(batch, {});

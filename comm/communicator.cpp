@@ -51,10 +51,10 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
   // What keeps auto from the parameter server, if anything.
   std::string no_server;
   if (size == 1) no_server = "a single rank trains alone (no rank to serve parameters)";
-  if (request.sparse_updates)
+  if (request.lazy_update)
     no_server = "lazy embedding updates (train.embedding_update = lazy) need the all-reduce";
   if (backend == "ps" || (backend == "auto" && no_server.empty())) {
-    if (request.sparse_updates) {
+    if (request.lazy_update) {
       throw UserError(
           "comm.backend = ps: train.embedding_update = lazy needs an all-reduce backend (mpi or "
           "nccl); the parameter server exchanges dense gradients");

@@ -146,7 +146,7 @@ struct BackendRequest {
   int ps_servers = 1;                // ps: the last K ranks serve
   // The optimizer updates only the rows of a sparse matrix that a step touched (lazy embedding updates):
   // it needs the all-reduce backends, since the parameter server exchanges dense gradients.
-  bool sparse_updates = false;
+  bool lazy_update = false;
 };
 
 struct BackendChoice {
@@ -161,9 +161,9 @@ struct BackendChoice {
 
 // Collective over `comm`. auto picks NCCL when every rank has a GPU; otherwise (CPU-only or mixed jobs) the
 // parameter server, except on a job of one rank (no rank to serve: the single replica uses MPI) or with
-// sparse_updates (MPI, GPU ranks of a mixed job staging their gradients through host memory). mpi, nccl and
+// lazy_update (MPI, GPU ranks of a mixed job staging their gradients through host memory). mpi, nccl and
 // ps force one. Throws UserError (the same on every rank) for an unknown backend or one the job cannot use:
-// nccl with a CPU rank, ps with no rank left to work or with sparse_updates.
+// nccl with a CPU rank, ps with no rank left to work or with lazy_update.
 BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm);
 
 }  // namespace ddp::comm

@@ -7,8 +7,4 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm, void*, const std:
   throw UserError("comm.backend = nccl: this ddptrain was built without CUDA and NCCL");
 }
 
-std::unique_ptr<Communicator> make_staged_mpi_communicator(MPI_Comm, void*) {
-  throw UserError("device = cuda: this ddptrain was built without CUDA");
-}
-
 }  // namespace ddp::comm

@@ -127,7 +127,7 @@ class Server {
       DDP_FATAL("parameter server (rank " + std::to_string(rank_) + ") got a shard of " +
                 std::to_string(shard.size()) + " parameters, owns " + std::to_string(expected));
     }
-    DDP_CHECK(options.sparse_rows.end() <= total_size);
+    DDP_CHECK(options.sparse_exchange_rows.end() <= total_size);
     message_bytes_ = message_bytes(shard.size());
     me_ = "parameter server (rank " + std::to_string(rank_) + ")";
     comm_ = duplicate(parent, options.timeout_s, me_);
@@ -139,7 +139,8 @@ class Server {
     for (Worker& w : workers_) {
       w.receive.resize(kHeaderFloats + shard.size());
       w.send.resize(kHeaderFloats + shard.size());
-      if (!options.sparse_rows.empty()) w.dense.resize(shard.size());  // a row-sparse push expands here
+      if (!options.sparse_exchange_rows.empty())
+        w.dense.resize(shard.size());  // a row-sparse push expands here
     }
     if (!options.async) mean_.resize(shard.size());
     active_ = roles_.workers();
@@ -207,7 +208,7 @@ class Server {
     if (kind == PsKind::kSparseGrads) {
       const std::string corrupt =
           decode_row_sparse(payload(from.receive, floats), shard_begin_, shard_begin_ + shard_.size(),
-                            options_.sparse_rows, from.dense);
+                            options_.sparse_exchange_rows, from.dense);
       if (!corrupt.empty()) DDP_FATAL(me_ + " got " + corrupt + " from worker rank " + std::to_string(w));
     } else {
       const std::size_t expected = kind == PsKind::kGrads ? shard_.size() : 0;
@@ -441,7 +442,7 @@ ParameterClient::ParameterClient(MPI_Comm comm, const PsOptions& options, std::s
   validate(options);
   if (roles_.is_server(rank_))
     DDP_FATAL("ParameterClient on rank " + std::to_string(rank_) + ", which is a parameter server");
-  DDP_CHECK(options.sparse_rows.end() <= total_size);
+  DDP_CHECK(options.sparse_exchange_rows.end() <= total_size);
   for (int j = 0; j < roles_.servers; ++j) {
     Peer peer;
     peer.rank = roles_.server_rank(j);
@@ -492,7 +493,7 @@ void ParameterClient::exchange(PsKind kind, std::span<const float> grads,
     std::size_t floats = kind == PsKind::kGrads ? shard : 0;
     if (touched_rows != nullptr) {
       const std::size_t sparse =
-          encode_row_sparse(grads, peer.begin, peer.end, options_.sparse_rows, *touched_rows,
+          encode_row_sparse(grads, peer.begin, peer.end, options_.sparse_exchange_rows, *touched_rows,
                             std::span<float>(peer.send).subspan(kHeaderFloats, shard));
       if (sparse > 0) {
         sent = PsKind::kSparseGrads;

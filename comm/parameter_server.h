@@ -12,7 +12,8 @@
 // agree and that the step is the one it expects. A mismatch ends the job through DDP_FATAL with both steps
 // and both ranks, never silent corruption.
 //   worker -> server j:  kGrads  {t, grads[shard j]}   the gradients of the worker's step t (t = 0, 1, ...)
-//                        kSparseGrads {t, rows...}     the same, row-sparse in PsOptions::sparse_rows
+//                        kSparseGrads {t, rows...}     the same, row-sparse in
+//                        PsOptions::sparse_exchange_rows
 //                                                      (comm/row_sparse.h), when that is smaller
 //                        kPull   {t}                   "send me your shard now", outside the step sequence
 //                        kDone   {t}                   the worker will send nothing more
@@ -60,7 +61,7 @@ struct PsOptions {
   double timeout_s = 120;  // the longest silence a server accepts from a worker it waits for
   // Where gradients may be zero outside the rows a step touched (the embedding): such pushes send only those
   // rows (push_pull with touched rows). Empty: every push is dense. The same on every rank.
-  RowRegion sparse_rows;
+  RowRegion sparse_exchange_rows;
 };
 
 // Which ranks serve and which shard each owns; the same on every rank.
@@ -123,8 +124,8 @@ class ParameterClient {
   // Pushes this step's gradients (the full flat vector, host memory) and returns when `params` (the full
   // vector) holds the servers' updated parameters. Advances step() by one.
   void push_pull(std::span<const float> grads, std::span<float> params);
-  // The same, for gradients that are zero in PsOptions::sparse_rows outside `touched_rows` (sorted, unique):
-  // each server gets only those rows of its shard, or its shard dense where that is no larger.
+  // The same, for gradients that are zero in PsOptions::sparse_exchange_rows outside `touched_rows` (sorted,
+  // unique): each server gets only those rows of its shard, or its shard dense where that is no larger.
   void push_pull(std::span<const float> grads, std::span<const int32_t> touched_rows,
                  std::span<float> params);
   // Fetches the servers' current parameters without pushing (at the start, for evaluation).
@@ -144,7 +145,7 @@ class ParameterClient {
     MPI_Request send_request = MPI_REQUEST_NULL;
     MPI_Request receive_request = MPI_REQUEST_NULL;
   };
-  // `touched_rows` non-null: grads are row-sparse in options_.sparse_rows (kGrads only).
+  // `touched_rows` non-null: grads are row-sparse in options_.sparse_exchange_rows (kGrads only).
   void exchange(PsKind kind, std::span<const float> grads, const std::span<const int32_t>* touched_rows,
                 std::span<float> params);
   void wait_sends();

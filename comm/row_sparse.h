@@ -1,4 +1,5 @@
-// Row-sparse gradient messages of the parameter server (see parameter_server.h, PsOptions::sparse_rows).
+// Row-sparse gradient messages of the parameter server (see parameter_server.h,
+// PsOptions::sparse_exchange_rows).
 //
 // A CPU replica's embedding gradient is zero outside the rows (tokens) its batch touched: a few thousand of
 // tens of thousands. A worker then pushes a server only those rows of its shard, and everything of the shard

@@ -39,10 +39,10 @@ namespace {
 // all but the untouched rows of the sparse matrix.
 class HostOptimizer : public Optimizer {
  public:
-  void step(std::span<float> params, std::span<const float> grads, const SparseRows* sparse) final {
+  void step(std::span<float> params, std::span<const float> grads, const TouchedRows* sparse) final {
     DDP_CHECK(params.size() == size() && grads.size() == size());
     begin_step();
-    if (!lazy_rows_ || sparse == nullptr) {
+    if (!lazy_update_ || sparse == nullptr) {
       update_range(params.data(), grads.data(), 0, size());
       return;
     }
@@ -56,7 +56,7 @@ class HostOptimizer : public Optimizer {
   }
 
  protected:
-  explicit HostOptimizer(bool lazy_rows) : lazy_rows_(lazy_rows) {}
+  explicit HostOptimizer(bool lazy_update) : lazy_update_(lazy_update) {}
   // Called once per step before update_range().
   virtual void begin_step() = 0;
   // Updates elements [begin, end) of the flat buffer.
@@ -64,13 +64,13 @@ class HostOptimizer : public Optimizer {
   virtual std::size_t size() const = 0;
 
  private:
-  bool lazy_rows_;
+  bool lazy_update_;
 };
 
 class Adam final : public HostOptimizer {
  public:
   Adam(const OptimizerSettings& s, std::size_t size)
-      : HostOptimizer(s.lazy_rows), s_(s), m_(size, 0.0f), v_(size, 0.0f) {}
+      : HostOptimizer(s.lazy_update), s_(s), m_(size, 0.0f), v_(size, 0.0f) {}
 
  protected:
   void begin_step() override { coefficients_ = adam_coefficients(s_, ++iterations_); }
@@ -102,7 +102,7 @@ class Adam final : public HostOptimizer {
 class Sgd final : public HostOptimizer {
  public:
   Sgd(const OptimizerSettings& s, std::size_t size)
-      : HostOptimizer(s.lazy_rows), s_(s), velocity_(size, 0.0f) {}
+      : HostOptimizer(s.lazy_update), s_(s), velocity_(size, 0.0f) {}
 
  protected:
   void begin_step() override { ++iterations_; }

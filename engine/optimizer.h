@@ -1,5 +1,5 @@
 // Optimizers over a span of the flat parameter buffer. They know nothing of the model: the data-parallel
-// trainer gives them the whole buffer, a parameter server (later) the shard it owns. State is a set of named
+// trainer gives them the whole buffer, a parameter server the shard it owns. State is a set of named
 // flat buffers so checkpoints can save and restore it.
 #pragma once
 
@@ -22,11 +22,11 @@ struct OptimizerSettings {
   double momentum = 0.0;  // sgd
   // Lazy row updates (as PyTorch's SparseAdam, TensorFlow's LazyAdam): rows of a sparse matrix (the
   // embedding) that had no gradient this step keep their parameters and moments. Off: Keras's dense update.
-  bool lazy_rows = false;
+  bool lazy_update = false;
 };
 
 // A row-major matrix inside the flat buffer of which only some rows had a gradient this step.
-struct SparseRows {
+struct TouchedRows {
   std::size_t offset = 0;  // of the matrix in the flat buffer
   std::size_t width = 0;
   std::size_t count = 0;          // rows of the matrix
@@ -41,10 +41,10 @@ struct OptimizerState {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // params -= update(grads); both spans have the size given at construction. With settings.lazy_rows and
+  // params -= update(grads); both spans have the size given at construction. With settings.lazy_update and
   // `sparse`, the matrix's rows not in sparse->rows are left alone.
   virtual void step(std::span<float> params, std::span<const float> grads,
-                    const SparseRows* sparse = nullptr) = 0;
+                    const TouchedRows* sparse = nullptr) = 0;
   virtual OptimizerState state() const = 0;
   // Throws UserError if the state's buffers do not match this optimizer (kind or size).
   virtual void load_state(const OptimizerState& state) = 0;

@@ -105,7 +105,7 @@ class DeviceBuffer {
 
 class CudaOptimizer : public Optimizer {
  public:
-  void step(std::span<float> params, std::span<const float> grads, const SparseRows*) final {
+  void step(std::span<float> params, std::span<const float> grads, const TouchedRows*) final {
     // `sparse` is ignored: lazy rows were refused at construction, so the update is dense.
     DDP_CHECK(params.size() == size_ && grads.size() == size_);
     ++iterations_;
@@ -225,7 +225,7 @@ class CudaSgd final : public CudaOptimizer {
 std::unique_ptr<Optimizer> make_cuda_optimizer(const OptimizerSettings& settings, std::size_t size,
                                                int device, void* stream) {
   // Settings first: these errors need no GPU.
-  if (settings.lazy_rows) throw UserError("train.embedding_update = lazy is not supported on the GPU");
+  if (settings.lazy_update) throw UserError("train.embedding_update = lazy is not supported on the GPU");
   if (settings.name != "adam" && settings.name != "sgd") {
     throw UserError("train.optimizer = " + settings.name + ": expected adam or sgd");
   }

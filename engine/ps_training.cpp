@@ -62,8 +62,8 @@ PsJob::PsJob(MPI_Comm world, const Config& config, int servers, const models::Pa
   options_.timeout_s = config.comm.timeout_s;
   if (config.comm.sparse_embedding) {
     const models::ParamTensor& embedding = layout.tensor("embedding");
-    options_.sparse_rows = {embedding.offset, static_cast<std::size_t>(embedding.shape.at(0)),
-                            static_cast<std::size_t>(embedding.shape.at(1))};
+    options_.sparse_exchange_rows = {embedding.offset, static_cast<std::size_t>(embedding.shape.at(0)),
+                                     static_cast<std::size_t>(embedding.shape.at(1))};
   }
 
   counts_.assign(static_cast<std::size_t>(size), 0);
@@ -161,10 +161,10 @@ class PsWorkerUpdater final : public Updater {
     client_ = std::make_unique<comm::ParameterClient>(job_.world(), job_.options(), total_);
   }
 
-  void step(const models::BatchView& batch) override {
+  void step(const BatchView& batch) override {
     replica_.train_step(batch, [](const models::ParamSegment&) {});
     timeline::Span span("push/pull");  // this worker's exchange with the servers, the update included
-    if (on_host_ && !job_.options().sparse_rows.empty()) {
+    if (on_host_ && !job_.options().sparse_exchange_rows.empty()) {
       // The CPU replica's embedding gradient is zero outside the rows the batch touched: push only those.
       client_->push_pull(replica_.grads(), replica_.touched_embedding_rows(), replica_.params());
       return;

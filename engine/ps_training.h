@@ -7,7 +7,8 @@
 // Server j owns the contiguous shard [PsRoles::shard_begin(j), shard_end(j)) of the flat parameter vector and
 // an engine::Optimizer over that shard, the same optimizer code the workers would run, applied as the
 // ShardUpdate of comm::run_parameter_server. With comm.sparse_embedding a CPU worker pushes the embedding's
-// gradient row-sparse (the rows its batch touched, PsOptions::sparse_rows); parameters come back dense.
+// gradient row-sparse (the rows its batch touched, PsOptions::sparse_exchange_rows); parameters come back
+// dense.
 //
 // Runs of steps. The servers serve one run of steps at a time: an epoch, or its part up to a mid-epoch
 // checkpoint (checkpoint.every_steps) or a stop (train.stop_after_steps). At its end every worker says done,
@@ -61,7 +62,7 @@ namespace ddp::engine {
 // collective if the split is impossible.
 class PsJob {
  public:
-  // Gradients in `layout`'s embedding may be pushed row-sparse (PsOptions::sparse_rows).
+  // Gradients in `layout`'s embedding may be pushed row-sparse (PsOptions::sparse_exchange_rows).
   PsJob(MPI_Comm world, const Config& config, int servers, const models::ParamLayout& layout);
   ~PsJob();
   PsJob(const PsJob&) = delete;

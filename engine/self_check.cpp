@@ -118,8 +118,8 @@ void compare_shape(models::Replica& gpu, int device, models::Replica& cpu,
   const GeneratedBatch data = generate_batch(layout.shape().vocab_size, batch, seq, seed);
   const OnReplica tokens(gpu, device, data.tokens.data(), data.tokens.size() * sizeof(int32_t));
   const OnReplica labels(gpu, device, data.labels.data(), data.labels.size() * sizeof(float));
-  const models::BatchView on_gpu{tokens.get<int32_t>(), labels.get<float>(), batch, seq};
-  const models::BatchView on_host{data.tokens.data(), data.labels.data(), batch, seq};
+  const BatchView on_gpu{tokens.get<int32_t>(), labels.get<float>(), batch, seq};
+  const BatchView on_host{data.tokens.data(), data.labels.data(), batch, seq};
   const std::string at = " (batch " + std::to_string(batch) + " x " + std::to_string(seq) + ")";
 
   gpu.take_stats();
@@ -289,7 +289,7 @@ SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
     }
     report.passed.push_back("parameter mapping exact");
 
-    settings.lazy_rows = false;  // GPU ranks update the embedding densely
+    settings.lazy_update = false;  // GPU ranks update the embedding densely
     const std::span<const float> grads = cpu->grads();
     compare_optimizer_step(replica, device, settings, params, grads);
     report.passed.push_back(settings.name + " step = host's bit for bit");

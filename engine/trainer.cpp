@@ -11,10 +11,10 @@
 #include <optional>
 #include <thread>
 
+#include "engine/all_reduce_updater.h"
 #include "engine/base/errors.h"
 #include "engine/base/timeline.h"
 #include "engine/checkpoint.h"
-#include "engine/data_parallel_step.h"
 #include "engine/gpu_monitor.h"
 #include "engine/optimizer.h"
 #include "engine/preemption.h"
@@ -39,49 +39,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// The all-reduce backends: gradients averaged over every rank, then every rank's own optimizer.
-class AllReduceUpdater final : public Updater {
- public:
-  AllReduceUpdater(models::Replica& replica, comm::Communicator& comm, std::unique_ptr<Optimizer> optimizer,
-                   bool sparse_embedding)
-      : replica_(replica),
-        comm_(comm),
-        optimizer_(std::move(optimizer)),
-        step_(replica, comm, *optimizer_, sparse_embedding) {}
-
-  Optimizer& optimizer() override { return *optimizer_; }
-
-  void distribute_start(std::span<float> host_params) override {
-    comm_.broadcast(host_params, 0);
-    replica_.copy_params_from_host(host_params);
-    OptimizerState state = optimizer_->state();
-    std::vector<double> iterations{static_cast<double>(state.iterations)};
-    comm_.broadcast(std::span<double>(iterations), 0);
-    state.iterations = static_cast<int64_t>(iterations[0]);
-    for (auto& [name, buffer] : state.buffers) comm_.broadcast(std::span<float>(buffer), 0);
-    optimizer_->load_state(state);
-  }
-
-  void begin_steps() override {}
-  void step(const models::BatchView& batch) override { step_.run(batch); }
-  void end_steps() override {}
-  void finish(std::span<float> host_params) override { replica_.copy_params_to_host(host_params); }
-  std::string backend() const override { return comm_.backend(); }
-
- private:
-  models::Replica& replica_;
-  comm::Communicator& comm_;
-  std::unique_ptr<Optimizer> optimizer_;
-  DataParallelStep step_;
-};
-
-// `gpu`: the replica's GPU, when it runs on one.
-std::unique_ptr<Optimizer> make_optimizer_for(models::Replica& replica, int gpu, const OptimizerSettings& s) {
-  const std::size_t size = replica.layout().total_size();
-  return replica.device() == models::DeviceKind::kCuda ? make_cuda_optimizer(s, size, gpu, replica.stream())
-                                                       : make_optimizer(s, size);
 }
 
 // One rank's training: every rank of the all-reduce backends, or a worker of the parameter server.
@@ -514,10 +471,10 @@ class TrainingRun {
     models::BatchStats local;
     int64_t step = first;
     updater_->begin_steps();
-    while (const std::optional<io::BatchRef> batch = next_batch(*source)) {
+    while (const std::optional<BatchView> batch = next_batch(*source)) {
       {
         timeline::Span span("step", progress_.global_step);
-        updater_->step({batch->tokens, batch->labels, batch->batch_size, batch->seq});
+        updater_->step(*batch);
       }
       straggle();
       const bool signalled = stop_signal_.poll();  // every step on every rank, so the calls pair up
@@ -596,7 +553,7 @@ class TrainingRun {
 
   void beat() { watchdog_.beat(progress_.global_step); }
 
-  static std::optional<io::BatchRef> next_batch(io::BatchSource& source) {
+  static std::optional<BatchView> next_batch(io::BatchSource& source) {
     timeline::Span span("data wait");
     return source.next();
   }
@@ -636,8 +593,8 @@ class TrainingRun {
     options.prefetch = config_.data.prefetch;
     if (rows.shard.size() > 0) {
       std::unique_ptr<io::BatchSource> source = make_source(options);
-      while (const std::optional<io::BatchRef> batch = source->next()) {
-        replica_->evaluate({batch->tokens, batch->labels, batch->batch_size, batch->seq});
+      while (const std::optional<BatchView> batch = source->next()) {
+        replica_->evaluate(*batch);
         beat();
       }
     }
@@ -783,7 +740,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     request.on_gpu = replica->device() == models::DeviceKind::kCuda;
     request.compute_stream = replica->stream();
     request.ps_servers = config.comm.ps_servers;
-    request.sparse_updates = config.train.embedding_update == "lazy";
+    request.lazy_update = config.train.embedding_update == "lazy";
     backend = comm::choose_backend(request, world);
   });
 
@@ -804,9 +761,9 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     const comm::AbortOnUnwind abort_on_unwind(backend.communicator.get());
     comm::agree_on_errors(*boot, [&] {
       comm::Communicator& comm = *backend.communicator;
-      auto updater = std::make_unique<AllReduceUpdater>(
-          *replica, comm, make_optimizer_for(*replica, topology.gpu, optimizer_settings(config)),
-          config.comm.sparse_embedding && backend.all_on_cpu);
+      std::unique_ptr<Updater> updater =
+          make_all_reduce_updater(*replica, topology.gpu, comm, optimizer_settings(config),
+                                  config.comm.sparse_embedding && backend.all_on_cpu);
       run = std::make_unique<TrainingRun>(config, topology, *boot, comm, stop_signal, backend.reason,
                                           std::move(replica), std::move(updater), data, watchdog,
                                           /*exchange_has_deadlines=*/false, epoch_written);

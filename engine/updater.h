@@ -1,6 +1,6 @@
 // How a training rank's parameters change after each step, and where the optimizer state lives:
 //   - the all-reduce backends (mpi, nccl): gradients averaged over the ranks, then every rank's own optimizer
-//     over the whole flat buffer (DataParallelStep; made in trainer.cpp);
+//     over the whole flat buffer (AllReduceStep, all_reduce_updater.h);
 //   - the parameter server (ps): the workers push gradients and pull parameters, the servers hold the
 //     optimizer state of their shards (ps_training.h).
 // The trainer calls every method on every training rank, in the same order.
@@ -35,7 +35,7 @@ class Updater {
   // A run of steps (an epoch, or its part up to a checkpoint or a stop) begins.
   virtual void begin_steps() = 0;
   // Forward, backward and the update on one batch; its loss and accuracy go to the replica's running stats.
-  virtual void step(const models::BatchView& batch) = 0;
+  virtual void step(const BatchView& batch) = 0;
   // The run of steps ends: afterwards every training rank's replica holds the same parameters, and rank 0's
   // optimizer() the whole optimizer state, as a checkpoint written now must hold them.
   virtual void end_steps() = 0;

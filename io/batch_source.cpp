@@ -8,10 +8,10 @@ class HostBatchSource final : public BatchSource {
   explicit HostBatchSource(const BatchReaderOptions& options) : reader_(options) {}
 
   int64_t num_batches() const override { return reader_.num_batches(); }
-  std::optional<BatchRef> next() override {
+  std::optional<BatchView> next() override {
     const Batch* batch = reader_.next();
     if (batch == nullptr) return std::nullopt;
-    return BatchRef{batch->tokens.data(), batch->labels.data(), batch->batch_size, batch->seq};
+    return BatchView{batch->tokens.data(), batch->labels.data(), batch->batch_size, batch->seq};
   }
   double input_wait_seconds() override { return reader_.wait_seconds(); }
 

@@ -10,25 +10,19 @@
 #include <memory>
 #include <optional>
 
+#include "engine/base/batch_view.h"
 #include "io/batch_reader.h"
 
 namespace ddp::io {
 
 // A batch in the consumer's memory; valid until the next call to next().
-struct BatchRef {
-  const int32_t* tokens = nullptr;  // [batch_size, seq]
-  const float* labels = nullptr;    // [batch_size]
-  int batch_size = 0;
-  int seq = 0;
-};
-
 class BatchSource {
  public:
   virtual ~BatchSource() = default;
   virtual int64_t num_batches() const = 0;
   // The next batch, or nothing after the last. A device batch is ready for work enqueued on the compute
   // stream after this call returns.
-  virtual std::optional<BatchRef> next() = 0;
+  virtual std::optional<BatchView> next() = 0;
   // Seconds the consumer was held up by input: the host blocked on the reader, plus, for a device source, the
   // time the compute stream waited for a host-to-device copy (read when those events have completed).
   virtual double input_wait_seconds() = 0;

@@ -86,7 +86,7 @@ class DeviceBatchSource final : public BatchSource {
 
   int64_t num_batches() const override { return reader_.num_batches(); }
 
-  std::optional<BatchRef> next() override {
+  std::optional<BatchView> next() override {
     // The consumer has enqueued its work on the previous batch: mark where it ends.
     if (handed_slot_ >= 0) mark_consumed();
     harvest_timing();
@@ -106,7 +106,7 @@ class DeviceBatchSource final : public BatchSource {
 
     handed_slot_ = static_cast<int>(s);
     ++handed_;
-    return BatchRef{slot.tokens, slot.labels, slot.batch_size, slot.seq};
+    return BatchView{slot.tokens, slot.labels, slot.batch_size, slot.seq};
   }
 
   double input_wait_seconds() override {

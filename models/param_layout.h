@@ -1,6 +1,6 @@
 // The canonical flat layout of the classifier's parameters.
 //
-// Every replica (CPU now, cuDNN later), the optimizer, the communicator and the checkpoint see the parameters
+// Every replica (CPU and cuDNN), the optimizer, the communicator and the checkpoint see the parameters
 // as one contiguous float buffer in this order (gradients use the same layout in a second buffer):
 //
 //   embedding            [V, E]        row v is the vector of token v

@@ -10,19 +10,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/base/batch_view.h"
 #include "models/param_layout.h"
 
 namespace ddp::models {
 
 // A batch in the replica's memory (host for the CPU replica, device for a GPU one): tokens row-major
 // [batch, seq] (0 is padding, sequences are left-padded as Keras pads them), labels [batch] of 0 or 1.
-struct BatchView {
-  const int32_t* tokens = nullptr;
-  const float* labels = nullptr;
-  int batch = 0;
-  int seq = 0;
-};
-
 // Sums over the batch, so that shards and ranks can be added up before dividing.
 struct BatchStats {
   double loss_sum = 0;  // sum of per-sample binary cross-entropy

@@ -3,10 +3,10 @@
 
   json_field.py FILE KEYS [KEY=VALUE ...]
 
-prints, for every line that is a JSON object whose KEY equals VALUE for each condition (compared as text:
-epoch=3, run_id=2026...), the values of KEYS (comma-separated) on one line, separated by spaces. A null
-value (a diverged loss) prints as its "not_finite" reason (nan, inf). Lines that are not JSON objects (a
-half-written last line) are skipped.
+prints, for every line that is a JSON object with all of KEYS (comma-separated) and whose KEY equals VALUE
+for each condition (compared as text: epoch=3, run_id=2026...), the values of KEYS on one line, separated
+by spaces. A null value (a diverged loss) prints as its "not_finite" reason (nan, inf). Other lines (the
+test score's when KEYS name an epoch's numbers, a half-written last line) are skipped.
 """
 import json
 import sys
@@ -28,6 +28,8 @@ def main():
             except ValueError:
                 continue
             if not isinstance(record, dict):
+                continue
+            if any(key not in record for key in keys):
                 continue
             if any(key not in record or text(record[key]) != value for key, value in conditions):
                 continue

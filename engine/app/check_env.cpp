@@ -92,7 +92,7 @@ HostBatch smoke_batch() {
 }
 
 // One train_step: the mean loss, and the gradients copied to `grads`.
-double one_step(models::Replica& replica, const models::BatchView& batch, std::vector<float>* grads) {
+double one_step(models::Replica& replica, const BatchView& batch, std::vector<float>* grads) {
   replica.train_step(batch, [](const models::ParamSegment&) {});
   const models::BatchStats stats = replica.take_stats();
   grads->assign(replica.layout().total_size(), 0.0f);
@@ -144,7 +144,7 @@ SmokeResult smoke_test(const Topology& topology) {
     std::vector<float> params(layout.total_size());
     models::initialize_keras(layout, params, kSmokeSeed);
     HostBatch host = smoke_batch();
-    const models::BatchView host_view{host.tokens.data(), host.labels.data(), kSmokeBatch, kSmokeSeq};
+    const BatchView host_view{host.tokens.data(), host.labels.data(), kSmokeBatch, kSmokeSeq};
 
     auto cpu = models::make_cpu_replica(shape);
     cpu->copy_params_from_host(params);
@@ -158,8 +158,8 @@ SmokeResult smoke_test(const Topology& topology) {
       gpu->copy_params_from_host(params);
       const DeviceBuffer tokens(topology.gpu, host.tokens.data(), host.tokens.size() * sizeof(int32_t));
       const DeviceBuffer labels(topology.gpu, host.labels.data(), host.labels.size() * sizeof(float));
-      const models::BatchView device_view{static_cast<const int32_t*>(tokens.data()),
-                                          static_cast<const float*>(labels.data()), kSmokeBatch, kSmokeSeq};
+      const BatchView device_view{static_cast<const int32_t*>(tokens.data()),
+                                  static_cast<const float*>(labels.data()), kSmokeBatch, kSmokeSeq};
       std::vector<float> gpu_grads;
       result.loss = one_step(*gpu, device_view, &gpu_grads);
       result.cpu_loss = cpu_loss;

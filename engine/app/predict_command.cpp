@@ -238,8 +238,8 @@ int evaluate_command(const std::vector<std::string>& args) {
   const LoadedModel model = load_model(o, checkpoint, kCommand);
 
   const std::unique_ptr<io::BatchSource> source = test_batches(model, o.data, data.test_size, o.batch_size);
-  while (const std::optional<io::BatchRef> batch = source->next()) {
-    model.replica->evaluate({batch->tokens, batch->labels, batch->batch_size, batch->seq});
+  while (const std::optional<BatchView> batch = source->next()) {
+    model.replica->evaluate(*batch);
   }
   const models::BatchStats stats = model.replica->take_stats();
   DDP_CHECK(stats.count == data.test_size);

@@ -231,8 +231,8 @@ TEST_P(DeviceBatchSourceGpuTest, SameBatchesAsHostSource) {
   std::vector<std::vector<float>> labels;
   auto host = io::make_host_batch_source(options);
   while (const auto batch = host->next()) {
-    tokens.emplace_back(batch->tokens, batch->tokens + batch->batch_size * batch->seq);
-    labels.emplace_back(batch->labels, batch->labels + batch->batch_size);
+    tokens.emplace_back(batch->tokens, batch->tokens + batch->batch * batch->seq);
+    labels.emplace_back(batch->labels, batch->labels + batch->batch);
   }
   ASSERT_EQ(tokens.size(), 10u);
 
@@ -243,10 +243,10 @@ TEST_P(DeviceBatchSourceGpuTest, SameBatchesAsHostSource) {
   std::vector<int> sizes;
   while (const auto batch = device->next()) {
     ASSERT_EQ(batch->seq, data.maxlen);
-    const auto n = static_cast<std::size_t>(batch->batch_size);
+    const auto n = static_cast<std::size_t>(batch->batch);
     token_copies.push_back(pinned_array<int32_t>(n * static_cast<std::size_t>(batch->seq)));
     label_copies.push_back(pinned_array<float>(n));
-    sizes.push_back(batch->batch_size);
+    sizes.push_back(batch->batch);
     ASSERT_CUDA(cudaLaunchHostFunc(stream_, stall, nullptr));
     ASSERT_CUDA(cudaMemcpyAsync(token_copies.back(), batch->tokens, n * batch->seq * sizeof(int32_t),
                                 cudaMemcpyDeviceToHost, stream_));

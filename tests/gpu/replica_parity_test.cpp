@@ -151,7 +151,7 @@ TEST(CudaReplica, NoGpuOrBadOrdinalIsAUserError) {
 
 TEST(CudaOptimizer, RefusesLazyRowsAndUnknownNames) {
   engine::OptimizerSettings lazy;
-  lazy.lazy_rows = true;
+  lazy.lazy_update = true;
   try {
     engine::make_cuda_optimizer(lazy, 16, 0, nullptr);
     FAIL() << "lazy rows accepted";

@@ -154,7 +154,7 @@ TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
   PsOptions options;
   options.servers = servers;
   options.timeout_s = 30;
-  if (row_sparse) options.sparse_rows = kRows;
+  if (row_sparse) options.sparse_exchange_rows = kRows;
   constexpr int kSteps = 20;
 
   std::vector<float> reference = initial_params(n);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
 #include "engine/base/errors.h"
@@ -33,12 +34,6 @@ std::vector<std::string> read_lines(const std::string& path) {
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   return lines;
-}
-
-double number_after(const std::string& line, const std::string& key) {
-  const std::size_t at = line.find(key);
-  if (at == std::string::npos) return -1;
-  return std::strtod(line.c_str() + at + key.size(), nullptr);
 }
 
 class TrainerTest : public ::testing::Test {
@@ -98,10 +93,10 @@ TEST_F(TrainerTest, ReplicasEndIdenticalAndMetricsAreWritten) {
   if (comm_->rank() == 0) {
     const std::vector<std::string> lines = read_lines(dir_.file("run/metrics.jsonl"));
     ASSERT_EQ(lines.size(), 3u);  // two epochs, then the test score
-    const std::string run_id = "\"run_id\": \"" + result.run_id + "\"";
-    for (const std::string& line : lines) EXPECT_NE(line.find(run_id), std::string::npos) << line;
-    EXPECT_NE(lines[0].find("\"val_acc\""), std::string::npos);
-    EXPECT_NE(lines[2].find("\"event\": \"test\""), std::string::npos);
+    for (const std::string& line : lines)
+      EXPECT_EQ(nlohmann::json::parse(line)["run_id"], result.run_id) << line;
+    EXPECT_TRUE(nlohmann::json::parse(lines[0]).contains("val_acc"));
+    EXPECT_EQ(nlohmann::json::parse(lines[2])["event"], "test");
     EXPECT_TRUE(std::filesystem::exists(dir_.file("run/last.h5")));
     EXPECT_TRUE(std::filesystem::exists(dir_.file("run/best.h5")));
     EXPECT_TRUE(std::filesystem::exists(dir_.file("run/config.ini")));
@@ -147,9 +142,9 @@ TEST_F(TrainerTest, ValidationSplitChoosesBestOnValAndScoresTestOnce) {
 
   const std::vector<std::string> lines = read_lines(dir_.file("val/metrics.jsonl"));
   ASSERT_EQ(lines.size(), 4u);
-  const std::string& test_line = lines.back();
-  ASSERT_NE(test_line.find("\"event\": \"test\""), std::string::npos) << test_line;
-  const double test_loss = number_after(test_line, "\"test_loss\": ");
+  const nlohmann::json test_line = nlohmann::json::parse(lines.back());
+  ASSERT_EQ(test_line["event"], "test") << test_line;
+  const double test_loss = test_line["test_loss"].get<double>();
   // The same score from best.h5 on every /test row, computed here apart from the trainer.
   std::unique_ptr<models::Replica> replica = models::make_cpu_replica(best.shape);
   replica->copy_params_from_host(best.params);
@@ -161,8 +156,8 @@ TEST_F(TrainerTest, ValidationSplitChoosesBestOnValAndScoresTestOnce) {
   options.shuffle = false;
   options.drop_last = false;
   const std::unique_ptr<io::BatchSource> source = io::make_host_batch_source(options);
-  while (const std::optional<io::BatchRef> batch = source->next()) {
-    replica->evaluate({batch->tokens, batch->labels, batch->batch_size, batch->seq});
+  while (const std::optional<BatchView> batch = source->next()) {
+    replica->evaluate(*batch);
   }
   const models::BatchStats stats = replica->take_stats();
   ASSERT_EQ(stats.count, data_.test_size);

@@ -325,20 +325,20 @@ TEST(Optimizer, UpdatesRoundEveryOperationLikeTheCudaKernels) {
 TEST(Optimizer, LazyRowsLeaveUntouchedRowsAlone) {
   OptimizerSettings dense_settings;
   OptimizerSettings lazy_settings;
-  lazy_settings.lazy_rows = true;
+  lazy_settings.lazy_update = true;
   auto dense = make_optimizer(dense_settings, 10);
   auto lazy = make_optimizer(lazy_settings, 10);
   std::vector<float> pd{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
   std::vector<float> pl = pd;
   const std::vector<float> all{0.5f, -0.5f, 0.1f, 0.2f, 0.25f, 0.75f, -0.3f, 0.4f, 1, -1};
   const std::vector<int32_t> every_row{0, 1, 2};
-  const SparseRows first{2, 2, 3, every_row};
+  const TouchedRows first{2, 2, 3, every_row};
   dense->step(pd, all, &first);
   lazy->step(pl, all, &first);
   const std::vector<float> after_first = pl;
   const std::vector<float> g{0.5f, -0.5f, 0, 0, 0.25f, 0.75f, 0, 0, 1, -1};
   const std::vector<int32_t> row_one{1};
-  const SparseRows sparse{2, 2, 3, row_one};
+  const TouchedRows sparse{2, 2, 3, row_one};
   for (int i = 0; i < 3; ++i) {
     dense->step(pd, g, &sparse);  // dense settings ignore the rows
     lazy->step(pl, g, &sparse);

@@ -38,12 +38,12 @@ class FaultyReplica final : public models::Replica {
   void copy_params_to_host(std::span<float> host) override { inner_->copy_params_to_host(host); }
   void copy_params_from_host(std::span<const float> host) override { inner_->copy_params_from_host(host); }
   void copy_grads_to_host(std::span<float> host) override { inner_->copy_grads_to_host(host); }
-  void train_step(const models::BatchView& batch, const models::GradientReadyFn& on_ready) override {
+  void train_step(const BatchView& batch, const models::GradientReadyFn& on_ready) override {
     inner_->train_step(batch, on_ready);
     if (after_step) after_step(layout(), inner_->grads());
   }
-  void evaluate(const models::BatchView& batch) override { inner_->evaluate(batch); }
-  void predict(const models::BatchView& batch, std::span<float> probabilities) override {
+  void evaluate(const BatchView& batch) override { inner_->evaluate(batch); }
+  void predict(const BatchView& batch, std::span<float> probabilities) override {
     inner_->predict(batch, probabilities);
     if (after_predict) after_predict(probabilities);
   }

@@ -58,5 +58,5 @@ signal_rank_and_wait() {  # signal, rank
 resume_to_the_end() {  # epochs
   "${run[@]}" --resume >resume.txt 2>&1 || { echo "FAIL: --resume failed"; cat resume.txt; exit 1; }
   grep -q "resumed from" resume.txt || { echo "FAIL: did not resume"; cat resume.txt; exit 1; }
-  grep -q "\"epoch\": $1," run/metrics.jsonl || { echo "FAIL: epoch $1 missing"; cat run/metrics.jsonl; exit 1; }
+  [ -n "$(json_field run/metrics.jsonl epoch "epoch=$1")" ] || { echo "FAIL: epoch $1 missing"; cat run/metrics.jsonl; exit 1; }
 }

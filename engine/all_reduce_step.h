@@ -1,4 +1,4 @@
-// One synchronous data-parallel step, shared by the trainer and the benchmarks: forward and backward on the
+// One synchronous all-reduce step, shared by the trainer and the benchmarks: forward and backward on the
 // replica, gradients averaged over ranks (each segment's reduction starts as soon as backward finishes it;
 // the embedding's rows travel sparsely), then the optimizer on the flat buffer.
 #pragma once
@@ -11,14 +11,14 @@
 
 namespace ddp::engine {
 
-class DataParallelStep {
+class AllReduceStep {
  public:
-  // `sparse_embedding`: exchange only the embedding rows some rank touched (comm.sparse_embedding).
-  DataParallelStep(models::Replica& replica, comm::Communicator& comm, Optimizer& optimizer,
-                   bool sparse_embedding);
+  // `sparse_exchange`: exchange only the embedding rows some rank touched (comm.sparse_embedding).
+  AllReduceStep(models::Replica& replica, comm::Communicator& comm, Optimizer& optimizer,
+                bool sparse_exchange);
 
   // The batch's loss and accuracy go to the replica's running stats (Replica::take_stats).
-  void run(const models::BatchView& batch);
+  void run(const BatchView& batch);
 
   // Time of the last run() split in its parts, for benchmarks.
   struct Timing {
@@ -32,7 +32,7 @@ class DataParallelStep {
   models::Replica& replica_;
   comm::Communicator& comm_;
   Optimizer& optimizer_;
-  bool sparse_embedding_;
+  bool sparse_exchange_;
   std::vector<int32_t> embedding_rows_;  // rows averaged in the last step
   Timing timing_;
 };

@@ -1,4 +1,4 @@
-#include "engine/data_parallel_step.h"
+#include "engine/all_reduce_step.h"
 
 #include <chrono>
 
@@ -15,18 +15,18 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 
 }  // namespace
 
-DataParallelStep::DataParallelStep(models::Replica& replica, comm::Communicator& comm, Optimizer& optimizer,
-                                   bool sparse_embedding)
-    : replica_(replica), comm_(comm), optimizer_(optimizer), sparse_embedding_(sparse_embedding) {}
+AllReduceStep::AllReduceStep(models::Replica& replica, comm::Communicator& comm, Optimizer& optimizer,
+                             bool sparse_exchange)
+    : replica_(replica), comm_(comm), optimizer_(optimizer), sparse_exchange_(sparse_exchange) {}
 
-void DataParallelStep::run(const models::BatchView& batch) {
+void AllReduceStep::run(const BatchView& batch) {
   const auto start = Clock::now();
   std::span<float> grads = replica_.grads();
   const models::ParamLayout& layout = replica_.layout();
   const models::ParamSegment& embedding = layout.segments().front();
   const auto width = static_cast<std::size_t>(layout.shape().embedding_dim);
   replica_.train_step(batch, [&](const models::ParamSegment& segment) {
-    if (sparse_embedding_ && segment.offset == embedding.offset) {
+    if (sparse_exchange_ && segment.offset == embedding.offset) {
       // By rows, in the background like the other segments: the CPU replica hands the embedding over
       // before the first layer's weight gradients, which it computes while the rows travel.
       timeline::Span span("embedding rows exchange");
@@ -44,16 +44,16 @@ void DataParallelStep::run(const models::BatchView& batch) {
   }
   const auto reduced = Clock::now();
 
-  const SparseRows rows{embedding.offset, width, static_cast<std::size_t>(layout.shape().vocab_size),
-                        embedding_rows_};
+  const TouchedRows rows{embedding.offset, width, static_cast<std::size_t>(layout.shape().vocab_size),
+                         embedding_rows_};
   {
     timeline::Span span("optimizer");
-    optimizer_.step(replica_.params(), grads, sparse_embedding_ ? &rows : nullptr);
+    optimizer_.step(replica_.params(), grads, sparse_exchange_ ? &rows : nullptr);
   }
 
   // The exchange wrote other ranks' rows into this rank's embedding gradient. Clear them, so that the
   // replica's promise (rows it did not touch are zero) holds at the next step.
-  if (sparse_embedding_) {
+  if (sparse_exchange_) {
     replica_.clear_embedding_gradient_rows(embedding_rows_);
   } else if (comm_.size() > 1) {
     replica_.clear_embedding_gradient();

@@ -8,7 +8,7 @@
 #include <random>
 
 #include "comm/communicator.h"
-#include "engine/data_parallel_step.h"
+#include "engine/all_reduce_step.h"
 #include "engine/optimizer.h"
 #include "models/initializers.h"
 #include "models/replica.h"
@@ -26,7 +26,7 @@ struct TokenBatch {
   std::vector<float> labels;
   int batch = 0;
   int seq = 0;
-  models::BatchView view(int first, int count) const {
+  BatchView view(int first, int count) const {
     return {tokens.data() + static_cast<std::size_t>(first) * seq, labels.data() + first, count, seq};
   }
 };
@@ -120,7 +120,7 @@ TEST(DataParallel, ReplicasStayBitIdentical) {
   comm->broadcast(initial, 0);
   replica->copy_params_from_host(initial);
   auto adam = engine::make_optimizer(engine::OptimizerSettings{}, replica->layout().total_size());
-  engine::DataParallelStep step(*replica, *comm, *adam, /*sparse_embedding=*/true);
+  engine::AllReduceStep step(*replica, *comm, *adam, /*sparse_exchange=*/true);
   for (int i = 0; i < 12; ++i) {
     const TokenBatch b =
         random_batch(8, 15, shape.vocab_size, 1000 * static_cast<uint64_t>(comm->rank()) + i);
@@ -155,7 +155,7 @@ TEST_P(TwoBySixteen, EqualsOneRankOfThirtyTwo) {
     models::initialize_keras(split->layout(), split->params(), 3);
     auto single_opt = engine::make_optimizer(sgd, single->layout().total_size());
     auto split_opt = engine::make_optimizer(sgd, split->layout().total_size());
-    engine::DataParallelStep split_step(*split, *comm, *split_opt, GetParam());
+    engine::AllReduceStep split_step(*split, *comm, *split_opt, GetParam());
     for (int step = 0; step < 4; ++step) {
       const TokenBatch b = random_batch(32, 20, shape.vocab_size, 500 + static_cast<uint64_t>(step));
       single->train_step(b.view(0, 32), {});

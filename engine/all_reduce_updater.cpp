@@ -1,0 +1,62 @@
+#include "engine/all_reduce_updater.h"
+
+#include <utility>
+#include <vector>
+
+#include "engine/all_reduce_step.h"
+
+namespace ddp::engine {
+namespace {
+
+// The all-reduce backends: gradients averaged over every rank, then every rank's own optimizer.
+class AllReduceUpdater final : public Updater {
+ public:
+  AllReduceUpdater(models::Replica& replica, comm::Communicator& comm, std::unique_ptr<Optimizer> optimizer,
+                   bool sparse_exchange)
+      : replica_(replica),
+        comm_(comm),
+        optimizer_(std::move(optimizer)),
+        step_(replica, comm, *optimizer_, sparse_exchange) {}
+
+  Optimizer& optimizer() override { return *optimizer_; }
+
+  void distribute_start(std::span<float> host_params) override {
+    comm_.broadcast(host_params, 0);
+    replica_.copy_params_from_host(host_params);
+    OptimizerState state = optimizer_->state();
+    std::vector<double> iterations{static_cast<double>(state.iterations)};
+    comm_.broadcast(std::span<double>(iterations), 0);
+    state.iterations = static_cast<int64_t>(iterations[0]);
+    for (auto& [name, buffer] : state.buffers) comm_.broadcast(std::span<float>(buffer), 0);
+    optimizer_->load_state(state);
+  }
+
+  void begin_steps() override {}
+  void step(const BatchView& batch) override { step_.run(batch); }
+  void end_steps() override {}
+  void finish(std::span<float> host_params) override { replica_.copy_params_to_host(host_params); }
+  std::string backend() const override { return comm_.backend(); }
+
+ private:
+  models::Replica& replica_;
+  comm::Communicator& comm_;
+  std::unique_ptr<Optimizer> optimizer_;
+  AllReduceStep step_;
+};
+
+// `gpu`: the replica's GPU, when it runs on one.
+std::unique_ptr<Optimizer> make_optimizer_for(models::Replica& replica, int gpu, const OptimizerSettings& s) {
+  const std::size_t size = replica.layout().total_size();
+  return replica.device() == models::DeviceKind::kCuda ? make_cuda_optimizer(s, size, gpu, replica.stream())
+                                                       : make_optimizer(s, size);
+}
+
+}  // namespace
+
+std::unique_ptr<Updater> make_all_reduce_updater(models::Replica& replica, int gpu, comm::Communicator& comm,
+                                                 const OptimizerSettings& settings, bool sparse_exchange) {
+  return std::make_unique<AllReduceUpdater>(replica, comm, make_optimizer_for(replica, gpu, settings),
+                                            sparse_exchange);
+}
+
+}  // namespace ddp::engine

@@ -1,0 +1,19 @@
+// The all-reduce backends' updater (updater.h): gradients averaged over every rank by the communicator,
+// then every rank's own optimizer over the whole flat buffer (AllReduceStep).
+#pragma once
+
+#include <memory>
+
+#include "comm/communicator.h"
+#include "engine/optimizer.h"
+#include "engine/updater.h"
+#include "models/replica.h"
+
+namespace ddp::engine {
+
+// `replica` runs on GPU `gpu` (or on the CPU: gpu -1), which picks the optimizer's memory. With
+// `sparse_exchange` only the embedding rows some rank touched travel (comm.sparse_embedding).
+std::unique_ptr<Updater> make_all_reduce_updater(models::Replica& replica, int gpu, comm::Communicator& comm,
+                                                 const OptimizerSettings& settings, bool sparse_exchange);
+
+}  // namespace ddp::engine
