@@ -11,14 +11,12 @@
 #include <optional>
 #include <thread>
 
-#include "engine/all_reduce_updater.h"
 #include "engine/base/errors.h"
 #include "engine/base/timeline.h"
 #include "engine/checkpoint.h"
 #include "engine/gpu_monitor.h"
 #include "engine/optimizer.h"
 #include "engine/preemption.h"
-#include "engine/ps_training.h"
 #include "engine/run_directory.h"
 #include "engine/self_check.h"
 #include "engine/updater.h"
@@ -41,21 +39,14 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// One rank's training: every rank of the all-reduce backends, or a worker of the parameter server.
-// `world` spans the whole job (errors before training are agreed on over it, and it gathers the start-up
-// log); `comm` the ranks that train (data shards, metrics, evaluation). They span the same ranks unless
-// parameter servers take part: then every call on `world` here has its counterpart in the servers' run
-// (ps_training.h lists the sequence).
-class TrainingRun {
+}  // namespace
+
+class TrainingRun::Loop {
  public:
-  // `stop_signal` spans the ranks of `comm`. `watchdog` is told each phase and beaten at every step and
-  // evaluation batch; with `exchange_has_deadlines` (the parameter server's protocol, which names the rank it
-  // waits for) it is paused wherever that protocol waits.
-  TrainingRun(const Config& config, const Topology& topology, comm::Communicator& world,
-              comm::Communicator& comm, StopAgreement& stop_signal, std::string backend_reason,
-              std::unique_ptr<models::Replica> replica, std::unique_ptr<Updater> updater,
-              const io::DatasetInfo& data, ProgressWatchdog& watchdog, bool exchange_has_deadlines,
-              EpochWritten epoch_written)
+  Loop(const Config& config, const Topology& topology, comm::Communicator& world, comm::Communicator& comm,
+       StopAgreement& stop_signal, std::string backend_reason, std::unique_ptr<models::Replica> replica,
+       std::unique_ptr<Updater> updater, const io::DatasetInfo& data, ProgressWatchdog& watchdog,
+       bool exchange_has_deadlines, EpochWritten epoch_written)
       : config_(config),
         topology_(topology),
         world_(world),
@@ -706,92 +697,19 @@ class TrainingRun {
   std::unique_ptr<GpuMonitor> gpu_monitor_;  // null on a CPU rank or without NVML
 };
 
-}  // namespace
+TrainingRun::TrainingRun(const Config& config, const Topology& topology, comm::Communicator& world,
+                         comm::Communicator& comm, StopAgreement& stop_signal, std::string backend_reason,
+                         std::unique_ptr<models::Replica> replica, std::unique_ptr<Updater> updater,
+                         const io::DatasetInfo& data, ProgressWatchdog& watchdog, bool exchange_has_deadlines,
+                         EpochWritten epoch_written)
+    : loop_(std::make_unique<Loop>(config, topology, world, comm, stop_signal, std::move(backend_reason),
+                                   std::move(replica), std::move(updater), data, watchdog,
+                                   exchange_has_deadlines, std::move(epoch_written))) {}
 
-OptimizerSettings optimizer_settings(const Config& c) {
-  return {c.train.optimizer,
-          c.train.learning_rate,
-          c.train.beta1,
-          c.train.beta2,
-          c.train.epsilon,
-          c.train.momentum,
-          c.train.embedding_update == "lazy"};
-}
+TrainingRun::~TrainingRun() = default;
 
-TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data, MPI_Comm world,
-                  ProgressWatchdog& watchdog, const EpochWritten& epoch_written) {
-  std::unique_ptr<comm::Communicator> boot = comm::make_mpi_communicator(world);
-  const models::ModelShape shape{data.vocab_size, config.model.embedding_dim, config.model.hidden,
-                                 config.model.layers};
-  std::unique_ptr<models::Replica> replica;
-  watchdog.enter("creating the model replica on " + topology.device);
-  comm::agree_on_errors(*boot, [&] {
-    replica = topology.gpu >= 0
-                  ? models::make_cuda_replica(shape, topology.gpu,
-                                              models::parse_rnn_algorithm(config.model.cudnn_rnn_algo))
-                  : models::make_cpu_replica(shape);
-  });
-  comm::BackendChoice backend;
-  watchdog.enter("setting up the communication backend (comm.backend = " + config.comm.backend + ")");
-  comm::agree_on_errors(*boot, [&] {
-    comm::BackendRequest request;
-    request.backend = config.comm.backend;
-    request.compression = config.comm.compression;
-    request.on_gpu = replica->device() == models::DeviceKind::kCuda;
-    request.compute_stream = replica->stream();
-    request.ps_servers = config.comm.ps_servers;
-    request.lazy_update = config.train.embedding_update == "lazy";
-    backend = comm::choose_backend(request, world);
-  });
-
-  // Ends the job at once on an error NCCL has seen; cleared before the communicator goes.
-  struct HealthCheckScope {
-    ProgressWatchdog& watchdog;
-    ~HealthCheckScope() { watchdog.set_health_check({}); }
-  } health_scope{watchdog};
-  if (backend.communicator) {
-    watchdog.set_health_check([&comm = *backend.communicator] { return comm.asynchronous_error(); });
-  }
-
-  if (!backend.parameter_server) {
-    StopAgreement stop_signal(world);  // collective: made outside agree_on_errors, which a throw may skip
-    std::unique_ptr<TrainingRun> run;
-    // After `run`, so that leaving by an exception aborts NCCL before the replica (in `run`) waits for its
-    // stream, which may wait on a reduction that a failed peer will never complete.
-    const comm::AbortOnUnwind abort_on_unwind(backend.communicator.get());
-    comm::agree_on_errors(*boot, [&] {
-      comm::Communicator& comm = *backend.communicator;
-      std::unique_ptr<Updater> updater =
-          make_all_reduce_updater(*replica, topology.gpu, comm, optimizer_settings(config),
-                                  config.comm.sparse_embedding && backend.all_on_cpu);
-      run = std::make_unique<TrainingRun>(config, topology, *boot, comm, stop_signal, backend.reason,
-                                          std::move(replica), std::move(updater), data, watchdog,
-                                          /*exchange_has_deadlines=*/false, epoch_written);
-    });
-    return run->run();
-  }
-
-  // The parameter server: the last ranks serve (ps_training.h), the others train.
-  std::optional<PsJob> ps_job;
-  comm::agree_on_errors(*boot, [&] { ps_job.emplace(world, config, backend.ps_servers, replica->layout()); });
-  PsJob& job = *ps_job;
-  std::optional<StopAgreement> stop_signal;  // among the workers
-  if (!job.serves()) stop_signal.emplace(job.workers_comm());
-  std::unique_ptr<TrainingRun> run;
-  std::unique_ptr<PsServerRun> server;
-  comm::agree_on_errors(*boot, [&] {
-    if (job.serves()) {
-      replica.reset();  // a server holds its shard only
-      server = std::make_unique<PsServerRun>(job, *boot, config, topology, watchdog);
-      return;
-    }
-    std::unique_ptr<Updater> updater = make_ps_worker_updater(job, *replica, optimizer_settings(config));
-    run = std::make_unique<TrainingRun>(config, topology, *boot, job.workers(), *stop_signal,
-                                        backend.reason + "; " + job.describe_mode(), std::move(replica),
-                                        std::move(updater), data, watchdog, /*exchange_has_deadlines=*/true,
-                                        epoch_written);
-  });
-  return server ? server->run() : run->run();
+TrainResult TrainingRun::run() {
+  return loop_->run();
 }
 
 }  // namespace ddp::engine

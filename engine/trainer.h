@@ -25,10 +25,13 @@
 #include "comm/communicator.h"
 #include "engine/config.h"
 #include "engine/metrics.h"
+#include "engine/preemption.h"
 #include "engine/run_directory.h"
 #include "engine/topology.h"
+#include "engine/updater.h"
 #include "engine/watchdog.h"
 #include "io/dataset.h"
+#include "models/replica.h"
 
 namespace ddp::engine {
 
@@ -46,13 +49,32 @@ struct TrainResult {
 // (the application redraws the learning curves there). A UserError it throws ends the job.
 using EpochWritten = std::function<void(const RunFiles& files)>;
 
-// Collective over `world`: builds this rank's replica on its device (topology), picks the backend the job's
-// devices call for (comm::choose_backend) and trains: with all-reduce, every rank with the optimizer of its
-// device; with the parameter server, the first ranks as workers and the last comm.ps_servers ranks as
-// servers. Throws UserError for problems found before the first step (every rank throws the same one);
-// problems met later end the job through fatal(). It tells `watchdog` each phase and beats it at every step
-// and evaluation batch, pausing it where the parameter server's protocol waits with deadlines of its own.
-TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data, MPI_Comm world,
-                  ProgressWatchdog& watchdog, const EpochWritten& epoch_written = {});
+// One rank's training, the epoch loop: every rank of the all-reduce backends, or a worker of the parameter
+// server (training_job.h makes it). `world` spans the whole job (errors before training are agreed on over
+// it, and it gathers the start-up log); `comm` the ranks that train (data shards, metrics, evaluation). They
+// span the same ranks unless parameter servers take part: then every call on `world` here has its
+// counterpart in the servers' run (ps_training.h lists the sequence).
+class TrainingRun {
+ public:
+  // `stop_signal` spans the ranks of `comm`. `watchdog` is told each phase and beaten at every step and
+  // evaluation batch; with `exchange_has_deadlines` (the parameter server's protocol, which names the rank it
+  // waits for) it is paused wherever that protocol waits. Throws UserError (the same on every rank) for
+  // problems found before the first step.
+  TrainingRun(const Config& config, const Topology& topology, comm::Communicator& world,
+              comm::Communicator& comm, StopAgreement& stop_signal, std::string backend_reason,
+              std::unique_ptr<models::Replica> replica, std::unique_ptr<Updater> updater,
+              const io::DatasetInfo& data, ProgressWatchdog& watchdog, bool exchange_has_deadlines,
+              EpochWritten epoch_written);
+  ~TrainingRun();
+  TrainingRun(const TrainingRun&) = delete;
+  TrainingRun& operator=(const TrainingRun&) = delete;
+
+  // Trains the remaining epochs (or until a stop signal), then scores best.h5 on the test rows.
+  TrainResult run();
+
+ private:
+  class Loop;
+  std::unique_ptr<Loop> loop_;
+};
 
 }  // namespace ddp::engine

@@ -20,7 +20,7 @@
 #include "engine/preemption.h"
 #include "engine/run_directory.h"
 #include "engine/topology.h"
-#include "engine/trainer.h"
+#include "engine/training_job.h"
 #include "engine/watchdog.h"
 #include "io/dataset.h"
 #include "models/blas_threads.h"

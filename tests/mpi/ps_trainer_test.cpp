@@ -17,7 +17,7 @@
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/topology.h"
-#include "engine/trainer.h"
+#include "engine/training_job.h"
 #include "io/dataset.h"
 #include "io/synthetic.h"
 #include "tests/mpi/mpi_test_util.h"

@@ -14,7 +14,7 @@
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/topology.h"
-#include "engine/trainer.h"
+#include "engine/training_job.h"
 #include "io/batch_source.h"
 #include "io/dataset.h"
 #include "io/dataset_writer.h"

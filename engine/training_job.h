@@ -1,0 +1,26 @@
+// A training job on this rank, from the replica to the result: builds the replica on the rank's device,
+// picks the backend the job's devices call for (comm::choose_backend), and runs the epoch loop
+// (trainer.h) with the all-reduce updater on every rank, or with the parameter server's: the first ranks as
+// workers and the last comm.ps_servers ranks as servers (ps_training.h).
+#pragma once
+
+#include <mpi.h>
+
+#include "engine/config.h"
+#include "engine/topology.h"
+#include "engine/trainer.h"
+#include "engine/watchdog.h"
+#include "io/dataset.h"
+
+namespace ddp::engine {
+
+// Collective over `world`: builds this rank's replica on its device (topology), picks the backend the job's
+// devices call for (comm::choose_backend) and trains: with all-reduce, every rank with the optimizer of its
+// device; with the parameter server, the first ranks as workers and the last comm.ps_servers ranks as
+// servers. Throws UserError for problems found before the first step (every rank throws the same one);
+// problems met later end the job through fatal(). It tells `watchdog` each phase and beats it at every step
+// and evaluation batch, pausing it where the parameter server's protocol waits with deadlines of its own.
+TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data, MPI_Comm world,
+                  ProgressWatchdog& watchdog, const EpochWritten& epoch_written = {});
+
+}  // namespace ddp::engine
