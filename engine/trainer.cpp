@@ -19,6 +19,7 @@
 #include "engine/preemption.h"
 #include "engine/run_directory.h"
 #include "engine/self_check.h"
+#include "engine/start_log.h"
 #include "engine/updater.h"
 #include "engine/watchdog.h"
 #include "io/batch_reader.h"
@@ -86,7 +87,7 @@ class TrainingRun::Loop {
     updater_->distribute_start(host_params_);
     watchdog_.enter("gathering the start-up log");
     log_start();
-    log_class_balance();
+    log_class_balance(comm_, data_, plan_.train);
     start_gpu_monitor();
 
     try {
@@ -333,81 +334,50 @@ class TrainingRun::Loop {
     if (exchange_has_deadlines_) watchdog_.pause();
   }
 
-  // Collective over the training ranks: the training rows' class balance, and each rank whose shard differs
-  // from it by more than kBalanceTolerance in some class (a file whose rows follow their labels).
-  void log_class_balance() {
-    constexpr double kBalanceTolerance = 0.05;
-    std::vector<int64_t> mine = io::label_counts(data_, "train", plan_.train.begin, plan_.train.end);
-    std::vector<double> all(256, 0.0);  // labels are uint8
-    for (std::size_t label = 0; label < mine.size() && label < all.size(); ++label)
-      all[label] = static_cast<double>(mine[label]);
-    comm_.sum(all);
-    const double total = std::accumulate(all.begin(), all.end(), 0.0);
-    const double rows = static_cast<double>(plan_.train.size());
-    double worst = 0;
-    for (std::size_t label = 0; label < mine.size() && total > 0 && rows > 0; ++label) {
-      worst = std::max(worst, std::abs(static_cast<double>(mine[label]) / rows - all[label] / total));
-    }
-    const std::string line = worst > kBalanceTolerance ? "rank " + std::to_string(comm_.rank()) +
-                                                             "'s shard: " + io::class_balance_text(mine)
-                                                       : "";
-    const std::vector<std::string> lines = comm_.gather(line, 0);
-    if (!is_root()) return;
-    std::size_t labels = 2;
-    for (std::size_t label = 0; label < all.size(); ++label) {
-      if (all[label] > 0) labels = std::max(labels, label + 1);
-    }
-    const std::vector<int64_t> counts(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(labels));
-    std::printf("classes of the training rows: %s\n", io::class_balance_text(counts).c_str());
-    int differing = 0;
-    for (const std::string& l : lines) {
-      if (l.empty()) continue;
-      if (differing++ == 0)
-        std::printf(
-            "note: some shards' classes differ from the training rows' by more than %.0f points (a "
-            "file in label order? `ddptrain prepare` writes rows in random order):\n",
-            100 * kBalanceTolerance);
-      std::printf("  %s\n", l.c_str());
-    }
-    std::fflush(stdout);
-  }
-
+  // Collective over the job: every rank's line, then the run's, on rank 0's stdout (start_log.h).
   void log_start() {
-    std::string device = topology_.gpu >= 0 ? topology_.device + " " + topology_.gpu_name + " (PCI " +
-                                                  topology_.gpu_bus_id + ")"
-                                            : topology_.device;
-    if (const std::string kernels = replica_->lstm_kernels(); !kernels.empty()) device += ", " + kernels;
-    if (!self_check_summary_.empty()) device += ", " + self_check_summary_;
-    char line[1024];
-    std::snprintf(line, sizeof(line), "rank %d/%d on %s (local rank %d/%d): %s [%s], train rows [%lld, %lld)",
-                  world_.rank(), world_.size(), topology_.host.c_str(), topology_.local_rank,
-                  topology_.local_size, device.c_str(), topology_.device_reason.c_str(),
-                  static_cast<long long>(plan_.train.begin), static_cast<long long>(plan_.train.end));
-    const std::vector<std::string> lines = world_.gather(line, 0);
+    RankStartFacts rank;
+    rank.rank = world_.rank();
+    rank.ranks = world_.size();
+    rank.local_rank = topology_.local_rank;
+    rank.local_ranks = topology_.local_size;
+    rank.host = topology_.host;
+    rank.device = topology_.gpu >= 0
+                      ? topology_.device + " " + topology_.gpu_name + " (PCI " + topology_.gpu_bus_id + ")"
+                      : topology_.device;
+    if (const std::string kernels = replica_->lstm_kernels(); !kernels.empty()) rank.device += ", " + kernels;
+    if (!self_check_summary_.empty()) rank.device += ", " + self_check_summary_;
+    rank.device_reason = topology_.device_reason;
+    rank.train_rows = plan_.train;
+    const std::vector<std::string> rank_lines = world_.gather(rank_start_line(rank), 0);
     if (!is_root()) return;
-    std::printf("backend %s\n", backend_reason_.c_str());
-    for (const std::string& l : lines) std::printf("%s\n", l.c_str());
-    std::printf("data %s: vocab %d, maxlen %d; %s\n", data_.path.c_str(), data_.vocab_size, data_.maxlen,
-                plan_.describe().c_str());
-    std::printf(
-        "model: embedding %d, LSTM %d x %d, %zu parameters; %s lr %g; batch %d per rank x %d %s; "
-        "%lld steps per epoch\n",
-        shape_.embedding_dim, shape_.layers, shape_.hidden, replica_->layout().total_size(),
-        updater_->optimizer().name().c_str(), config_.train.learning_rate, config_.train.batch_size,
-        comm_.size(), trainers().c_str(), static_cast<long long>(steps_per_epoch_));
-    if (finished_at_start_) {
-      std::printf(
-          "%s: run %s already finished its %lld epochs (train.epochs = %d): nothing to train; raise "
-          "train.epochs to train further\n",
-          files_.last().c_str(), run_record_.run_id.c_str(), static_cast<long long>(progress_.epoch),
-          config_.train.epochs);
-    } else if (resumed_) {
-      std::printf("resumed from %s (run %s): %lld epochs and %lld steps done\n", files_.last().c_str(),
-                  run_record_.run_id.c_str(), static_cast<long long>(progress_.epoch),
-                  static_cast<long long>(progress_.step_in_epoch));
-    } else {
-      std::printf("run %s in %s\n", run_record_.run_id.c_str(), files_.dir.string().c_str());
-    }
+
+    RunStartFacts run;
+    run.backend_reason = backend_reason_;
+    run.data_path = data_.path;
+    run.vocab_size = data_.vocab_size;
+    run.maxlen = data_.maxlen;
+    run.data_plan = plan_.describe();
+    run.embedding_dim = shape_.embedding_dim;
+    run.layers = shape_.layers;
+    run.hidden = shape_.hidden;
+    run.parameters = replica_->layout().total_size();
+    run.optimizer = updater_->optimizer().name();
+    run.learning_rate = config_.train.learning_rate;
+    run.batch_size = config_.train.batch_size;
+    run.trainers = comm_.size();
+    run.trainers_name = trainers();
+    run.steps_per_epoch = steps_per_epoch_;
+    run.start = finished_at_start_ ? RunStartFacts::Start::kAlreadyFinished
+                : resumed_         ? RunStartFacts::Start::kResumed
+                                   : RunStartFacts::Start::kFresh;
+    run.run_id = run_record_.run_id;
+    run.run_dir = files_.dir.string();
+    run.checkpoint = files_.last();
+    run.epochs_done = progress_.epoch;
+    run.steps_done = progress_.step_in_epoch;
+    run.epochs = config_.train.epochs;
+    for (const std::string& line : start_log_lines(run, rank_lines)) std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }
 

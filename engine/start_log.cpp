@@ -1,0 +1,86 @@
+#include "engine/start_log.h"
+
+#include <fmt/format.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+namespace ddp::engine {
+
+std::string rank_start_line(const RankStartFacts& f) {
+  return fmt::format("rank {}/{} on {} (local rank {}/{}): {} [{}], train rows [{}, {})", f.rank, f.ranks,
+                     f.host, f.local_rank, f.local_ranks, f.device, f.device_reason, f.train_rows.begin,
+                     f.train_rows.end);
+}
+
+std::vector<std::string> start_log_lines(const RunStartFacts& f, const std::vector<std::string>& rank_lines) {
+  std::vector<std::string> lines{fmt::format("backend {}", f.backend_reason)};
+  lines.insert(lines.end(), rank_lines.begin(), rank_lines.end());
+  lines.insert(
+      lines.end(),
+      {fmt::format("data {}: vocab {}, maxlen {}; {}", f.data_path, f.vocab_size, f.maxlen, f.data_plan),
+       fmt::format(
+           "model: embedding {}, LSTM {} x {}, {} parameters; {} lr {}; batch {} per rank x {} {}; {} steps "
+           "per epoch",
+           f.embedding_dim, f.layers, f.hidden, f.parameters, f.optimizer, f.learning_rate, f.batch_size,
+           f.trainers, f.trainers_name, f.steps_per_epoch)});
+  switch (f.start) {
+    case RunStartFacts::Start::kAlreadyFinished:
+      lines.push_back(
+          fmt::format("{}: run {} already finished its {} epochs (train.epochs = {}): nothing to train; "
+                      "raise train.epochs "
+                      "to train further",
+                      f.checkpoint, f.run_id, f.epochs_done, f.epochs));
+      break;
+    case RunStartFacts::Start::kResumed:
+      lines.push_back(fmt::format("resumed from {} (run {}): {} epochs and {} steps done", f.checkpoint,
+                                  f.run_id, f.epochs_done, f.steps_done));
+      break;
+    case RunStartFacts::Start::kFresh:
+      lines.push_back(fmt::format("run {} in {}", f.run_id, f.run_dir));
+      break;
+  }
+  return lines;
+}
+
+void log_class_balance(comm::Communicator& trainers, const io::DatasetInfo& data,
+                       const io::Shard& train_rows) {
+  constexpr double kBalanceTolerance = 0.05;
+  std::vector<int64_t> mine = io::label_counts(data, "train", train_rows.begin, train_rows.end);
+  std::vector<double> all(256, 0.0);  // labels are uint8
+  for (std::size_t label = 0; label < mine.size() && label < all.size(); ++label)
+    all[label] = static_cast<double>(mine[label]);
+  trainers.sum(all);
+  const double total = std::accumulate(all.begin(), all.end(), 0.0);
+  const double rows = static_cast<double>(train_rows.size());
+  double worst = 0;
+  for (std::size_t label = 0; label < mine.size() && total > 0 && rows > 0; ++label) {
+    worst = std::max(worst, std::abs(static_cast<double>(mine[label]) / rows - all[label] / total));
+  }
+  const std::string line = worst > kBalanceTolerance ? fmt::format("rank {}'s shard: {}", trainers.rank(),
+                                                                   io::class_balance_text(mine))
+                                                     : "";
+  const std::vector<std::string> lines = trainers.gather(line, 0);
+  if (trainers.rank() != 0) return;
+  std::size_t labels = 2;
+  for (std::size_t label = 0; label < all.size(); ++label) {
+    if (all[label] > 0) labels = std::max(labels, label + 1);
+  }
+  const std::vector<int64_t> counts(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(labels));
+  fmt::print("classes of the training rows: {}\n", io::class_balance_text(counts));
+  int differing = 0;
+  for (const std::string& l : lines) {
+    if (l.empty()) continue;
+    if (differing++ == 0)
+      fmt::print(
+          "note: some shards' classes differ from the training rows' by more than {:.0f} points (a file in "
+          "label "
+          "order? `ddptrain prepare` writes rows in random order):\n",
+          100 * kBalanceTolerance);
+    fmt::print("  {}\n", l);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace ddp::engine
