@@ -14,6 +14,7 @@
 #include "engine/base/errors.h"
 #include "engine/base/timeline.h"
 #include "engine/checkpoint.h"
+#include "engine/device_preparation.h"
 #include "engine/gpu_monitor.h"
 #include "engine/optimizer.h"
 #include "engine/preemption.h"
@@ -133,77 +134,16 @@ class TrainingRun::Loop {
     return std::string(world_.size() == comm_.size() ? "rank" : "worker") + (comm_.size() == 1 ? "" : "s");
   }
 
-  // The batch shapes this rank will meet: every training batch (a short last one is dropped), and the
-  // last, shorter batch of its validation and test shards (batch 0: none). Full evaluation batches have
-  // the training batch's shape.
-  std::vector<std::pair<int, int>> batch_shapes() const {
-    const int batch = config_.train.batch_size;
-    auto last_batch = [&](const io::RowSet* rows) {
-      return rows == nullptr ? 0 : static_cast<int>(rows->shard.size() % batch);
-    };
-    const io::RowSet* test = plan_.test ? &*plan_.test : nullptr;
-    return {{batch, data_.maxlen},
-            {last_batch(&plan_.validation), data_.maxlen},
-            {last_batch(test), data_.maxlen}};
-  }
-
-  // Collective over the job (parameter servers pair it with an empty agreement): before the replica's first
-  // batch, every batch shape of the run is tried on every training rank and settled on the same kernels
-  // everywhere (one GPU's cuDNN may turn a persistent algorithm down for a shape another's takes), and on
-  // a GPU the self-check runs (self_check.h). Errors end the job on every rank with the first failing
-  // rank's line. The self-check overwrites the replica's parameters: this runs before the starting point
-  // is loaded.
+  // Before the replica's first batch (device_preparation.h).
   void prepare_device() {
-    const bool gpu = replica_->device() == models::DeviceKind::kCuda;
-    const bool self_check = gpu && config_.comm.selfcheck;
+    const bool self_check = replica_->device() == models::DeviceKind::kCuda && config_.comm.selfcheck;
     watchdog_.enter(std::string("preparing the batch shapes") +
                     (self_check ? " and the GPU self-check" : ""));
-    comm::agree_on_errors(world_, [&] {
-      const std::vector<std::pair<int, int>> shapes = batch_shapes();
-      std::vector<double> refused(shapes.size(), 0.0);
-      std::optional<std::string> error;  // kept until every training rank has tried: the sum below pairs up
-      try {
-        for (std::size_t i = 0; i < shapes.size(); ++i) {
-          if (shapes[i].first > 0 && !replica_->try_shape(shapes[i].first, shapes[i].second)) refused[i] = 1;
-        }
-      } catch (const UserError& e) {
-        error = "rank " + std::to_string(world_.rank()) + " (" + topology_.host + ", " + topology_.device +
-                "): " + e.what();
-      }
-      if (auto first = comm_.first_error(error)) throw UserError(*first);
-      comm_.sum(refused);
-      std::vector<std::pair<int, int>> distinct;
-      for (std::size_t i = 0; i < shapes.size(); ++i) {
-        if (shapes[i].first <= 0) continue;
-        replica_->settle_shape(shapes[i].first, shapes[i].second, refused[i] == 0);
-        if (std::find(distinct.begin(), distinct.end(), shapes[i]) == distinct.end())
-          distinct.push_back(shapes[i]);
-      }
-      if (!self_check) return;
-      SelfCheckReport report = check_gpu_replica(*replica_, topology_.gpu, distinct,
-                                                 optimizer_settings(config_), config_.train.seed);
-      if (!report.ok) error = self_check_failure(report);
-      if (auto first = comm_.first_error(error)) throw UserError(*first);
-      // Every rank of an NCCL job is a GPU rank, so all of them are here; the verdict is the same on each.
-      if (comm_.backend() == "nccl" && comm_.size() > 1) {
-        report.add(check_gpu_communicator(comm_, topology_.gpu, segment_sizes(), config_.comm.compression));
-        if (!report.ok) throw UserError(self_check_failure(report));
-      }
-      self_check_summary_ = "self-check " + report.summary();
-    });
-  }
-
-  std::string self_check_failure(const SelfCheckReport& report) const {
-    return "self-check failed on rank " + std::to_string(world_.rank()) + " (host " + topology_.host +
-           ", GPU " + std::to_string(topology_.gpu) + " " + topology_.gpu_name + "): " + report.failure +
-           "; training there would give wrong results (comm.selfcheck = off skips the check)";
-  }
-
-  // The sizes of the segments the replica hands to the communicator, in order.
-  std::vector<std::size_t> segment_sizes() const {
-    std::vector<std::size_t> sizes;
-    for (const models::ParamSegment& segment : replica_->layout().segments()) sizes.push_back(segment.size);
-    return sizes;
+    const int64_t test_rows = plan_.test ? plan_.test->shard.size() : -1;
+    self_check_summary_ = engine::prepare_device(
+        *replica_,
+        batch_shapes(config_.train.batch_size, data_.maxlen, plan_.validation.shard.size(), test_rows),
+        config_, topology_, world_, comm_);
   }
 
   // Rank 0 claims checkpoint.dir for this run (run_directory.h) and writes the effective config there;

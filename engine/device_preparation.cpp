@@ -1,0 +1,75 @@
+#include "engine/device_preparation.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "engine/base/errors.h"
+#include "engine/self_check.h"
+#include "engine/updater.h"
+
+namespace ddp::engine {
+namespace {
+
+// The sizes of the segments the replica hands to the communicator, in order.
+std::vector<std::size_t> segment_sizes(const models::Replica& replica) {
+  std::vector<std::size_t> sizes;
+  for (const models::ParamSegment& segment : replica.layout().segments()) sizes.push_back(segment.size);
+  return sizes;
+}
+
+std::string self_check_failure(const SelfCheckReport& report, const Topology& topology, int rank) {
+  return "self-check failed on rank " + std::to_string(rank) + " (host " + topology.host + ", GPU " +
+         std::to_string(topology.gpu) + " " + topology.gpu_name + "): " + report.failure +
+         "; training there would give wrong results (comm.selfcheck = off skips the check)";
+}
+
+}  // namespace
+
+std::vector<std::pair<int, int>> batch_shapes(int batch_size, int seq, int64_t validation_rows,
+                                              int64_t test_rows) {
+  std::vector<std::pair<int, int>> shapes{{batch_size, seq}};
+  for (const int64_t rows : {validation_rows, test_rows}) {
+    const auto last = rows < 0 ? 0 : static_cast<int>(rows % batch_size);
+    if (last > 0 && std::find(shapes.begin(), shapes.end(), std::pair{last, seq}) == shapes.end())
+      shapes.emplace_back(last, seq);
+  }
+  return shapes;
+}
+
+std::string prepare_device(models::Replica& replica, const std::vector<std::pair<int, int>>& shapes,
+                           const Config& config, const Topology& topology, comm::Communicator& world,
+                           comm::Communicator& trainers) {
+  std::string summary;
+  comm::agree_on_errors(world, [&] {
+    std::vector<double> refused(shapes.size(), 0.0);
+    std::optional<std::string> error;  // kept until every training rank has tried: the sum below pairs up
+    try {
+      for (std::size_t i = 0; i < shapes.size(); ++i) {
+        if (!replica.try_shape(shapes[i].first, shapes[i].second)) refused[i] = 1;
+      }
+    } catch (const UserError& e) {
+      error = "rank " + std::to_string(world.rank()) + " (" + topology.host + ", " + topology.device +
+              "): " + e.what();
+    }
+    if (auto first = trainers.first_error(error)) throw UserError(*first);
+    trainers.sum(refused);
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      replica.settle_shape(shapes[i].first, shapes[i].second, refused[i] == 0);
+    }
+    if (replica.device() != models::DeviceKind::kCuda || !config.comm.selfcheck) return;
+    SelfCheckReport report =
+        check_gpu_replica(replica, topology.gpu, shapes, optimizer_settings(config), config.train.seed);
+    if (!report.ok) error = self_check_failure(report, topology, world.rank());
+    if (auto first = trainers.first_error(error)) throw UserError(*first);
+    // Every rank of an NCCL job is a GPU rank, so all of them are here; the verdict is the same on each.
+    if (trainers.backend() == "nccl" && trainers.size() > 1) {
+      report.add(
+          check_gpu_communicator(trainers, topology.gpu, segment_sizes(replica), config.comm.compression));
+      if (!report.ok) throw UserError(self_check_failure(report, topology, world.rank()));
+    }
+    summary = "self-check " + report.summary();
+  });
+  return summary;
+}
+
+}  // namespace ddp::engine

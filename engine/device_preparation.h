@@ -1,0 +1,34 @@
+// A training rank's device made ready before the replica's first batch: every batch shape of the run tried
+// on every training rank and settled on the same kernels everywhere (one GPU's cuDNN may turn a persistent
+// algorithm down for a shape another's takes), and on a GPU the self-check (self_check.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "engine/config.h"
+#include "engine/topology.h"
+#include "models/replica.h"
+
+namespace ddp::engine {
+
+// The (batch, seq) shapes a rank meets: every training batch (a short last one is dropped), and the last,
+// shorter batches of its validation and test shards (`*_rows`: the shard's sizes; -1 where there is none).
+// Full evaluation batches have the training batch's shape. Shapes of batch 0 are left out; each once.
+std::vector<std::pair<int, int>> batch_shapes(int batch_size, int seq, int64_t validation_rows,
+                                              int64_t test_rows);
+
+// Collective over `world` (parameter servers pair it with an empty agreement: ps_training.h) and
+// `trainers`, the training ranks, of which this is one: tries and settles `shapes` on `replica`, then, on
+// a GPU with comm.selfcheck, runs the self-check of the replica and, with NCCL, of the communicator's
+// averages. Errors throw the first failing rank's line as a UserError on every rank. The self-check
+// overwrites the replica's parameters: call this before the starting point is loaded. Returns the
+// self-check's summary for the start log ("" where it did not run).
+std::string prepare_device(models::Replica& replica, const std::vector<std::pair<int, int>>& shapes,
+                           const Config& config, const Topology& topology, comm::Communicator& world,
+                           comm::Communicator& trainers);
+
+}  // namespace ddp::engine
