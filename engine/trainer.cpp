@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -19,6 +18,7 @@
 #include "engine/optimizer.h"
 #include "engine/preemption.h"
 #include "engine/run_directory.h"
+#include "engine/run_start.h"
 #include "engine/self_check.h"
 #include "engine/start_log.h"
 #include "engine/updater.h"
@@ -26,10 +26,7 @@
 #include "io/batch_reader.h"
 #include "io/batch_source.h"
 #include "io/data_plan.h"
-#include "io/dataset_fingerprint.h"
-#include "io/tokenizer.h"
 #include "models/cuda_replica.h"
-#include "models/initializers.h"
 #include "models/replica.h"
 
 namespace ddp::engine {
@@ -80,10 +77,13 @@ class TrainingRun::Loop {
 
   TrainResult run() {
     prepare_device();
-    watchdog_.enter("preparing checkpoint.dir " + files_.dir.string());
-    prepare_run_directory();
-    watchdog_.enter("reading the starting point (seed or checkpoint) and broadcasting it");
-    start_from_checkpoint_or_seed();
+    RunStart start = start_run(config_, files_, data_, plan_, replica_->layout(), updater_->optimizer(),
+                               steps_per_epoch_, world_, comm_, watchdog_);
+    resumed_ = start.resumed;
+    finished_at_start_ = start.finished;
+    progress_ = start.progress;
+    run_record_ = std::move(start.record);
+    host_params_ = std::move(start.params);
     pause_where_the_exchange_has_deadlines();
     updater_->distribute_start(host_params_);
     watchdog_.enter("gathering the start-up log");
@@ -144,124 +144,6 @@ class TrainingRun::Loop {
         *replica_,
         batch_shapes(config_.train.batch_size, data_.maxlen, plan_.validation.shard.size(), test_rows),
         config_, topology_, world_, comm_);
-  }
-
-  // Rank 0 claims checkpoint.dir for this run (run_directory.h) and writes the effective config there;
-  // the other training ranks learn whether the run continues last.h5 with the starting point.
-  void prepare_run_directory() {
-    comm::agree_on_errors(world_, [&] {
-      if (!is_root()) return;
-      std::error_code ec;
-      std::filesystem::create_directories(files_.dir, ec);
-      if (ec)
-        throw UserError("checkpoint.dir = " + files_.dir.string() + ": cannot create it (" + ec.message() +
-                        ")");
-      resumed_ = claim_run_directory(files_, config_.resume, config_.checkpoint.overwrite);
-      std::ofstream out(files_.config());
-      out << config_.to_ini();
-      if (!out) throw UserError(files_.config() + ": cannot write the effective config");
-    });
-  }
-
-  // What the checkpoints record about the run and its data (rank 0 only).
-  void describe_run_on_root() {
-    run_record_.run_id = new_run_id();
-    run_record_.data_path = data_.path;
-    run_record_.data_fingerprint = io::dataset_fingerprint(data_);
-    run_record_.data_plan = plan_.describe();
-    run_record_.maxlen = data_.maxlen;
-    if (data_.has_vocab) run_record_.vocabulary = io::read_vocabulary(data_.path).words();
-  }
-
-  // The checkpoint must continue on the data it was trained on, unless checkpoint.allow_data_change.
-  void check_resumed_data(const Checkpoint& c) const {
-    if (c.run.data_fingerprint.empty() || c.run.data_fingerprint == run_record_.data_fingerprint) return;
-    const std::string what = files_.last() + " was trained on " + c.run.data_path + " (" +
-                             c.run.data_fingerprint + ") but data.path " + data_.path + " is (" +
-                             run_record_.data_fingerprint + ")";
-    if (!config_.checkpoint.allow_data_change) {
-      throw UserError("--resume: " + what +
-                      ": resume on the same data, or set checkpoint.allow_data_change = true to continue "
-                      "training on this data");
-    }
-    std::printf("note: %s; continuing on the new data (checkpoint.allow_data_change)\n", what.c_str());
-  }
-
-  // Another data.validation or data.validation_split changes which rows train: said, not refused.
-  void note_changed_data_plan(const Checkpoint& c) const {
-    if (c.run.data_plan.empty() || c.run.data_plan == run_record_.data_plan) return;
-    std::printf(
-        "warning: %s was trained on rows \"%s\"; this run's are \"%s\": the rows it trains on "
-        "change from here on\n",
-        files_.last().c_str(), c.run.data_plan.c_str(), run_record_.data_plan.c_str());
-  }
-
-  // Rank 0 reads last.h5 (or initializes from the seed) and broadcasts everything, so ranks need not share
-  // a file system and all start bit-identical.
-  void start_from_checkpoint_or_seed() {
-    std::vector<double> header(10, 0.0);
-    comm::agree_on_errors(world_, [&] {
-      if (!is_root()) return;
-      describe_run_on_root();
-      if (!resumed_) {
-        models::initialize_keras(replica_->layout(), host_params_, config_.train.seed);
-        progress_.seed = config_.train.seed;
-        return;
-      }
-      Checkpoint c = read_checkpoint(files_.last());
-      check_resumed_data(c);
-      note_changed_data_plan(c);
-      if (!c.run.run_id.empty()) run_record_.run_id = c.run.run_id;  // a resumed run keeps its id
-      if (!(c.shape == shape_)) {
-        throw UserError(files_.last() + ": the checkpoint's model (vocab " +
-                        std::to_string(c.shape.vocab_size) + ", embedding " +
-                        std::to_string(c.shape.embedding_dim) + ", hidden " + std::to_string(c.shape.hidden) +
-                        ", layers " + std::to_string(c.shape.layers) +
-                        ") differs from the config's and the dataset's");
-      }
-      Optimizer& optimizer = updater_->optimizer();
-      if (c.optimizer_name != optimizer.name()) {
-        throw UserError(files_.last() + ": checkpoint was trained with " + c.optimizer_name +
-                        ", the config asks for train.optimizer = " + optimizer.name());
-      }
-      host_params_ = c.params;
-      optimizer.load_state(c.optimizer);
-      progress_ = c.progress;
-      if (progress_.seed != config_.train.seed) {
-        std::printf("note: %s was trained with train.seed = %llu; its data order continues with that seed\n",
-                    files_.last().c_str(), static_cast<unsigned long long>(progress_.seed));
-      }
-      if (progress_.world_size != comm_.size() || progress_.batch_size != config_.train.batch_size) {
-        std::printf(
-            "warning: %s was written by %lld training ranks x batch %lld; resuming with %d x %d changes "
-            "the data order from here on\n",
-            files_.last().c_str(), static_cast<long long>(progress_.world_size),
-            static_cast<long long>(progress_.batch_size), comm_.size(), config_.train.batch_size);
-      }
-      if (progress_.step_in_epoch >= steps_per_epoch_) {
-        progress_.step_in_epoch = 0;  // the interrupted epoch had finished its steps
-      }
-    });
-
-    // Broadcast the starting point.
-    header = {static_cast<double>(progress_.epoch), static_cast<double>(progress_.step_in_epoch),
-              static_cast<double>(progress_.global_step), progress_.best_val_loss, progress_.loss_sum,
-              progress_.correct, progress_.count, resumed_ ? 1.0 : 0.0,
-              // A 64-bit seed does not fit a double's mantissa: send it in two halves.
-              static_cast<double>(progress_.seed >> 32), static_cast<double>(progress_.seed & 0xFFFFFFFFu)};
-    comm_.broadcast(std::span<double>(header), 0);
-    progress_.epoch = static_cast<int64_t>(header[0]);
-    progress_.step_in_epoch = static_cast<int64_t>(header[1]);
-    progress_.global_step = static_cast<int64_t>(header[2]);
-    progress_.best_val_loss = header[3];
-    resumed_ = header[7] != 0.0;
-    progress_.seed = (static_cast<uint64_t>(header[8]) << 32) | static_cast<uint64_t>(header[9]);
-    // Running sums of an interrupted epoch are global: keep them on rank 0 only, so the next sum adds them
-    // once.
-    if (!is_root()) progress_.loss_sum = progress_.correct = progress_.count = 0;
-    progress_.world_size = comm_.size();  // the training ranks, over which the data is sharded
-    progress_.batch_size = config_.train.batch_size;
-    finished_at_start_ = resumed_ && progress_.epoch >= config_.train.epochs;
   }
 
   // From here every step and evaluation batch beats the watchdog.

@@ -1,0 +1,154 @@
+#include "engine/run_start.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <span>
+#include <string>
+#include <system_error>
+
+#include "engine/base/errors.h"
+#include "io/dataset_fingerprint.h"
+#include "io/tokenizer.h"
+#include "models/initializers.h"
+
+namespace ddp::engine {
+namespace {
+
+// Rank 0: makes the directory and claims it for this run; writes the effective config. Returns whether the
+// run continues last.h5.
+bool claim_directory(const Config& config, const RunFiles& files) {
+  std::error_code ec;
+  std::filesystem::create_directories(files.dir, ec);
+  if (ec)
+    throw UserError("checkpoint.dir = " + files.dir.string() + ": cannot create it (" + ec.message() + ")");
+  const bool resumed = claim_run_directory(files, config.resume, config.checkpoint.overwrite);
+  std::ofstream out(files.config());
+  out << config.to_ini();
+  if (!out) throw UserError(files.config() + ": cannot write the effective config");
+  return resumed;
+}
+
+RunRecord describe_run(const io::DatasetInfo& data, const io::DataPlan& plan) {
+  RunRecord record;
+  record.run_id = new_run_id();
+  record.data_path = data.path;
+  record.data_fingerprint = io::dataset_fingerprint(data);
+  record.data_plan = plan.describe();
+  record.maxlen = data.maxlen;
+  if (data.has_vocab) record.vocabulary = io::read_vocabulary(data.path).words();
+  return record;
+}
+
+// The checkpoint must continue on the data it was trained on, unless checkpoint.allow_data_change.
+void check_resumed_data(const Config& config, const RunFiles& files, const Checkpoint& c,
+                        const RunRecord& now) {
+  if (c.run.data_fingerprint.empty() || c.run.data_fingerprint == now.data_fingerprint) return;
+  const std::string what = files.last() + " was trained on " + c.run.data_path + " (" +
+                           c.run.data_fingerprint + ") but data.path " + now.data_path + " is (" +
+                           now.data_fingerprint + ")";
+  if (!config.checkpoint.allow_data_change) {
+    throw UserError("--resume: " + what +
+                    ": resume on the same data, or set checkpoint.allow_data_change = true to continue "
+                    "training on this data");
+  }
+  std::printf("note: %s; continuing on the new data (checkpoint.allow_data_change)\n", what.c_str());
+}
+
+// Another data.validation or data.validation_split changes which rows train: said, not refused.
+void note_changed_data_plan(const RunFiles& files, const Checkpoint& c, const RunRecord& now) {
+  if (c.run.data_plan.empty() || c.run.data_plan == now.data_plan) return;
+  std::printf(
+      "warning: %s was trained on rows \"%s\"; this run's are \"%s\": the rows it trains on change from here "
+      "on\n",
+      files.last().c_str(), c.run.data_plan.c_str(), now.data_plan.c_str());
+}
+
+// Rank 0: last.h5's parameters, optimizer state (into `optimizer`) and progress, checked against the run.
+void resume_from_checkpoint(const Config& config, const RunFiles& files, const models::ParamLayout& layout,
+                            Optimizer& optimizer, int trainers, int64_t steps_per_epoch, RunStart& start) {
+  Checkpoint c = read_checkpoint(files.last());
+  check_resumed_data(config, files, c, start.record);
+  note_changed_data_plan(files, c, start.record);
+  if (!c.run.run_id.empty()) start.record.run_id = c.run.run_id;  // a resumed run keeps its id
+  if (!(c.shape == layout.shape())) {
+    throw UserError(files.last() + ": the checkpoint's model (vocab " + std::to_string(c.shape.vocab_size) +
+                    ", embedding " + std::to_string(c.shape.embedding_dim) + ", hidden " +
+                    std::to_string(c.shape.hidden) + ", layers " + std::to_string(c.shape.layers) +
+                    ") differs from the config's and the dataset's");
+  }
+  if (c.optimizer_name != optimizer.name()) {
+    throw UserError(files.last() + ": checkpoint was trained with " + c.optimizer_name +
+                    ", the config asks for train.optimizer = " + optimizer.name());
+  }
+  start.params = c.params;
+  optimizer.load_state(c.optimizer);
+  start.progress = c.progress;
+  TrainingProgress& p = start.progress;
+  if (p.seed != config.train.seed) {
+    std::printf("note: %s was trained with train.seed = %llu; its data order continues with that seed\n",
+                files.last().c_str(), static_cast<unsigned long long>(p.seed));
+  }
+  if (p.world_size != trainers || p.batch_size != config.train.batch_size) {
+    std::printf(
+        "warning: %s was written by %lld training ranks x batch %lld; resuming with %d x %d changes the data "
+        "order from here on\n",
+        files.last().c_str(), static_cast<long long>(p.world_size), static_cast<long long>(p.batch_size),
+        trainers, config.train.batch_size);
+  }
+  if (p.step_in_epoch >= steps_per_epoch)
+    p.step_in_epoch = 0;  // the interrupted epoch had finished its steps
+}
+
+// Rank 0's progress to every training rank, as doubles (the communicator's broadcast): integers below
+// 2^53 are exact, and the 64-bit seed goes in two 32-bit halves.
+void broadcast_progress(comm::Communicator& trainers, TrainingProgress& p, bool& resumed) {
+  std::vector<double> values{static_cast<double>(p.epoch),
+                             static_cast<double>(p.step_in_epoch),
+                             static_cast<double>(p.global_step),
+                             p.best_val_loss,
+                             resumed ? 1.0 : 0.0,
+                             static_cast<double>(p.seed >> 32),
+                             static_cast<double>(p.seed & 0xFFFFFFFFu)};
+  trainers.broadcast(std::span<double>(values), 0);
+  p.epoch = static_cast<int64_t>(values[0]);
+  p.step_in_epoch = static_cast<int64_t>(values[1]);
+  p.global_step = static_cast<int64_t>(values[2]);
+  p.best_val_loss = values[3];
+  resumed = values[4] != 0.0;
+  p.seed = (static_cast<uint64_t>(values[5]) << 32) | static_cast<uint64_t>(values[6]);
+}
+
+}  // namespace
+
+RunStart start_run(const Config& config, const RunFiles& files, const io::DatasetInfo& data,
+                   const io::DataPlan& plan, const models::ParamLayout& layout, Optimizer& optimizer,
+                   int64_t steps_per_epoch, comm::Communicator& world, comm::Communicator& trainers,
+                   ProgressWatchdog& watchdog) {
+  RunStart start;
+  start.params.resize(layout.total_size());
+  const bool root = trainers.rank() == 0;
+  watchdog.enter("preparing checkpoint.dir " + files.dir.string());
+  comm::agree_on_errors(world, [&] {
+    if (root) start.resumed = claim_directory(config, files);
+  });
+  watchdog.enter("reading the starting point (seed or checkpoint) and broadcasting it");
+  comm::agree_on_errors(world, [&] {
+    if (!root) return;
+    start.record = describe_run(data, plan);
+    if (start.resumed) {
+      resume_from_checkpoint(config, files, layout, optimizer, trainers.size(), steps_per_epoch, start);
+    } else {
+      models::initialize_keras(layout, start.params, config.train.seed);
+      start.progress.seed = config.train.seed;
+    }
+  });
+  broadcast_progress(trainers, start.progress, start.resumed);
+  if (!root) start.progress.loss_sum = start.progress.correct = start.progress.count = 0;
+  start.progress.world_size = trainers.size();  // the training ranks, over which the data is sharded
+  start.progress.batch_size = config.train.batch_size;
+  start.finished = start.resumed && start.progress.epoch >= config.train.epochs;
+  return start;
+}
+
+}  // namespace ddp::engine

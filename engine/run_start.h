@@ -1,0 +1,44 @@
+// Where a run starts. Rank 0 claims the run directory (run_directory.h) and writes the effective config
+// there, then reads last.h5 (a resumed run) or initializes the parameters from the seed, checking that the
+// checkpoint fits the config and the data; the progress is broadcast to every training rank, so that ranks
+// need not share a file system. The parameters and optimizer state travel afterwards, with the updater's
+// distribute_start().
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/optimizer.h"
+#include "engine/run_directory.h"
+#include "engine/watchdog.h"
+#include "io/data_plan.h"
+#include "io/dataset.h"
+#include "models/param_layout.h"
+
+namespace ddp::engine {
+
+struct RunStart {
+  bool resumed = false;   // continues last.h5
+  bool finished = false;  // resumed with every epoch of train.epochs already trained
+  // Epochs and steps done, the seed of the data order; for the next checkpoint: the training ranks and
+  // the batch size of this run. The running sums of an interrupted epoch are rank 0's alone (they are
+  // global), so that the next sum over the ranks adds them once.
+  TrainingProgress progress;
+  RunRecord record;           // rank 0: what the checkpoints record about the run and its data
+  std::vector<float> params;  // rank 0: the starting parameters (the others': zeros, to be overwritten)
+};
+
+// Collective over `world` (errors agreed on there: the parameter servers pair it with an empty agreement)
+// and `trainers` (the progress broadcast); `watchdog` is told each phase. Rank 0 loads a checkpoint's
+// optimizer state into `optimizer`. Throws UserError, the same on every rank, when the directory holds
+// another run's results, the checkpoint was trained on other data (unless checkpoint.allow_data_change) or
+// for another model or optimizer.
+RunStart start_run(const Config& config, const RunFiles& files, const io::DatasetInfo& data,
+                   const io::DataPlan& plan, const models::ParamLayout& layout, Optimizer& optimizer,
+                   int64_t steps_per_epoch, comm::Communicator& world, comm::Communicator& trainers,
+                   ProgressWatchdog& watchdog);
+
+}  // namespace ddp::engine
