@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/base/cuda_check.h"
+#include "engine/base/cuda_handles.h"
 #include "engine/base/errors.h"
 #include "engine/optimizer.h"
 #include "engine/optimizer_math.h"
@@ -82,27 +83,6 @@ bool aligned16(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
-// A zeroed device buffer of floats (an optimizer moment).
-class DeviceBuffer {
- public:
-  DeviceBuffer(std::size_t size, cudaStream_t stream) {
-    if (size == 0) return;
-    DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), size * sizeof(float)));
-    DDP_CUDA_CHECK(cudaMemsetAsync(data_, 0, size * sizeof(float), stream));
-  }
-  ~DeviceBuffer() {
-    // A destructor must not end the job: a failed free is only reported.
-    if (data_ != nullptr) warn_cuda(cudaFree(data_), "cudaFree");
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  float* get() const { return data_; }
-
- private:
-  float* data_ = nullptr;
-};
-
 class CudaOptimizer : public Optimizer {
  public:
   void step(std::span<float> params, std::span<const float> grads, const TouchedRows*) final {
@@ -154,8 +134,10 @@ class CudaOptimizer : public Optimizer {
     int sm_count = 0;
     DDP_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_));
     max_blocks_ = std::max(1, sm_count) * 8;
-    for (std::size_t i = 0; i < names_.size(); ++i) {
-      buffers_.push_back(std::make_unique<DeviceBuffer>(size_, stream_));
+    for (std::size_t i = 0; i < names_.size(); ++i) {  // the moments start at zero
+      auto& moment = *buffers_.emplace_back(std::make_unique<cuda::DeviceArray<float>>());
+      moment.ensure(size_);
+      if (size_ > 0) DDP_CUDA_CHECK(cudaMemsetAsync(moment.get(), 0, moment.bytes(), stream_));
     }
     DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
@@ -175,7 +157,7 @@ class CudaOptimizer : public Optimizer {
   int device_;
   int64_t iterations_ = 0;
   std::vector<std::string> names_;
-  std::vector<std::unique_ptr<DeviceBuffer>> buffers_;  // one per name, in order
+  std::vector<std::unique_ptr<cuda::DeviceArray<float>>> buffers_;  // one per name, in order
   int max_blocks_ = 1;
 };
 

@@ -46,12 +46,13 @@
 #include <vector>
 
 #include "engine/base/cuda_check.h"
+#include "engine/base/cuda_handles.h"
 #include "engine/base/errors.h"
 #include "engine/base/gpu_spans.h"
 #include "engine/base/timeline.h"
 #include "models/cuda_replica.h"
 #include "models/cudnn_status.h"
-#include "models/output_math.h"
+#include "models/lstm_kernels.cuh"
 
 #define DDP_CUDNN_CHECK(call)                                                               \
   do {                                                                                      \
@@ -63,6 +64,17 @@
 
 namespace ddp::models {
 namespace {
+
+using kernels::copy_weight_runs;
+using kernels::dense_backward;
+using kernels::dense_forward;
+using kernels::DeviceStats;
+using kernels::embedding_backward;
+using kernels::embedding_forward;
+using kernels::fill_int32;
+using kernels::kDenseThreads;
+using kernels::kThreads;
+using kernels::WeightRun;
 
 // A persistent algorithm that cuDNN refused (a bad-parameter or not-supported status) for a call whose
 // support depends on the algorithm; the replica catches it and falls back or reports.
@@ -117,254 +129,17 @@ const char* cudnn_algorithm_name(cudnnRNNAlgo_t algorithm) {
   }
 }
 
-constexpr int kThreads = 256;
-constexpr int kDenseThreads = 256;
-constexpr int kDenseWarps = kDenseThreads / 32;
-
-// Running sums of the batches since the last take_stats(), on the device.
-struct DeviceStats {
-  double loss_sum;
-  unsigned long long correct;
-};
-
-// One contiguous run of LSTM weights: floats [canonical, canonical + count) of the flat buffers are floats
-// [cudnn, cudnn + count) of cuDNN's weight space.
-struct WeightRun {
-  std::size_t canonical;
-  std::size_t cudnn;
-  std::size_t count;
-};
-
-// --- Release without failing: destructors must not end the job ------------------------------------------
-
-void report_release(cudaError_t status, const char* what) {
-  warn_cuda(status, what);
-}
-void report_release(cudnnStatus_t status, const char* what) {
-  if (status != CUDNN_STATUS_SUCCESS) {
-    std::fprintf(stderr, "ddptrain: warning: %s: %s\n", what, cudnnGetErrorString(status));
-  }
-}
-
-// A CUDA or cuDNN handle destroyed with kDestroy.
-template <typename Handle, auto kDestroy>
-class Owned {
- public:
-  Owned() = default;
-  ~Owned() { reset(); }
-  Owned(const Owned&) = delete;
-  Owned& operator=(const Owned&) = delete;
-
-  Handle get() const { return handle_; }
-  // For the create function's out parameter.
-  Handle* out() {
-    reset();
-    return &handle_;
-  }
-  void reset() {
-    if (handle_ != Handle{}) report_release(kDestroy(handle_), "destroying a CUDA/cuDNN handle");
-    handle_ = Handle{};
-  }
-
- private:
-  Handle handle_{};
-};
-
-using StreamHandle = Owned<cudaStream_t, cudaStreamDestroy>;
-using CudnnHandle = Owned<cudnnHandle_t, cudnnDestroy>;
-using DropoutDescriptor = Owned<cudnnDropoutDescriptor_t, cudnnDestroyDropoutDescriptor>;
-using RnnDescriptor = Owned<cudnnRNNDescriptor_t, cudnnDestroyRNNDescriptor>;
-using RnnDataDescriptor = Owned<cudnnRNNDataDescriptor_t, cudnnDestroyRNNDataDescriptor>;
-using TensorDescriptor = Owned<cudnnTensorDescriptor_t, cudnnDestroyTensorDescriptor>;
-
-// Device memory that only grows; its contents are scratch and are not kept when it does.
-template <typename T>
-class DeviceArray {
- public:
-  DeviceArray() = default;
-  ~DeviceArray() { release(); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-
-  T* get() const { return data_; }
-  std::size_t size() const { return size_; }
-  std::size_t bytes() const { return size_ * sizeof(T); }
-  // At least n elements. The caller has drained the streams that use the old buffer.
-  void ensure(std::size_t n) {
-    if (n <= size_) return;
-    release();
-    DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)));
-    size_ = n;
-  }
-
- private:
-  void release() {
-    if (data_ != nullptr) report_release(cudaFree(data_), "cudaFree");
-    data_ = nullptr;
-    size_ = 0;
-  }
-
-  T* data_ = nullptr;
-  std::size_t size_ = 0;
-};
-
-// Pinned host memory for one T, so the copy of the stats is a true async copy. Allocated once the replica's
-// device is current, so that no other GPU gets a context.
-template <typename T>
-class PinnedValue {
- public:
-  PinnedValue() = default;
-  ~PinnedValue() {
-    if (value_ != nullptr) report_release(cudaFreeHost(value_), "cudaFreeHost");
-  }
-  PinnedValue(const PinnedValue&) = delete;
-  PinnedValue& operator=(const PinnedValue&) = delete;
-  void allocate() {
-    DDP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&value_), sizeof(T)));
-    *value_ = T{};
-  }
-  T* get() const { return value_; }
-
- private:
-  T* value_ = nullptr;
-};
-
-// --- Kernels: grid-stride loops, so any grid covers any size ----------------------------------------------
-
-__global__ void fill_int32(int32_t* out, int n, int32_t value) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = value;
-}
-
-// Element i of the time-major x [T, B, E] comes from token (b, t) of the row-major tokens [B, T].
-__device__ inline int32_t token_of_element(const int32_t* tokens, std::size_t i, int batch, int seq,
-                                           int embed) {
-  const std::size_t row = i / embed;
-  return tokens[(row % batch) * seq + row / batch];
-}
-
-// Embedding lookup: tokens [B, T] row-major into x [T, B, E] time-major (row t*B+b is token (b, t)). A token
-// outside the vocabulary reads as zeros and raises *bad_token, reported on the host at the next sync.
-__global__ void embedding_forward(const int32_t* __restrict__ tokens, const float* __restrict__ embedding,
-                                  float* __restrict__ x, int batch, int seq, int embed, int vocab,
-                                  unsigned int* __restrict__ bad_token) {
-  const std::size_t n = static_cast<std::size_t>(seq) * batch * embed;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const std::size_t e = i % embed;
-    const int32_t token = token_of_element(tokens, i, batch, seq, embed);
-    if (token < 0 || token >= vocab) {
-      x[i] = 0.0f;
-      atomicOr(bad_token, 1u);
-    } else {
-      x[i] = embedding[static_cast<std::size_t>(token) * embed + e];
-    }
-  }
-}
-
-// The embedding gradient: row `token` gathers dx of every occurrence. The rows were zeroed before; atomics
-// add repeated tokens in whatever order the GPU runs them (float rounding makes that order visible).
-__global__ void embedding_backward(const int32_t* __restrict__ tokens, const float* __restrict__ dx,
-                                   float* __restrict__ d_embedding, int batch, int seq, int embed,
-                                   int vocab) {
-  const std::size_t n = static_cast<std::size_t>(seq) * batch * embed;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const std::size_t e = i % embed;
-    const int32_t token = token_of_element(tokens, i, batch, seq, embed);
-    if (token >= 0 && token < vocab) {
-      atomicAdd(&d_embedding[static_cast<std::size_t>(token) * embed + e], dx[i]);
-    }
-  }
-}
-
-// The dense layer on the top layer's last hidden state h_last [B, H], then sigmoid and BCE, in one block: a
-// warp per sample, the block's sums in a fixed order. Optional outputs: probabilities [B]; with labels,
-// d_logits [B] = d(mean loss)/dz = (p - y) / B and the running stats (loss in double, as the CPU does).
-__global__ void __launch_bounds__(kDenseThreads)
-    dense_forward(const float* __restrict__ h_last, const float* __restrict__ w,
-                  const float* __restrict__ bias, const float* __restrict__ labels, int batch, int hidden,
-                  float* __restrict__ probabilities, float* __restrict__ d_logits,
-                  DeviceStats* __restrict__ stats) {
-  __shared__ double loss_part[kDenseWarps];
-  __shared__ unsigned long long correct_part[kDenseWarps];
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  const float inv_batch = 1.0f / static_cast<float>(batch);
-  double loss = 0;
-  unsigned long long correct = 0;
-  // b is the same for the whole warp, so every lane takes part in the shuffles.
-  for (int b = warp; b < batch; b += kDenseWarps) {
-    const float* h = h_last + static_cast<std::size_t>(b) * hidden;
-    float sum = 0.0f;
-    for (int j = lane; j < hidden; j += 32) sum += w[j] * h[j];
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
-    if (lane == 0) {
-      const double z = static_cast<double>(sum + bias[0]);
-      const double p = stable_sigmoid(z);
-      if (probabilities != nullptr) probabilities[b] = static_cast<float>(p);
-      if (labels != nullptr) {
-        const double y = static_cast<double>(labels[b]);
-        loss += logistic_loss(z, y);
-        if (predicts_label(z, y)) ++correct;
-        if (d_logits != nullptr) d_logits[b] = logit_gradient(static_cast<float>(p), labels[b], inv_batch);
-      }
-    }
-  }
-  if (lane == 0) {
-    loss_part[warp] = loss;
-    correct_part[warp] = correct;
-  }
-  __syncthreads();
-  // One block, ordered on the stream: a plain read-modify-write of the running sums is safe.
-  if (threadIdx.x == 0 && stats != nullptr) {
-    double block_loss = 0;
-    unsigned long long block_correct = 0;
-    for (int i = 0; i < kDenseWarps; ++i) {
-      block_loss += loss_part[i];
-      block_correct += correct_part[i];
-    }
-    stats->loss_sum += block_loss;
-    stats->correct += block_correct;
-  }
-}
-
-// Dense backward: d_w[j] = sum_b dz_b h_b[j] and d_b = sum_b dz_b (each a sum over b in order), and the
-// gradient into the LSTM's last output, dy_last [B, H] = dz_b * w. Index i covers H + 1 + B*H items.
-__global__ void dense_backward(const float* __restrict__ h_last, const float* __restrict__ d_logits,
-                               const float* __restrict__ w, float* __restrict__ d_w, float* __restrict__ d_b,
-                               float* __restrict__ dy_last, int batch, int hidden) {
-  const std::size_t h = static_cast<std::size_t>(hidden);
-  const std::size_t n = h + 1 + static_cast<std::size_t>(batch) * h;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    if (i < h) {
-      float sum = 0.0f;
-      for (int b = 0; b < batch; ++b) sum += d_logits[b] * h_last[static_cast<std::size_t>(b) * h + i];
-      d_w[i] = sum;
-    } else if (i == h) {
-      float sum = 0.0f;
-      for (int b = 0; b < batch; ++b) sum += d_logits[b];
-      *d_b = sum;
-    } else {
-      const std::size_t k = i - h - 1;
-      dy_last[k] = d_logits[k / h] * w[k % h];
-    }
-  }
-}
-
-// Copies every run of the table (blockIdx.y picks the run) between the canonical buffer and cuDNN's weight
-// space: canonical -> cuDNN before a forward, cuDNN -> canonical for the weight gradients.
-__global__ void copy_weight_runs(const WeightRun* __restrict__ runs, const float* __restrict__ source,
-                                 float* __restrict__ target, bool to_cudnn) {
-  const WeightRun run = runs[blockIdx.y];
-  const std::size_t from = to_cudnn ? run.canonical : run.cudnn;
-  const std::size_t to = to_cudnn ? run.cudnn : run.canonical;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < run.count;
-       i += stride) {
-    target[to + i] = source[from + i];
-  }
-}
+using StreamHandle = cuda::Stream;
+using CudnnHandle = cuda::Owned<cudnnHandle_t, cudnnDestroy, cudnnGetErrorString>;
+using DropoutDescriptor =
+    cuda::Owned<cudnnDropoutDescriptor_t, cudnnDestroyDropoutDescriptor, cudnnGetErrorString>;
+using RnnDescriptor = cuda::Owned<cudnnRNNDescriptor_t, cudnnDestroyRNNDescriptor, cudnnGetErrorString>;
+using RnnDataDescriptor =
+    cuda::Owned<cudnnRNNDataDescriptor_t, cudnnDestroyRNNDataDescriptor, cudnnGetErrorString>;
+using TensorDescriptor =
+    cuda::Owned<cudnnTensorDescriptor_t, cudnnDestroyTensorDescriptor, cudnnGetErrorString>;
+using cuda::DeviceArray;
+using cuda::PinnedValue;
 
 // --- The replica -------------------------------------------------------------------------------------------
 
@@ -561,8 +336,8 @@ CudaReplica::~CudaReplica() {
   // Let queued work finish before the members free what it uses; a failure here is only reported. Where a
   // collective failed, the trainer has aborted the communicator before this (comm::AbortOnUnwind), so the
   // stream does not wait on a reduction forever.
-  report_release(cudaSetDevice(device_), "cudaSetDevice");
-  report_release(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize");
+  warn_cuda(cudaSetDevice(device_), "cudaSetDevice");
+  warn_cuda(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize");
 }
 
 std::string CudaReplica::lstm_kernels() const {

@@ -1,0 +1,146 @@
+#include "models/lstm_kernels.cuh"
+
+#include "models/output_math.h"
+
+namespace ddp::models::kernels {
+
+__global__ void fill_int32(int32_t* out, int n, int32_t value) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = value;
+}
+
+namespace {
+
+// Element i of the time-major x [T, B, E] comes from token (b, t) of the row-major tokens [B, T].
+__device__ inline int32_t token_of_element(const int32_t* tokens, std::size_t i, int batch, int seq,
+                                           int embed) {
+  const std::size_t row = i / embed;
+  return tokens[(row % batch) * seq + row / batch];
+}
+
+}  // namespace
+
+// Embedding lookup: tokens [B, T] row-major into x [T, B, E] time-major (row t*B+b is token (b, t)). A token
+// outside the vocabulary reads as zeros and raises *bad_token, reported on the host at the next sync.
+__global__ void embedding_forward(const int32_t* __restrict__ tokens, const float* __restrict__ embedding,
+                                  float* __restrict__ x, int batch, int seq, int embed, int vocab,
+                                  unsigned int* __restrict__ bad_token) {
+  const std::size_t n = static_cast<std::size_t>(seq) * batch * embed;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const std::size_t e = i % embed;
+    const int32_t token = token_of_element(tokens, i, batch, seq, embed);
+    if (token < 0 || token >= vocab) {
+      x[i] = 0.0f;
+      atomicOr(bad_token, 1u);
+    } else {
+      x[i] = embedding[static_cast<std::size_t>(token) * embed + e];
+    }
+  }
+}
+
+// The embedding gradient: row `token` gathers dx of every occurrence. The rows were zeroed before; atomics
+// add repeated tokens in whatever order the GPU runs them (float rounding makes that order visible).
+__global__ void embedding_backward(const int32_t* __restrict__ tokens, const float* __restrict__ dx,
+                                   float* __restrict__ d_embedding, int batch, int seq, int embed,
+                                   int vocab) {
+  const std::size_t n = static_cast<std::size_t>(seq) * batch * embed;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const std::size_t e = i % embed;
+    const int32_t token = token_of_element(tokens, i, batch, seq, embed);
+    if (token >= 0 && token < vocab) {
+      atomicAdd(&d_embedding[static_cast<std::size_t>(token) * embed + e], dx[i]);
+    }
+  }
+}
+
+// The dense layer on the top layer's last hidden state h_last [B, H], then sigmoid and BCE, in one block: a
+// warp per sample, the block's sums in a fixed order. Optional outputs: probabilities [B]; with labels,
+// d_logits [B] = d(mean loss)/dz = (p - y) / B and the running stats (loss in double, as the CPU does).
+__global__ void __launch_bounds__(kDenseThreads)
+    dense_forward(const float* __restrict__ h_last, const float* __restrict__ w,
+                  const float* __restrict__ bias, const float* __restrict__ labels, int batch, int hidden,
+                  float* __restrict__ probabilities, float* __restrict__ d_logits,
+                  DeviceStats* __restrict__ stats) {
+  __shared__ double loss_part[kDenseWarps];
+  __shared__ unsigned long long correct_part[kDenseWarps];
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const float inv_batch = 1.0f / static_cast<float>(batch);
+  double loss = 0;
+  unsigned long long correct = 0;
+  // b is the same for the whole warp, so every lane takes part in the shuffles.
+  for (int b = warp; b < batch; b += kDenseWarps) {
+    const float* h = h_last + static_cast<std::size_t>(b) * hidden;
+    float sum = 0.0f;
+    for (int j = lane; j < hidden; j += 32) sum += w[j] * h[j];
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+    if (lane == 0) {
+      const double z = static_cast<double>(sum + bias[0]);
+      const double p = stable_sigmoid(z);
+      if (probabilities != nullptr) probabilities[b] = static_cast<float>(p);
+      if (labels != nullptr) {
+        const double y = static_cast<double>(labels[b]);
+        loss += logistic_loss(z, y);
+        if (predicts_label(z, y)) ++correct;
+        if (d_logits != nullptr) d_logits[b] = logit_gradient(static_cast<float>(p), labels[b], inv_batch);
+      }
+    }
+  }
+  if (lane == 0) {
+    loss_part[warp] = loss;
+    correct_part[warp] = correct;
+  }
+  __syncthreads();
+  // One block, ordered on the stream: a plain read-modify-write of the running sums is safe.
+  if (threadIdx.x == 0 && stats != nullptr) {
+    double block_loss = 0;
+    unsigned long long block_correct = 0;
+    for (int i = 0; i < kDenseWarps; ++i) {
+      block_loss += loss_part[i];
+      block_correct += correct_part[i];
+    }
+    stats->loss_sum += block_loss;
+    stats->correct += block_correct;
+  }
+}
+
+// Dense backward: d_w[j] = sum_b dz_b h_b[j] and d_b = sum_b dz_b (each a sum over b in order), and the
+// gradient into the LSTM's last output, dy_last [B, H] = dz_b * w. Index i covers H + 1 + B*H items.
+__global__ void dense_backward(const float* __restrict__ h_last, const float* __restrict__ d_logits,
+                               const float* __restrict__ w, float* __restrict__ d_w, float* __restrict__ d_b,
+                               float* __restrict__ dy_last, int batch, int hidden) {
+  const std::size_t h = static_cast<std::size_t>(hidden);
+  const std::size_t n = h + 1 + static_cast<std::size_t>(batch) * h;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if (i < h) {
+      float sum = 0.0f;
+      for (int b = 0; b < batch; ++b) sum += d_logits[b] * h_last[static_cast<std::size_t>(b) * h + i];
+      d_w[i] = sum;
+    } else if (i == h) {
+      float sum = 0.0f;
+      for (int b = 0; b < batch; ++b) sum += d_logits[b];
+      *d_b = sum;
+    } else {
+      const std::size_t k = i - h - 1;
+      dy_last[k] = d_logits[k / h] * w[k % h];
+    }
+  }
+}
+
+// Copies every run of the table (blockIdx.y picks the run) between the canonical buffer and cuDNN's weight
+// space: canonical -> cuDNN before a forward, cuDNN -> canonical for the weight gradients.
+__global__ void copy_weight_runs(const WeightRun* __restrict__ runs, const float* __restrict__ source,
+                                 float* __restrict__ target, bool to_cudnn) {
+  const WeightRun run = runs[blockIdx.y];
+  const std::size_t from = to_cudnn ? run.canonical : run.cudnn;
+  const std::size_t to = to_cudnn ? run.cudnn : run.canonical;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < run.count;
+       i += stride) {
+    target[to + i] = source[from + i];
+  }
+}
+
+}  // namespace ddp::models::kernels

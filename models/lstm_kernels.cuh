@@ -1,0 +1,63 @@
+// The CUDA replica's own kernels around cuDNN's LSTM (lstm_classifier_cuda.cu launches them): the
+// embedding lookup and its gradient, the dense layer with sigmoid and BCE (the output layer's math is
+// output_math.h's, shared with the CPU replica and tested on the host), and the copies between the
+// canonical parameters and cuDNN's weight space. Grid-stride loops, so any grid covers any size.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ddp::models::kernels {
+
+constexpr int kThreads = 256;
+constexpr int kDenseThreads = 256;
+constexpr int kDenseWarps = kDenseThreads / 32;
+
+// Running sums of the batches since the last take_stats(), on the device.
+struct DeviceStats {
+  double loss_sum;
+  unsigned long long correct;
+};
+
+// One contiguous run of LSTM weights: floats [canonical, canonical + count) of the flat buffers are floats
+// [cudnn, cudnn + count) of cuDNN's weight space.
+struct WeightRun {
+  std::size_t canonical;
+  std::size_t cudnn;
+  std::size_t count;
+};
+
+__global__ void fill_int32(int32_t* out, int n, int32_t value);
+
+// Embedding lookup: tokens [B, T] row-major into x [T, B, E] time-major (row t*B+b is token (b, t)). A token
+// outside the vocabulary reads as zeros and raises *bad_token, reported on the host at the next sync.
+__global__ void embedding_forward(const int32_t* __restrict__ tokens, const float* __restrict__ embedding,
+                                  float* __restrict__ x, int batch, int seq, int embed, int vocab,
+                                  unsigned int* __restrict__ bad_token);
+
+// The embedding gradient: row `token` gathers dx of every occurrence. The rows were zeroed before; atomics
+// add repeated tokens in whatever order the GPU runs them (float rounding makes that order visible).
+__global__ void embedding_backward(const int32_t* __restrict__ tokens, const float* __restrict__ dx,
+                                   float* __restrict__ d_embedding, int batch, int seq, int embed, int vocab);
+
+// The dense layer on the top layer's last hidden state h_last [B, H], then sigmoid and BCE, in one block: a
+// warp per sample, the block's sums in a fixed order. Optional outputs: probabilities [B]; with labels,
+// d_logits [B] = d(mean loss)/dz = (p - y) / B and the running stats (loss in double, as the CPU does).
+__global__ void __launch_bounds__(kDenseThreads)
+    dense_forward(const float* __restrict__ h_last, const float* __restrict__ w,
+                  const float* __restrict__ bias, const float* __restrict__ labels, int batch, int hidden,
+                  float* __restrict__ probabilities, float* __restrict__ d_logits,
+                  DeviceStats* __restrict__ stats);
+
+// Dense backward: d_w[j] = sum_b dz_b h_b[j] and d_b = sum_b dz_b (each a sum over b in order), and the
+// gradient into the LSTM's last output, dy_last [B, H] = dz_b * w. Index i covers H + 1 + B*H items.
+__global__ void dense_backward(const float* __restrict__ h_last, const float* __restrict__ d_logits,
+                               const float* __restrict__ w, float* __restrict__ d_w, float* __restrict__ d_b,
+                               float* __restrict__ dy_last, int batch, int hidden);
+
+// Copies every run of the table (blockIdx.y picks the run) between the canonical buffer and cuDNN's weight
+// space: canonical -> cuDNN before a forward, cuDNN -> canonical for the weight gradients.
+__global__ void copy_weight_runs(const WeightRun* __restrict__ runs, const float* __restrict__ source,
+                                 float* __restrict__ target, bool to_cudnn);
+
+}  // namespace ddp::models::kernels
