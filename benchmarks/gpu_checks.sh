@@ -183,7 +183,7 @@ sanitize() {
   local tool=$1 out=$scratch/sanitizer_$1.txt rc summary
   command -v compute-sanitizer >/dev/null || { note "sanitizer_$tool" "compute-sanitizer not found"; return 1; }
   timeout "$sanitizer_timeout" compute-sanitizer --tool "$tool" --error-exitcode 9 "$build"/tests/ddptrain_gpu_tests \
-    --gtest_color=no --gtest_filter='CudaReplica.*:CudaOptimizer.*:*DeviceBatchSource*' | tee "$out"
+    --gtest_color=no --gtest_filter='CudaReplica.*:CudaOptimizer.*:Cuda/ReplicaContract*:*DeviceBatchSource*' | tee "$out"
   rc=${PIPESTATUS[0]}
   summary=$(grep 'SUMMARY:' "$out" | tail -n 1 | sed 's/^=* *//')
   note "sanitizer_$tool" "${summary:-no sanitizer summary}; tests $(gtest_counts "$out")"

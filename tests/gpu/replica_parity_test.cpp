@@ -1,7 +1,8 @@
-// The cuDNN replica and the CUDA optimizers against their CPU references: host copies of the parameters,
-// loss, accuracy, every gradient tensor and the probabilities against the CPU replica on the same parameters
-// and batch; Adam and SGD against the host optimizers; and a GPU replica that learns a toy task. The first
-// tests check the errors a user can meet and run anywhere; the rest skip where no GPU is visible.
+// The cuDNN replica and the CUDA optimizers against their CPU references: loss, accuracy, every gradient
+// tensor and the probabilities against the CPU replica on the same parameters and batch; Adam and SGD
+// against the host optimizers. (What every replica keeps, host copies and learning a toy task among it, is
+// tests/replica_contract.h.) The first tests check the errors a user can meet and run anywhere; the rest
+// skip where no GPU is visible.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -165,45 +166,6 @@ TEST(CudaOptimizer, RefusesLazyRowsAndUnknownNames) {
 
 // --- With a GPU
 // ----------------------------------------------------------------------------------------------
-
-TEST(CudaReplica, HostCopiesAreExactAndStepsLeaveParametersAlone) {
-  DDP_REQUIRE_GPU();
-  const ModelShape shape{100, 32, 32, 2};
-  auto replica = make_cuda_replica(shape, 0);
-  EXPECT_EQ(replica->device(), DeviceKind::kCuda);
-  EXPECT_NE(replica->stream(), nullptr);
-  EXPECT_TRUE(replica->touched_embedding_rows().empty());
-  const ParamLayout& layout = replica->layout();
-  ASSERT_EQ(replica->params().size(), layout.total_size());
-  ASSERT_EQ(replica->grads().size(), layout.total_size());
-
-  std::vector<float> zeros(layout.total_size(), 1.0f);
-  replica->copy_params_to_host(zeros);
-  EXPECT_TRUE(std::all_of(zeros.begin(), zeros.end(), [](float x) { return x == 0.0f; }))
-      << "parameters start at zero";
-
-  std::mt19937_64 rng(7);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> params(layout.total_size());
-  for (auto& p : params) p = normal(rng);
-  replica->copy_params_from_host(params);
-  std::vector<float> back(layout.total_size());
-  replica->copy_params_to_host(back);
-  EXPECT_EQ(back, params);
-
-  // Forward and backward read the parameters (gathered into cuDNN's space) and never write them.
-  const HostBatch host = random_batch(shape.vocab_size, 8, 12, 3);
-  const DeviceBatch device(host);
-  replica->train_step(device.view(), {});
-  replica->evaluate(device.view());
-  std::vector<float> probabilities(to_size(host.batch));
-  replica->predict(device.view(), probabilities);
-  replica->take_stats();
-  replica->copy_params_to_host(back);
-  EXPECT_EQ(back, params);
-
-  EXPECT_THROW(replica->copy_params_from_host(std::vector<float>(3)), std::invalid_argument);
-}
 
 // Three train steps on different batches: a small one, then two full ones (the larger shape moves the last
 // step's block of dy, so the small step's block must have been cleared; no step may keep embedding rows of
@@ -396,62 +358,6 @@ TEST(CudaOptimizer, SgdMatchesTheHostSgd) {
   settings.learning_rate = 0.05;
   settings.momentum = 0.9;
   for (const std::size_t offset : {0u, 1u}) check_optimizer(settings, 10007, offset);
-}
-
-// --- Learning
-// ------------------------------------------------------------------------------------------------
-
-// Label: token 4 appears somewhere before a token 3 (the CPU replica's toy task): needs the recurrence.
-HostBatch order_task_batch(int vocab, int batch, int seq, std::mt19937_64& rng) {
-  HostBatch out{std::vector<int32_t>(to_size(batch) * to_size(seq)), std::vector<float>(to_size(batch)),
-                batch, seq};
-  for (int b = 0; b < batch; ++b) {
-    bool seen_four = false;
-    bool label = false;
-    for (int t = 0; t < seq; ++t) {
-      const auto token = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
-      out.tokens[to_size(b) * to_size(seq) + to_size(t)] = token;
-      if (token == 3 && seen_four) label = true;
-      if (token == 4) seen_four = true;
-    }
-    out.labels[to_size(b)] = label ? 1.0f : 0.0f;
-  }
-  return out;
-}
-
-TEST(CudaReplica, LearnsAToyTaskWithTheCudaAdam) {
-  DDP_REQUIRE_GPU();
-  const ModelShape shape{8, 8, 16, 1};
-  const int seq = 10;
-  auto replica = make_cuda_replica(shape, 0);
-  std::vector<float> params(replica->layout().total_size());
-  initialize_keras(replica->layout(), params, 1);
-  replica->copy_params_from_host(params);
-  engine::OptimizerSettings settings;
-  settings.name = "adam";
-  settings.learning_rate = 0.01;
-  auto optimizer = engine::make_cuda_optimizer(settings, params.size(), 0, replica->stream());
-
-  std::mt19937_64 rng(2024);
-  const HostBatch held_out = order_task_batch(shape.vocab_size, 256, seq, rng);
-  const DeviceBatch held_out_device(held_out);
-  auto held_out_loss = [&] {
-    replica->take_stats();  // drop the training steps' stats
-    replica->evaluate(held_out_device.view());
-    return replica->take_stats().loss_sum / held_out.batch;
-  };
-  const double before = held_out_loss();
-  // The batches are uploaded before training: each step only enqueues work, as in the trainer.
-  std::vector<std::unique_ptr<DeviceBatch>> batches;
-  for (int step = 0; step < 100; ++step) {
-    batches.push_back(std::make_unique<DeviceBatch>(order_task_batch(shape.vocab_size, 32, seq, rng)));
-  }
-  for (const auto& batch : batches) {
-    replica->train_step(batch->view(), {});
-    optimizer->step(replica->params(), replica->grads());
-  }
-  const double after = held_out_loss();
-  EXPECT_LT(after, 0.5 * before) << "before " << before << ", after " << after;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The CPU model: the parameter layout, Keras's initializers, gradients against finite differences, float
-// against double, the order in which gradients become ready, and that a replica learns a toy task.
+// against double, and the order in which gradients become ready (the replica contract:
+// tests/replica_contract.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -435,28 +436,6 @@ TEST(CpuReplica, ReportsTouchedEmbeddingRows) {
   }
 }
 
-TEST(CpuReplica, PredictNeedsNoLabelsAndMatchesEvaluate) {
-  const ModelShape shape{100, 8, 6, 1};
-  auto replica = make_cpu_replica(shape);
-  initialize_keras(replica->layout(), replica->params(), 7);
-  Batch batch = random_batch(shape.vocab_size, 5, 6, 11);
-  std::vector<float> p(5);
-  replica->predict(BatchView{batch.tokens.data(), nullptr, batch.batch, batch.seq}, p);
-  EXPECT_EQ(replica->take_stats().count, 0);  // predicting is not evaluating
-  // With every label 1, evaluate's loss is the sum of -log p over the batch.
-  std::fill(batch.labels.begin(), batch.labels.end(), 1.0f);
-  replica->evaluate(BatchView{batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq});
-  const BatchStats stats = replica->take_stats();
-  double minus_log_p = 0;
-  for (const float x : p) {
-    ASSERT_GT(x, 0.0f);
-    ASSERT_LT(x, 1.0f);
-    minus_log_p -= std::log(static_cast<double>(x));
-  }
-  EXPECT_EQ(stats.count, 5);
-  EXPECT_NEAR(stats.loss_sum, minus_log_p, 1e-5);
-}
-
 TEST(FastMath, MatchesTheStandardFunctions) {
   // Every 1009th float of magnitude up to 100, both signs: relative error against double.
   double worst_exp = 0;
@@ -497,67 +476,6 @@ TEST(FastMath, MatchesTheStandardFunctions) {
   EXPECT_TRUE(std::isnan(fast::exp(nan)));
   EXPECT_TRUE(std::isnan(fast::sigmoid(nan)));
   EXPECT_TRUE(std::isnan(fast::tanh(nan)));
-}
-
-// Label: token 4 appears somewhere before a token 3. Needs the recurrence to carry state across steps.
-Batch order_task_batch(int vocab, int batch, int seq, std::mt19937_64& rng) {
-  Batch out{std::vector<int32_t>(static_cast<std::size_t>(batch * seq)),
-            std::vector<float>(static_cast<std::size_t>(batch)), batch, seq};
-  for (int b = 0; b < batch; ++b) {
-    bool seen_four = false;
-    bool label = false;
-    for (int t = 0; t < seq; ++t) {
-      const auto token = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
-      out.tokens[static_cast<std::size_t>(b * seq + t)] = token;
-      if (token == 3 && seen_four) label = true;
-      if (token == 4) seen_four = true;
-    }
-    out.labels[static_cast<std::size_t>(b)] = label ? 1.0f : 0.0f;
-  }
-  return out;
-}
-
-TEST(CpuReplica, LearnsAToyTask) {
-  const ModelShape shape{8, 8, 16, 1};
-  const int batch_size = 16;
-  const int seq = 10;
-  auto replica = make_cpu_replica(shape);
-  initialize_keras(replica->layout(), replica->params(), 1);
-  std::mt19937_64 rng(2024);
-  const Batch held_out = order_task_batch(shape.vocab_size, 256, seq, rng);
-  auto held_out_loss = [&] {
-    const BatchView view{held_out.tokens.data(), held_out.labels.data(), held_out.batch, held_out.seq};
-    replica->take_stats();  // drop the training steps' stats
-    replica->evaluate(view);
-    return replica->take_stats().loss_sum / held_out.batch;
-  };
-  const double before = held_out_loss();
-
-  // Adam, inline.
-  const float lr = 0.01f;
-  const float beta1 = 0.9f;
-  const float beta2 = 0.999f;
-  std::vector<float> m(replica->params().size());
-  std::vector<float> v(replica->params().size());
-  auto params = replica->params();
-  auto grads = replica->grads();
-  float beta1_power = 1;
-  float beta2_power = 1;
-  for (int step = 0; step < 200; ++step) {
-    const Batch batch = order_task_batch(shape.vocab_size, batch_size, seq, rng);
-    replica->train_step(BatchView{batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq}, {});
-    beta1_power *= beta1;
-    beta2_power *= beta2;
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      m[i] = beta1 * m[i] + (1 - beta1) * grads[i];
-      v[i] = beta2 * v[i] + (1 - beta2) * grads[i] * grads[i];
-      const float m_hat = m[i] / (1 - beta1_power);
-      const float v_hat = v[i] / (1 - beta2_power);
-      params[i] -= lr * m_hat / (std::sqrt(v_hat) + 1e-7f);
-    }
-  }
-  const double after = held_out_loss();
-  EXPECT_LT(after, 0.5 * before) << "before " << before << ", after " << after;
 }
 
 }  // namespace
