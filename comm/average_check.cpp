@@ -1,5 +1,6 @@
 #include "comm/average_check.h"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -17,9 +18,7 @@ double element_factor(std::size_t i) {
 }
 
 std::string number(double v) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.9g", v);
-  return text;
+  return fmt::format("{:.9g}", v);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // servers' run.
 #include "engine/ps_training.h"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -345,15 +346,13 @@ void PsServerRun::send_state() {
 }
 
 void PsServerRun::log_start() {
-  char line[512];
-  std::snprintf(
-      line, sizeof(line),
-      "rank %d/%d on %s (local rank %d/%d): parameter server %d/%d, parameters [%zu, %zu) and their "
-      "%s state",
-      job_.rank(), job_.roles().world_size, topology_.host.c_str(), topology_.local_rank,
-      topology_.local_size, index_ + 1, job_.roles().servers, begin_, begin_ + shard_.size(),
-      optimizer_->name().c_str());
-  world_.gather(line, 0);
+  world_.gather(
+      fmt::format("rank {}/{} on {} (local rank {}/{}): parameter server {}/{}, parameters [{}, {}) "
+                  "and their {} state",
+                  job_.rank(), job_.roles().world_size, topology_.host, topology_.local_rank,
+                  topology_.local_size, index_ + 1, job_.roles().servers, begin_, begin_ + shard_.size(),
+                  optimizer_->name()),
+      0);
 }
 
 }  // namespace ddp::engine

@@ -1,5 +1,6 @@
 #include "engine/run_directory.h"
 
+#include <fmt/format.h>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -61,9 +62,8 @@ bool claim_run_directory(const RunFiles& files, const std::string& resume, bool 
 
 std::string new_run_id() {
   std::random_device entropy;
-  char suffix[8];
-  std::snprintf(suffix, sizeof(suffix), "%04x", static_cast<unsigned>(entropy() & 0xFFFFu));
-  return format_utc("%Y%m%dT%H%M%SZ") + "-" + suffix;
+  return format_utc("%Y%m%dT%H%M%SZ") + "-" +
+         fmt::format("{:04x}", static_cast<unsigned>(entropy() & 0xFFFFu));
 }
 
 std::string utc_timestamp() {

@@ -1,5 +1,6 @@
 #include "engine/self_check.h"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -28,9 +29,7 @@ std::size_t to_size(int v) {
 }
 
 std::string number(double v) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.3g", v);
-  return text;
+  return fmt::format("{:.3g}", v);
 }
 
 // A failed comparison, thrown inside check_gpu_replica and caught at its end.

@@ -1,5 +1,6 @@
 #include "io/data_plan.h"
 
+#include <fmt/format.h>
 #include <cmath>
 #include <cstdio>
 
@@ -35,9 +36,7 @@ DataPlan plan_data(const DatasetInfo& info, const std::string& validation, doubl
     const auto held_out =
         static_cast<int64_t>(std::llround(validation_fraction * static_cast<double>(info.train_size)));
     if (held_out < 1 || held_out >= info.train_size) {
-      char fraction[32];
-      std::snprintf(fraction, sizeof(fraction), "%g", validation_fraction);
-      throw UserError("data.validation_split = " + std::string(fraction) + ": holds out " +
+      throw UserError("data.validation_split = " + fmt::format("{}", validation_fraction) + ": holds out " +
                       std::to_string(held_out) + " of the " + std::to_string(info.train_size) + " rows of " +
                       info.path + " /train; at least one row must be held out and one left to train on");
     }

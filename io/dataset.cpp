@@ -1,5 +1,6 @@
 #include "io/dataset.h"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <climits>
 #include <cstdio>
@@ -275,10 +276,8 @@ std::string class_balance_text(const std::vector<int64_t>& counts) {
   if (total == 0) return "no rows";
   std::string text;
   for (size_t label = 0; label < counts.size(); ++label) {
-    char part[48];
-    std::snprintf(part, sizeof(part), "%s%.1f%% %zu", label > 0 ? ", " : "",
-                  100.0 * static_cast<double>(counts[label]) / static_cast<double>(total), label);
-    text += part;
+    text += fmt::format("{}{:.1f}% {}", label > 0 ? ", " : "",
+                        100.0 * static_cast<double>(counts[label]) / static_cast<double>(total), label);
   }
   return text;
 }

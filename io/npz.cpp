@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -31,9 +32,7 @@ std::string printable(std::string_view text, size_t limit = 80) {
     if (c >= 0x20 && c < 0x7f) {
       out += static_cast<char>(c);
     } else {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
-      out += escaped;
+      out += fmt::format("\\x{:02x}", c);
     }
   }
   if (text.size() > limit) out += "...";
@@ -41,9 +40,7 @@ std::string printable(std::string_view text, size_t limit = 80) {
 }
 
 std::string hex32(uint32_t value) {
-  char text[16];
-  std::snprintf(text, sizeof text, "0x%08x", value);
-  return text;
+  return fmt::format("0x{:08x}", value);
 }
 
 uint16_t le16(const uint8_t* p) {
@@ -407,10 +404,8 @@ std::string opcode_name(uint8_t op) {
       {0x90, "ADDITEMS"}, {0x91, "FROZENSET"}, {0x92, "NEWOBJ_EX"}, {0x93, "STACK_GLOBAL"}, {0x94, "MEMOIZE"},
       {0x95, "FRAME"}, {0x96, "BYTEARRAY8"}, {0x97, "NEXT_BUFFER"}, {0x98, "READONLY_BUFFER"}};
   // clang-format on
-  char code[8];
-  std::snprintf(code, sizeof code, "0x%02x", op);
   const auto it = kNames.find(op);
-  return std::string(code) + " (" + (it == kNames.end() ? "unknown" : it->second) + ")";
+  return fmt::format("0x{:02x} ({})", op, it == kNames.end() ? "unknown" : it->second);
 }
 
 class Unpickler {
