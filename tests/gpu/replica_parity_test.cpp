@@ -27,6 +27,7 @@
 #include "models/param_layout.h"
 #include "models/replica.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/replica_contract.h"
 #include "tests/test_util.h"
 
 namespace ddp::models {
@@ -47,27 +48,10 @@ std::size_t to_size(int v) {
   return static_cast<std::size_t>(v);
 }
 
-struct HostBatch {
-  std::vector<int32_t> tokens;  // [batch, seq]
-  std::vector<float> labels;
-  int batch = 0;
-  int seq = 0;
+using testing::HostBatch;
 
-  BatchView view() const { return {tokens.data(), labels.data(), batch, seq}; }
-};
-
-// Random tokens, a few left-padded rows (0 is an ordinary token for the model) and random labels.
 HostBatch random_batch(int vocab, int batch, int seq, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  HostBatch out{std::vector<int32_t>(to_size(batch) * to_size(seq)), std::vector<float>(to_size(batch)),
-                batch, seq};
-  for (auto& t : out.tokens) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
-  for (int b = 0; b < batch; b += 3) {
-    const int padding = static_cast<int>(rng() % static_cast<uint64_t>(seq / 2));
-    for (int t = 0; t < padding; ++t) out.tokens[to_size(b) * to_size(seq) + to_size(t)] = 0;
-  }
-  for (auto& y : out.labels) y = static_cast<float>(rng() % 2);
-  return out;
+  return testing::contract_random_batch(vocab, batch, seq, seed);
 }
 
 // A host batch copied to the device, freed with the object.
