@@ -53,6 +53,7 @@
 #include "models/cuda_replica.h"
 #include "models/cudnn_status.h"
 #include "models/lstm_kernels.cuh"
+#include "models/weight_map.h"
 
 #define DDP_CUDNN_CHECK(call)                                                               \
   do {                                                                                      \
@@ -74,7 +75,6 @@ using kernels::embedding_forward;
 using kernels::fill_int32;
 using kernels::kDenseThreads;
 using kernels::kThreads;
-using kernels::WeightRun;
 
 // A persistent algorithm that cuDNN refused (a bad-parameter or not-supported status) for a call whose
 // support depends on the algorithm; the replica catches it and falls back or reports.
@@ -406,20 +406,13 @@ void CudaReplica::build_rnn(RnnPlan& plan) {
 // Reads a descriptor cudnnGetRNNWeightParams filled in: "" if it is a row-major [rows, cols] float matrix
 // ({1, rows, cols} with unit column stride and row stride cols), as the canonical layout stores it, else
 // what it is instead.
+// weight_map.h's check of a block cuDNN described.
 std::string row_major_problem(cudnnTensorDescriptor_t desc, int rows, int cols, const std::string& what) {
+  BlockDescription block;
   cudnnDataType_t type{};
-  int dims_count = 0;
-  int dims[3] = {};
-  int strides[3] = {};
-  DDP_CUDNN_CHECK(cudnnGetTensorNdDescriptor(desc, 3, &type, &dims_count, dims, strides));
-  const bool ok = type == CUDNN_DATA_FLOAT && dims_count == 3 && dims[0] == 1 && dims[1] == rows &&
-                  dims[2] == cols && strides[2] == 1 && (rows == 1 || strides[1] == cols);
-  if (ok) return "";
-  return "cudnnGetRNNWeightParams: " + what + " is not a row-major float [" + std::to_string(rows) + ", " +
-         std::to_string(cols) + "] (got " + std::to_string(dims_count) + " dims {" + std::to_string(dims[0]) +
-         ", " + std::to_string(dims[1]) + ", " + std::to_string(dims[2]) + "}, strides {" +
-         std::to_string(strides[0]) + ", " + std::to_string(strides[1]) + ", " + std::to_string(strides[2]) +
-         "})";
+  DDP_CUDNN_CHECK(cudnnGetTensorNdDescriptor(desc, 3, &type, &block.dims_count, block.dims, block.strides));
+  block.is_float = type == CUDNN_DATA_FLOAT;
+  return models::row_major_problem(block, rows, cols, what);
 }
 
 void CudaReplica::weight_map_failed(const RnnPlan& plan, const std::string& what) {
@@ -485,41 +478,14 @@ void CudaReplica::build_weight_map(RnnPlan& plan) {
     }
   }
 
-  // The runs must tile the canonical LSTM range exactly and must not overlap in cuDNN's space.
-  std::sort(runs.begin(), runs.end(),
-            [](const WeightRun& a, const WeightRun& b) { return a.cudnn < b.cudnn; });
-  for (std::size_t i = 1; i < runs.size(); ++i) {
-    if (runs[i - 1].cudnn + runs[i - 1].count > runs[i].cudnn) {
-      weight_map_failed(plan, "cuDNN's weight space: blocks overlap");
-    }
-  }
-  std::sort(runs.begin(), runs.end(),
-            [](const WeightRun& a, const WeightRun& b) { return a.canonical < b.canonical; });
-  std::size_t next = layout_.tensor("lstm.l0.w_ih").offset;
-  for (const WeightRun& run : runs) {
-    if (run.canonical != next) {
-      weight_map_failed(plan, "weight map: the LSTM tensors are not covered exactly once");
-    }
-    next += run.count;
-  }
-  if (next != layout_.tensor("lstm.l0.w_ih").offset + lstm_floats) {
-    weight_map_failed(plan, "weight map: LSTM size mismatch");
-  }
-
-  // Neighbours in both layouts become one run: fewer blocks of the copy kernel idle on short runs.
-  std::vector<WeightRun> merged;
-  for (const WeightRun& run : runs) {
-    if (!merged.empty() && merged.back().canonical + merged.back().count == run.canonical &&
-        merged.back().cudnn + merged.back().count == run.cudnn) {
-      merged.back().count += run.count;
-    } else {
-      merged.push_back(run);
-    }
-  }
+  std::string problem;
+  const WeightMap map =
+      merge_weight_runs(std::move(runs), layout_.tensor("lstm.l0.w_ih").offset, lstm_floats, problem);
+  if (!problem.empty()) weight_map_failed(plan, problem);
+  const std::vector<WeightRun>& merged = map.runs;
   if (merged.size() > 65535) DDP_FATAL("weight map: more runs than a grid's y dimension holds");
   plan.weight_run_count = static_cast<unsigned int>(merged.size());
-  plan.longest_weight_run = 0;
-  for (const WeightRun& run : merged) plan.longest_weight_run = std::max(plan.longest_weight_run, run.count);
+  plan.longest_weight_run = map.longest;
   plan.weight_runs.ensure(merged.size());
   DDP_CUDA_CHECK(cudaMemcpyAsync(plan.weight_runs.get(), merged.data(), merged.size() * sizeof(WeightRun),
                                  cudaMemcpyHostToDevice, stream_.get()));

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "models/weight_map.h"
+
 namespace ddp::models::kernels {
 
 constexpr int kThreads = 256;
@@ -19,13 +21,7 @@ struct DeviceStats {
   unsigned long long correct;
 };
 
-// One contiguous run of LSTM weights: floats [canonical, canonical + count) of the flat buffers are floats
-// [cudnn, cudnn + count) of cuDNN's weight space.
-struct WeightRun {
-  std::size_t canonical;
-  std::size_t cudnn;
-  std::size_t count;
-};
+using models::WeightRun;
 
 __global__ void fill_int32(int32_t* out, int n, int32_t value);
 
