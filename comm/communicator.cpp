@@ -59,6 +59,19 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
           "comm.backend = ps: train.embedding_update = lazy needs an all-reduce backend (mpi or "
           "nccl); the parameter server exchanges dense gradients");
     }
+    if (request.ps_layout == "colocated") {
+      if (!choice.all_on_cpu) {
+        throw UserError(
+            "comm.ps_layout = colocated: " + census +
+            "; the colocated parameter server serves CPU replicas (use comm.ps_layout = dedicated)");
+      }
+      choice.colocated = true;
+      choice.reason = "ps: " + census + (backend == "ps" ? " (comm.backend = ps)" : "") +
+                      "; colocated: " + count_of(size, "rank") + ", each training and serving 1/" +
+                      std::to_string(size) + " of the parameters and their optimizer state";
+      choice.communicator = make_mpi_communicator(comm);
+      return choice;
+    }
     if (request.ps_servers < 1 || request.ps_servers >= size) {
       throw UserError("comm.ps_servers = " + std::to_string(request.ps_servers) + " leaves no worker with " +
                       std::to_string(size) + (size == 1 ? " rank" : " ranks") +

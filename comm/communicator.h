@@ -139,11 +139,12 @@ std::unique_ptr<Communicator> make_staged_mpi_communicator(MPI_Comm comm, void* 
 
 // The backend for a job, chosen collectively from `comm.backend` and where the replicas run.
 struct BackendRequest {
-  std::string backend = "auto";      // auto | mpi | nccl | ps
-  std::string compression = "none";  // NCCL gradients on the wire: none | fp16 | bf16
-  bool on_gpu = false;               // this rank's replica is on a GPU
-  void* compute_stream = nullptr;    // that replica's cudaStream_t
-  int ps_servers = 1;                // ps: the last K ranks serve
+  std::string backend = "auto";         // auto | mpi | nccl | ps
+  std::string compression = "none";     // NCCL gradients on the wire: none | fp16 | bf16
+  bool on_gpu = false;                  // this rank's replica is on a GPU
+  void* compute_stream = nullptr;       // that replica's cudaStream_t
+  std::string ps_layout = "dedicated";  // ps: the last K ranks serve, or every rank (colocated)
+  int ps_servers = 1;                   // ps, dedicated: the last K ranks serve
   // The optimizer updates only the rows of a sparse matrix that a step touched (lazy embedding updates):
   // it needs the all-reduce backends, since the parameter server exchanges dense gradients.
   bool lazy_update = false;
@@ -155,8 +156,11 @@ struct BackendChoice {
   std::unique_ptr<Communicator> communicator;
   std::string reason;             // one line for rank 0's log: what was chosen and why
   bool all_on_cpu = true;         // every rank's replica is on the CPU (sparse embedding exchange possible)
-  bool parameter_server = false;  // ps: the last `ps_servers` ranks serve, the others work
+  bool parameter_server = false;  // ps, dedicated: the last `ps_servers` ranks serve, the others work
   int ps_servers = 0;
+  // ps, colocated: every rank works and serves a shard (engine/colocated_updater.h); `communicator` is the
+  // MPI backend, for the trainer's host collectives.
+  bool colocated = false;
 };
 
 // Collective over `comm`. auto picks NCCL when every rank has a GPU; otherwise (CPU-only or mixed jobs) the

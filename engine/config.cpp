@@ -62,6 +62,9 @@ void visit_keys(C& c, Visitor&& key) {
       "average only the embedding rows some rank's batch used (same result, less traffic)");
   key("comm", "compression", c.comm.compression,
       "gradients on the wire with NCCL: none, fp16 or bf16 (bf16 keeps fp32's range; fp16 is unscaled)");
+  key("comm", "ps_layout", c.comm.ps_layout,
+      "ps: dedicated (the last comm.ps_servers ranks serve and do not train) or colocated (every rank trains "
+      "and serves 1/N of the parameters and their optimizer state; CPU ranks, sync mode)");
   key("comm", "ps_servers", c.comm.ps_servers,
       "ps: the last K ranks are parameter servers, each owning a shard of the parameters and their "
       "optimizer state; the others are workers");
@@ -174,6 +177,11 @@ void check_values(const Config& c) {
           "comm.backend", c.comm.backend, "unknown backend (expected auto, mpi, nccl or ps)");
   require(c.comm.ps_servers >= 1, "comm.ps_servers", value_text(c.comm.ps_servers),
           "must be at least 1 (the job needs at least one more rank, a worker)");
+  require(c.comm.ps_layout == "dedicated" || c.comm.ps_layout == "colocated", "comm.ps_layout",
+          c.comm.ps_layout, "expected dedicated or colocated");
+  require(
+      c.comm.ps_layout == "dedicated" || c.comm.ps_mode == "sync", "comm.ps_layout", c.comm.ps_layout,
+      "colocated serves in sync mode only so far (comm.ps_mode = async needs comm.ps_layout = dedicated)");
   require(c.comm.ps_mode == "sync" || c.comm.ps_mode == "async", "comm.ps_mode", c.comm.ps_mode,
           "expected sync or async");
   require(c.comm.max_staleness >= 0, "comm.max_staleness", value_text(c.comm.max_staleness),

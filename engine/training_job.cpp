@@ -6,6 +6,7 @@
 
 #include "comm/communicator.h"
 #include "engine/all_reduce_updater.h"
+#include "engine/colocated_updater.h"
 #include "engine/preemption.h"
 #include "engine/ps_training.h"
 #include "engine/updater.h"
@@ -46,6 +47,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     request.on_gpu = replica->device() == models::DeviceKind::kCuda;
     request.compute_stream = replica->stream();
     request.ps_servers = config.comm.ps_servers;
+    request.ps_layout = config.comm.ps_layout;
     request.lazy_update = config.train.embedding_update == "lazy";
     backend = comm::choose_backend(request, world);
   });
@@ -68,8 +70,10 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     comm::agree_on_errors(*boot, [&] {
       comm::Communicator& comm = *backend.communicator;
       std::unique_ptr<Updater> updater =
-          make_all_reduce_updater(*replica, topology.gpu, comm, optimizer_settings(config),
-                                  config.comm.sparse_embedding && backend.all_on_cpu);
+          backend.colocated
+              ? make_colocated_updater(*replica, world, optimizer_settings(config))
+              : make_all_reduce_updater(*replica, topology.gpu, comm, optimizer_settings(config),
+                                        config.comm.sparse_embedding && backend.all_on_cpu);
       run = std::make_unique<TrainingRun>(config, topology, *boot, comm, stop_signal, backend.reason,
                                           std::move(replica), std::move(updater), data, watchdog,
                                           /*exchange_has_deadlines=*/false, epoch_written);

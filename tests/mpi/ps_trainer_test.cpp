@@ -252,5 +252,83 @@ TEST_F(PsTrainerTest, AutoOnOneRankKeepsTheSingleReplica) {
   }
 }
 
+// --- The colocated layout: every rank trains and serves a shard (engine/colocated_updater.h) -------------
+
+const std::vector<std::string> kColocated{"--comm.backend", "ps", "--comm.ps_layout", "colocated"};
+
+std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// Every rank trains: the result is the all-reduce backend's on all the ranks, up to the order in which
+// MPI sums; two runs are equal bit for bit, and every rank ends with the same parameters.
+TEST_F(PsTrainerTest, ColocatedSyncEqualsAllReduceOnEveryRank) {
+  const engine::TrainResult colocated = run(dir_.file("colocated"), kColocated, MPI_COMM_WORLD);
+  ASSERT_EQ(colocated.history.size(), 2u);
+  EXPECT_EQ(colocated.history[0].workers, world_size()) << "every rank trains";
+  EXPECT_EQ(colocated.history[0].backend, "ps");
+  EXPECT_TRUE(identical_on_all_ranks(colocated.params));
+  const engine::TrainResult all_reduce =
+      run(dir_.file("mpi"), {"--comm.backend", "mpi", "--comm.sparse_embedding", "false"}, MPI_COMM_WORLD);
+  EXPECT_LE(max_relative_diff(colocated.params, all_reduce.params), 1e-5);
+  const engine::TrainResult again = run(dir_.file("colocated-again"), kColocated, MPI_COMM_WORLD);
+  EXPECT_EQ(again.params, colocated.params) << "not reproducible run to run";
+  if (world_rank() == 0) {
+    // The checkpoint holds the whole optimizer state, as the all-reduce backend's does.
+    const engine::Checkpoint mine = engine::read_checkpoint(dir_.file("colocated/last.h5"));
+    const engine::Checkpoint theirs = engine::read_checkpoint(dir_.file("mpi/last.h5"));
+    EXPECT_EQ(mine.optimizer.iterations, theirs.optimizer.iterations);
+    ASSERT_EQ(mine.optimizer.buffers.size(), theirs.optimizer.buffers.size());
+    for (std::size_t b = 0; b < mine.optimizer.buffers.size(); ++b) {
+      EXPECT_LE(max_relative_diff(mine.optimizer.buffers[b].second, theirs.optimizer.buffers[b].second), 1e-5)
+          << mine.optimizer.buffers[b].first;
+    }
+  }
+}
+
+TEST_F(PsTrainerTest, ColocatedStoppedAndResumedEqualsUninterrupted) {
+  const engine::TrainResult straight = run(dir_.file("straight"), kColocated, MPI_COMM_WORLD);
+  const int64_t steps_per_epoch = straight.history[0].steps;
+  const engine::TrainResult first = run(
+      dir_.file("stopped"),
+      with(kColocated, {"--train.stop_after_steps", std::to_string(steps_per_epoch + 2)}), MPI_COMM_WORLD);
+  EXPECT_EQ(first.history.size(), 1u);
+  const engine::TrainResult second =
+      run(dir_.file("stopped"), with(kColocated, {"--resume"}), MPI_COMM_WORLD);
+  ASSERT_EQ(second.history.size(), 1u);
+  EXPECT_EQ(second.params, straight.params) << "resumed run differs from the uninterrupted one";
+}
+
+// A colocated checkpoint continues under the all-reduce backend, and the other way round: the state is in
+// the canonical layout whatever the layout of the servers.
+TEST_F(PsTrainerTest, ColocatedCheckpointsMoveBetweenBackends) {
+  const std::vector<std::string> one_epoch{"--train.epochs", "1"};
+  const std::vector<std::string> two_epochs{"--train.epochs", "2", "--resume"};
+  const std::vector<std::string> mpi{"--comm.backend", "mpi", "--comm.sparse_embedding", "false"};
+  const engine::TrainResult straight = run(dir_.file("straight"), mpi, MPI_COMM_WORLD);
+
+  run(dir_.file("to-mpi"), with(kColocated, one_epoch), MPI_COMM_WORLD);
+  const engine::TrainResult under_mpi = run(dir_.file("to-mpi"), with(mpi, two_epochs), MPI_COMM_WORLD);
+  ASSERT_EQ(under_mpi.history.size(), 1u);
+  EXPECT_LE(max_relative_diff(under_mpi.params, straight.params), 1e-5);
+
+  run(dir_.file("to-colocated"), with(mpi, one_epoch), MPI_COMM_WORLD);
+  const engine::TrainResult under_colocated =
+      run(dir_.file("to-colocated"), with(kColocated, two_epochs), MPI_COMM_WORLD);
+  ASSERT_EQ(under_colocated.history.size(), 1u);
+  EXPECT_LE(max_relative_diff(under_colocated.params, straight.params), 1e-5);
+}
+
+TEST_F(PsTrainerTest, ColocatedRefusesWhatItCannotServe) {
+  EXPECT_THROW(run(dir_.file("async"), with(kColocated, {"--comm.ps_mode", "async"}), MPI_COMM_WORLD),
+               UserError);
+  EXPECT_THROW(run(dir_.file("lazy"), with(kColocated, {"--train.embedding_update", "lazy"}), MPI_COMM_WORLD),
+               UserError);
+  EXPECT_THROW(
+      run(dir_.file("layout"), {"--comm.backend", "ps", "--comm.ps_layout", "everywhere"}, MPI_COMM_WORLD),
+      UserError);
+}
+
 }  // namespace
 }  // namespace ddp

@@ -1,0 +1,59 @@
+// The colocated parameter server's exchange (comm.ps_layout = colocated): every rank trains and also owns
+// one contiguous shard of the flat parameter vector, with that shard's optimizer state (the ZeRO stage-1
+// idea on the parameter server's protocol). In sync mode a step is a reduce-scatter of the gradients (each
+// rank receives the average of its shard), the owner's optimizer step, and an all-gather of the updated
+// shards. MPI's collectives are that exchange done well: Open MPI's reduce-scatter and all-gather move each
+// byte once per link, where the dedicated server's link carries every worker's gradient.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace ddp::comm {
+
+class ShardedExchange {
+ public:
+  // Collective over `comm` (duplicated, so that its traffic never mixes with other users of `comm`): shards
+  // of `total` floats, rank r owning [begin(r), end(r)): total / size each, the first total % size ranks one
+  // more.
+  ShardedExchange(MPI_Comm comm, std::size_t total);
+  ~ShardedExchange();
+  ShardedExchange(const ShardedExchange&) = delete;
+  ShardedExchange& operator=(const ShardedExchange&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::size_t begin(int rank) const;
+  std::size_t end(int rank) const;
+  // This rank's shard.
+  std::size_t begin() const { return begin(rank_); }
+  std::size_t end() const { return end(rank_); }
+  std::size_t shard_size() const { return end() - begin(); }
+
+  // Collective: `shard` (shard_size() floats) receives the average over the ranks of `full`'s floats in this
+  // rank's shard (summed by MPI, then one multiplication by 1 / size, as the MPI backend averages).
+  void reduce_scatter_average(std::span<const float> full, std::span<float> shard);
+  // Collective: every rank's shard of `full` (its own floats already in place) goes to every rank.
+  void all_gather(std::span<float> full);
+  // Collective: rank 0's `full` receives every rank's `shard` (shard_size() floats) in place; `full` is
+  // ignored elsewhere.
+  void gather_to_root(std::span<const float> shard, std::span<float> full);
+  // Collective: each rank's `shard` receives its floats of rank 0's `full`.
+  void scatter_from_root(std::span<const float> full, std::span<float> shard);
+  // Collective: rank 0's floats or value on every rank.
+  void broadcast(std::span<float> data);
+  int64_t broadcast(int64_t value);
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<int> counts_;   // floats per rank
+  std::vector<int> offsets_;  // first float of each rank
+};
+
+}  // namespace ddp::comm
