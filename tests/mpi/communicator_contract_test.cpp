@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <span>
@@ -13,6 +14,7 @@
 
 #include "comm/average_check.h"
 #include "comm/communicator.h"
+#include "comm/sharded_exchange.h"
 #include "engine/device.h"
 #include "engine/self_check.h"
 #include "engine/topology.h"
@@ -148,6 +150,42 @@ TEST(CommunicatorContract, SelfCheckAgreesOnAFailureToStart) {
   const engine::SelfCheckReport report = engine::check_gpu_communicator(*comm, 0, sizes, "none");
   EXPECT_FALSE(report.ok);
   EXPECT_NE(report.failure.find("rank 0: a GPU call failed"), std::string::npos) << report.failure;
+}
+
+// The colocated parameter server's exchange (comm/sharded_exchange.h) against the same closed form: each
+// rank's shard of the reduce-scatter is the average, the shards tile the vector, and the all-gather, the
+// gather to rank 0 and the scatter from it move every float to its place.
+TEST(CommunicatorContract, ShardedExchangeAveragesAndGathers) {
+  for (const std::size_t total : {std::size_t{1}, std::size_t{7}, std::size_t{4099}}) {
+    comm::ShardedExchange exchange(MPI_COMM_WORLD, total);
+    EXPECT_EQ(exchange.begin(0), 0u);
+    EXPECT_EQ(exchange.end(exchange.size() - 1), total);
+    for (int r = 1; r < exchange.size(); ++r) EXPECT_EQ(exchange.begin(r), exchange.end(r - 1));
+    std::vector<float> full(total);
+    for (std::size_t i = 0; i < total; ++i) full[i] = comm::average_pattern_value(exchange.rank(), i);
+    std::vector<float> shard(exchange.shard_size());
+    exchange.reduce_scatter_average(full, shard);
+    for (std::size_t i = 0; i < shard.size(); ++i) {
+      const double expected = comm::average_pattern_expected(exchange.size(), exchange.begin() + i);
+      ASSERT_NEAR(shard[i], expected, comm::kAverageTolerance * std::max(1.0, expected))
+          << total << ", " << i;
+    }
+    std::vector<float> gathered(total, -1.0f);
+    std::copy(shard.begin(), shard.end(), gathered.begin() + static_cast<std::ptrdiff_t>(exchange.begin()));
+    exchange.all_gather(gathered);
+    for (std::size_t i = 0; i < total; ++i) {
+      ASSERT_NEAR(gathered[i], comm::average_pattern_expected(exchange.size(), i), 1e-5)
+          << total << ", " << i;
+    }
+    std::vector<float> on_root(total, -1.0f);
+    exchange.gather_to_root(shard, on_root);
+    if (exchange.rank() == 0) {
+      EXPECT_EQ(on_root, gathered);
+    }
+    std::vector<float> back(exchange.shard_size());
+    exchange.scatter_from_root(gathered, back);
+    EXPECT_EQ(back, shard);
+  }
 }
 
 }  // namespace
