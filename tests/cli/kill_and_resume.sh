@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# A rank of a 3-rank parameter-server run is killed (kill -9): the job must end within the bound with a
-# message naming the lost rank, and --resume must then finish the training.
+# A rank of a 3-rank parameter-server run is killed (kill -9), under each layout: the job must end within the
+# bound with a message naming the lost rank, and --resume must then finish the training.
 #   bash tests/cli/kill_and_resume.sh path/to/ddptrain source-dir
 set -euo pipefail
 ddptrain=$1
 source "$(dirname "${BASH_SOURCE[0]}")/lib/background_run.sh"
 enter_scratch_dir_with_data "$ddptrain"
 bound=20
-run=(mpirun -np 3 "$ddptrain" --data.path data.h5 --checkpoint.dir run --comm.backend ps --comm.timeout_s "$bound"
-  --model.embedding_dim 16 --model.hidden 16 --train.epochs 6 --train.straggle_ms 20 --log.progress lines)
 
-signal_rank_and_wait KILL 1
-[ "$elapsed" -le $((2 * bound + 5)) ] || { echo "FAIL: took $elapsed s, bound $bound s"; exit 1; }
-grep -q "rank 1" err.txt || { echo "FAIL: no message names rank 1:"; cat err.txt; exit 1; }
+# Each layout of the parameter server: dedicated (rank 2 serves; rank 1 is a worker) and colocated (every
+# rank trains and serves a shard).
+for layout in dedicated colocated; do
+  echo "== comm.ps_layout = $layout"
+  rm -rf run
+  run=(mpirun -np 3 "$ddptrain" --data.path data.h5 --checkpoint.dir run --comm.backend ps --comm.ps_layout "$layout"
+    --comm.timeout_s "$bound" --model.embedding_dim 16 --model.hidden 16 --train.epochs 6 --train.straggle_ms 20
+    --log.progress lines)
 
-resume_to_the_end 6
+  signal_rank_and_wait KILL 1
+  [ "$elapsed" -le $((2 * bound + 5)) ] || { echo "FAIL: $layout: took $elapsed s, bound $bound s"; exit 1; }
+  grep -q "rank 1" err.txt || { echo "FAIL: $layout: no message names rank 1:"; cat err.txt; exit 1; }
+
+  resume_to_the_end 6
+done
