@@ -17,7 +17,7 @@ data=$scratch/quickstart.h5
 
 quickstart_step_ms() {  # build ranks
   mpirun -np "$2" --bind-to none "$1"/ddptrain --config launch/configs/quickstart.ini --data.path "$data" \
-    --checkpoint.dir "$scratch/run" --checkpoint.overwrite true --comm.backend ps --train.epochs 2 \
+    --checkpoint.dir "$scratch/run" --checkpoint.overwrite true --comm.backend ps --comm.ps_servers 1 --train.epochs 2 \
     --log.progress lines >/dev/null 2>&1
   grep '"epoch"' "$scratch/run/metrics.jsonl" | tail -n 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["step_time_ms"])'
 }

@@ -30,8 +30,8 @@ fi
 declare -A configs=(
   [all-reduce]="--comm.backend mpi"
   [all-reduce-dense]="--comm.backend mpi --comm.sparse_embedding false"
-  [ps-dedicated]="--comm.backend ps --comm.ps_layout dedicated"
-  [ps-colocated]="--comm.backend ps --comm.ps_layout colocated"
+  [ps-dedicated]="--comm.backend ps --comm.ps_servers 1"
+  [ps-colocated]="--comm.backend ps --comm.ps_servers 0"
 )
 names=(all-reduce all-reduce-dense ps-dedicated ps-colocated)
 

@@ -59,12 +59,11 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
           "comm.backend = ps: train.embedding_update = lazy needs an all-reduce backend (mpi or "
           "nccl); the parameter server exchanges dense gradients");
     }
-    if (request.ps_layout == "colocated") {
-      if (!choice.all_on_cpu) {
-        throw UserError(
-            "comm.ps_layout = colocated: " + census +
-            "; the colocated parameter server serves CPU replicas (use comm.ps_layout = dedicated)");
-      }
+    // comm.ps_servers = 0: colocated where it can serve, else one dedicated server.
+    std::string why_dedicated;
+    if (request.ps_servers == 0 && !choice.all_on_cpu) why_dedicated = "GPU ranks";
+    if (request.ps_servers == 0 && request.ps_async) why_dedicated = "async mode";
+    if (request.ps_servers == 0 && why_dedicated.empty()) {
       choice.colocated = true;
       choice.reason = "ps: " + census + (backend == "ps" ? " (comm.backend = ps)" : "") +
                       "; colocated: " + count_of(size, "rank") + ", each training and serving 1/" +
@@ -72,17 +71,21 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
       choice.communicator = make_mpi_communicator(comm);
       return choice;
     }
-    if (request.ps_servers < 1 || request.ps_servers >= size) {
-      throw UserError("comm.ps_servers = " + std::to_string(request.ps_servers) + " leaves no worker with " +
+    const int servers = request.ps_servers == 0 ? 1 : request.ps_servers;
+    if (servers >= size) {
+      throw UserError("comm.ps_servers = " + std::to_string(servers) + " leaves no worker with " +
                       std::to_string(size) + (size == 1 ? " rank" : " ranks") +
                       " (the parameter server needs at least one more rank than servers)");
     }
-    const int workers = size - request.ps_servers;
+    const int workers = size - servers;
     choice.parameter_server = true;
-    choice.ps_servers = request.ps_servers;
+    choice.ps_servers = servers;
     choice.reason = "ps: " + census + (backend == "ps" ? " (comm.backend = ps)" : "") + "; " +
                     count_of(workers, "worker") + " (" + rank_range(0, workers) + "), " +
-                    count_of(request.ps_servers, "parameter server") + " (" + rank_range(workers, size) + ")";
+                    count_of(servers, "parameter server") + " (" + rank_range(workers, size) + ")" +
+                    (why_dedicated.empty() ? ""
+                                           : " (the colocated layout serves CPU ranks in sync mode, not " +
+                                                 why_dedicated + ")");
     return choice;
   }
   choice.reason = std::string("mpi: ") + census + (backend == "mpi" ? " (comm.backend = mpi)" : "") +

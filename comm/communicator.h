@@ -139,12 +139,14 @@ std::unique_ptr<Communicator> make_staged_mpi_communicator(MPI_Comm comm, void* 
 
 // The backend for a job, chosen collectively from `comm.backend` and where the replicas run.
 struct BackendRequest {
-  std::string backend = "auto";         // auto | mpi | nccl | ps
-  std::string compression = "none";     // NCCL gradients on the wire: none | fp16 | bf16
-  bool on_gpu = false;                  // this rank's replica is on a GPU
-  void* compute_stream = nullptr;       // that replica's cudaStream_t
-  std::string ps_layout = "dedicated";  // ps: the last K ranks serve, or every rank (colocated)
-  int ps_servers = 1;                   // ps, dedicated: the last K ranks serve
+  std::string backend = "auto";      // auto | mpi | nccl | ps
+  std::string compression = "none";  // NCCL gradients on the wire: none | fp16 | bf16
+  bool on_gpu = false;               // this rank's replica is on a GPU
+  void* compute_stream = nullptr;    // that replica's cudaStream_t
+  // ps: the last K ranks serve (dedicated); 0: every rank trains and serves a shard (colocated) where every
+  // rank is on a CPU and the mode is sync, else one dedicated server.
+  int ps_servers = 0;
+  bool ps_async = false;  // comm.ps_mode = async
   // The optimizer updates only the rows of a sparse matrix that a step touched (lazy embedding updates):
   // it needs the all-reduce backends, since the parameter server exchanges dense gradients.
   bool lazy_update = false;

@@ -1,4 +1,4 @@
-// The colocated parameter server's exchange (comm.ps_layout = colocated): every rank trains and also owns
+// The colocated parameter server's exchange (comm.ps_servers = 0): every rank trains and also owns
 // one contiguous shard of the flat parameter vector, with that shard's optimizer state (the ZeRO stage-1
 // idea on the parameter server's protocol). In sync mode a step is a reduce-scatter of the gradients (each
 // rank receives the average of its shard), the owner's optimizer step, and an all-gather of the updated

@@ -82,11 +82,11 @@ std::unique_ptr<Updater> make_colocated_updater(models::Replica& replica, MPI_Co
                                                 const OptimizerSettings& settings) {
   if (replica.device() != models::DeviceKind::kCpu) {
     throw UserError(
-        "comm.ps_layout = colocated: a rank's replica is on a GPU; the colocated parameter server serves "
-        "CPU replicas (use comm.ps_layout = dedicated, or comm.backend = nccl on GPU nodes)");
+        "comm.ps_servers = 0: a rank's replica is on a GPU; the colocated parameter server serves CPU "
+        "replicas");
   }
   if (settings.lazy_update) {
-    throw UserError("comm.ps_layout = colocated: train.embedding_update = lazy needs an all-reduce backend");
+    throw UserError("comm.ps_servers = 0: train.embedding_update = lazy needs an all-reduce backend");
   }
   return std::make_unique<ColocatedUpdater>(replica, trainers, settings);
 }

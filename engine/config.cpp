@@ -62,12 +62,10 @@ void visit_keys(C& c, Visitor&& key) {
       "average only the embedding rows some rank's batch used (same result, less traffic)");
   key("comm", "compression", c.comm.compression,
       "gradients on the wire with NCCL: none, fp16 or bf16 (bf16 keeps fp32's range; fp16 is unscaled)");
-  key("comm", "ps_layout", c.comm.ps_layout,
-      "ps: dedicated (the last comm.ps_servers ranks serve and do not train) or colocated (every rank trains "
-      "and serves 1/N of the parameters and their optimizer state; CPU ranks, sync mode)");
   key("comm", "ps_servers", c.comm.ps_servers,
-      "ps: the last K ranks are parameter servers, each owning a shard of the parameters and their "
-      "optimizer state; the others are workers");
+      "ps: 0 (colocated): every rank trains and serves a shard of the parameters and their optimizer state, "
+      "where every rank is on a CPU and comm.ps_mode is sync, else one dedicated server; K: the last K ranks "
+      "are servers, each owning a shard, and the others are workers");
   key("comm", "ps_mode", c.comm.ps_mode,
       "ps: sync (gradients of all workers averaged each step, as all-reduce) or async (each gradient "
       "applied as it arrives, bounded by comm.max_staleness)");
@@ -175,13 +173,8 @@ void check_values(const Config& c) {
   require(c.comm.backend == "auto" || c.comm.backend == "mpi" || c.comm.backend == "nccl" ||
               c.comm.backend == "ps",
           "comm.backend", c.comm.backend, "unknown backend (expected auto, mpi, nccl or ps)");
-  require(c.comm.ps_servers >= 1, "comm.ps_servers", value_text(c.comm.ps_servers),
-          "must be at least 1 (the job needs at least one more rank, a worker)");
-  require(c.comm.ps_layout == "dedicated" || c.comm.ps_layout == "colocated", "comm.ps_layout",
-          c.comm.ps_layout, "expected dedicated or colocated");
-  require(
-      c.comm.ps_layout == "dedicated" || c.comm.ps_mode == "sync", "comm.ps_layout", c.comm.ps_layout,
-      "colocated serves in sync mode only so far (comm.ps_mode = async needs comm.ps_layout = dedicated)");
+  require(c.comm.ps_servers >= 0, "comm.ps_servers", value_text(c.comm.ps_servers),
+          "must be 0 (every rank serves a shard) or the number of dedicated servers");
   require(c.comm.ps_mode == "sync" || c.comm.ps_mode == "async", "comm.ps_mode", c.comm.ps_mode,
           "expected sync or async");
   require(c.comm.max_staleness >= 0, "comm.max_staleness", value_text(c.comm.max_staleness),

@@ -47,15 +47,15 @@ struct Config {
   } train;
 
   struct Comm {
-    std::string backend = "auto";         // auto | mpi | nccl | ps
-    bool sparse_embedding = true;         // exchange only the embedding rows some rank touched
-    std::string compression = "none";     // NCCL gradients on the wire: none | fp16 | bf16
-    std::string ps_layout = "dedicated";  // ps: dedicated (the last K ranks serve) | colocated (every rank)
-    int ps_servers = 1;                   // ps: the last K ranks serve
-    std::string ps_mode = "sync";         // ps: sync | async
-    int max_staleness = 4;                // ps async: how many pushes a worker may run ahead of the slowest
-    double timeout_s = 120;               // ps: the longest silence accepted from a rank before the job ends
-    bool selfcheck = true;                // GPU ranks check their replica (and NCCL) before the first step
+    std::string backend = "auto";      // auto | mpi | nccl | ps
+    bool sparse_embedding = true;      // exchange only the embedding rows some rank touched
+    std::string compression = "none";  // NCCL gradients on the wire: none | fp16 | bf16
+    int ps_servers =
+        0;  // ps: the last K ranks serve; 0: every rank trains and serves (colocated) where it can
+    std::string ps_mode = "sync";  // ps: sync | async
+    int max_staleness = 4;         // ps async: how many pushes a worker may run ahead of the slowest
+    double timeout_s = 120;        // ps: the longest silence accepted from a rank before the job ends
+    bool selfcheck = true;         // GPU ranks check their replica (and NCCL) before the first step
   } comm;
 
   struct Checkpoint {

@@ -1,4 +1,5 @@
-// Training with the parameter server (comm.backend = ps): the trainer's side of comm/parameter_server.h.
+// Training with dedicated parameter servers (comm.backend = ps with K >= 1 servers; the colocated layout,
+// where every rank serves, is colocated_updater.h): the trainer's side of comm/parameter_server.h.
 //
 // Roles. The last K = comm.ps_servers ranks of the job serve, the first W = size - K ranks are workers.
 // Workers train as the ranks of the all-reduce backends do (the same loop in trainer.cpp, data sharded over

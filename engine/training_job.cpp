@@ -47,7 +47,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     request.on_gpu = replica->device() == models::DeviceKind::kCuda;
     request.compute_stream = replica->stream();
     request.ps_servers = config.comm.ps_servers;
-    request.ps_layout = config.comm.ps_layout;
+    request.ps_async = config.comm.ps_mode == "async";
     request.lazy_update = config.train.embedding_update == "lazy";
     backend = comm::choose_backend(request, world);
   });

@@ -8,18 +8,18 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/background_run.sh"
 enter_scratch_dir_with_data "$ddptrain"
 bound=20
 
-# Each layout of the parameter server: dedicated (rank 2 serves; rank 1 is a worker) and colocated (every
-# rank trains and serves a shard).
-for layout in dedicated colocated; do
-  echo "== comm.ps_layout = $layout"
+# Each layout of the parameter server: one dedicated server (rank 2 serves; rank 1 is a worker) and colocated
+# (comm.ps_servers = 0: every rank trains and serves a shard).
+for servers in 1 0; do
+  echo "== comm.ps_servers = $servers"
   rm -rf run
-  run=(mpirun -np 3 "$ddptrain" --data.path data.h5 --checkpoint.dir run --comm.backend ps --comm.ps_layout "$layout"
+  run=(mpirun -np 3 "$ddptrain" --data.path data.h5 --checkpoint.dir run --comm.backend ps --comm.ps_servers "$servers"
     --comm.timeout_s "$bound" --model.embedding_dim 16 --model.hidden 16 --train.epochs 6 --train.straggle_ms 20
     --log.progress lines)
 
   signal_rank_and_wait KILL 1
-  [ "$elapsed" -le $((2 * bound + 5)) ] || { echo "FAIL: $layout: took $elapsed s, bound $bound s"; exit 1; }
-  grep -q "rank 1" err.txt || { echo "FAIL: $layout: no message names rank 1:"; cat err.txt; exit 1; }
+  [ "$elapsed" -le $((2 * bound + 5)) ] || { echo "FAIL: ps_servers $servers: took $elapsed s, bound $bound s"; exit 1; }
+  grep -q "rank 1" err.txt || { echo "FAIL: ps_servers $servers: no message names rank 1:"; cat err.txt; exit 1; }
 
   resume_to_the_end 6
 done

@@ -55,9 +55,14 @@ check ar/ar.json 2 "data wait" "HDF5 read" forward backward "all-reduce bucket" 
 ls ./*.part ar/*.part 2>/dev/null && { echo "FAIL: part files left behind"; exit 1; }
 [ ! -e ar.json ] || { echo "FAIL: a relative log.timeline went outside checkpoint.dir"; exit 1; }
 
-mpirun -np 3 "$ddptrain" "${common[@]}" --comm.backend ps --checkpoint.dir ps --log.timeline ps.json >ps.txt 2>&1 ||
-  { echo "FAIL: parameter-server run"; cat ps.txt; exit 1; }
+mpirun -np 3 "$ddptrain" "${common[@]}" --comm.backend ps --comm.ps_servers 1 --checkpoint.dir ps \
+  --log.timeline ps.json >ps.txt 2>&1 || { echo "FAIL: parameter-server run"; cat ps.txt; exit 1; }
 check ps/ps.json 3 "data wait" "HDF5 read" forward backward "push/pull" evaluation checkpoint step
+
+mpirun -np 2 "$ddptrain" "${common[@]}" --comm.backend ps --comm.ps_servers 0 --checkpoint.dir colocated \
+  --log.timeline colocated.json >colocated.txt 2>&1 || { echo "FAIL: colocated run"; cat colocated.txt; exit 1; }
+check colocated/colocated.json 2 "data wait" "HDF5 read" forward backward "reduce-scatter, update, all-gather" \
+  evaluation checkpoint step
 
 # A path that cannot be written is refused before training, on every rank, with exit 2.
 status=0

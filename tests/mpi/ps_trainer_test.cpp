@@ -254,7 +254,7 @@ TEST_F(PsTrainerTest, AutoOnOneRankKeepsTheSingleReplica) {
 
 // --- The colocated layout: every rank trains and serves a shard (engine/colocated_updater.h) -------------
 
-const std::vector<std::string> kColocated{"--comm.backend", "ps", "--comm.ps_layout", "colocated"};
+const std::vector<std::string> kColocated{"--comm.backend", "ps", "--comm.ps_servers", "0"};
 
 std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& more) {
   args.insert(args.end(), more.begin(), more.end());
@@ -321,13 +321,23 @@ TEST_F(PsTrainerTest, ColocatedCheckpointsMoveBetweenBackends) {
 }
 
 TEST_F(PsTrainerTest, ColocatedRefusesWhatItCannotServe) {
-  EXPECT_THROW(run(dir_.file("async"), with(kColocated, {"--comm.ps_mode", "async"}), MPI_COMM_WORLD),
-               UserError);
   EXPECT_THROW(run(dir_.file("lazy"), with(kColocated, {"--train.embedding_update", "lazy"}), MPI_COMM_WORLD),
                UserError);
-  EXPECT_THROW(
-      run(dir_.file("layout"), {"--comm.backend", "ps", "--comm.ps_layout", "everywhere"}, MPI_COMM_WORLD),
-      UserError);
+  EXPECT_THROW(run(dir_.file("servers"), {"--comm.backend", "ps", "--comm.ps_servers", "-1"}, MPI_COMM_WORLD),
+               UserError);
+}
+
+// comm.ps_servers = 0 in async mode, which the colocated layout does not serve, has one dedicated server.
+TEST_F(PsTrainerTest, AsyncWithNoServersNamedHasOneDedicatedServer) {
+  const engine::TrainResult result =
+      run(dir_.file("async"), with(kColocated, {"--comm.ps_mode", "async", "--train.epochs", "1"}),
+          MPI_COMM_WORLD);
+  if (world_rank() < world_size() - 1) {
+    ASSERT_EQ(result.history.size(), 1u);
+    EXPECT_EQ(result.history[0].workers, world_size() - 1);
+  } else {
+    EXPECT_TRUE(result.history.empty()) << "the last rank serves";
+  }
 }
 
 }  // namespace

@@ -230,12 +230,12 @@ TEST(Cli, BadInputUnderMpirunEndsEveryRankWithOneMessage) {
 TEST(Cli, ParameterServerSetupErrors) {
   TempDir dir;
   const std::string data = make_file(dir, "ok.h5", {});
-  expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --comm.ps_servers 0"),
-                    {"comm.ps_servers", "0"});
+  expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --comm.ps_servers -1"),
+                    {"comm.ps_servers", "-1"});
   expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --comm.ps_mode eventual"),
                     {"comm.ps_mode", "eventual"});
   // One rank: no worker is left beside a server.
-  expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --comm.backend ps"),
+  expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --comm.backend ps --comm.ps_servers 1"),
                     {"comm.ps_servers = 1", "no worker"});
   // Agreed on by every rank of the job: one message, exit 2.
   expect_user_error(run_ddptrain(dir, train_args(dir, data) + " --comm.backend ps --comm.ps_servers 2",
@@ -249,7 +249,8 @@ TEST(Cli, AutoUnderMpirunPicksTheParameterServerAndSaysWhy) {
   const Outcome o =
       run_ddptrain(dir, train_args(dir, data), "mpirun --allow-run-as-root --oversubscribe -np 2");
   EXPECT_EQ(o.exit_code, 0) << o.err;
-  EXPECT_NE(o.out.find("backend ps: 0 of 2 ranks on GPUs; 1 worker (rank 0), 1 parameter server (rank 1)"),
+  EXPECT_NE(o.out.find("backend ps: 0 of 2 ranks on GPUs; colocated: 2 ranks, each training and serving 1/2 "
+                       "of the parameters"),
             std::string::npos)
       << o.out;
   EXPECT_NE(o.out.find("Epoch 1/1"), std::string::npos) << o.out;

@@ -102,7 +102,7 @@ TEST(Config, BadValuesNameTheKey) {
 TEST(Config, ParameterServerKeys) {
   const Config defaults = parse_config({"--data.path", "x"}).config;
   EXPECT_EQ(defaults.comm.backend, "auto");
-  EXPECT_EQ(defaults.comm.ps_servers, 1);
+  EXPECT_EQ(defaults.comm.ps_servers, 0) << "colocated where it can serve";
   EXPECT_EQ(defaults.comm.ps_mode, "sync");
   EXPECT_EQ(defaults.comm.max_staleness, 4);
   EXPECT_EQ(defaults.comm.timeout_s, 120);
@@ -119,8 +119,7 @@ TEST(Config, ParameterServerKeys) {
   EXPECT_EQ(c.train.straggle_ms, 7);
 
   for (const auto& [key, value] :
-       std::vector<std::pair<std::string, std::string>>{{"comm.ps_servers", "0"},
-                                                        {"comm.ps_servers", "-1"},
+       std::vector<std::pair<std::string, std::string>>{{"comm.ps_servers", "-1"},
                                                         {"comm.ps_servers", "two"},
                                                         {"comm.ps_mode", "eventual"},
                                                         {"comm.max_staleness", "-1"},
