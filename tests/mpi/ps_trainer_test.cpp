@@ -300,8 +300,8 @@ TEST_F(PsTrainerTest, ColocatedStoppedAndResumedEqualsUninterrupted) {
   EXPECT_EQ(second.params, straight.params) << "resumed run differs from the uninterrupted one";
 }
 
-// A colocated checkpoint continues under the all-reduce backend, and the other way round: the state is in
-// the canonical layout whatever the layout of the servers.
+// A colocated checkpoint continues under the all-reduce backend and under dedicated servers, and the other
+// way round: the state is in the canonical layout whatever the layout of the servers.
 TEST_F(PsTrainerTest, ColocatedCheckpointsMoveBetweenBackends) {
   const std::vector<std::string> one_epoch{"--train.epochs", "1"};
   const std::vector<std::string> two_epochs{"--train.epochs", "2", "--resume"};
@@ -318,6 +318,21 @@ TEST_F(PsTrainerTest, ColocatedCheckpointsMoveBetweenBackends) {
       run(dir_.file("to-colocated"), with(kColocated, two_epochs), MPI_COMM_WORLD);
   ASSERT_EQ(under_colocated.history.size(), 1u);
   EXPECT_LE(max_relative_diff(under_colocated.params, straight.params), 1e-5);
+
+  // And with dedicated servers, both ways (fewer training ranks: the data order changes, as the log says).
+  const std::vector<std::string> dedicated{"--comm.backend", "ps", "--comm.ps_servers", "1"};
+  run(dir_.file("to-dedicated"), with(kColocated, one_epoch), MPI_COMM_WORLD);
+  const engine::TrainResult under_dedicated =
+      run(dir_.file("to-dedicated"), with(dedicated, two_epochs), MPI_COMM_WORLD);
+  if (world_rank() < world_size() - 1) {
+    EXPECT_EQ(under_dedicated.history.size(), 1u);
+  }
+  run(dir_.file("from-dedicated"), with(dedicated, one_epoch), MPI_COMM_WORLD);
+  const engine::TrainResult from_dedicated =
+      run(dir_.file("from-dedicated"), with(kColocated, two_epochs), MPI_COMM_WORLD);
+  ASSERT_EQ(from_dedicated.history.size(), 1u);
+  EXPECT_EQ(from_dedicated.history[0].epoch, 2);
+  EXPECT_TRUE(identical_on_all_ranks(from_dedicated.params));
 }
 
 TEST_F(PsTrainerTest, ColocatedRefusesWhatItCannotServe) {
