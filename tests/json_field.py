@@ -9,6 +9,7 @@ by spaces. A null value (a diverged loss) prints as its "not_finite" reason (nan
 test score's when KEYS name an epoch's numbers, a half-written last line) are skipped.
 """
 import json
+import os
 import sys
 
 
@@ -39,4 +40,9 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BrokenPipeError:
+        # The reader had enough (grep -q, head): not an error of this script. Point stdout at /dev/null so
+        # that Python's exit-time flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

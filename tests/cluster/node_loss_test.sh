@@ -9,7 +9,7 @@
 #      error line naming the rank and host (Open MPI's MPI_ABORT banner may come first); but mpirun itself keeps waiting for node2's daemon (its kill
 #      request sits unacknowledged in TCP's retransmission queue, where keepalive never fires): the test
 #      checks that it still waits, then ends it by its PID.
-# Afterwards no process of the run and nothing of the cluster is left.
+# Each part runs on its own cluster; afterwards no process of the run and nothing of either cluster is left.
 #   bash tests/cluster/node_loss_test.sh path/to/ddptrain source-dir        (as root; else exit 77, skipped)
 set -euo pipefail
 ddptrain=$(realpath "$1")
@@ -90,7 +90,11 @@ if ! grep -q "lost communication with a remote daemon" "$err" || ! grep -q "on n
 fi
 echo "ok: with keepalive, the job ended ${ended_after} s after node2 was lost (bound 15 s, comm.timeout_s 20)"
 
-cluster_link_up node2 || fail "node1 does not reach node2 again after its link came back"
+# Part 2 runs on a new cluster: on the link brought back up, about one run in eight had a first connection
+# between the nodes stall past the 5 s watchdog before the first epoch ended (Open MPI: "failed to TCP
+# connect to a peer"), which tests the harness, not ddptrain.
+expect_no_leftovers
+cluster_test_setup "$ddptrain" 2
 
 # 2. plain mpirun: the watchdog ends the ranks; mpirun waits on node2's daemon.
 lose_node2 watchdog 5 10
