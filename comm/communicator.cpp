@@ -68,7 +68,7 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
       choice.reason = "ps: " + census + (backend == "ps" ? " (comm.backend = ps)" : "") +
                       "; colocated: " + count_of(size, "rank") + ", each training and serving 1/" +
                       std::to_string(size) + " of the parameters and their optimizer state";
-      choice.communicator = make_mpi_communicator(comm);
+      choice.parameter_server = true;
       return choice;
     }
     const int servers = request.ps_servers == 0 ? 1 : request.ps_servers;

@@ -153,15 +153,15 @@ struct BackendRequest {
 };
 
 struct BackendChoice {
-  // The all-reduce backends' communicator over every rank; null for the parameter server, whose workers
-  // use ParameterClient and whose servers run_parameter_server (parameter_server.h) directly.
+  // The all-reduce backends' communicator over every rank; null for the parameter server, whose ranks
+  // talk through comm::ParameterService (parameter_service.h).
   std::unique_ptr<Communicator> communicator;
   std::string reason;             // one line for rank 0's log: what was chosen and why
   bool all_on_cpu = true;         // every rank's replica is on the CPU (sparse embedding exchange possible)
-  bool parameter_server = false;  // ps, dedicated: the last `ps_servers` ranks serve, the others work
+  bool parameter_server = false;  // ps
+  // ps, dedicated: the last `ps_servers` ranks serve, the others work. colocated: every rank works and
+  // serves a shard (ps_servers is 0).
   int ps_servers = 0;
-  // ps, colocated: every rank works and serves a shard (engine/colocated_updater.h); `communicator` is the
-  // MPI backend, for the trainer's host collectives.
   bool colocated = false;
 };
 

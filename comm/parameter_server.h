@@ -1,10 +1,11 @@
-// The parameter-server backend (comm.backend = ps): the core protocol, without the trainer.
+// The dedicated parameter server's protocol within a run of steps (parameter_service.h is the interface
+// around it, parameter_service_dedicated.cpp the control between runs).
 //
 // Who owns what. The last K ranks of the job are servers, every other rank is a worker (W = size - K).
 // Server j owns the contiguous shard [shard_begin(j), shard_end(j)) of the flat parameter vector (split as
 // evenly as possible, the larger shards first) and that shard's optimizer state, which lives in the caller's
-// ShardUpdate (an engine::Optimizer over the shard): comm/ knows nothing of optimizers. Workers own the full
-// parameter vector, compute gradients on it, and get it back from the servers after every step.
+// ShardUpdate (a ShardOptimizer of parameter_service.h): this protocol knows nothing of optimizers. Workers
+// own the full parameter vector, compute gradients on it, and get it back from the servers after every step.
 //
 // Wire. All traffic is non-blocking MPI point-to-point on a communicator duplicated from the one given, so it
 // never mixes with other users of that communicator. Every message starts with a PsHeader {step, kind}
@@ -81,8 +82,8 @@ struct PsRoles {
   std::size_t shard_end(int server_index, std::size_t total) const;
 };
 
-// The server's update of its shard: params_shard -= f(grads_shard). The trainer passes an engine::Optimizer's
-// step over the shard; the optimizer state stays with the caller.
+// The server's update of its shard: params_shard -= f(grads_shard), a ShardOptimizer's step; the optimizer
+// state stays with the caller.
 using ShardUpdate = std::function<void(std::span<float> params_shard, std::span<const float> grads_shard)>;
 
 // The message kinds; each is also the MPI tag its messages travel with.

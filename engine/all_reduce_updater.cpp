@@ -18,11 +18,12 @@ class AllReduceUpdater final : public Updater {
         optimizer_(std::move(optimizer)),
         step_(replica, comm, *optimizer_, sparse_exchange) {}
 
-  Optimizer& optimizer() override { return *optimizer_; }
+  std::string optimizer_name() const override { return optimizer_->name(); }
 
-  void distribute_start(std::span<float> host_params) override {
+  void distribute_start(std::span<float> host_params, const OptimizerState* whole_state) override {
     comm_.broadcast(host_params, 0);
     replica_.copy_params_from_host(host_params);
+    if (comm_.rank() == 0 && whole_state != nullptr) optimizer_->load_state(*whole_state);
     OptimizerState state = optimizer_->state();
     std::vector<double> iterations{static_cast<double>(state.iterations)};
     comm_.broadcast(std::span<double>(iterations), 0);
@@ -34,6 +35,9 @@ class AllReduceUpdater final : public Updater {
   void begin_steps() override {}
   void step(const BatchView& batch) override { step_.run(batch); }
   void end_steps() override {}
+  OptimizerState optimizer_state() override {
+    return comm_.rank() == 0 ? optimizer_->state() : OptimizerState{};
+  }
   void finish(std::span<float> host_params) override { replica_.copy_params_to_host(host_params); }
   std::string backend() const override { return comm_.backend(); }
 

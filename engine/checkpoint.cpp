@@ -70,8 +70,8 @@ void fsync_path(const std::string& path, int flags) {
 }  // namespace
 
 void write_checkpoint(const std::string& path, const models::ModelShape& shape, std::span<const float> params,
-                      const Optimizer& optimizer, const TrainingProgress& progress,
-                      const std::string& config_ini, const RunRecord& run) {
+                      const std::string& optimizer_name, const OptimizerState& optimizer_state,
+                      const TrainingProgress& progress, const std::string& config_ini, const RunRecord& run) {
   std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
   io::quiet_hdf5_errors();
   const std::filesystem::path final_path(path);
@@ -105,10 +105,10 @@ void write_checkpoint(const std::string& path, const models::ModelShape& shape, 
     if (!run.vocabulary.empty()) io::write_string_list(root, "vocab", run.vocabulary);
     write_floats(root, "params", params);
 
-    const OptimizerState state = optimizer.state();
+    const OptimizerState& state = optimizer_state;
     Hid group(check_h5_id(H5Gcreate2(root, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "optimizer"),
               Hid::Kind::kGroup);
-    io::write_string_attribute(group.get(), "name", optimizer.name());
+    io::write_string_attribute(group.get(), "name", optimizer_name);
     io::write_int_attribute(group.get(), "iterations", state.iterations);
     std::string names;
     for (const auto& [name, buffer] : state.buffers) {

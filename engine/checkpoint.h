@@ -60,8 +60,9 @@ struct Checkpoint {
 };
 
 void write_checkpoint(const std::string& path, const models::ModelShape& shape, std::span<const float> params,
-                      const Optimizer& optimizer, const TrainingProgress& progress,
-                      const std::string& config_ini, const RunRecord& run = {});
+                      const std::string& optimizer_name, const OptimizerState& optimizer_state,
+                      const TrainingProgress& progress, const std::string& config_ini,
+                      const RunRecord& run = {});
 
 // Throws UserError naming the file for a missing, foreign or damaged checkpoint.
 Checkpoint read_checkpoint(const std::string& path);

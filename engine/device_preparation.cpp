@@ -37,10 +37,9 @@ std::vector<std::pair<int, int>> batch_shapes(int batch_size, int seq, int64_t v
 }
 
 std::string prepare_device(models::Replica& replica, const std::vector<std::pair<int, int>>& shapes,
-                           const Config& config, const Topology& topology, comm::Communicator& world,
-                           comm::Communicator& trainers) {
+                           const Config& config, const Topology& topology, comm::Communicator& trainers) {
   std::string summary;
-  comm::agree_on_errors(world, [&] {
+  comm::agree_on_errors(trainers, [&] {
     std::vector<double> refused(shapes.size(), 0.0);
     std::optional<std::string> error;  // kept until every training rank has tried: the sum below pairs up
     try {
@@ -48,7 +47,7 @@ std::string prepare_device(models::Replica& replica, const std::vector<std::pair
         if (!replica.try_shape(shapes[i].first, shapes[i].second)) refused[i] = 1;
       }
     } catch (const UserError& e) {
-      error = "rank " + std::to_string(world.rank()) + " (" + topology.host + ", " + topology.device +
+      error = "rank " + std::to_string(trainers.rank()) + " (" + topology.host + ", " + topology.device +
               "): " + e.what();
     }
     if (auto first = trainers.first_error(error)) throw UserError(*first);
@@ -59,13 +58,13 @@ std::string prepare_device(models::Replica& replica, const std::vector<std::pair
     if (replica.device() != models::DeviceKind::kCuda || !config.comm.selfcheck) return;
     SelfCheckReport report =
         check_gpu_replica(replica, topology.gpu, shapes, optimizer_settings(config), config.train.seed);
-    if (!report.ok) error = self_check_failure(report, topology, world.rank());
+    if (!report.ok) error = self_check_failure(report, topology, trainers.rank());
     if (auto first = trainers.first_error(error)) throw UserError(*first);
     // Every rank of an NCCL job is a GPU rank, so all of them are here; the verdict is the same on each.
     if (trainers.backend() == "nccl" && trainers.size() > 1) {
       report.add(
           check_gpu_communicator(trainers, topology.gpu, segment_sizes(replica), config.comm.compression));
-      if (!report.ok) throw UserError(self_check_failure(report, topology, world.rank()));
+      if (!report.ok) throw UserError(self_check_failure(report, topology, trainers.rank()));
     }
     summary = "self-check " + report.summary();
   });

@@ -21,14 +21,12 @@ namespace ddp::engine {
 std::vector<std::pair<int, int>> batch_shapes(int batch_size, int seq, int64_t validation_rows,
                                               int64_t test_rows);
 
-// Collective over `world` (parameter servers pair it with an empty agreement: ps_training.h) and
-// `trainers`, the training ranks, of which this is one: tries and settles `shapes` on `replica`, then, on
-// a GPU with comm.selfcheck, runs the self-check of the replica and, with NCCL, of the communicator's
-// averages. Errors throw the first failing rank's line as a UserError on every rank. The self-check
-// overwrites the replica's parameters: call this before the starting point is loaded. Returns the
+// Collective over `trainers`, the training ranks, of which this is one: tries and settles `shapes` on
+// `replica`, then, on a GPU with comm.selfcheck, runs the self-check of the replica and, with NCCL, of the
+// communicator's averages. Errors throw the first failing rank's line as a UserError on every rank. The
+// self-check overwrites the replica's parameters: call this before the starting point is loaded. Returns the
 // self-check's summary for the start log ("" where it did not run).
 std::string prepare_device(models::Replica& replica, const std::vector<std::pair<int, int>>& shapes,
-                           const Config& config, const Topology& topology, comm::Communicator& world,
-                           comm::Communicator& trainers);
+                           const Config& config, const Topology& topology, comm::Communicator& trainers);
 
 }  // namespace ddp::engine

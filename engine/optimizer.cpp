@@ -142,4 +142,20 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerSettings& settings, std
   throw UserError("train.optimizer = " + settings.name + ": expected adam or sgd");
 }
 
+void check_optimizer_state(const OptimizerSettings& settings, std::size_t size, const OptimizerState& state,
+                           const std::string& source) {
+  // The optimizer names its own buffers; an empty one lists them.
+  const OptimizerState expected = make_optimizer(settings, 0)->state();
+  bool ok = state.buffers.size() == expected.buffers.size();
+  for (std::size_t i = 0; ok && i < state.buffers.size(); ++i) {
+    ok = state.buffers[i].first == expected.buffers[i].first && state.buffers[i].second.size() == size;
+  }
+  if (!ok) {
+    std::string names;
+    for (const auto& buffer : expected.buffers) names += (names.empty() ? "" : ", ") + buffer.first;
+    throw UserError(source + ": the optimizer state does not match train.optimizer = " + settings.name +
+                    " (expected the buffers " + names + " of " + std::to_string(size) + " values each)");
+  }
+}
+
 }  // namespace ddp::engine

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/base/optimizer_state.h"
 #include "engine/optimizer_math.h"
 
 namespace ddp::engine {
@@ -33,10 +34,7 @@ struct TouchedRows {
   std::span<const int32_t> rows;  // sorted, unique
 };
 
-struct OptimizerState {
-  int64_t iterations = 0;
-  std::vector<std::pair<std::string, std::vector<float>>> buffers;  // e.g. {"m", ...}, {"v", ...}
-};
+using ddp::OptimizerState;
 
 class Optimizer {
  public:
@@ -58,6 +56,11 @@ AdamCoefficients adam_coefficients(const OptimizerSettings& settings, int64_t it
 // The host (CPU) optimizers. Adam as Keras computes it: m, v moments; lr_t = lr * sqrt(1 - beta2^t) / (1 -
 // beta1^t); p -= lr_t * m / (sqrt(v) + epsilon). SGD as Keras: v = momentum * v - lr * g; p += v.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerSettings& settings, std::size_t size);
+
+// Throws UserError (naming `source`, e.g. the checkpoint) unless `state` is a state of the optimizer
+// `settings` names over `size` parameters: its buffers, by name and size.
+void check_optimizer_state(const OptimizerSettings& settings, std::size_t size, const OptimizerState& state,
+                           const std::string& source);
 
 // The same updates as one fused CUDA kernel over a flat device buffer on GPU `device`, enqueued on `stream`
 // (a cudaStream_t of that device, the replica's); state() and load_state() copy through the host. Lazy rows

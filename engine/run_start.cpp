@@ -6,6 +6,7 @@
 #include <span>
 #include <string>
 #include <system_error>
+#include <utility>
 
 #include "engine/base/errors.h"
 #include "io/dataset_fingerprint.h"
@@ -64,9 +65,10 @@ void note_changed_data_plan(const RunFiles& files, const Checkpoint& c, const Ru
       files.last().c_str(), c.run.data_plan.c_str(), now.data_plan.c_str());
 }
 
-// Rank 0: last.h5's parameters, optimizer state (into `optimizer`) and progress, checked against the run.
+// Rank 0: last.h5's parameters, optimizer state and progress, checked against the run.
 void resume_from_checkpoint(const Config& config, const RunFiles& files, const models::ParamLayout& layout,
-                            Optimizer& optimizer, int trainers, int64_t steps_per_epoch, RunStart& start) {
+                            const OptimizerSettings& optimizer, int trainers, int64_t steps_per_epoch,
+                            RunStart& start) {
   Checkpoint c = read_checkpoint(files.last());
   check_resumed_data(config, files, c, start.record);
   note_changed_data_plan(files, c, start.record);
@@ -77,12 +79,13 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
                     std::to_string(c.shape.hidden) + ", layers " + std::to_string(c.shape.layers) +
                     ") differs from the config's and the dataset's");
   }
-  if (c.optimizer_name != optimizer.name()) {
+  if (c.optimizer_name != optimizer.name) {
     throw UserError(files.last() + ": checkpoint was trained with " + c.optimizer_name +
-                    ", the config asks for train.optimizer = " + optimizer.name());
+                    ", the config asks for train.optimizer = " + optimizer.name);
   }
-  start.params = c.params;
-  optimizer.load_state(c.optimizer);
+  check_optimizer_state(optimizer, layout.total_size(), c.optimizer, files.last());
+  start.params = std::move(c.params);
+  start.optimizer = std::move(c.optimizer);
   start.progress = c.progress;
   TrainingProgress& p = start.progress;
   if (p.seed != config.train.seed) {
@@ -122,18 +125,18 @@ void broadcast_progress(comm::Communicator& trainers, TrainingProgress& p, bool&
 }  // namespace
 
 RunStart start_run(const Config& config, const RunFiles& files, const io::DatasetInfo& data,
-                   const io::DataPlan& plan, const models::ParamLayout& layout, Optimizer& optimizer,
-                   int64_t steps_per_epoch, comm::Communicator& world, comm::Communicator& trainers,
+                   const io::DataPlan& plan, const models::ParamLayout& layout,
+                   const OptimizerSettings& optimizer, int64_t steps_per_epoch, comm::Communicator& trainers,
                    ProgressWatchdog& watchdog) {
   RunStart start;
   start.params.resize(layout.total_size());
   const bool root = trainers.rank() == 0;
   watchdog.enter("preparing checkpoint.dir " + files.dir.string());
-  comm::agree_on_errors(world, [&] {
+  comm::agree_on_errors(trainers, [&] {
     if (root) start.resumed = claim_directory(config, files);
   });
   watchdog.enter("reading the starting point (seed or checkpoint) and broadcasting it");
-  comm::agree_on_errors(world, [&] {
+  comm::agree_on_errors(trainers, [&] {
     if (!root) return;
     start.record = describe_run(data, plan);
     if (start.resumed) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -29,16 +30,18 @@ struct RunStart {
   TrainingProgress progress;
   RunRecord record;           // rank 0: what the checkpoints record about the run and its data
   std::vector<float> params;  // rank 0: the starting parameters (the others': zeros, to be overwritten)
+  // Rank 0 of a resumed run: the checkpoint's optimizer state (checked against the config), else none: a
+  // fresh run starts from the optimizer's zero state.
+  std::optional<OptimizerState> optimizer;
 };
 
-// Collective over `world` (errors agreed on there: the parameter servers pair it with an empty agreement)
-// and `trainers` (the progress broadcast); `watchdog` is told each phase. Rank 0 loads a checkpoint's
-// optimizer state into `optimizer`. Throws UserError, the same on every rank, when the directory holds
-// another run's results, the checkpoint was trained on other data (unless checkpoint.allow_data_change) or
-// for another model or optimizer.
+// Collective over the training ranks: errors agreed on there, the progress broadcast; `watchdog` is told each
+// phase. Throws UserError, the same on every rank, when the directory holds another run's results, the
+// checkpoint was trained on other data (unless checkpoint.allow_data_change) or for another model or
+// optimizer.
 RunStart start_run(const Config& config, const RunFiles& files, const io::DatasetInfo& data,
-                   const io::DataPlan& plan, const models::ParamLayout& layout, Optimizer& optimizer,
-                   int64_t steps_per_epoch, comm::Communicator& world, comm::Communicator& trainers,
+                   const io::DataPlan& plan, const models::ParamLayout& layout,
+                   const OptimizerSettings& optimizer, int64_t steps_per_epoch, comm::Communicator& trainers,
                    ProgressWatchdog& watchdog);
 
 }  // namespace ddp::engine

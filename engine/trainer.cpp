@@ -42,13 +42,13 @@ double seconds_since(Clock::time_point start) {
 
 class TrainingRun::Loop {
  public:
-  Loop(const Config& config, const Topology& topology, comm::Communicator& world, comm::Communicator& comm,
+  Loop(const Config& config, const Topology& topology, int job_size, comm::Communicator& comm,
        StopAgreement& stop_signal, std::string backend_reason, std::unique_ptr<models::Replica> replica,
        std::unique_ptr<Updater> updater, const io::DatasetInfo& data, ProgressWatchdog& watchdog,
        bool exchange_has_deadlines, EpochWritten epoch_written)
       : config_(config),
         topology_(topology),
-        world_(world),
+        job_size_(job_size),
         comm_(comm),
         backend_reason_(std::move(backend_reason)),
         data_(data),
@@ -77,15 +77,16 @@ class TrainingRun::Loop {
 
   TrainResult run() {
     prepare_device();
-    RunStart start = start_run(config_, files_, data_, plan_, replica_->layout(), updater_->optimizer(),
-                               steps_per_epoch_, world_, comm_, watchdog_);
+    RunStart start = start_run(config_, files_, data_, plan_, replica_->layout(), optimizer_settings(config_),
+                               steps_per_epoch_, comm_, watchdog_);
     resumed_ = start.resumed;
     finished_at_start_ = start.finished;
     progress_ = start.progress;
     run_record_ = std::move(start.record);
     host_params_ = std::move(start.params);
     pause_where_the_exchange_has_deadlines();
-    updater_->distribute_start(host_params_);
+    updater_->distribute_start(host_params_, start.optimizer ? &*start.optimizer : nullptr);
+    start.optimizer.reset();  // rank 0 of a resumed run: the whole state, now handed out
     watchdog_.enter("gathering the start-up log");
     log_start();
     log_class_balance(comm_, data_, plan_.train);
@@ -131,7 +132,7 @@ class TrainingRun::Loop {
   bool is_root() const { return comm_.rank() == 0; }
   // What the training ranks are called in messages.
   std::string trainers() const {
-    return std::string(world_.size() == comm_.size() ? "rank" : "worker") + (comm_.size() == 1 ? "" : "s");
+    return std::string(job_size_ == comm_.size() ? "rank" : "worker") + (comm_.size() == 1 ? "" : "s");
   }
 
   // Before the replica's first batch (device_preparation.h).
@@ -143,7 +144,7 @@ class TrainingRun::Loop {
     self_check_summary_ = engine::prepare_device(
         *replica_,
         batch_shapes(config_.train.batch_size, data_.maxlen, plan_.validation.shard.size(), test_rows),
-        config_, topology_, world_, comm_);
+        config_, topology_, comm_);
   }
 
   // From here every step and evaluation batch beats the watchdog.
@@ -159,8 +160,8 @@ class TrainingRun::Loop {
   // Collective over the job: every rank's line, then the run's, on rank 0's stdout (start_log.h).
   void log_start() {
     RankStartFacts rank;
-    rank.rank = world_.rank();
-    rank.ranks = world_.size();
+    rank.rank = comm_.rank();  // the training ranks are the job's first
+    rank.ranks = job_size_;
     rank.local_rank = topology_.local_rank;
     rank.local_ranks = topology_.local_size;
     rank.host = topology_.host;
@@ -171,8 +172,9 @@ class TrainingRun::Loop {
     if (!self_check_summary_.empty()) rank.device += ", " + self_check_summary_;
     rank.device_reason = topology_.device_reason;
     rank.train_rows = plan_.train;
-    const std::vector<std::string> rank_lines = world_.gather(rank_start_line(rank), 0);
+    std::vector<std::string> rank_lines = comm_.gather(rank_start_line(rank), 0);
     if (!is_root()) return;
+    for (std::string& line : updater_->server_lines()) rank_lines.push_back(std::move(line));
 
     RunStartFacts run;
     run.backend_reason = backend_reason_;
@@ -184,7 +186,7 @@ class TrainingRun::Loop {
     run.layers = shape_.layers;
     run.hidden = shape_.hidden;
     run.parameters = replica_->layout().total_size();
-    run.optimizer = updater_->optimizer().name();
+    run.optimizer = updater_->optimizer_name();
     run.learning_rate = config_.train.learning_rate;
     run.batch_size = config_.train.batch_size;
     run.trainers = comm_.size();
@@ -320,7 +322,7 @@ class TrainingRun::Loop {
     m.step_time_ms = steps_run > 0 ? 1000.0 * train_time / static_cast<double>(steps_run) : 0.0;
     m.samples_per_s = static_cast<double>(steps_run) * config_.train.batch_size * comm_.size() / train_time;
     m.data_wait_s = source->input_wait_seconds();
-    m.world_size = world_.size();
+    m.world_size = job_size_;
     m.workers = comm_.size();
     m.backend = updater_->backend();
     m.device = topology_.device;
@@ -347,7 +349,7 @@ class TrainingRun::Loop {
     std::string why_not;
     gpu_monitor_ = GpuMonitor::start(topology_.gpu_bus_id, &why_not);
     if (!gpu_monitor_)
-      std::printf("rank %d: no GPU utilization in metrics: %s\n", world_.rank(), why_not.c_str());
+      std::printf("rank %d: no GPU utilization in metrics: %s\n", comm_.rank(), why_not.c_str());
   }
 
   // Collective over the training ranks: the mean over those that have a reading.
@@ -430,6 +432,7 @@ class TrainingRun::Loop {
   }
 
   void finish_epoch_on_root(const EpochMetrics& m, bool best) {
+    const OptimizerState state = updater_->optimizer_state();
     on_root_or_abort([&] {
       timeline::Span span("checkpoint");
       std::printf("%s\n", format_epoch_line(m).c_str());
@@ -440,7 +443,7 @@ class TrainingRun::Loop {
       append_line(files_.metrics(), to_json(stamped));
       if (epoch_written_) epoch_written_(files_);
       replica_->copy_params_to_host(host_params_);
-      write_checkpoint(files_.last(), shape_, host_params_, updater_->optimizer(), progress_,
+      write_checkpoint(files_.last(), shape_, host_params_, updater_->optimizer_name(), state, progress_,
                        config_.to_ini(), run_record_);
       if (best)
         std::filesystem::copy_file(files_.last(), files_.best(),
@@ -452,6 +455,7 @@ class TrainingRun::Loop {
     std::vector<double> sums{local.loss_sum, static_cast<double>(local.correct),
                              static_cast<double>(local.count)};
     comm_.sum(sums);
+    const OptimizerState state = updater_->optimizer_state();
     on_root_or_abort([&] {
       timeline::Span span("checkpoint");
       TrainingProgress snapshot = progress_;
@@ -459,14 +463,14 @@ class TrainingRun::Loop {
       snapshot.correct += sums[1];
       snapshot.count += sums[2];
       replica_->copy_params_to_host(host_params_);
-      write_checkpoint(files_.last(), shape_, host_params_, updater_->optimizer(), snapshot, config_.to_ini(),
-                       run_record_);
+      write_checkpoint(files_.last(), shape_, host_params_, updater_->optimizer_name(), state, snapshot,
+                       config_.to_ini(), run_record_);
     });
   }
 
   const Config& config_;
   const Topology& topology_;
-  comm::Communicator& world_;
+  const int job_size_;  // the training ranks and the dedicated parameter servers
   comm::Communicator& comm_;
   std::string backend_reason_;
   const io::DatasetInfo& data_;
@@ -489,12 +493,12 @@ class TrainingRun::Loop {
   std::unique_ptr<GpuMonitor> gpu_monitor_;  // null on a CPU rank or without NVML
 };
 
-TrainingRun::TrainingRun(const Config& config, const Topology& topology, comm::Communicator& world,
+TrainingRun::TrainingRun(const Config& config, const Topology& topology, int job_size,
                          comm::Communicator& comm, StopAgreement& stop_signal, std::string backend_reason,
                          std::unique_ptr<models::Replica> replica, std::unique_ptr<Updater> updater,
                          const io::DatasetInfo& data, ProgressWatchdog& watchdog, bool exchange_has_deadlines,
                          EpochWritten epoch_written)
-    : loop_(std::make_unique<Loop>(config, topology, world, comm, stop_signal, std::move(backend_reason),
+    : loop_(std::make_unique<Loop>(config, topology, job_size, comm, stop_signal, std::move(backend_reason),
                                    std::move(replica), std::move(updater), data, watchdog,
                                    exchange_has_deadlines, std::move(epoch_written))) {}
 

@@ -6,14 +6,14 @@
 //   the update (engine/updater.h):                            comm/, engine/optimizer
 //     all-reduce (mpi, nccl): each finished gradient segment -> start_average(); finish_average(); the
 //       optimizer step on the flat buffer
-//     parameter server (ps): push the gradients, pull the servers' parameters (engine/ps_training.h)
+//     parameter server (ps): push the gradients, pull the servers' parameters (engine/ps_updater.h)
 //   after each epoch: sharded evaluation, summed over the training ranks; rank 0 prints, appends
 //   metrics.jsonl and writes last.h5 / best.h5                engine/metrics, engine/checkpoint
 //
 // Rank 0's initial parameters (or the resumed checkpoint) are broadcast, so every replica starts identical
 // and, averaging bit-identical gradients (or pulling the same parameters), stays identical; in the parameter
 // server's async mode the workers drift apart within a run of steps and meet again at its end. With the
-// parameter server the last comm.ps_servers ranks do not train: they serve their shards.
+// parameter server's dedicated layout the last comm.ps_servers ranks do not train: they serve their shards.
 #pragma once
 
 #include <cstdint>
@@ -49,19 +49,18 @@ struct TrainResult {
 // (the application redraws the learning curves there). A UserError it throws ends the job.
 using EpochWritten = std::function<void(const RunFiles& files)>;
 
-// One rank's training, the epoch loop: every rank of the all-reduce backends, or a worker of the parameter
-// server (training_job.h makes it). `world` spans the whole job (errors before training are agreed on over
-// it, and it gathers the start-up log); `comm` the ranks that train (data shards, metrics, evaluation). They
-// span the same ranks unless parameter servers take part: then every call on `world` here has its
-// counterpart in the servers' run (ps_training.h lists the sequence).
+// One rank's training, the epoch loop: every rank of the all-reduce backends and of the colocated parameter
+// server, or a worker of the dedicated one (training_job.h makes it). `comm` spans the ranks that train (data
+// shards, metrics, evaluation, errors agreed on, the start-up log); they are the job's first ranks, and
+// `job_size` counts them with the dedicated parameter servers, which only the updater talks to.
 class TrainingRun {
  public:
   // `stop_signal` spans the ranks of `comm`. `watchdog` is told each phase and beaten at every step and
   // evaluation batch; with `exchange_has_deadlines` (the parameter server's protocol, which names the rank it
   // waits for) it is paused wherever that protocol waits. Throws UserError (the same on every rank) for
   // problems found before the first step.
-  TrainingRun(const Config& config, const Topology& topology, comm::Communicator& world,
-              comm::Communicator& comm, StopAgreement& stop_signal, std::string backend_reason,
+  TrainingRun(const Config& config, const Topology& topology, int job_size, comm::Communicator& comm,
+              StopAgreement& stop_signal, std::string backend_reason,
               std::unique_ptr<models::Replica> replica, std::unique_ptr<Updater> updater,
               const io::DatasetInfo& data, ProgressWatchdog& watchdog, bool exchange_has_deadlines,
               EpochWritten epoch_written);

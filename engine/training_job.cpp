@@ -1,14 +1,15 @@
 #include "engine/training_job.h"
 
+#include <fmt/format.h>
+
 #include <memory>
 #include <optional>
 #include <utility>
 
 #include "comm/communicator.h"
 #include "engine/all_reduce_updater.h"
-#include "engine/colocated_updater.h"
 #include "engine/preemption.h"
-#include "engine/ps_training.h"
+#include "engine/ps_updater.h"
 #include "engine/updater.h"
 #include "models/cuda_replica.h"
 #include "models/replica.h"
@@ -24,6 +25,27 @@ OptimizerSettings optimizer_settings(const Config& c) {
           c.train.momentum,
           c.train.embedding_update == "lazy"};
 }
+
+namespace {
+
+// The parameter server's options from the config: the layout the backend choice made, the mode, the
+// deadline and, with comm.sparse_embedding, the embedding's rows for a row-sparse push.
+comm::PsOptions ps_options(const Config& config, const comm::BackendChoice& backend,
+                           const models::ParamLayout& layout) {
+  comm::PsOptions options;
+  options.servers = backend.colocated ? 0 : backend.ps_servers;
+  options.async = config.comm.ps_mode == "async";
+  options.max_staleness = config.comm.max_staleness;
+  options.timeout_s = config.comm.timeout_s;
+  if (config.comm.sparse_embedding) {
+    const models::ParamTensor& embedding = layout.tensor("embedding");
+    options.sparse_exchange_rows = {embedding.offset, static_cast<std::size_t>(embedding.shape.at(0)),
+                                    static_cast<std::size_t>(embedding.shape.at(1))};
+  }
+  return options;
+}
+
+}  // namespace
 
 TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data, MPI_Comm world,
                   ProgressWatchdog& watchdog, const EpochWritten& epoch_written) {
@@ -70,38 +92,45 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     comm::agree_on_errors(*boot, [&] {
       comm::Communicator& comm = *backend.communicator;
       std::unique_ptr<Updater> updater =
-          backend.colocated
-              ? make_colocated_updater(*replica, world, optimizer_settings(config))
-              : make_all_reduce_updater(*replica, topology.gpu, comm, optimizer_settings(config),
-                                        config.comm.sparse_embedding && backend.all_on_cpu);
-      run = std::make_unique<TrainingRun>(config, topology, *boot, comm, stop_signal, backend.reason,
+          make_all_reduce_updater(*replica, topology.gpu, comm, optimizer_settings(config),
+                                  config.comm.sparse_embedding && backend.all_on_cpu);
+      run = std::make_unique<TrainingRun>(config, topology, boot->size(), comm, stop_signal, backend.reason,
                                           std::move(replica), std::move(updater), data, watchdog,
                                           /*exchange_has_deadlines=*/false, epoch_written);
     });
     return run->run();
   }
 
-  // The parameter server: the last ranks serve (ps_training.h), the others train.
-  std::optional<PsJob> ps_job;
-  comm::agree_on_errors(*boot, [&] { ps_job.emplace(world, config, backend.ps_servers, replica->layout()); });
-  PsJob& job = *ps_job;
-  std::optional<StopAgreement> stop_signal;  // among the workers
-  if (!job.serves()) stop_signal.emplace(job.workers_comm());
-  std::unique_ptr<TrainingRun> run;
-  std::unique_ptr<PsServerRun> server;
+  // The parameter server (ps_updater.h): every rank trains and serves a shard (colocated), or the first ranks
+  // train and the last comm.ps_servers ranks serve (dedicated).
+  comm::ParameterServerRank ps;
   comm::agree_on_errors(*boot, [&] {
-    if (job.serves()) {
-      replica.reset();  // a server holds its shard only
-      server = std::make_unique<PsServerRun>(job, *boot, config, topology, watchdog);
-      return;
-    }
-    std::unique_ptr<Updater> updater = make_ps_worker_updater(job, *replica, optimizer_settings(config));
-    run = std::make_unique<TrainingRun>(config, topology, *boot, job.workers(), *stop_signal,
-                                        backend.reason + "; " + job.describe_mode(), std::move(replica),
-                                        std::move(updater), data, watchdog, /*exchange_has_deadlines=*/true,
-                                        epoch_written);
+    ps = comm::join_parameter_server(
+        world, ps_options(config, backend, replica->layout()), replica->layout().total_size(),
+        shard_optimizers(optimizer_settings(config)),
+        fmt::format("rank {}/{} on {} (local rank {}/{})", boot->rank(), boot->size(), topology.host,
+                    topology.local_rank, topology.local_size));
   });
-  return server ? server->run() : run->run();
+  if (ps.server) {
+    replica.reset();   // a dedicated server holds its shard only
+    watchdog.pause();  // its waits have deadlines of their own
+    TrainResult result;
+    result.params = ps.server->serve();
+    return result;
+  }
+  comm::ParameterService& service = *ps.service;
+  StopAgreement stop_signal(service.trainers_comm());
+  std::unique_ptr<TrainingRun> run;
+  comm::agree_on_errors(service.trainers(), [&] {
+    const std::string mode = service.describe();
+    std::unique_ptr<Updater> updater =
+        make_ps_updater(*replica, std::move(ps.service), optimizer_settings(config), backend.colocated);
+    run = std::make_unique<TrainingRun>(config, topology, boot->size(), service.trainers(), stop_signal,
+                                        backend.reason + (mode.empty() ? "" : "; " + mode),
+                                        std::move(replica), std::move(updater), data, watchdog,
+                                        /*exchange_has_deadlines=*/true, epoch_written);
+  });
+  return run->run();
 }
 
 }  // namespace ddp::engine

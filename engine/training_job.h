@@ -1,8 +1,8 @@
 // A training job on this rank, from the replica to the result: builds the replica on the rank's device,
 // picks the backend the job's devices call for (comm::choose_backend), and runs the epoch loop
-// (trainer.h) with the all-reduce updater on every rank, the colocated parameter server's on every rank
-// (colocated_updater.h), or the dedicated parameter server's: the first ranks as workers and the last
-// comm.ps_servers ranks as servers (ps_training.h).
+// (trainer.h) with the all-reduce updater on every rank, or the parameter server's (ps_updater.h over
+// comm/parameter_service.h): colocated, every rank trains and serves a shard; dedicated, the first ranks
+// train and the last comm.ps_servers ranks only serve.
 #pragma once
 
 #include <mpi.h>

@@ -243,6 +243,20 @@ TEST(Cli, ParameterServerSetupErrors) {
                     {"comm.ps_servers = 2 leaves no worker with 2 ranks"});
 }
 
+// An error the workers find after the dedicated server joined (the run directory holds another run) ends the
+// job with the workers' one message: the server, told to abandon by rank 0 (or ended by mpirun, which aborts
+// a job one of whose ranks exits non-zero), adds none.
+TEST(Cli, DedicatedServerLeavesWithTheWorkersStartUpError) {
+  TempDir dir;
+  const std::string data = make_file(dir, "ok.h5", {});
+  const std::string args = train_args(dir, data) + " --comm.backend ps --comm.ps_servers 1 --comm.timeout_s 600";
+  const std::string mpirun = "mpirun --allow-run-as-root --oversubscribe -np 3";
+  const Outcome first = run_ddptrain(dir, args, mpirun);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_NE(first.out.find("parameter server 1/1, parameters [0, "), std::string::npos) << first.out;
+  expect_user_error(run_ddptrain(dir, args, mpirun), {"holds another run"});
+}
+
 TEST(Cli, AutoUnderMpirunPicksTheParameterServerAndSaysWhy) {
   TempDir dir;
   const std::string data = make_file(dir, "ok.h5", {});

@@ -1,0 +1,109 @@
+#include "engine/ps_updater.h"
+
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "engine/base/errors.h"
+
+namespace ddp::engine {
+namespace {
+
+class OptimizerOnShard final : public comm::ShardOptimizer {
+ public:
+  explicit OptimizerOnShard(std::unique_ptr<Optimizer> optimizer) : optimizer_(std::move(optimizer)) {}
+  void step(std::span<float> params, std::span<const float> grads) override {
+    optimizer_->step(params, grads);
+  }
+  OptimizerState state() const override { return optimizer_->state(); }
+  void load_state(const OptimizerState& state) override { optimizer_->load_state(state); }
+  std::string name() const override { return optimizer_->name(); }
+
+ private:
+  std::unique_ptr<Optimizer> optimizer_;
+};
+
+class ParameterServerUpdater final : public Updater {
+ public:
+  ParameterServerUpdater(models::Replica& replica, std::unique_ptr<comm::ParameterService> service,
+                         const OptimizerSettings& settings)
+      : replica_(replica),
+        service_(std::move(service)),
+        optimizer_name_(settings.name),
+        on_host_(replica.device() == models::DeviceKind::kCpu),
+        host_params_(on_host_ ? 0 : replica.layout().total_size()),
+        host_grads_(on_host_ ? 0 : replica.layout().total_size()) {}
+
+  std::string optimizer_name() const override { return optimizer_name_; }
+
+  void distribute_start(std::span<float> host_params, const OptimizerState* whole_state) override {
+    service_->distribute_start(host_params, whole_state);
+    replica_.copy_params_from_host(host_params);
+  }
+
+  void begin_steps() override { service_->begin_steps(); }
+
+  void step(const BatchView& batch) override {
+    replica_.train_step(batch, {});
+    if (on_host_) {
+      // The CPU replica's embedding gradient is zero outside the rows the batch touched.
+      const std::span<const int32_t> touched = replica_.touched_embedding_rows();
+      service_->exchange(replica_.grads(), &touched, replica_.params());
+      return;
+    }
+    replica_.copy_grads_to_host(host_grads_);
+    service_->exchange(host_grads_, nullptr, host_params_);
+    replica_.copy_params_from_host(host_params_);
+  }
+
+  void end_steps() override {
+    if (on_host_) {
+      service_->end_steps(replica_.params());
+      return;
+    }
+    service_->end_steps(host_params_);
+    replica_.copy_params_from_host(host_params_);
+  }
+
+  OptimizerState optimizer_state() override { return service_->gather_state(); }
+
+  void finish(std::span<float> host_params) override {
+    replica_.copy_params_to_host(host_params);
+    service_->finish(host_params);
+  }
+
+  std::string backend() const override { return "ps"; }
+  std::vector<std::string> server_lines() const override { return service_->server_lines(); }
+
+ private:
+  models::Replica& replica_;
+  std::unique_ptr<comm::ParameterService> service_;
+  std::string optimizer_name_;
+  bool on_host_;                    // the replica's buffers are host memory: exchanged in place
+  std::vector<float> host_params_;  // a GPU replica's, staged
+  std::vector<float> host_grads_;
+};
+
+}  // namespace
+
+comm::ShardOptimizerFactory shard_optimizers(const OptimizerSettings& settings) {
+  return [settings](std::size_t size) -> std::unique_ptr<comm::ShardOptimizer> {
+    return std::make_unique<OptimizerOnShard>(make_optimizer(settings, size));
+  };
+}
+
+std::unique_ptr<Updater> make_ps_updater(models::Replica& replica,
+                                         std::unique_ptr<comm::ParameterService>&& service,
+                                         const OptimizerSettings& settings, bool colocated) {
+  if (colocated && replica.device() != models::DeviceKind::kCpu) {
+    throw UserError(
+        "comm.ps_servers = 0: a rank's replica is on a GPU; the colocated parameter server serves CPU "
+        "replicas");
+  }
+  if (settings.lazy_update) {
+    throw UserError("comm.backend = ps: train.embedding_update = lazy needs an all-reduce backend");
+  }
+  return std::make_unique<ParameterServerUpdater>(replica, std::move(service), settings);
+}
+
+}  // namespace ddp::engine
