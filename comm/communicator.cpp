@@ -62,12 +62,14 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
     // comm.ps_servers = 0: colocated where it can serve, else one dedicated server.
     std::string why_dedicated;
     if (request.ps_servers == 0 && !choice.all_on_cpu) why_dedicated = "GPU ranks";
-    if (request.ps_servers == 0 && request.ps_async) why_dedicated = "async mode";
+    if (request.ps_servers == 0 && request.ps_async && !mpi_thread_multiple())
+      why_dedicated = "async mode without MPI_THREAD_MULTIPLE";
     if (request.ps_servers == 0 && why_dedicated.empty()) {
       choice.colocated = true;
       choice.reason = "ps: " + census + (backend == "ps" ? " (comm.backend = ps)" : "") +
                       "; colocated: " + count_of(size, "rank") + ", each training and serving 1/" +
-                      std::to_string(size) + " of the parameters and their optimizer state";
+                      std::to_string(size) + " of the parameters and their optimizer state" +
+                      (request.ps_async ? " (on a server thread)" : "");
       choice.parameter_server = true;
       return choice;
     }
@@ -80,12 +82,11 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
     const int workers = size - servers;
     choice.parameter_server = true;
     choice.ps_servers = servers;
-    choice.reason = "ps: " + census + (backend == "ps" ? " (comm.backend = ps)" : "") + "; " +
-                    count_of(workers, "worker") + " (" + rank_range(0, workers) + "), " +
-                    count_of(servers, "parameter server") + " (" + rank_range(workers, size) + ")" +
-                    (why_dedicated.empty() ? ""
-                                           : " (the colocated layout serves CPU ranks in sync mode, not " +
-                                                 why_dedicated + ")");
+    choice.reason =
+        "ps: " + census + (backend == "ps" ? " (comm.backend = ps)" : "") + "; " +
+        count_of(workers, "worker") + " (" + rank_range(0, workers) + "), " +
+        count_of(servers, "parameter server") + " (" + rank_range(workers, size) + ")" +
+        (why_dedicated.empty() ? "" : " (the colocated layout serves CPU ranks, not " + why_dedicated + ")");
     return choice;
   }
   choice.reason = std::string("mpi: ") + census + (backend == "mpi" ? " (comm.backend = mpi)" : "") +

@@ -144,7 +144,8 @@ struct BackendRequest {
   bool on_gpu = false;               // this rank's replica is on a GPU
   void* compute_stream = nullptr;    // that replica's cudaStream_t
   // ps: the last K ranks serve (dedicated); 0: every rank trains and serves a shard (colocated) where every
-  // rank is on a CPU and the mode is sync, else one dedicated server.
+  // rank is on a CPU (async mode also needs MPI_THREAD_MULTIPLE, for the server's thread), else one
+  // dedicated server.
   int ps_servers = 0;
   bool ps_async = false;  // comm.ps_mode = async
   // The optimizer updates only the rows of a sparse matrix that a step touched (lazy embedding updates):

@@ -1,4 +1,5 @@
-// Checks an MPI return code; a failure ends the job through ddp::fatal (MPI_Abort), never a hang.
+// Checks an MPI return code; a failure ends the job through ddp::fatal (MPI_Abort), never a hang. And what
+// this MPI offers.
 #pragma once
 
 #include <mpi.h>
@@ -14,6 +15,12 @@ inline std::string mpi_error_string(int code) {
   int length = 0;
   MPI_Error_string(code, text, &length);
   return std::string(text, static_cast<std::size_t>(length));
+}
+
+// Whether this rank's MPI lets several threads call it at once (main() asks for MPI_THREAD_MULTIPLE).
+inline bool mpi_thread_multiple() {
+  int provided = MPI_THREAD_SINGLE;
+  return MPI_Query_thread(&provided) == MPI_SUCCESS && provided >= MPI_THREAD_MULTIPLE;
 }
 
 }  // namespace ddp::comm

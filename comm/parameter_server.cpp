@@ -103,6 +103,12 @@ MPI_Comm duplicate(MPI_Comm parent, double timeout_s, const std::string& who) {
   return comm;
 }
 
+int rank_of(MPI_Comm comm) {
+  int rank = 0;
+  DDP_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  return rank;
+}
+
 std::string rank_list(const std::vector<int>& ranks) {
   std::string text = ranks.size() == 1 ? "rank " : "ranks ";
   for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
@@ -111,13 +117,17 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 class Server {
  public:
-  Server(MPI_Comm parent, const PsOptions& options, std::size_t total_size, std::span<float> shard,
+  Server(const PsChannels& channels, const PsOptions& options, std::size_t total_size, std::span<float> shard,
          const ShardUpdate& update)
-      : options_(options), shard_(shard), update_(update) {
+      : options_(options),
+        shard_(shard),
+        update_(update),
+        requests_(channels.requests()),
+        replies_(channels.replies()) {
     int size = 0;
-    DDP_CHECK_MPI(MPI_Comm_size(parent, &size));
-    DDP_CHECK_MPI(MPI_Comm_rank(parent, &rank_));
-    roles_ = PsRoles::make(size, options.servers);
+    DDP_CHECK_MPI(MPI_Comm_size(requests_, &size));
+    DDP_CHECK_MPI(MPI_Comm_rank(requests_, &rank_));
+    roles_ = PsRoles::of(size, options.servers);
     validate(options);
     if (!roles_.is_server(rank_))
       DDP_FATAL("run_parameter_server on rank " + std::to_string(rank_) + ", which is a worker");
@@ -130,7 +140,6 @@ class Server {
     DDP_CHECK(options.sparse_exchange_rows.end() <= total_size);
     message_bytes_ = message_bytes(shard.size());
     me_ = "parameter server (rank " + std::to_string(rank_) + ")";
-    comm_ = duplicate(parent, options.timeout_s, me_);
 
     const auto workers = static_cast<std::size_t>(roles_.workers());
     workers_.resize(workers);
@@ -168,7 +177,6 @@ class Server {
       poller.idle();
     }
     for (int w = 0; w < roles_.workers(); ++w) wait_send(w);
-    DDP_CHECK_MPI(MPI_Comm_free(&comm_));
     return stats_;
   }
 
@@ -188,7 +196,7 @@ class Server {
   Worker& worker(int w) { return workers_[static_cast<std::size_t>(w)]; }
 
   void post_receive(int w) {
-    DDP_CHECK_MPI(MPI_Irecv(worker(w).receive.data(), message_bytes_, MPI_BYTE, w, MPI_ANY_TAG, comm_,
+    DDP_CHECK_MPI(MPI_Irecv(worker(w).receive.data(), message_bytes_, MPI_BYTE, w, MPI_ANY_TAG, requests_,
                             &receives_[static_cast<std::size_t>(w)]));
   }
 
@@ -319,7 +327,7 @@ class Server {
     Worker& to = worker(w);
     write_header(to.send, step, PsKind::kParams);
     std::copy(shard_.begin(), shard_.end(), to.send.begin() + kHeaderFloats);
-    DDP_CHECK_MPI(MPI_Isend(to.send.data(), message_bytes_, MPI_BYTE, w, tag_of(PsKind::kParams), comm_,
+    DDP_CHECK_MPI(MPI_Isend(to.send.data(), message_bytes_, MPI_BYTE, w, tag_of(PsKind::kParams), replies_,
                             &to.send_request));
     to.owed_reply = false;
     to.last_contact = Clock::now();
@@ -376,7 +384,8 @@ class Server {
   PsRoles roles_;
   int rank_ = 0;
   std::string me_;
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm requests_;  // the workers' messages come here
+  MPI_Comm replies_;   // the parameters go back here
   int message_bytes_ = 0;
   std::vector<Worker> workers_;
   std::vector<MPI_Request> receives_;  // one per worker, contiguous for MPI_Testany
@@ -427,33 +436,72 @@ std::string ps_header_error(const PsHeader& got, int tag, PsKind expected_kind, 
   return {};
 }
 
-PsServerStats run_parameter_server(MPI_Comm comm, const PsOptions& options, std::size_t total_size,
-                                   std::span<float> shard, const ShardUpdate& update) {
-  Server server(comm, options, total_size, shard, update);
+PsChannels::PsChannels(MPI_Comm parent, bool colocated, double timeout_s, const std::string& who) {
+  requests_ = duplicate(parent, timeout_s, who);
+  if (colocated) replies_ = duplicate(parent, timeout_s, who);
+}
+
+PsChannels::~PsChannels() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  MPI_Comm_free(&requests_);
+  if (replies_ != MPI_COMM_NULL) MPI_Comm_free(&replies_);
+}
+
+PsServerStats run_parameter_server(const PsChannels& channels, const PsOptions& options,
+                                   std::size_t total_size, std::span<float> shard,
+                                   const ShardUpdate& update) {
+  Server server(channels, options, total_size, shard, update);
   return server.run();
 }
 
+PsServerStats run_parameter_server(MPI_Comm comm, const PsOptions& options, std::size_t total_size,
+                                   std::span<float> shard, const ShardUpdate& update) {
+  DDP_CHECK(options.servers > 0);  // colocated: one PsChannels shared by a rank's client and server
+  const PsChannels channels(comm, false, options.timeout_s,
+                            "parameter server (rank " + std::to_string(rank_of(comm)) + ")");
+  return run_parameter_server(channels, options, total_size, shard, update);
+}
+
 ParameterClient::ParameterClient(MPI_Comm comm, const PsOptions& options, std::size_t total_size)
-    : options_(options), total_size_(total_size) {
+    : own_channels_(std::make_unique<PsChannels>(comm, false, 2 * options.timeout_s,
+                                                 "worker (rank " + std::to_string(rank_of(comm)) + ")")),
+      requests_(own_channels_->requests()),
+      replies_(own_channels_->replies()),
+      options_(options),
+      total_size_(total_size) {
+  DDP_CHECK(options.servers > 0);  // colocated: one PsChannels shared by a rank's client and server
+  set_up();
+}
+
+ParameterClient::ParameterClient(const PsChannels& channels, const PsOptions& options, std::size_t total_size)
+    : requests_(channels.requests()),
+      replies_(channels.replies()),
+      options_(options),
+      total_size_(total_size) {
+  set_up();
+}
+
+void ParameterClient::set_up() {
   int size = 0;
-  DDP_CHECK_MPI(MPI_Comm_size(comm, &size));
-  DDP_CHECK_MPI(MPI_Comm_rank(comm, &rank_));
-  roles_ = PsRoles::make(size, options.servers);
-  validate(options);
-  if (roles_.is_server(rank_))
+  DDP_CHECK_MPI(MPI_Comm_size(requests_, &size));
+  DDP_CHECK_MPI(MPI_Comm_rank(requests_, &rank_));
+  roles_ = PsRoles::of(size, options_.servers);
+  validate(options_);
+  if (!roles_.is_worker(rank_))
     DDP_FATAL("ParameterClient on rank " + std::to_string(rank_) + ", which is a parameter server");
-  DDP_CHECK(options.sparse_exchange_rows.end() <= total_size);
+  DDP_CHECK(options_.sparse_exchange_rows.end() <= total_size_);
   for (int j = 0; j < roles_.servers; ++j) {
     Peer peer;
     peer.rank = roles_.server_rank(j);
-    peer.begin = roles_.shard_begin(j, total_size);
-    peer.end = roles_.shard_end(j, total_size);
+    peer.begin = roles_.shard_begin(j, total_size_);
+    peer.end = roles_.shard_end(j, total_size_);
     message_bytes(peer.end - peer.begin);  // throws if too large
     peer.send.resize(kHeaderFloats + peer.end - peer.begin);
     peer.receive.resize(kHeaderFloats + peer.end - peer.begin);
     peers_.push_back(std::move(peer));
   }
-  comm_ = duplicate(comm, 2 * options.timeout_s, "worker (rank " + std::to_string(rank_) + ")");
 }
 
 ParameterClient::~ParameterClient() {
@@ -461,7 +509,6 @@ ParameterClient::~ParameterClient() {
   MPI_Finalized(&finalized);
   if (finalized) return;
   finish();
-  MPI_Comm_free(&comm_);
 }
 
 void ParameterClient::push_pull(std::span<const float> grads, std::span<float> params) {
@@ -488,7 +535,7 @@ void ParameterClient::exchange(PsKind kind, std::span<const float> grads,
   for (Peer& peer : peers_) {
     const std::size_t shard = peer.end - peer.begin;
     DDP_CHECK_MPI(MPI_Irecv(peer.receive.data(), message_bytes(shard), MPI_BYTE, peer.rank,
-                            tag_of(PsKind::kParams), comm_, &peer.receive_request));
+                            tag_of(PsKind::kParams), replies_, &peer.receive_request));
     PsKind sent = kind;
     std::size_t floats = kind == PsKind::kGrads ? shard : 0;
     if (touched_rows != nullptr) {
@@ -503,8 +550,8 @@ void ParameterClient::exchange(PsKind kind, std::span<const float> grads,
     write_header(peer.send, step_, sent);
     if (sent == PsKind::kGrads)
       std::copy(grads.begin() + peer.begin, grads.begin() + peer.end, peer.send.begin() + kHeaderFloats);
-    DDP_CHECK_MPI(MPI_Isend(peer.send.data(), message_bytes(floats), MPI_BYTE, peer.rank, tag_of(sent), comm_,
-                            &peer.send_request));
+    DDP_CHECK_MPI(MPI_Isend(peer.send.data(), message_bytes(floats), MPI_BYTE, peer.rank, tag_of(sent),
+                            requests_, &peer.send_request));
   }
   const std::string me = "worker (rank " + std::to_string(rank_) + ")";
   const double limit = 2 * options_.timeout_s;
@@ -551,7 +598,7 @@ void ParameterClient::finish() {
   for (Peer& peer : peers_) {
     write_header(peer.send, step_, PsKind::kDone);
     DDP_CHECK_MPI(MPI_Isend(peer.send.data(), message_bytes(0), MPI_BYTE, peer.rank, tag_of(PsKind::kDone),
-                            comm_, &peer.send_request));
+                            requests_, &peer.send_request));
   }
   wait_sends();
   finished_ = true;

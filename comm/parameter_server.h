@@ -47,6 +47,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -56,7 +57,7 @@
 namespace ddp::comm {
 
 struct PsOptions {
-  int servers = 1;         // K: the last K ranks serve
+  int servers = 1;         // K: the last K ranks serve; 0: every rank serves (colocated)
   bool async = false;      // sync: averaged lock-step; async: bounded-staleness updates
   int max_staleness = 0;   // async only: s >= 0
   double timeout_s = 120;  // the longest silence a server accepts from a worker it waits for
@@ -65,21 +66,50 @@ struct PsOptions {
   RowRegion sparse_exchange_rows;
 };
 
-// Which ranks serve and which shard each owns; the same on every rank.
+// Which ranks serve and which shard each owns; the same on every rank. Dedicated: the last `servers` ranks
+// serve, the others work. Colocated: every rank works and serves shard j = its rank.
 struct PsRoles {
   int world_size = 1;
   int servers = 1;
+  bool colocated = false;
 
   // Throws UserError unless 1 <= servers < world_size (at least one worker).
   static PsRoles make(int world_size, int servers);
+  static PsRoles colocated_on(int world_size) { return PsRoles{world_size, world_size, true}; }
+  // PsOptions::servers: 0 colocated, else dedicated.
+  static PsRoles of(int world_size, int servers) {
+    return servers == 0 ? colocated_on(world_size) : make(world_size, servers);
+  }
 
-  int workers() const { return world_size - servers; }
-  bool is_server(int rank) const { return rank >= workers(); }
-  int server_rank(int server_index) const { return workers() + server_index; }
-  int server_index(int rank) const { return rank - workers(); }
+  int workers() const { return colocated ? world_size : world_size - servers; }
+  bool is_worker(int rank) const { return colocated || rank < workers(); }
+  bool is_server(int rank) const { return colocated || rank >= workers(); }
+  int server_rank(int server_index) const { return colocated ? server_index : workers() + server_index; }
+  int server_index(int rank) const { return colocated ? rank : rank - workers(); }
   // Server j owns [shard_begin(j), shard_end(j)); some shards are empty when total < servers.
   std::size_t shard_begin(int server_index, std::size_t total) const;
   std::size_t shard_end(int server_index, std::size_t total) const;
+};
+
+// The communicators a run of steps travels on: the workers' requests (gradients, pulls, done) on one, the
+// servers' replies on another. Colocated, a rank's server (on its own thread) and its client both receive
+// from every rank: on one communicator the server's receive, which takes any tag, could take a reply meant
+// for the client. Dedicated, no rank is both, and one communicator serves both directions.
+class PsChannels {
+ public:
+  // Collective over `parent`, each duplicate waited for with a deadline (a rank that never joins ends the
+  // job, naming `who`).
+  PsChannels(MPI_Comm parent, bool colocated, double timeout_s, const std::string& who);
+  ~PsChannels();
+  PsChannels(const PsChannels&) = delete;
+  PsChannels& operator=(const PsChannels&) = delete;
+
+  MPI_Comm requests() const { return requests_; }
+  MPI_Comm replies() const { return replies_ == MPI_COMM_NULL ? requests_ : replies_; }
+
+ private:
+  MPI_Comm requests_ = MPI_COMM_NULL;
+  MPI_Comm replies_ = MPI_COMM_NULL;  // colocated only
 };
 
 // The server's update of its shard: params_shard -= f(grads_shard), a ShardOptimizer's step; the optimizer
@@ -110,13 +140,22 @@ struct PsServerStats {
 
 // Runs this rank's server until every worker said kDone. `shard` holds this server's initial parameters
 // (size shard_end - shard_begin) and is updated in place, so the caller holds the final ones on return.
-// Collective with the workers' ParameterClient constructors over `comm` (duplicates it).
+// Over `channels`, shared with the workers' ParameterClients. Colocated (PsOptions::servers = 0), a rank
+// runs its server on a thread of its own beside its client, which needs MPI_THREAD_MULTIPLE.
+PsServerStats run_parameter_server(const PsChannels& channels, const PsOptions& options,
+                                   std::size_t total_size, std::span<float> shard, const ShardUpdate& update);
+// Dedicated: the same over channels made from `comm` (collective with the workers' ParameterClient
+// constructors that take a communicator).
 PsServerStats run_parameter_server(MPI_Comm comm, const PsOptions& options, std::size_t total_size,
                                    std::span<float> shard, const ShardUpdate& update);
 
 // A worker's side: one per worker rank. Construction is collective with the servers' run_parameter_server.
 class ParameterClient {
  public:
+  // Over `channels` (kept by the caller for the client's life).
+  ParameterClient(const PsChannels& channels, const PsOptions& options, std::size_t total_size);
+  // Dedicated: over channels of its own made from `comm` (collective with the servers'
+  // run_parameter_server that takes a communicator).
   ParameterClient(MPI_Comm comm, const PsOptions& options, std::size_t total_size);
   ~ParameterClient();
   ParameterClient(const ParameterClient&) = delete;
@@ -146,12 +185,15 @@ class ParameterClient {
     MPI_Request send_request = MPI_REQUEST_NULL;
     MPI_Request receive_request = MPI_REQUEST_NULL;
   };
+  void set_up();
   // `touched_rows` non-null: grads are row-sparse in options_.sparse_exchange_rows (kGrads only).
   void exchange(PsKind kind, std::span<const float> grads, const std::span<const int32_t>* touched_rows,
                 std::span<float> params);
   void wait_sends();
 
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::unique_ptr<PsChannels> own_channels_;  // made from a communicator
+  MPI_Comm requests_ = MPI_COMM_NULL;
+  MPI_Comm replies_ = MPI_COMM_NULL;
   PsOptions options_;
   PsRoles roles_;
   int rank_ = 0;

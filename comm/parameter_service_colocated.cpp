@@ -1,7 +1,22 @@
 // The colocated layout of the parameter server (parameter_service.h): every rank trains and serves one
-// shard, sync mode, over the collectives of sharded_exchange.h.
+// shard. Sync mode over the collectives of sharded_exchange.h; async mode over the protocol of
+// parameter_server.h, each rank's server on a thread of its own.
+//
+// Threads (async). A rank's shard must take the other ranks' gradients while the rank computes, so its
+// server runs on a second thread, and both threads call MPI: the server polls its receives and replies, the
+// training thread's client pushes and pulls. That needs MPI_THREAD_MULTIPLE, which main() asks for (and Open
+// MPI 4.1 gives with its TCP and shared-memory transports). The other way, one communication thread making
+// every MPI call of the rank (the collectives of evaluation, metrics and the stop agreement included), would
+// route all of the trainer's communication through a queue for the sake of one mode; with
+// MPI_THREAD_MULTIPLE the two threads share nothing but the MPI library, and each uses communicators of its
+// own (PsChannels). Where the MPI gives less, the backend choice falls back to a dedicated server.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <thread>
 #include <utility>
 
+#include "comm/mpi_check.h"
 #include "comm/parameter_service.h"
 #include "comm/sharded_exchange.h"
 #include "engine/base/errors.h"
@@ -10,6 +25,39 @@
 namespace ddp::comm {
 namespace {
 
+// Collective: rank 0's parameters to every rank, and each rank's shard of rank 0's optimizer state (when it
+// has one: else every shard keeps its zero state) into `optimizer`.
+void distribute_shards(ShardedExchange& exchange, ShardOptimizer& optimizer, std::span<float> params,
+                       const OptimizerState* whole_state) {
+  exchange.broadcast(params);
+  const bool root = exchange.rank() == 0;
+  const bool has_state = exchange.broadcast(root && whole_state != nullptr ? 1 : 0) != 0;
+  if (!has_state) return;
+  OptimizerState shard = optimizer.state();
+  shard.iterations = exchange.broadcast(root ? whole_state->iterations : 0);
+  for (std::size_t b = 0; b < shard.buffers.size(); ++b) {
+    exchange.scatter_from_root(
+        root ? std::span<const float>(whole_state->buffers.at(b).second) : std::span<const float>(),
+        shard.buffers[b].second);
+  }
+  optimizer.load_state(shard);
+}
+
+// Collective: every shard's optimizer state, whole on rank 0 (empty elsewhere).
+OptimizerState gather_shards(ShardedExchange& exchange, const ShardOptimizer& optimizer) {
+  const bool root = exchange.rank() == 0;
+  OptimizerState shard = optimizer.state();
+  OptimizerState whole;
+  whole.iterations = shard.iterations;
+  for (auto& [name, buffer] : shard.buffers) {
+    std::vector<float> full(root ? exchange.end(exchange.size() - 1) : 0);
+    exchange.gather_to_root(buffer, full);
+    if (root) whole.buffers.emplace_back(name, std::move(full));
+  }
+  return root ? whole : OptimizerState{};
+}
+
+// Sync mode: a step is a reduce-scatter, the owner's update, an all-gather.
 class ColocatedService final : public ParameterService {
  public:
   ColocatedService(MPI_Comm world, std::size_t total, const ShardOptimizerFactory& make_optimizer)
@@ -24,19 +72,7 @@ class ColocatedService final : public ParameterService {
   std::string describe() const override { return ""; }  // the backend line says it all
 
   void distribute_start(std::span<float> params, const OptimizerState* whole_state) override {
-    exchange_.broadcast(params);
-    const bool root = exchange_.rank() == 0;
-    // Whether rank 0 hands out a state at all: else every shard keeps its zero state.
-    const bool has_state = exchange_.broadcast(root && whole_state != nullptr ? 1 : 0) != 0;
-    if (!has_state) return;
-    OptimizerState shard = optimizer_->state();
-    shard.iterations = exchange_.broadcast(root ? whole_state->iterations : 0);
-    for (std::size_t b = 0; b < shard.buffers.size(); ++b) {
-      exchange_.scatter_from_root(
-          root ? std::span<const float>(whole_state->buffers.at(b).second) : std::span<const float>(),
-          shard.buffers[b].second);
-    }
-    optimizer_->load_state(shard);
+    distribute_shards(exchange_, *optimizer_, params, whole_state);
   }
 
   std::vector<std::string> server_lines() const override { return {}; }
@@ -55,24 +91,11 @@ class ColocatedService final : public ParameterService {
 
   void end_steps(std::span<float> /*params*/) override {}  // every rank already holds every shard
 
-  OptimizerState gather_state() override {
-    const bool root = exchange_.rank() == 0;
-    OptimizerState shard = optimizer_->state();
-    OptimizerState whole;
-    whole.iterations = shard.iterations;
-    for (auto& [name, buffer] : shard.buffers) {
-      std::vector<float> full(root ? total() : 0);
-      exchange_.gather_to_root(buffer, full);
-      if (root) whole.buffers.emplace_back(name, std::move(full));
-    }
-    return root ? whole : OptimizerState{};
-  }
+  OptimizerState gather_state() override { return gather_shards(exchange_, *optimizer_); }
 
   void finish(std::span<const float> /*params*/) override {}
 
  private:
-  std::size_t total() const { return exchange_.end(exchange_.size() - 1); }
-
   ShardedExchange exchange_;
   std::unique_ptr<Communicator> trainers_;
   MPI_Comm world_;
@@ -80,16 +103,110 @@ class ColocatedService final : public ParameterService {
   std::vector<float> shard_grads_;
 };
 
+// Async mode: every rank's client pushes each shard's gradient to its owner's server thread, which applies
+// it at once and replies with its shard, a rank at most max_staleness pushes ahead of the slowest
+// (parameter_server.h). Between runs of steps the threads are joined and the shards all-gathered.
+class AsyncColocatedService final : public ParameterService {
+ public:
+  AsyncColocatedService(MPI_Comm world, const PsOptions& options, std::size_t total,
+                        const ShardOptimizerFactory& make_optimizer)
+      : exchange_(world, total),
+        trainers_(make_mpi_communicator(world)),
+        world_(world),
+        options_(options),
+        total_(total),
+        optimizer_(make_optimizer(exchange_.shard_size())),
+        shard_(exchange_.shard_size()) {}
+
+  ~AsyncColocatedService() override {
+    // The trainer ends every run of steps it begins; a run cut short ends the job before this (fatal).
+    if (server_.joinable()) DDP_FATAL("the colocated parameter server's run of steps did not end");
+  }
+
+  Communicator& trainers() override { return *trainers_; }
+  MPI_Comm trainers_comm() const override { return world_; }
+  std::string describe() const override {
+    return "async, a rank at most " + std::to_string(options_.max_staleness) +
+           " steps ahead of the slowest, timeout " + fmt::format("{}", options_.timeout_s) + " s";
+  }
+
+  void distribute_start(std::span<float> params, const OptimizerState* whole_state) override {
+    distribute_shards(exchange_, *optimizer_, params, whole_state);
+    copy_shard_out(params);
+  }
+
+  std::vector<std::string> server_lines() const override { return {}; }
+
+  void begin_steps() override {
+    channels_ = std::make_unique<PsChannels>(world_, true, options_.timeout_s,
+                                             "rank " + std::to_string(exchange_.rank()));
+    server_ = std::thread([this] {
+      try {
+        const ShardUpdate update = [this](std::span<float> params, std::span<const float> grads) {
+          timeline::Span span("server update");
+          optimizer_->step(params, grads);
+        };
+        run_parameter_server(*channels_, options_, total_, shard_, update);
+      } catch (const std::exception& e) {
+        DDP_FATAL(std::string("the parameter server's thread: ") + e.what());
+      }
+    });
+    client_ = std::make_unique<ParameterClient>(*channels_, options_, total_);
+  }
+
+  void exchange(std::span<const float> grads, const std::span<const int32_t>* touched_rows,
+                std::span<float> params) override {
+    timeline::Span span("push/pull");
+    if (touched_rows != nullptr && !options_.sparse_exchange_rows.empty()) {
+      client_->push_pull(grads, *touched_rows, params);
+    } else {
+      client_->push_pull(grads, params);
+    }
+  }
+
+  // Every rank continues from the servers' shards, gathered.
+  void end_steps(std::span<float> params) override {
+    client_->finish();
+    client_.reset();
+    server_.join();
+    channels_.reset();
+    std::copy(shard_.begin(), shard_.end(), params.begin() + static_cast<std::ptrdiff_t>(exchange_.begin()));
+    exchange_.all_gather(params);
+  }
+
+  OptimizerState gather_state() override { return gather_shards(exchange_, *optimizer_); }
+  void finish(std::span<const float> /*params*/) override {}
+
+ private:
+  void copy_shard_out(std::span<const float> params) {
+    const auto begin = params.begin() + static_cast<std::ptrdiff_t>(exchange_.begin());
+    std::copy(begin, begin + static_cast<std::ptrdiff_t>(shard_.size()), shard_.begin());
+  }
+
+  ShardedExchange exchange_;
+  std::unique_ptr<Communicator> trainers_;
+  MPI_Comm world_;
+  PsOptions options_;
+  std::size_t total_;
+  std::unique_ptr<ShardOptimizer> optimizer_;  // stepped by the server thread only
+  std::vector<float> shard_;                   // this rank's shard as its server holds it
+  std::unique_ptr<PsChannels> channels_;       // during a run of steps
+  std::unique_ptr<ParameterClient> client_;
+  std::thread server_;
+};
+
 }  // namespace
 
 std::unique_ptr<ParameterService> make_colocated_service(MPI_Comm world, const PsOptions& options,
                                                          std::size_t total,
                                                          const ShardOptimizerFactory& make_optimizer) {
-  if (options.async) {
+  if (!options.async) return std::make_unique<ColocatedService>(world, total, make_optimizer);
+  if (!mpi_thread_multiple()) {
     throw UserError(
-        "comm.ps_servers = 0 serves sync mode only; comm.ps_mode = async needs dedicated servers");
+        "comm.ps_servers = 0 with comm.ps_mode = async runs a server thread beside training, which needs an "
+        "MPI with MPI_THREAD_MULTIPLE; this one has less (use comm.ps_servers >= 1)");
   }
-  return std::make_unique<ColocatedService>(world, total, make_optimizer);
+  return std::make_unique<AsyncColocatedService>(world, options, total, make_optimizer);
 }
 
 }  // namespace ddp::comm

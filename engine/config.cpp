@@ -64,8 +64,8 @@ void visit_keys(C& c, Visitor&& key) {
       "gradients on the wire with NCCL: none, fp16 or bf16 (bf16 keeps fp32's range; fp16 is unscaled)");
   key("comm", "ps_servers", c.comm.ps_servers,
       "ps: 0 (colocated): every rank trains and serves a shard of the parameters and their optimizer state, "
-      "where every rank is on a CPU and comm.ps_mode is sync, else one dedicated server; K: the last K ranks "
-      "are servers, each owning a shard, and the others are workers");
+      "where every rank is on a CPU (async: on a server thread, with MPI_THREAD_MULTIPLE), else one "
+      "dedicated server; K: the last K ranks are servers, each owning a shard, and the others are workers");
   key("comm", "ps_mode", c.comm.ps_mode,
       "ps: sync (gradients of all workers averaged each step, as all-reduce) or async (each gradient "
       "applied as it arrives, bounded by comm.max_staleness)");

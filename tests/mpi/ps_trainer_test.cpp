@@ -342,16 +342,44 @@ TEST_F(PsTrainerTest, ColocatedRefusesWhatItCannotServe) {
                UserError);
 }
 
-// comm.ps_servers = 0 in async mode, which the colocated layout does not serve, has one dedicated server.
-TEST_F(PsTrainerTest, AsyncWithNoServersNamedHasOneDedicatedServer) {
+// Async over the colocated layout: each rank's server thread applies every rank's gradient as it comes,
+// while the last rank straggles (it sleeps after each step) and holds the others back by at most
+// comm.max_staleness steps.
+TEST_F(PsTrainerTest, ColocatedAsyncWithAStragglerConverges) {
+  const std::string easy = dir_.file("easy.h5");
+  ddp::testing::write_synthetic_on_rank0(
+      {.output = easy, .train = 2000, .test = 400, .vocab = 60, .maxlen = 12, .seed = 3});
   const engine::TrainResult result =
-      run(dir_.file("async"), with(kColocated, {"--comm.ps_mode", "async", "--train.epochs", "1"}),
-          MPI_COMM_WORLD);
-  if (world_rank() < world_size() - 1) {
-    ASSERT_EQ(result.history.size(), 1u);
-    EXPECT_EQ(result.history[0].workers, world_size() - 1);
-  } else {
-    EXPECT_TRUE(result.history.empty()) << "the last rank serves";
+      run(dir_.file("async"),
+          with(kColocated, {"--comm.ps_mode", "async", "--train.straggle_ms", "2", "--model.embedding_dim", "16",
+                            "--model.hidden", "16", "--train.batch_size", "16", "--train.epochs", "5",
+                            "--train.learning_rate", "0.01"}),
+          MPI_COMM_WORLD, easy);
+  EXPECT_TRUE(identical_on_all_ranks(result.params));
+  ASSERT_EQ(result.history.size(), 5u);
+  EXPECT_EQ(result.history[0].workers, world_size()) << "every rank trains";
+  EXPECT_GT(result.history.back().val_acc, 0.9) << "chance is 0.5";
+  if (world_rank() == 0) {
+    // Adam counts one iteration per applied gradient: every rank's every step, on every shard alike.
+    const engine::Checkpoint c = engine::read_checkpoint(dir_.file("async/last.h5"));
+    EXPECT_EQ(c.optimizer.iterations, 5 * world_size() * (2000 / world_size() / 16));
+  }
+}
+
+// A colocated async run stopped in the middle of an epoch resumes from its checkpoint and trains the rest.
+TEST_F(PsTrainerTest, ColocatedAsyncStoppedAndResumedFinishes) {
+  const std::vector<std::string> async = with(kColocated, {"--comm.ps_mode", "async"});
+  const engine::TrainResult first =
+      run(dir_.file("stopped"), with(async, {"--train.stop_after_steps", "5"}), MPI_COMM_WORLD);
+  EXPECT_TRUE(first.history.empty());
+  EXPECT_EQ(first.steps_done_in_epoch, 5);
+  const engine::TrainResult second = run(dir_.file("stopped"), with(async, {"--resume"}), MPI_COMM_WORLD);
+  ASSERT_EQ(second.history.size(), 2u);
+  EXPECT_TRUE(identical_on_all_ranks(second.params));
+  if (world_rank() == 0) {
+    const engine::Checkpoint c = engine::read_checkpoint(dir_.file("stopped/last.h5"));
+    EXPECT_EQ(c.progress.epoch, 2);
+    EXPECT_EQ(c.optimizer.iterations, 2 * world_size() * second.history[0].steps);
   }
 }
 
