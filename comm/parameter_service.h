@@ -66,6 +66,9 @@ class ParameterService {
   virtual MPI_Comm trainers_comm() const = 0;
   // For the backend line: the mode and timeout ("sync, timeout 120 s"; async with its staleness bound).
   virtual std::string describe() const = 0;
+  // Whether every wait of exchange() has a deadline that names the rank waited for (the point-to-point
+  // protocol); else (collectives) the trainer's watchdog must watch the steps.
+  virtual bool exchange_has_deadlines() const = 0;
 
   // Rank 0's `params` and optimizer state (`whole_state`; null: the optimizer's zero state; ignored
   // elsewhere) become the start of every shard; on return `params` holds rank 0's parameters on every

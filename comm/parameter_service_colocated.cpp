@@ -70,6 +70,7 @@ class ColocatedService final : public ParameterService {
   Communicator& trainers() override { return *trainers_; }
   MPI_Comm trainers_comm() const override { return world_; }
   std::string describe() const override { return ""; }  // the backend line says it all
+  bool exchange_has_deadlines() const override { return false; }
 
   void distribute_start(std::span<float> params, const OptimizerState* whole_state) override {
     distribute_shards(exchange_, *optimizer_, params, whole_state);
@@ -129,6 +130,8 @@ class AsyncColocatedService final : public ParameterService {
     return "async, a rank at most " + std::to_string(options_.max_staleness) +
            " steps ahead of the slowest, timeout " + fmt::format("{}", options_.timeout_s) + " s";
   }
+
+  bool exchange_has_deadlines() const override { return true; }
 
   void distribute_start(std::span<float> params, const OptimizerState* whole_state) override {
     distribute_shards(exchange_, *optimizer_, params, whole_state);

@@ -151,6 +151,7 @@ class DedicatedService final : public ParameterService {
   }
 
   Communicator& trainers() override { return *workers_; }
+  bool exchange_has_deadlines() const override { return true; }
   MPI_Comm trainers_comm() const override { return workers_comm_; }
 
   std::string describe() const override {

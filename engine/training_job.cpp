@@ -123,12 +123,13 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
   std::unique_ptr<TrainingRun> run;
   comm::agree_on_errors(service.trainers(), [&] {
     const std::string mode = service.describe();
+    const bool exchange_has_deadlines = service.exchange_has_deadlines();
     std::unique_ptr<Updater> updater =
         make_ps_updater(*replica, std::move(ps.service), optimizer_settings(config), backend.colocated);
     run = std::make_unique<TrainingRun>(config, topology, boot->size(), service.trainers(), stop_signal,
                                         backend.reason + (mode.empty() ? "" : "; " + mode),
                                         std::move(replica), std::move(updater), data, watchdog,
-                                        /*exchange_has_deadlines=*/true, epoch_written);
+                                        exchange_has_deadlines, epoch_written);
   });
   return run->run();
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A rank of a 2-rank all-reduce run hangs while alive (SIGSTOP: the launcher sees no death): the other rank
-# must end the job within comm.timeout_s plus a margin, saying why, and --resume must then finish the training.
+# A rank of a 2-rank run hangs while alive (SIGSTOP: the launcher sees no death), under all-reduce and under the
+# colocated parameter server: the other rank must end the job within comm.timeout_s plus a margin, saying
+# why, and --resume must then finish the training.
 # Before that, the same where a file system freezes: during start-up (data.path is a FIFO nobody writes to,
 # so opening it blocks) and while rank 0 writes the run directory (metrics.jsonl is a FIFO nobody reads); the
 # job must end naming what the rank was doing.
@@ -41,17 +42,26 @@ grep -q "(comm.timeout_s 3) while writing to checkpoint.dir frozen-dir (steps do
   frozen-err.txt || { echo "FAIL: rank 0's message does not name the write"; exit 1; }
 
 bound=5
-run=(mpirun -np 2 "$ddptrain" --data.path data.h5 --checkpoint.dir run --comm.backend mpi --comm.timeout_s "$bound"
-  --model.embedding_dim 16 --model.hidden 16 --train.epochs 8 --train.straggle_ms 20 --log.progress lines)
+# The all-reduce backend and the colocated parameter server in sync mode (collectives: the watchdog watches the
+# steps).
+for backend in mpi ps; do
+  echo "== comm.backend = $backend"
+  rm -rf run
+  run=(mpirun -np 2 "$ddptrain" --data.path data.h5 --checkpoint.dir run --comm.backend "$backend"
+    --comm.ps_servers 0 --comm.timeout_s "$bound" --model.embedding_dim 16 --model.hidden 16 --train.epochs 8
+    --train.straggle_ms 20 --log.progress lines)
 
-signal_rank_and_wait STOP 1
-[ "$elapsed" -le $((bound + 15)) ] || { echo "FAIL: took $elapsed s, bound $bound s"; exit 1; }
-cat err.txt
-grep -q "no progress for .* (comm.timeout_s $bound) while training (steps done: [0-9]*): a rank is hung" err.txt || {
-  echo "FAIL: no message says why:"
+  signal_rank_and_wait STOP 1
+  [ "$elapsed" -le $((bound + 15)) ] || { echo "FAIL: $backend: took $elapsed s, bound $bound s"; exit 1; }
   cat err.txt
-  exit 1
-}
-kill -9 "$victim" 2>/dev/null || true
-resume_to_the_end 8
+  grep -q "no progress for .* (comm.timeout_s $bound) while training (steps done: [0-9]*): a rank is hung" \
+    err.txt || {
+    echo "FAIL: $backend: no message says why:"
+    cat err.txt
+    exit 1
+  }
+  kill -9 "$victim" 2>/dev/null || true
+  victim=""
+  resume_to_the_end 8
+done
 echo "PASS"

@@ -9,13 +9,15 @@ enter_scratch_dir_with_data "$ddptrain"
 bound=20
 
 # Each layout of the parameter server: one dedicated server (rank 2 serves; rank 1 is a worker) and colocated
-# (comm.ps_servers = 0: every rank trains and serves a shard).
-for servers in 1 0; do
-  echo "== comm.ps_servers = $servers"
+# (comm.ps_servers = 0: every rank trains and serves a shard), the latter in sync and in async mode (where
+# rank 1's server thread dies with it).
+for layout in "1 sync" "0 sync" "0 async"; do
+  read -r servers mode <<<"$layout"
+  echo "== comm.ps_servers = $servers, comm.ps_mode = $mode"
   rm -rf run
   run=(mpirun -np 3 "$ddptrain" --data.path data.h5 --checkpoint.dir run --comm.backend ps --comm.ps_servers "$servers"
-    --comm.timeout_s "$bound" --model.embedding_dim 16 --model.hidden 16 --train.epochs 6 --train.straggle_ms 20
-    --log.progress lines)
+    --comm.ps_mode "$mode" --comm.timeout_s "$bound" --model.embedding_dim 16 --model.hidden 16 --train.epochs 6
+    --train.straggle_ms 20 --log.progress lines)
 
   signal_rank_and_wait KILL 1
   [ "$elapsed" -le $((2 * bound + 5)) ] || { echo "FAIL: ps_servers $servers: took $elapsed s, bound $bound s"; exit 1; }
