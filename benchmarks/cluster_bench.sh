@@ -5,12 +5,16 @@
 #   allreduce_sparse   comm.backend mpi, the embedding's touched rows exchanged sparsely
 #   allreduce_dense    comm.backend mpi, comm.sparse_embedding false
 #   ps_dedicated       comm.backend ps: workers on nodes 1..N-1, the server alone on node N
+#   ps_colocated       comm.backend ps, comm.ps_servers 0: every rank trains and serves a shard (reported in
+#                      log.txt only: the scaling model does not describe it)
 # against the same ranks on one node (plain mpirun, shared memory). Bytes per step per rank come from the
 # nodes' interface counters, as the difference between a run of S2 and one of S1 steps (which removes
 # start-up, evaluation and checkpoint traffic), divided by S2 - S1 and by the ranks; the step time is the
 # mean of the S2 run's epoch (metrics.jsonl). Writes OUT/points.csv (the scaling model's input: compute_ms
 # is the same ranks' step on one node; plus that step again and the ratio), OUT/rows.csv (distinct embedding rows per global batch) and OUT/log.txt.
 #   bash benchmarks/cluster_bench.sh build/ddptrain OUT [nodes...]      (as root; default nodes: 2 3)
+# CLUSTER_BENCH_RATES (default "none 1gbit 100mbit") and CLUSTER_BENCH_LAYOUTS (default: the four above) pick
+# a part.
 set -euo pipefail
 ddptrain=$(realpath "$1")
 out=$(realpath -m "$2")
@@ -76,6 +80,8 @@ run_args() {  # layout, run dir, steps
     allreduce_sparse) args+=" --comm.backend mpi --comm.sparse_embedding true" ;;
     allreduce_dense) args+=" --comm.backend mpi --comm.sparse_embedding false" ;;
     ps_dedicated) args+=" --comm.backend ps --comm.ps_servers 1" ;;
+    ps_colocated) args+=" --comm.backend ps --comm.ps_servers 0" ;;
+    *) echo "unknown layout $layout" >&2; return 1 ;;
   esac
   echo "$args"
 }
@@ -118,11 +124,13 @@ echo "layout,nodes,ranks_per_node,link_mbit,step_ms,compute_ms,bytes_per_step_ra
   >"$out/points.csv"
 unshaped=$(stream_mbit)
 echo "unshaped link: one TCP stream reaches $unshaped Mbit/s"
-for rate in none 1gbit 100mbit; do
+read -r -a rates <<<"${CLUSTER_BENCH_RATES:-none 1gbit 100mbit}"
+read -r -a layouts <<<"${CLUSTER_BENCH_LAYOUTS:-allreduce_sparse allreduce_dense ps_dedicated ps_colocated}"
+for rate in "${rates[@]}"; do
   cluster_set_rate "$rate"
   case $rate in none) mbit=$unshaped ;; 1gbit) mbit=1000 ;; 100mbit) mbit=100 ;; esac
   for nodes in "${node_counts[@]}"; do
-    for layout in allreduce_sparse allreduce_dense ps_dedicated; do
+    for layout in "${layouts[@]}"; do
       s1=10 s2=40
       if [ "$rate" = 100mbit ] && [ "$layout" != allreduce_sparse ]; then s1=4 s2=12; fi
       read -r _ tx1 <<<"$(cluster_run "$layout" "$nodes" "$s1")"
@@ -136,7 +144,8 @@ for rate in none 1gbit 100mbit; do
       [ "$layout" = ps_dedicated ] && busy=$((nodes - 1))
       fit=1
       [ "$busy" -le "$(nproc)" ] || fit=0
-      echo "$layout,$nodes,1,$mbit,$step,$one,$bytes,$fit,$one,$ratio" >>"$out/points.csv"
+      [ "$layout" = ps_colocated ] ||
+        echo "$layout,$nodes,1,$mbit,$step,$one,$bytes,$fit,$one,$ratio" >>"$out/points.csv"
       echo "$rate $layout nodes=$nodes: step $step ms (one node $one ms, ${ratio}x), $bytes bytes/step/rank"
     done
   done

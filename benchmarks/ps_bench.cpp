@@ -9,6 +9,10 @@
 //   ps-sync    the last --servers ranks serve (PsRoles), the others push_pull the full vector; each server
 //              applies Adam to its shard once per step (the workers' averaged gradients);
 //   ps-async   as ps-sync with PsOptions::async and max_staleness --staleness: one Adam step per gradient.
+//   colocated-collective  every rank trains and serves a shard (ShardedExchange): a reduce-scatter of the
+//              gradients, Adam over the rank's shard, an all-gather of the shards;
+//   colocated-p2p  the same exchange over the parameter server's point-to-point protocol in sync mode: every
+//              rank's server on a thread of its own, its client pushing each shard to its owner.
 //
 // After --warmup steps the workers meet at a barrier and time --steps steps. Rank 0 prints:
 //   updates/s    model updates applied per second: allreduce and ps-sync, steps per second (the slowest
@@ -46,6 +50,7 @@
 
 #include "comm/communicator.h"
 #include "comm/parameter_server.h"
+#include "comm/sharded_exchange.h"
 #include "engine/optimizer.h"
 
 namespace po = boost::program_options;
@@ -155,14 +160,16 @@ void fill_worker_report(RankReport& r, const WorkerTimes& t, bool straggler) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int threading = MPI_THREAD_SINGLE;  // as ddptrain asks; colocated-p2p's server thread needs it
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &threading);
   Options o;
   po::options_description desc("ps_bench");
   desc.add_options()("help", "this help")("size", po::value(&o.size)->default_value(o.size),
                                           "floats in the gradient / parameter vector")(
       "steps", po::value(&o.steps)->default_value(o.steps), "timed steps per worker")(
       "warmup", po::value(&o.warmup)->default_value(o.warmup), "warm-up steps per worker")(
-      "mode", po::value(&o.mode)->default_value(o.mode), "allreduce | ps-sync | ps-async")(
+      "mode", po::value(&o.mode)->default_value(o.mode),
+      "allreduce | ps-sync | ps-async | colocated-collective | colocated-p2p")(
       "straggle-ms", po::value(&o.straggle_ms)->default_value(o.straggle_ms),
       "the last worker sleeps this long every step (0: no straggler)")(
       "compute-ms", po::value(&o.compute_ms)->default_value(o.compute_ms), "synthetic compute per step")(
@@ -191,8 +198,12 @@ int main(int argc, char** argv) {
   }
   const bool allreduce = o.mode == "allreduce";
   const bool ps = o.mode == "ps-sync" || o.mode == "ps-async";
+  const bool colocated = o.mode == "colocated-collective" || o.mode == "colocated-p2p";
   std::string error;
-  if (!allreduce && !ps) error = "--mode must be allreduce, ps-sync or ps-async";
+  if (!allreduce && !ps && !colocated)
+    error = "--mode must be allreduce, ps-sync, ps-async, colocated-collective or colocated-p2p";
+  if (o.mode == "colocated-p2p" && threading < MPI_THREAD_MULTIPLE)
+    error = "colocated-p2p needs MPI_THREAD_MULTIPLE";
   if (o.compute_kind != "spin" && o.compute_kind != "sleep") error = "--compute-kind must be spin or sleep";
   if (o.steps < 1 || o.warmup < 0 || o.size < 1) error = "--steps >= 1, --warmup >= 0, --size >= 1";
   if (ps && (o.servers < 1 || o.servers >= world))
@@ -237,6 +248,44 @@ int main(int argc, char** argv) {
     // Ring estimate: per step a rank sends 2 (n - 1) / n of the vector and receives as much.
     const double n = world;
     report.bytes = world > 1 ? 2.0 * (2.0 * (n - 1) / n * vector_bytes) * o.steps : 0.0;
+    polite_barrier(MPI_COMM_WORLD);
+  } else if (colocated) {
+    const ddp::comm::PsRoles roles = ddp::comm::PsRoles::colocated_on(world);
+    const std::size_t begin = roles.shard_begin(rank, o.size), end = roles.shard_end(rank, o.size);
+    auto adam = ddp::engine::make_optimizer(adam_settings, end - begin);
+    WorkerTimes t;
+    if (o.mode == "colocated-collective") {
+      ddp::comm::ShardedExchange exchange(MPI_COMM_WORLD, o.size);
+      std::vector<float> shard_grads(end - begin);
+      t = worker_loop(o, straggler, role_comm, [&] {
+        exchange.reduce_scatter_average(grads, shard_grads);
+        adam->step(std::span<float>(params).subspan(begin, end - begin), shard_grads);
+        exchange.all_gather(params);
+      });
+    } else {
+      ddp::comm::PsOptions ps_options;
+      ps_options.servers = 0;
+      const ddp::comm::PsChannels channels(MPI_COMM_WORLD, true, ps_options.timeout_s, "ps_bench");
+      std::vector<float> shard(params.begin() + static_cast<std::ptrdiff_t>(begin),
+                               params.begin() + static_cast<std::ptrdiff_t>(end));
+      const ddp::comm::ShardUpdate update = [&](std::span<float> p, std::span<const float> g) {
+        adam->step(p, g);
+      };
+      std::thread server(
+          [&] { ddp::comm::run_parameter_server(channels, ps_options, o.size, shard, update); });
+      {
+        ddp::comm::ParameterClient client(channels, ps_options, o.size);
+        t = worker_loop(o, straggler, role_comm, [&] { client.push_pull(grads, params); });
+        client.finish();
+      }
+      server.join();
+    }
+    fill_worker_report(report, t, straggler);
+    // Per step each rank sends (n - 1) / n of the vector and receives as much, twice (gradients to the
+    // shards' owners, shards back): counted for p2p (headers left out), the same ESTIMATE for the
+    // collectives.
+    const double n = world;
+    report.bytes = 2.0 * 2.0 * (n - 1) / n * vector_bytes * o.steps;
     polite_barrier(MPI_COMM_WORLD);
   } else {
     ddp::comm::PsOptions ps_options;
