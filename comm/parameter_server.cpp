@@ -524,6 +524,15 @@ void ParameterClient::push_pull(std::span<const float> grads, std::span<const in
   ++step_;
 }
 
+void ParameterClient::push_pull(std::span<const float> grads, const std::span<const int32_t>* touched_rows,
+                                std::span<float> params) {
+  if (touched_rows != nullptr && !options_.sparse_exchange_rows.empty()) {
+    push_pull(grads, *touched_rows, params);
+  } else {
+    push_pull(grads, params);
+  }
+}
+
 void ParameterClient::pull(std::span<float> params) {
   exchange(PsKind::kPull, {}, nullptr, params);
 }

@@ -168,6 +168,9 @@ class ParameterClient {
   // unique): each server gets only those rows of its shard, or its shard dense where that is no larger.
   void push_pull(std::span<const float> grads, std::span<const int32_t> touched_rows,
                  std::span<float> params);
+  // One of the two above: row-sparse where `touched_rows` is given (non-null) and PsOptions names the rows.
+  void push_pull(std::span<const float> grads, const std::span<const int32_t>* touched_rows,
+                 std::span<float> params);
   // Fetches the servers' current parameters without pushing (at the start, for evaluation).
   void pull(std::span<float> params);
   // Tells every server this worker is done; the destructor calls it if it was not called.

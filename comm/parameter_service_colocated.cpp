@@ -160,11 +160,7 @@ class AsyncColocatedService final : public ParameterService {
   void exchange(std::span<const float> grads, const std::span<const int32_t>* touched_rows,
                 std::span<float> params) override {
     timeline::Span span("push/pull");
-    if (touched_rows != nullptr && !options_.sparse_exchange_rows.empty()) {
-      client_->push_pull(grads, *touched_rows, params);
-    } else {
-      client_->push_pull(grads, params);
-    }
+    client_->push_pull(grads, touched_rows, params);
   }
 
   // Every rank continues from the servers' shards, gathered.

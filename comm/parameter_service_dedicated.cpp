@@ -199,11 +199,7 @@ class DedicatedService final : public ParameterService {
   void exchange(std::span<const float> grads, const std::span<const int32_t>* touched_rows,
                 std::span<float> params) override {
     timeline::Span span("push/pull");  // this worker's exchange with the servers, the update included
-    if (touched_rows != nullptr && !layout_->options_.sparse_exchange_rows.empty()) {
-      client_->push_pull(grads, *touched_rows, params);
-    } else {
-      client_->push_pull(grads, params);
-    }
+    client_->push_pull(grads, touched_rows, params);
   }
 
   void end_steps(std::span<float> params) override {
