@@ -51,6 +51,9 @@ class ShardOptimizer {
   virtual void step(std::span<float> params, std::span<const float> grads) = 0;
   virtual OptimizerState state() const = 0;
   virtual void load_state(const OptimizerState& state) = 0;
+  // The update count, and each buffer of the state in turn, in place (no copy).
+  virtual int64_t iterations() const = 0;
+  virtual void visit_state(const StateBufferVisitor& visit) const = 0;
   virtual std::string name() const = 0;
 };
 using ShardOptimizerFactory = std::function<std::unique_ptr<ShardOptimizer>(std::size_t shard_size)>;
@@ -87,8 +90,10 @@ class ParameterService {
   // On return `params` holds the parameters the servers hold, the same on every training rank.
   virtual void end_steps(std::span<float> params) = 0;
 
-  // Between runs of steps: rank 0 gets the whole optimizer state (every shard's), the others an empty one.
-  virtual OptimizerState gather_state() = 0;
+  // Between runs of steps: the shards' update count (the same on every shard; rank 0's), and each buffer of
+  // the whole optimizer state (every shard's) in turn to rank 0's `visit`, gathered one buffer at a time.
+  virtual int64_t state_iterations() const = 0;
+  virtual void visit_state(const StateBufferVisitor& visit) = 0;
   // No more steps: `params` (rank 0's) become the servers' final parameters.
   virtual void finish(std::span<const float> params) = 0;
 };

@@ -43,18 +43,16 @@ void distribute_shards(ShardedExchange& exchange, ShardOptimizer& optimizer, std
   optimizer.load_state(shard);
 }
 
-// Collective: every shard's optimizer state, whole on rank 0 (empty elsewhere).
-OptimizerState gather_shards(ShardedExchange& exchange, const ShardOptimizer& optimizer) {
+// Collective: each buffer of every shard's optimizer state, gathered whole on rank 0 and handed to its
+// `visit` before the next is gathered.
+void visit_shards(ShardedExchange& exchange, const ShardOptimizer& optimizer,
+                  const StateBufferVisitor& visit) {
   const bool root = exchange.rank() == 0;
-  OptimizerState shard = optimizer.state();
-  OptimizerState whole;
-  whole.iterations = shard.iterations;
-  for (auto& [name, buffer] : shard.buffers) {
-    std::vector<float> full(root ? exchange.end(exchange.size() - 1) : 0);
-    exchange.gather_to_root(buffer, full);
-    if (root) whole.buffers.emplace_back(name, std::move(full));
-  }
-  return root ? whole : OptimizerState{};
+  std::vector<float> full(root ? exchange.end(exchange.size() - 1) : 0);
+  optimizer.visit_state([&](const std::string& name, std::span<const float> shard) {
+    exchange.gather_to_root(shard, full);
+    if (root) visit(name, full);
+  });
 }
 
 // Sync mode: a step is a reduce-scatter, the owner's update, an all-gather.
@@ -92,7 +90,8 @@ class ColocatedService final : public ParameterService {
 
   void end_steps(std::span<float> /*params*/) override {}  // every rank already holds every shard
 
-  OptimizerState gather_state() override { return gather_shards(exchange_, *optimizer_); }
+  int64_t state_iterations() const override { return optimizer_->iterations(); }
+  void visit_state(const StateBufferVisitor& visit) override { visit_shards(exchange_, *optimizer_, visit); }
 
   void finish(std::span<const float> /*params*/) override {}
 
@@ -173,7 +172,8 @@ class AsyncColocatedService final : public ParameterService {
     exchange_.all_gather(params);
   }
 
-  OptimizerState gather_state() override { return gather_shards(exchange_, *optimizer_); }
+  int64_t state_iterations() const override { return optimizer_->iterations(); }
+  void visit_state(const StateBufferVisitor& visit) override { visit_shards(exchange_, *optimizer_, visit); }
   void finish(std::span<const float> /*params*/) override {}
 
  private:

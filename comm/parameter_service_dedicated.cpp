@@ -210,7 +210,12 @@ class DedicatedService final : public ParameterService {
     broadcast_among_workers(params, "rank 0 to hand out the parameters");
   }
 
-  OptimizerState gather_state() override { return root_ ? whole_ : OptimizerState{}; }
+  int64_t state_iterations() const override { return whole_.iterations; }
+  void visit_state(const StateBufferVisitor& visit) override {
+    if (!root_) return;
+    DDP_CHECK(whole_.buffers.size() == state_names_.buffers.size());  // after a run of steps
+    for (const auto& [name, buffer] : whole_.buffers) visit(name, buffer);
+  }
 
   void finish(std::span<const float> params) override {
     if (root_) {

@@ -35,8 +35,9 @@ class AllReduceUpdater final : public Updater {
   void begin_steps() override {}
   void step(const BatchView& batch) override { step_.run(batch); }
   void end_steps() override {}
-  OptimizerState optimizer_state() override {
-    return comm_.rank() == 0 ? optimizer_->state() : OptimizerState{};
+  int64_t optimizer_iterations() const override { return optimizer_->iterations(); }
+  void visit_optimizer_state(const StateBufferVisitor& visit) override {
+    if (comm_.rank() == 0) optimizer_->visit_state(visit);
   }
   void finish(std::span<float> host_params) override { replica_.copy_params_to_host(host_params); }
   std::string backend() const override { return comm_.backend(); }

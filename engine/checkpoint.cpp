@@ -69,65 +69,100 @@ void fsync_path(const std::string& path, int flags) {
 
 }  // namespace
 
-void write_checkpoint(const std::string& path, const models::ModelShape& shape, std::span<const float> params,
-                      const std::string& optimizer_name, const OptimizerState& optimizer_state,
-                      const TrainingProgress& progress, const std::string& config_ini, const RunRecord& run) {
+struct CheckpointWriter::Files {
+  std::string path;
+  std::string tmp;
+  Hid file;
+  Hid optimizer;  // the /optimizer group
+  std::string buffer_names;
+};
+
+CheckpointWriter::CheckpointWriter(const std::string& path, const models::ModelShape& shape,
+                                   std::span<const float> params, const std::string& optimizer_name,
+                                   int64_t optimizer_iterations, const TrainingProgress& progress,
+                                   const std::string& config_ini, const RunRecord& run) {
   std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
   io::quiet_hdf5_errors();
-  const std::filesystem::path final_path(path);
   const std::string tmp = path + ".tmp";
-  {
-    const hid_t raw = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (raw < 0) throw UserError(tmp + ": cannot create the checkpoint file (check checkpoint.dir)");
-    Hid file(raw, Hid::Kind::kFile);
-    hid_t root = file.get();
-    io::write_string_attribute(root, "format", kFormat);
-    io::write_int_attribute(root, "vocab_size", shape.vocab_size);
-    io::write_int_attribute(root, "embedding_dim", shape.embedding_dim);
-    io::write_int_attribute(root, "hidden", shape.hidden);
-    io::write_int_attribute(root, "layers", shape.layers);
-    io::write_int_attribute(root, "epoch", progress.epoch);
-    io::write_int_attribute(root, "step_in_epoch", progress.step_in_epoch);
-    io::write_int_attribute(root, "global_step", progress.global_step);
-    io::write_int_attribute(root, "seed", static_cast<int64_t>(progress.seed));
-    io::write_int_attribute(root, "world_size", progress.world_size);
-    io::write_int_attribute(root, "batch_size", progress.batch_size);
-    write_double_attribute(root, "best_val_loss", progress.best_val_loss);
-    write_double_attribute(root, "loss_sum", progress.loss_sum);
-    write_double_attribute(root, "correct", progress.correct);
-    write_double_attribute(root, "count", progress.count);
-    io::write_string_attribute(root, "config", config_ini);
-    io::write_string_attribute(root, "run_id", run.run_id);
-    io::write_string_attribute(root, "data_path", run.data_path);
-    io::write_string_attribute(root, "data_fingerprint", run.data_fingerprint);
-    io::write_string_attribute(root, "data_plan", run.data_plan);
-    io::write_int_attribute(root, "maxlen", run.maxlen);
-    if (!run.vocabulary.empty()) io::write_string_list(root, "vocab", run.vocabulary);
-    write_floats(root, "params", params);
+  const hid_t raw = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (raw < 0) throw UserError(tmp + ": cannot create the checkpoint file (check checkpoint.dir)");
+  files_ = std::make_unique<Files>(Files{path, tmp, Hid(raw, Hid::Kind::kFile), Hid(), ""});
+  const hid_t root = files_->file.get();
+  io::write_string_attribute(root, "format", kFormat);
+  io::write_int_attribute(root, "vocab_size", shape.vocab_size);
+  io::write_int_attribute(root, "embedding_dim", shape.embedding_dim);
+  io::write_int_attribute(root, "hidden", shape.hidden);
+  io::write_int_attribute(root, "layers", shape.layers);
+  io::write_int_attribute(root, "epoch", progress.epoch);
+  io::write_int_attribute(root, "step_in_epoch", progress.step_in_epoch);
+  io::write_int_attribute(root, "global_step", progress.global_step);
+  io::write_int_attribute(root, "seed", static_cast<int64_t>(progress.seed));
+  io::write_int_attribute(root, "world_size", progress.world_size);
+  io::write_int_attribute(root, "batch_size", progress.batch_size);
+  write_double_attribute(root, "best_val_loss", progress.best_val_loss);
+  write_double_attribute(root, "loss_sum", progress.loss_sum);
+  write_double_attribute(root, "correct", progress.correct);
+  write_double_attribute(root, "count", progress.count);
+  io::write_string_attribute(root, "config", config_ini);
+  io::write_string_attribute(root, "run_id", run.run_id);
+  io::write_string_attribute(root, "data_path", run.data_path);
+  io::write_string_attribute(root, "data_fingerprint", run.data_fingerprint);
+  io::write_string_attribute(root, "data_plan", run.data_plan);
+  io::write_int_attribute(root, "maxlen", run.maxlen);
+  if (!run.vocabulary.empty()) io::write_string_list(root, "vocab", run.vocabulary);
+  write_floats(root, "params", params);
+  files_->optimizer =
+      Hid(check_h5_id(H5Gcreate2(root, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "optimizer"),
+          Hid::Kind::kGroup);
+  io::write_string_attribute(files_->optimizer.get(), "name", optimizer_name);
+  io::write_int_attribute(files_->optimizer.get(), "iterations", optimizer_iterations);
+}
 
-    const OptimizerState& state = optimizer_state;
-    Hid group(check_h5_id(H5Gcreate2(root, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "optimizer"),
-              Hid::Kind::kGroup);
-    io::write_string_attribute(group.get(), "name", optimizer_name);
-    io::write_int_attribute(group.get(), "iterations", state.iterations);
-    std::string names;
-    for (const auto& [name, buffer] : state.buffers) {
-      write_floats(group.get(), name, buffer);
-      names += (names.empty() ? "" : ",") + name;
-    }
-    io::write_string_attribute(group.get(), "buffers", names);
-    check_h5(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "H5Fflush");
+CheckpointWriter::~CheckpointWriter() {
+  if (!files_) return;
+  std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
+  files_->optimizer = Hid();
+  files_->file = Hid();
+  std::remove(files_->tmp.c_str());
+}
+
+void CheckpointWriter::add_optimizer_buffer(const std::string& name, std::span<const float> values) {
+  DDP_CHECK(files_ != nullptr);
+  std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
+  write_floats(files_->optimizer.get(), name, values);
+  files_->buffer_names += (files_->buffer_names.empty() ? "" : ",") + name;
+}
+
+void CheckpointWriter::commit() {
+  DDP_CHECK(files_ != nullptr);
+  const std::unique_ptr<Files> files = std::move(files_);
+  {
+    std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
+    io::write_string_attribute(files->optimizer.get(), "buffers", files->buffer_names);
+    check_h5(H5Fflush(files->file.get(), H5F_SCOPE_GLOBAL), "H5Fflush");
+    files->optimizer = Hid();
+    files->file = Hid();
   }
-  fsync_path(tmp, O_RDONLY);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw UserError(path + ": cannot move the new checkpoint into place");
+  fsync_path(files->tmp, O_RDONLY);
+  if (std::rename(files->tmp.c_str(), files->path.c_str()) != 0) {
+    std::remove(files->tmp.c_str());
+    throw UserError(files->path + ": cannot move the new checkpoint into place");
   }
+  const std::filesystem::path final_path(files->path);
   const std::string dir = final_path.has_parent_path() ? final_path.parent_path().string() : ".";
   fsync_path(dir, O_RDONLY | O_DIRECTORY);
 }
 
-Checkpoint read_checkpoint(const std::string& path) {
+void write_checkpoint(const std::string& path, const models::ModelShape& shape, std::span<const float> params,
+                      const std::string& optimizer_name, const OptimizerState& optimizer_state,
+                      const TrainingProgress& progress, const std::string& config_ini, const RunRecord& run) {
+  CheckpointWriter writer(path, shape, params, optimizer_name, optimizer_state.iterations, progress,
+                          config_ini, run);
+  for (const auto& [name, buffer] : optimizer_state.buffers) writer.add_optimizer_buffer(name, buffer);
+  writer.commit();
+}
+
+Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) {
   std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
   io::quiet_hdf5_errors();
   Hid file = io::open_file_readonly(path);
@@ -170,6 +205,7 @@ Checkpoint read_checkpoint(const std::string& path) {
   c.optimizer.iterations = io::read_int_attribute(group.get(), path, "iterations");
   // The optimizer names its own buffers ("m,v" for Adam); the checkpoint only stores them.
   std::stringstream names(io::read_string_attribute(group.get(), "buffers"));
+  if (parts == CheckpointParts::kModel) return c;
   for (std::string name; std::getline(names, name, ',');) {
     c.optimizer.buffers.emplace_back(name, read_floats(group.get(), path, name, layout.total_size()));
   }

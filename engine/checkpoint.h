@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -59,12 +60,40 @@ struct Checkpoint {
   std::string config_ini;
 };
 
+// Writes a checkpoint in pieces, so that the optimizer's state need never be whole in memory at once: the
+// constructor writes the parameters and the progress to PATH.tmp, add_optimizer_buffer() each buffer of the
+// state as it comes (the colocated parameter server gathers one buffer at a time), commit() moves the file
+// over PATH (flushed, then renamed: a reader sees the old checkpoint or the new one, never half of one).
+// Destroyed without commit(), it removes PATH.tmp and leaves PATH alone. Throws UserError naming the file.
+class CheckpointWriter {
+ public:
+  CheckpointWriter(const std::string& path, const models::ModelShape& shape, std::span<const float> params,
+                   const std::string& optimizer_name, int64_t optimizer_iterations,
+                   const TrainingProgress& progress, const std::string& config_ini,
+                   const RunRecord& run = {});
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  void add_optimizer_buffer(const std::string& name, std::span<const float> values);
+  void commit();
+
+ private:
+  struct Files;
+  std::unique_ptr<Files> files_;  // null once committed
+};
+
+// The whole checkpoint at once.
 void write_checkpoint(const std::string& path, const models::ModelShape& shape, std::span<const float> params,
                       const std::string& optimizer_name, const OptimizerState& optimizer_state,
                       const TrainingProgress& progress, const std::string& config_ini,
                       const RunRecord& run = {});
 
+// What to read: everything, or all but the optimizer's buffers (for a model to predict or score with; the
+// name and update count are read, the buffers left empty), which are as large as the parameters again.
+enum class CheckpointParts { kAll, kModel };
+
 // Throws UserError naming the file for a missing, foreign or damaged checkpoint.
-Checkpoint read_checkpoint(const std::string& path);
+Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts = CheckpointParts::kAll);
 
 }  // namespace ddp::engine

@@ -83,6 +83,11 @@ class Adam final : public HostOptimizer {
 
  public:
   OptimizerState state() const override { return {iterations_, {{"m", m_}, {"v", v_}}}; }
+  int64_t iterations() const override { return iterations_; }
+  void visit_state(const StateBufferVisitor& visit) const override {
+    visit("m", m_);
+    visit("v", v_);
+  }
   void load_state(const OptimizerState& state) override {
     expect_buffers(state, {"m", "v"}, m_.size(), "adam");
     iterations_ = state.iterations;
@@ -114,6 +119,8 @@ class Sgd final : public HostOptimizer {
 
  public:
   OptimizerState state() const override { return {iterations_, {{"velocity", velocity_}}}; }
+  int64_t iterations() const override { return iterations_; }
+  void visit_state(const StateBufferVisitor& visit) const override { visit("velocity", velocity_); }
   void load_state(const OptimizerState& state) override {
     expect_buffers(state, {"velocity"}, velocity_.size(), "sgd");
     iterations_ = state.iterations;
@@ -128,6 +135,10 @@ class Sgd final : public HostOptimizer {
 };
 
 }  // namespace
+
+void Optimizer::visit_state(const StateBufferVisitor& visit) const {
+  for (const auto& [name, buffer] : state().buffers) visit(name, buffer);
+}
 
 AdamCoefficients adam_coefficients(const OptimizerSettings& s, int64_t iteration) {
   const double t = static_cast<double>(iteration);

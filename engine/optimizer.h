@@ -35,6 +35,7 @@ struct TouchedRows {
 };
 
 using ddp::OptimizerState;
+using ddp::StateBufferVisitor;
 
 class Optimizer {
  public:
@@ -44,6 +45,10 @@ class Optimizer {
   virtual void step(std::span<float> params, std::span<const float> grads,
                     const TouchedRows* sparse = nullptr) = 0;
   virtual OptimizerState state() const = 0;
+  // The state's update count, and each of its buffers in turn: in place where the state is in host memory,
+  // else copied (a GPU's).
+  virtual int64_t iterations() const = 0;
+  virtual void visit_state(const StateBufferVisitor& visit) const;
   // Throws UserError if the state's buffers do not match this optimizer (kind or size).
   virtual void load_state(const OptimizerState& state) = 0;
   virtual std::string name() const = 0;

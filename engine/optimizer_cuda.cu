@@ -94,6 +94,7 @@ class CudaOptimizer : public Optimizer {
     launch(params.data(), grads.data());
   }
 
+  int64_t iterations() const final { return iterations_; }
   OptimizerState state() const final {
     DDP_CUDA_CHECK(cudaSetDevice(device_));
     OptimizerState state{iterations_, {}};

@@ -16,6 +16,8 @@ class OptimizerOnShard final : public comm::ShardOptimizer {
     optimizer_->step(params, grads);
   }
   OptimizerState state() const override { return optimizer_->state(); }
+  int64_t iterations() const override { return optimizer_->iterations(); }
+  void visit_state(const StateBufferVisitor& visit) const override { optimizer_->visit_state(visit); }
   void load_state(const OptimizerState& state) override { optimizer_->load_state(state); }
   std::string name() const override { return optimizer_->name(); }
 
@@ -65,7 +67,8 @@ class ParameterServerUpdater final : public Updater {
     replica_.copy_params_from_host(host_params_);
   }
 
-  OptimizerState optimizer_state() override { return service_->gather_state(); }
+  int64_t optimizer_iterations() const override { return service_->state_iterations(); }
+  void visit_optimizer_state(const StateBufferVisitor& visit) override { service_->visit_state(visit); }
 
   void finish(std::span<float> host_params) override {
     replica_.copy_params_to_host(host_params);

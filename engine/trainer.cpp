@@ -394,7 +394,7 @@ class TrainingRun::Loop {
   void score_best_on_test(const io::RowSet& test) {
     std::vector<double> best_epoch{0.0};
     on_root_or_abort([&] {
-      const Checkpoint best = read_checkpoint(files_.best());
+      const Checkpoint best = read_checkpoint(files_.best(), CheckpointParts::kModel);
       host_params_ = best.params;
       best_epoch[0] = static_cast<double>(best.progress.epoch);
     });
@@ -431,41 +431,55 @@ class TrainingRun::Loop {
     enter_training();
   }
 
-  void finish_epoch_on_root(const EpochMetrics& m, bool best) {
-    const OptimizerState state = updater_->optimizer_state();
+  // Collective over the training ranks: rank 0 writes last.h5 (`progress`), the optimizer state gathered one
+  // buffer at a time; `before` runs on rank 0 first.
+  template <typename Before>
+  void write_last_checkpoint(const TrainingProgress& progress, Before&& before, bool best) {
+    std::unique_ptr<CheckpointWriter> writer;
     on_root_or_abort([&] {
       timeline::Span span("checkpoint");
-      std::printf("%s\n", format_epoch_line(m).c_str());
-      std::fflush(stdout);
-      EpochMetrics stamped = m;
-      stamped.run_id = run_record_.run_id;
-      stamped.time = utc_timestamp();
-      append_line(files_.metrics(), to_json(stamped));
-      if (epoch_written_) epoch_written_(files_);
+      before();
       replica_->copy_params_to_host(host_params_);
-      write_checkpoint(files_.last(), shape_, host_params_, updater_->optimizer_name(), state, progress_,
-                       config_.to_ini(), run_record_);
+      writer = std::make_unique<CheckpointWriter>(
+          files_.last(), shape_, host_params_, updater_->optimizer_name(), updater_->optimizer_iterations(),
+          progress, config_.to_ini(), run_record_);
+    });
+    updater_->visit_optimizer_state([&](const std::string& name, std::span<const float> values) {
+      on_root_or_abort([&] { writer->add_optimizer_buffer(name, values); });
+    });
+    on_root_or_abort([&] {
+      writer->commit();
       if (best)
         std::filesystem::copy_file(files_.last(), files_.best(),
                                    std::filesystem::copy_options::overwrite_existing);
     });
   }
 
+  void finish_epoch_on_root(const EpochMetrics& m, bool best) {
+    write_last_checkpoint(
+        progress_,
+        [&] {
+          std::printf("%s\n", format_epoch_line(m).c_str());
+          std::fflush(stdout);
+          EpochMetrics stamped = m;
+          stamped.run_id = run_record_.run_id;
+          stamped.time = utc_timestamp();
+          append_line(files_.metrics(), to_json(stamped));
+          if (epoch_written_) epoch_written_(files_);
+        },
+        best);
+  }
+
   void save_mid_epoch(const models::BatchStats& local) {
     std::vector<double> sums{local.loss_sum, static_cast<double>(local.correct),
                              static_cast<double>(local.count)};
     comm_.sum(sums);
-    const OptimizerState state = updater_->optimizer_state();
-    on_root_or_abort([&] {
-      timeline::Span span("checkpoint");
-      TrainingProgress snapshot = progress_;
-      snapshot.loss_sum += sums[0];
-      snapshot.correct += sums[1];
-      snapshot.count += sums[2];
-      replica_->copy_params_to_host(host_params_);
-      write_checkpoint(files_.last(), shape_, host_params_, updater_->optimizer_name(), state, snapshot,
-                       config_.to_ini(), run_record_);
-    });
+    TrainingProgress snapshot = progress_;
+    snapshot.loss_sum += sums[0];
+    snapshot.correct += sums[1];
+    snapshot.count += sums[2];
+    write_last_checkpoint(
+        snapshot, [] {}, /*best=*/false);
   }
 
   const Config& config_;

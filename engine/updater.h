@@ -38,9 +38,12 @@ class Updater {
   // The run of steps ends: afterwards every training rank's replica holds the same parameters, as a
   // checkpoint written now must hold them.
   virtual void end_steps() = 0;
-  // Collective over the training ranks, between runs of steps: rank 0 gets the whole optimizer state in the
-  // canonical layout (what a checkpoint written now holds), the other ranks an empty one.
-  virtual OptimizerState optimizer_state() = 0;
+  // Between runs of steps, the optimizer state a checkpoint written now holds, in the canonical layout: its
+  // update count (rank 0's; no communication), and, collective over the training ranks, each buffer of the
+  // whole state in turn to rank 0's `visit` (the other ranks' is not called). One buffer at a time, so that
+  // a state spread over the ranks is never whole on one.
+  virtual int64_t optimizer_iterations() const = 0;
+  virtual void visit_optimizer_state(const StateBufferVisitor& visit) = 0;
   // No more steps follow. Collective; after it `host_params` holds the final parameters on every rank (of
   // the job, servers included).
   virtual void finish(std::span<float> host_params) = 0;

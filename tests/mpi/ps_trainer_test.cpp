@@ -351,8 +351,8 @@ TEST_F(PsTrainerTest, ColocatedAsyncWithAStragglerConverges) {
       {.output = easy, .train = 2000, .test = 400, .vocab = 60, .maxlen = 12, .seed = 3});
   const engine::TrainResult result =
       run(dir_.file("async"),
-          with(kColocated, {"--comm.ps_mode", "async", "--train.straggle_ms", "2", "--model.embedding_dim", "16",
-                            "--model.hidden", "16", "--train.batch_size", "16", "--train.epochs", "5",
+          with(kColocated, {"--comm.ps_mode", "async", "--train.straggle_ms", "2", "--model.embedding_dim",
+                            "16", "--model.hidden", "16", "--train.batch_size", "16", "--train.epochs", "5",
                             "--train.learning_rate", "0.01"}),
           MPI_COMM_WORLD, easy);
   EXPECT_TRUE(identical_on_all_ranks(result.params));

@@ -249,7 +249,8 @@ TEST(Cli, ParameterServerSetupErrors) {
 TEST(Cli, DedicatedServerLeavesWithTheWorkersStartUpError) {
   TempDir dir;
   const std::string data = make_file(dir, "ok.h5", {});
-  const std::string args = train_args(dir, data) + " --comm.backend ps --comm.ps_servers 1 --comm.timeout_s 600";
+  const std::string args =
+      train_args(dir, data) + " --comm.backend ps --comm.ps_servers 1 --comm.timeout_s 600";
   const std::string mpirun = "mpirun --allow-run-as-root --oversubscribe -np 3";
   const Outcome first = run_ddptrain(dir, args, mpirun);
   ASSERT_EQ(first.exit_code, 0) << first.err;

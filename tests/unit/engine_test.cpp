@@ -571,6 +571,41 @@ TEST(Checkpoint, RoundTripAndAtomicWrite) {
   EXPECT_EQ(read_checkpoint(path).params[0], 99.0f);
 }
 
+// The writer takes the optimizer's buffers one at a time (visit_state hands the host optimizer's own memory);
+// a writer given up before commit() leaves the previous checkpoint as it was and no temporary file.
+TEST(Checkpoint, WriterTakesBuffersOneAtATimeAndAbandonsCleanly) {
+  TempDir dir;
+  const models::ModelShape shape{40, 4, 3, 1};
+  const models::ParamLayout layout(shape);
+  std::vector<float> params(layout.total_size(), 0.25f);
+  OptimizerSettings s;
+  auto adam = make_optimizer(s, params.size());
+  std::vector<float> grads(params.size(), 0.5f);
+  adam->step(params, grads);
+  const std::string path = dir.file("last.h5");
+  {
+    CheckpointWriter writer(path, shape, params, adam->name(), adam->iterations(), {}, "");
+    adam->visit_state([&](const std::string& name, std::span<const float> values) {
+      writer.add_optimizer_buffer(name, values);
+    });
+    writer.commit();
+  }
+  const Checkpoint written = read_checkpoint(path);
+  EXPECT_EQ(written.optimizer.iterations, 1);
+  ASSERT_EQ(written.optimizer.buffers.size(), 2u);
+  EXPECT_EQ(written.optimizer.buffers[0].first, "m");
+  EXPECT_EQ(written.optimizer.buffers[0].second, adam->state().buffers[0].second);
+  EXPECT_EQ(written.optimizer.buffers[1].second, adam->state().buffers[1].second);
+  {
+    std::vector<float> other(params.size(), 9.0f);
+    CheckpointWriter abandoned(path, shape, other, adam->name(), 7, {}, "");
+    abandoned.add_optimizer_buffer("m", other);
+    EXPECT_TRUE(std::filesystem::exists(path + ".tmp"));
+  }
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  EXPECT_EQ(read_checkpoint(path).params, params);
+}
+
 TEST(Checkpoint, ForeignFilesAreUserErrors) {
   TempDir dir;
   EXPECT_THROW(read_checkpoint(dir.file("missing.h5")), UserError);
