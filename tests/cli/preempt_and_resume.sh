@@ -2,7 +2,8 @@
 # Preemption: a stop signal mid-run makes every rank stop at a step boundary with last.h5 written and exit
 # 75; `--resume auto` then finishes the run with the same result as a run never interrupted.
 #   1. all-reduce, 2 ranks: SIGTERM to rank 1 alone (the other rank learns it through the agreement)
-#   2. parameter server, 3 ranks: SIGUSR1 to mpirun, which forwards it to every rank
+#   2. the colocated parameter server, 3 ranks: SIGUSR1 to mpirun, which forwards it to every rank
+#   3. a dedicated parameter server (rank 2), 3 ranks: SIGTERM to worker rank 1 alone
 #   bash tests/cli/preempt_and_resume.sh path/to/ddptrain source-dir
 set -euo pipefail
 ddptrain=$1
@@ -18,9 +19,10 @@ fail() {
 
 last_val_loss() { json_field "$1/metrics.jsonl" val_loss "epoch=$epochs"; }
 
-run_case() {  # name, ranks, backend, signal, target
-  local name=$1 ranks=$2 backend=$3 signal=$4 target=$5
-  local args=(--data.path data.h5 --comm.backend "$backend" --model.embedding_dim 16 --model.hidden 16
+run_case() {  # name, ranks, backend, signal, target, [comm.ps_servers]
+  local name=$1 ranks=$2 backend=$3 signal=$4 target=$5 servers=${6:-0}
+  local args=(--data.path data.h5 --comm.backend "$backend" --comm.ps_servers "$servers" --model.embedding_dim 16
+    --model.hidden 16
     --train.epochs "$epochs" --train.straggle_ms 10 --log.progress lines --resume auto)
 
   mpirun -np "$ranks" "$ddptrain" --checkpoint.dir "$name-ref" "${args[@]}" >"$name-ref.txt" 2>&1 ||
@@ -60,4 +62,5 @@ run_case() {  # name, ranks, backend, signal, target
 }
 
 run_case allreduce 2 mpi TERM rank1
-run_case ps 3 ps USR1 mpirun
+run_case ps-colocated 3 ps USR1 mpirun
+run_case ps-dedicated 3 ps TERM rank1 1
