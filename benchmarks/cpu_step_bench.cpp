@@ -5,7 +5,8 @@
 // deviation of the step time, the implied seconds per 25,000-sample epoch (each of W ranks does 25000 / (W x
 // batch) steps), and the floor: the FLOPs of the step's matrix products divided by the sgemm rate this BLAS
 // reaches on exactly those shapes, measured on every rank at once so that the floor sees the same core
-// sharing as the step.
+// sharing as the step; and the reference: oneDNN's LSTM training step alone at the same shapes
+// (onednn_lstm_step.h), where the build found oneDNN.
 //
 //   mpirun -np 1 build/benchmarks/cpu_step_bench --threads 2
 //   mpirun -np 2 build/benchmarks/cpu_step_bench --threads 1
@@ -26,6 +27,7 @@
 #include "models/blas_threads.h"
 #include "models/initializers.h"
 #include "models/replica.h"
+#include "onednn_lstm_step.h"
 
 namespace po = boost::program_options;
 using Clock = std::chrono::steady_clock;
@@ -170,6 +172,19 @@ int main(int argc, char** argv) {
   comm->barrier();
   double floor_s = time_gemms(gemms, 20);
   MPI_Allreduce(MPI_IN_PLACE, &floor_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  // The library's LSTM step alone on every rank at once (the same core sharing as the step), per layer.
+  comm->barrier();
+  OnednnLstmStep library;
+  for (int l = 0; l < s.layers; ++l) {
+    const OnednnLstmStep layer =
+        time_onednn_lstm_step(s.batch, s.seq, l == 0 ? s.embed : s.hidden, s.hidden, threads, warmup, steps);
+    library.available = layer.available;
+    library.why_not = layer.why_not;
+    library.library = layer.library;
+    library.seconds += layer.seconds;
+    library.seconds_std += layer.seconds_std;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &library.seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 
   if (rank == 0) {
     const double steps_per_epoch = std::ceil(25000.0 / (static_cast<double>(world) * s.batch));
@@ -189,6 +204,15 @@ int main(int argc, char** argv) {
         "GEMM floor: %.3f GFLOP per step at %.1f GFLOP/s (sgemm on these shapes) = %.2f ms/step -> %.1f s "
         "per epoch; step / floor = %.2fx\n",
         flops / 1e9, flops / floor_s / 1e9, 1e3 * floor_s, steps_per_epoch * floor_s, step.mean / floor_s);
+    if (library.available) {
+      std::printf(
+          "reference: %s, the LSTM's training step alone (forward + backward, weights reordered each step): "
+          "mean %.2f ms, std %.2f ms; step / reference = %.2fx; forward+backward / reference = %.2fx\n",
+          library.library.c_str(), 1e3 * library.seconds, 1e3 * library.seconds_std,
+          step.mean / library.seconds, compute_s / steps / library.seconds);
+    } else {
+      std::printf("reference: none, %s\n", library.why_not.c_str());
+    }
   }
   comm.reset();
   MPI_Finalize();
