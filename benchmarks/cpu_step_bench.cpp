@@ -6,7 +6,8 @@
 // batch) steps), and the floor: the FLOPs of the step's matrix products divided by the sgemm rate this BLAS
 // reaches on exactly those shapes, measured on every rank at once so that the floor sees the same core
 // sharing as the step; and the reference: oneDNN's LSTM training step alone at the same shapes
-// (onednn_lstm_step.h), where the build found oneDNN.
+// (onednn_lstm_step.h), where the build found oneDNN; and the physical floor: those FLOPs at the peak FMA
+// rate of the rank's cores (peak_flops.h).
 //
 //   mpirun -np 1 build/benchmarks/cpu_step_bench --threads 2
 //   mpirun -np 2 build/benchmarks/cpu_step_bench --threads 1
@@ -28,6 +29,7 @@
 #include "models/initializers.h"
 #include "models/replica.h"
 #include "onednn_lstm_step.h"
+#include "peak_flops.h"
 
 namespace po = boost::program_options;
 using Clock = std::chrono::steady_clock;
@@ -185,6 +187,12 @@ int main(int argc, char** argv) {
     library.seconds_std += layer.seconds_std;
   }
   MPI_Allreduce(MPI_IN_PLACE, &library.seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  // The physical floor: the step's matrix-product FLOPs at the peak FMA rate of this rank's threads, every
+  // rank measuring at once; the slowest rank's rate sets it.
+  comm->barrier();
+  PeakFlops peak = measure_peak_flops(threads, 0.5);
+  MPI_Allreduce(MPI_IN_PLACE, &peak.gflops, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  const double physical_floor_s = flops / (peak.gflops * 1e9);
 
   if (rank == 0) {
     const double steps_per_epoch = std::ceil(25000.0 / (static_cast<double>(world) * s.batch));
@@ -204,6 +212,11 @@ int main(int argc, char** argv) {
         "GEMM floor: %.3f GFLOP per step at %.1f GFLOP/s (sgemm on these shapes) = %.2f ms/step -> %.1f s "
         "per epoch; step / floor = %.2fx\n",
         flops / 1e9, flops / floor_s / 1e9, 1e3 * floor_s, steps_per_epoch * floor_s, step.mean / floor_s);
+    std::printf(
+        "physical floor: %.3f GFLOP at %.1f GFLOP/s (an FMA-only %s kernel on %d thread(s) per rank) = %.2f "
+        "ms/step; step / physical floor = %.2fx\n",
+        flops / 1e9, peak.gflops, peak.isa.c_str(), threads, 1e3 * physical_floor_s,
+        step.mean / physical_floor_s);
     if (library.available) {
       std::printf(
           "reference: %s, the LSTM's training step alone (forward + backward, weights reordered each step): "

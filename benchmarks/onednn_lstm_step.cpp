@@ -157,7 +157,7 @@ OnednnLstmStep time_onednn_lstm_step(int batch, int seq, int input, int hidden, 
   const dnnl_version_t* version = dnnl::version();
   result.library = "oneDNN " + std::to_string(version->major) + "." + std::to_string(version->minor) + "." +
                    std::to_string(version->patch) + " (OpenMP, " + std::to_string(threads) + " thread" +
-                   (threads == 1 ? "" : "s") + ", " + isa_name(dnnl::get_effective_cpu_isa()) + ")";
+                   (threads == 1 ? "" : "s") + ", ISA up to " + isa_name(dnnl::get_effective_cpu_isa()) + ")";
   for (double s : times) result.seconds += s / static_cast<double>(times.size());
   for (double s : times) result.seconds_std += (s - result.seconds) * (s - result.seconds);
   result.seconds_std =
