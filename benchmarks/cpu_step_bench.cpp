@@ -6,8 +6,8 @@
 // batch) steps), and the floor: the FLOPs of the step's matrix products divided by the sgemm rate this BLAS
 // reaches on exactly those shapes, measured on every rank at once so that the floor sees the same core
 // sharing as the step; and the reference: oneDNN's LSTM training step alone at the same shapes
-// (onednn_lstm_step.h), where the build found oneDNN; and the physical floor: those FLOPs at the peak FMA
-// rate of the rank's cores (peak_flops.h).
+// (the replica's oneDNN layer, models/onednn_lstm.h), where the build has oneDNN; and the physical floor:
+// those FLOPs at the peak FMA rate of the rank's cores (peak_flops.h).
 //
 //   mpirun -np 1 build/benchmarks/cpu_step_bench --threads 2
 //   mpirun -np 2 build/benchmarks/cpu_step_bench --threads 1
@@ -19,7 +19,9 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -27,8 +29,8 @@
 #include "engine/optimizer.h"
 #include "models/blas_threads.h"
 #include "models/initializers.h"
+#include "models/onednn_lstm.h"
 #include "models/replica.h"
-#include "onednn_lstm_step.h"
 #include "peak_flops.h"
 
 namespace po = boost::program_options;
@@ -104,6 +106,80 @@ double time_gemms(const std::vector<Gemm>& list, int reps) {
   return std::chrono::duration<double>(Clock::now() - start).count() / reps;
 }
 
+// The reference row: oneDNN's LSTM training step alone (the replica's oneDNN layer, models/onednn_lstm.h)
+// over every layer at these shapes, forward then backward, the gradient reaching the top layer's last step
+// only.
+struct Reference {
+  std::string why_not;  // empty where the build has oneDNN
+  std::string library;
+  Stats step;
+};
+
+Reference time_onednn_layers(const Shapes& s, int threads, int warmup, int steps) {
+  Reference r;
+  r.why_not = ddp::models::onednn_missing();
+  if (!r.why_not.empty()) return r;
+  ddp::models::set_onednn_threads(threads);
+  r.library = ddp::models::onednn_description();
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+  auto random = [&](std::size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = u(rng);
+    return v;
+  };
+  const auto rows = static_cast<std::size_t>(s.seq) * s.batch, h = static_cast<std::size_t>(s.hidden);
+  struct Layer {
+    std::unique_ptr<ddp::models::OnednnLstmLayer> kernel;
+    std::vector<float> x, y, w_ih, w_hh, b_ih, b_hh, dy, dx, dw_ih, dw_hh, db_ih, db_hh;
+    ddp::models::LstmLayerBuffers buffers;
+    ddp::models::LstmLayerGradients gradients;
+  };
+  std::vector<Layer> layers(static_cast<std::size_t>(s.layers));
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    Layer& layer = layers[l];
+    const auto in = static_cast<std::size_t>(l == 0 ? s.embed : s.hidden);
+    layer.kernel = ddp::models::make_onednn_lstm_layer();
+    layer.x = random(rows * in);
+    layer.y.resize(rows * h);
+    layer.w_ih = random(4 * h * in);
+    layer.w_hh = random(4 * h * h);
+    layer.b_ih = random(4 * h);
+    layer.b_hh = random(4 * h);
+    layer.dy.assign(rows * h, 0.0f);
+    const std::size_t first_with_gradient =
+        l + 1 == layers.size() ? rows - static_cast<std::size_t>(s.batch) : 0;
+    for (std::size_t i = first_with_gradient * h; i < rows * h; ++i) layer.dy[i] = u(rng);
+    layer.dx.resize(rows * in);
+    layer.dw_ih.resize(layer.w_ih.size());
+    layer.dw_hh.resize(layer.w_hh.size());
+    layer.db_ih.resize(4 * h);
+    layer.db_hh.resize(4 * h);
+    layer.buffers = {s.batch,
+                     s.seq,
+                     static_cast<int>(in),
+                     s.hidden,
+                     layer.x.data(),
+                     layer.y.data(),
+                     layer.w_ih.data(),
+                     layer.w_hh.data(),
+                     layer.b_ih.data(),
+                     layer.b_hh.data()};
+    layer.gradients = {layer.dy.data(),    layer.dx.data(),    layer.dw_ih.data(),
+                       layer.dw_hh.data(), layer.db_ih.data(), layer.db_hh.data()};
+  }
+  std::vector<double> times;
+  for (int i = 0; i < warmup + steps; ++i) {
+    const auto start = Clock::now();
+    for (Layer& layer : layers) layer.kernel->forward(layer.buffers);
+    for (auto layer = layers.rbegin(); layer != layers.rend(); ++layer)
+      layer->kernel->backward(layer->buffers, layer->gradients);
+    if (i >= warmup) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  r.step = stats_of(times);
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -111,6 +187,7 @@ int main(int argc, char** argv) {
   Shapes s;
   int warmup = 20, steps = 100, threads = 1;
   bool sparse = true, lazy = false;
+  std::string kernels = "auto";
   po::options_description desc("cpu_step_bench");
   desc.add_options()("help", "this help")("batch", po::value(&s.batch)->default_value(s.batch),
                                           "batch per rank")("seq", po::value(&s.seq)->default_value(s.seq),
@@ -123,7 +200,8 @@ int main(int argc, char** argv) {
       "steps", po::value(&steps)->default_value(steps), "timed steps")(
       "threads", po::value(&threads)->default_value(threads), "BLAS threads per rank")(
       "sparse", po::value(&sparse)->default_value(sparse), "exchange only touched embedding rows")(
-      "lazy", po::value(&lazy)->default_value(lazy), "lazy (row-wise) Adam on the embedding");
+      "lazy", po::value(&lazy)->default_value(lazy), "lazy (row-wise) Adam on the embedding")(
+      "kernels", po::value(&kernels)->default_value(kernels), "the LSTM's kernels: auto, builtin or onednn");
   po::variables_map vm;
   // No guessing of abbreviated option names: a typo must not set another option.
   const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
@@ -139,7 +217,8 @@ int main(int argc, char** argv) {
   const int rank = comm->rank(), world = comm->size();
 
   const ddp::models::ModelShape shape{s.vocab, s.embed, s.hidden, s.layers};
-  auto replica = ddp::models::make_cpu_replica(shape);
+  ddp::models::set_onednn_threads(threads);
+  auto replica = ddp::models::make_cpu_replica(shape, ddp::models::parse_cpu_kernels(kernels));
   ddp::models::initialize_keras(replica->layout(), replica->params(), 1);
   ddp::engine::OptimizerSettings adam_settings;
   adam_settings.lazy_update = lazy;
@@ -176,17 +255,8 @@ int main(int argc, char** argv) {
   MPI_Allreduce(MPI_IN_PLACE, &floor_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   // The library's LSTM step alone on every rank at once (the same core sharing as the step), per layer.
   comm->barrier();
-  OnednnLstmStep library;
-  for (int l = 0; l < s.layers; ++l) {
-    const OnednnLstmStep layer =
-        time_onednn_lstm_step(s.batch, s.seq, l == 0 ? s.embed : s.hidden, s.hidden, threads, warmup, steps);
-    library.available = layer.available;
-    library.why_not = layer.why_not;
-    library.library = layer.library;
-    library.seconds += layer.seconds;
-    library.seconds_std += layer.seconds_std;
-  }
-  MPI_Allreduce(MPI_IN_PLACE, &library.seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  Reference library = time_onednn_layers(s, threads, warmup, steps);
+  MPI_Allreduce(MPI_IN_PLACE, &library.step.mean, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   // The physical floor: the step's matrix-product FLOPs at the peak FMA rate of this rank's threads, every
   // rank measuring at once; the slowest rank's rate sets it.
   comm->barrier();
@@ -198,9 +268,10 @@ int main(int argc, char** argv) {
     const double steps_per_epoch = std::ceil(25000.0 / (static_cast<double>(world) * s.batch));
     std::printf(
         "layout: %d rank(s) x %d BLAS thread(s); batch %d, seq %d, E %d, H %d, vocab %d, layers %d; %zu "
-        "parameters; embedding exchange %s, Adam %s\n",
+        "parameters; embedding exchange %s, Adam %s; LSTM %s\n",
         world, threads, s.batch, s.seq, s.embed, s.hidden, s.vocab, s.layers, replica->layout().total_size(),
-        sparse ? "sparse" : "dense", lazy ? "lazy" : "dense");
+        sparse ? "sparse" : "dense", lazy ? "lazy" : "dense",
+        replica->lstm_kernels().empty() ? "builtin (over the BLAS)" : replica->lstm_kernels().c_str());
     std::printf("step (fwd+bwd+allreduce+adam): mean %.2f ms, std %.2f ms over %d steps after %d burn-in\n",
                 1e3 * step.mean, 1e3 * step.stddev, steps, warmup);
     std::printf(
@@ -217,12 +288,13 @@ int main(int argc, char** argv) {
         "ms/step; step / physical floor = %.2fx\n",
         flops / 1e9, peak.gflops, peak.isa.c_str(), threads, 1e3 * physical_floor_s,
         step.mean / physical_floor_s);
-    if (library.available) {
+    if (library.why_not.empty()) {
       std::printf(
-          "reference: %s, the LSTM's training step alone (forward + backward, weights reordered each step): "
+          "reference: %s, the LSTM's training step alone (forward + backward on the replica's oneDNN "
+          "layers): "
           "mean %.2f ms, std %.2f ms; step / reference = %.2fx; forward+backward / reference = %.2fx\n",
-          library.library.c_str(), 1e3 * library.seconds, 1e3 * library.seconds_std,
-          step.mean / library.seconds, compute_s / steps / library.seconds);
+          library.library.c_str(), 1e3 * library.step.mean, 1e3 * library.step.stddev,
+          step.mean / library.step.mean, compute_s / steps / library.step.mean);
     } else {
       std::printf("reference: none, %s\n", library.why_not.c_str());
     }

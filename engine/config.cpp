@@ -10,6 +10,7 @@
 #include "engine/base/errors.h"
 #include "engine/command_line.h"
 #include "models/cuda_replica.h"
+#include "models/replica.h"
 
 namespace po = boost::program_options;
 
@@ -32,6 +33,10 @@ void visit_keys(C& c, Visitor&& key) {
   key("model", "embedding_dim", c.model.embedding_dim, "embedding width E");
   key("model", "hidden", c.model.hidden, "LSTM hidden size H");
   key("model", "layers", c.model.layers, "stacked LSTM layers");
+  key("model", "cpu_kernels", c.model.cpu_kernels,
+      "a CPU replica's LSTM: builtin (its own over the BLAS), onednn (oneDNN's RNN primitive, in a build "
+      "with "
+      "libdnnl-dev) or auto (oneDNN where the build has it)");
   key("model", "cudnn_rnn_algo", c.model.cudnn_rnn_algo,
       "GPU: cuDNN's LSTM algorithm: auto (persistent small-hidden kernels where cuDNN has them, else "
       "standard), standard, persist_small_h or persist_static");
@@ -142,6 +147,7 @@ void check_values(const Config& c) {
   require(c.model.hidden >= 1, "model.hidden", value_text(c.model.hidden), "must be positive");
   require(c.model.layers >= 1, "model.layers", value_text(c.model.layers), "must be positive");
   models::parse_rnn_algorithm(c.model.cudnn_rnn_algo);  // throws the UserError naming the key
+  models::parse_cpu_kernels(c.model.cpu_kernels);       // the same
   require(c.train.batch_size >= 1, "train.batch_size", value_text(c.train.batch_size), "must be positive");
   require(c.train.epochs >= 1, "train.epochs", value_text(c.train.epochs), "must be positive");
   require(c.train.learning_rate > 0, "train.learning_rate", value_text(c.train.learning_rate),

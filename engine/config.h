@@ -27,6 +27,7 @@ struct Config {
     int hidden = 128;
     int layers = 1;
     std::string cudnn_rnn_algo = "auto";  // auto | standard | persist_small_h | persist_static (GPU only)
+    std::string cpu_kernels = "auto";     // auto | builtin | onednn (CPU replicas' LSTM)
   } model;
 
   struct Train {

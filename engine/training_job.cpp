@@ -58,7 +58,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     replica = topology.gpu >= 0
                   ? models::make_cuda_replica(shape, topology.gpu,
                                               models::parse_rnn_algorithm(config.model.cudnn_rnn_algo))
-                  : models::make_cpu_replica(shape);
+                  : models::make_cpu_replica(shape, models::parse_cpu_kernels(config.model.cpu_kernels));
   });
   comm::BackendChoice backend;
   watchdog.enter("setting up the communication backend (comm.backend = " + config.comm.backend + ")");

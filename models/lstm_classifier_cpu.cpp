@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "engine/base/errors.h"
 #include "engine/base/timeline.h"
 #include "models/blas.h"
 #include "models/fast_math.h"
@@ -128,6 +129,68 @@ CpuLstmClassifier<Scalar>::CpuLstmClassifier(const ModelShape& shape)
 }
 
 template <typename Scalar>
+void CpuLstmClassifier<Scalar>::use_onednn() {
+  if constexpr (!std::is_same_v<Scalar, float>) {
+    throw std::runtime_error("CpuLstmClassifier: oneDNN's LSTM runs the float path only");
+  } else {
+    onednn_.clear();
+    for (std::size_t l = 0; l < layers_.size(); ++l) onednn_.push_back(make_onednn_lstm_layer());
+  }
+}
+
+template <typename Scalar>
+LstmLayerBuffers CpuLstmClassifier<Scalar>::onednn_buffers(int layer, int batch, int seq) {
+  LstmLayerBuffers b;
+  if constexpr (std::is_same_v<Scalar, float>) {
+    const LayerTensors& t = layers_[to_size(layer)];
+    const int hidden = layout_.shape().hidden;
+    b.batch = batch;
+    b.seq = seq;
+    b.input = t.in;
+    b.hidden = hidden;
+    b.x = layer_input(layer, batch);
+    // Row block 0 of hidden_ is h_{-1} = 0; oneDNN writes the steps' outputs after it.
+    b.h = hidden_[to_size(layer)].data() + to_size(batch) * to_size(hidden);
+    b.w_ih = params_.data() + t.w_ih;
+    b.w_hh = params_.data() + t.w_hh;
+    b.b_ih = params_.data() + t.b_ih;
+    b.b_hh = params_.data() + t.b_hh;
+  }
+  return b;
+}
+
+template <typename Scalar>
+void CpuLstmClassifier<Scalar>::forward_layer_onednn(int layer, int batch, int seq) {
+  if constexpr (std::is_same_v<Scalar, float>) {
+    Scalar* states = hidden_[to_size(layer)].data();
+    std::fill(states, states + to_size(batch) * to_size(layout_.shape().hidden), Scalar(0));
+    onednn_[to_size(layer)]->forward(onednn_buffers(layer, batch, seq));
+  }
+}
+
+template <typename Scalar>
+void CpuLstmClassifier<Scalar>::backward_layer_onednn(int layer, int batch, int seq) {
+  if constexpr (std::is_same_v<Scalar, float>) {
+    const LayerTensors& t = layers_[to_size(layer)];
+    const auto hidden = to_size(layout_.shape().hidden);
+    const std::size_t rows = to_size(batch) * to_size(seq);
+    if (layer + 1 == layout_.shape().layers) {
+      // The top layer's output gradient is the last step's alone (the dense layer reads only that step).
+      std::fill(d_hidden_.data(), d_hidden_.data() + (rows - to_size(batch)) * hidden, Scalar(0));
+    }
+    LstmLayerGradients g;
+    g.dh = d_hidden_.data();
+    g.dx = layer > 0 ? d_input_.data() : d_embedded_.data();
+    g.dw_ih = grads_.data() + t.w_ih;
+    g.dw_hh = grads_.data() + t.w_hh;
+    g.db_ih = grads_.data() + t.b_ih;
+    g.db_hh = grads_.data() + t.b_hh;
+    onednn_[to_size(layer)]->backward(onednn_buffers(layer, batch, seq), g);
+    if (layer > 0) d_hidden_.swap(d_input_);  // the gradient into the layer below's outputs
+  }
+}
+
+template <typename Scalar>
 void CpuLstmClassifier<Scalar>::resize_workspace(int batch, int seq) {
   const std::size_t rows = to_size(batch) * to_size(seq);
   const std::size_t rows_with_initial = rows + to_size(batch);
@@ -147,6 +210,9 @@ void CpuLstmClassifier<Scalar>::resize_workspace(int batch, int seq) {
   grow(d_h_, to_size(batch) * hidden);
   grow(d_c_, to_size(batch) * hidden);
   grow(d_embedded_, rows * embed);
+  if (uses_onednn()) {
+    d_input_.resize(d_hidden_.size());  // swapped with d_hidden_: the two stay the same size
+  }
   // At most one entry per token of the batch: push_back never allocates during a step.
   touched_.reserve(rows);
   next_touched_.reserve(rows);
@@ -188,7 +254,13 @@ void CpuLstmClassifier<Scalar>::forward(const int32_t* tokens, int batch, int se
     }
   }
 
-  for (int l = 0; l < layout_.shape().layers; ++l) forward_layer(l, batch, seq);
+  for (int l = 0; l < layout_.shape().layers; ++l) {
+    if (uses_onednn()) {
+      forward_layer_onednn(l, batch, seq);
+    } else {
+      forward_layer(l, batch, seq);
+    }
+  }
 
   // The logit reads the top layer's last hidden state.
   const auto hidden = to_size(layout_.shape().hidden);
@@ -326,6 +398,16 @@ BatchStats CpuLstmClassifier<Scalar>::train_step(const int32_t* tokens, const Sc
     for (std::size_t j = 0; j < hidden; ++j) d_last[b * hidden + j] = d_logits_[b] * dense_w[j];
   }
 
+  if (uses_onednn()) {
+    for (int l = layers - 1; l >= 0; --l) {
+      backward_layer_onednn(l, batch, seq);
+      if (l > 0) ready(to_size(l) + 1);
+    }
+    accumulate_embedding_gradient(tokens, batch, seq);
+    ready(0);
+    ready(1);
+    return stats;
+  }
   for (int l = layers - 1; l > 0; --l) {
     backward_through_time(l, batch, seq, /*dy_every_step=*/l + 1 < layers);
     weight_gradients(l, batch, seq);
@@ -463,7 +545,13 @@ namespace {
 
 class CpuReplica final : public Replica {
  public:
-  explicit CpuReplica(const ModelShape& shape) : model_(shape) {}
+  CpuReplica(const ModelShape& shape, CpuKernels kernels) : model_(shape) {
+    if (kernels == CpuKernels::kOnednn) model_.use_onednn();
+  }
+
+  std::string lstm_kernels() const override {
+    return model_.uses_onednn() ? "LSTM on " + onednn_description() : "";
+  }
 
   const ParamLayout& layout() const override { return model_.layout(); }
   DeviceKind device() const override { return DeviceKind::kCpu; }
@@ -516,8 +604,18 @@ class CpuReplica final : public Replica {
 
 }  // namespace
 
-std::unique_ptr<Replica> make_cpu_replica(const ModelShape& shape) {
-  return std::make_unique<CpuReplica>(shape);
+CpuKernels parse_cpu_kernels(const std::string& name) {
+  if (name == "builtin") return CpuKernels::kBuiltin;
+  if (name == "auto") return onednn_missing().empty() ? CpuKernels::kOnednn : CpuKernels::kBuiltin;
+  if (name == "onednn") {
+    if (!onednn_missing().empty()) throw UserError("model.cpu_kernels = onednn: " + onednn_missing());
+    return CpuKernels::kOnednn;
+  }
+  throw UserError("model.cpu_kernels = " + name + ": expected auto, builtin or onednn");
+}
+
+std::unique_ptr<Replica> make_cpu_replica(const ModelShape& shape, CpuKernels kernels) {
+  return std::make_unique<CpuReplica>(shape, kernels);
 }
 
 }  // namespace ddp::models

@@ -6,9 +6,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
+#include "models/onednn_lstm.h"
 #include "models/param_layout.h"
 #include "models/replica.h"
 
@@ -18,6 +20,11 @@ template <typename Scalar>
 class CpuLstmClassifier {
  public:
   explicit CpuLstmClassifier(const ModelShape& shape);
+
+  // Runs the LSTM layers on oneDNN (onednn_lstm.h) from now on: float only, in a build with oneDNN (throws
+  // std::runtime_error otherwise). The embedding, dense layer and loss stay this class's.
+  void use_onednn();
+  bool uses_onednn() const { return !onednn_.empty(); }
 
   const ParamLayout& layout() const { return layout_; }
   std::span<Scalar> params() { return params_; }
@@ -63,6 +70,11 @@ class CpuLstmClassifier {
   // The input of `layer`, [T*B, in]: the embedded tokens for layer 0, the outputs of the layer below
   // otherwise.
   const Scalar* layer_input(int layer, int batch) const;
+  // The same layer's forward and backward (into d_hidden_ of the layer below or d_embedded_, and the
+  // layer's weight and bias gradients) on oneDNN.
+  void forward_layer_onednn(int layer, int batch, int seq);
+  void backward_layer_onednn(int layer, int batch, int seq);
+  LstmLayerBuffers onednn_buffers(int layer, int batch, int seq);
 
   ParamLayout layout_;
   std::vector<Scalar> params_;
@@ -89,6 +101,8 @@ class CpuLstmClassifier {
   std::vector<int32_t> touched_;                // sorted token ids of the last train_step's batch
   std::vector<int32_t> next_touched_;           // the step's ids as they are found, then swapped in
   std::vector<uint8_t> row_seen_;               // [V], 1 while a step has found the token; 0 between steps
+  std::vector<std::unique_ptr<OnednnLstmLayer>> onednn_;  // per layer, when the layers run on oneDNN
+  std::vector<Scalar> d_input_;                           // oneDNN: [T*B, H], a layer's input gradient
 };
 
 extern template class CpuLstmClassifier<float>;

@@ -102,7 +102,14 @@ class Replica {
   virtual void clear_embedding_gradient() = 0;
 };
 
-// The CPU replica (BLAS for every matrix product); parameters are zero until initialized or loaded.
-std::unique_ptr<Replica> make_cpu_replica(const ModelShape& shape);
+// The CPU replica's LSTM kernels (model.cpu_kernels): its own, over the BLAS, or oneDNN's (onednn_lstm.h).
+enum class CpuKernels { kBuiltin, kOnednn };
+// builtin, onednn, or auto (oneDNN where the build has it). Throws UserError naming the key for another
+// name, or for onednn in a build without it.
+CpuKernels parse_cpu_kernels(const std::string& name);
+
+// The CPU replica (BLAS for every matrix product, or oneDNN for the LSTM's); parameters are zero until
+// initialized or loaded.
+std::unique_ptr<Replica> make_cpu_replica(const ModelShape& shape, CpuKernels kernels = CpuKernels::kBuiltin);
 
 }  // namespace ddp::models

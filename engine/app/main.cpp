@@ -24,6 +24,7 @@
 #include "engine/watchdog.h"
 #include "io/dataset.h"
 #include "models/blas_threads.h"
+#include "models/onednn_lstm.h"
 
 namespace ddp {
 namespace {
@@ -78,6 +79,7 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
   comm::agree_on_errors(boot, [&] { topology = engine::discover_topology(MPI_COMM_WORLD, config.device); });
   const int threads = engine::blas_threads_for(topology, config.train.threads);
   const bool threads_set = models::set_blas_threads(threads);
+  models::set_onednn_threads(threads);  // one count for both libraries' threads: they run one after the other
 
   io::DatasetInfo data;
   watchdog.enter("reading data.path " + config.data.path);

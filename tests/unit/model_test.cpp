@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/base/errors.h"
 #include "models/fast_math.h"
 #include "models/initializers.h"
 #include "models/lstm_classifier_cpu.h"
@@ -163,6 +164,57 @@ TEST(CpuLstmClassifier, FloatMatchesDouble) {
               1e-4)
         << tensor.name;
   }
+}
+
+// The float path on oneDNN's LSTM (model.cpu_kernels = onednn) against the double reference, with one and
+// two layers, over two batch sizes (each its own primitives) and two steps in a row; a wrong mapping of the
+// weights, biases, gates or initial states (oneDNN's recurrent-weight gradient is wrong without explicit
+// zero states) shows in some tensor's gradient.
+TEST(CpuLstmClassifier, OnednnMatchesDouble) {
+  if (const std::string why = onednn_missing(); !why.empty()) GTEST_SKIP() << why;
+  for (const int layers : {1, 2}) {
+    const ModelShape shape{50, 16, 12, layers};
+    const ParamLayout layout(shape);
+    const std::vector<float> init = ddp::testing::test_params(layout, 3);
+    CpuLstmClassifier<float> onednn(shape);
+    onednn.use_onednn();
+    CpuLstmClassifier<double> reference(shape);
+    std::copy(init.begin(), init.end(), onednn.params().begin());
+    std::copy(init.begin(), init.end(), reference.params().begin());
+    for (const int batch_size : {8, 3, 8}) {
+      const Batch batch = random_batch(shape.vocab_size, batch_size, 20, 5 + batch_size);
+      const std::vector<double> labels = labels_as<double>(batch);
+      const BatchStats fs =
+          onednn.train_step(batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq, {});
+      const BatchStats ds =
+          reference.train_step(batch.tokens.data(), labels.data(), batch.batch, batch.seq, {});
+      EXPECT_NEAR(fs.loss_sum, ds.loss_sum, 1e-5 * std::abs(ds.loss_sum)) << layers << " layers";
+      for (const auto& tensor : layout.tensors()) {
+        EXPECT_LT(relative_norm_difference(
+                      onednn.grads().subspan(tensor.offset, tensor.size()),
+                      std::span<const double>(reference.grads()).subspan(tensor.offset, tensor.size())),
+                  1e-4)
+            << tensor.name << ", " << layers << " layers, batch " << batch_size;
+      }
+      const BatchStats again =
+          onednn.evaluate(batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq, {});
+      EXPECT_NEAR(again.loss_sum, fs.loss_sum, 1e-6 * std::abs(fs.loss_sum)) << "evaluate and train disagree";
+    }
+  }
+}
+
+TEST(CpuLstmClassifier, OnednnIsRefusedWhereTheBuildHasNone) {
+  if (onednn_missing().empty()) {
+    EXPECT_EQ(parse_cpu_kernels("auto"), CpuKernels::kOnednn);
+    EXPECT_EQ(parse_cpu_kernels("onednn"), CpuKernels::kOnednn);
+  } else {
+    EXPECT_EQ(parse_cpu_kernels("auto"), CpuKernels::kBuiltin);
+    EXPECT_THROW(parse_cpu_kernels("onednn"), UserError);
+  }
+  EXPECT_EQ(parse_cpu_kernels("builtin"), CpuKernels::kBuiltin);
+  EXPECT_THROW(parse_cpu_kernels("fast"), UserError);
+  CpuLstmClassifier<double> reference({10, 4, 3, 1});
+  EXPECT_THROW(reference.use_onednn(), std::runtime_error) << "the double reference stays the builtin";
 }
 
 TEST(Initializers, KerasDistributions) {

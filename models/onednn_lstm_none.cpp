@@ -1,0 +1,21 @@
+#include <stdexcept>
+
+#include "models/onednn_lstm.h"
+
+namespace ddp::models {
+
+std::string onednn_missing() {
+  return "this build has no oneDNN (install libdnnl-dev and build again)";
+}
+
+std::string onednn_description() {
+  return "";
+}
+
+void set_onednn_threads(int /*threads*/) {}
+
+std::unique_ptr<OnednnLstmLayer> make_onednn_lstm_layer() {
+  throw std::runtime_error(onednn_missing());
+}
+
+}  // namespace ddp::models
