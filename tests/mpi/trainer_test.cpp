@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include "io/dataset.h"
 #include "io/dataset_writer.h"
 #include "io/synthetic.h"
+#include "models/onednn_lstm.h"
 #include "models/replica.h"
 #include "tests/mpi/mpi_test_util.h"
 
@@ -117,6 +119,27 @@ TEST_F(TrainerTest, StoppedAndResumedEqualsUninterrupted) {
   // The resumed epoch's training metrics include the steps before the stop.
   EXPECT_NEAR(second.history[0].loss, straight.history[1].loss, 1e-9);
   EXPECT_NEAR(second.history[0].val_loss, straight.history[1].val_loss, 1e-9);
+}
+
+// A checkpoint is the canonical layout whichever LSTM kernels wrote it: a run stopped under oneDNN resumes
+// under the builtin kernels and the other way round, ending near the uninterrupted run (not bitwise: the two
+// sum in other orders).
+TEST_F(TrainerTest, CheckpointsMoveBetweenCpuKernels) {
+  if (const std::string why = models::onednn_missing(); !why.empty()) GTEST_SKIP() << why;
+  const engine::TrainResult straight = run(dir_.file("straight"), {"--model.cpu_kernels", "onednn"});
+  const int64_t steps_per_epoch = straight.history[0].steps;
+  for (const auto& [first, then] : {std::pair{"onednn", "builtin"}, std::pair{"builtin", "onednn"}}) {
+    const std::string dir = dir_.file(std::string(first) + "-then-" + then);
+    run(dir, {"--model.cpu_kernels", first, "--train.stop_after_steps", std::to_string(steps_per_epoch + 3)});
+    const engine::TrainResult resumed = run(dir, {"--model.cpu_kernels", then, "--resume"});
+    ASSERT_EQ(resumed.history.size(), 1u) << first << " then " << then;
+    ASSERT_EQ(resumed.params.size(), straight.params.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < straight.params.size(); ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(resumed.params[i]) - straight.params[i]));
+    EXPECT_LT(worst, 1e-3) << first << " then " << then;
+    EXPECT_TRUE(identical_on_all_ranks(resumed.params));
+  }
 }
 
 TEST_F(TrainerTest, ResumeWithoutCheckpointIsAUserErrorOnEveryRank) {
