@@ -1,6 +1,15 @@
 #include "comm/parameter_service.h"
 
+#include <fmt/format.h>
+
 namespace ddp::comm {
+
+std::string describe_mode(const PsOptions& o, const std::string& trainer) {
+  const std::string mode =
+      o.async ? fmt::format("async, a {} at most {} steps ahead of the slowest", trainer, o.max_staleness)
+              : "sync";
+  return fmt::format("{}, timeout {} s", mode, o.timeout_s);
+}
 
 ParameterServerRank join_parameter_server(MPI_Comm world, const PsOptions& options, std::size_t total,
                                           const ShardOptimizerFactory& make_optimizer,

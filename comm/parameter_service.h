@@ -120,6 +120,10 @@ struct ParameterServerRank {
   std::unique_ptr<DedicatedServer> server;
 };
 
+// For the backend line: "sync, timeout 120 s", or async with its staleness bound (`trainer` names a training
+// rank: "worker" or "rank").
+std::string describe_mode(const PsOptions& options, const std::string& trainer);
+
 // Collective over `world`. `options.servers` picks the layout; `total` floats are served; `make_optimizer`
 // builds each shard's optimizer. `server_line` is this rank's start-up line as a dedicated server, to which
 // the server adds what it serves. Throws UserError (the same on every rank, before any collective) if the

@@ -10,8 +10,6 @@
 // route all of the trainer's communication through a queue for the sake of one mode; with
 // MPI_THREAD_MULTIPLE the two threads share nothing but the MPI library, and each uses communicators of its
 // own (PsChannels). Where the MPI gives less, the backend choice falls back to a dedicated server.
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <thread>
 #include <utility>
@@ -125,10 +123,7 @@ class AsyncColocatedService final : public ParameterService {
 
   Communicator& trainers() override { return *trainers_; }
   MPI_Comm trainers_comm() const override { return world_; }
-  std::string describe() const override {
-    return "async, a rank at most " + std::to_string(options_.max_staleness) +
-           " steps ahead of the slowest, timeout " + fmt::format("{}", options_.timeout_s) + " s";
-  }
+  std::string describe() const override { return describe_mode(options_, "rank"); }
 
   bool exchange_has_deadlines() const override { return true; }
 

@@ -46,10 +46,6 @@ constexpr int kTagBuffer = 16;
 
 constexpr int kMaxLine = 1024;  // bytes of a server's start-up line
 
-std::string seconds_text(double s) {
-  return fmt::format("{}", s);
-}
-
 int count_of(std::size_t n) {
   return static_cast<int>(n);
 }
@@ -103,9 +99,8 @@ class DedicatedLayout {
   // Completes `requests` or, after `timeouts` x timeout_s, ends the job naming `what` was waited for.
   void wait(std::vector<MPI_Request>& requests, const std::string& what, int timeouts = 1) const {
     const double limit = options_.timeout_s * timeouts;
-    wait_or_fatal(requests, Clock::now(), limit, [&] {
-      return me() + " waited " + seconds_text(limit) + " s for " + what + ": rank lost?";
-    });
+    wait_or_fatal(requests, Clock::now(), limit,
+                  [&] { return fmt::format("{} waited {} s for {}: rank lost?", me(), limit, what); });
   }
 
   void send(const void* data, int count, MPI_Datatype type, int to, int tag,
@@ -154,13 +149,7 @@ class DedicatedService final : public ParameterService {
   bool exchange_has_deadlines() const override { return true; }
   MPI_Comm trainers_comm() const override { return workers_comm_; }
 
-  std::string describe() const override {
-    const PsOptions& o = layout_->options_;
-    const std::string mode =
-        o.async ? "async, a worker at most " + std::to_string(o.max_staleness) + " steps ahead of the slowest"
-                : "sync";
-    return mode + ", timeout " + seconds_text(o.timeout_s) + " s";
-  }
+  std::string describe() const override { return describe_mode(layout_->options_, "worker"); }
 
   void distribute_start(std::span<float> params, const OptimizerState* whole_state) override {
     broadcast_among_workers(params, "rank 0 to hand out the starting point");

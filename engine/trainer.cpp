@@ -436,8 +436,9 @@ class TrainingRun::Loop {
   template <typename Before>
   void write_last_checkpoint(const TrainingProgress& progress, Before&& before, bool best) {
     std::unique_ptr<CheckpointWriter> writer;
+    std::optional<timeline::Span> span;  // rank 0's, over the whole write, the state's gather included
+    if (is_root()) span.emplace("checkpoint");
     on_root_or_abort([&] {
-      timeline::Span span("checkpoint");
       before();
       replica_->copy_params_to_host(host_params_);
       writer = std::make_unique<CheckpointWriter>(

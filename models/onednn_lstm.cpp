@@ -98,16 +98,7 @@ class Shape {
     for (std::size_t j = 0; j < bias_.data.size(); ++j) bias_.data[j] = in.b_ih[j] + in.b_hh[j];
     to_fwd_layer_.execute(stream, w_layer, fwd_w_layer_.mem);
     to_fwd_iter_.execute(stream, w_iter, fwd_w_iter_.mem);
-    forward_.execute(stream, {{DNNL_ARG_SRC_LAYER, x},
-                              {DNNL_ARG_SRC_ITER, zero_state_.mem},
-                              {DNNL_ARG_SRC_ITER_C, zero_state_.mem},
-                              {DNNL_ARG_WEIGHTS_LAYER, fwd_w_layer_.mem},
-                              {DNNL_ARG_WEIGHTS_ITER, fwd_w_iter_.mem},
-                              {DNNL_ARG_BIAS, bias_.mem},
-                              {DNNL_ARG_DST_LAYER, y},
-                              {DNNL_ARG_DST_ITER, last_h_.mem},
-                              {DNNL_ARG_DST_ITER_C, last_c_.mem},
-                              {DNNL_ARG_WORKSPACE, workspace_.mem}});
+    forward_.execute(stream, shared_args(x, y, fwd_w_layer_.mem, fwd_w_iter_.mem));
     stream.wait();
   }
 
@@ -126,25 +117,17 @@ class Shape {
     diff_w_layer_.zero();  // oneDNN adds into its weight and bias gradients
     diff_w_iter_.zero();
     diff_bias_.zero();
-    backward_.execute(stream, {{DNNL_ARG_SRC_LAYER, x},
-                               {DNNL_ARG_SRC_ITER, zero_state_.mem},
-                               {DNNL_ARG_SRC_ITER_C, zero_state_.mem},
-                               {DNNL_ARG_WEIGHTS_LAYER, bwd_w_layer_.mem},
-                               {DNNL_ARG_WEIGHTS_ITER, bwd_w_iter_.mem},
-                               {DNNL_ARG_BIAS, bias_.mem},
-                               {DNNL_ARG_DST_LAYER, y},
-                               {DNNL_ARG_DST_ITER, last_h_.mem},
-                               {DNNL_ARG_DST_ITER_C, last_c_.mem},
-                               {DNNL_ARG_WORKSPACE, workspace_.mem},
-                               {DNNL_ARG_DIFF_SRC_LAYER, dx},
-                               {DNNL_ARG_DIFF_SRC_ITER, diff_h0_.mem},
-                               {DNNL_ARG_DIFF_SRC_ITER_C, diff_c0_.mem},
-                               {DNNL_ARG_DIFF_WEIGHTS_LAYER, diff_w_layer_.mem},
-                               {DNNL_ARG_DIFF_WEIGHTS_ITER, diff_w_iter_.mem},
-                               {DNNL_ARG_DIFF_BIAS, diff_bias_.mem},
-                               {DNNL_ARG_DIFF_DST_LAYER, dy},
-                               {DNNL_ARG_DIFF_DST_ITER, zero_diff_state_.mem},
-                               {DNNL_ARG_DIFF_DST_ITER_C, zero_diff_state_.mem}});
+    std::unordered_map<int, memory> args = shared_args(x, y, bwd_w_layer_.mem, bwd_w_iter_.mem);
+    args.insert({{DNNL_ARG_DIFF_SRC_LAYER, dx},
+                 {DNNL_ARG_DIFF_SRC_ITER, diff_h0_.mem},
+                 {DNNL_ARG_DIFF_SRC_ITER_C, diff_c0_.mem},
+                 {DNNL_ARG_DIFF_WEIGHTS_LAYER, diff_w_layer_.mem},
+                 {DNNL_ARG_DIFF_WEIGHTS_ITER, diff_w_iter_.mem},
+                 {DNNL_ARG_DIFF_BIAS, diff_bias_.mem},
+                 {DNNL_ARG_DIFF_DST_LAYER, dy},
+                 {DNNL_ARG_DIFF_DST_ITER, zero_diff_state_.mem},
+                 {DNNL_ARG_DIFF_DST_ITER_C, zero_diff_state_.mem}});
+    backward_.execute(stream, args);
     from_diff_layer_.execute(stream, diff_w_layer_.mem, dw_layer);
     from_diff_iter_.execute(stream, diff_w_iter_.mem, dw_iter);
     stream.wait();
@@ -153,6 +136,22 @@ class Shape {
   }
 
  private:
+  // What forward and backward both take: the input and output, the weights in the primitive's format, the
+  // zero initial states, the bias, the final states and the workspace.
+  std::unordered_map<int, memory> shared_args(const memory& x, const memory& y, const memory& w_layer,
+                                              const memory& w_iter) {
+    return {{DNNL_ARG_SRC_LAYER, x},
+            {DNNL_ARG_SRC_ITER, zero_state_.mem},
+            {DNNL_ARG_SRC_ITER_C, zero_state_.mem},
+            {DNNL_ARG_WEIGHTS_LAYER, w_layer},
+            {DNNL_ARG_WEIGHTS_ITER, w_iter},
+            {DNNL_ARG_BIAS, bias_.mem},
+            {DNNL_ARG_DST_LAYER, y},
+            {DNNL_ARG_DST_ITER, last_h_.mem},
+            {DNNL_ARG_DST_ITER_C, last_c_.mem},
+            {DNNL_ARG_WORKSPACE, workspace_.mem}};
+  }
+
   static dnnl::reorder reorder(const dnnl::engine& engine, const memory::desc& from, const memory::desc& to) {
     return dnnl::reorder(dnnl::reorder::primitive_desc(engine, from, engine, to));
   }

@@ -264,6 +264,51 @@ float rounded(float x) {
 // The host optimizers round each operation separately (no multiply-add contracted into an FMA, whatever the
 // CPU's vector clone), so that CPU and GPU replicas applying the same gradient keep the same parameters to
 // the last bit. An odd size runs the vector loops' tails too.
+// visit_state hands a checkpoint each buffer of the state: a host optimizer its own memory, any other (the
+// CUDA optimizer) through the default, which copies state(). Both must give state()'s buffers in order.
+TEST(Optimizer, VisitStateGivesTheStateBuffersInOrder) {
+  // An optimizer that keeps the default visit_state, as the CUDA one does.
+  class StateOnly final : public Optimizer {
+   public:
+    explicit StateOnly(std::unique_ptr<Optimizer> inner) : inner_(std::move(inner)) {}
+    void step(std::span<float> p, std::span<const float> g, const TouchedRows* t) override {
+      inner_->step(p, g, t);
+    }
+    OptimizerState state() const override { return inner_->state(); }
+    void load_state(const OptimizerState& state) override { inner_->load_state(state); }
+    int64_t iterations() const override { return inner_->iterations(); }
+    std::string name() const override { return inner_->name(); }
+
+   private:
+    std::unique_ptr<Optimizer> inner_;
+  };
+  for (const std::string name : {"adam", "sgd"}) {
+    OptimizerSettings s;
+    s.name = name;
+    s.momentum = 0.9;
+    std::vector<float> params(17, 0.5f), grads(17);
+    for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = 0.01f * static_cast<float>(i) - 0.05f;
+    auto host = make_optimizer(s, params.size());
+    StateOnly copying(make_optimizer(s, params.size()));
+    std::vector<float> other = params;
+    for (int i = 0; i < 3; ++i) {
+      host->step(params, grads);
+      copying.step(other, grads, nullptr);
+    }
+    const OptimizerState expected = host->state();
+    EXPECT_EQ(host->iterations(), 3);
+    EXPECT_EQ(copying.iterations(), 3);
+    for (const Optimizer* optimizer :
+         {static_cast<const Optimizer*>(host.get()), static_cast<const Optimizer*>(&copying)}) {
+      std::vector<std::pair<std::string, std::vector<float>>> visited;
+      optimizer->visit_state([&](const std::string& buffer, std::span<const float> values) {
+        visited.emplace_back(buffer, std::vector<float>(values.begin(), values.end()));
+      });
+      EXPECT_EQ(visited, expected.buffers) << name;
+    }
+  }
+}
+
 TEST(Optimizer, UpdatesRoundEveryOperationLikeTheCudaKernels) {
   constexpr std::size_t n = 1003;
   std::vector<float> p(n), g(n);
