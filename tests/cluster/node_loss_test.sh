@@ -5,7 +5,7 @@
 #   1. mpirun with TCP keepalive on its daemons' connections (what launch/slurm/common.sh passes): Open MPI
 #      notices the silent daemon after keepalive_time + probes x intvl = 3 + 3 x 1 s and ends the job, so
 #      every ddptrain process ends well before comm.timeout_s (20), and the first error line names node2;
-#   2. plain mpirun: ddptrain's watchdog ends every rank of node1 within comm.timeout_s (5) + 5 s, its first
+#   2. plain mpirun: ddptrain's watchdog ends every rank of node1 within comm.timeout_s (10) + 5 s, its first
 #      error line naming the rank and host (Open MPI's MPI_ABORT banner may come first); but mpirun itself keeps waiting for node2's daemon (its kill
 #      request sits unacknowledged in TCP's retransmission queue, where keepalive never fires): the test
 #      checks that it still waits, then ends it by its PID.
@@ -90,17 +90,18 @@ if ! grep -q "lost communication with a remote daemon" "$err" || ! grep -q "on n
 fi
 echo "ok: with keepalive, the job ended ${ended_after} s after node2 was lost (bound 15 s, comm.timeout_s 20)"
 
-# Part 2 runs on a new cluster: on the link brought back up, about one run in eight had a first connection
-# between the nodes stall past the 5 s watchdog before the first epoch ended (Open MPI: "failed to TCP
-# connect to a peer"), which tests the harness, not ddptrain.
+# Part 2 runs on a cluster of its own, so that nothing of part 1 carries over.
 expect_no_leftovers
 cluster_test_setup "$ddptrain" 2
 
-# 2. plain mpirun: the watchdog ends the ranks; mpirun waits on node2's daemon.
-lose_node2 watchdog 5 10
+# 2. plain mpirun: the watchdog ends the ranks; mpirun waits on node2's daemon. comm.timeout_s is 10: with 5,
+# about one run in eight ended in its first steps, before node2 was lost, every rank's watchdog seeing more than
+# 5 s without a step, on new and on restored links alike and with Open MPI's connections made in MPI_Init
+# (mpi_preconnect_mpi); the cause was not found.
+lose_node2 watchdog 10 15
 first=$(first_ddptrain_line "$err")
 echo "watchdog: ddptrain's first error line: $first"
-[[ $first == *"no progress for"*"comm.timeout_s 5"*"host node1, rank "[01]")" ]] ||
+[[ $first == *"no progress for"*"comm.timeout_s 10"*"host node1, rank "[01]")" ]] ||
   { cat "$err"; fail "watchdog: the first error line does not name the rank and host"; }
 sleep 3
 if kill -0 "$launcher" 2>/dev/null; then
@@ -109,7 +110,7 @@ if kill -0 "$launcher" 2>/dev/null; then
   kill -9 "$launcher"
 fi
 wait "$launcher" 2>/dev/null || true
-echo "ok: without keepalive, ddptrain's watchdog ended node1's ranks ${ended_after} s after the loss (bound 10 s)"
+echo "ok: without keepalive, ddptrain's watchdog ended node1's ranks ${ended_after} s after the loss (bound 15 s)"
 
 left=$(for pid in $(cluster_pids); do cat "/proc/$pid/comm" 2>/dev/null; done | sort | uniq -c | tr '\n' ' ')
 echo "processes still in the nodes before teardown: ${left:-none}"
