@@ -3,7 +3,8 @@
 #   bash launch/bootstrap.sh quickstart   install what is missing, build, make the embedded dataset, train it
 #                                         with mpirun -np 2
 #   bash launch/bootstrap.sh test         install what is missing, build with warnings as errors, run the
-#                                         whole test suite, then the unit tests under ASan + UBSan
+#                                         whole test suite, again on a build without oneDNN, then the unit
+#                                         tests under ASan + UBSan
 # Environment: BUILD_DIR (default build), JOBS (default: all cores), DDPTRAIN_CUDA (AUTO|ON|OFF).
 set -euo pipefail
 
@@ -54,6 +55,10 @@ case "${1:-}" in
     install_missing
     configure_and_build "$build" -DDDPTRAIN_WERROR=ON
     (cd "$build" && ctest --output-on-failure -j 2)
+    echo "== the whole suite again on a build without oneDNN (the CPU replica on its builtin kernels)"
+    # A site without libdnnl-dev gets this build; CUDA is left out as its code is the first build's.
+    cuda=OFF configure_and_build "$build-builtin" -DDDPTRAIN_WERROR=ON -DDDPTRAIN_ONEDNN=OFF
+    (cd "$build-builtin" && ctest --output-on-failure -j 2)
     echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
     # Without CUDA and oneDNN: the build's other half (their *_none.cpp twins), and no JIT code for the
     # sanitizers to misread.
