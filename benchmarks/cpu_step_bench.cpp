@@ -28,6 +28,7 @@
 #include "engine/all_reduce_step.h"
 #include "engine/optimizer.h"
 #include "models/blas_threads.h"
+#include "models/cpu_threads.h"
 #include "models/initializers.h"
 #include "models/onednn_lstm.h"
 #include "models/replica.h"
@@ -198,7 +199,7 @@ int main(int argc, char** argv) {
       "layers", po::value(&s.layers)->default_value(s.layers), "LSTM layers")(
       "warmup", po::value(&warmup)->default_value(warmup), "burn-in steps")(
       "steps", po::value(&steps)->default_value(steps), "timed steps")(
-      "threads", po::value(&threads)->default_value(threads), "BLAS threads per rank")(
+      "threads", po::value(&threads)->default_value(threads), "compute threads per rank (train.threads)")(
       "sparse", po::value(&sparse)->default_value(sparse), "exchange only touched embedding rows")(
       "lazy", po::value(&lazy)->default_value(lazy), "lazy (row-wise) Adam on the embedding")(
       "kernels", po::value(&kernels)->default_value(kernels), "the LSTM's kernels: auto, builtin or onednn");
@@ -212,13 +213,14 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 0;
   }
-  ddp::models::set_blas_threads(threads);
   auto comm = ddp::comm::make_mpi_communicator(MPI_COMM_WORLD);
   const int rank = comm->rank(), world = comm->size();
 
   const ddp::models::ModelShape shape{s.vocab, s.embed, s.hidden, s.layers};
-  ddp::models::set_onednn_threads(threads);
-  auto replica = ddp::models::make_cpu_replica(shape, ddp::models::parse_cpu_kernels(kernels));
+  // The rank's one pool, as ddptrain sizes it.
+  const ddp::models::CpuKernels cpu_kernels = ddp::models::parse_cpu_kernels(kernels);
+  const ddp::models::CpuThreadPlan plan = ddp::models::plan_cpu_threads(threads, cpu_kernels);
+  auto replica = ddp::models::make_cpu_replica(shape, cpu_kernels);
   ddp::models::initialize_keras(replica->layout(), replica->params(), 1);
   ddp::engine::OptimizerSettings adam_settings;
   adam_settings.lazy_update = lazy;
@@ -251,6 +253,7 @@ int main(int argc, char** argv) {
   const std::vector<Gemm> gemms = step_gemms(s);
   const double flops = flops_of(gemms);
   comm->barrier();
+  ddp::models::set_blas_threads(threads);  // the floor is the BLAS's sgemm on every thread of the rank
   double floor_s = time_gemms(gemms, 20);
   MPI_Allreduce(MPI_IN_PLACE, &floor_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   // The library's LSTM step alone on every rank at once (the same core sharing as the step), per layer.
@@ -267,10 +270,11 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     const double steps_per_epoch = std::ceil(25000.0 / (static_cast<double>(world) * s.batch));
     std::printf(
-        "layout: %d rank(s) x %d BLAS thread(s); batch %d, seq %d, E %d, H %d, vocab %d, layers %d; %zu "
+        "layout: %d rank(s) x %d thread(s) (one pool: %s); batch %d, seq %d, E %d, H %d, vocab %d, layers "
+        "%d; %zu "
         "parameters; embedding exchange %s, Adam %s; LSTM %s\n",
-        world, threads, s.batch, s.seq, s.embed, s.hidden, s.vocab, s.layers, replica->layout().total_size(),
-        sparse ? "sparse" : "dense", lazy ? "lazy" : "dense",
+        world, threads, plan.pool.c_str(), s.batch, s.seq, s.embed, s.hidden, s.vocab, s.layers,
+        replica->layout().total_size(), sparse ? "sparse" : "dense", lazy ? "lazy" : "dense",
         replica->lstm_kernels().empty() ? "builtin (over the BLAS)" : replica->lstm_kernels().c_str());
     std::printf("step (fwd+bwd+allreduce+adam): mean %.2f ms, std %.2f ms over %d steps after %d burn-in\n",
                 1e3 * step.mean, 1e3 * step.stddev, steps, warmup);

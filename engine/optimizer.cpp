@@ -1,8 +1,10 @@
 #include "engine/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/base/errors.h"
+#include "engine/base/parallel_loops.h"
 #include "engine/optimizer_math.h"
 #include "models/fast_math.h"
 
@@ -26,33 +28,45 @@ DDP_VECTOR_CLONES void adam_update(float* __restrict p, const float* __restrict 
   for (std::size_t i = 0; i < n; ++i) adam_update_one(p[i], g[i], m[i], v[i], c);
 }
 
+DDP_VECTOR_CLONES void adam_decay(float* __restrict p, float* __restrict m, float* __restrict v,
+                                  std::size_t n, AdamCoefficients c) {
+  for (std::size_t i = 0; i < n; ++i) adam_decay_one(p[i], m[i], v[i], c);
+}
+
 DDP_VECTOR_CLONES void sgd_update(float* __restrict p, const float* __restrict g, float* __restrict velocity,
                                   std::size_t n, float lr, float momentum) {
   for (std::size_t i = 0; i < n; ++i) sgd_update_one(p[i], g[i], velocity[i], lr, momentum);
 }
 
+DDP_VECTOR_CLONES void sgd_decay(float* __restrict p, float* __restrict velocity, std::size_t n,
+                                 float momentum) {
+  for (std::size_t i = 0; i < n; ++i) sgd_decay_one(p[i], velocity[i], momentum);
+}
+
+// Below this many elements a loop is not worth a second thread (the pool's wake-up costs microseconds).
+constexpr std::size_t kMinElementsPerThread = 1 << 16;
+
 }  // namespace
 
 namespace {
 
-// An optimizer over host memory: one element-wise update, applied to the whole buffer or, with lazy rows, to
-// all but the untouched rows of the sparse matrix.
+// An optimizer over host memory: one element-wise update over the flat buffer, split among the rank's
+// compute threads. A sparse matrix's rows that had no gradient this step are left alone (lazy updates) or
+// decayed without reading their gradient (dense: the same bits as the full update with g = 0, less memory
+// traffic).
 class HostOptimizer : public Optimizer {
  public:
   void step(std::span<float> params, std::span<const float> grads, const TouchedRows* sparse) final {
     DDP_CHECK(params.size() == size() && grads.size() == size());
+    DDP_CHECK(sparse == nullptr || sparse->offset + sparse->count * sparse->width <= size());
     begin_step();
-    if (!lazy_update_ || sparse == nullptr) {
-      update_range(params.data(), grads.data(), 0, size());
-      return;
-    }
-    DDP_CHECK(sparse->offset + sparse->count * sparse->width <= size());
-    update_range(params.data(), grads.data(), 0, sparse->offset);
-    for (const int32_t row : sparse->rows) {
-      const std::size_t begin = sparse->offset + static_cast<std::size_t>(row) * sparse->width;
-      update_range(params.data(), grads.data(), begin, begin + sparse->width);
-    }
-    update_range(params.data(), grads.data(), sparse->offset + sparse->count * sparse->width, size());
+    parallel_ranges(size(), /*align=*/16, kMinElementsPerThread, [&](std::size_t begin, std::size_t end) {
+      if (sparse == nullptr) {
+        update_range(params.data(), grads.data(), begin, end);
+      } else {
+        update_with_rows(params.data(), grads.data(), begin, end, *sparse);
+      }
+    });
   }
 
  protected:
@@ -61,9 +75,41 @@ class HostOptimizer : public Optimizer {
   virtual void begin_step() = 0;
   // Updates elements [begin, end) of the flat buffer.
   virtual void update_range(float* params, const float* grads, std::size_t begin, std::size_t end) = 0;
+  // Updates elements [begin, end) as if their gradient were zero.
+  virtual void decay_range(float* params, std::size_t begin, std::size_t end) = 0;
   virtual std::size_t size() const = 0;
 
  private:
+  // [begin, end) of the flat buffer, in which only `sparse`'s rows of its matrix had a gradient.
+  void update_with_rows(float* params, const float* grads, std::size_t begin, std::size_t end,
+                        const TouchedRows& sparse) {
+    const std::size_t matrix_begin = sparse.offset, matrix_end = sparse.offset + sparse.count * sparse.width;
+    if (begin < std::min(end, matrix_begin)) update_range(params, grads, begin, std::min(end, matrix_begin));
+    const std::size_t inside_begin = std::max(begin, matrix_begin), inside_end = std::min(end, matrix_end);
+    if (inside_begin < inside_end) update_matrix_rows(params, grads, inside_begin, inside_end, sparse);
+    if (std::max(begin, matrix_end) < end) update_range(params, grads, std::max(begin, matrix_end), end);
+  }
+
+  // [begin, end) inside `sparse`'s matrix.
+  void update_matrix_rows(float* params, const float* grads, std::size_t begin, std::size_t end,
+                          const TouchedRows& sparse) {
+    auto row_start = [&](int32_t row) {
+      return sparse.offset + static_cast<std::size_t>(row) * sparse.width;
+    };
+    std::size_t at = begin;  // everything before `at` is done
+    auto first =
+        std::lower_bound(sparse.rows.begin(), sparse.rows.end(), at,
+                         [&](int32_t row, std::size_t x) { return row_start(row) + sparse.width <= x; });
+    for (auto row = first; row != sparse.rows.end() && row_start(*row) < end; ++row) {
+      const std::size_t row_begin = std::max(at, row_start(*row));
+      const std::size_t row_end = std::min(end, row_start(*row) + sparse.width);
+      if (!lazy_update_ && at < row_begin) decay_range(params, at, row_begin);
+      update_range(params, grads, row_begin, row_end);
+      at = row_end;
+    }
+    if (!lazy_update_ && at < end) decay_range(params, at, end);
+  }
+
   bool lazy_update_;
 };
 
@@ -78,6 +124,9 @@ class Adam final : public HostOptimizer {
   void update_range(float* params, const float* grads, std::size_t begin, std::size_t end) override {
     adam_update(params + begin, grads + begin, m_.data() + begin, v_.data() + begin, end - begin,
                 coefficients_);
+  }
+  void decay_range(float* params, std::size_t begin, std::size_t end) override {
+    adam_decay(params + begin, m_.data() + begin, v_.data() + begin, end - begin, coefficients_);
   }
   std::size_t size() const override { return m_.size(); }
 
@@ -114,6 +163,9 @@ class Sgd final : public HostOptimizer {
   void update_range(float* params, const float* grads, std::size_t begin, std::size_t end) override {
     sgd_update(params + begin, grads + begin, velocity_.data() + begin, end - begin,
                static_cast<float>(s_.learning_rate), static_cast<float>(s_.momentum));
+  }
+  void decay_range(float* params, std::size_t begin, std::size_t end) override {
+    sgd_decay(params + begin, velocity_.data() + begin, end - begin, static_cast<float>(s_.momentum));
   }
   std::size_t size() const override { return velocity_.size(); }
 

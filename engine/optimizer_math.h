@@ -23,9 +23,24 @@ DDP_HOST_DEVICE void adam_update_one(float& p, float g, float& m, float& v, cons
   p -= c.lr_t * m / (::sqrtf(v) + c.epsilon);
 }
 
+// adam_update_one with g = 0 (a row the step did not touch), without reading g: the same bits, as
+// (1 - b1) 0 and (1 - b2) 0 0 are +0, and m and v are never -0 (they start at +0, and an exact cancellation
+// rounds to +0).
+DDP_HOST_DEVICE void adam_decay_one(float& p, float& m, float& v, const AdamCoefficients& c) {
+  m = c.beta1 * m;
+  v = c.beta2 * v;
+  p -= c.lr_t * m / (::sqrtf(v) + c.epsilon);
+}
+
 // Keras's SGD with momentum: velocity = momentum velocity - lr g;  p += velocity.
 DDP_HOST_DEVICE void sgd_update_one(float& p, float g, float& velocity, float lr, float momentum) {
   velocity = momentum * velocity - lr * g;
+  p += velocity;
+}
+
+// sgd_update_one with g = 0, without reading g: the same bits (velocity is never -0, as m and v above).
+DDP_HOST_DEVICE void sgd_decay_one(float& p, float& velocity, float momentum) {
+  velocity = momentum * velocity;
   p += velocity;
 }
 

@@ -23,7 +23,7 @@
 #include "engine/training_job.h"
 #include "engine/watchdog.h"
 #include "io/dataset.h"
-#include "models/blas_threads.h"
+#include "models/cpu_threads.h"
 #include "models/onednn_lstm.h"
 
 namespace ddp {
@@ -77,9 +77,9 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
   watchdog.enter("discovering the topology");
   engine::Topology topology;
   comm::agree_on_errors(boot, [&] { topology = engine::discover_topology(MPI_COMM_WORLD, config.device); });
-  const int threads = engine::blas_threads_for(topology, config.train.threads);
-  const bool threads_set = models::set_blas_threads(threads);
-  models::set_onednn_threads(threads);  // one count for both libraries' threads: they run one after the other
+  const models::CpuThreadPlan threads =
+      models::plan_cpu_threads(engine::blas_threads_for(topology, config.train.threads),
+                               models::parse_cpu_kernels(config.model.cpu_kernels));
 
   io::DatasetInfo data;
   watchdog.enter("reading data.path " + config.data.path);
@@ -99,8 +99,8 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
 
   if (boot.rank() == 0) {
     std::printf("ddptrain %s: %d rank(s)\n", DDPTRAIN_VERSION, boot.size());
-    std::printf("BLAS %s: %d thread(s) per rank%s\n", models::blas_description().c_str(), threads,
-                threads_set ? "" : " (set by the BLAS's own environment variable)");
+    std::printf("compute threads: %d per rank, one pool: %s%s\n", threads.threads, threads.pool.c_str(),
+                threads.blas_told ? "" : " (the BLAS's threads set by its own environment variable)");
     if (const std::string hint = engine::idle_cores_hint(topology, config.train.threads); !hint.empty())
       std::printf("hint (rank 0): %s\n", hint.c_str());
     std::fflush(stdout);

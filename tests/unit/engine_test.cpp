@@ -5,17 +5,20 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "engine/base/errors.h"
 #include "engine/base/json.h"
+#include "engine/base/parallel_loops.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/metrics.h"
@@ -392,6 +395,94 @@ TEST(Optimizer, LazyRowsLeaveUntouchedRowsAlone) {
     EXPECT_EQ(pl[i], after_first[i]) << i;
     EXPECT_NE(pd[i], after_first[i]) << i;
   }
+}
+
+// Given the touched rows, a dense update decays the other rows without reading their (zero) gradient: the
+// same bits as the full update, on one compute thread or several (the ranges the threads split the buffer
+// into fall inside rows and between them). A lazy update gives the same bits on any number of threads too.
+TEST(Optimizer, TouchedRowsChangeNoBitOfTheDenseUpdateOnAnyThreadCount) {
+  const std::size_t width = 7, rows = 40000, offset = 1000, size = offset + width * rows + 333;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> start(size);
+  for (float& p : start) p = u(rng);
+  std::vector<int32_t> touched;
+  for (int32_t row = 0; row < static_cast<int32_t>(rows); ++row)
+    if (rng() % 9 == 0 || row == 0 || row + 1 == static_cast<int32_t>(rows)) touched.push_back(row);
+  std::vector<float> grads(size, 0.0f);
+  auto draw_gradient = [&] {
+    std::fill(grads.begin(), grads.end(), 0.0f);
+    for (std::size_t i = 0; i < offset; ++i) grads[i] = u(rng);
+    for (const int32_t row : touched)
+      for (std::size_t j = 0; j < width; ++j) grads[offset + row * width + j] = u(rng);
+    for (std::size_t i = offset + width * rows; i < size; ++i) grads[i] = u(rng);
+  };
+  const TouchedRows sparse{offset, width, rows, touched};
+  for (const std::string name : {"adam", "sgd"}) {
+    for (const bool lazy : {false, true}) {
+      OptimizerSettings settings;
+      settings.name = name;
+      settings.momentum = 0.9;
+      settings.lazy_update = lazy;
+      std::vector<std::vector<float>> results;
+      for (const int threads : {1, 2, 3}) {
+        set_loop_threads(threads);
+        rng.seed(6);
+        auto optimizer = make_optimizer(settings, size);
+        std::vector<float> params = start;
+        for (int step = 0; step < 3; ++step) {
+          draw_gradient();
+          optimizer->step(params, grads, &sparse);
+        }
+        results.push_back(params);
+        if (lazy) continue;
+        // The reference: the full dense update, reading every gradient, on the calling thread.
+        set_loop_threads(1);
+        rng.seed(6);
+        auto full = make_optimizer(settings, size);
+        std::vector<float> reference = start;
+        for (int step = 0; step < 3; ++step) {
+          draw_gradient();
+          full->step(reference, grads);
+        }
+        EXPECT_EQ(0, std::memcmp(params.data(), reference.data(), size * sizeof(float)))
+            << name << " " << threads;
+      }
+      set_loop_threads(1);
+      for (const auto& r : results)
+        EXPECT_EQ(0, std::memcmp(r.data(), results[0].data(), size * sizeof(float)))
+            << name << " lazy " << lazy;
+      if (lazy) {  // an untouched row kept its start
+        int32_t untouched = 0;
+        while (std::binary_search(touched.begin(), touched.end(), untouched)) ++untouched;
+        EXPECT_EQ(results[0][offset + untouched * width], start[offset + untouched * width]) << name;
+      }
+    }
+  }
+}
+
+TEST(ParallelLoops, RangesCoverEveryElementOnceAlignedOnAnyThreadCount) {
+  for (const int threads : {1, 2, 3, 8}) {
+    set_loop_threads(threads);
+    for (const std::size_t n : {0ul, 1ul, 15ul, 16ul, 1000ul, 100003ul}) {
+      std::vector<std::atomic<int>> seen(n);
+      std::atomic<int> calls{0};
+      parallel_ranges(n, 16, 100, [&](std::size_t begin, std::size_t end) {
+        ++calls;
+        EXPECT_LT(begin, end);
+        EXPECT_TRUE(begin % 16 == 0) << begin;
+        for (std::size_t i = begin; i < end; ++i) ++seen[i];
+      });
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(seen[i].load(), 1) << n << " " << i;
+      }
+      EXPECT_LE(calls.load(), std::max(1, loop_threads())) << n;
+      if (n == 0) {
+        EXPECT_EQ(calls.load(), 0);
+      }
+    }
+  }
+  set_loop_threads(1);
 }
 
 // The watchdog's judgement on a clock the test steps: no test waits for real time to pass.

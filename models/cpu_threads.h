@@ -1,0 +1,24 @@
+// The rank's one pool of compute threads (train.threads wide), given to the library that runs the CPU
+// replica's step: OpenMP's pool where the LSTM runs on oneDNN (oneDNN's primitives and the optimizer's
+// loops share it; the BLAS, left with the replica's few small products, runs on the calling thread), the
+// BLAS's own pool for the builtin kernels (the optimizer's loops then stay on the calling thread). Two pools
+// in one step would spin against each other between their turns.
+#pragma once
+
+#include <string>
+
+#include "models/replica.h"
+
+namespace ddp::models {
+
+struct CpuThreadPlan {
+  int threads = 1;
+  bool blas_told = true;  // false: the BLAS cannot be told, its own environment variable rules
+  std::string pool;       // whose threads they are, for the start log
+};
+
+// Sizes the pools of this process for a step on `kernels` with `threads` threads, from the calling thread
+// (the one that runs the step).
+CpuThreadPlan plan_cpu_threads(int threads, CpuKernels kernels);
+
+}  // namespace ddp::models
