@@ -17,7 +17,7 @@
 #include "engine/base/errors.h"
 #include "engine/device.h"
 #include "models/initializers.h"
-#include "models/lstm_classifier_cpu.h"
+#include "models/rnn_classifier_cpu.h"
 
 namespace ddp::engine {
 namespace {
@@ -112,7 +112,7 @@ class OnReplica {
 };
 
 void compare_shape(models::Replica& gpu, int device, models::Replica& cpu,
-                   models::CpuLstmClassifier<double>& reference, int batch, int seq, uint64_t seed) {
+                   models::CpuRnnClassifier<double>& reference, int batch, int seq, uint64_t seed) {
   const models::ParamLayout& layout = gpu.layout();
   const GeneratedBatch data = generate_batch(layout.shape().vocab_size, batch, seq, seed);
   const OnReplica tokens(gpu, device, data.tokens.data(), data.tokens.size() * sizeof(int32_t));
@@ -270,7 +270,7 @@ SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
     std::vector<float> params(layout.total_size());
     models::initialize_keras(layout, params, seed);
     auto cpu = models::make_cpu_replica(layout.shape());
-    models::CpuLstmClassifier<double> reference(layout.shape());
+    models::CpuRnnClassifier<double> reference(layout.shape());
     cpu->copy_params_from_host(params);
     std::copy(params.begin(), params.end(), reference.params().begin());
     replica.copy_params_from_host(params);

@@ -114,15 +114,19 @@ void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64
       fill_orthogonal(draws, out, static_cast<std::size_t>(tensor.shape[0]),
                       static_cast<std::size_t>(tensor.shape[1]));
     } else if (name.ends_with(".b_ih")) {
-      // unit_forget_bias: gate block 1 (f) starts at 1 so that early training does not forget.
+      // LSTM's unit_forget_bias: gate block 1 (f) starts at 1 so that early training does not forget. Keras's
+      // GRU starts every bias at 0.
+      const bool forget_gate_one = layout.shape().cell == Cell::kLstm;
       for (std::size_t i = 0; i < n; ++i) {
         const int64_t gate = static_cast<int64_t>(i) / hidden;
-        out[i] = gate == 1 ? 1.0f : 0.0f;
+        out[i] = forget_gate_one && gate == 1 ? 1.0f : 0.0f;
       }
     } else if (name.ends_with(".b_hh") || name == "dense.b") {
       for (std::size_t i = 0; i < n; ++i) out[i] = 0.0f;
     } else if (name == "dense.w") {
-      fill_uniform(draws, out, n, glorot_limit(hidden, 1));
+      // Keras's kernel is [D, outputs].
+      const int64_t outputs = tensor.shape.size() == 1 ? 1 : tensor.shape[0];
+      fill_uniform(draws, out, n, glorot_limit(tensor.shape.back(), outputs));
     } else {
       throw std::logic_error("initialize_keras: no initializer for tensor '" + name + "'");
     }

@@ -1,4 +1,4 @@
-// The output layer's element-wise math, shared by the CPU replica (lstm_classifier_cpu.cpp) and the CUDA
+// The output layer's element-wise math, shared by the CPU replica (rnn_classifier_cpu.cpp) and the CUDA
 // replica's dense kernel (lstm_classifier_cuda.cu): the probability of a logit, its binary cross-entropy
 // loss, whether it predicts the label, and the gradient of the batch's mean loss. The loss and probability
 // are computed in double on both sides, so that summing them over batches and ranks loses nothing of the
@@ -33,6 +33,27 @@ DDP_HOST_DEVICE bool predicts_label(double z, double y) {
 template <typename Scalar>
 DDP_HOST_DEVICE Scalar logit_gradient(Scalar probability, Scalar label, Scalar inv_batch) {
   return (probability - label) * inv_batch;
+}
+
+// More than two classes: the softmax of `count` logits into `probabilities`, and the categorical
+// cross-entropy -log p[label], from the log-sum-exp (stable for large logits). label < 0: no loss (0).
+DDP_HOST_DEVICE double softmax_loss(const double* logits, int count, int label, double* probabilities) {
+  double top = logits[0];
+  for (int k = 1; k < count; ++k) top = ::fmax(top, logits[k]);
+  double sum = 0;
+  for (int k = 0; k < count; ++k) sum += ::exp(logits[k] - top);
+  const double log_sum = top + ::log(sum);
+  for (int k = 0; k < count; ++k) probabilities[k] = ::exp(logits[k] - log_sum);
+  return label < 0 ? 0.0 : log_sum - logits[label];
+}
+
+// The most probable class (the first of equals).
+DDP_HOST_DEVICE int predicted_class(const double* logits, int count) {
+  int best = 0;
+  for (int k = 1; k < count; ++k) {
+    if (logits[k] > logits[best]) best = k;
+  }
+  return best;
 }
 
 }  // namespace ddp::models

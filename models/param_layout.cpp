@@ -10,13 +10,38 @@ std::size_t ParamTensor::size() const {
   return n;
 }
 
+std::string cell_name(Cell cell) {
+  return cell == Cell::kLstm ? "lstm" : "gru";
+}
+
+Cell parse_cell(const std::string& name) {
+  if (name == "lstm") return Cell::kLstm;
+  if (name == "gru") return Cell::kGru;
+  throw std::invalid_argument("unknown cell '" + name + "' (expected lstm or gru)");
+}
+
+std::string ModelShape::tensor_prefix(int layer, int direction) const {
+  return cell_name(cell) + ".l" + std::to_string(layer) + (direction == 0 ? "" : "_reverse");
+}
+
+std::string describe(const ModelShape& shape) {
+  std::string text = shape.bidirectional ? "bidirectional " : "";
+  text += shape.cell == Cell::kLstm ? "LSTM" : "GRU";
+  if (shape.layers > 1) text += ", " + std::to_string(shape.layers) + " layers";
+  if (shape.classes != 2) text += ", " + std::to_string(shape.classes) + " classes";
+  return text;
+}
+
 ParamLayout::ParamLayout(const ModelShape& shape) : shape_(shape) {
   if (shape.vocab_size <= 0 || shape.embedding_dim <= 0 || shape.hidden <= 0 || shape.layers <= 0) {
     throw std::invalid_argument("ParamLayout: every dimension of the model must be positive");
   }
+  if (shape.classes < 2) throw std::invalid_argument("ParamLayout: a classifier needs at least 2 classes");
   const int64_t vocab = shape.vocab_size;
   const int64_t embed = shape.embedding_dim;
   const int64_t hidden = shape.hidden;
+  const int64_t gate_rows = shape.gates() * hidden;
+  const int64_t width = shape.output_width();
   auto add_tensor = [this](std::string name, std::vector<int64_t> dims) {
     ParamTensor t{std::move(name), total_, std::move(dims)};
     total_ += t.size();
@@ -30,17 +55,23 @@ ParamLayout::ParamLayout(const ModelShape& shape) : shape_(shape) {
   add_segment("embedding", 0);
   for (int l = 0; l < shape.layers; ++l) {
     const std::size_t begin = total_;
-    const std::string prefix = "lstm.l" + std::to_string(l) + ".";
-    const int64_t in = l == 0 ? embed : hidden;
-    add_tensor(prefix + "w_ih", {4 * hidden, in});
-    add_tensor(prefix + "w_hh", {4 * hidden, hidden});
-    add_tensor(prefix + "b_ih", {4 * hidden});
-    add_tensor(prefix + "b_hh", {4 * hidden});
-    add_segment("lstm.l" + std::to_string(l), begin);
+    const int64_t in = l == 0 ? embed : width;
+    for (int d = 0; d < shape.directions(); ++d) {
+      const std::string prefix = shape.tensor_prefix(l, d) + ".";
+      add_tensor(prefix + "w_ih", {gate_rows, in});
+      add_tensor(prefix + "w_hh", {gate_rows, hidden});
+      add_tensor(prefix + "b_ih", {gate_rows});
+      add_tensor(prefix + "b_hh", {gate_rows});
+    }
+    add_segment(shape.tensor_prefix(l, 0), begin);
   }
   const std::size_t dense_begin = total_;
-  add_tensor("dense.w", {hidden});
-  add_tensor("dense.b", {1});
+  if (shape.outputs() == 1) {
+    add_tensor("dense.w", {width});
+  } else {
+    add_tensor("dense.w", {shape.outputs(), width});
+  }
+  add_tensor("dense.b", {shape.outputs()});
   add_segment("dense", dense_begin);
 }
 

@@ -1,6 +1,7 @@
-// One model replica: the classifier Embedding -> LSTM (L layers) -> Dense(1) -> sigmoid, trained with binary
-// cross-entropy. Parameters and gradients live in two flat buffers in the canonical layout (param_layout.h).
-// A replica owns no threads; the CPU one uses the BLAS's threads for its matrix products.
+// One model replica: the classifier Embedding -> LSTM or GRU (L layers, one or two directions) -> Dense
+// -> sigmoid (two classes, binary cross-entropy) or softmax (more, categorical cross-entropy). Parameters and
+// gradients live in two flat buffers in the canonical layout (param_layout.h). A replica owns no threads; the
+// CPU one uses the BLAS's threads for its matrix products.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +20,8 @@ namespace ddp::models {
 // [batch, seq] (0 is padding, sequences are left-padded as Keras pads them), labels [batch] of 0 or 1.
 // Sums over the batch, so that shards and ranks can be added up before dividing.
 struct BatchStats {
-  double loss_sum = 0;  // sum of per-sample binary cross-entropy
-  int64_t correct = 0;  // predictions (p >= 0.5) equal to the label
+  double loss_sum = 0;  // sum of per-sample cross-entropy (binary, or categorical for more classes)
+  int64_t correct = 0;  // predictions (p >= 0.5, or the most probable class) equal to the label
   int64_t count = 0;
 
   BatchStats& operator+=(const BatchStats& o) {
@@ -29,6 +30,16 @@ struct BatchStats {
     count += o.count;
     return *this;
   }
+};
+
+// What a model does beside its parameters: masking and dropout. Not part of the layout, so a checkpoint
+// loads whatever they are.
+struct ModelOptions {
+  // Leading padding tokens (0) leave the state unchanged in every direction: a sample's first real token
+  // starts the forward direction, and the reverse direction ends on it.
+  bool mask_padding = false;
+  double dropout = 0;            // on each stacked layer's output but the top one's; training steps only
+  double embedding_dropout = 0;  // on the embedding's output; training steps only
 };
 
 // Called during backward as each ParamSegment's gradient is final (dense first, embedding last), so that its
@@ -66,12 +77,16 @@ class Replica {
   // A host copy of the last train_step's gradients (for a parameter server's worker on a GPU).
   virtual void copy_grads_to_host(std::span<float> host) = 0;
 
+  // The dropout masks of the next train_steps derive from `key` alone (with a counter it resets), so that
+  // a resumed run draws the masks of the uninterrupted one. The trainer sets it before each step.
+  virtual void set_dropout_key(uint64_t /*key*/) {}
   // Forward and backward on one batch: grads() becomes d(mean loss over the batch)/d(params). The batch's
   // loss and accuracy are added to the running stats.
   virtual void train_step(const BatchView& batch, const GradientReadyFn& on_ready) = 0;
   // Forward only; adds to the running stats.
   virtual void evaluate(const BatchView& batch) = 0;
-  // Forward only: p(positive) of each sample into `probabilities` (host memory, batch entries).
+  // Forward only, no dropout: into `probabilities` (host memory, batch x layout().shape().outputs()
+  // entries) p(positive) of each sample for two classes, else each class's probability, sample by sample.
   virtual void predict(const BatchView& batch, std::span<float> probabilities) = 0;
   // The stats added since the last call, which resets them. On a GPU this is the only host synchronisation:
   // call it per epoch or per logging interval, not per step.
@@ -104,12 +119,15 @@ class Replica {
 
 // The CPU replica's LSTM kernels (model.cpu_kernels): its own, over the BLAS, or oneDNN's (onednn_lstm.h).
 enum class CpuKernels { kBuiltin, kOnednn };
-// builtin, onednn, or auto (oneDNN where the build has it). Throws UserError naming the key for another
-// name, or for onednn in a build without it.
-CpuKernels parse_cpu_kernels(const std::string& name);
+// builtin, onednn, or auto (oneDNN where the build has it and it runs the model: a unidirectional LSTM
+// without masking). Throws UserError naming the key for another name, or for onednn in a build without it
+// or for a model it does not run.
+CpuKernels parse_cpu_kernels(const std::string& name, const ModelShape& shape = {},
+                             const ModelOptions& options = {});
 
 // The CPU replica (BLAS for every matrix product, or oneDNN for the LSTM's); parameters are zero until
 // initialized or loaded.
-std::unique_ptr<Replica> make_cpu_replica(const ModelShape& shape, CpuKernels kernels = CpuKernels::kBuiltin);
+std::unique_ptr<Replica> make_cpu_replica(const ModelShape& shape, CpuKernels kernels = CpuKernels::kBuiltin,
+                                          const ModelOptions& options = {});
 
 }  // namespace ddp::models

@@ -17,7 +17,7 @@
 #include "engine/base/errors.h"
 #include "models/fast_math.h"
 #include "models/initializers.h"
-#include "models/lstm_classifier_cpu.h"
+#include "models/rnn_classifier_cpu.h"
 #include "models/param_layout.h"
 #include "models/replica.h"
 #include "tests/test_util.h"
@@ -85,7 +85,7 @@ TEST(ParamLayout, SizeOffsetsAndSegments) {
 void check_gradients(const ModelShape& shape) {
   const ParamLayout layout(shape);
   const std::vector<float> init = ddp::testing::test_params(layout, 7);
-  CpuLstmClassifier<double> model(shape);
+  CpuRnnClassifier<double> model(shape);
   std::copy(init.begin(), init.end(), model.params().begin());
   const Batch batch = random_batch(shape.vocab_size, 3, 6, 11);
   const std::vector<double> labels = labels_as<double>(batch);
@@ -122,11 +122,11 @@ void check_gradients(const ModelShape& shape) {
   }
 }
 
-TEST(CpuLstmClassifier, GradientsMatchFiniteDifferencesTwoLayers) {
+TEST(CpuRnnClassifier, GradientsMatchFiniteDifferencesTwoLayers) {
   check_gradients(ModelShape{13, 5, 4, 2});
 }
 
-TEST(CpuLstmClassifier, GradientsMatchFiniteDifferencesOneLayer) {
+TEST(CpuRnnClassifier, GradientsMatchFiniteDifferencesOneLayer) {
   check_gradients(ModelShape{13, 5, 4, 1});
 }
 
@@ -140,12 +140,12 @@ double relative_norm_difference(std::span<const float> f, std::span<const double
   return std::sqrt(diff) / std::sqrt(norm);
 }
 
-TEST(CpuLstmClassifier, FloatMatchesDouble) {
+TEST(CpuRnnClassifier, FloatMatchesDouble) {
   const ModelShape shape{50, 16, 12, 1};
   const ParamLayout layout(shape);
   const std::vector<float> init = ddp::testing::test_params(layout, 3);
-  CpuLstmClassifier<float> single(shape);
-  CpuLstmClassifier<double> reference(shape);
+  CpuRnnClassifier<float> single(shape);
+  CpuRnnClassifier<double> reference(shape);
   std::copy(init.begin(), init.end(), single.params().begin());
   std::copy(init.begin(), init.end(), reference.params().begin());
   const Batch batch = random_batch(shape.vocab_size, 8, 20, 5);
@@ -170,15 +170,15 @@ TEST(CpuLstmClassifier, FloatMatchesDouble) {
 // two layers, over two batch sizes (each its own primitives) and two steps in a row; a wrong mapping of the
 // weights, biases, gates or initial states (oneDNN's recurrent-weight gradient is wrong without explicit
 // zero states) shows in some tensor's gradient.
-TEST(CpuLstmClassifier, OnednnMatchesDouble) {
+TEST(CpuRnnClassifier, OnednnMatchesDouble) {
   if (const std::string why = onednn_missing(); !why.empty()) GTEST_SKIP() << why;
   for (const int layers : {1, 2}) {
     const ModelShape shape{50, 16, 12, layers};
     const ParamLayout layout(shape);
     const std::vector<float> init = ddp::testing::test_params(layout, 3);
-    CpuLstmClassifier<float> onednn(shape);
+    CpuRnnClassifier<float> onednn(shape);
     onednn.use_onednn();
-    CpuLstmClassifier<double> reference(shape);
+    CpuRnnClassifier<double> reference(shape);
     std::copy(init.begin(), init.end(), onednn.params().begin());
     std::copy(init.begin(), init.end(), reference.params().begin());
     for (const int batch_size : {8, 3, 8}) {
@@ -203,7 +203,7 @@ TEST(CpuLstmClassifier, OnednnMatchesDouble) {
   }
 }
 
-TEST(CpuLstmClassifier, OnednnIsRefusedWhereTheBuildHasNone) {
+TEST(CpuRnnClassifier, OnednnIsRefusedWhereTheBuildHasNone) {
   if (onednn_missing().empty()) {
     EXPECT_EQ(parse_cpu_kernels("auto"), CpuKernels::kOnednn);
     EXPECT_EQ(parse_cpu_kernels("onednn"), CpuKernels::kOnednn);
@@ -213,7 +213,7 @@ TEST(CpuLstmClassifier, OnednnIsRefusedWhereTheBuildHasNone) {
   }
   EXPECT_EQ(parse_cpu_kernels("builtin"), CpuKernels::kBuiltin);
   EXPECT_THROW(parse_cpu_kernels("fast"), UserError);
-  CpuLstmClassifier<double> reference({10, 4, 3, 1});
+  CpuRnnClassifier<double> reference({10, 4, 3, 1});
   EXPECT_THROW(reference.use_onednn(), std::runtime_error) << "the double reference stays the builtin";
 }
 
@@ -281,9 +281,9 @@ TEST(Initializers, KerasDistributions) {
   EXPECT_THROW(initialize_keras(layout, wrong_size, 42), std::invalid_argument);
 }
 
-TEST(CpuLstmClassifier, GradientsReadyDenseFirstEmbeddingLast) {
+TEST(CpuRnnClassifier, GradientsReadyDenseFirstEmbeddingLast) {
   const ModelShape shape{20, 6, 5, 2};
-  CpuLstmClassifier<float> model(shape);
+  CpuRnnClassifier<float> model(shape);
   const std::vector<float> init = ddp::testing::test_params(model.layout(), 9);
   std::copy(init.begin(), init.end(), model.params().begin());
   const Batch batch = random_batch(shape.vocab_size, 4, 7, 2);
@@ -318,9 +318,9 @@ TEST(CpuLstmClassifier, GradientsReadyDenseFirstEmbeddingLast) {
   for (float g : model.grads()) ASSERT_LT(std::abs(g), 1e3f);
 }
 
-TEST(CpuLstmClassifier, EvaluateAndTrainStepAgree) {
+TEST(CpuRnnClassifier, EvaluateAndTrainStepAgree) {
   const ModelShape shape{40, 8, 6, 2};
-  CpuLstmClassifier<float> model(shape);
+  CpuRnnClassifier<float> model(shape);
   const std::vector<float> init = ddp::testing::test_params(model.layout(), 4);
   std::copy(init.begin(), init.end(), model.params().begin());
   const Batch batch = random_batch(shape.vocab_size, 9, 12, 8);
@@ -356,10 +356,10 @@ TEST(CpuLstmClassifier, EvaluateAndTrainStepAgree) {
   EXPECT_THROW(model.evaluate(batch.tokens.data(), batch.labels.data(), 9, 12, one), std::invalid_argument);
 }
 
-TEST(CpuLstmClassifier, ZeroWeightsGiveTheDenseBias) {
+TEST(CpuRnnClassifier, ZeroWeightsGiveTheDenseBias) {
   // With every weight zero, h = 0 and z = dense.b for every sample: loss and accuracy in closed form.
   const ModelShape shape{10, 4, 3, 2};
-  CpuLstmClassifier<double> model(shape);
+  CpuRnnClassifier<double> model(shape);
   const Batch batch = random_batch(shape.vocab_size, 7, 5, 6);
   const std::vector<double> labels = labels_as<double>(batch);
   int64_t positives = 0;
@@ -400,13 +400,13 @@ Batch batch_in_range(int low, int high, int batch, int seq, uint64_t seed) {
   return out;
 }
 
-TEST(CpuLstmClassifier, EmbeddingGradientTouchesOnlyTheBatchRows) {
+TEST(CpuRnnClassifier, EmbeddingGradientTouchesOnlyTheBatchRows) {
   // Two layers, so that both kinds of backward (gradient into every step's output or the last one's only)
   // run. Consecutive batches overlap partly, not at all, or fully, and change shape.
   const ModelShape shape{60, 6, 5, 2};
   const ParamLayout layout(shape);
   const std::vector<float> init = ddp::testing::test_params(layout, 21);
-  CpuLstmClassifier<float> model(shape);
+  CpuRnnClassifier<float> model(shape);
   std::copy(init.begin(), init.end(), model.params().begin());
   EXPECT_TRUE(model.touched_embedding_rows().empty());
 
@@ -439,12 +439,12 @@ TEST(CpuLstmClassifier, EmbeddingGradientTouchesOnlyTheBatchRows) {
     }
 
     // The same gradients as a model whose gradient buffer starts out zero, bit for bit...
-    CpuLstmClassifier<float> fresh(shape);
+    CpuRnnClassifier<float> fresh(shape);
     std::copy(init.begin(), init.end(), fresh.params().begin());
     fresh.train_step(batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq, {});
     ASSERT_TRUE(std::equal(grads.begin(), grads.end(), fresh.grads().begin()));
     // ...and the double reference's, to float accuracy.
-    CpuLstmClassifier<double> reference(shape);
+    CpuRnnClassifier<double> reference(shape);
     std::copy(init.begin(), init.end(), reference.params().begin());
     const std::vector<double> labels = labels_as<double>(batch);
     reference.train_step(batch.tokens.data(), labels.data(), batch.batch, batch.seq, {});
