@@ -10,6 +10,7 @@
 #include "engine/base/errors.h"
 #include "engine/base/timeline.h"
 #include "models/blas.h"
+#include "models/dropout.h"
 #include "models/fast_math.h"
 #include "models/output_math.h"
 
@@ -161,15 +162,6 @@ DDP_VECTOR_CLONES void gru_cell_backward(const Scalar* __restrict gr, const Scal
     db_hh[2 * n + j] += d_rn;
     dh[j] = dh_total * z;
   }
-}
-
-// splitmix64's finalizer: dropout masks from (key, draw, element), the same on any thread count and in
-// float and double.
-inline uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
 }
 
 }  // namespace
@@ -341,12 +333,9 @@ const Scalar* CpuRnnClassifier<Scalar>::layer_input(int layer, int batch) const 
 template <typename Scalar>
 void CpuRnnClassifier<Scalar>::apply_dropout(double rate, const Scalar* in, Scalar* out, Scalar* mask,
                                              std::size_t n) {
-  const uint64_t stream = mix64(dropout_key_ ^ mix64(++dropout_draws_));
-  // Keep an element when its 24 random bits reach rate * 2^24; kept ones scale by 1 / (1 - rate).
-  const auto threshold = static_cast<uint64_t>(rate * 16777216.0);
-  const auto scale = static_cast<Scalar>(1.0 / (1.0 - rate));
+  const uint64_t stream = dropout_stream(dropout_key_, ++dropout_draws_);
   for (std::size_t i = 0; i < n; ++i) {
-    mask[i] = (mix64(stream + i) >> 40) >= threshold ? scale : Scalar(0);
+    mask[i] = dropout_mask_value<Scalar>(stream, i, rate);
     out[i] = in[i] * mask[i];
   }
 }
