@@ -93,6 +93,10 @@ CheckpointWriter::CheckpointWriter(const std::string& path, const models::ModelS
   io::write_int_attribute(root, "embedding_dim", shape.embedding_dim);
   io::write_int_attribute(root, "hidden", shape.hidden);
   io::write_int_attribute(root, "layers", shape.layers);
+  io::write_string_attribute(root, "cell", models::cell_name(shape.cell));
+  io::write_int_attribute(root, "bidirectional", shape.bidirectional ? 1 : 0);
+  io::write_int_attribute(root, "classes", shape.classes);
+  io::write_int_attribute(root, "mask_padding", run.mask_padding ? 1 : 0);
   io::write_int_attribute(root, "epoch", progress.epoch);
   io::write_int_attribute(root, "step_in_epoch", progress.step_in_epoch);
   io::write_int_attribute(root, "global_step", progress.global_step);
@@ -110,6 +114,7 @@ CheckpointWriter::CheckpointWriter(const std::string& path, const models::ModelS
   io::write_string_attribute(root, "data_plan", run.data_plan);
   io::write_int_attribute(root, "maxlen", run.maxlen);
   if (!run.vocabulary.empty()) io::write_string_list(root, "vocab", run.vocabulary);
+  if (!run.class_names.empty()) io::write_string_list(root, "classes", run.class_names);
   write_floats(root, "params", params);
   files_->optimizer =
       Hid(check_h5_id(H5Gcreate2(root, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "optimizer"),
@@ -177,6 +182,28 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) {
   c.shape.layers = static_cast<int>(read_int(root, path, "layers"));
   if (c.shape.vocab_size <= 0 || c.shape.embedding_dim <= 0 || c.shape.hidden <= 0 || c.shape.layers <= 0) {
     throw UserError(path + ": checkpoint has a non-positive model dimension");
+  }
+  // The variant: absent in the checkpoints of before, which hold the two-class unidirectional LSTM.
+  const std::string cell = io::read_string_attribute(root, "cell");
+  if (cell == "gru") {
+    c.shape.cell = models::Cell::kGru;
+  } else if (!cell.empty() && cell != "lstm") {
+    throw UserError(path + ": checkpoint attribute cell = " + cell + " is not lstm or gru");
+  }
+  c.shape.bidirectional =
+      io::has_attribute(root, "bidirectional") && read_int(root, path, "bidirectional") != 0;
+  if (io::has_attribute(root, "classes")) {
+    const int64_t classes = read_int(root, path, "classes");
+    if (classes < 2 || classes > 256) {
+      throw UserError(path + ": checkpoint attribute classes = " + std::to_string(classes) +
+                      " is not 2 to 256");
+    }
+    c.shape.classes = static_cast<int>(classes);
+  }
+  c.run.mask_padding = io::has_attribute(root, "mask_padding") && read_int(root, path, "mask_padding") != 0;
+  if (io::link_exists(root, "classes")) {
+    c.run.class_names =
+        io::read_string_list(root, path, "/classes", static_cast<std::size_t>(c.shape.classes));
   }
   const models::ParamLayout layout(c.shape);
   c.params = read_floats(root, path, "params", layout.total_size());

@@ -3,12 +3,15 @@
 //   /params                 float32 [P]  the canonical flat layout (models/param_layout.h)
 //   /optimizer/<buffer>     float32 [P]  e.g. m and v for Adam; attributes name, iterations
 //   root attributes         format ("ddptrain-checkpoint-1"), vocab_size, embedding_dim, hidden, layers,
+//                           cell ("lstm", "gru"), bidirectional, classes, mask_padding (the four absent in
+//                           checkpoints of before: an LSTM, one direction, two classes, no masking),
 //                           epoch, step_in_epoch, global_step, seed, world_size, batch_size,
 //                           best_val_loss, loss_sum, correct, count (the interrupted epoch's running sums),
 //                           config (the effective INI text), run_id, data_path, data_fingerprint
 //                           (io/dataset_fingerprint.h), data_plan (io/data_plan.h), maxlen
 //   /vocab                  optional UTF-8 strings, copied from the dataset: /vocab[i] is the word of id i,
 //                           so predict needs only the checkpoint
+//   /classes                optional UTF-8 strings, the dataset's class names
 //
 // The data order is a pure function of (seed, epoch, step), so those attributes are the whole RNG state.
 // Files are written atomically: a temporary file in the same directory, fsync, then rename over the old one,
@@ -44,9 +47,11 @@ struct RunRecord {
   std::string run_id;
   std::string data_path;
   std::string data_fingerprint;
-  std::string data_plan;                // io::DataPlan::describe(): which rows train, validate and test
-  int maxlen = 0;                       // 0 in checkpoints written before it was recorded
-  std::vector<std::string> vocabulary;  // empty when the dataset had none
+  std::string data_plan;                 // io::DataPlan::describe(): which rows train, validate and test
+  int maxlen = 0;                        // 0 in checkpoints written before it was recorded
+  std::vector<std::string> vocabulary;   // empty when the dataset had none
+  std::vector<std::string> class_names;  // empty when the dataset had none
+  bool mask_padding = false;             // the model ran with model.mask_padding: predict must too
 };
 
 struct Checkpoint {

@@ -31,8 +31,22 @@ void visit_keys(C& c, Visitor&& key) {
   key("data", "validation_split", c.data.validation_split,
       "with validation split (or auto and no /val): the fraction of /train held out, its last rows");
   key("model", "embedding_dim", c.model.embedding_dim, "embedding width E");
-  key("model", "hidden", c.model.hidden, "LSTM hidden size H");
-  key("model", "layers", c.model.layers, "stacked LSTM layers");
+  key("model", "hidden", c.model.hidden, "recurrent hidden size H (per direction)");
+  key("model", "layers", c.model.layers, "stacked recurrent layers");
+  key("model", "cell", c.model.cell,
+      "recurrent cell: lstm or gru (cuDNN's and PyTorch's GRU: the reset gate applied after the recurrent "
+      "product)");
+  key("model", "bidirectional", c.model.bidirectional,
+      "also run each layer backwards in time; the dense layer reads both directions' last states (needs "
+      "model.mask_padding = true)");
+  key("model", "mask_padding", c.model.mask_padding,
+      "leading padding tokens (0) leave the state unchanged, so padding does not change a prediction; false "
+      "keeps Keras's imdb_lstm model, which reads them");
+  key("model", "dropout", c.model.dropout,
+      "dropout rate on each stacked layer's output but the top's "
+      "(training only)");
+  key("model", "embedding_dropout", c.model.embedding_dropout,
+      "dropout rate on the embedding's output (training only)");
   key("model", "cpu_kernels", c.model.cpu_kernels,
       "a CPU replica's LSTM: builtin (its own over the BLAS), onednn (oneDNN's RNN primitive, in a build "
       "with "
@@ -146,8 +160,16 @@ void check_values(const Config& c) {
           "must be positive");
   require(c.model.hidden >= 1, "model.hidden", value_text(c.model.hidden), "must be positive");
   require(c.model.layers >= 1, "model.layers", value_text(c.model.layers), "must be positive");
+  require(c.model.cell == "lstm" || c.model.cell == "gru", "model.cell", c.model.cell,
+          "expected lstm or gru");
+  require(!c.model.bidirectional || c.model.mask_padding, "model.bidirectional", "true",
+          "needs model.mask_padding = true (the reverse direction would start on the left padding)");
+  require(c.model.dropout >= 0 && c.model.dropout < 1, "model.dropout", value_text(c.model.dropout),
+          "must be in [0, 1)");
+  require(c.model.embedding_dropout >= 0 && c.model.embedding_dropout < 1, "model.embedding_dropout",
+          value_text(c.model.embedding_dropout), "must be in [0, 1)");
   models::parse_rnn_algorithm(c.model.cudnn_rnn_algo);  // throws the UserError naming the key
-  models::parse_cpu_kernels(c.model.cpu_kernels);       // the same
+  models::parse_cpu_kernels(c.model.cpu_kernels, model_shape(c, 1, 2), model_options(c));  // the same
   require(c.train.batch_size >= 1, "train.batch_size", value_text(c.train.batch_size), "must be positive");
   require(c.train.epochs >= 1, "train.epochs", value_text(c.train.epochs), "must be positive");
   require(c.train.learning_rate > 0, "train.learning_rate", value_text(c.train.learning_rate),
@@ -263,6 +285,18 @@ ParsedConfig parse_config(const std::vector<std::string>& args) {
   }
   check_values(config);
   return parsed;
+}
+
+models::ModelShape model_shape(const Config& c, int vocab_size, int classes) {
+  models::ModelShape shape{vocab_size, c.model.embedding_dim, c.model.hidden, c.model.layers};
+  shape.cell = models::parse_cell(c.model.cell);
+  shape.bidirectional = c.model.bidirectional;
+  shape.classes = classes;
+  return shape;
+}
+
+models::ModelOptions model_options(const Config& c) {
+  return {c.model.mask_padding, c.model.dropout, c.model.embedding_dropout};
 }
 
 }  // namespace ddp::engine

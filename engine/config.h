@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "models/param_layout.h"
+#include "models/replica.h"
+
 namespace ddp::engine {
 
 struct Config {
@@ -26,6 +29,11 @@ struct Config {
     int embedding_dim = 128;
     int hidden = 128;
     int layers = 1;
+    std::string cell = "lstm";   // lstm | gru
+    bool bidirectional = false;  // both directions' last states into the dense layer (needs mask_padding)
+    bool mask_padding = false;   // leading padding tokens leave the state unchanged
+    double dropout = 0;          // between stacked layers, training only
+    double embedding_dropout = 0;
     std::string cudnn_rnn_algo = "auto";  // auto | standard | persist_small_h | persist_static (GPU only)
     std::string cpu_kernels = "auto";     // auto | builtin | onednn (CPU replicas' LSTM)
   } model;
@@ -88,5 +96,10 @@ struct ParsedConfig {
 
 // Parses argv (without the program name and subcommand). Throws UserError.
 ParsedConfig parse_config(const std::vector<std::string>& args);
+
+// The model the config names, for a dataset of `vocab_size` tokens and `classes` classes, and what it does
+// beside its parameters (masking, dropout).
+models::ModelShape model_shape(const Config& c, int vocab_size, int classes);
+models::ModelOptions model_options(const Config& c);
 
 }  // namespace ddp::engine

@@ -38,6 +38,7 @@ RunRecord describe_run(const io::DatasetInfo& data, const io::DataPlan& plan) {
   record.data_plan = plan.describe();
   record.maxlen = data.maxlen;
   if (data.has_vocab) record.vocabulary = io::read_vocabulary(data.path).words();
+  record.class_names = data.class_names;
   return record;
 }
 
@@ -74,10 +75,13 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
   note_changed_data_plan(files, c, start.record);
   if (!c.run.run_id.empty()) start.record.run_id = c.run.run_id;  // a resumed run keeps its id
   if (!(c.shape == layout.shape())) {
-    throw UserError(files.last() + ": the checkpoint's model (vocab " + std::to_string(c.shape.vocab_size) +
-                    ", embedding " + std::to_string(c.shape.embedding_dim) + ", hidden " +
-                    std::to_string(c.shape.hidden) + ", layers " + std::to_string(c.shape.layers) +
-                    ") differs from the config's and the dataset's");
+    auto text = [](const models::ModelShape& s) {
+      return models::describe(s) + ", vocab " + std::to_string(s.vocab_size) + ", embedding " +
+             std::to_string(s.embedding_dim) + ", hidden " + std::to_string(s.hidden) + ", layers " +
+             std::to_string(s.layers) + ", classes " + std::to_string(s.classes);
+    };
+    throw UserError(files.last() + ": the checkpoint's model (" + text(c.shape) +
+                    ") differs from the config's and the dataset's (" + text(layout.shape()) + ")");
   }
   if (c.optimizer_name != optimizer.name) {
     throw UserError(files.last() + ": checkpoint was trained with " + c.optimizer_name +
@@ -139,6 +143,7 @@ RunStart start_run(const Config& config, const RunFiles& files, const io::Datase
   comm::agree_on_errors(trainers, [&] {
     if (!root) return;
     start.record = describe_run(data, plan);
+    start.record.mask_padding = config.model.mask_padding;
     if (start.resumed) {
       resume_from_checkpoint(config, files, layout, optimizer, trainers.size(), steps_per_epoch, start);
     } else {

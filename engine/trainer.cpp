@@ -27,6 +27,7 @@
 #include "io/batch_source.h"
 #include "io/data_plan.h"
 #include "models/cuda_replica.h"
+#include "models/dropout.h"
 #include "models/replica.h"
 
 namespace ddp::engine {
@@ -259,6 +260,8 @@ class TrainingRun::Loop {
     while (const std::optional<BatchView> batch = next_batch(*source)) {
       {
         timeline::Span span("step", progress_.global_step);
+        replica_->set_dropout_key(
+            models::dropout_step_key(progress_.seed, comm_.rank(), progress_.global_step));
         updater_->step(*batch);
       }
       straggle();

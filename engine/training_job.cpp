@@ -50,15 +50,17 @@ comm::PsOptions ps_options(const Config& config, const comm::BackendChoice& back
 TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data, MPI_Comm world,
                   ProgressWatchdog& watchdog, const EpochWritten& epoch_written) {
   std::unique_ptr<comm::Communicator> boot = comm::make_mpi_communicator(world);
-  const models::ModelShape shape{data.vocab_size, config.model.embedding_dim, config.model.hidden,
-                                 config.model.layers};
+  const models::ModelShape shape = model_shape(config, data.vocab_size, data.num_classes);
+  const models::ModelOptions options = model_options(config);
   std::unique_ptr<models::Replica> replica;
   watchdog.enter("creating the model replica on " + topology.device);
   comm::agree_on_errors(*boot, [&] {
-    replica = topology.gpu >= 0
-                  ? models::make_cuda_replica(shape, topology.gpu,
-                                              models::parse_rnn_algorithm(config.model.cudnn_rnn_algo))
-                  : models::make_cpu_replica(shape, models::parse_cpu_kernels(config.model.cpu_kernels));
+    replica =
+        topology.gpu >= 0
+            ? models::make_cuda_replica(shape, topology.gpu,
+                                        models::parse_rnn_algorithm(config.model.cudnn_rnn_algo), options)
+            : models::make_cpu_replica(
+                  shape, models::parse_cpu_kernels(config.model.cpu_kernels, shape, options), options);
   });
   comm::BackendChoice backend;
   watchdog.enter("setting up the communication backend (comm.backend = " + config.comm.backend + ")");

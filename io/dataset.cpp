@@ -171,7 +171,30 @@ DatasetInfo inspect_dataset(const std::string& path) {
     }
   }
   info.has_vocab = link_exists(file.get(), "/vocab");
+  if (has_attribute(file.get(), "num_classes")) {
+    const int64_t classes = read_int_attribute(file.get(), path, "num_classes");
+    // Labels are uint8: at most 256 classes.
+    if (classes < 2 || classes > 256) {
+      throw UserError(path + ": attribute num_classes = " + std::to_string(classes) +
+                      " must be 2 to 256 (a classifier needs two classes; labels are uint8)");
+    }
+    info.num_classes = static_cast<int>(classes);
+  }
+  if (link_exists(file.get(), "/classes")) {
+    info.class_names =
+        read_string_list(file.get(), path, "/classes", static_cast<std::size_t>(info.num_classes) + 1);
+    if (info.class_names.size() != static_cast<std::size_t>(info.num_classes)) {
+      throw UserError(path + ": /classes names " + std::to_string(info.class_names.size()) +
+                      " classes but num_classes = " + std::to_string(info.num_classes));
+    }
+  }
   return info;
+}
+
+std::string class_name(const DatasetInfo& info, int k) {
+  if (k >= 0 && static_cast<std::size_t>(k) < info.class_names.size())
+    return info.class_names[static_cast<std::size_t>(k)];
+  return std::to_string(k);
 }
 
 void validate_rows(const DatasetInfo& info, const std::string& split, int64_t begin, int64_t end) {
@@ -225,9 +248,14 @@ void validate_rows(const DatasetInfo& info, const std::string& split, int64_t be
                           " is outside [0, vocab_size=" + std::to_string(info.vocab_size) + ")");
         }
       }
-      if (labels[r] > 1) {
+      if (labels[r] >= info.num_classes) {
         throw UserError(info.path + ": " + y_name + "[" + std::to_string(first + r) +
-                        "] = " + std::to_string(labels[r]) + " is not a label (must be 0 or 1)");
+                        "] = " + std::to_string(labels[r]) + " is not a label (" +
+                        (info.num_classes == 2
+                             ? std::string("must be 0 or 1")
+                             : "num_classes = " + std::to_string(info.num_classes) + ": must be 0 to " +
+                                   std::to_string(info.num_classes - 1)) +
+                        ")");
       }
     }
   }

@@ -1,13 +1,15 @@
 // The dataset file: one HDF5 file per dataset, schema
 //
 //   /train/x   int32 [N, maxlen]   token ids, 0 = padding, sequences left-padded (Keras pad_sequences 'pre')
-//   /train/y   uint8 [N]           labels 0 or 1
+//   /train/y   uint8 [N]           labels: 0 or 1, or class ids 0 .. num_classes-1
 //   /test/x    int32 [M, maxlen]
 //   /test/y    uint8 [M]
 //   /val/x     int32 [V, maxlen]   optional, validation rows held out of training
 //   /val/y     uint8 [V]           (`ddptrain prepare --val-fraction F`: the last round(F * rows) of /train)
-//   attributes on the root group: vocab_size (int, token ids are < vocab_size), maxlen (int)
+//   attributes on the root group: vocab_size (int, token ids are < vocab_size), maxlen (int), and
+//              num_classes (int, 2 to 256; optional, absent means 2: the two-class files of before)
 //   /vocab     optional variable-length UTF-8 strings, /vocab[i] is the word of id i
+//   /classes   optional strings, num_classes of them: /classes[k] names class k (for predict and evaluate)
 //
 // The model takes vocab_size and maxlen from the file, so one config serves any dataset. Every `ddptrain
 // prepare` writes the rows of each split in a seeded random order, so a contiguous shard (shard_of) is a
@@ -28,7 +30,12 @@ struct DatasetInfo {
   int vocab_size = 0;
   int maxlen = 0;
   bool has_vocab = false;
+  int num_classes = 2;
+  std::vector<std::string> class_names;  // empty when the file has no /classes
 };
+
+// Class k's name: the file's /classes[k], else the number.
+std::string class_name(const DatasetInfo& info, int k);
 
 // Opens the file and checks the schema: datasets present, ranks, element types, matching lengths,
 // attributes; /val's too when the file has one. Throws UserError naming the file and the dataset or
@@ -36,8 +43,8 @@ struct DatasetInfo {
 DatasetInfo inspect_dataset(const std::string& path);
 
 // Reads rows [begin, end) of split ("train", "test" or "val") in bounded chunks and checks 0 <= token <
-// vocab_size and labels in {0, 1}. Throws UserError naming file, dataset, row and value of the first bad
-// entry.
+// vocab_size and 0 <= label < num_classes. Throws UserError naming file, dataset, row and value of the first
+// bad entry.
 void validate_rows(const DatasetInfo& info, const std::string& split, int64_t begin, int64_t end);
 
 // How many rows [begin, end) of split ("train", "test" or "val") have each label: counts[v] rows have

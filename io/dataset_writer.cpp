@@ -148,6 +148,12 @@ void DatasetWriter::write_vocab(const std::vector<std::string>& words) {
   write_string_list(file_.get(), "vocab", words);
 }
 
+void DatasetWriter::write_classes(int num_classes, const std::vector<std::string>& names) {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  if (num_classes != 2) write_int_attribute(file_.get(), "num_classes", num_classes);
+  if (!names.empty()) write_string_list(file_.get(), "classes", names);
+}
+
 void DatasetWriter::write_attribute(const std::string& name, const std::string& value) {
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   write_string_attribute(file_.get(), name, value);

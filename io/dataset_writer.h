@@ -36,6 +36,9 @@ class DatasetWriter {
                   std::span<const uint8_t> labels);
   // /vocab: words[i] is the word of token id i (ids 0..2 are "<pad>", "<start>", "<oov>").
   void write_vocab(const std::vector<std::string>& words);
+  // More than two classes: the num_classes attribute and, if `names` is not empty, /classes (one name per
+  // class). Two classes write nothing, as the files of before.
+  void write_classes(int num_classes, const std::vector<std::string>& names);
   // A string attribute on the root group, e.g. where the data came from.
   void write_attribute(const std::string& name, const std::string& value);
   // Flushes and moves the file into place.

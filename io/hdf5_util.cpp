@@ -309,4 +309,67 @@ std::string read_string_attribute(hid_t loc, const std::string& name) {
   return buffer;
 }
 
+bool has_attribute(hid_t loc, const std::string& name) {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  const htri_t exists = H5Aexists(loc, name.c_str());
+  if (exists < 0) throw std::runtime_error("H5Aexists " + name + " failed: " + hdf5_error_detail());
+  return exists > 0;
+}
+
+std::vector<std::string> read_string_list(hid_t file, const std::string& file_path, const std::string& name,
+                                          std::size_t max_count) {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  quiet_hdf5_errors();
+  Hid dataset = open_dataset(file, file_path, name);
+  Hid file_type(check_h5_id(H5Dget_type(dataset.get()), ("H5Dget_type " + name).c_str()),
+                Hid::Kind::kDatatype);
+  const std::vector<int64_t> dims = dataset_dims(dataset.get());
+  if (H5Tget_class(file_type.get()) != H5T_STRING || dims.size() != 1) {
+    throw UserError(file_path + ": " + name + " must be a list of strings");
+  }
+  const auto count = static_cast<hsize_t>(std::min<int64_t>(dims[0], static_cast<int64_t>(max_count)));
+  std::vector<std::string> strings;
+  if (count == 0) return strings;
+  Hid file_space(check_h5_id(H5Dget_space(dataset.get()), "H5Dget_space"), Hid::Kind::kDataspace);
+  const hsize_t start = 0;
+  check_h5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr),
+           ("H5Sselect_hyperslab " + name).c_str());
+  Hid memory_space(check_h5_id(H5Screate_simple(1, &count, nullptr), "H5Screate_simple"),
+                   Hid::Kind::kDataspace);
+  const htri_t variable = H5Tis_variable_str(file_type.get());
+  check_h5(variable < 0 ? -1 : 0, ("H5Tis_variable_str " + name).c_str());
+  strings.reserve(count);
+  const std::string read_what = "H5Dread " + file_path + " " + name;
+  if (variable > 0) {
+    // What h5py and DatasetWriter write: HDF5 allocates each string, H5Dvlen_reclaim frees them.
+    Hid memory_type(check_h5_id(H5Tcopy(H5T_C_S1), "H5Tcopy"), Hid::Kind::kDatatype);
+    check_h5(H5Tset_size(memory_type.get(), H5T_VARIABLE), "H5Tset_size");
+    check_h5(H5Tset_cset(memory_type.get(), H5Tget_cset(file_type.get())), "H5Tset_cset");
+    std::vector<char*> pointers(count, nullptr);
+    check_h5(H5Dread(dataset.get(), memory_type.get(), memory_space.get(), file_space.get(), H5P_DEFAULT,
+                     pointers.data()),
+             read_what.c_str());
+    for (const char* p : pointers) strings.emplace_back(p != nullptr ? p : "");
+    check_h5(H5Dvlen_reclaim(memory_type.get(), memory_space.get(), H5P_DEFAULT, pointers.data()),
+             ("H5Dvlen_reclaim " + name).c_str());
+  } else {
+    // Fixed-length strings: read as stored, cut at the padding.
+    const size_t width = H5Tget_size(file_type.get());
+    check_h5(width == 0 ? -1 : 0, ("H5Tget_size " + name).c_str());
+    const H5T_str_t padding = H5Tget_strpad(file_type.get());
+    Hid memory_type(check_h5_id(H5Tcopy(file_type.get()), "H5Tcopy"), Hid::Kind::kDatatype);
+    std::string buffer(count * width, '\0');
+    check_h5(H5Dread(dataset.get(), memory_type.get(), memory_space.get(), file_space.get(), H5P_DEFAULT,
+                     buffer.data()),
+             read_what.c_str());
+    for (size_t i = 0; i < count; ++i) {
+      std::string text = buffer.substr(i * width, width);
+      text.resize(std::min(text.size(), text.find('\0')));
+      if (padding == H5T_STR_SPACEPAD) text.erase(text.find_last_not_of(' ') + 1);
+      strings.push_back(std::move(text));
+    }
+  }
+  return strings;
+}
+
 }  // namespace ddp::io

@@ -54,6 +54,11 @@ void write_string_attribute(hid_t loc, const std::string& name, const std::strin
 std::string read_string_attribute(hid_t loc, const std::string& name);  // "" if absent
 // A 1-D dataset of variable-length UTF-8 strings (what h5py writes for a list of str), e.g. /vocab.
 void write_string_list(hid_t loc, const std::string& name, const std::vector<std::string>& strings);
+// Reads the first `max_count` (or all, if fewer) strings of such a dataset, variable-length or fixed-length
+// (numpy's 'S' arrays); UserError naming file and dataset unless it is a 1-D dataset of strings.
+std::vector<std::string> read_string_list(hid_t file, const std::string& file_path, const std::string& name,
+                                          std::size_t max_count);
+bool has_attribute(hid_t loc, const std::string& name);
 
 // Throws std::runtime_error with `what` when status < 0 (for HDF5 calls on files we create ourselves).
 void check_h5(herr_t status, const char* what);

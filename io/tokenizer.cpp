@@ -245,54 +245,12 @@ Vocabulary read_vocabulary(const std::string& dataset_path) {
     throw UserError(dataset_path + " has no /vocab: predict needs a dataset made by `ddptrain prepare text`");
   }
   const int64_t vocab_size = read_int_attribute(file.get(), dataset_path, "vocab_size");
-  Hid vocab = open_dataset(file.get(), dataset_path, "/vocab");
-  Hid file_type(check_h5_id(H5Dget_type(vocab.get()), "H5Dget_type /vocab"), Hid::Kind::kDatatype);
-  const std::vector<int64_t> dims = dataset_dims(vocab.get());
-  if (H5Tget_class(file_type.get()) != H5T_STRING || dims.size() != 1 || dims[0] < kFirstWordId) {
-    throw UserError(dataset_path + ": /vocab must be a list of at least 3 strings");
-  }
   // Only ids below vocab_size can reach the model: the rest stays on disk.
-  const auto count = static_cast<hsize_t>(std::max<int64_t>(std::min(dims[0], vocab_size), kFirstWordId));
-  Hid file_space(check_h5_id(H5Dget_space(vocab.get()), "H5Dget_space /vocab"), Hid::Kind::kDataspace);
-  const hsize_t start = 0;
-  check_h5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr),
-           "H5Sselect_hyperslab /vocab");
-  Hid memory_space(check_h5_id(H5Screate_simple(1, &count, nullptr), "H5Screate_simple"),
-                   Hid::Kind::kDataspace);
-  const htri_t variable = H5Tis_variable_str(file_type.get());
-  check_h5(variable < 0 ? -1 : 0, "H5Tis_variable_str /vocab");
-
-  std::vector<std::string> words;
-  words.reserve(count);
-  const std::string read_what = "H5Dread " + dataset_path + " /vocab";
-  if (variable > 0) {
-    // What h5py and DatasetWriter write: HDF5 allocates each string, H5Dvlen_reclaim frees them.
-    Hid memory_type(check_h5_id(H5Tcopy(H5T_C_S1), "H5Tcopy"), Hid::Kind::kDatatype);
-    check_h5(H5Tset_size(memory_type.get(), H5T_VARIABLE), "H5Tset_size");
-    check_h5(H5Tset_cset(memory_type.get(), H5Tget_cset(file_type.get())), "H5Tset_cset");
-    std::vector<char*> pointers(count, nullptr);
-    check_h5(H5Dread(vocab.get(), memory_type.get(), memory_space.get(), file_space.get(), H5P_DEFAULT,
-                     pointers.data()),
-             read_what.c_str());
-    for (const char* p : pointers) words.emplace_back(p != nullptr ? p : "");
-    check_h5(H5Dvlen_reclaim(memory_type.get(), memory_space.get(), H5P_DEFAULT, pointers.data()),
-             "H5Dvlen_reclaim /vocab");
-  } else {
-    // Fixed-length strings (numpy's 'S' arrays): read as stored, cut at the padding.
-    const size_t width = H5Tget_size(file_type.get());
-    check_h5(width == 0 ? -1 : 0, "H5Tget_size /vocab");
-    const H5T_str_t padding = H5Tget_strpad(file_type.get());
-    Hid memory_type(check_h5_id(H5Tcopy(file_type.get()), "H5Tcopy"), Hid::Kind::kDatatype);
-    std::string buffer(count * width, '\0');
-    check_h5(H5Dread(vocab.get(), memory_type.get(), memory_space.get(), file_space.get(), H5P_DEFAULT,
-                     buffer.data()),
-             read_what.c_str());
-    for (size_t i = 0; i < count; ++i) {
-      std::string word = buffer.substr(i * width, width);
-      word.resize(std::min(word.size(), word.find('\0')));
-      if (padding == H5T_STR_SPACEPAD) word.erase(word.find_last_not_of(' ') + 1);
-      words.push_back(std::move(word));
-    }
+  std::vector<std::string> words =
+      read_string_list(file.get(), dataset_path, "/vocab",
+                       static_cast<std::size_t>(std::max<int64_t>(vocab_size, kFirstWordId)));
+  if (words.size() < static_cast<std::size_t>(kFirstWordId)) {
+    throw UserError(dataset_path + ": /vocab must be a list of at least 3 strings");
   }
   return Vocabulary(std::move(words));
 }

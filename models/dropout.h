@@ -24,6 +24,12 @@ DDP_HOST_DEVICE uint64_t dropout_stream(uint64_t key, uint64_t draw) {
   return dropout_mix(key ^ dropout_mix(draw));
 }
 
+// The key of a training step's masks: the run's seed, the rank (each its own masks) and the step.
+DDP_HOST_DEVICE uint64_t dropout_step_key(uint64_t seed, int rank, int64_t step) {
+  return dropout_mix(dropout_mix(seed ^ 0xD209A7C0ULL) ^
+                     dropout_mix(static_cast<uint64_t>(rank) << 40 ^ static_cast<uint64_t>(step)));
+}
+
 // Element i's mask value: 0 with probability rate (to 2^-24), else 1 / (1 - rate).
 template <typename Scalar>
 DDP_HOST_DEVICE Scalar dropout_mask_value(uint64_t stream, std::size_t i, double rate) {

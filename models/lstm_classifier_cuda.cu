@@ -871,7 +871,16 @@ void CudaReplica::copy_grads_to_host(std::span<float> host) {
 
 }  // namespace
 
-std::unique_ptr<Replica> make_cuda_replica(const ModelShape& shape, int device, RnnAlgorithm algorithm) {
+std::unique_ptr<Replica> make_cuda_replica(const ModelShape& shape, int device, RnnAlgorithm algorithm,
+                                           const ModelOptions& options) {
+  if (shape.cell != Cell::kLstm || shape.bidirectional || shape.classes != 2 || options.mask_padding ||
+      options.dropout > 0 || options.embedding_dropout > 0) {
+    throw UserError("device = cuda: the cuDNN replica does not run this model yet (" + describe(shape) +
+                    (options.mask_padding ? ", masked" : "") +
+                    (options.dropout > 0 || options.embedding_dropout > 0 ? ", with dropout" : "") +
+                    "); device = cpu trains it, or a two-class unidirectional LSTM without masking and "
+                    "dropout runs on the GPU");
+  }
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
