@@ -25,10 +25,11 @@ std::string format_epoch_line(const EpochMetrics& m) {
   const std::string resumed =
       m.steps_run > 0 && m.steps_run < m.steps ? fmt::format(" ({} after resuming)", m.steps_run) : "";
   return fmt::format(
-      "Epoch {}/{} - {} steps{} - {} - {:.2f}ms/step - loss: {:.4f} - acc: {:.4f} - {}_loss: {:.4f} - "
-      "{}_acc: {:.4f}",
-      m.epoch, m.epochs, m.steps, resumed, seconds_text(m.epoch_time_s), m.step_time_ms, m.loss, m.acc,
-      m.held_out, m.val_loss, m.held_out, m.val_acc);
+             "Epoch {}/{} - {} steps{} - {} - {:.2f}ms/step - loss: {:.4f} - acc: {:.4f} - {}_loss: {:.4f} - "
+             "{}_acc: {:.4f}",
+             m.epoch, m.epochs, m.steps, resumed, seconds_text(m.epoch_time_s), m.step_time_ms, m.loss, m.acc,
+             m.held_out, m.val_loss, m.held_out, m.val_acc) +
+         (m.val_macro_f1 >= 0 ? fmt::format(" - {}_macro_f1: {:.4f}", m.held_out, m.val_macro_f1) : "");
 }
 
 std::string to_json(const EpochMetrics& m) {
@@ -38,6 +39,7 @@ std::string to_json(const EpochMetrics& m) {
   json::put_number(line, "acc", m.acc);
   json::put_number(line, m.held_out + "_loss", m.val_loss);
   json::put_number(line, m.held_out + "_acc", m.val_acc);
+  if (m.val_macro_f1 >= 0) json::put_number(line, m.held_out + "_macro_f1", m.val_macro_f1);
   json::put_number(line, "epoch_time_s", m.epoch_time_s);
   json::put_number(line, "train_time_s", m.train_time_s);
   json::put_number(line, "eval_time_s", m.eval_time_s);
@@ -56,8 +58,9 @@ std::string to_json(const EpochMetrics& m) {
 }
 
 std::string format_test_line(const TestMetrics& m) {
-  return fmt::format("Test (best.h5, epoch {}) - test_loss: {:.4f} - test_acc: {:.4f} ({} samples)",
-                     m.best_epoch, m.test_loss, m.test_acc, m.samples);
+  const std::string f1 = m.test_macro_f1 >= 0 ? fmt::format(" - test_macro_f1: {:.4f}", m.test_macro_f1) : "";
+  return fmt::format("Test (best.h5, epoch {}) - test_loss: {:.4f} - test_acc: {:.4f}{} ({} samples)",
+                     m.best_epoch, m.test_loss, m.test_acc, f1, m.samples);
 }
 
 std::string to_json(const TestMetrics& m) {
@@ -68,6 +71,7 @@ std::string to_json(const TestMetrics& m) {
                     {"best_epoch", m.best_epoch}};
   json::put_number(line, "test_loss", m.test_loss);
   json::put_number(line, "test_acc", m.test_acc);
+  if (m.test_macro_f1 >= 0) json::put_number(line, "test_macro_f1", m.test_macro_f1);
   line["samples"] = m.samples;
   return line.dump();
 }

@@ -22,7 +22,8 @@ struct EpochMetrics {
   double acc = 0;
   double val_loss = 0;
   double val_acc = 0;
-  double epoch_time_s = 0;  // training and evaluation
+  double val_macro_f1 = -1;  // more than two classes: the held-out rows' macro-F1; -1 when not counted
+  double epoch_time_s = 0;   // training and evaluation
   double train_time_s = 0;
   double eval_time_s = 0;
   double step_time_ms = 0;   // training time / steps
@@ -49,6 +50,7 @@ struct TestMetrics {
   int64_t best_epoch = 0;  // the epoch best.h5 holds
   double test_loss = 0;
   double test_acc = 0;
+  double test_macro_f1 = -1;  // as EpochMetrics::val_macro_f1
   int64_t samples = 0;
 };
 // "Test (best.h5, epoch 4): test_loss: 0.3571 - test_acc: 0.8468 (25000 samples)"

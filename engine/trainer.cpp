@@ -13,6 +13,7 @@
 #include "engine/base/errors.h"
 #include "engine/base/timeline.h"
 #include "engine/checkpoint.h"
+#include "engine/classification_report.h"
 #include "engine/device_preparation.h"
 #include "engine/gpu_monitor.h"
 #include "engine/optimizer.h"
@@ -316,6 +317,7 @@ class TrainingRun::Loop {
     m.acc = sums[1] / sums[2];
     m.val_loss = val.loss_sum / static_cast<double>(val.count);
     m.val_acc = static_cast<double>(val.correct) / static_cast<double>(val.count);
+    m.val_macro_f1 = macro_f1(val);
     m.train_time_s = train_time;
     m.eval_time_s = eval_time;
     m.epoch_time_s = seconds_since(epoch_start);
@@ -387,10 +389,28 @@ class TrainingRun::Loop {
       }
     }
     const models::BatchStats local = replica_->take_stats();
+    // The confusion counts travel with the sums, classes x classes on every rank (zeros where a replica
+    // keeps none, a GPU's); they count only when they cover every row.
+    const auto classes = static_cast<std::size_t>(shape_.classes);
     std::vector<double> sums{local.loss_sum, static_cast<double>(local.correct),
                              static_cast<double>(local.count)};
+    sums.resize(3 + classes * classes, 0.0);
+    for (std::size_t i = 0; i < local.confusion.size() && i < classes * classes; ++i)
+      sums[3 + i] = static_cast<double>(local.confusion[i]);
     comm_.sum(sums);
-    return {sums[0], static_cast<int64_t>(sums[1]), static_cast<int64_t>(sums[2])};
+    models::BatchStats total{sums[0], static_cast<int64_t>(sums[1]), static_cast<int64_t>(sums[2]), {}};
+    std::vector<int64_t> confusion(classes * classes);
+    int64_t counted = 0;
+    for (std::size_t i = 0; i < confusion.size(); ++i)
+      counted += confusion[i] = static_cast<int64_t>(sums[3 + i]);
+    if (counted == total.count && total.count > 0) total.confusion = std::move(confusion);
+    return total;
+  }
+
+  // Macro-F1 of evaluated stats, for more than two classes; -1 otherwise or where they were not counted.
+  double macro_f1(const models::BatchStats& stats) const {
+    if (shape_.classes == 2 || stats.confusion.empty()) return -1;
+    return classification_report(stats.confusion, shape_.classes).macro_f1;
   }
 
   // The test split, scored once at the end of the run on the model in best.h5, the one validation chose.
@@ -412,6 +432,7 @@ class TrainingRun::Loop {
       m.best_epoch = static_cast<int64_t>(best_epoch[0]);
       m.test_loss = scores.loss_sum / static_cast<double>(scores.count);
       m.test_acc = static_cast<double>(scores.correct) / static_cast<double>(scores.count);
+      m.test_macro_f1 = macro_f1(scores);
       m.samples = scores.count;
       std::printf("%s\n", format_test_line(m).c_str());
       std::fflush(stdout);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
@@ -261,12 +262,15 @@ void validate_rows(const DatasetInfo& info, const std::string& split, int64_t be
   }
 }
 
-std::vector<int64_t> label_counts(const DatasetInfo& info, const std::string& split, int64_t begin,
-                                  int64_t end) {
-  checked_rows("label_counts", info, split, begin, end);
+namespace {
+
+// Calls visit(labels of rows [first, first + count)) chunk by chunk over rows [begin, end) of split.
+template <typename Visit>
+void for_each_label_chunk(const char* function, const DatasetInfo& info, const std::string& split,
+                          int64_t begin, int64_t end, Visit&& visit) {
+  checked_rows(function, info, split, begin, end);
+  if (begin == end) return;
   const std::string y_name = "/" + split + "/y";
-  std::vector<int64_t> counts(2, 0);
-  if (begin == end) return counts;
   Hid file;
   Hid y;
   Hid y_space;
@@ -289,13 +293,32 @@ std::vector<int64_t> label_counts(const DatasetInfo& info, const std::string& sp
       check_h5(H5Dread(y.get(), H5T_NATIVE_UINT8, y_memory.get(), y_space.get(), H5P_DEFAULT, labels.data()),
                ("H5Dread " + info.path + " " + y_name).c_str());
     }
-    for (int64_t r = 0; r < count; ++r) {
-      const uint8_t label = labels[static_cast<size_t>(r)];
+    visit(std::span<const uint8_t>(labels.data(), static_cast<size_t>(count)));
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> label_counts(const DatasetInfo& info, const std::string& split, int64_t begin,
+                                  int64_t end) {
+  std::vector<int64_t> counts(2, 0);
+  for_each_label_chunk("label_counts", info, split, begin, end, [&](std::span<const uint8_t> labels) {
+    for (const uint8_t label : labels) {
       if (label >= counts.size()) counts.resize(size_t{label} + 1, 0);
       ++counts[label];
     }
-  }
+  });
   return counts;
+}
+
+std::vector<uint8_t> read_labels(const DatasetInfo& info, const std::string& split, int64_t begin,
+                                 int64_t end) {
+  std::vector<uint8_t> all;
+  all.reserve(static_cast<size_t>(end - begin));
+  for_each_label_chunk("read_labels", info, split, begin, end, [&](std::span<const uint8_t> labels) {
+    all.insert(all.end(), labels.begin(), labels.end());
+  });
+  return all;
 }
 
 std::string class_balance_text(const std::vector<int64_t>& counts) {

@@ -51,6 +51,9 @@ void validate_rows(const DatasetInfo& info, const std::string& split, int64_t be
 // label v, counts.size() = max(2, largest label + 1). Reads only the split's y, in bounded chunks.
 std::vector<int64_t> label_counts(const DatasetInfo& info, const std::string& split, int64_t begin,
                                   int64_t end);
+// The labels of rows [begin, end) of split, in order.
+std::vector<uint8_t> read_labels(const DatasetInfo& info, const std::string& split, int64_t begin,
+                                 int64_t end);
 // "31.2% 0, 68.8% 1": each label's share of the rows, in label order ("no rows" when all counts are 0).
 std::string class_balance_text(const std::vector<int64_t>& counts);
 

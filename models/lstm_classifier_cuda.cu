@@ -795,6 +795,7 @@ void CudaReplica::evaluate(const BatchView& batch) {
 
 void CudaReplica::predict(const BatchView& batch, std::span<float> probabilities) {
   check_batch(batch, false, "predict");
+  const bool with_labels = batch.labels != nullptr;
   if (probabilities.size() != to_size(batch.batch)) {
     throw std::invalid_argument("CudaReplica::predict: probabilities holds " +
                                 std::to_string(probabilities.size()) + " entries for a batch of " +
@@ -803,7 +804,8 @@ void CudaReplica::predict(const BatchView& batch, std::span<float> probabilities
   select_device();
   const BatchShape& shape = shape_for(batch.batch, batch.seq);
   forward(batch, shape, /*training=*/false);
-  dense_and_loss(batch, nullptr, probabilities_.get(), nullptr, /*add_stats=*/false);
+  dense_and_loss(batch, batch.labels, probabilities_.get(), nullptr, /*add_stats=*/with_labels);
+  if (with_labels) count_ += batch.batch;
   cudaStream_t stream = stream_.get();
   DDP_CUDA_CHECK(cudaMemcpyAsync(probabilities.data(), probabilities_.get(), probabilities.size_bytes(),
                                  cudaMemcpyDeviceToHost, stream));

@@ -10,6 +10,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "engine/base/batch_view.h"
 #include "models/param_layout.h"
@@ -23,11 +24,19 @@ struct BatchStats {
   double loss_sum = 0;  // sum of per-sample cross-entropy (binary, or categorical for more classes)
   int64_t correct = 0;  // predictions (p >= 0.5, or the most probable class) equal to the label
   int64_t count = 0;
+  // Evaluation only: classes x classes counts, row the true class, column the predicted one; empty where the
+  // replica does not count them (a GPU replica).
+  std::vector<int64_t> confusion;
 
   BatchStats& operator+=(const BatchStats& o) {
     loss_sum += o.loss_sum;
     correct += o.correct;
     count += o.count;
+    if (!o.confusion.empty()) {
+      if (confusion.empty()) confusion.assign(o.confusion.size(), 0);
+      for (std::size_t i = 0; i < o.confusion.size() && i < confusion.size(); ++i)
+        confusion[i] += o.confusion[i];
+    }
     return *this;
   }
 };
@@ -87,6 +96,7 @@ class Replica {
   virtual void evaluate(const BatchView& batch) = 0;
   // Forward only, no dropout: into `probabilities` (host memory, batch x layout().shape().outputs()
   // entries) p(positive) of each sample for two classes, else each class's probability, sample by sample.
+  // A batch with labels also adds to the running stats, as evaluate does.
   virtual void predict(const BatchView& batch, std::span<float> probabilities) = 0;
   // The stats added since the last call, which resets them. On a GPU this is the only host synchronisation:
   // call it per epoch or per logging interval, not per step.

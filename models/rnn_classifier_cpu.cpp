@@ -540,6 +540,7 @@ BatchStats CpuRnnClassifier<Scalar>::loss_and_stats(const Scalar* labels, int ba
       continue;
     }
     const int label = labels == nullptr ? -1 : static_cast<int>(labels[b]);
+    if (labels != nullptr && label < 0) throw std::out_of_range("CpuRnnClassifier: negative label");
     if (label >= classes) throw std::out_of_range("CpuRnnClassifier: label outside the classes");
     const double loss = softmax_loss(z.data(), outputs, label, p.data());
     if (!probabilities.empty()) {
@@ -564,7 +565,21 @@ BatchStats CpuRnnClassifier<Scalar>::evaluate(const int32_t* tokens, const Scala
                                 std::to_string(expected));
   }
   forward(tokens, batch, seq, /*training=*/false);
-  return loss_and_stats(labels, batch, probabilities);
+  BatchStats stats = loss_and_stats(labels, batch, probabilities);
+  if (labels == nullptr) return stats;
+  // The confusion counts, from the logits as loss_and_stats judges them.
+  const int classes = layout_.shape().classes;
+  const auto outputs = to_size(layout_.shape().outputs());
+  stats.confusion.assign(to_size(classes) * to_size(classes), 0);
+  std::vector<double> z(outputs);
+  for (std::size_t b = 0; b < to_size(batch); ++b) {
+    for (std::size_t k = 0; k < outputs; ++k) z[k] = static_cast<double>(logits_[b * outputs + k]);
+    const int truth = outputs == 1 ? (labels[b] >= Scalar(0.5) ? 1 : 0) : static_cast<int>(labels[b]);
+    const int predicted =
+        outputs == 1 ? (z[0] >= 0 ? 1 : 0) : predicted_class(z.data(), static_cast<int>(outputs));
+    ++stats.confusion[to_size(truth) * to_size(classes) + to_size(predicted)];
+  }
+  return stats;
 }
 
 template <typename Scalar>
@@ -889,7 +904,9 @@ class CpuReplica final : public Replica {
     stats_ += model_.evaluate(batch.tokens, batch.labels, batch.batch, batch.seq, {});
   }
   void predict(const BatchView& batch, std::span<float> probabilities) override {
-    model_.evaluate(batch.tokens, batch.labels, batch.batch, batch.seq, probabilities);
+    const BatchStats stats =
+        model_.evaluate(batch.tokens, batch.labels, batch.batch, batch.seq, probabilities);
+    if (batch.labels != nullptr) stats_ += stats;
   }
   BatchStats take_stats() override { return std::exchange(stats_, BatchStats{}); }
 

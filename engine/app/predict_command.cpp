@@ -1,6 +1,8 @@
 // `ddptrain predict` and `ddptrain evaluate`: a trained checkpoint on new documents or on a dataset's test
 // split, as one process (no MPI) on the CPU or on one GPU.
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
@@ -10,11 +12,13 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/app/commands.h"
 #include "engine/base/errors.h"
 #include "engine/checkpoint.h"
+#include "engine/classification_report.h"
 #include "engine/command_line.h"
 #include "engine/device.h"
 #include "io/batch_source.h"
@@ -80,8 +84,12 @@ LoadedModel load_model(const ModelOptions& o, const Checkpoint& checkpoint, cons
       throw UserError(command + ": --device cuda: " + inventory.why_none);
     }
   }
-  model.replica = model.gpu >= 0 ? models::make_cuda_replica(checkpoint.shape, model.gpu)
-                                 : models::make_cpu_replica(checkpoint.shape);
+  models::ModelOptions options;
+  options.mask_padding = checkpoint.run.mask_padding;  // no dropout: inference
+  model.replica =
+      model.gpu >= 0
+          ? models::make_cuda_replica(checkpoint.shape, model.gpu, models::RnnAlgorithm::kAuto, options)
+          : models::make_cpu_replica(checkpoint.shape, models::CpuKernels::kBuiltin, options);
   model.replica->copy_params_from_host(checkpoint.params);
   return model;
 }
@@ -100,12 +108,14 @@ std::unique_ptr<io::BatchSource> test_batches(const LoadedModel& model, const st
   return io::make_host_batch_source(options);
 }
 
-// Probabilities of encoded documents (row-major [rows, maxlen]), batch by batch. A GPU replica gets each
+// Probabilities of encoded documents (row-major [rows, maxlen]), batch by batch: one per document for two
+// classes (p of class 1), one per class for more. A GPU replica gets each
 // batch through a device copy; predict is one pass over a few documents, so a plain copy is enough.
 std::vector<float> predict_rows(const LoadedModel& model, const std::vector<int32_t>& tokens, int maxlen,
                                 int batch_size) {
   const std::size_t rows = tokens.size() / static_cast<std::size_t>(maxlen);
-  std::vector<float> probabilities(rows);
+  const auto outputs = static_cast<std::size_t>(model.replica->layout().shape().outputs());
+  std::vector<float> probabilities(rows * outputs);
   for (std::size_t first = 0; first < rows; first += static_cast<std::size_t>(batch_size)) {
     const std::size_t count = std::min(rows - first, static_cast<std::size_t>(batch_size));
     const int32_t* host = tokens.data() + first * static_cast<std::size_t>(maxlen);
@@ -114,7 +124,7 @@ std::vector<float> predict_rows(const LoadedModel& model, const std::vector<int3
     if (model.gpu >= 0) on_gpu.emplace(model.gpu, host, bytes);
     const auto* batch_tokens = on_gpu ? static_cast<const int32_t*>(on_gpu->data()) : host;
     model.replica->predict({batch_tokens, nullptr, static_cast<int>(count), maxlen},
-                           std::span<float>(probabilities).subspan(first, count));
+                           std::span<float>(probabilities).subspan(first * outputs, count * outputs));
   }
   return probabilities;
 }
@@ -154,6 +164,17 @@ std::string excerpt(const std::string& document) {
   return out;
 }
 
+// The class a row of probabilities predicts (two classes: p of class 1 >= 0.5), and its probability.
+std::pair<int, float> predicted_class(std::span<const float> row) {
+  if (row.size() == 1) return row[0] >= 0.5f ? std::pair{1, row[0]} : std::pair{0, 1.0f - row[0]};
+  const auto best = std::max_element(row.begin(), row.end());
+  return {static_cast<int>(best - row.begin()), *best};
+}
+
+std::string class_label(const std::vector<std::string>& names, int k) {
+  return static_cast<std::size_t>(k) < names.size() ? names[static_cast<std::size_t>(k)] : std::to_string(k);
+}
+
 }  // namespace
 
 int predict_command(const std::vector<std::string>& args) {
@@ -166,8 +187,11 @@ int predict_command(const std::vector<std::string>& args) {
   add_model_options(desc, o,
                     "the dataset the model was trained on, for its /vocab (only for checkpoints that do "
                     "not carry theirs)");
+  bool all_probabilities = false;
   desc.add_options()("text,t", po::value(&texts)->composing(), "a document (give it several times for more)")(
-      "input,i", po::value(&input), "a file with one document per line ('-': standard input)");
+      "input,i", po::value(&input), "a file with one document per line ('-': standard input)")(
+      "all-probabilities,a", po::bool_switch(&all_probabilities),
+      "also print every class's probability (class=p ...) before the document");
   if (!parse_subcommand(args, desc, kCommand,
                         "ddptrain predict --checkpoint RUN/best.h5 (--text \"...\" ... | --input FILE)"))
     return kExitOk;
@@ -209,12 +233,32 @@ int predict_command(const std::vector<std::string>& args) {
     tokens.insert(tokens.end(), row.begin(), row.end());
   }
   const std::vector<float> probabilities = predict_rows(model, tokens, maxlen, o.batch_size);
+  // Two classes: p(class 1) as always; more: the predicted class's name and its probability.
+  const int classes = checkpoint.shape.classes;
+  const auto outputs = static_cast<std::size_t>(checkpoint.shape.outputs());
+  const std::vector<std::string>& names = checkpoint.run.class_names;
   for (size_t i = 0; i < documents.size(); ++i) {
     if (!has_words[i]) {
       std::printf("-\t%s (no words to score)\n", excerpt(documents[i]).c_str());
       continue;
     }
-    std::printf("%.4f\t%s\n", static_cast<double>(probabilities[i]), excerpt(documents[i]).c_str());
+    const std::span<const float> row(probabilities.data() + i * outputs, outputs);
+    std::string line;
+    if (classes == 2) {
+      line = fmt::format("{:.4f}", row[0]);
+    } else {
+      const auto [best, p] = predicted_class(row);
+      line = fmt::format("{}\t{:.4f}", class_label(names, best), p);
+    }
+    if (all_probabilities) {
+      std::string all;
+      for (int k = 0; k < classes; ++k) {
+        const float pk = classes == 2 ? (k == 1 ? row[0] : 1.0f - row[0]) : row[static_cast<std::size_t>(k)];
+        all += fmt::format("{}{}={:.4f}", k == 0 ? "" : " ", class_label(names, k), pk);
+      }
+      line += "\t" + all;
+    }
+    std::printf("%s\t%s\n", line.c_str(), excerpt(documents[i]).c_str());
   }
   return kExitOk;
 }
@@ -235,18 +279,42 @@ int evaluate_command(const std::vector<std::string>& args) {
   io::validate_rows(data, "test", 0, data.test_size);
   const Checkpoint checkpoint = read_checkpoint(o.checkpoint);
   check_same_vocab(o, checkpoint, data);
+  if (checkpoint.shape.classes != data.num_classes) {
+    throw UserError(o.checkpoint + ": the model has " + std::to_string(checkpoint.shape.classes) +
+                    " classes but " + o.data + " has num_classes = " + std::to_string(data.num_classes));
+  }
   const LoadedModel model = load_model(o, checkpoint, kCommand);
 
+  // Each row's predicted class beside the loss and accuracy the replica sums.
+  const int classes = checkpoint.shape.classes;
+  const auto outputs = static_cast<std::size_t>(checkpoint.shape.outputs());
+  const std::vector<uint8_t> truth = io::read_labels(data, "test", 0, data.test_size);
+  std::vector<int64_t> confusion(static_cast<std::size_t>(classes * classes), 0);
+  std::vector<float> probabilities;
+  std::size_t row = 0;
   const std::unique_ptr<io::BatchSource> source = test_batches(model, o.data, data.test_size, o.batch_size);
   while (const std::optional<BatchView> batch = source->next()) {
-    model.replica->evaluate(*batch);
+    probabilities.resize(static_cast<std::size_t>(batch->batch) * outputs);
+    model.replica->predict(*batch, probabilities);
+    for (std::size_t b = 0; b < static_cast<std::size_t>(batch->batch); ++b, ++row) {
+      const int predicted =
+          predicted_class(std::span<const float>(probabilities).subspan(b * outputs, outputs)).first;
+      ++confusion[static_cast<std::size_t>(truth[row]) * static_cast<std::size_t>(classes) +
+                  static_cast<std::size_t>(predicted)];
+    }
   }
   const models::BatchStats stats = model.replica->take_stats();
-  DDP_CHECK(stats.count == data.test_size);
-  std::printf("test: loss %.4f - accuracy %.4f (%lld samples)\n",
+  DDP_CHECK(stats.count == data.test_size && row == truth.size());
+  // The replica's own counts where it keeps them (they judge the logits in double, as its accuracy does).
+  if (stats.confusion.size() == confusion.size()) confusion = stats.confusion;
+  const ClassReport report = classification_report(confusion, classes);
+  std::printf("test: loss %.4f - accuracy %.4f - macro-F1 %.4f (%lld samples)\n",
               stats.loss_sum / static_cast<double>(stats.count),
-              static_cast<double>(stats.correct) / static_cast<double>(stats.count),
+              static_cast<double>(stats.correct) / static_cast<double>(stats.count), report.macro_f1,
               static_cast<long long>(stats.count));
+  const std::vector<std::string>& names =
+      data.class_names.empty() ? checkpoint.run.class_names : data.class_names;
+  std::printf("%s", format_classification_report(report, confusion, names).c_str());
   return kExitOk;
 }
 
