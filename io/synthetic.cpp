@@ -53,18 +53,27 @@ class ZipfTable {
 };
 
 struct WordClasses {
-  int per_polarity = 0;  // P
+  int per_polarity = 0;  // P: words of each polarity (two classes) or of each topic (more)
   int32_t positive_begin = kFirstWord;
   int32_t negative_begin = 0;
   int32_t filler_begin = 0;
   int32_t vocab = 0;
+  int classes = 2;
+  // More classes: class k's topic words are [topic_begin(k), topic_begin(k) + per_polarity).
+  int32_t topic_begin(int k) const { return kFirstWord + k * per_polarity; }
 };
 
-WordClasses word_classes(int vocab) {
+WordClasses word_classes(int vocab, int classes) {
   WordClasses w;
-  w.per_polarity = std::clamp(vocab / 50, 4, kMaxPerPolarity);
-  w.negative_begin = w.positive_begin + w.per_polarity;
-  w.filler_begin = w.negative_begin + w.per_polarity;
+  w.classes = classes;
+  if (classes == 2) {
+    w.per_polarity = std::clamp(vocab / 50, 4, kMaxPerPolarity);
+    w.negative_begin = w.positive_begin + w.per_polarity;
+    w.filler_begin = w.negative_begin + w.per_polarity;
+  } else {
+    w.per_polarity = std::clamp(vocab / (25 * classes), 4, kMaxPerPolarity);
+    w.filler_begin = w.topic_begin(classes);
+  }
   w.vocab = vocab;
   return w;
 }
@@ -81,14 +90,51 @@ class ReviewGenerator {
 
   // Fills row[0, maxlen) and returns the label.
   uint8_t generate(int32_t* row) {
+    return words_.classes == 2 ? generate_sentiment(row) : generate_topic(row);
+  }
+
+ private:
+  // The review's length, padding, start token and filler words; returns the body's first position.
+  int fill_body(int32_t* row) {
     const int length = uniform_between(rng_, maxlen_ / 2, maxlen_);
     const int start = maxlen_ - length;
-    const int body_begin = start + 1;
     std::fill(row, row + start, kPadding);
     row[start] = kStart;
-    for (int p = body_begin; p < maxlen_; ++p) {
+    for (int p = start + 1; p < maxlen_; ++p) {
       row[p] = words_.filler_begin + static_cast<int32_t>(fillers_.draw(rng_));
     }
+    return start + 1;
+  }
+
+  // One topic word of the label's class, and in half of the reviews one of another class after a negation.
+  uint8_t generate_topic(int32_t* row) {
+    const int body_begin = fill_body(row);
+    const auto label = static_cast<int>(uniform_below(rng_, static_cast<uint64_t>(words_.classes)));
+    auto topic_word = [&](int k) {
+      return words_.topic_begin(k) +
+             static_cast<int32_t>(uniform_below(rng_, static_cast<uint64_t>(words_.per_polarity)));
+    };
+    // The body has >= 3 positions (maxlen >= 8): the kept word, and a negation with the negated word.
+    const int kept = uniform_between(rng_, body_begin, maxlen_ - 1);
+    row[kept] = topic_word(label);
+    if (uniform_below(rng_, 2) == 1) {
+      int other = static_cast<int>(uniform_below(rng_, static_cast<uint64_t>(words_.classes - 1)));
+      if (other >= label) ++other;
+      // A negation and its word in two free slots that do not put the negation right before the kept word.
+      for (int tries = 0; tries < 64; ++tries) {
+        const int p = uniform_between(rng_, body_begin + 1, maxlen_ - 1);
+        if (p == kept || p - 1 == kept || p == kept - 1) continue;
+        row[p - 1] = kNegation;
+        row[p] = topic_word(other);
+        break;
+      }
+    }
+    return static_cast<uint8_t>(label);
+  }
+
+  // Sentiment words whose polarity a negation right before them flips; the label is the sum's sign.
+  uint8_t generate_sentiment(int32_t* row) {
+    const int body_begin = fill_body(row);
 
     // K in {1, 3}, odd, so the polarity sum is never 0. The body has >= 3 positions (maxlen >= 8).
     const int k = uniform_below(rng_, 2) == 0 ? 1 : 3;
@@ -146,12 +192,15 @@ void validate(const SyntheticOptions& o) {
     throw UserError("--maxlen " + std::to_string(o.maxlen) + " is too small: need at least " +
                     std::to_string(kMinMaxlen));
   }
+  if (o.classes < 2 || o.classes > 256) {
+    throw UserError("--classes " + std::to_string(o.classes) + " must be 2 to 256 (labels are one byte)");
+  }
   if (o.vocab > kMaxVocab) {
     throw UserError("--vocab " + std::to_string(o.vocab) + " is too large: at most " +
                     std::to_string(kMaxVocab));
   }
   val_rows_of("prepare synthetic", o.val_fraction, o.train);
-  const WordClasses words = word_classes(o.vocab);
+  const WordClasses words = word_classes(o.vocab, o.classes);
   const int64_t needed = int64_t{words.filler_begin} + kMinFillerWords;
   if (o.vocab < needed) {
     throw UserError("--vocab " + std::to_string(o.vocab) + " is too small: need at least " +
@@ -177,11 +226,17 @@ void write_split(DatasetWriter& writer, const std::string& split, int64_t rows, 
 
 void write_synthetic(const SyntheticOptions& o) {
   validate(o);
-  const WordClasses words = word_classes(o.vocab);
+  const WordClasses words = word_classes(o.vocab, o.classes);
   const int64_t val_rows = val_rows_of("prepare synthetic", o.val_fraction, o.train);
   DatasetWriter writer(o.output, o.vocab, o.maxlen, o.train, o.test, val_rows);
   writer.write_attribute("generator", "synthetic-v2 seed=" + std::to_string(o.seed) +
-                                          (val_rows > 0 ? " val_rows=" + std::to_string(val_rows) : ""));
+                                          (val_rows > 0 ? " val_rows=" + std::to_string(val_rows) : "") +
+                                          (o.classes != 2 ? " classes=" + std::to_string(o.classes) : ""));
+  if (o.classes != 2) {
+    std::vector<std::string> names;
+    for (int k = 0; k < o.classes; ++k) names.push_back("topic" + std::to_string(k));
+    writer.write_classes(o.classes, names);
+  }
   const ZipfTable fillers(words.vocab - words.filler_begin);
   // The writer sends the last val_rows of these to /val.
   ReviewGenerator train(words, fillers, o.maxlen, stream_seed(o.seed, 1));

@@ -34,6 +34,8 @@ int prepare_synthetic(const std::vector<std::string>& args) {
       "vocab", po::value(&o.vocab)->default_value(o.vocab), "vocabulary size (token ids < vocab)")(
       "maxlen", po::value(&o.maxlen)->default_value(o.maxlen), "tokens per sample")(
       "seed", po::value(&o.seed)->default_value(o.seed), "random seed")(
+      "classes", po::value(&o.classes)->default_value(o.classes),
+      "2: sentiment with negations; K > 2: K topics, one of them negated in half of the samples")(
       "val-fraction", po::value(&o.val_fraction)->default_value(o.val_fraction, "0"), kValFractionHelp);
   if (!parse_subcommand(args, desc, "prepare synthetic",
                         "ddptrain prepare synthetic --output FILE [options]"))
@@ -42,9 +44,11 @@ int prepare_synthetic(const std::vector<std::string>& args) {
   const int64_t val_rows = io::val_rows_of("prepare synthetic", o.val_fraction, o.train);
   io::write_synthetic(o);
   const std::string val_text = val_rows > 0 ? ", " + std::to_string(val_rows) + " val" : "";
-  std::printf("wrote %s: %lld train%s and %lld test samples, vocab %d, maxlen %d, seed %llu\n",
+  const std::string classes_text = o.classes != 2 ? ", " + std::to_string(o.classes) + " classes" : "";
+  std::printf("wrote %s: %lld train%s and %lld test samples, vocab %d, maxlen %d%s, seed %llu\n",
               o.output.c_str(), static_cast<long long>(o.train - val_rows), val_text.c_str(),
-              static_cast<long long>(o.test), o.vocab, o.maxlen, static_cast<unsigned long long>(o.seed));
+              static_cast<long long>(o.test), o.vocab, o.maxlen, classes_text.c_str(),
+              static_cast<unsigned long long>(o.seed));
   return kExitOk;
 }
 
