@@ -33,10 +33,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kTrain = 0;
 constexpr int kTest = 1;
 constexpr const char* kSplitNames[2] = {"train", "test"};
-constexpr int kPos = 0;
-constexpr int kNeg = 1;
-constexpr const char* kLabelFolders[2] = {"pos", "neg"};
-constexpr uint8_t kLabelValues[2] = {1, 0};
+constexpr int kMaxClasses = 256;  // labels are one byte
 // How many file names a summary line lists before "...".
 constexpr size_t kNamesShown = 3;
 
@@ -44,7 +41,7 @@ struct InputFile {
   fs::path path;
   std::string name;  // "train/pos/0_9.txt", for the summary and messages
   int split = kTrain;
-  int label = kPos;
+  int label = 0;  // the class's index
 };
 
 // What reading and tokenizing one file gave.
@@ -80,7 +77,58 @@ class WordTable {
 };
 
 const char* kLayout =
-    "prepare text expects the aclImdb layout: DIR/train/pos, DIR/train/neg, DIR/test/pos, DIR/test/neg";
+    "prepare text expects a folder per class in each split: DIR/train/<class>/, DIR/test/<class>/ (aclImdb: "
+    "pos and neg)";
+
+// The sub-folders of `folder` (not starting with '.'), by name; empty if it is not a folder.
+std::vector<std::string> sub_folders(const fs::path& folder) {
+  std::vector<std::string> names;
+  std::error_code error;
+  fs::directory_iterator it(folder, error);
+  for (; !error && it != fs::directory_iterator(); it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    std::error_code type_error;
+    if (!name.starts_with('.') && it->is_directory(type_error)) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// The classes: the folders that both train/ and test/ hold, by name (class k is the k-th). A folder in one
+// split only (aclImdb's train/unsup, unlabelled reviews) is not a class: it goes to `ignored`.
+std::vector<std::string> class_folders(const fs::path& root, std::vector<std::string>& ignored) {
+  for (const int split : {kTrain, kTest}) {
+    std::error_code error;
+    if (!fs::is_directory(root / kSplitNames[split], error)) {
+      throw UserError((root / kSplitNames[split]).string() + ": no such folder (" + kLayout + ")");
+    }
+  }
+  const std::vector<std::string> train = sub_folders(root / kSplitNames[kTrain]);
+  const std::vector<std::string> test = sub_folders(root / kSplitNames[kTest]);
+  std::vector<std::string> classes;
+  std::set_intersection(train.begin(), train.end(), test.begin(), test.end(), std::back_inserter(classes));
+  for (const int split : {kTrain, kTest}) {
+    for (const std::string& name : split == kTrain ? train : test) {
+      if (std::binary_search(classes.begin(), classes.end(), name)) continue;
+      if (classes.size() < 2) {
+        // Most likely a class the other split lacks: name the missing folder.
+        throw UserError((root / kSplitNames[1 - split] / name).string() + ": no such folder (" + kLayout +
+                        ")");
+      }
+      ignored.push_back(std::string(kSplitNames[split]) + "/" + name);
+    }
+  }
+  if (classes.size() < 2) {
+    throw UserError(root.string() + ": found " + std::to_string(classes.size()) +
+                    " class folder(s) in both train/ and test/, a classifier needs at least two (" + kLayout +
+                    ")");
+  }
+  if (classes.size() > static_cast<std::size_t>(kMaxClasses)) {
+    throw UserError(root.string() + ": " + std::to_string(classes.size()) + " class folders, at most " +
+                    std::to_string(kMaxClasses));
+  }
+  return classes;
+}
 
 // The documents of one folder, by name.
 std::vector<fs::path> list_documents(const fs::path& folder) {
@@ -280,15 +328,21 @@ std::string prepare_text(const TextCorpusOptions& options) {
   if (!fs::is_directory(root, error)) {
     throw UserError(options.input + ": no such folder (" + kLayout + ")");
   }
+  std::vector<std::string> ignored_folders;
+  const std::vector<std::string> classes = class_folders(root, ignored_folders);
+  const int class_count = static_cast<int>(classes.size());
 
-  // Every folder is listed before any file is read, so a missing one is reported at once.
+  // Every folder is listed before any file is read, so a missing one is reported at once. Classes go from
+  // the last to the first (aclImdb: pos, then neg), the order every earlier ddptrain wrote, so the same
+  // corpus gives the same file.
   std::vector<InputFile> files;
   for (const int split : {kTrain, kTest}) {
-    for (const int label : {kPos, kNeg}) {
-      const fs::path folder = root / kSplitNames[split] / kLabelFolders[label];
+    for (int label = class_count - 1; label >= 0; --label) {
+      const std::string& class_name = classes[static_cast<std::size_t>(label)];
+      const fs::path folder = root / kSplitNames[split] / class_name;
       for (fs::path& path : list_documents(folder)) {
         std::string name =
-            std::string(kSplitNames[split]) + "/" + kLabelFolders[label] + "/" + path.filename().string();
+            std::string(kSplitNames[split]) + "/" + class_name + "/" + path.filename().string();
         files.push_back({std::move(path), std::move(name), split, label});
       }
     }
@@ -305,7 +359,8 @@ std::string prepare_text(const TextCorpusOptions& options) {
   const double read_seconds = std::chrono::duration<double>(Clock::now() - start).count();
 
   // Documents per split and label, in file order; what was skipped or decoded leniently.
-  std::vector<size_t> documents[2][2];
+  std::vector<std::vector<size_t>> documents[2] = {std::vector<std::vector<size_t>>(classes.size()),
+                                                   std::vector<std::vector<size_t>>(classes.size())};
   std::vector<std::string> empty_files;
   std::vector<std::string> lenient_files;
   for (size_t i = 0; i < files.size(); ++i) {
@@ -317,18 +372,23 @@ std::string prepare_text(const TextCorpusOptions& options) {
     documents[files[i].split][files[i].label].push_back(i);
   }
   for (const int split : {kTrain, kTest}) {
-    if (documents[split][kPos].empty() && documents[split][kNeg].empty()) {
-      throw UserError((root / kSplitNames[split]).string() +
-                      ": no usable documents in pos/ or neg/ (every file there is empty or has no words)");
+    if (std::all_of(documents[split].begin(), documents[split].end(),
+                    [](const std::vector<size_t>& d) { return d.empty(); })) {
+      throw UserError(
+          (root / kSplitNames[split]).string() +
+          ": no usable documents in its class folders (every file there is empty or has no words)");
     }
   }
 
-  // Each split's documents, pos then neg in file order, then in a seeded random order (text_corpus.h): the
-  // order depends on the seed and the corpus only, not on which thread read what.
+  // Each split's documents, class by class from the last in file order, then in a seeded random order
+  // (text_corpus.h): the order depends on the seed and the corpus only, not on which thread read what.
   std::vector<size_t> order[2];
   for (const int split : {kTrain, kTest}) {
-    std::vector<size_t> in_file_order = documents[split][kPos];
-    in_file_order.insert(in_file_order.end(), documents[split][kNeg].begin(), documents[split][kNeg].end());
+    std::vector<size_t> in_file_order;
+    for (int label = class_count - 1; label >= 0; --label) {
+      const std::vector<size_t>& of_class = documents[split][static_cast<std::size_t>(label)];
+      in_file_order.insert(in_file_order.end(), of_class.begin(), of_class.end());
+    }
     // The reader's own seeded permutation (batch_reader.h), keyed per split.
     const IndexPermutation permutation(in_file_order.size(),
                                        stream_seed(options.seed, static_cast<uint64_t>(split)));
@@ -383,7 +443,7 @@ std::string prepare_text(const TextCorpusOptions& options) {
       // The tail holds every word that can survive truncation, so this is the whole document's row.
       const std::vector<int32_t> row = pad_pre(ids, options.maxlen);
       tokens[split].insert(tokens[split].end(), row.begin(), row.end());
-      labels[split].push_back(kLabelValues[files[file].label]);
+      labels[split].push_back(static_cast<uint8_t>(files[file].label));
     }
   }
 
@@ -392,17 +452,22 @@ std::string prepare_text(const TextCorpusOptions& options) {
   writer.write_rows("train", 0, tokens[kTrain], labels[kTrain]);
   writer.write_rows("test", 0, tokens[kTest], labels[kTest]);
   writer.write_vocab(vocabulary.words());
+  writer.write_classes(class_count, classes);
   std::string source = "text " + options.input + " vocab=" + std::to_string(options.vocab) +
                        " maxlen=" + std::to_string(options.maxlen) + " seed=" + std::to_string(options.seed);
   if (val_rows > 0) source += " val_rows=" + std::to_string(val_rows);
   writer.write_attribute("source", source);
   writer.commit();
 
-  // "train 109 (55 pos, 54 neg)" for each group of rows.
+  // "train 109 (55 pos, 54 neg)" for each group of rows: the rows of each class, from the last class.
   const auto group_text = [&](const char* name, const std::vector<uint8_t>& y, int64_t begin, int64_t end) {
-    const auto pos = std::count(y.begin() + begin, y.begin() + end, kLabelValues[kPos]);
-    return std::string(name) + " " + std::to_string(end - begin) + " (" + std::to_string(pos) + " pos, " +
-           std::to_string(end - begin - pos) + " neg)";
+    std::string text = std::string(name) + " " + std::to_string(end - begin) + " (";
+    for (int label = class_count - 1; label >= 0; --label) {
+      const auto rows = std::count(y.begin() + begin, y.begin() + end, static_cast<uint8_t>(label));
+      text +=
+          std::to_string(rows) + " " + classes[static_cast<std::size_t>(label)] + (label > 0 ? ", " : ")");
+    }
+    return text;
   };
   std::string summary = "wrote " + options.output + ": " + group_text("train", labels[kTrain], 0, train_rows);
   if (val_rows > 0) summary += ", " + group_text("val", labels[kTrain], train_rows, training_rows);
@@ -425,13 +490,16 @@ std::string prepare_text(const TextCorpusOptions& options) {
       vocabulary.size() - kFirstWordId, counts.size(), coverage, format_count(train_tokens).c_str());
   summary += std::string(line) + " training tokens";
   for (const int split : {kTrain, kTest}) {
-    for (const int label : {kPos, kNeg}) {
-      if (documents[split][label].empty()) {
-        summary += "\nwarning: " + (root / kSplitNames[split] / kLabelFolders[label]).string() +
-                   " has no usable documents: every " + kSplitNames[split] + " label is " +
-                   std::to_string(kLabelValues[1 - label]);
+    for (int label = class_count - 1; label >= 0; --label) {
+      if (documents[split][static_cast<std::size_t>(label)].empty()) {
+        summary +=
+            "\nwarning: " + (root / kSplitNames[split] / classes[static_cast<std::size_t>(label)]).string() +
+            " has no usable documents: no " + kSplitNames[split] + " row has class " + std::to_string(label);
       }
     }
+  }
+  if (!ignored_folders.empty()) {
+    summary += "\nfolders in one split only, not classes (ignored): " + count_and_names(ignored_folders);
   }
   return summary;
 }

@@ -1,16 +1,20 @@
-// `ddptrain prepare text`: a folder of reviews in the aclImdb layout (DIR/train/pos, DIR/train/neg,
-// DIR/test/pos, DIR/test/neg; one document per file; pos = label 1) to a dataset file with its vocabulary.
+// `ddptrain prepare text`: a folder of documents with one sub-folder per class in each split
+// (DIR/train/<class>/, DIR/test/<class>/; one document per file) to a dataset file with its vocabulary.
+// The classes are the sub-folders both splits hold, sorted by name: class k is the k-th (aclImdb: neg = 0,
+// pos = 1, its train/unsup ignored); more than two classes write the num_classes attribute, and /classes
+// names them (dataset.h).
 //
-// Documents are every regular file of the four folders whose name does not start with '.', in byte order
-// of their names; sub-folders are ignored. Files are read and tokenized (tokenizer.h) by a fixed pool of
+// Documents are every regular file of the class folders whose name does not start with '.', in byte order
+// of their names; deeper folders are ignored. Files are read and tokenized (tokenizer.h) by a fixed pool of
 // threads; a file with no words (0 bytes, or only spaces, punctuation and line breaks) is counted and
 // skipped; a file that is not valid UTF-8 is decoded leniently and counted.
 //
-// Rows of each split are its documents (pos, then neg, each in file order) in a random permutation drawn
-// from --seed, so a contiguous shard of the file is a random sample with about the split's class balance.
-// With --val-fraction F the last round(F * rows) training rows go to /val instead of /train. The vocabulary
-// is ranked on the rows of /train only (the /val files are read a second time to take their words out) and
-// written to /vocab. The result depends on the corpus and the options, never on the thread count.
+// Rows of each split are its documents (class by class from the last, each in file order: pos, then neg,
+// as before there were classes) in a random permutation drawn from --seed, so a contiguous shard of the
+// file is a random sample with about the split's class balance. With --val-fraction F the last
+// round(F * rows) training rows go to /val instead of /train. The vocabulary is ranked on the rows of
+// /train only (the /val files are read a second time to take their words out) and written to /vocab. The
+// result depends on the corpus and the options, never on the thread count.
 #pragma once
 
 #include <string>
@@ -18,7 +22,7 @@
 namespace ddp::io {
 
 struct TextCorpusOptions {
-  std::string input;           // the aclImdb-layout folder
+  std::string input;           // the folder: train/<class>/, test/<class>/
   std::string output;          // the HDF5 dataset file
   int vocab = 20000;           // ids < vocab: 0 padding, 1 start, 2 out of vocabulary, 3.. words (>= 4)
   int maxlen = 80;             // tokens per sample, padded and truncated 'pre' as Keras

@@ -79,9 +79,13 @@ printf 'excellent superb\n\n   \nterrible dull\n?!\n' >docs_with_blanks.txt
 
 "$ddptrain" evaluate --checkpoint run/best.h5 --data data.h5 --device "$device" >evaluate.txt 2>&1 ||
   fail "evaluate failed" evaluate.txt
-grep -qP '^test: loss \d+\.\d{4} - accuracy \d\.\d{4} \(40 samples\)$' evaluate.txt ||
+grep -qP '^test: loss \d+\.\d{4} - accuracy \d\.\d{4} - macro-F1 \d\.\d{4} \(40 samples\)$' evaluate.txt ||
   fail "evaluate's output" evaluate.txt
-accuracy=$(sed -E 's/.*accuracy ([0-9.]+).*/\1/' evaluate.txt)
+# Per class (named by the folders) and the confusion matrix, whose cells add up to the test rows.
+grep -qP '^neg +\d\.\d{4} +\d\.\d{4} +\d\.\d{4} +20$' evaluate.txt || fail "no report for class neg" evaluate.txt
+awk '/^confusion matrix/ { m = 1; next } m && $2 ~ /^[0-9]+$/ { s += $2 + $3 } END { exit s != 40 }' evaluate.txt ||
+  fail "the confusion matrix does not add up to 40 rows" evaluate.txt
+accuracy=$(head -1 evaluate.txt | sed -E 's/.*accuracy ([0-9.]+).*/\1/')
 awk -v a="$accuracy" 'BEGIN { exit !(a >= 0.9) }' || fail "test accuracy $accuracy < 0.9" evaluate.txt train.txt
 
 if [ "$device" != cpu ]; then  # the GPU's checkpoint on the CPU: the same predictions and test metrics
@@ -92,8 +96,8 @@ if [ "$device" != cpu ]; then  # the GPU's checkpoint on the CPU: the same predi
   "$ddptrain" evaluate -c run/best.h5 -d data.h5 --device cpu >cpu_evaluate.txt 2>&1 ||
     fail "evaluate on the CPU failed" cpu_evaluate.txt
   # Printed to 4 decimals: the losses may differ by one in the last digit, the accuracies not at all.
-  paste -d' ' evaluate.txt cpu_evaluate.txt |
-    awk '{ d = $3 - $11; if (d < 0) d = -d; exit !(d <= 2e-4 && $6 == $14) }' ||
+  paste -d' ' <(head -1 evaluate.txt) <(head -1 cpu_evaluate.txt) |
+    awk '{ d = $3 - $14; if (d < 0) d = -d; exit !(d <= 2e-4 && $6 == $17) }' ||
     fail "$device and cpu evaluate differently" evaluate.txt cpu_evaluate.txt
 fi
 

@@ -17,9 +17,9 @@
 #include "engine/base/errors.h"
 #include "models/fast_math.h"
 #include "models/initializers.h"
-#include "models/rnn_classifier_cpu.h"
 #include "models/param_layout.h"
 #include "models/replica.h"
+#include "models/rnn_classifier_cpu.h"
 #include "tests/test_util.h"
 
 namespace ddp::models {

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Three classes end to end: a folder-per-class corpus (train/<class>/, test/<class>/, and a train/unsup that
+# is not a class) is prepared with `ddptrain prepare text`, trained on 2 ranks with a bidirectional GRU over
+# masked padding, then `ddptrain evaluate` must print per-class scores and the confusion matrix, and
+# `ddptrain predict` the class names. Also the keys' bad values.
+#   bash tests/cli/multiclass_end_to_end.sh path/to/ddptrain
+set -euo pipefail
+ddptrain=$1
+source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
+enter_scratch_dir
+
+# Documents of filler words; the class is carried by two topic words, and a negated word of another topic
+# ("not <word>") in every other document, so that the order of words counts.
+filler=(the a report news today it was and of people time said year new city week)
+sports=(match goal team league coach striker)
+science=(atom cell physics theory experiment molecule)
+music=(album guitar concert song melody band)
+classes=(music science sports)
+RANDOM=11  # a fixed seed: the same folder on every run
+document() {
+  local -n topic=$1
+  local -n other=$2
+  local words=() i
+  for i in $(seq $((6 + RANDOM % 8))); do words+=("${filler[RANDOM % ${#filler[@]}]}"); done
+  for i in 1 2; do
+    local at=$((RANDOM % (${#words[@]} + 1)))
+    words=("${words[@]:0:at}" "${topic[RANDOM % ${#topic[@]}]}" "${words[@]:at}")
+  done
+  if [ $((RANDOM % 2)) -eq 0 ]; then
+    local at=$((RANDOM % (${#words[@]} + 1)))
+    words=("${words[@]:0:at}" not "${other[RANDOM % ${#other[@]}]}" "${words[@]:at}")
+  fi
+  echo "${words[*]^}."
+}
+for split in train test; do
+  count=$([ "$split" = train ] && echo 80 || echo 20)
+  for c in 0 1 2; do
+    mkdir -p "corpus/$split/${classes[c]}"
+    for i in $(seq "$count"); do
+      document "${classes[c]}" "${classes[(c + 1) % 3]}" >"corpus/$split/${classes[c]}/$i.txt"
+    done
+  done
+done
+mkdir -p corpus/train/unsup && echo "unlabelled words" >corpus/train/unsup/1.txt
+
+"$ddptrain" prepare text --input corpus --output data.h5 --vocab 80 --maxlen 24 --threads 2 \
+  >prepare.txt 2>&1 || fail "prepare text failed" prepare.txt
+grep -q "train 240 (80 sports, 80 science, 80 music), test 60 (20 sports, 20 science, 20 music)" prepare.txt ||
+  fail "wrong row counts" prepare.txt
+grep -q "not classes (ignored): 1 (train/unsup)" prepare.txt || fail "train/unsup is not reported" prepare.txt
+/usr/bin/python3 - <<'PY' || fail "the dataset's classes" prepare.txt
+import h5py
+f = h5py.File("data.h5", "r")
+assert f.attrs["num_classes"] == 3, dict(f.attrs)
+assert [c.decode() if isinstance(c, bytes) else c for c in f["classes"][()]] == ["music", "science", "sports"]
+assert set(f["train/y"][()]) == {0, 1, 2}
+PY
+
+args=(--data.path data.h5 --checkpoint.dir run --model.embedding_dim 16 --model.hidden 16 --model.cell gru
+  --model.bidirectional true --model.mask_padding true --model.dropout 0.1 --model.embedding_dropout 0.1
+  --model.layers 2 --train.batch_size 16 --train.epochs 10 --train.learning_rate 0.01 --train.seed 1
+  --log.progress lines)
+mpirun -np 2 "$ddptrain" "${args[@]}" >train.txt 2>&1 || fail "training failed" train.txt
+grep -qP 'val_macro_f1: \d\.\d{4}$' train.txt || fail "no macro-F1 in the epoch lines" train.txt
+grep -qP '^Test \(best.h5, epoch \d+\) - test_loss: .* - test_macro_f1: \d\.\d{4} \(60 samples\)$' train.txt ||
+  fail "no test line with macro-F1" train.txt
+f1=$(json_field run/metrics.jsonl test_macro_f1 event=test)
+awk -v f="$f1" 'BEGIN { exit !(f >= 0.9) }' || fail "test macro-F1 $f1 < 0.9" train.txt
+
+"$ddptrain" evaluate --checkpoint run/best.h5 --data data.h5 >evaluate.txt 2>&1 || fail "evaluate failed" evaluate.txt
+grep -qP '^test: loss \d+\.\d{4} - accuracy \d\.\d{4} - macro-F1 \d\.\d{4} \(60 samples\)$' evaluate.txt ||
+  fail "evaluate's first line" evaluate.txt
+for c in "${classes[@]}"; do
+  grep -qP "^$c +\d\.\d{4} +\d\.\d{4} +\d\.\d{4} +20$" evaluate.txt || fail "no report line for $c" evaluate.txt
+done
+grep -q '^confusion matrix (rows: true class, columns: predicted class):$' evaluate.txt ||
+  fail "no confusion matrix" evaluate.txt
+awk '/^confusion matrix/ { m = 1; next } m && $2 ~ /^[0-9]+$/ { s += $2 + $3 + $4; d += $(2 + n++) }
+  END { exit !(s == 60 && d >= 54) }' evaluate.txt || fail "the confusion matrix: 60 rows, 54 on its diagonal" evaluate.txt
+
+"$ddptrain" predict -c run/best.h5 --text "The striker scored a goal for the team" \
+  --text "Not concert news: the physics of the atom" -a >predict.txt 2>&1 || fail "predict failed" predict.txt
+grep -qP '^sports\t\d\.\d{4}\tmusic=\d\.\d{4} science=\d\.\d{4} sports=\d\.\d{4}\tThe striker' predict.txt ||
+  fail "predict's first line" predict.txt
+grep -qP '^science\t' <(sed -n 2p predict.txt) || fail "a negated topic decided the class" predict.txt
+
+# Bad values: one line naming the key.
+expect_user_error "bidirectional without masking" "model.bidirectional" \
+  "$ddptrain" --data.path data.h5 --model.bidirectional true
+expect_user_error "an unknown cell" "model.cell = rnn" "$ddptrain" --data.path data.h5 --model.cell rnn
+expect_user_error "dropout of 1" "model.dropout = 1" "$ddptrain" --data.path data.h5 --model.dropout 1
+expect_user_error "oneDNN for a GRU" "model.cpu_kernels = onednn" \
+  "$ddptrain" --data.path data.h5 --model.cell gru --model.cpu_kernels onednn
+/usr/bin/python3 - <<'PY'
+import h5py, shutil
+shutil.copy("data.h5", "one_class.h5")
+with h5py.File("one_class.h5", "a") as f:
+    f.attrs["num_classes"] = 1
+shutil.copy("data.h5", "big_label.h5")
+with h5py.File("big_label.h5", "a") as f:
+    y = f["train/y"]; y[5] = 3
+PY
+expect_user_error "num_classes 1" "attribute num_classes = 1" "$ddptrain" --data.path one_class.h5 --checkpoint.dir bad
+expect_user_error "a label >= num_classes" "/train/y[5] = 3 is not a label (num_classes = 3" \
+  "$ddptrain" --data.path big_label.h5 --checkpoint.dir bad
+echo "PASS"
