@@ -61,6 +61,9 @@ struct PsOptions {
   bool async = false;      // sync: averaged lock-step; async: bounded-staleness updates
   int max_staleness = 0;   // async only: s >= 0
   double timeout_s = 120;  // the longest silence a server accepts from a worker it waits for
+  // Sync, colocated: the averaged gradient's global norm is clipped to this (0: never); the owners add up
+  // their shards' squares.
+  double clip_norm = 0;
   // Where gradients may be zero outside the rows a step touched (the embedding): such pushes send only those
   // rows (push_pull with touched rows). Empty: every push is dense. The same on every rank.
   RowRegion sparse_exchange_rows;

@@ -47,8 +47,8 @@ constexpr int kStartupTimeouts = 4;
 class ShardOptimizer {
  public:
   virtual ~ShardOptimizer() = default;
-  // params -= update(grads), both the shard's size.
-  virtual void step(std::span<float> params, std::span<const float> grads) = 0;
+  // params -= update(grads * gradient_scale), both the shard's size.
+  virtual void step(std::span<float> params, std::span<const float> grads, float gradient_scale = 1.0f) = 0;
   virtual OptimizerState state() const = 0;
   virtual void load_state(const OptimizerState& state) = 0;
   // The update count, and each buffer of the state in turn, in place (no copy).

@@ -18,6 +18,7 @@
 #include "comm/parameter_service.h"
 #include "comm/sharded_exchange.h"
 #include "engine/base/errors.h"
+#include "engine/base/gradient_clipping.h"
 #include "engine/base/timeline.h"
 
 namespace ddp::comm {
@@ -56,8 +57,10 @@ void visit_shards(ShardedExchange& exchange, const ShardOptimizer& optimizer,
 // Sync mode: a step is a reduce-scatter, the owner's update, an all-gather.
 class ColocatedService final : public ParameterService {
  public:
-  ColocatedService(MPI_Comm world, std::size_t total, const ShardOptimizerFactory& make_optimizer)
-      : exchange_(world, total),
+  ColocatedService(MPI_Comm world, const PsOptions& options, std::size_t total,
+                   const ShardOptimizerFactory& make_optimizer)
+      : options_(options),
+        exchange_(world, total),
         trainers_(make_mpi_communicator(world)),
         world_(world),
         optimizer_(make_optimizer(exchange_.shard_size())),
@@ -82,7 +85,15 @@ class ColocatedService final : public ParameterService {
                 std::span<float> params) override {
     timeline::Span span("reduce-scatter, update, all-gather");
     exchange_.reduce_scatter_average(grads, shard_grads_);
-    optimizer_->step(params.subspan(exchange_.begin(), exchange_.shard_size()), shard_grads_);
+    float scale = 1.0f;
+    if (options_.clip_norm > 0) {
+      // The whole averaged gradient's squared norm: each owner's shard, added up over the ranks.
+      double squares = 0;
+      for (const float g : shard_grads_) squares += static_cast<double>(g) * g;
+      DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &squares, 1, MPI_DOUBLE, MPI_SUM, world_));
+      scale = clipping_scale(squares, options_.clip_norm);
+    }
+    optimizer_->step(params.subspan(exchange_.begin(), exchange_.shard_size()), shard_grads_, scale);
     exchange_.all_gather(params);
   }
 
@@ -94,6 +105,7 @@ class ColocatedService final : public ParameterService {
   void finish(std::span<const float> /*params*/) override {}
 
  private:
+  PsOptions options_;
   ShardedExchange exchange_;
   std::unique_ptr<Communicator> trainers_;
   MPI_Comm world_;
@@ -194,7 +206,12 @@ class AsyncColocatedService final : public ParameterService {
 std::unique_ptr<ParameterService> make_colocated_service(MPI_Comm world, const PsOptions& options,
                                                          std::size_t total,
                                                          const ShardOptimizerFactory& make_optimizer) {
-  if (!options.async) return std::make_unique<ColocatedService>(world, total, make_optimizer);
+  if (!options.async) return std::make_unique<ColocatedService>(world, options, total, make_optimizer);
+  if (options.clip_norm > 0) {
+    throw UserError(
+        "train.clip_norm with comm.ps_mode = async: an async server applies each worker's "
+        "gradient as it comes, there is no averaged gradient to clip (use sync or all-reduce)");
+  }
   if (!mpi_thread_multiple()) {
     throw UserError(
         "comm.ps_servers = 0 with comm.ps_mode = async runs a server thread beside training, which needs an "

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "engine/base/errors.h"
 #include "engine/base/timeline.h"
 
 namespace ddp::engine {
@@ -13,11 +14,39 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// The squared L2 norm of the averaged gradient, in double; with `sparse`, the matrix's untouched rows are
+// zero and skipped.
+double squared_norm(std::span<const float> grads, const TouchedRows* sparse) {
+  double sum = 0;
+  auto add = [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) sum += static_cast<double>(grads[i]) * grads[i];
+  };
+  if (sparse == nullptr) {
+    add(0, grads.size());
+    return sum;
+  }
+  add(0, sparse->offset);
+  for (const int32_t row : sparse->rows) {
+    const std::size_t begin = sparse->offset + static_cast<std::size_t>(row) * sparse->width;
+    add(begin, begin + sparse->width);
+  }
+  add(sparse->offset + sparse->count * sparse->width, grads.size());
+  return sum;
+}
+
 }  // namespace
 
 AllReduceStep::AllReduceStep(models::Replica& replica, comm::Communicator& comm, Optimizer& optimizer,
-                             bool sparse_exchange)
-    : replica_(replica), comm_(comm), optimizer_(optimizer), sparse_exchange_(sparse_exchange) {}
+                             bool sparse_exchange, double clip_norm)
+    : replica_(replica),
+      comm_(comm),
+      optimizer_(optimizer),
+      sparse_exchange_(sparse_exchange),
+      clip_norm_(clip_norm) {
+  if (clip_norm > 0 && replica.device() != models::DeviceKind::kCpu) {
+    throw UserError("train.clip_norm on GPU ranks is not supported yet (the norm is computed on the host)");
+  }
+}
 
 void AllReduceStep::run(const BatchView& batch) {
   const auto start = Clock::now();
@@ -48,7 +77,10 @@ void AllReduceStep::run(const BatchView& batch) {
                          embedding_rows_};
   {
     timeline::Span span("optimizer");
-    optimizer_.step(replica_.params(), grads, sparse_exchange_ ? &rows : nullptr);
+    const float scale =
+        clip_norm_ > 0 ? clipping_scale(squared_norm(grads, sparse_exchange_ ? &rows : nullptr), clip_norm_)
+                       : 1.0f;
+    optimizer_.step(replica_.params(), grads, sparse_exchange_ ? &rows : nullptr, scale);
   }
 
   // The exchange wrote other ranks' rows into this rank's embedding gradient. Clear them, so that the

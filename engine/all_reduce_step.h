@@ -14,8 +14,10 @@ namespace ddp::engine {
 class AllReduceStep {
  public:
   // `sparse_exchange`: exchange only the embedding rows some rank touched (comm.sparse_embedding).
+  // `clip_norm` > 0: the averaged gradient's global norm is clipped to it (train.clip_norm; a CPU replica's
+  // gradient only, UserError for a GPU's).
   AllReduceStep(models::Replica& replica, comm::Communicator& comm, Optimizer& optimizer,
-                bool sparse_exchange);
+                bool sparse_exchange, double clip_norm = 0);
 
   // The batch's loss and accuracy go to the replica's running stats (Replica::take_stats).
   void run(const BatchView& batch);
@@ -33,6 +35,7 @@ class AllReduceStep {
   comm::Communicator& comm_;
   Optimizer& optimizer_;
   bool sparse_exchange_;
+  double clip_norm_;
   std::vector<int32_t> embedding_rows_;  // rows averaged in the last step
   Timing timing_;
 };

@@ -104,6 +104,7 @@ CheckpointWriter::CheckpointWriter(const std::string& path, const models::ModelS
   io::write_int_attribute(root, "world_size", progress.world_size);
   io::write_int_attribute(root, "batch_size", progress.batch_size);
   write_double_attribute(root, "best_val_loss", progress.best_val_loss);
+  io::write_int_attribute(root, "best_epoch", progress.best_epoch);
   write_double_attribute(root, "loss_sum", progress.loss_sum);
   write_double_attribute(root, "correct", progress.correct);
   write_double_attribute(root, "count", progress.count);
@@ -215,6 +216,8 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) {
   p.world_size = read_int(root, path, "world_size");
   p.batch_size = read_int(root, path, "batch_size");
   p.best_val_loss = read_double_attribute(root, path, "best_val_loss");
+  // Absent in checkpoints of before: early stopping counts from the checkpoint's epoch.
+  p.best_epoch = io::has_attribute(root, "best_epoch") ? read_int(root, path, "best_epoch") : p.epoch;
   p.loss_sum = read_double_attribute(root, path, "loss_sum");
   p.correct = read_double_attribute(root, path, "correct");
   p.count = read_double_attribute(root, path, "count");

@@ -6,9 +6,9 @@
 //                           cell ("lstm", "gru"), bidirectional, classes, mask_padding (the four absent in
 //                           checkpoints of before: an LSTM, one direction, two classes, no masking),
 //                           epoch, step_in_epoch, global_step, seed, world_size, batch_size,
-//                           best_val_loss, loss_sum, correct, count (the interrupted epoch's running sums),
-//                           config (the effective INI text), run_id, data_path, data_fingerprint
-//                           (io/dataset_fingerprint.h), data_plan (io/data_plan.h), maxlen
+//                           best_val_loss, best_epoch, loss_sum, correct, count (the interrupted epoch's
+//                           running sums), config (the effective INI text), run_id, data_path,
+//                           data_fingerprint (io/dataset_fingerprint.h), data_plan (io/data_plan.h), maxlen
 //   /vocab                  optional UTF-8 strings, copied from the dataset: /vocab[i] is the word of id i,
 //                           so predict needs only the checkpoint
 //   /classes                optional UTF-8 strings, the dataset's class names
@@ -37,6 +37,7 @@ struct TrainingProgress {
   int64_t world_size = 1;
   int64_t batch_size = 0;    // per rank
   double best_val_loss = 0;  // meaningful once epoch > 0
+  int64_t best_epoch = 0;    // the epoch best.h5 holds (0: none yet; checkpoints of before: their epoch)
   double loss_sum = 0;       // running sums of the interrupted epoch, over all ranks
   double correct = 0;
   double count = 0;

@@ -72,6 +72,19 @@ void visit_keys(C& c, Visitor&& key) {
       "cap on steps per epoch; 0: the whole shard");
   key("train", "stop_after_steps", c.train.stop_after_steps,
       "stop after this many steps in all, writing last.h5 (continue with --resume); 0: never");
+  key("train", "lr_schedule", c.train.lr_schedule,
+      "learning rate over the run's steps: constant, step (times train.lr_decay_rate every "
+      "train.lr_decay_steps) or cosine (to 0 at the last step), after train.warmup_steps");
+  key("train", "warmup_steps", c.train.warmup_steps,
+      "steps over which the learning rate rises linearly to train.learning_rate; 0: none");
+  key("train", "lr_decay_steps", c.train.lr_decay_steps, "lr_schedule step: steps between decays");
+  key("train", "lr_decay_rate", c.train.lr_decay_rate, "lr_schedule step: the factor of each decay");
+  key("train", "weight_decay", c.train.weight_decay,
+      "decoupled weight decay (AdamW; sgd alike): each step p -= learning rate x this x p; 0: none");
+  key("train", "clip_norm", c.train.clip_norm,
+      "clip the averaged gradient to this global L2 norm before the update; 0: never");
+  key("train", "early_stopping_patience", c.train.early_stopping_patience,
+      "stop after this many epochs without a lower val_loss (best.h5 keeps the best); 0: never");
   key("train", "straggle_ms", c.train.straggle_ms,
       "sleep this long after each step on the last worker, to test stragglers; 0: never");
   key("comm", "backend", c.comm.backend,
@@ -195,6 +208,23 @@ void check_values(const Config& c) {
           "must be 0 (never) or more");
   require(c.train.straggle_ms >= 0, "train.straggle_ms", value_text(c.train.straggle_ms),
           "must be 0 (never) or more");
+  require(
+      c.train.lr_schedule == "constant" || c.train.lr_schedule == "step" || c.train.lr_schedule == "cosine",
+      "train.lr_schedule", c.train.lr_schedule, "expected constant, step or cosine");
+  require(c.train.warmup_steps >= 0, "train.warmup_steps", value_text(c.train.warmup_steps),
+          "must be 0 (none) or more");
+  require(c.train.lr_schedule != "step" || c.train.lr_decay_steps > 0, "train.lr_decay_steps",
+          value_text(c.train.lr_decay_steps), "must be positive with train.lr_schedule = step");
+  require(c.train.lr_decay_steps >= 0, "train.lr_decay_steps", value_text(c.train.lr_decay_steps),
+          "must be 0 or more");
+  require(c.train.lr_decay_rate > 0 && c.train.lr_decay_rate <= 1, "train.lr_decay_rate",
+          value_text(c.train.lr_decay_rate), "must be in (0, 1]");
+  require(c.train.weight_decay >= 0 && c.train.weight_decay < 1, "train.weight_decay",
+          value_text(c.train.weight_decay), "must be in [0, 1)");
+  require(c.train.clip_norm >= 0, "train.clip_norm", value_text(c.train.clip_norm),
+          "must be 0 (never) or more");
+  require(c.train.early_stopping_patience >= 0, "train.early_stopping_patience",
+          value_text(c.train.early_stopping_patience), "must be 0 (never) or more");
   require(!c.checkpoint.dir.empty(), "checkpoint.dir", "\"\"", "must name a directory");
   require(c.checkpoint.every_steps >= 0, "checkpoint.every_steps", value_text(c.checkpoint.every_steps),
           "must be 0 or more");

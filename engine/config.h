@@ -53,6 +53,13 @@ struct Config {
     int64_t max_steps_per_epoch = 0;  // 0: the whole shard
     int64_t stop_after_steps = 0;     // stop (with last.h5 written) after this many steps in all; 0: never
     double straggle_ms = 0;           // testing: the last worker sleeps this long after each step
+    std::string lr_schedule = "constant";  // constant | step | cosine
+    int64_t warmup_steps = 0;              // linear warm-up of the learning rate
+    int64_t lr_decay_steps = 0;            // step: decay every this many steps
+    double lr_decay_rate = 0.1;            // step: by this factor
+    double weight_decay = 0;               // decoupled (AdamW)
+    double clip_norm = 0;                  // clip the averaged gradient's global norm; 0: never
+    int early_stopping_patience = 0;       // epochs without a better val_loss before stopping; 0: never
   } train;
 
   struct Comm {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 
 #include "engine/base/errors.h"
 #include "engine/base/parallel_loops.h"
@@ -34,13 +35,13 @@ DDP_VECTOR_CLONES void adam_decay(float* __restrict p, float* __restrict m, floa
 }
 
 DDP_VECTOR_CLONES void sgd_update(float* __restrict p, const float* __restrict g, float* __restrict velocity,
-                                  std::size_t n, float lr, float momentum) {
-  for (std::size_t i = 0; i < n; ++i) sgd_update_one(p[i], g[i], velocity[i], lr, momentum);
+                                  std::size_t n, SgdCoefficients c) {
+  for (std::size_t i = 0; i < n; ++i) sgd_update_one(p[i], g[i], velocity[i], c);
 }
 
 DDP_VECTOR_CLONES void sgd_decay(float* __restrict p, float* __restrict velocity, std::size_t n,
-                                 float momentum) {
-  for (std::size_t i = 0; i < n; ++i) sgd_decay_one(p[i], velocity[i], momentum);
+                                 SgdCoefficients c) {
+  for (std::size_t i = 0; i < n; ++i) sgd_decay_one(p[i], velocity[i], c);
 }
 
 // Below this many elements a loop is not worth a second thread (the pool's wake-up costs microseconds).
@@ -56,10 +57,11 @@ namespace {
 // traffic).
 class HostOptimizer : public Optimizer {
  public:
-  void step(std::span<float> params, std::span<const float> grads, const TouchedRows* sparse) final {
+  void step(std::span<float> params, std::span<const float> grads, const TouchedRows* sparse,
+            float gradient_scale) final {
     DDP_CHECK(params.size() == size() && grads.size() == size());
     DDP_CHECK(sparse == nullptr || sparse->offset + sparse->count * sparse->width <= size());
-    begin_step();
+    begin_step(gradient_scale);
     parallel_ranges(size(), /*align=*/16, kMinElementsPerThread, [&](std::size_t begin, std::size_t end) {
       if (sparse == nullptr) {
         update_range(params.data(), grads.data(), begin, end);
@@ -72,7 +74,7 @@ class HostOptimizer : public Optimizer {
  protected:
   explicit HostOptimizer(bool lazy_update) : lazy_update_(lazy_update) {}
   // Called once per step before update_range().
-  virtual void begin_step() = 0;
+  virtual void begin_step(float gradient_scale) = 0;
   // Updates elements [begin, end) of the flat buffer.
   virtual void update_range(float* params, const float* grads, std::size_t begin, std::size_t end) = 0;
   // Updates elements [begin, end) as if their gradient were zero.
@@ -119,7 +121,9 @@ class Adam final : public HostOptimizer {
       : HostOptimizer(s.lazy_update), s_(s), m_(size, 0.0f), v_(size, 0.0f) {}
 
  protected:
-  void begin_step() override { coefficients_ = adam_coefficients(s_, ++iterations_); }
+  void begin_step(float gradient_scale) override {
+    coefficients_ = adam_coefficients(s_, ++iterations_, gradient_scale);
+  }
 
   void update_range(float* params, const float* grads, std::size_t begin, std::size_t end) override {
     adam_update(params + begin, grads + begin, m_.data() + begin, v_.data() + begin, end - begin,
@@ -159,13 +163,14 @@ class Sgd final : public HostOptimizer {
       : HostOptimizer(s.lazy_update), s_(s), velocity_(size, 0.0f) {}
 
  protected:
-  void begin_step() override { ++iterations_; }
+  void begin_step(float gradient_scale) override {
+    coefficients_ = sgd_coefficients(s_, ++iterations_, gradient_scale);
+  }
   void update_range(float* params, const float* grads, std::size_t begin, std::size_t end) override {
-    sgd_update(params + begin, grads + begin, velocity_.data() + begin, end - begin,
-               static_cast<float>(s_.learning_rate), static_cast<float>(s_.momentum));
+    sgd_update(params + begin, grads + begin, velocity_.data() + begin, end - begin, coefficients_);
   }
   void decay_range(float* params, std::size_t begin, std::size_t end) override {
-    sgd_decay(params + begin, velocity_.data() + begin, end - begin, static_cast<float>(s_.momentum));
+    sgd_decay(params + begin, velocity_.data() + begin, end - begin, coefficients_);
   }
   std::size_t size() const override { return velocity_.size(); }
 
@@ -183,6 +188,7 @@ class Sgd final : public HostOptimizer {
  private:
   OptimizerSettings s_;
   int64_t iterations_ = 0;
+  SgdCoefficients coefficients_{};
   std::vector<float> velocity_;
 };
 
@@ -192,11 +198,40 @@ void Optimizer::visit_state(const StateBufferVisitor& visit) const {
   for (const auto& [name, buffer] : state().buffers) visit(name, buffer);
 }
 
-AdamCoefficients adam_coefficients(const OptimizerSettings& s, int64_t iteration) {
+double learning_rate_at(const OptimizerSettings& s, int64_t iteration) {
+  const int64_t step = std::max<int64_t>(iteration, 1) - 1;  // 0 for the first update
+  // Linear warm-up: (step + 1) / warmup of the rate, reaching it at the last warm-up step.
+  if (step < s.warmup_steps) {
+    return s.learning_rate * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
+  }
+  const int64_t after = step - s.warmup_steps;
+  if (s.schedule == "step" && s.decay_steps > 0) {
+    return s.learning_rate * std::pow(s.decay_rate, static_cast<double>(after / s.decay_steps));
+  }
+  if (s.schedule == "cosine" && s.total_steps > s.warmup_steps) {
+    const double span = static_cast<double>(s.total_steps - s.warmup_steps);
+    const double progress = std::min(1.0, static_cast<double>(after) / span);
+    return s.learning_rate * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+  }
+  return s.learning_rate;
+}
+
+AdamCoefficients adam_coefficients(const OptimizerSettings& s, int64_t iteration, float gradient_scale) {
   const double t = static_cast<double>(iteration);
-  const double lr_t = s.learning_rate * std::sqrt(1.0 - std::pow(s.beta2, t)) / (1.0 - std::pow(s.beta1, t));
-  return {static_cast<float>(s.beta1), static_cast<float>(s.beta2), static_cast<float>(s.epsilon),
-          static_cast<float>(lr_t)};
+  const double lr = learning_rate_at(s, iteration);
+  const double lr_t = lr * std::sqrt(1.0 - std::pow(s.beta2, t)) / (1.0 - std::pow(s.beta1, t));
+  return {static_cast<float>(s.beta1),
+          static_cast<float>(s.beta2),
+          static_cast<float>(s.epsilon),
+          static_cast<float>(lr_t),
+          static_cast<float>(lr * s.weight_decay),
+          gradient_scale};
+}
+
+SgdCoefficients sgd_coefficients(const OptimizerSettings& s, int64_t iteration, float gradient_scale) {
+  const double lr = learning_rate_at(s, iteration);
+  return {static_cast<float>(lr), static_cast<float>(s.momentum), static_cast<float>(lr * s.weight_decay),
+          gradient_scale};
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerSettings& settings, std::size_t size) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/base/gradient_clipping.h"
 #include "engine/base/optimizer_state.h"
 #include "engine/optimizer_math.h"
 
@@ -24,7 +25,23 @@ struct OptimizerSettings {
   // Lazy row updates (as PyTorch's SparseAdam, TensorFlow's LazyAdam): rows of a sparse matrix (the
   // embedding) that had no gradient this step keep their parameters and moments. Off: Keras's dense update.
   bool lazy_update = false;
+  // The learning rate's schedule over the optimizer's updates (learning_rate_at): constant, step (times
+  // decay_rate every decay_steps updates) or cosine (from learning_rate to 0 over total_steps), after a
+  // linear warm-up over warmup_steps.
+  std::string schedule = "constant";
+  int64_t warmup_steps = 0;
+  int64_t decay_steps = 0;  // step
+  double decay_rate = 0.1;  // step
+  int64_t total_steps = 0;  // cosine: the run's updates
+  double weight_decay = 0;  // decoupled (AdamW; SGD alike): p -= learning_rate_at(t) * weight_decay * p
+  // The averaged gradient's global L2 norm is clipped to this before the update (0: never); the updater
+  // that sees the whole averaged gradient computes the norm and hands the optimizer the scale.
+  double clip_norm = 0;
 };
+
+// The learning rate of update `iteration` (1 for the first): a pure function of the settings and the
+// iteration, so a resumed optimizer (whose state holds its iterations) continues the schedule exactly.
+double learning_rate_at(const OptimizerSettings& settings, int64_t iteration);
 
 // A row-major matrix inside the flat buffer of which only some rows had a gradient this step.
 struct TouchedRows {
@@ -42,8 +59,9 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // params -= update(grads); both spans have the size given at construction. With settings.lazy_update and
   // `sparse`, the matrix's rows not in sparse->rows are left alone.
+  // `gradient_scale` multiplies every gradient first (clipping by the global norm; 1: none).
   virtual void step(std::span<float> params, std::span<const float> grads,
-                    const TouchedRows* sparse = nullptr) = 0;
+                    const TouchedRows* sparse = nullptr, float gradient_scale = 1.0f) = 0;
   virtual OptimizerState state() const = 0;
   // The state's update count, and each of its buffers in turn: in place where the state is in host memory,
   // else copied (a GPU's).
@@ -54,9 +72,12 @@ class Optimizer {
   virtual std::string name() const = 0;
 };
 
-// Adam's coefficients for step `iteration` (1 for the first), computed once per step on the host for the
-// host loop and the CUDA kernel alike.
-AdamCoefficients adam_coefficients(const OptimizerSettings& settings, int64_t iteration);
+// The coefficients of update `iteration` (1 for the first), computed once per step on the host for the host
+// loop and the CUDA kernel alike.
+AdamCoefficients adam_coefficients(const OptimizerSettings& settings, int64_t iteration,
+                                   float gradient_scale = 1.0f);
+SgdCoefficients sgd_coefficients(const OptimizerSettings& settings, int64_t iteration,
+                                 float gradient_scale = 1.0f);
 
 // The host (CPU) optimizers. Adam as Keras computes it: m, v moments; lr_t = lr * sqrt(1 - beta2^t) / (1 -
 // beta1^t); p -= lr_t * m / (sqrt(v) + epsilon). SGD as Keras: v = momentum * v - lr * g; p += v.

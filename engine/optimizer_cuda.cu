@@ -53,7 +53,7 @@ __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, 
 }
 
 __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ velocity,
-                           std::size_t n, float lr, float momentum, bool vec4) {
+                           std::size_t n, SgdCoefficients c, bool vec4) {
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   std::size_t done = 0;
@@ -66,17 +66,16 @@ __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, f
       float4 pp = p4[i];
       const float4 gg = g4[i];
       float4 vv = vel4[i];
-      sgd_update_one(pp.x, gg.x, vv.x, lr, momentum);
-      sgd_update_one(pp.y, gg.y, vv.y, lr, momentum);
-      sgd_update_one(pp.z, gg.z, vv.z, lr, momentum);
-      sgd_update_one(pp.w, gg.w, vv.w, lr, momentum);
+      sgd_update_one(pp.x, gg.x, vv.x, c);
+      sgd_update_one(pp.y, gg.y, vv.y, c);
+      sgd_update_one(pp.z, gg.z, vv.z, c);
+      sgd_update_one(pp.w, gg.w, vv.w, c);
       p4[i] = pp;
       vel4[i] = vv;
     }
     done = n4 * 4;
   }
-  for (std::size_t i = done + first; i < n; i += stride)
-    sgd_update_one(p[i], g[i], velocity[i], lr, momentum);
+  for (std::size_t i = done + first; i < n; i += stride) sgd_update_one(p[i], g[i], velocity[i], c);
 }
 
 bool aligned16(const void* p) {
@@ -85,10 +84,12 @@ bool aligned16(const void* p) {
 
 class CudaOptimizer : public Optimizer {
  public:
-  void step(std::span<float> params, std::span<const float> grads, const TouchedRows*) final {
+  void step(std::span<float> params, std::span<const float> grads, const TouchedRows*,
+            float gradient_scale) final {
     // `sparse` is ignored: lazy rows were refused at construction, so the update is dense.
     DDP_CHECK(params.size() == size_ && grads.size() == size_);
     ++iterations_;
+    gradient_scale_ = gradient_scale;
     if (size_ == 0) return;
     DDP_CUDA_CHECK(cudaSetDevice(device_));
     launch(params.data(), grads.data());
@@ -157,6 +158,7 @@ class CudaOptimizer : public Optimizer {
   cudaStream_t stream_;
   int device_;
   int64_t iterations_ = 0;
+  float gradient_scale_ = 1.0f;  // this step's
   std::vector<std::string> names_;
   std::vector<std::unique_ptr<cuda::DeviceArray<float>>> buffers_;  // one per name, in order
   int max_blocks_ = 1;
@@ -170,7 +172,7 @@ class CudaAdam final : public CudaOptimizer {
 
  protected:
   void launch(float* params, const float* grads) override {
-    const AdamCoefficients c = adam_coefficients(s_, iterations_);
+    const AdamCoefficients c = adam_coefficients(s_, iterations_, gradient_scale_);
     float* m = buffers_[0]->get();
     float* v = buffers_[1]->get();
     const bool vec4 = aligned16(params) && aligned16(grads) && aligned16(m) && aligned16(v);
@@ -194,8 +196,7 @@ class CudaSgd final : public CudaOptimizer {
     float* velocity = buffers_[0]->get();
     const bool vec4 = aligned16(params) && aligned16(grads) && aligned16(velocity);
     sgd_kernel<<<blocks_for(vec4 ? size_ / 4 + 1 : size_), kThreads, 0, stream_>>>(
-        params, grads, velocity, size_, static_cast<float>(s_.learning_rate), static_cast<float>(s_.momentum),
-        vec4);
+        params, grads, velocity, size_, sgd_coefficients(s_, iterations_, gradient_scale_), vec4);
     DDP_CUDA_CHECK_LAUNCH("sgd_kernel");
   }
 

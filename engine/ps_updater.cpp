@@ -12,8 +12,8 @@ namespace {
 class OptimizerOnShard final : public comm::ShardOptimizer {
  public:
   explicit OptimizerOnShard(std::unique_ptr<Optimizer> optimizer) : optimizer_(std::move(optimizer)) {}
-  void step(std::span<float> params, std::span<const float> grads) override {
-    optimizer_->step(params, grads);
+  void step(std::span<float> params, std::span<const float> grads, float gradient_scale) override {
+    optimizer_->step(params, grads, nullptr, gradient_scale);
   }
   OptimizerState state() const override { return optimizer_->state(); }
   int64_t iterations() const override { return optimizer_->iterations(); }

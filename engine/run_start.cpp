@@ -116,7 +116,8 @@ void broadcast_progress(comm::Communicator& trainers, TrainingProgress& p, bool&
                              p.best_val_loss,
                              resumed ? 1.0 : 0.0,
                              static_cast<double>(p.seed >> 32),
-                             static_cast<double>(p.seed & 0xFFFFFFFFu)};
+                             static_cast<double>(p.seed & 0xFFFFFFFFu),
+                             static_cast<double>(p.best_epoch)};
   trainers.broadcast(std::span<double>(values), 0);
   p.epoch = static_cast<int64_t>(values[0]);
   p.step_in_epoch = static_cast<int64_t>(values[1]);
@@ -124,6 +125,7 @@ void broadcast_progress(comm::Communicator& trainers, TrainingProgress& p, bool&
   p.best_val_loss = values[3];
   resumed = values[4] != 0.0;
   p.seed = (static_cast<uint64_t>(values[5]) << 32) | static_cast<uint64_t>(values[6]);
+  p.best_epoch = static_cast<int64_t>(values[7]);
 }
 
 }  // namespace

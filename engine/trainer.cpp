@@ -32,6 +32,19 @@
 #include "models/replica.h"
 
 namespace ddp::engine {
+
+int64_t steps_per_epoch(const Config& config, const io::DatasetInfo& data, int trainers) {
+  const io::DataPlan plan =
+      io::plan_data(data, config.data.validation, config.data.validation_split, 0, trainers);
+  const int64_t per_epoch =
+      io::BatchReader::batches_per_epoch(plan.train.size(), config.train.batch_size, /*drop_last=*/true);
+  return config.train.max_steps_per_epoch > 0 ? std::min(per_epoch, config.train.max_steps_per_epoch)
+                                              : per_epoch;
+}
+
+int64_t planned_steps(const Config& config, const io::DatasetInfo& data, int trainers) {
+  return steps_per_epoch(config, data, trainers) * config.train.epochs;
+}
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -65,11 +78,7 @@ class TrainingRun::Loop {
         watchdog_(watchdog),
         exchange_has_deadlines_(exchange_has_deadlines),
         epoch_written_(std::move(epoch_written)) {
-    const int64_t per_epoch =
-        io::BatchReader::batches_per_epoch(plan_.train.size(), config.train.batch_size, /*drop_last=*/true);
-    steps_per_epoch_ = config.train.max_steps_per_epoch > 0
-                           ? std::min(per_epoch, config.train.max_steps_per_epoch)
-                           : per_epoch;
+    steps_per_epoch_ = steps_per_epoch(config, data, comm_.size());
     if (steps_per_epoch_ < 1) {
       throw UserError(data.path + ": /train has " + std::to_string(plan_.train_rows) +
                       " samples to train on, fewer than " + std::to_string(comm_.size()) + " " + trainers() +
@@ -109,8 +118,10 @@ class TrainingRun::Loop {
   TrainResult train_and_test() {
     TrainResult result;
     enter_training();
+    bool stopped_early = false;
     for (int64_t epoch = progress_.epoch; epoch < config_.train.epochs && !stop_requested(); ++epoch) {
       if (stop_signal_.now()) break;  // signalled between epochs: last.h5 already holds the finished ones
+      if ((stopped_early = early_stop())) break;
       std::optional<EpochMetrics> metrics = train_epoch(epoch);
       if (!metrics) break;  // stopped in the middle of the epoch, last.h5 written
       result.history.push_back(*metrics);
@@ -118,8 +129,9 @@ class TrainingRun::Loop {
     pause_where_the_exchange_has_deadlines();
     result.params.resize(replica_->layout().total_size());
     updater_->finish(result.params);
-    // Only a run that trained its last epoch just now (the same answer on every training rank).
-    if (plan_.test && !result.history.empty() && progress_.epoch == config_.train.epochs) {
+    // Only a run that trained its last epoch just now, or stopped early after training now (the same answer
+    // on every training rank).
+    if (plan_.test && !result.history.empty() && (progress_.epoch == config_.train.epochs || stopped_early)) {
       watchdog_.enter("scoring best.h5 on the test split");
       score_best_on_test(*plan_.test);
     }
@@ -336,12 +348,33 @@ class TrainingRun::Loop {
     progress_.epoch = epoch + 1;
     progress_.step_in_epoch = 0;
     const bool best = progress_.epoch == 1 || m.val_loss < progress_.best_val_loss;
-    if (best) progress_.best_val_loss = m.val_loss;
+    if (best) {
+      progress_.best_val_loss = m.val_loss;
+      progress_.best_epoch = progress_.epoch;
+    }
     finish_epoch_on_root(m, best);
     return m;
   }
 
   void beat() { watchdog_.beat(progress_.global_step); }
+
+  // train.early_stopping_patience epochs without a lower val_loss: the same decision on every rank (the
+  // losses are summed over them), said once, and the run goes on to its test score on best.h5.
+  bool early_stop() {
+    const int patience = config_.train.early_stopping_patience;
+    if (patience <= 0 || progress_.epoch == 0 || progress_.epoch - progress_.best_epoch < patience)
+      return false;
+    if (is_root()) {
+      std::printf(
+          "early stopping: val_loss has not improved for %lld epoch(s) since epoch %lld "
+          "(train.early_stopping_patience = %d); best.h5 holds epoch %lld\n",
+          static_cast<long long>(progress_.epoch - progress_.best_epoch),
+          static_cast<long long>(progress_.best_epoch), patience,
+          static_cast<long long>(progress_.best_epoch));
+      std::fflush(stdout);
+    }
+    return true;
+  }
 
   static std::optional<BatchView> next_batch(io::BatchSource& source) {
     timeline::Span span("data wait");

@@ -53,6 +53,11 @@ using EpochWritten = std::function<void(const RunFiles& files)>;
 // server, or a worker of the dedicated one (training_job.h makes it). `comm` spans the ranks that train (data
 // shards, metrics, evaluation, errors agreed on, the start-up log); they are the job's first ranks, and
 // `job_size` counts them with the dedicated parameter servers, which only the updater talks to.
+// Steps per epoch of each of `trainers` training ranks on `data` (every rank's shard has the same rows;
+// train.max_steps_per_epoch caps it), and of the whole run (train.epochs of them).
+int64_t steps_per_epoch(const Config& config, const io::DatasetInfo& data, int trainers);
+int64_t planned_steps(const Config& config, const io::DatasetInfo& data, int trainers);
+
 class TrainingRun {
  public:
   // `stop_signal` spans the ranks of `comm`. `watchdog` is told each phase and beaten at every step and

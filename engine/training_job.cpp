@@ -10,20 +10,29 @@
 #include "engine/all_reduce_updater.h"
 #include "engine/preemption.h"
 #include "engine/ps_updater.h"
+#include "engine/trainer.h"
 #include "engine/updater.h"
 #include "models/cuda_replica.h"
 #include "models/replica.h"
 
 namespace ddp::engine {
 
-OptimizerSettings optimizer_settings(const Config& c) {
-  return {c.train.optimizer,
-          c.train.learning_rate,
-          c.train.beta1,
-          c.train.beta2,
-          c.train.epsilon,
-          c.train.momentum,
-          c.train.embedding_update == "lazy"};
+OptimizerSettings optimizer_settings(const Config& c, int64_t total_updates) {
+  OptimizerSettings s{c.train.optimizer,
+                      c.train.learning_rate,
+                      c.train.beta1,
+                      c.train.beta2,
+                      c.train.epsilon,
+                      c.train.momentum,
+                      c.train.embedding_update == "lazy"};
+  s.schedule = c.train.lr_schedule;
+  s.warmup_steps = c.train.warmup_steps;
+  s.decay_steps = c.train.lr_decay_steps;
+  s.decay_rate = c.train.lr_decay_rate;
+  s.total_steps = total_updates;
+  s.weight_decay = c.train.weight_decay;
+  s.clip_norm = c.train.clip_norm;
+  return s;
 }
 
 namespace {
@@ -37,6 +46,7 @@ comm::PsOptions ps_options(const Config& config, const comm::BackendChoice& back
   options.async = config.comm.ps_mode == "async";
   options.max_staleness = config.comm.max_staleness;
   options.timeout_s = config.comm.timeout_s;
+  options.clip_norm = config.train.clip_norm;
   if (config.comm.sparse_embedding) {
     const models::ParamTensor& embedding = layout.tensor("embedding");
     options.sparse_exchange_rows = {embedding.offset, static_cast<std::size_t>(embedding.shape.at(0)),
@@ -93,8 +103,9 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     const comm::AbortOnUnwind abort_on_unwind(backend.communicator.get());
     comm::agree_on_errors(*boot, [&] {
       comm::Communicator& comm = *backend.communicator;
+      const int64_t steps = planned_steps(config, data, comm.size());
       std::unique_ptr<Updater> updater =
-          make_all_reduce_updater(*replica, topology.gpu, comm, optimizer_settings(config),
+          make_all_reduce_updater(*replica, topology.gpu, comm, optimizer_settings(config, steps),
                                   config.comm.sparse_embedding && backend.all_on_cpu);
       run = std::make_unique<TrainingRun>(config, topology, boot->size(), comm, stop_signal, backend.reason,
                                           std::move(replica), std::move(updater), data, watchdog,
@@ -107,9 +118,13 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
   // train and the last comm.ps_servers ranks serve (dedicated).
   comm::ParameterServerRank ps;
   comm::agree_on_errors(*boot, [&] {
+    const comm::PsOptions ps_settings = ps_options(config, backend, replica->layout());
+    const int workers = comm::PsRoles::of(boot->size(), ps_settings.servers).workers();
+    // A shard's updates: one per step in sync mode, one per worker's push in async mode.
+    const int64_t updates = planned_steps(config, data, workers) * (ps_settings.async ? workers : 1);
     ps = comm::join_parameter_server(
-        world, ps_options(config, backend, replica->layout()), replica->layout().total_size(),
-        shard_optimizers(optimizer_settings(config)),
+        world, ps_settings, replica->layout().total_size(),
+        shard_optimizers(optimizer_settings(config, updates)),
         fmt::format("rank {}/{} on {} (local rank {}/{})", boot->rank(), boot->size(), topology.host,
                     topology.local_rank, topology.local_size));
   });

@@ -16,8 +16,9 @@
 
 namespace ddp::engine {
 
-// The optimizer the config asks for (train.optimizer and its hyperparameters).
-OptimizerSettings optimizer_settings(const Config& config);
+// The optimizer the config asks for (train.optimizer and its hyperparameters); `total_updates`: the updates
+// its schedule spans (train.lr_schedule = cosine), 0 where no schedule needs it.
+OptimizerSettings optimizer_settings(const Config& config, int64_t total_updates = 0);
 
 class Updater {
  public:

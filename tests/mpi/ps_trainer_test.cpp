@@ -287,6 +287,35 @@ TEST_F(PsTrainerTest, ColocatedSyncEqualsAllReduceOnEveryRank) {
   }
 }
 
+// Clipping, a schedule and weight decay under the colocated server: each owner adds its shard's squares to
+// the global norm, so the clipped steps are all-reduce's up to the order of float sums; the clipping bites
+// (the run differs from one without it). Dedicated servers and async refuse clipping on every rank.
+TEST_F(PsTrainerTest, ColocatedSyncClipsAsAllReduceDoes) {
+  const std::vector<std::string> controls{"--train.clip_norm",    "0.02", "--train.lr_schedule",  "cosine",
+                                          "--train.warmup_steps", "5",    "--train.weight_decay", "0.01"};
+  const engine::TrainResult colocated =
+      run(dir_.file("colocated"), with(kColocated, controls), MPI_COMM_WORLD);
+  const engine::TrainResult all_reduce =
+      run(dir_.file("mpi"), with(controls, {"--comm.backend", "mpi", "--comm.sparse_embedding", "false"}),
+          MPI_COMM_WORLD);
+  EXPECT_TRUE(identical_on_all_ranks(colocated.params));
+  EXPECT_LE(max_relative_diff(colocated.params, all_reduce.params), 1e-4);
+  const engine::TrainResult unclipped = run(
+      dir_.file("unclipped"),
+      with(kColocated,
+           {"--train.lr_schedule", "cosine", "--train.warmup_steps", "5", "--train.weight_decay", "0.01"}),
+      MPI_COMM_WORLD);
+  EXPECT_GT(max_relative_diff(colocated.params, unclipped.params), 1e-3) << "the clipping did not bite";
+  if (world_size() > 1) {
+    for (const std::vector<std::string>& refused :
+         {std::vector<std::string>{"--comm.backend", "ps", "--comm.ps_servers", "1"},
+          std::vector<std::string>{"--comm.backend", "ps", "--comm.ps_mode", "async"}}) {
+      EXPECT_THROW(run(dir_.file("refused"), with(refused, {"--train.clip_norm", "1"}), MPI_COMM_WORLD),
+                   UserError);
+    }
+  }
+}
+
 TEST_F(PsTrainerTest, ColocatedStoppedAndResumedEqualsUninterrupted) {
   const engine::TrainResult straight = run(dir_.file("straight"), kColocated, MPI_COMM_WORLD);
   const int64_t steps_per_epoch = straight.history[0].steps;

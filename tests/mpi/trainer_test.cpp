@@ -121,6 +121,49 @@ TEST_F(TrainerTest, StoppedAndResumedEqualsUninterrupted) {
   EXPECT_NEAR(second.history[0].val_loss, straight.history[1].val_loss, 1e-9);
 }
 
+// The same with every control that has state over the run: a cosine schedule after a warm-up, clipping,
+// weight decay, and dropout (masks from the step), on a masked bidirectional GRU of three layers.
+TEST_F(TrainerTest, StoppedAndResumedEqualsUninterruptedWithScheduleClippingAndDropout) {
+  const std::vector<std::string> controls{
+      "--train.lr_schedule",       "cosine", "--train.warmup_steps",  "7",   "--train.clip_norm",     "0.05",
+      "--train.weight_decay",      "0.01",   "--model.cell",          "gru", "--model.bidirectional", "true",
+      "--model.mask_padding",      "true",   "--model.layers",        "3",   "--model.dropout",       "0.2",
+      "--model.embedding_dropout", "0.1",    "--train.learning_rate", "0.01"};
+  const engine::TrainResult straight = run(dir_.file("straight"), controls);
+  const int64_t steps_per_epoch = straight.history[0].steps;
+  std::vector<std::string> stop = controls;
+  stop.insert(stop.end(), {"--train.stop_after_steps", std::to_string(steps_per_epoch + 3)});
+  run(dir_.file("interrupted"), stop);
+  std::vector<std::string> resume = controls;
+  resume.push_back("--resume");
+  const engine::TrainResult second = run(dir_.file("interrupted"), resume);
+  ASSERT_EQ(second.history.size(), 1u);
+  EXPECT_EQ(second.params, straight.params) << "resumed run differs from the uninterrupted one";
+  EXPECT_TRUE(identical_on_all_ranks(second.params));
+  // Not a run of the defaults: the controls changed the result.
+  const engine::TrainResult plain =
+      run(dir_.file("plain"), {"--model.cell", "gru", "--model.bidirectional", "true", "--model.mask_padding",
+                               "true", "--model.layers", "3", "--train.learning_rate", "0.01"});
+  EXPECT_NE(plain.params, straight.params);
+}
+
+// A learning rate so small that SGD leaves every parameter as it was: val_loss never goes down, so with
+// patience 2 the run stops after epoch 3 (best: epoch 1) on every rank, and still scores best.h5 on test.
+TEST_F(TrainerTest, EarlyStoppingEndsEveryRankAfterThePatience) {
+  const engine::TrainResult result =
+      run(dir_.file("early"), {"--train.optimizer", "sgd", "--train.learning_rate", "1e-30", "--train.epochs",
+                               "8", "--train.early_stopping_patience", "2"});
+  EXPECT_EQ(result.history.size(), 3u);
+  if (world_rank() == 0) {
+    const engine::Checkpoint last = engine::read_checkpoint(dir_.file("early/last.h5"));
+    EXPECT_EQ(last.progress.epoch, 3);
+    EXPECT_EQ(last.progress.best_epoch, 1);
+    const std::vector<std::string> lines = read_lines(dir_.file("early/metrics.jsonl"));
+    ASSERT_FALSE(lines.empty());
+    EXPECT_NE(lines.back().find("\"event\":\"test\""), std::string::npos) << lines.back();
+  }
+}
+
 // A checkpoint is the canonical layout whichever LSTM kernels wrote it: a run stopped under oneDNN resumes
 // under the builtin kernels and the other way round, ending near the uninterrupted run (not bitwise: the two
 // sum in other orders).

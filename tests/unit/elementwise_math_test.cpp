@@ -53,7 +53,8 @@ TEST(ElementwiseMath, HostOptimizersEqualTheSharedElementFunctionBitForBit) {
         if (settings.name == "adam") {
           engine::adam_update_one(expected[i], grads[i], m[i], v[i], c);
         } else {
-          engine::sgd_update_one(expected[i], grads[i], velocity[i], 0.01f, 0.9f);
+          engine::sgd_update_one(expected[i], grads[i], velocity[i],
+                                 engine::sgd_coefficients(settings, step));
         }
       }
       for (std::size_t i = 0; i < n; ++i) {
@@ -79,7 +80,7 @@ TEST(ElementwiseMath, UpdatesFollowTheirFormulas) {
     EXPECT_NEAR(p, 1.0 - step, 1e-6) << g;
   }
   float p = 1.0f, velocity = 0.5f;
-  engine::sgd_update_one(p, 2.0f, velocity, 0.1f, 0.9f);
+  engine::sgd_update_one(p, 2.0f, velocity, engine::SgdCoefficients{0.1f, 0.9f});
   EXPECT_FLOAT_EQ(velocity, 0.9f * 0.5f - 0.1f * 2.0f);
   EXPECT_FLOAT_EQ(p, 1.0f + velocity);
 }

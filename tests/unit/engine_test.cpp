@@ -274,8 +274,8 @@ TEST(Optimizer, VisitStateGivesTheStateBuffersInOrder) {
   class StateOnly final : public Optimizer {
    public:
     explicit StateOnly(std::unique_ptr<Optimizer> inner) : inner_(std::move(inner)) {}
-    void step(std::span<float> p, std::span<const float> g, const TouchedRows* t) override {
-      inner_->step(p, g, t);
+    void step(std::span<float> p, std::span<const float> g, const TouchedRows* t, float scale) override {
+      inner_->step(p, g, t, scale);
     }
     OptimizerState state() const override { return inner_->state(); }
     void load_state(const OptimizerState& state) override { inner_->load_state(state); }
@@ -296,7 +296,7 @@ TEST(Optimizer, VisitStateGivesTheStateBuffersInOrder) {
     std::vector<float> other = params;
     for (int i = 0; i < 3; ++i) {
       host->step(params, grads);
-      copying.step(other, grads, nullptr);
+      copying.step(other, grads, nullptr, 1.0f);
     }
     const OptimizerState expected = host->state();
     EXPECT_EQ(host->iterations(), 3);
@@ -459,6 +459,69 @@ TEST(Optimizer, TouchedRowsChangeNoBitOfTheDenseUpdateOnAnyThreadCount) {
       }
     }
   }
+}
+
+TEST(Optimizer, LearningRateSchedulesWarmUpStepAndCosine) {
+  OptimizerSettings s;
+  s.learning_rate = 0.1;
+  EXPECT_EQ(learning_rate_at(s, 1), 0.1);
+  EXPECT_EQ(learning_rate_at(s, 1000), 0.1);
+  s.warmup_steps = 4;
+  EXPECT_DOUBLE_EQ(learning_rate_at(s, 1), 0.025);
+  EXPECT_DOUBLE_EQ(learning_rate_at(s, 2), 0.05);
+  EXPECT_DOUBLE_EQ(learning_rate_at(s, 4), 0.1);
+  EXPECT_DOUBLE_EQ(learning_rate_at(s, 5), 0.1);
+  s.schedule = "step";
+  s.decay_steps = 10;
+  s.decay_rate = 0.5;
+  EXPECT_DOUBLE_EQ(learning_rate_at(s, 14), 0.1);    // the 10th update after warm-up
+  EXPECT_DOUBLE_EQ(learning_rate_at(s, 15), 0.05);   // the 11th
+  EXPECT_DOUBLE_EQ(learning_rate_at(s, 34), 0.025);  // the 30th: two decays
+  EXPECT_DOUBLE_EQ(learning_rate_at(s, 35), 0.0125);
+  s.schedule = "cosine";
+  s.total_steps = 104;
+  EXPECT_DOUBLE_EQ(learning_rate_at(s, 5), 0.1);
+  EXPECT_NEAR(learning_rate_at(s, 55), 0.05, 1e-12);  // half way: cos(pi/2)
+  EXPECT_NEAR(learning_rate_at(s, 105), 0.0, 1e-12);
+  EXPECT_NEAR(learning_rate_at(s, 500), 0.0, 1e-12);  // past the end it stays at 0
+}
+
+// AdamW's decoupled decay (p -= lr wd p before Adam's step) and clipping's scale (the gradient times it) in
+// double against the float optimizer; a scale given to step() equals gradients multiplied by it beforehand,
+// bit for bit.
+TEST(Optimizer, WeightDecayAndGradientScaleFollowTheFormulas) {
+  OptimizerSettings s;
+  s.learning_rate = 0.01;
+  s.weight_decay = 0.1;
+  auto adam = make_optimizer(s, 3);
+  std::vector<float> p{1.0f, -2.0f, 0.5f};
+  const std::vector<float> g{0.3f, -0.1f, 0.0f};
+  const float scale = 0.5f;
+  adam->step(p, g, nullptr, scale);
+  const double lr_t = 0.01 * std::sqrt(1 - 0.999) / (1 - 0.9);
+  const std::vector<double> start{1.0, -2.0, 0.5};
+  for (std::size_t i = 0; i < 3; ++i) {
+    const double gs = static_cast<double>(g[i]) * scale;
+    const double decayed = start[i] - 0.01 * 0.1 * start[i];
+    const double m = 0.1 * gs, v = 0.001 * gs * gs;
+    EXPECT_NEAR(p[i], decayed - lr_t * m / (std::sqrt(v) + 1e-7), 1e-6) << i;
+  }
+  for (const std::string name : {"adam", "sgd"}) {
+    s.name = name;
+    s.momentum = 0.9;
+    auto scaled = make_optimizer(s, 3), premultiplied = make_optimizer(s, 3);
+    std::vector<float> a{1.0f, 2.0f, 3.0f}, b = a;
+    std::vector<float> gb = g;
+    for (float& x : gb) x *= 0.25f;
+    for (int i = 0; i < 3; ++i) {
+      scaled->step(a, g, nullptr, 0.25f);
+      premultiplied->step(b, gb);
+    }
+    EXPECT_EQ(a, b) << name;
+  }
+  EXPECT_EQ(clipping_scale(4.0, 0), 1.0f);    // off
+  EXPECT_EQ(clipping_scale(4.0, 3.0), 1.0f);  // norm 2 is within 3
+  EXPECT_FLOAT_EQ(clipping_scale(16.0, 1.0), 0.25f);
 }
 
 TEST(ParallelLoops, RangesCoverEveryElementOnceAlignedOnAnyThreadCount) {
