@@ -41,6 +41,10 @@ namespace {
 
 struct Shapes {
   int batch = 32, seq = 80, embed = 128, hidden = 128, vocab = 20000, layers = 1;
+  std::string cell = "lstm";
+  bool bidirectional = false;
+  int gates() const { return cell == "gru" ? 3 : 4; }
+  int directions() const { return bidirectional ? 2 : 1; }
 };
 
 struct Stats {
@@ -63,16 +67,19 @@ struct Gemm {
 };
 
 std::vector<Gemm> step_gemms(const Shapes& s) {
-  const int tb = s.seq * s.batch, g = 4 * s.hidden, h = s.hidden;
+  const int tb = s.seq * s.batch, g = s.gates() * s.hidden, h = s.hidden;
   std::vector<Gemm> list;
   for (int l = 0; l < s.layers; ++l) {
-    const int in = l == 0 ? s.embed : h;
-    list.push_back({tb, g, in, false, true});  // input projection, whole sequence
-    for (int t = 0; t < s.seq; ++t) list.push_back({s.batch, g, h, false, true});   // recurrent, forward
-    for (int t = 0; t < s.seq; ++t) list.push_back({s.batch, h, g, false, false});  // recurrent, backward dh
-    list.push_back({g, h, tb, true, false});                                        // d w_hh
-    list.push_back({g, in, tb, true, false});                                       // d w_ih
-    list.push_back({tb, in, g, false, false});                                      // d input
+    const int in = l == 0 ? s.embed : s.directions() * h;
+    for (int d = 0; d < s.directions(); ++d) {
+      list.push_back({tb, g, in, false, true});  // input projection, whole sequence
+      for (int t = 0; t < s.seq; ++t) list.push_back({s.batch, g, h, false, true});  // recurrent, forward
+      for (int t = 0; t < s.seq; ++t)
+        list.push_back({s.batch, h, g, false, false});  // recurrent, backward dh
+      list.push_back({g, h, tb, true, false});          // d w_hh
+      list.push_back({g, in, tb, true, false});         // d w_ih
+      list.push_back({tb, in, g, false, false});        // d input
+    }
   }
   return list;
 }
@@ -119,6 +126,8 @@ struct Reference {
 Reference time_onednn_layers(const Shapes& s, int threads, int warmup, int steps) {
   Reference r;
   r.why_not = ddp::models::onednn_missing();
+  if (r.why_not.empty() && (s.cell != "lstm" || s.bidirectional))
+    r.why_not = "oneDNN's layer here runs the unidirectional LSTM only";
   if (!r.why_not.empty()) return r;
   ddp::models::set_onednn_threads(threads);
   r.library = ddp::models::onednn_description();
@@ -187,7 +196,7 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   Shapes s;
   int warmup = 20, steps = 100, threads = 1;
-  bool sparse = true, lazy = false;
+  bool sparse = true, lazy = false, mask = false;
   std::string kernels = "auto";
   po::options_description desc("cpu_step_bench");
   desc.add_options()("help", "this help")("batch", po::value(&s.batch)->default_value(s.batch),
@@ -196,7 +205,10 @@ int main(int argc, char** argv) {
       "embed", po::value(&s.embed)->default_value(s.embed), "embedding width")(
       "hidden", po::value(&s.hidden)->default_value(s.hidden), "LSTM hidden size")(
       "vocab", po::value(&s.vocab)->default_value(s.vocab), "vocabulary")(
-      "layers", po::value(&s.layers)->default_value(s.layers), "LSTM layers")(
+      "layers", po::value(&s.layers)->default_value(s.layers), "recurrent layers")(
+      "cell", po::value(&s.cell)->default_value(s.cell), "lstm or gru")(
+      "bidirectional", po::value(&s.bidirectional)->default_value(s.bidirectional), "both directions")(
+      "mask", po::value(&mask)->default_value(mask), "model.mask_padding (the batches have no padding)")(
       "warmup", po::value(&warmup)->default_value(warmup), "burn-in steps")(
       "steps", po::value(&steps)->default_value(steps), "timed steps")(
       "threads", po::value(&threads)->default_value(threads), "compute threads per rank (train.threads)")(
@@ -216,11 +228,15 @@ int main(int argc, char** argv) {
   auto comm = ddp::comm::make_mpi_communicator(MPI_COMM_WORLD);
   const int rank = comm->rank(), world = comm->size();
 
-  const ddp::models::ModelShape shape{s.vocab, s.embed, s.hidden, s.layers};
+  ddp::models::ModelShape shape{s.vocab, s.embed, s.hidden, s.layers};
+  shape.cell = ddp::models::parse_cell(s.cell);
+  shape.bidirectional = s.bidirectional;
+  ddp::models::ModelOptions model_options;
+  model_options.mask_padding = mask;
   // The rank's one pool, as ddptrain sizes it.
-  const ddp::models::CpuKernels cpu_kernels = ddp::models::parse_cpu_kernels(kernels);
+  const ddp::models::CpuKernels cpu_kernels = ddp::models::parse_cpu_kernels(kernels, shape, model_options);
   const ddp::models::CpuThreadPlan plan = ddp::models::plan_cpu_threads(threads, cpu_kernels);
-  auto replica = ddp::models::make_cpu_replica(shape, cpu_kernels);
+  auto replica = ddp::models::make_cpu_replica(shape, cpu_kernels, model_options);
   ddp::models::initialize_keras(replica->layout(), replica->params(), 1);
   ddp::engine::OptimizerSettings adam_settings;
   adam_settings.lazy_update = lazy;
@@ -270,11 +286,11 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     const double steps_per_epoch = std::ceil(25000.0 / (static_cast<double>(world) * s.batch));
     std::printf(
-        "layout: %d rank(s) x %d thread(s) (one pool: %s); batch %d, seq %d, E %d, H %d, vocab %d, layers "
-        "%d; %zu "
-        "parameters; embedding exchange %s, Adam %s; LSTM %s\n",
-        world, threads, plan.pool.c_str(), s.batch, s.seq, s.embed, s.hidden, s.vocab, s.layers,
-        replica->layout().total_size(), sparse ? "sparse" : "dense", lazy ? "lazy" : "dense",
+        "layout: %d rank(s) x %d thread(s) (one pool: %s); batch %d, seq %d, E %d, H %d, vocab %d, %s%s; "
+        "%zu parameters; embedding exchange %s, Adam %s; LSTM %s\n",
+        world, threads, plan.pool.c_str(), s.batch, s.seq, s.embed, s.hidden, s.vocab,
+        ddp::models::describe(shape).c_str(), mask ? ", masked" : "", replica->layout().total_size(),
+        sparse ? "sparse" : "dense", lazy ? "lazy" : "dense",
         replica->lstm_kernels().empty() ? "builtin (over the BLAS)" : replica->lstm_kernels().c_str());
     std::printf("step (fwd+bwd+allreduce+adam): mean %.2f ms, std %.2f ms over %d steps after %d burn-in\n",
                 1e3 * step.mean, 1e3 * step.stddev, steps, warmup);
