@@ -126,8 +126,7 @@ struct Reference {
 Reference time_onednn_layers(const Shapes& s, int threads, int warmup, int steps) {
   Reference r;
   r.why_not = ddp::models::onednn_missing();
-  if (r.why_not.empty() && (s.cell != "lstm" || s.bidirectional))
-    r.why_not = "oneDNN's layer here runs the unidirectional LSTM only";
+  if (r.why_not.empty() && s.bidirectional) r.why_not = "oneDNN's layer here runs one direction only";
   if (!r.why_not.empty()) return r;
   ddp::models::set_onednn_threads(threads);
   r.library = ddp::models::onednn_description();
@@ -149,13 +148,14 @@ Reference time_onednn_layers(const Shapes& s, int threads, int warmup, int steps
   for (std::size_t l = 0; l < layers.size(); ++l) {
     Layer& layer = layers[l];
     const auto in = static_cast<std::size_t>(l == 0 ? s.embed : s.hidden);
-    layer.kernel = ddp::models::make_onednn_lstm_layer();
+    const auto gates = static_cast<std::size_t>(s.gates());
+    layer.kernel = ddp::models::make_onednn_layer(ddp::models::parse_cell(s.cell));
     layer.x = random(rows * in);
     layer.y.resize(rows * h);
-    layer.w_ih = random(4 * h * in);
-    layer.w_hh = random(4 * h * h);
-    layer.b_ih = random(4 * h);
-    layer.b_hh = random(4 * h);
+    layer.w_ih = random(gates * h * in);
+    layer.w_hh = random(gates * h * h);
+    layer.b_ih = random(gates * h);
+    layer.b_hh = random(gates * h);
     layer.dy.assign(rows * h, 0.0f);
     const std::size_t first_with_gradient =
         l + 1 == layers.size() ? rows - static_cast<std::size_t>(s.batch) : 0;
@@ -163,8 +163,8 @@ Reference time_onednn_layers(const Shapes& s, int threads, int warmup, int steps
     layer.dx.resize(rows * in);
     layer.dw_ih.resize(layer.w_ih.size());
     layer.dw_hh.resize(layer.w_hh.size());
-    layer.db_ih.resize(4 * h);
-    layer.db_hh.resize(4 * h);
+    layer.db_ih.resize(gates * h);
+    layer.db_hh.resize(gates * h);
     layer.buffers = {s.batch,
                      s.seq,
                      static_cast<int>(in),
@@ -310,7 +310,7 @@ int main(int argc, char** argv) {
         step.mean / physical_floor_s);
     if (library.why_not.empty()) {
       std::printf(
-          "reference: %s, the LSTM's training step alone (forward + backward on the replica's oneDNN "
+          "reference: %s, the RNN's training step alone (forward + backward on the replica's oneDNN "
           "layers): "
           "mean %.2f ms, std %.2f ms; step / reference = %.2fx; forward+backward / reference = %.2fx\n",
           library.library.c_str(), 1e3 * library.step.mean, 1e3 * library.step.stddev,

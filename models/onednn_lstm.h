@@ -15,6 +15,8 @@
 #include <memory>
 #include <string>
 
+#include "models/param_layout.h"
+
 namespace ddp::models {
 
 // Where a layer's tensors live: time-major activations, the canonical layout's parameters and gradients.
@@ -53,7 +55,9 @@ std::string onednn_missing();
 std::string onednn_description();
 // Sets the threads oneDNN's OpenMP runs on (the rank's train.threads). No-op without oneDNN.
 void set_onednn_threads(int threads);
-// Throws std::runtime_error in a build without oneDNN.
-std::unique_ptr<OnednnLstmLayer> make_onednn_lstm_layer();
+// A layer of `cell`s (the GRU: oneDNN's linear-before-reset GRU, which is cuDNN's and ours; its gates u, r,
+// o are our z, r, n, its four biases u, r, o, u' our b_iz + b_hz, b_ir + b_hr, b_in and b_hn). Throws
+// std::runtime_error in a build without oneDNN.
+std::unique_ptr<OnednnLstmLayer> make_onednn_layer(Cell cell);
 
 }  // namespace ddp::models

@@ -200,11 +200,11 @@ void CpuRnnClassifier<Scalar>::use_onednn() {
     throw std::runtime_error("CpuRnnClassifier: oneDNN's LSTM runs the float path only");
   } else {
     const ModelShape& shape = layout_.shape();
-    if (shape.cell != Cell::kLstm || shape.bidirectional || options_.mask_padding) {
-      throw std::runtime_error("CpuRnnClassifier: oneDNN runs a unidirectional LSTM without masking only");
+    if (shape.bidirectional || options_.mask_padding) {
+      throw std::runtime_error("CpuRnnClassifier: oneDNN runs unidirectional layers without masking only");
     }
     onednn_.clear();
-    for (std::size_t l = 0; l < layers_.size(); ++l) onednn_.push_back(make_onednn_lstm_layer());
+    for (std::size_t l = 0; l < layers_.size(); ++l) onednn_.push_back(make_onednn_layer(shape.cell));
   }
 }
 
@@ -876,7 +876,9 @@ class CpuReplica final : public Replica {
   }
 
   std::string lstm_kernels() const override {
-    return model_.uses_onednn() ? "LSTM on " + onednn_description() : "";
+    return model_.uses_onednn()
+               ? (model_.layout().shape().cell == Cell::kGru ? "GRU on " : "LSTM on ") + onednn_description()
+               : "";
   }
 
   const ParamLayout& layout() const override { return model_.layout(); }
@@ -937,7 +939,7 @@ CpuKernels parse_cpu_kernels(const std::string& name, const ModelShape& shape, c
   // oneDNN's RNN primitive has no per-sample lengths: masking, like the other cells and directions, runs on
   // the builtin kernels.
   std::string not_onednn;
-  if (shape.cell != Cell::kLstm || shape.bidirectional) not_onednn = "runs a unidirectional LSTM only";
+  if (shape.bidirectional) not_onednn = "runs unidirectional layers only";
   if (options.mask_padding) not_onednn = "has no masking (model.mask_padding)";
   if (name == "builtin") return CpuKernels::kBuiltin;
   if (name == "auto") {
@@ -946,7 +948,7 @@ CpuKernels parse_cpu_kernels(const std::string& name, const ModelShape& shape, c
   if (name == "onednn") {
     if (!onednn_missing().empty()) throw UserError("model.cpu_kernels = onednn: " + onednn_missing());
     if (!not_onednn.empty()) {
-      throw UserError("model.cpu_kernels = onednn: its LSTM " + not_onednn + "; use auto or builtin for " +
+      throw UserError("model.cpu_kernels = onednn: its RNN " + not_onednn + "; use auto or builtin for " +
                       describe(shape) + (options.mask_padding ? " with masking" : ""));
     }
     return CpuKernels::kOnednn;

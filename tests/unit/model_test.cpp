@@ -166,14 +166,16 @@ TEST(CpuRnnClassifier, FloatMatchesDouble) {
   }
 }
 
-// The float path on oneDNN's LSTM (model.cpu_kernels = onednn) against the double reference, with one and
-// two layers, over two batch sizes (each its own primitives) and two steps in a row; a wrong mapping of the
-// weights, biases, gates or initial states (oneDNN's recurrent-weight gradient is wrong without explicit
-// zero states) shows in some tensor's gradient.
+// The float path on oneDNN (model.cpu_kernels = onednn: its LSTM and linear-before-reset GRU) against the
+// double reference, with one and two layers, over two batch sizes (each its own primitives) and two steps in
+// a row; a wrong mapping of the weights, biases, gates or initial states (oneDNN's recurrent-weight gradient
+// is wrong without explicit zero states) shows in some tensor's gradient.
 TEST(CpuRnnClassifier, OnednnMatchesDouble) {
   if (const std::string why = onednn_missing(); !why.empty()) GTEST_SKIP() << why;
-  for (const int layers : {1, 2}) {
-    const ModelShape shape{50, 16, 12, layers};
+  for (const auto& [layers, cell] : {std::pair{1, Cell::kLstm}, std::pair{2, Cell::kLstm},
+                                     std::pair{1, Cell::kGru}, std::pair{2, Cell::kGru}}) {
+    ModelShape shape{50, 16, 12, layers};
+    shape.cell = cell;
     const ParamLayout layout(shape);
     const std::vector<float> init = ddp::testing::test_params(layout, 3);
     CpuRnnClassifier<float> onednn(shape);
@@ -188,13 +190,13 @@ TEST(CpuRnnClassifier, OnednnMatchesDouble) {
           onednn.train_step(batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq, {});
       const BatchStats ds =
           reference.train_step(batch.tokens.data(), labels.data(), batch.batch, batch.seq, {});
-      EXPECT_NEAR(fs.loss_sum, ds.loss_sum, 1e-5 * std::abs(ds.loss_sum)) << layers << " layers";
+      EXPECT_NEAR(fs.loss_sum, ds.loss_sum, 1e-5 * std::abs(ds.loss_sum)) << describe(shape);
       for (const auto& tensor : layout.tensors()) {
         EXPECT_LT(relative_norm_difference(
                       onednn.grads().subspan(tensor.offset, tensor.size()),
                       std::span<const double>(reference.grads()).subspan(tensor.offset, tensor.size())),
                   1e-4)
-            << tensor.name << ", " << layers << " layers, batch " << batch_size;
+            << tensor.name << ", " << describe(shape) << ", batch " << batch_size;
       }
       const BatchStats again =
           onednn.evaluate(batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq, {});

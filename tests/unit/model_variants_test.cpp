@@ -409,11 +409,13 @@ TEST(Dropout, TrainingStepsRepeatByKeyAndEvaluationDropsNothing) {
   EXPECT_EQ(evaluated, trained) << "without dropout a training step's loss is the evaluation's";
 }
 
-TEST(CpuKernels, OnednnRunsTheUnidirectionalLstmWithoutMaskingOnly) {
-  const Variant gru{Cell::kGru};
+TEST(CpuKernels, OnednnRunsUnidirectionalLayersWithoutMaskingOnly) {
   const Variant bidirectional{Cell::kLstm, true, 1, true};
-  const Variant masked{Cell::kLstm, false, 1, true};
-  for (const Variant& v : {gru, bidirectional, masked}) {
+  const Variant masked{Cell::kGru, false, 1, true};
+  if (onednn_missing().empty()) {
+    EXPECT_EQ(parse_cpu_kernels("auto", Variant{Cell::kGru}.shape(), {}), CpuKernels::kOnednn);
+  }
+  for (const Variant& v : {bidirectional, masked}) {
     EXPECT_EQ(parse_cpu_kernels("auto", v.shape(), v.options()), CpuKernels::kBuiltin) << v.name();
     EXPECT_EQ(parse_cpu_kernels("builtin", v.shape(), v.options()), CpuKernels::kBuiltin) << v.name();
     EXPECT_THROW(parse_cpu_kernels("onednn", v.shape(), v.options()), UserError) << v.name();
