@@ -90,8 +90,9 @@ class Shape {
   static constexpr memory::dim kG = Kind::kGates;
 
  public:
-  Shape(const dnnl::engine& engine, int batch, int seq, int input, int hidden)
-      : t_(seq),
+  Shape(const dnnl::engine& engine, int batch, int seq, int input, int hidden, bool reverse)
+      : reverse_(reverse),
+        t_(seq),
         b_(batch),
         in_(input),
         h_(hidden),
@@ -245,7 +246,7 @@ class Shape {
   typename Kind::Forward::primitive_desc make_forward(const dnnl::engine& engine) const {
     const memory::desc any_layer = f32({1, 1, in_, kG, h_}, tag::any);
     const memory::desc any_iter = f32({1, 1, h_, kG, h_}, tag::any);
-    constexpr auto direction = dnnl::rnn_direction::unidirectional_left2right;
+    const auto direction = this->direction();
     if constexpr (Kind::kCellState) {
       const typename Kind::Forward::desc desc(dnnl::prop_kind::forward_training, direction, src_layer_,
                                               state_, state_, any_layer, any_iter, bias_md_, dst_layer_,
@@ -260,7 +261,7 @@ class Shape {
   typename Kind::Backward::primitive_desc make_backward(const dnnl::engine& engine) const {
     const memory::desc any_layer = f32({1, 1, in_, kG, h_}, tag::any);
     const memory::desc any_iter = f32({1, 1, h_, kG, h_}, tag::any);
-    constexpr auto direction = dnnl::rnn_direction::unidirectional_left2right;
+    const auto direction = this->direction();
     if constexpr (Kind::kCellState) {
       const typename Kind::Backward::desc desc(dnnl::prop_kind::backward, direction, src_layer_, state_,
                                                state_, any_layer, any_iter, bias_md_, dst_layer_, state_,
@@ -275,6 +276,12 @@ class Shape {
     }
   }
 
+  dnnl::rnn_direction direction() const {
+    return reverse_ ? dnnl::rnn_direction::unidirectional_right2left
+                    : dnnl::rnn_direction::unidirectional_left2right;
+  }
+
+  bool reverse_;
   memory::dim t_, b_, in_, h_;
   memory::desc src_layer_, state_, user_w_layer_, user_w_iter_, bias_md_, dst_layer_;
   typename Kind::Forward::primitive_desc forward_pd_;
@@ -290,7 +297,7 @@ class Shape {
 template <typename Kind>
 class Layer final : public OnednnLstmLayer {
  public:
-  Layer() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+  explicit Layer(bool reverse) : reverse_(reverse), engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
 
   void forward(const LstmLayerBuffers& buffers) override {
     shape(buffers).forward(engine_, stream_, buffers);
@@ -305,12 +312,15 @@ class Layer final : public OnednnLstmLayer {
     const auto key = std::make_pair(b.batch, b.seq);
     auto found = shapes_.find(key);
     if (found == shapes_.end()) {
-      found = shapes_.emplace(key, std::make_unique<Shape<Kind>>(engine_, b.batch, b.seq, b.input, b.hidden))
+      found = shapes_
+                  .emplace(key, std::make_unique<Shape<Kind>>(engine_, b.batch, b.seq, b.input, b.hidden,
+                                                              reverse_))
                   .first;
     }
     return *found->second;
   }
 
+  bool reverse_;
   dnnl::engine engine_;
   dnnl::stream stream_;
   std::map<std::pair<int, int>, std::unique_ptr<Shape<Kind>>> shapes_;
@@ -334,9 +344,9 @@ void set_onednn_threads(int threads) {
   if (threads > 0) omp_set_num_threads(threads);
 }
 
-std::unique_ptr<OnednnLstmLayer> make_onednn_layer(Cell cell) {
-  if (cell == Cell::kGru) return std::make_unique<Layer<GruKind>>();
-  return std::make_unique<Layer<LstmKind>>();
+std::unique_ptr<OnednnLstmLayer> make_onednn_layer(Cell cell, bool reverse) {
+  if (cell == Cell::kGru) return std::make_unique<Layer<GruKind>>(reverse);
+  return std::make_unique<Layer<LstmKind>>(reverse);
 }
 
 }  // namespace ddp::models

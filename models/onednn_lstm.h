@@ -56,8 +56,9 @@ std::string onednn_description();
 // Sets the threads oneDNN's OpenMP runs on (the rank's train.threads). No-op without oneDNN.
 void set_onednn_threads(int threads);
 // A layer of `cell`s (the GRU: oneDNN's linear-before-reset GRU, which is cuDNN's and ours; its gates u, r,
-// o are our z, r, n, its four biases u, r, o, u' our b_iz + b_hz, b_ir + b_hr, b_in and b_hn). Throws
-// std::runtime_error in a build without oneDNN.
-std::unique_ptr<OnednnLstmLayer> make_onednn_layer(Cell cell);
+// o are our z, r, n, its four biases u, r, o, u' our b_iz + b_hz, b_ir + b_hr, b_in and b_hn), running
+// from the first time step to the last, or with `reverse` from the last to the first (h[t] is then the state
+// after time t, having seen t..T-1). Throws std::runtime_error in a build without oneDNN.
+std::unique_ptr<OnednnLstmLayer> make_onednn_layer(Cell cell, bool reverse = false);
 
 }  // namespace ddp::models

@@ -14,7 +14,7 @@ std::string onednn_description() {
 
 void set_onednn_threads(int /*threads*/) {}
 
-std::unique_ptr<OnednnLstmLayer> make_onednn_layer(Cell /*cell*/) {
+std::unique_ptr<OnednnLstmLayer> make_onednn_layer(Cell /*cell*/, bool /*reverse*/) {
   throw std::runtime_error(onednn_missing());
 }
 

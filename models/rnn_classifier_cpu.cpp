@@ -197,31 +197,58 @@ CpuRnnClassifier<Scalar>::CpuRnnClassifier(const ModelShape& shape, const ModelO
 template <typename Scalar>
 void CpuRnnClassifier<Scalar>::use_onednn() {
   if constexpr (!std::is_same_v<Scalar, float>) {
-    throw std::runtime_error("CpuRnnClassifier: oneDNN's LSTM runs the float path only");
+    throw std::runtime_error("CpuRnnClassifier: oneDNN runs the float path only");
   } else {
     const ModelShape& shape = layout_.shape();
-    if (shape.bidirectional || options_.mask_padding) {
-      throw std::runtime_error("CpuRnnClassifier: oneDNN runs unidirectional layers without masking only");
-    }
     onednn_.clear();
-    for (std::size_t l = 0; l < layers_.size(); ++l) onednn_.push_back(make_onednn_layer(shape.cell));
+    for (std::size_t l = 0; l < layers_.size(); ++l) {
+      for (int d = 0; d < shape.directions(); ++d) onednn_.push_back(make_onednn_layer(shape.cell, d == 1));
+    }
+  }
+}
+
+// oneDNN has no per-sample lengths. With masking the forward direction runs on rows shifted left by their
+// padding (real tokens from time 0, zeros after them, whose steps come after the last real one and so change
+// nothing before it), the reverse direction on the rows as they are, from the last step back to the first
+// real one (the padding's steps come after it); what the builtin kernels keep at padded steps (the carried
+// state) is put back afterwards, so the layer's outputs are theirs.
+template <typename Scalar>
+void CpuRnnClassifier<Scalar>::shift_rows(const Scalar* from, Scalar* to, std::size_t width, int batch,
+                                          int seq, bool left) const {
+  const auto b_count = to_size(batch);
+  for (std::size_t b = 0; b < b_count; ++b) {
+    const auto start = to_size(starts_[b]);
+    for (std::size_t t = 0; t < to_size(seq); ++t) {
+      Scalar* out = to + (t * b_count + b) * width;
+      // left: to[t] = from[t + start] (zero past the sample's length); right: to[t] = from[t - start].
+      const bool inside = left ? t + start < to_size(seq) : t >= start;
+      if (!inside) {
+        std::fill_n(out, width, Scalar(0));
+        continue;
+      }
+      const std::size_t source = left ? t + start : t - start;
+      std::copy_n(from + (source * b_count + b) * width, width, out);
+    }
   }
 }
 
 template <typename Scalar>
-LstmLayerBuffers CpuRnnClassifier<Scalar>::onednn_buffers(int layer, int batch, int seq) {
+LstmLayerBuffers CpuRnnClassifier<Scalar>::onednn_buffers(int layer, int direction, int batch, int seq) {
   LstmLayerBuffers b;
   if constexpr (std::is_same_v<Scalar, float>) {
-    const Layer& l = layers_[to_size(layer)];
-    const Direction& t = l.directions[0];
+    Layer& l = layers_[to_size(layer)];
+    Direction& t = l.directions[to_size(direction)];
     const int hidden = layout_.shape().hidden;
+    const auto step_states = to_size(batch) * to_size(hidden);
+    const bool shifted = options_.mask_padding && !t.reverse;
     b.batch = batch;
     b.seq = seq;
     b.input = l.in;
     b.hidden = hidden;
-    b.x = layer_input(layer, batch);
-    // Row block 0 of the states is h_{-1} = 0; oneDNN writes the steps' outputs after it.
-    b.h = layers_[to_size(layer)].directions[0].states.data() + to_size(batch) * to_size(hidden);
+    b.x = shifted ? onednn_x_.data() : layer_input(layer, batch);
+    // Forward: the states after each time, blocks 1..T (block 0 the initial zeros), or a shifted copy;
+    // reverse: blocks 0..T-1 (block T the initial zeros).
+    b.h = shifted ? onednn_y_.data() : t.states.data() + (t.reverse ? 0 : step_states);
     b.w_ih = params_.data() + t.w_ih;
     b.w_hh = params_.data() + t.w_hh;
     b.b_ih = params_.data() + t.b_ih;
@@ -233,31 +260,99 @@ LstmLayerBuffers CpuRnnClassifier<Scalar>::onednn_buffers(int layer, int batch, 
 template <typename Scalar>
 void CpuRnnClassifier<Scalar>::forward_layer_onednn(int layer, int batch, int seq) {
   if constexpr (std::is_same_v<Scalar, float>) {
-    Scalar* states = layers_[to_size(layer)].directions[0].states.data();
-    std::fill(states, states + to_size(batch) * to_size(layout_.shape().hidden), Scalar(0));
-    onednn_[to_size(layer)]->forward(onednn_buffers(layer, batch, seq));
+    const ModelShape& shape = layout_.shape();
+    Layer& l = layers_[to_size(layer)];
+    const auto hidden = to_size(shape.hidden);
+    const auto b_count = to_size(batch);
+    const std::size_t step_states = b_count * hidden;
+    for (int d = 0; d < shape.directions(); ++d) {
+      Direction& dir = l.directions[to_size(d)];
+      Scalar* states = dir.states.data();
+      const std::size_t initial_block = dir.reverse ? to_size(seq) : 0;
+      std::fill_n(states + initial_block * step_states, step_states, Scalar(0));
+      const bool shifted = options_.mask_padding && !dir.reverse;
+      if (shifted) shift_rows(layer_input(layer, batch), onednn_x_.data(), to_size(l.in), batch, seq, true);
+      onednn_[to_size(layer * shape.directions() + d)]->forward(onednn_buffers(layer, d, batch, seq));
+      if (shifted) shift_rows(onednn_y_.data(), states + step_states, hidden, batch, seq, false);
+      if (options_.mask_padding && dir.reverse) {
+        // At padded steps the state carries the one after the first real token.
+        for (std::size_t b = 0; b < b_count; ++b) {
+          const auto start = to_size(starts_[b]);
+          for (std::size_t t = 0; t < start; ++t) {
+            std::copy_n(states + start * step_states + b * hidden, hidden,
+                        states + t * step_states + b * hidden);
+          }
+        }
+      }
+    }
   }
 }
 
 template <typename Scalar>
-void CpuRnnClassifier<Scalar>::backward_layer_onednn(int layer, int batch, int seq) {
+void CpuRnnClassifier<Scalar>::backward_layer_onednn(int layer, int batch, int seq, bool dy_every_step) {
   if constexpr (std::is_same_v<Scalar, float>) {
-    const Direction& t = layers_[to_size(layer)].directions[0];
-    const auto hidden = to_size(layout_.shape().hidden);
-    const std::size_t rows = to_size(batch) * to_size(seq);
-    if (layer + 1 == layout_.shape().layers) {
-      // The top layer's output gradient is the last step's alone (the dense layer reads only that step).
-      std::fill(d_output_.data(), d_output_.data() + (rows - to_size(batch)) * hidden, Scalar(0));
+    const ModelShape& shape = layout_.shape();
+    const Layer& l = layers_[to_size(layer)];
+    const auto hidden = to_size(shape.hidden);
+    const auto width = to_size(shape.output_width());
+    const auto b_count = to_size(batch);
+    const std::size_t rows = b_count * to_size(seq);
+    // Each direction's output gradient, [T*B, H], gathered before the input gradients overwrite d_output_
+    // (the layer below's): every row, or the top layer's final step only (forward: time T-1, reverse: time
+    // 0, which with masking is the carried state of the first real step).
+    for (int d = 0; d < shape.directions(); ++d) {
+      const Direction& dir = l.directions[to_size(d)];
+      Scalar* dy = onednn_dy_[to_size(d)].data();
+      std::fill_n(dy, rows * hidden, Scalar(0));
+      const Scalar* source = d_output_.data() + to_size(d) * hidden;
+      for (std::size_t t = 0; t < to_size(seq); ++t) {
+        const bool final_time = dir.reverse ? t == 0 : t + 1 == to_size(seq);
+        if (!dy_every_step && !final_time) continue;
+        for (std::size_t b = 0; b < b_count; ++b) {
+          // Masked, the reverse direction's padded steps are copies of its state at the first real step.
+          const std::size_t at = options_.mask_padding && dir.reverse ? std::max(t, to_size(starts_[b])) : t;
+          const Scalar* from = source + (t * b_count + b) * width;
+          Scalar* to = dy + (at * b_count + b) * hidden;
+          for (std::size_t j = 0; j < hidden; ++j) to[j] += from[j];
+        }
+      }
+      if (options_.mask_padding && !dir.reverse) {
+        shift_rows(dy, onednn_x_.data(), hidden, batch, seq, true);  // onednn_x_ as scratch
+        std::copy_n(onednn_x_.data(), rows * hidden, dy);
+      }
     }
-    LstmLayerGradients g;
-    g.dh = d_output_.data();
-    g.dx = layer > 0 ? d_input_.data() : d_embedded_.data();
-    g.dw_ih = grads_.data() + t.w_ih;
-    g.dw_hh = grads_.data() + t.w_hh;
-    g.db_ih = grads_.data() + t.b_ih;
-    g.db_hh = grads_.data() + t.b_hh;
-    onednn_[to_size(layer)]->backward(onednn_buffers(layer, batch, seq), g);
-    if (layer > 0) d_output_.swap(d_input_);  // the gradient into the layer below's outputs
+    // Backward of each direction, then the sum of their input gradients into the layer below's outputs (or
+    // the embedding's).
+    Scalar* d_input = layer > 0 ? d_output_.data() : d_embedded_.data();
+    const std::size_t input_size = rows * to_size(l.in);
+    for (int d = 0; d < shape.directions(); ++d) {
+      const Direction& dir = l.directions[to_size(d)];
+      const bool shifted = options_.mask_padding && !dir.reverse;
+      LstmLayerBuffers buffers = onednn_buffers(layer, d, batch, seq);
+      if (shifted) {
+        // The forward's shifted input and outputs again (the input buffer served as scratch).
+        shift_rows(layer_input(layer, batch), onednn_x_.data(), to_size(l.in), batch, seq, true);
+        shift_rows(dir.states.data() + b_count * hidden, onednn_y_.data(), hidden, batch, seq, true);
+      }
+      LstmLayerGradients g;
+      g.dh = onednn_dy_[to_size(d)].data();
+      g.dx = onednn_dx_.data();
+      g.dw_ih = grads_.data() + dir.w_ih;
+      g.dw_hh = grads_.data() + dir.w_hh;
+      g.db_ih = grads_.data() + dir.b_ih;
+      g.db_hh = grads_.data() + dir.b_hh;
+      onednn_[to_size(layer * shape.directions() + d)]->backward(buffers, g);
+      const Scalar* dx = onednn_dx_.data();
+      if (shifted) {
+        shift_rows(onednn_dx_.data(), onednn_y_.data(), to_size(l.in), batch, seq, false);
+        dx = onednn_y_.data();
+      }
+      if (d == 0) {
+        std::copy_n(dx, input_size, d_input);
+      } else {
+        for (std::size_t i = 0; i < input_size; ++i) d_input[i] += dx[i];
+      }
+    }
   }
 }
 
@@ -307,7 +402,11 @@ void CpuRnnClassifier<Scalar>::resize_workspace(int batch, int seq) {
   grow(d_c_, to_size(batch) * hidden);
   grow(d_embedded_, rows * embed);
   if (uses_onednn()) {
-    d_input_.resize(d_output_.size());  // swapped with d_output_: the two stay the same size
+    const std::size_t widest = std::max({embed, width, hidden});
+    grow(onednn_x_, rows * widest);
+    grow(onednn_y_, rows * widest);
+    grow(onednn_dx_, rows * widest);
+    for (auto& dy : onednn_dy_) grow(dy, rows * hidden);
   }
   // At most one entry per token of the batch: push_back never allocates during a step.
   touched_.reserve(rows);
@@ -663,7 +762,7 @@ BatchStats CpuRnnClassifier<Scalar>::train_step(const int32_t* tokens, const Sca
 
   if (uses_onednn()) {
     for (int l = layers - 1; l >= 0; --l) {
-      backward_layer_onednn(l, batch, seq);
+      backward_layer_onednn(l, batch, seq, /*dy_every_step=*/l + 1 < layers);
       undo_input_dropout(l, batch, seq);
       if (l > 0) ready(to_size(l) + 1);
     }
@@ -935,22 +1034,13 @@ class CpuReplica final : public Replica {
 
 }  // namespace
 
-CpuKernels parse_cpu_kernels(const std::string& name, const ModelShape& shape, const ModelOptions& options) {
-  // oneDNN's RNN primitive has no per-sample lengths: masking, like the other cells and directions, runs on
-  // the builtin kernels.
-  std::string not_onednn;
-  if (shape.bidirectional) not_onednn = "runs unidirectional layers only";
-  if (options.mask_padding) not_onednn = "has no masking (model.mask_padding)";
+CpuKernels parse_cpu_kernels(const std::string& name, const ModelShape& /*shape*/,
+                             const ModelOptions& /*options*/) {
+  // oneDNN runs every variant: LSTM and GRU cells, both directions, masking (forward_layer_onednn).
   if (name == "builtin") return CpuKernels::kBuiltin;
-  if (name == "auto") {
-    return onednn_missing().empty() && not_onednn.empty() ? CpuKernels::kOnednn : CpuKernels::kBuiltin;
-  }
+  if (name == "auto") return onednn_missing().empty() ? CpuKernels::kOnednn : CpuKernels::kBuiltin;
   if (name == "onednn") {
     if (!onednn_missing().empty()) throw UserError("model.cpu_kernels = onednn: " + onednn_missing());
-    if (!not_onednn.empty()) {
-      throw UserError("model.cpu_kernels = onednn: its RNN " + not_onednn + "; use auto or builtin for " +
-                      describe(shape) + (options.mask_padding ? " with masking" : ""));
-    }
     return CpuKernels::kOnednn;
   }
   throw UserError("model.cpu_kernels = " + name + ": expected auto, builtin or onednn");

@@ -23,9 +23,8 @@ class CpuRnnClassifier {
  public:
   explicit CpuRnnClassifier(const ModelShape& shape, const ModelOptions& options = {});
 
-  // Runs the LSTM layers on oneDNN (onednn_lstm.h) from now on: float only, a unidirectional LSTM without
-  // masking, in a build with oneDNN (throws std::runtime_error otherwise). The embedding, dropout, dense
-  // layer and loss stay this class's.
+  // Runs the recurrent layers on oneDNN (onednn_lstm.h) from now on: float only, in a build with oneDNN
+  // (throws std::runtime_error otherwise). The embedding, dropout, dense layer and loss stay this class's.
   void use_onednn();
   bool uses_onednn() const { return !onednn_.empty(); }
 
@@ -107,10 +106,14 @@ class CpuRnnClassifier {
   // The first real time step of each sample (the count of its leading padding tokens, at most seq-1), or
   // all 0 without masking.
   void find_starts(const int32_t* tokens, int batch, int seq);
-  // The same layer's forward and backward on oneDNN (a unidirectional LSTM without masking).
+  // The same layer's forward and backward on oneDNN (each direction its own layer; masking by shifting the
+  // forward direction's rows, shift_rows).
   void forward_layer_onednn(int layer, int batch, int seq);
-  void backward_layer_onednn(int layer, int batch, int seq);
-  LstmLayerBuffers onednn_buffers(int layer, int batch, int seq);
+  void backward_layer_onednn(int layer, int batch, int seq, bool dy_every_step);
+  LstmLayerBuffers onednn_buffers(int layer, int direction, int batch, int seq);
+  // Time-major rows of `width` floats, each sample moved by its padding: `left`, to[t] = from[t + start]
+  // (zeros past its length); else to[t] = from[t - start] (zeros before start).
+  void shift_rows(const Scalar* from, Scalar* to, std::size_t width, int batch, int seq, bool left) const;
 
   ParamLayout layout_;
   ModelOptions options_;
@@ -142,8 +145,12 @@ class CpuRnnClassifier {
   std::vector<int32_t> touched_;          // sorted token ids of the last train_step's batch
   std::vector<int32_t> next_touched_;     // the step's ids as they are found, then swapped in
   std::vector<uint8_t> row_seen_;         // [V], 1 while a step has found the token; 0 between steps
-  std::vector<std::unique_ptr<OnednnLstmLayer>> onednn_;  // per layer, when the layers run on oneDNN
-  std::vector<Scalar> d_input_;                           // oneDNN: [T*B, H], a layer's input gradient
+  // oneDNN: a layer per layer and direction (l * directions + d), and the rows they read and write where ours
+  // do not serve as they are: shifted inputs and outputs, each direction's output gradient, an input
+  // gradient.
+  std::vector<std::unique_ptr<OnednnLstmLayer>> onednn_;
+  std::vector<Scalar> onednn_x_, onednn_y_, onednn_dx_;
+  std::vector<Scalar> onednn_dy_[2];
 };
 
 extern template class CpuRnnClassifier<float>;

@@ -409,16 +409,48 @@ TEST(Dropout, TrainingStepsRepeatByKeyAndEvaluationDropsNothing) {
   EXPECT_EQ(evaluated, trained) << "without dropout a training step's loss is the evaluation's";
 }
 
-TEST(CpuKernels, OnednnRunsUnidirectionalLayersWithoutMaskingOnly) {
-  const Variant bidirectional{Cell::kLstm, true, 1, true};
-  const Variant masked{Cell::kGru, false, 1, true};
-  if (onednn_missing().empty()) {
-    EXPECT_EQ(parse_cpu_kernels("auto", Variant{Cell::kGru}.shape(), {}), CpuKernels::kOnednn);
-  }
-  for (const Variant& v : {bidirectional, masked}) {
-    EXPECT_EQ(parse_cpu_kernels("auto", v.shape(), v.options()), CpuKernels::kBuiltin) << v.name();
-    EXPECT_EQ(parse_cpu_kernels("builtin", v.shape(), v.options()), CpuKernels::kBuiltin) << v.name();
-    EXPECT_THROW(parse_cpu_kernels("onednn", v.shape(), v.options()), UserError) << v.name();
+// The float path on oneDNN (each direction a layer of its own; masking by shifting the forward direction's
+// rows) against the double reference on every variant, with dropout too (the masks come from the key, the
+// same in float and double), over two batch shapes: the loss, every tensor's gradient, and evaluation's
+// probabilities.
+TEST(CpuKernels, OnednnMatchesTheDoubleReferenceOnEveryVariant) {
+  if (const std::string why = onednn_missing(); !why.empty()) GTEST_SKIP() << why;
+  std::vector<Variant> variants = every_variant();
+  variants.push_back({Cell::kGru, true, 2, true, 3, 0.3, 0.2});
+  variants.push_back({Cell::kLstm, false, 3, false, 2, 0.2, 0.1});
+  for (const Variant& v : variants) {
+    EXPECT_EQ(parse_cpu_kernels("auto", v.shape(), v.options()), CpuKernels::kOnednn) << v.name();
+    const ModelShape shape = v.shape(50, 16, 12);
+    CpuRnnClassifier<float> onednn(shape, v.options());
+    onednn.use_onednn();
+    CpuRnnClassifier<double> reference(shape, v.options());
+    load_test_params(onednn, 3);
+    load_test_params(reference, 3);
+    for (const int batch_size : {8, 3}) {
+      const Batch batch = padded_batch(shape.vocab_size, shape.classes, batch_size, 20, 5 + batch_size);
+      const std::vector<float> labels(batch.labels.begin(), batch.labels.end());
+      onednn.set_dropout_key(7);
+      reference.set_dropout_key(7);
+      const BatchStats fs = onednn.train_step(batch.tokens.data(), labels.data(), batch.batch, batch.seq, {});
+      const BatchStats ds =
+          reference.train_step(batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq, {});
+      const std::string what = v.name() + ", batch " + std::to_string(batch_size);
+      EXPECT_NEAR(fs.loss_sum, ds.loss_sum, 1e-5 * std::abs(ds.loss_sum)) << what;
+      for (const auto& tensor : onednn.layout().tensors()) {
+        double diff = 0, norm = 0;
+        for (std::size_t i = tensor.offset; i < tensor.offset + tensor.size(); ++i) {
+          const double d = reference.grads()[i];
+          diff += (onednn.grads()[i] - d) * (onednn.grads()[i] - d);
+          norm += d * d;
+        }
+        EXPECT_LT(std::sqrt(diff), 1e-4 * std::sqrt(norm) + 1e-12) << what << ": " << tensor.name;
+      }
+      std::vector<float> p(static_cast<std::size_t>(batch.batch * shape.outputs()));
+      std::vector<double> q(p.size());
+      onednn.evaluate(batch.tokens.data(), nullptr, batch.batch, batch.seq, p);
+      reference.evaluate(batch.tokens.data(), nullptr, batch.batch, batch.seq, q);
+      for (std::size_t i = 0; i < p.size(); ++i) EXPECT_NEAR(p[i], q[i], 1e-5) << what << ", output " << i;
+    }
   }
 }
 
