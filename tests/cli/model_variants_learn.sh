@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every model variant learns: quickstart-sized synthetic data (order-dependent: negations flip sentiment words,
-# a negated topic is not the class), 2 ranks, a few epochs each; the test accuracy each must reach is
-# stated below (what these runs reached when the test was written, with a margin).
+# a negated topic is not the class), 2 ranks, 4 epochs each; the test accuracy each must reach is stated
+# below, with a margin under what they reached when the test was written (LSTM 0.990, GRU 0.974,
+# bidirectional LSTM 0.995, 2-layer LSTM with dropout 0.983, bidirectional GRU on 4 classes 1.000).
 #   bash tests/cli/model_variants_learn.sh path/to/ddptrain
 set -euo pipefail
 ddptrain=$1
