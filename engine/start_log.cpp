@@ -21,10 +21,10 @@ std::vector<std::string> start_log_lines(const RunStartFacts& f, const std::vect
       lines.end(),
       {fmt::format("data {}: vocab {}, maxlen {}; {}", f.data_path, f.vocab_size, f.maxlen, f.data_plan),
        fmt::format(
-           "model: embedding {}, LSTM {} x {}, {} parameters; {} lr {}; batch {} per rank x {} {}; {} steps "
+           "model: embedding {}, {} {} x {}{}, {} parameters; {} lr {}; batch {} per rank x {} {}; {} steps "
            "per epoch",
-           f.embedding_dim, f.layers, f.hidden, f.parameters, f.optimizer, f.learning_rate, f.batch_size,
-           f.trainers, f.trainers_name, f.steps_per_epoch)});
+           f.embedding_dim, f.rnn, f.layers, f.hidden, f.model_extras, f.parameters, f.optimizer,
+           f.learning_rate, f.batch_size, f.trainers, f.trainers_name, f.steps_per_epoch)});
   switch (f.start) {
     case RunStartFacts::Start::kAlreadyFinished:
       lines.push_back(

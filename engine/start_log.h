@@ -33,6 +33,8 @@ struct RunStartFacts {
   int maxlen = 0;
   std::string data_plan;  // io::DataPlan::describe()
   int embedding_dim = 0, layers = 0, hidden = 0;
+  std::string rnn = "LSTM";  // "GRU", "bidirectional LSTM", ...
+  std::string model_extras;  // ", masked, dropout 0.2, 3 classes": what differs from the Keras model
   std::size_t parameters = 0;
   std::string optimizer;
   double learning_rate = 0;

@@ -1,5 +1,7 @@
 #include "engine/trainer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -198,6 +200,13 @@ class TrainingRun::Loop {
     run.data_plan = plan_.describe();
     run.embedding_dim = shape_.embedding_dim;
     run.layers = shape_.layers;
+    run.rnn = (shape_.bidirectional ? "bidirectional " : "") +
+              std::string(shape_.cell == models::Cell::kGru ? "GRU" : "LSTM");
+    if (config_.model.mask_padding) run.model_extras += ", masked";
+    if (config_.model.dropout > 0) run.model_extras += fmt::format(", dropout {}", config_.model.dropout);
+    if (config_.model.embedding_dropout > 0)
+      run.model_extras += fmt::format(", embedding dropout {}", config_.model.embedding_dropout);
+    if (shape_.classes != 2) run.model_extras += fmt::format(", {} classes", shape_.classes);
     run.hidden = shape_.hidden;
     run.parameters = replica_->layout().total_size();
     run.optimizer = updater_->optimizer_name();
