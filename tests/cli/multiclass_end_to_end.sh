@@ -89,8 +89,9 @@ expect_user_error "bidirectional without masking" "model.bidirectional" \
   "$ddptrain" --data.path data.h5 --model.bidirectional true
 expect_user_error "an unknown cell" "model.cell = rnn" "$ddptrain" --data.path data.h5 --model.cell rnn
 expect_user_error "dropout of 1" "model.dropout = 1" "$ddptrain" --data.path data.h5 --model.dropout 1
-expect_user_error "oneDNN for a GRU" "model.cpu_kernels = onednn" \
-  "$ddptrain" --data.path data.h5 --model.cell gru --model.cpu_kernels onednn
+expect_user_error "a step schedule without its interval" "train.lr_decay_steps" \
+  "$ddptrain" --data.path data.h5 --train.lr_schedule step
+expect_user_error "a negative clip norm" "train.clip_norm = -1" "$ddptrain" --data.path data.h5 --train.clip_norm -1
 /usr/bin/python3 - <<'PY'
 import h5py, shutil
 shutil.copy("data.h5", "one_class.h5")
