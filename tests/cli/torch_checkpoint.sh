@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A checkpoint loads into PyTorch with launch/torch_checkpoint.py (the documented layout is nn.LSTM's), and
-# the PyTorch model scores documents as `ddptrain predict` does (within 1e-4). Skipped (exit 77) where
+# A checkpoint loads into PyTorch with launch/torch_checkpoint.py (the documented layout is nn.LSTM's and
+# nn.GRU's), and the PyTorch model scores documents as `ddptrain predict` does (within 1e-4): the Keras LSTM,
+# a GRU with dropout, and a masked bidirectional GRU of three classes (PyTorch packs the shifted rows). Skipped (exit 77) where
 # Python has no torch or h5py (Debian: python3-torch, python3-h5py).
 #   bash tests/cli/torch_checkpoint.sh path/to/ddptrain source-dir
 set -euo pipefail
@@ -37,5 +38,40 @@ documents=("the film was great, loved it" "dull plot, hated it" "the music and t
 paste ddptrain.txt torch.txt | awk -F'\t' '{ d = $1 - $3; if (d < 0) d = -d; if (d > 1e-4 || NF != 4) bad = 1 }
   END { exit bad || NR != 4 }' || fail "PyTorch scores differ from ddptrain's" ddptrain.txt torch.txt
 cut -f1 torch.txt | sort -u | wc -l | grep -qx 4 || fail "the documents got the same score" torch.txt
-echo "PASS: the checkpoint in PyTorch scores as ddptrain predict"
 paste ddptrain.txt torch.txt
+
+# A two-class GRU (dropout in training only), the same comparison.
+"$ddptrain" --data.path data.h5 --checkpoint.dir gru --model.embedding_dim 8 --model.hidden 8 --model.layers 2 \
+  --model.cell gru --model.dropout 0.2 --train.epochs 3 --train.batch_size 8 --train.learning_rate 0.02 \
+  >gru_train.txt 2>&1 || fail "training the GRU" gru_train.txt
+"$ddptrain" predict --checkpoint gru/best.h5 "${documents[@]/#/--text=}" >gru_ddptrain.txt 2>&1 ||
+  fail "ddptrain predict (GRU)" gru_ddptrain.txt
+"$python" "$source_dir/launch/torch_checkpoint.py" gru/best.h5 "${documents[@]}" >gru_torch.txt 2>&1 ||
+  fail "torch_checkpoint.py (GRU)" gru_torch.txt
+paste gru_ddptrain.txt gru_torch.txt | awk -F'\t' '{ d = $1 - $3; if (d < 0) d = -d; if (d > 1e-4) bad = 1 }
+  END { exit bad || NR != 4 }' || fail "PyTorch's GRU scores differ from ddptrain's" gru_ddptrain.txt gru_torch.txt
+
+# Three classes, a masked bidirectional GRU: every class's probability.
+for split in train test; do
+  mkdir -p "corpus/$split/plot"
+  for i in $(seq 40); do
+    echo "${words[RANDOM % 13]} twist ${words[RANDOM % 13]} scene" >"corpus/$split/plot/$i.txt"
+  done
+done
+"$ddptrain" prepare text --input corpus --output three.h5 --vocab 40 --maxlen 12 >prepare3.txt 2>&1 ||
+  fail "prepare text (three classes)" prepare3.txt
+"$ddptrain" --data.path three.h5 --checkpoint.dir bigru --model.embedding_dim 8 --model.hidden 8 --model.cell gru \
+  --model.bidirectional true --model.mask_padding true --model.layers 2 --train.epochs 3 --train.batch_size 8 \
+  --train.learning_rate 0.02 >bigru_train.txt 2>&1 || fail "training the bidirectional GRU" bigru_train.txt
+documents+=("a twist in the scene" "twist")
+"$ddptrain" predict --checkpoint bigru/best.h5 --all-probabilities "${documents[@]/#/--text=}" >bigru_ddptrain.txt 2>&1 ||
+  fail "ddptrain predict (bidirectional GRU)" bigru_ddptrain.txt
+"$python" "$source_dir/launch/torch_checkpoint.py" bigru/best.h5 "${documents[@]}" >bigru_torch.txt 2>&1 ||
+  fail "torch_checkpoint.py (bidirectional GRU)" bigru_torch.txt
+# ddptrain: class, p, "neg=.. plot=.. pos=..", text; PyTorch: "p0 p1 p2", text.
+paste <(cut -f3 bigru_ddptrain.txt | sed -E 's/[a-z]+=//g') <(cut -f1 bigru_torch.txt) |
+  awk -F'\t' '{ n = split($1, a, " "); split($2, b, " "); if (n != 3) bad = 1
+    for (i = 1; i <= n; ++i) { d = a[i] - b[i]; if (d < 0) d = -d; if (d > 1e-4) bad = 1 } }
+    END { exit bad || NR != 6 }' || fail "PyTorch's bidirectional GRU differs from ddptrain's" bigru_ddptrain.txt bigru_torch.txt
+echo "PASS: the checkpoints in PyTorch score as ddptrain predict"
+paste bigru_ddptrain.txt bigru_torch.txt
