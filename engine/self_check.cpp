@@ -143,9 +143,10 @@ void compare_shape(models::Replica& gpu, int device, models::Replica& cpu,
             tensor.offset + tensor.size());
   }
 
-  std::vector<float> gpu_p(to_size(batch));
-  std::vector<float> cpu_p(to_size(batch));
-  std::vector<double> ref_p(to_size(batch));
+  const std::size_t outputs = to_size(batch) * to_size(layout.shape().outputs());
+  std::vector<float> gpu_p(outputs);
+  std::vector<float> cpu_p(outputs);
+  std::vector<double> ref_p(outputs);
   gpu.predict(on_gpu, gpu_p);
   cpu.predict(on_host, cpu_p);
   reference.evaluate(data.tokens.data(), data.labels_double.data(), batch, seq, ref_p);

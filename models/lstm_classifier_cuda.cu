@@ -69,6 +69,8 @@ namespace {
 using kernels::copy_weight_runs;
 using kernels::dense_backward;
 using kernels::dense_forward;
+using kernels::dense_softmax_backward;
+using kernels::dense_softmax_forward;
 using kernels::DeviceStats;
 using kernels::embedding_backward;
 using kernels::embedding_forward;
@@ -274,8 +276,8 @@ class CudaReplica final : public Replica {
   std::pair<int, int> dy_shape_{0, 0};  // the (batch, seq) whose zeros dy_ holds
   DeviceArray<std::byte> workspace_;
   DeviceArray<std::byte> reserve_;
-  DeviceArray<float> probabilities_;  // [B]
-  DeviceArray<float> d_logits_;       // [B]
+  DeviceArray<float> probabilities_;  // [B x outputs]
+  DeviceArray<float> d_logits_;       // [B x outputs]
 
   DeviceArray<DeviceStats> stats_;
   DeviceArray<unsigned int> bad_token_;
@@ -342,7 +344,8 @@ CudaReplica::~CudaReplica() {
 
 std::string CudaReplica::lstm_kernels() const {
   const cudnnRNNAlgo_t runs = preferred_ ? preferred_algorithm_ : CUDNN_RNN_ALGO_STANDARD;
-  std::string text = std::string("cuDNN LSTM ") + cudnn_algorithm_name(runs);
+  std::string text = std::string(layout_.shape().cell == Cell::kGru ? "cuDNN GRU " : "cuDNN LSTM ") +
+                     cudnn_algorithm_name(runs);
   std::string fallback;
   for (const auto& [key, shape] : shapes_) {
     if (preferred_ && shape->plan == standard_.get()) {
@@ -384,7 +387,8 @@ void CudaReplica::build_rnn(RnnPlan& plan) {
   // 10-bit mantissa breaks parity with the CPU replica. Unpacked (padded) data needs PADDED_IO_ENABLED; every
   // sequence has the full length, so there is no padding in practice.
   DDP_CUDNN_CHECK_ALGORITHM(
-      cudnnSetRNNDescriptor_v8(plan.rnn.get(), plan.algorithm, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS,
+      cudnnSetRNNDescriptor_v8(plan.rnn.get(), plan.algorithm,
+                               shape.cell == Cell::kGru ? CUDNN_GRU : CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS,
                                CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT,
                                CUDNN_FMA_MATH, shape.embedding_dim, shape.hidden, shape.hidden, shape.layers,
                                plan.dropout.get(), CUDNN_RNN_PADDED_IO_ENABLED),
@@ -444,20 +448,22 @@ void CudaReplica::build_weight_map(RnnPlan& plan) {
   DDP_CUDNN_CHECK(cudnnCreateTensorDescriptor(matrix_desc.out()));
   DDP_CUDNN_CHECK(cudnnCreateTensorDescriptor(bias_desc.out()));
   std::vector<WeightRun> runs;
-  std::size_t lstm_floats = 0;
+  std::size_t lstm_floats = 0;  // the recurrent layers' floats, LSTM or GRU
+  const int gates = shape.gates();
   for (int l = 0; l < shape.layers; ++l) {
-    const std::string prefix = "lstm.l" + std::to_string(l) + ".";
+    const std::string prefix = shape.tensor_prefix(l, 0) + ".";
     const ParamTensor& w_ih = layout_.tensor(prefix + "w_ih");
     const ParamTensor& w_hh = layout_.tensor(prefix + "w_hh");
     const ParamTensor& b_ih = layout_.tensor(prefix + "b_ih");
     const ParamTensor& b_hh = layout_.tensor(prefix + "b_hh");
     lstm_floats += w_ih.size() + w_hh.size() + b_ih.size() + b_hh.size();
     const int in = l == 0 ? shape.embedding_dim : hidden;
-    // Linear layer ids 0..3 are the input matrices of gates i, f, g, o; 4..7 the recurrent ones. With
-    // CUDNN_RNN_DOUBLE_BIAS each has its own bias: b_ih for 0..3, b_hh for 4..7.
-    for (int id = 0; id < 8; ++id) {
-      const bool recurrent = id >= 4;
-      const std::size_t gate = to_size(id % 4);
+    // Linear layer ids 0..G-1 are the input matrices of the gates (LSTM i, f, g, o; GRU r, z, n, cuDNN's
+    // reset, update and new-memory gates), G..2G-1 the recurrent ones. With CUDNN_RNN_DOUBLE_BIAS each has
+    // its own bias: b_ih for the first G, b_hh for the others.
+    for (int id = 0; id < 2 * gates; ++id) {
+      const bool recurrent = id >= gates;
+      const std::size_t gate = to_size(id % gates);
       const int cols = recurrent ? hidden : in;
       const std::string what = prefix + (recurrent ? "w_hh" : "w_ih") + " gate " + std::to_string(gate);
       void* matrix = nullptr;
@@ -479,8 +485,8 @@ void CudaReplica::build_weight_map(RnnPlan& plan) {
   }
 
   std::string problem;
-  const WeightMap map =
-      merge_weight_runs(std::move(runs), layout_.tensor("lstm.l0.w_ih").offset, lstm_floats, problem);
+  const WeightMap map = merge_weight_runs(
+      std::move(runs), layout_.tensor(shape.tensor_prefix(0, 0) + ".w_ih").offset, lstm_floats, problem);
   if (!problem.empty()) weight_map_failed(plan, problem);
   const std::vector<WeightRun>& merged = map.runs;
   if (merged.size() > 65535) DDP_FATAL("weight map: more runs than a grid's y dimension holds");
@@ -587,8 +593,8 @@ std::unique_ptr<BatchShape> CudaReplica::build_shape(int batch, int seq, RnnPlan
   // At least one byte each, so that cuDNN always gets a real pointer.
   workspace_.ensure(std::max<std::size_t>({shape->train_workspace, shape->inference_workspace, 1}));
   reserve_.ensure(std::max<std::size_t>(shape->reserve, 1));
-  probabilities_.ensure(to_size(batch));
-  d_logits_.ensure(to_size(batch));
+  probabilities_.ensure(to_size(batch) * to_size(model.outputs()));
+  d_logits_.ensure(to_size(batch) * to_size(model.outputs()));
   if (plan.algorithm != CUDNN_RNN_ALGO_STANDARD) {
     try {
       probe(*shape);
@@ -648,7 +654,7 @@ std::string CudaReplica::check_parameter_mapping() {
   DeviceArray<float> back;
   back.ensure(total);
   std::vector<float> received(total);
-  const std::size_t lstm_begin = layout_.tensor("lstm.l0.w_ih").offset;
+  const std::size_t lstm_begin = layout_.tensor(layout_.shape().tensor_prefix(0, 0) + ".w_ih").offset;
   const std::size_t lstm_end = layout_.tensor("dense.w").offset;
   for (const RnnPlan* plan : {standard_.get(), preferred_.get()}) {
     if (plan == nullptr) continue;
@@ -672,7 +678,7 @@ std::string CudaReplica::check_parameter_mapping() {
       return std::string("canonical -> cuDNN ") + cudnn_algorithm_name(plan->algorithm) +
              " weight space -> canonical: " + where +
              (lstm ? " came back as " + std::to_string(received[i]) + " instead of " + std::to_string(sent[i])
-                   : " was written, but it is not an LSTM weight");
+                   : " was written, but it is not a recurrent layer's weight");
     }
   }
   return "";
@@ -713,6 +719,13 @@ void CudaReplica::dense_and_loss(const BatchView& batch, const float* labels, fl
                                  float* d_logits, bool add_stats) {
   const int hidden = layout_.shape().hidden;
   const float* h_last = y_.get() + to_size(batch.seq - 1) * to_size(batch.batch) * to_size(hidden);
+  if (layout_.shape().classes != 2) {
+    dense_softmax_forward<<<1, kDenseThreads, 0, stream_.get()>>>(
+        h_last, params_.get() + dense_w_offset_, params_.get() + dense_b_offset_, labels, batch.batch, hidden,
+        layout_.shape().classes, probabilities, d_logits, add_stats ? stats_.get() : nullptr);
+    DDP_CUDA_CHECK_LAUNCH("dense_softmax_forward");
+    return;
+  }
   dense_forward<<<1, kDenseThreads, 0, stream_.get()>>>(
       h_last, params_.get() + dense_w_offset_, params_.get() + dense_b_offset_, labels, batch.batch, hidden,
       probabilities, d_logits, add_stats ? stats_.get() : nullptr);
@@ -752,10 +765,20 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
     dy_shape_ = {batch.batch, batch.seq};
   }
   const float* h_last = y_.get() + y_floats - step_floats;
-  dense_backward<<<blocks_for(step_floats + to_size(model.hidden) + 1), kThreads, 0, stream>>>(
-      h_last, d_logits_.get(), params_.get() + dense_w_offset_, grads_.get() + dense_w_offset_,
-      grads_.get() + dense_b_offset_, dy_.get() + y_floats - step_floats, batch.batch, model.hidden);
-  DDP_CUDA_CHECK_LAUNCH("dense_backward");
+  if (model.classes != 2) {
+    const std::size_t classes = to_size(model.classes);
+    dense_softmax_backward<<<blocks_for(step_floats + classes * (to_size(model.hidden) + 1)), kThreads, 0,
+                             stream>>>(h_last, d_logits_.get(), params_.get() + dense_w_offset_,
+                                       grads_.get() + dense_w_offset_, grads_.get() + dense_b_offset_,
+                                       dy_.get() + y_floats - step_floats, batch.batch, model.hidden,
+                                       model.classes);
+    DDP_CUDA_CHECK_LAUNCH("dense_softmax_backward");
+  } else {
+    dense_backward<<<blocks_for(step_floats + to_size(model.hidden) + 1), kThreads, 0, stream>>>(
+        h_last, d_logits_.get(), params_.get() + dense_w_offset_, grads_.get() + dense_w_offset_,
+        grads_.get() + dense_b_offset_, dy_.get() + y_floats - step_floats, batch.batch, model.hidden);
+    DDP_CUDA_CHECK_LAUNCH("dense_backward");
+  }
   ready(segments.size() - 1);
 
   // cuDNN: dx (for the embedding) first, then the weight gradients of every layer at once, added into a
@@ -796,7 +819,7 @@ void CudaReplica::evaluate(const BatchView& batch) {
 void CudaReplica::predict(const BatchView& batch, std::span<float> probabilities) {
   check_batch(batch, false, "predict");
   const bool with_labels = batch.labels != nullptr;
-  if (probabilities.size() != to_size(batch.batch)) {
+  if (probabilities.size() != to_size(batch.batch) * to_size(layout_.shape().outputs())) {
     throw std::invalid_argument("CudaReplica::predict: probabilities holds " +
                                 std::to_string(probabilities.size()) + " entries for a batch of " +
                                 std::to_string(batch.batch));
@@ -875,13 +898,16 @@ void CudaReplica::copy_grads_to_host(std::span<float> host) {
 
 std::unique_ptr<Replica> make_cuda_replica(const ModelShape& shape, int device, RnnAlgorithm algorithm,
                                            const ModelOptions& options) {
-  if (shape.cell != Cell::kLstm || shape.bidirectional || shape.classes != 2 || options.mask_padding ||
-      options.dropout > 0 || options.embedding_dropout > 0) {
+  if (shape.bidirectional || options.mask_padding || options.dropout > 0 || options.embedding_dropout > 0) {
     throw UserError("device = cuda: the cuDNN replica does not run this model yet (" + describe(shape) +
                     (options.mask_padding ? ", masked" : "") +
                     (options.dropout > 0 || options.embedding_dropout > 0 ? ", with dropout" : "") +
-                    "); device = cpu trains it, or a two-class unidirectional LSTM without masking and "
-                    "dropout runs on the GPU");
+                    "); device = cpu trains it; on the GPU run one direction without masking and dropout "
+                    "(an LSTM or GRU of any layers and classes)");
+  }
+  if (shape.classes > kernels::kMaxClasses) {
+    throw UserError("device = cuda: " + std::to_string(shape.classes) + " classes, the GPU's softmax takes " +
+                    std::to_string(kernels::kMaxClasses));
   }
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);

@@ -129,6 +129,99 @@ __global__ void dense_backward(const float* __restrict__ h_last, const float* __
   }
 }
 
+__global__ void __launch_bounds__(kDenseThreads)
+    dense_softmax_forward(const float* __restrict__ h_last, const float* __restrict__ w,
+                          const float* __restrict__ bias, const float* __restrict__ labels, int batch,
+                          int hidden, int classes, float* __restrict__ probabilities,
+                          float* __restrict__ d_logits, DeviceStats* __restrict__ stats) {
+  __shared__ double loss_part[kDenseWarps];
+  __shared__ unsigned long long correct_part[kDenseWarps];
+  __shared__ double logits[kDenseWarps][kMaxClasses];
+  __shared__ double p[kDenseWarps][kMaxClasses];
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const float inv_batch = 1.0f / static_cast<float>(batch);
+  double loss = 0;
+  unsigned long long correct = 0;
+  for (int b = warp; b < batch; b += kDenseWarps) {
+    const float* h = h_last + static_cast<std::size_t>(b) * hidden;
+    for (int k = 0; k < classes; ++k) {
+      const float* wk = w + static_cast<std::size_t>(k) * hidden;
+      float sum = 0.0f;
+      for (int j = lane; j < hidden; j += 32) sum += wk[j] * h[j];
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+      if (lane == 0) logits[warp][k] = static_cast<double>(sum + bias[k]);
+    }
+    if (lane == 0) {
+      const int label = labels != nullptr ? static_cast<int>(labels[b]) : -1;
+      const double sample_loss = softmax_loss(logits[warp], classes, label, p[warp]);
+      const std::size_t row = static_cast<std::size_t>(b) * classes;
+      if (probabilities != nullptr) {
+        for (int k = 0; k < classes; ++k) probabilities[row + k] = static_cast<float>(p[warp][k]);
+      }
+      if (label >= 0) {
+        loss += sample_loss;
+        if (predicted_class(logits[warp], classes) == label) ++correct;
+        if (d_logits != nullptr) {
+          for (int k = 0; k < classes; ++k) {
+            d_logits[row + k] =
+                logit_gradient(static_cast<float>(p[warp][k]), k == label ? 1.0f : 0.0f, inv_batch);
+          }
+        }
+      }
+    }
+    __syncwarp();
+  }
+  if (lane == 0) {
+    loss_part[warp] = loss;
+    correct_part[warp] = correct;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && stats != nullptr) {
+    double block_loss = 0;
+    unsigned long long block_correct = 0;
+    for (int i = 0; i < kDenseWarps; ++i) {
+      block_loss += loss_part[i];
+      block_correct += correct_part[i];
+    }
+    stats->loss_sum += block_loss;
+    stats->correct += block_correct;
+  }
+}
+
+__global__ void dense_softmax_backward(const float* __restrict__ h_last, const float* __restrict__ d_logits,
+                                       const float* __restrict__ w, float* __restrict__ d_w,
+                                       float* __restrict__ d_b, float* __restrict__ dy_last, int batch,
+                                       int hidden, int classes) {
+  const std::size_t h = static_cast<std::size_t>(hidden);
+  const std::size_t k_count = static_cast<std::size_t>(classes);
+  const std::size_t weights = k_count * h;
+  const std::size_t n = weights + k_count + static_cast<std::size_t>(batch) * h;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if (i < weights) {
+      const std::size_t k = i / h, j = i % h;
+      float sum = 0.0f;
+      for (int b = 0; b < batch; ++b) {
+        sum +=
+            d_logits[static_cast<std::size_t>(b) * k_count + k] * h_last[static_cast<std::size_t>(b) * h + j];
+      }
+      d_w[i] = sum;
+    } else if (i < weights + k_count) {
+      const std::size_t k = i - weights;
+      float sum = 0.0f;
+      for (int b = 0; b < batch; ++b) sum += d_logits[static_cast<std::size_t>(b) * k_count + k];
+      d_b[k] = sum;
+    } else {
+      const std::size_t e = i - weights - k_count;
+      const std::size_t b = e / h, j = e % h;
+      float sum = d_logits[b * k_count] * w[j];
+      for (std::size_t k = 1; k < k_count; ++k) sum += d_logits[b * k_count + k] * w[k * h + j];
+      dy_last[e] = sum;
+    }
+  }
+}
+
 // Copies every run of the table (blockIdx.y picks the run) between the canonical buffer and cuDNN's weight
 // space: canonical -> cuDNN before a forward, cuDNN -> canonical for the weight gradients.
 __global__ void copy_weight_runs(const WeightRun* __restrict__ runs, const float* __restrict__ source,

@@ -51,6 +51,26 @@ __global__ void dense_backward(const float* __restrict__ h_last, const float* __
                                const float* __restrict__ w, float* __restrict__ d_w, float* __restrict__ d_b,
                                float* __restrict__ dy_last, int batch, int hidden);
 
+// The most classes the softmax kernel takes (labels are one byte).
+constexpr int kMaxClasses = 256;
+
+// More than two classes: Dense(K) on h_last [B, H], softmax and categorical cross-entropy, in one block: a
+// warp per sample computes its K logits, lane 0 the softmax in double (output_math.h, as the CPU). Optional
+// outputs: probabilities [B, K]; with labels (class ids), d_logits [B, K] = (p - onehot) / B and the running
+// stats (correct: the most probable class is the label).
+__global__ void __launch_bounds__(kDenseThreads)
+    dense_softmax_forward(const float* __restrict__ h_last, const float* __restrict__ w,
+                          const float* __restrict__ bias, const float* __restrict__ labels, int batch,
+                          int hidden, int classes, float* __restrict__ probabilities,
+                          float* __restrict__ d_logits, DeviceStats* __restrict__ stats);
+
+// Its backward: d_w[k, j] = sum_b dz[b, k] h_b[j], d_b[k] = sum_b dz[b, k] (sums over b in order) and
+// dy_last [B, H] = sum_k dz[b, k] w[k, :]. Index i covers K*H + K + B*H items.
+__global__ void dense_softmax_backward(const float* __restrict__ h_last, const float* __restrict__ d_logits,
+                                       const float* __restrict__ w, float* __restrict__ d_w,
+                                       float* __restrict__ d_b, float* __restrict__ dy_last, int batch,
+                                       int hidden, int classes);
+
 // Copies every run of the table (blockIdx.y picks the run) between the canonical buffer and cuDNN's weight
 // space: canonical -> cuDNN before a forward, cuDNN -> canonical for the weight gradients.
 __global__ void copy_weight_runs(const WeightRun* __restrict__ runs, const float* __restrict__ source,

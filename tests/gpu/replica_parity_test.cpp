@@ -154,20 +154,29 @@ TEST(CudaOptimizer, RefusesLazyRowsAndUnknownNames) {
 // Three train steps on different batches: a small one, then two full ones (the larger shape moves the last
 // step's block of dy, so the small step's block must have been cleared; no step may keep embedding rows of
 // the one before). Then evaluate and predict, on a smaller batch too (a second set of cuDNN descriptors).
-void check_parity(int layers, RnnAlgorithm algorithm) {
-  const ModelShape shape{100, 32, 32, layers};
+void check_parity(int layers, RnnAlgorithm algorithm, Cell cell = Cell::kLstm, int classes = 2) {
+  ModelShape shape{100, 32, 32, layers};
+  shape.cell = cell;
+  shape.classes = classes;
+  // Labels of every class.
+  auto batch_of = [classes](int vocab, int batch, int seq, uint64_t seed) {
+    HostBatch host = testing::contract_random_batch(vocab, batch, seq, seed);
+    for (std::size_t b = 0; b < host.labels.size(); ++b)
+      host.labels[b] = static_cast<float>((b * 7 + seed) % classes);
+    return host;
+  };
   auto cpu = make_cpu_replica(shape);
   auto gpu = make_cuda_replica(shape, 0, algorithm);
   const ParamLayout& layout = cpu->layout();
   const std::vector<float> params = ddp::testing::test_params(layout, 11 + static_cast<uint64_t>(layers));
   cpu->copy_params_from_host(params);
   gpu->copy_params_from_host(params);
-  const std::string context = rnn_algorithm_name(algorithm) + ", layers " + std::to_string(layers);
+  const std::string context = rnn_algorithm_name(algorithm) + ", " + describe(shape);
 
   const int step_batches[] = {7, 16, 16};
   for (int step = 0; step < 3; ++step) {
     const HostBatch host =
-        random_batch(shape.vocab_size, step_batches[step], 20, 100 + static_cast<uint64_t>(step));
+        batch_of(shape.vocab_size, step_batches[step], 20, 100 + static_cast<uint64_t>(step));
     const DeviceBatch device(host);
     std::vector<std::string> cpu_order;
     std::vector<std::string> gpu_order;
@@ -181,15 +190,15 @@ void check_parity(int layers, RnnAlgorithm algorithm) {
   }
 
   for (const int batch : {16, 5}) {
-    const HostBatch host = random_batch(shape.vocab_size, batch, 20, 200 + static_cast<uint64_t>(batch));
+    const HostBatch host = batch_of(shape.vocab_size, batch, 20, 200 + static_cast<uint64_t>(batch));
     const DeviceBatch device(host);
     const std::string at = context + ", evaluate batch " + std::to_string(batch);
     cpu->evaluate(host.view());
     gpu->evaluate(device.view());
     expect_stats_close(cpu->take_stats(), gpu->take_stats(), at);
 
-    std::vector<float> cpu_p(to_size(batch));
-    std::vector<float> gpu_p(to_size(batch));
+    std::vector<float> cpu_p(to_size(batch) * to_size(shape.outputs()));
+    std::vector<float> gpu_p(cpu_p.size());
     cpu->predict(host.view(), cpu_p);
     gpu->predict(device.view(), gpu_p);
     for (std::size_t b = 0; b < cpu_p.size(); ++b) {
@@ -206,6 +215,15 @@ TEST(CudaReplica, MatchesTheCpuReplicaOneLayer) {
 TEST(CudaReplica, MatchesTheCpuReplicaTwoLayers) {
   DDP_REQUIRE_GPU();
   check_parity(2, RnnAlgorithm::kStandard);
+}
+
+// A GRU (cuDNN's reset gate on the recurrent product, gates r, z, n as the canonical layout) and a softmax
+// over three classes, one and two layers.
+TEST(CudaReplica, MatchesTheCpuReplicaGruAndThreeClasses) {
+  DDP_REQUIRE_GPU();
+  check_parity(1, RnnAlgorithm::kStandard, Cell::kGru);
+  check_parity(2, RnnAlgorithm::kStandard, Cell::kGru, 3);
+  check_parity(2, RnnAlgorithm::kStandard, Cell::kLstm, 3);
 }
 
 // Auto picks the persistent small-hidden algorithm here (hidden 32), or falls back to the standard one if
