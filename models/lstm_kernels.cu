@@ -57,6 +57,34 @@ __global__ void embedding_backward(const int32_t* __restrict__ tokens, const flo
 // The dense layer on the top layer's last hidden state h_last [B, H], then sigmoid and BCE, in one block: a
 // warp per sample, the block's sums in a fixed order. Optional outputs: probabilities [B]; with labels,
 // d_logits [B] = d(mean loss)/dz = (p - y) / B and the running stats (loss in double, as the CPU does).
+namespace {
+
+// The dense kernels' last part: each warp's lane 0 holds its samples' loss and hits; thread 0 adds the
+// block's, in warp order, to the running sums (one block, ordered on the stream: a plain read-modify-write
+// is safe).
+__device__ void add_block_stats(double loss, unsigned long long correct, double* loss_part,
+                                unsigned long long* correct_part, DeviceStats* stats) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  if (lane == 0) {
+    loss_part[warp] = loss;
+    correct_part[warp] = correct;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && stats != nullptr) {
+    double block_loss = 0;
+    unsigned long long block_correct = 0;
+    for (int i = 0; i < kDenseWarps; ++i) {
+      block_loss += loss_part[i];
+      block_correct += correct_part[i];
+    }
+    stats->loss_sum += block_loss;
+    stats->correct += block_correct;
+  }
+}
+
+}  // namespace
+
 __global__ void __launch_bounds__(kDenseThreads)
     dense_forward(const float* __restrict__ h_last, const float* __restrict__ w,
                   const float* __restrict__ bias, const float* __restrict__ labels, int batch, int hidden,
@@ -87,22 +115,7 @@ __global__ void __launch_bounds__(kDenseThreads)
       }
     }
   }
-  if (lane == 0) {
-    loss_part[warp] = loss;
-    correct_part[warp] = correct;
-  }
-  __syncthreads();
-  // One block, ordered on the stream: a plain read-modify-write of the running sums is safe.
-  if (threadIdx.x == 0 && stats != nullptr) {
-    double block_loss = 0;
-    unsigned long long block_correct = 0;
-    for (int i = 0; i < kDenseWarps; ++i) {
-      block_loss += loss_part[i];
-      block_correct += correct_part[i];
-    }
-    stats->loss_sum += block_loss;
-    stats->correct += block_correct;
-  }
+  add_block_stats(loss, correct, loss_part, correct_part, stats);
 }
 
 // Dense backward: d_w[j] = sum_b dz_b h_b[j] and d_b = sum_b dz_b (each a sum over b in order), and the
@@ -172,21 +185,7 @@ __global__ void __launch_bounds__(kDenseThreads)
     }
     __syncwarp();
   }
-  if (lane == 0) {
-    loss_part[warp] = loss;
-    correct_part[warp] = correct;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0 && stats != nullptr) {
-    double block_loss = 0;
-    unsigned long long block_correct = 0;
-    for (int i = 0; i < kDenseWarps; ++i) {
-      block_loss += loss_part[i];
-      block_correct += correct_part[i];
-    }
-    stats->loss_sum += block_loss;
-    stats->correct += block_correct;
-  }
+  add_block_stats(loss, correct, loss_part, correct_part, stats);
 }
 
 __global__ void dense_softmax_backward(const float* __restrict__ h_last, const float* __restrict__ d_logits,
