@@ -13,7 +13,7 @@ CpuThreadPlan plan_cpu_threads(int threads, CpuKernels kernels) {
     plan.blas_told = set_blas_threads(1);
     set_onednn_threads(threads);
     set_loop_threads(threads);
-    plan.pool = "OpenMP's, for oneDNN's LSTM and the optimizer's loops (the BLAS on 1 thread)";
+    plan.pool = "OpenMP's, for oneDNN's recurrent layers and the optimizer's loops (the BLAS on 1 thread)";
   } else {
     plan.blas_told = set_blas_threads(threads);
     set_onednn_threads(1);

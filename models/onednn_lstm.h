@@ -1,9 +1,11 @@
-// One LSTM layer's training step on oneDNN's RNN primitive (Debian's libdnnl-dev), for the CPU replica's
-// float path: the library PyTorch and TensorFlow use for the CPU's deep-learning kernels, whose LSTM step
-// beats the hand-written layer over OpenBLAS (benchmarks/RESULTS.md, "Against oneDNN's LSTM"). CMake compiles
-// onednn_lstm.cpp where it finds oneDNN, else onednn_lstm_none.cpp, whose layer cannot be made.
+// One recurrent layer's training step in one direction on oneDNN's RNN primitives (Debian's libdnnl-dev), for
+// the CPU replica's float path: its LSTM, and its linear-before-reset GRU (make_onednn_layer); the library
+// PyTorch and TensorFlow use for the CPU's deep-learning kernels, whose LSTM step beats the hand-written
+// layer over OpenBLAS (benchmarks/RESULTS.md, "Against oneDNN's LSTM"). CMake compiles onednn_lstm.cpp where
+// it finds oneDNN, else onednn_lstm_none.cpp, whose layer cannot be made.
 //
-// The mapping, checked against the double reference in the tests: oneDNN's gate order (i, f, c~, o) is ours;
+// The LSTM's mapping (the GRU's is at make_onednn_layer), checked against the double reference in the tests:
+// oneDNN's gate order (i, f, c~, o) is ours;
 // our [4H, in] weights are its ldgoi layout, reordered each step into the formats its forward and backward
 // want; it has one bias per gate row, which is b_ih + b_hh, and whose gradient is both of theirs; weight and
 // bias gradients accumulate, so they are zeroed before each backward; the initial states are passed as

@@ -74,8 +74,8 @@ class Replica {
   // The CUDA stream (a cudaStream_t) the replica computes on; nullptr for the CPU replica. Communicators and
   // optimizers of the same device order their work after it.
   virtual void* stream() const { return nullptr; }
-  // What runs the LSTM where the device leaves a choice (the GPU's cuDNN algorithm), for the start log; ""
-  // when there is nothing to say.
+  // What runs the recurrent layers where the device leaves a choice (the GPU's cuDNN algorithm), for the
+  // start log; "" when there is nothing to say.
   virtual std::string lstm_kernels() const { return ""; }
   // The flat buffers in the replica's own memory, for a communicator and an optimizer of the same device.
   virtual std::span<float> params() = 0;
@@ -127,16 +127,17 @@ class Replica {
   virtual void clear_embedding_gradient() = 0;
 };
 
-// The CPU replica's LSTM kernels (model.cpu_kernels): its own, over the BLAS, or oneDNN's (onednn_lstm.h).
+// The CPU replica's recurrent kernels (model.cpu_kernels): its own, over the BLAS, or oneDNN's
+// (onednn_lstm.h).
 enum class CpuKernels { kBuiltin, kOnednn };
-// builtin, onednn, or auto (oneDNN where the build has it and it runs the model: a unidirectional LSTM
-// without masking). Throws UserError naming the key for another name, or for onednn in a build without it
-// or for a model it does not run.
+// builtin, onednn, or auto (oneDNN where the build has it; it runs every variant). Throws UserError naming
+// the key for another name, or for onednn in a build without it. The shape and options are for variants it
+// may one day not run.
 CpuKernels parse_cpu_kernels(const std::string& name, const ModelShape& shape = {},
                              const ModelOptions& options = {});
 
-// The CPU replica (BLAS for every matrix product, or oneDNN for the LSTM's); parameters are zero until
-// initialized or loaded.
+// The CPU replica (BLAS for every matrix product, or oneDNN for the recurrent layers'); parameters are zero
+// until initialized or loaded.
 std::unique_ptr<Replica> make_cpu_replica(const ModelShape& shape, CpuKernels kernels = CpuKernels::kBuiltin,
                                           const ModelOptions& options = {});
 
