@@ -395,6 +395,8 @@ void CpuRnnClassifier<Scalar>::resize_workspace(int batch, int seq) {
   starts_.resize(std::max(starts_.size(), to_size(batch)));
   grow(top_, to_size(batch) * width);
   grow(logits_, to_size(batch) * to_size(shape.outputs()));
+  grow(logit_row_, to_size(shape.outputs()));
+  grow(probability_row_, to_size(shape.outputs()));
   grow(d_logits_, to_size(batch) * to_size(shape.outputs()));
   grow(d_top_, to_size(batch) * width);
   grow(d_output_, rows * width);
@@ -625,7 +627,8 @@ BatchStats CpuRnnClassifier<Scalar>::loss_and_stats(const Scalar* labels, int ba
   const int classes = layout_.shape().classes;
   const int outputs = layout_.shape().outputs();
   BatchStats stats;
-  std::vector<double> z(to_size(outputs)), p(to_size(outputs));
+  std::vector<double>& z = logit_row_;
+  std::vector<double>& p = probability_row_;
   for (std::size_t b = 0; b < to_size(batch); ++b) {
     // In double: the sum over ranks and batches should not lose the float model's small losses.
     for (int k = 0; k < outputs; ++k)
@@ -670,7 +673,7 @@ BatchStats CpuRnnClassifier<Scalar>::evaluate(const int32_t* tokens, const Scala
   const int classes = layout_.shape().classes;
   const auto outputs = to_size(layout_.shape().outputs());
   stats.confusion.assign(to_size(classes) * to_size(classes), 0);
-  std::vector<double> z(outputs);
+  std::vector<double>& z = logit_row_;
   for (std::size_t b = 0; b < to_size(batch); ++b) {
     for (std::size_t k = 0; k < outputs; ++k) z[k] = static_cast<double>(logits_[b * outputs + k]);
     const int truth = outputs == 1 ? (labels[b] >= Scalar(0.5) ? 1 : 0) : static_cast<int>(labels[b]);
@@ -695,7 +698,8 @@ void CpuRnnClassifier<Scalar>::dense_backward(const Scalar* labels, int batch) {
     }
   } else {
     // d(mean loss)/dz_k = (p_k - [k = y]) / B.
-    std::vector<double> z(outputs), p(outputs);
+    std::vector<double>& z = logit_row_;
+    std::vector<double>& p = probability_row_;
     for (std::size_t b = 0; b < to_size(batch); ++b) {
       for (std::size_t k = 0; k < outputs; ++k) z[k] = static_cast<double>(logits_[b * outputs + k]);
       softmax_loss(z.data(), static_cast<int>(outputs), -1, p.data());

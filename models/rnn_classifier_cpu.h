@@ -137,6 +137,8 @@ class CpuRnnClassifier {
   std::vector<Scalar> top_;               // [B, D] the dense layer's input
   std::vector<Scalar> logits_;            // [B, outputs]
   std::vector<Scalar> d_logits_;          // [B, outputs]
+  std::vector<double> logit_row_;         // [outputs] one sample's logits in double, for its loss
+  std::vector<double> probability_row_;   // [outputs]
   std::vector<Scalar> d_top_;             // [B, D]
   std::vector<Scalar> d_output_;          // [T*B, D] gradient flowing into a layer's outputs
   std::vector<Scalar> d_h_;               // [B, H] recurrent part of dh_{t-1}
