@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The Debian package, installed into a fresh root of this machine's distribution and used from there alone:
+#   bash tests/package/install_deb_test.sh SOURCE_DIR WORK_DIR
+# builds a CPU-only ddptrain in WORK_DIR/build (a package for the site without CUDA: a CUDA build's libraries
+# come from NVIDIA's tarballs, which a fresh root has not), makes the .deb with CPack, unpacks a minimal root
+# made by debootstrap (cached in WORK_DIR as a tarball), installs the package there with apt (so the
+# dependencies the package declares are all it gets), and inside that root runs `ddptrain --version`,
+# `ddptrain check-env`, and the quickstart with the installed ddprun, configs and 2 ranks. The installed Slurm
+# scripts must name only installed files and pass shellcheck.
+# Needs root, debootstrap, dpkg-dev and the distribution's mirror; skips (exit 77, saying why) without the
+# first two. DDPTRAIN_DEB=path/to.deb tests that package instead of building one.
+set -euo pipefail
+source_dir=$(cd "$1" && pwd)
+work_dir=$2
+mkdir -p "$work_dir"
+work_dir=$(cd "$work_dir" && pwd)
+
+skip() {
+  echo "SKIP: $*"
+  exit 77
+}
+fail() {
+  echo "FAIL: $1"
+  shift
+  for f in "$@"; do [ -f "$f" ] && { echo "--- $f"; tail -40 "$f"; }; done
+  exit 1
+}
+phase_start=$SECONDS
+phase() {
+  echo "== $* (previous phase: $((SECONDS - phase_start)) s)"
+  phase_start=$SECONDS
+}
+[ "$(id -u)" -eq 0 ] || skip "installing a package into a fresh root needs root (chroot, mounts)"
+command -v debootstrap >/dev/null || skip "debootstrap is not installed (apt-get install debootstrap)"
+command -v dpkg-shlibdeps >/dev/null || skip "dpkg-shlibdeps is not installed (apt-get install dpkg-dev)"
+
+# --- the package ---------------------------------------------------------------------------------------------
+deb=${DDPTRAIN_DEB:-}
+if [ -z "$deb" ]; then
+  phase "building a CPU-only package"
+  cmake -S "$source_dir" -B "$work_dir/build" -DCMAKE_BUILD_TYPE=Release -DDDPTRAIN_CUDA=OFF \
+    -DDDPTRAIN_BUILD_TESTS=OFF -DDDPTRAIN_BUILD_BENCHMARKS=OFF >"$work_dir/configure.log" 2>&1 ||
+    fail "configure" "$work_dir/configure.log"
+  cmake --build "$work_dir/build" -j "$(nproc)" --target ddptrain >"$work_dir/build.log" 2>&1 ||
+    fail "build" "$work_dir/build.log"
+  rm -f "$work_dir"/build/ddptrain_*.deb
+  (cd "$work_dir/build" && cpack -G DEB) >"$work_dir/cpack.log" 2>&1 || fail "cpack" "$work_dir/cpack.log"
+  deb=$(ls "$work_dir"/build/ddptrain_*.deb)
+fi
+[ -f "$deb" ] || fail "no package at $deb"
+echo "package: $deb"
+dpkg-deb -f "$deb" Depends | grep -q openmpi-bin || fail "the package does not depend on openmpi-bin (mpirun)"
+dpkg-deb -f "$deb" Depends | grep -q libhdf5 || fail "the package's dependencies were not read off the binary"
+
+# --- a fresh root ------------------------------------------------------------------------------------------
+rootfs_tar=$work_dir/rootfs.tar
+if [ ! -f "$rootfs_tar" ]; then
+  phase "debootstrap (cached in $rootfs_tar for the next run)"
+  bash "$source_dir/tests/package/rootfs_tarball.sh" "$rootfs_tar" >"$work_dir/debootstrap.log" 2>&1 ||
+    fail "debootstrap" "$work_dir/debootstrap.log"
+fi
+root=$(mktemp -d "$work_dir/root.XXXXXX")
+mounted=()
+cleanup() {
+  local m
+  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
+    m=${mounted[i]}
+    umount -l "$m" 2>/dev/null || true
+  done
+  # Only remove the root once nothing is mounted inside it.
+  if ! grep -qF " $root/" /proc/mounts; then rm -rf "$root"; fi
+}
+trap cleanup EXIT
+tar -C "$root" -xf "$rootfs_tar"
+for fs in proc sys dev; do
+  mount --rbind "/$fs" "$root/$fs"
+  mount --make-rslave "$root/$fs"
+  mounted+=("$root/$fs")
+done
+cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+in_root() { chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+  OPENBLAS_NUM_THREADS=1 "$@"; }
+
+phase "apt-get install ./$(basename "$deb") in the fresh root"
+! in_root sh -c 'command -v ddptrain || command -v mpirun' >/dev/null || fail "the fresh root already has ddptrain or mpirun"
+cp "$deb" "$root/tmp/"
+in_root sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+  /tmp/$(basename "$deb")" >"$work_dir/apt.log" 2>&1 || fail "apt-get install" "$work_dir/apt.log"
+
+phase "the installed files"
+for f in /usr/bin/ddptrain /usr/bin/ddprun /usr/share/ddptrain/README.md /usr/share/ddptrain/configs/quickstart.ini \
+  /usr/share/ddptrain/configs/imdb.ini /usr/share/ddptrain/slurm/common.sh; do
+  [ -f "$root$f" ] || fail "the package did not install $f"
+done
+for script in "$root"/usr/share/ddptrain/slurm/*.sbatch; do
+  grep -v '^ *#' "$script" | grep -q "launch/\|build/ddptrain" &&
+    fail "$(basename "$script") still names a source-tree path" "$script"
+  # Every absolute path its settings name (config, binary, common.sh) exists in the installed root.
+  while read -r path; do
+    [ -e "$root$path" ] || fail "$(basename "$script") names $path, which the package did not install"
+  done < <(grep -o '/usr/[A-Za-z0-9_./-]*' "$script" | sort -u)
+  if command -v shellcheck >/dev/null; then
+    (cd "$root/usr/share/ddptrain/slurm" && shellcheck -x "$(basename "$script")") >"$work_dir/shellcheck.log" 2>&1 ||
+      fail "shellcheck $(basename "$script")" "$work_dir/shellcheck.log"
+  fi
+done
+
+phase "ddptrain --version and check-env"
+in_root ddptrain --version >"$work_dir/version.log" 2>&1 || fail "ddptrain --version" "$work_dir/version.log"
+grep -q "^ddptrain " "$work_dir/version.log" || fail "ddptrain --version printed no version" "$work_dir/version.log"
+status=0
+in_root ddptrain check-env >"$work_dir/check_env.log" 2>&1 || status=$?
+[ "$status" -eq 0 ] || fail "check-env exited $status in the fresh root" "$work_dir/check_env.log"
+grep -q "HDF5" "$work_dir/check_env.log" || fail "check-env's report has no HDF5 line" "$work_dir/check_env.log"
+
+phase "the quickstart, 2 ranks, from the installed files"
+mkdir -p "$root/work"
+in_root sh -c 'cd /work && ddptrain prepare synthetic --output data/quickstart.h5 --train 20000 --test 4000 \
+  --vocab 2000 --maxlen 40 --seed 1 && ddprun --np 2 -- --config /usr/share/ddptrain/configs/quickstart.ini \
+  --log.progress lines' >"$work_dir/quickstart.log" 2>&1 || fail "the quickstart" "$work_dir/quickstart.log"
+# The quickstart's promise (launch/configs/quickstart.ini): val_acc >= 0.99.
+best=$(grep -o 'val_acc: [0-9.]*' "$work_dir/quickstart.log" | awk '{print $2}' | sort -g | tail -1)
+[ -n "$best" ] || fail "no val_acc in the quickstart's output" "$work_dir/quickstart.log"
+awk -v a="$best" 'BEGIN { exit !(a >= 0.99) }' || fail "the quickstart reached val_acc $best, expected >= 0.99" \
+  "$work_dir/quickstart.log"
+[ -f "$root/work/runs/quickstart/best.h5" ] || fail "no runs/quickstart/best.h5" "$work_dir/quickstart.log"
+phase "done"
+release=$(awk -F= '$1 == "PRETTY_NAME" {gsub(/"/, "", $2); print $2}' /etc/os-release)
+echo "PASS: $(basename "$deb") installed into a fresh $release root and trained the quickstart to val_acc $best"
