@@ -41,7 +41,8 @@ host_mirror() {
 mirror=${MIRROR:-$(host_mirror)}
 
 # make_tarball OUT: the debootstrap root as a tarball (numeric owners, apt's downloaded packages left out).
-# Written beside OUT and renamed, so an interrupted run leaves no truncated cache behind.
+# Written beside OUT under a name of its own and renamed, so an interrupted run, or two runs at once (the
+# package test unpacks the same root), leave no truncated cache behind.
 make_tarball() (
   out=$1
   root=$(mktemp -d "${TMPDIR:-/tmp}/ddptrain-root.XXXXXX")
@@ -51,8 +52,10 @@ make_tarball() (
   debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$root.log" 2>&1 || { tail -20 "$root.log" >&2; exit 1; }
   rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
   mkdir -p "$(dirname "$out")"
-  tar -C "$root" --numeric-owner -cf "$out.part" .
-  mv "$out.part" "$out"
+  part=$(mktemp "$out.XXXXXX")
+  tar -C "$root" --numeric-owner -cf "$part" . || { rm -f "$part"; exit 1; }
+  chmod 644 "$part"
+  mv "$part" "$out"
 )
 
 # The cached root when there is one, else a fresh one (kept in the cache when there is one).
@@ -91,5 +94,5 @@ scratch=""
 tar_path=$(tarball "${scratch:+$scratch/root.tar}")
 # The root has no image configuration: give it a PATH and a shell, as Debian's own images have.
 podman import --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-  --change 'CMD ["/bin/bash"]' "$tar_path" "$tag" >/dev/null
+  --change 'CMD ["/bin/bash"]' --quiet "$tar_path" "$tag" >/dev/null
 echo "== imported $tag"
