@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# The Debian/Ubuntu packages that hold the shared libraries a binary loads, one per line, sorted. An image's
-# build stage writes them to a file and its runtime stage installs exactly those, so no package name (they
-# change between releases: libopenmpi3 became libopenmpi3t64, libhdf5-103-1 libhdf5-103-1t64) is written
-# into the image recipes by hand.
+# The Debian/Ubuntu packages that hold the shared libraries a binary loads, one per line, sorted, so that no
+# package name (they change between releases: libopenmpi3 became libopenmpi3t64, libhdf5-103-1
+# libhdf5-103-1t64) is written anywhere by hand. The image recipes no longer need it (they install ddptrain's
+# Debian package, whose dependencies dpkg-shlibdeps reads off the binary); it serves a binary copied into an
+# image or a machine without the package, as the recipes used it before:
 #   bash launch/containers/runtime-packages.sh path/to/binary > runtime-packages.txt
 #   bash launch/containers/runtime-packages.sh --not-installed runtime-packages.txt
-# The second form, for the runtime stage, prints those of the list that are not installed yet: the CUDA
+# The second form, for a runtime stage, prints those of the list that are not installed yet: the CUDA
 # images hold their cuDNN and NCCL packages (apt-mark hold), and asking apt for a held package that has a
 # newer version fails the build, so the packages the base image has are left alone.
 # Libraries that no package holds (a toolkit unpacked from a tarball) are named on stderr and left out: the
-# runtime image must bring them itself, which the recipes check with ldd once the binary is installed.
+# runtime image must bring them itself (check with ldd once the binary is installed).
 # Exit status: 0, or 1 with one line on stderr when the binary is missing or ldd cannot resolve a library.
 set -euo pipefail
 if [ "${1:-}" = --not-installed ]; then
@@ -39,6 +40,6 @@ owner() {
   return 1
 }
 
-for path in $(awk '$2 == "=>" && $3 ~ /^\// {print $3}' <<<"$libraries"); do
+while read -r path; do
   owner "$path" || echo "runtime-packages.sh: $path belongs to no package: the runtime image must provide it" >&2
-done | sort -u
+done < <(awk '$2 == "=>" && $3 ~ /^\// {print $3}' <<<"$libraries") | sort -u
