@@ -56,8 +56,8 @@ std::string prepare_device(models::Replica& replica, const std::vector<std::pair
       replica.settle_shape(shapes[i].first, shapes[i].second, refused[i] == 0);
     }
     if (replica.device() != models::DeviceKind::kCuda || !config.comm.selfcheck) return;
-    SelfCheckReport report =
-        check_gpu_replica(replica, topology.gpu, shapes, optimizer_settings(config), config.train.seed);
+    SelfCheckReport report = check_gpu_replica(replica, topology.gpu, shapes, optimizer_settings(config),
+                                               config.train.seed, model_options(config));
     if (!report.ok) error = self_check_failure(report, topology, trainers.rank());
     if (auto first = trainers.first_error(error)) throw UserError(*first);
     // Every rank of an NCCL job is a GPU rank, so all of them are here; the verdict is the same on each.

@@ -117,8 +117,8 @@ void compare_shape(models::Replica& gpu, int device, models::Replica& cpu,
   const GeneratedBatch data = generate_batch(layout.shape().vocab_size, batch, seq, seed);
   const OnReplica tokens(gpu, device, data.tokens.data(), data.tokens.size() * sizeof(int32_t));
   const OnReplica labels(gpu, device, data.labels.data(), data.labels.size() * sizeof(float));
-  const BatchView on_gpu{tokens.get<int32_t>(), labels.get<float>(), batch, seq};
-  const BatchView on_host{data.tokens.data(), data.labels.data(), batch, seq};
+  const BatchView on_gpu{tokens.get<int32_t>(), labels.get<float>(), batch, seq, data.tokens.data()};
+  const BatchView on_host{data.tokens.data(), data.labels.data(), batch, seq, data.tokens.data()};
   const std::string at = " (batch " + std::to_string(batch) + " x " + std::to_string(seq) + ")";
 
   gpu.take_stats();
@@ -262,7 +262,7 @@ std::string SelfCheckReport::summary() const {
 
 SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
                                   std::span<const std::pair<int, int>> shapes, OptimizerSettings settings,
-                                  uint64_t seed) {
+                                  uint64_t seed, const models::ModelOptions& options) {
   const auto start = Clock::now();
   SelfCheckReport report;
   const models::ParamLayout& layout = replica.layout();
@@ -270,8 +270,11 @@ SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
     const ThrowFatalErrors report_instead_of_abort;
     std::vector<float> params(layout.total_size());
     models::initialize_keras(layout, params, seed);
-    auto cpu = models::make_cpu_replica(layout.shape());
-    models::CpuRnnClassifier<double> reference(layout.shape());
+    models::ModelOptions deterministic = options;
+    deterministic.dropout = 0;
+    deterministic.embedding_dropout = 0;
+    auto cpu = models::make_cpu_replica(layout.shape(), models::CpuKernels::kBuiltin, deterministic);
+    models::CpuRnnClassifier<double> reference(layout.shape(), deterministic);
     cpu->copy_params_from_host(params);
     std::copy(params.begin(), params.end(), reference.params().begin());
     replica.copy_params_from_host(params);

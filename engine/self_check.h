@@ -48,10 +48,11 @@ constexpr double kRelativeFloor = 1e-4;
 // probabilities; then check_parameter_mapping(), and one step of the optimizer `settings` names on the GPU
 // against the host optimizer, on the same gradients: bit for bit. CUDA failures on the way are reported as
 // the check's failure (a check-env on a broken node must say so); call it only where no other rank waits for
-// this one in a collective meanwhile, or agree on the result.
+// this one in a collective meanwhile, or agree on the result. `options` are the replica's (masking; the
+// CPU replicas run them without dropout, which the GPU replica does not run).
 SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
                                   std::span<const std::pair<int, int>> shapes, OptimizerSettings settings,
-                                  uint64_t seed);
+                                  uint64_t seed, const models::ModelOptions& options = {});
 
 // Collective over `comm`, whose averages run in the memory of GPU `device` (NCCL): comm::check_average over
 // a buffer on that GPU, in the run's segments (`segment_sizes`, as the replica hands them to

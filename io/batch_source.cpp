@@ -11,7 +11,8 @@ class HostBatchSource final : public BatchSource {
   std::optional<BatchView> next() override {
     const Batch* batch = reader_.next();
     if (batch == nullptr) return std::nullopt;
-    return BatchView{batch->tokens.data(), batch->labels.data(), batch->batch_size, batch->seq};
+    return BatchView{batch->tokens.data(), batch->labels.data(), batch->batch_size, batch->seq,
+                     batch->tokens.data()};
   }
   double input_wait_seconds() override { return reader_.wait_seconds(); }
 

@@ -106,7 +106,8 @@ class DeviceBatchSource final : public BatchSource {
 
     handed_slot_ = static_cast<int>(s);
     ++handed_;
-    return BatchView{slot.tokens, slot.labels, slot.batch_size, slot.seq};
+    // The slot's pinned host tokens stay as they are until a later next() refills the slot.
+    return BatchView{slot.tokens, slot.labels, slot.batch_size, slot.seq, slot.host_tokens};
   }
 
   double input_wait_seconds() override {

@@ -25,6 +25,14 @@
 // that is refused is a UserError. The trainer tries every shape of the run at start-up on every rank
 // (try_shape) and settles each on the same plan everywhere (settle_shape).
 //
+// Directions and masking. A bidirectional or masked model feeds the dense layer from cuDNN's final states hy
+// (gather_final_states: the top layer's directions side by side) and takes its gradient back through dhy,
+// with dy zero. Masked, each sequence starts at time 0 in x (the embedding kernel shifts it by its padding)
+// and cuDNN gets its real length, in the data descriptors (from the batch's host tokens) and on the device
+// (computed there by the same rule, sequence_mask.h): the forward direction ends at the last real token and
+// the reverse one starts there, as the CPU replica's masking does. Per-sample lengths run on the standard
+// algorithm only.
+//
 // Synchronisation. A train_step only enqueues work on the replica's stream; the host waits in take_stats(),
 // predict(), the host copies of the parameters, and the first time a batch shape is seen (descriptors and
 // scratch buffers are then built and grown, and the stream is drained before an old buffer is freed).
@@ -53,6 +61,7 @@
 #include "models/cuda_replica.h"
 #include "models/cudnn_status.h"
 #include "models/lstm_kernels.cuh"
+#include "models/sequence_mask.h"
 #include "models/weight_map.h"
 
 #define DDP_CUDNN_CHECK(call)                                                               \
@@ -75,8 +84,11 @@ using kernels::DeviceStats;
 using kernels::embedding_backward;
 using kernels::embedding_forward;
 using kernels::fill_int32;
+using kernels::gather_final_states;
 using kernels::kDenseThreads;
 using kernels::kThreads;
+using kernels::scatter_final_states;
+using kernels::sequence_starts;
 
 // A persistent algorithm that cuDNN refused (a bad-parameter or not-supported status) for a call whose
 // support depends on the algorithm; the replica catches it and falls back or reports.
@@ -169,10 +181,10 @@ struct RnnPlan {
 // the plan that runs it.
 struct BatchShape {
   RnnPlan* plan = nullptr;
-  RnnDataDescriptor x;               // [T, B, E] time-major, every sequence T long
-  RnnDataDescriptor y;               // [T, B, H]
-  TensorDescriptor state;            // h and c: [L, B, H]; passed with null pointers (zero initial state)
-  DeviceArray<int32_t> seq_lengths;  // [B] of T, on the device: cuDNN reads it asynchronously
+  RnnDataDescriptor x;               // [T, B, E] time-major; masked, each batch's lengths are set before use
+  RnnDataDescriptor y;               // [T, B, D*H]
+  TensorDescriptor state;            // h and c: [L*D, B, H]; h0 = c0 = 0 (null pointers)
+  DeviceArray<int32_t> seq_lengths;  // [B], on the device: cuDNN reads it asynchronously
   std::size_t train_workspace = 0;
   std::size_t reserve = 0;
   std::size_t inference_workspace = 0;
@@ -180,7 +192,7 @@ struct BatchShape {
 
 class CudaReplica final : public Replica {
  public:
-  CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algorithm);
+  CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algorithm, bool mask_padding);
   ~CudaReplica() override;
   CudaReplica(const CudaReplica&) = delete;
   CudaReplica& operator=(const CudaReplica&) = delete;
@@ -230,9 +242,14 @@ class CudaReplica final : public Replica {
   const BatchShape& add_shape(int batch, int seq);
   // The descriptors for this batch shape, with every scratch buffer large enough for it.
   const BatchShape& shape_for(int batch, int seq);
+  // Masked: this batch's sequence lengths into the shape's descriptors (host) and seq_lengths and starts_
+  // (device, on the stream), and scratch space for them. Unmasked, every length is T, as the shape was built.
+  void set_sequence_lengths(const BatchView& batch, const BatchShape& shape);
   void check_batch(const BatchView& batch, bool need_labels, const char* what) const;
   // Parameters into cuDNN's weight space, the embedding lookup and cuDNN's forward.
   void forward(const BatchView& batch, const BatchShape& shape, bool training);
+  // The dense layer's input, [B, D*H]: the top layer's output at the last step, or its final states.
+  const float* dense_input(const BatchView& batch) const;
   // The dense layer, sigmoid and loss on the forward's last hidden states.
   void dense_and_loss(const BatchView& batch, const float* labels, float* probabilities, float* d_logits,
                       bool add_stats);
@@ -240,6 +257,7 @@ class CudaReplica final : public Replica {
   // and the plan's space, on the stream.
   void copy_weights(const RnnPlan& plan, const float* source, float* target, bool to_cudnn, const char* what);
   unsigned int blocks_for(std::size_t n) const;
+  std::size_t h_size() const { return to_size(layout_.shape().hidden); }
   // Throws TokenOutsideVocabulary if a batch since the last check held a token outside the vocabulary (the
   // flag was copied to the host by the caller, which synchronised the stream); clears the flag.
   void report_bad_token();
@@ -247,6 +265,9 @@ class CudaReplica final : public Replica {
   ParamLayout layout_;
   int device_ = 0;
   RnnAlgorithm requested_ = RnnAlgorithm::kAuto;
+  bool masked_ = false;
+  // The dense layer reads hy (bidirectional or masked) instead of the last step of y.
+  bool from_final_states_ = false;
   // What model.cudnn_rnn_algo (or auto, for this model and GPU) asks for.
   cudnnRNNAlgo_t preferred_algorithm_ = CUDNN_RNN_ALGO_STANDARD;
   int max_blocks_ = 0;
@@ -269,10 +290,19 @@ class CudaReplica final : public Replica {
 
   // By (batch, seq).
   std::map<std::pair<int, int>, std::unique_ptr<BatchShape>> shapes_;
-  DeviceArray<float> x_;                // [T, B, E]
-  DeviceArray<float> dx_;               // [T, B, E]
-  DeviceArray<float> y_;                // [T, B, H]
-  DeviceArray<float> dy_;               // [T, B, H]: zero but the last step's block
+  DeviceArray<float> x_;               // [T, B, E]
+  DeviceArray<float> dx_;              // [T, B, E]
+  DeviceArray<float> y_;               // [T, B, D*H]
+  DeviceArray<float> dy_;              // [T, B, D*H]: zero but (reading y's last step) its block
+  DeviceArray<float> hy_;              // [L*D, B, H]: final states, when the dense layer reads them
+  DeviceArray<float> dhy_;             // [L*D, B, H]: zero but the top layer's
+  DeviceArray<float> final_states_;    // [B, D*H]: the dense layer's input gathered from hy_
+  DeviceArray<float> d_final_states_;  // [B, D*H]
+  DeviceArray<int32_t> starts_;        // [B]: masked, each row's first real step
+  std::vector<int> host_lengths_;      // [B]: masked, this batch's lengths for the descriptors
+  // What cuDNN writes into y past a masked sequence's end (CUDNN_RNN_PADDED_IO_ENABLED); its API takes a
+  // non-const pointer.
+  float padding_fill_ = 0.0f;
   std::pair<int, int> dy_shape_{0, 0};  // the (batch, seq) whose zeros dy_ holds
   DeviceArray<std::byte> workspace_;
   DeviceArray<std::byte> reserve_;
@@ -286,8 +316,12 @@ class CudaReplica final : public Replica {
   int64_t count_ = 0;  // samples since the last take_stats(): known on the host
 };
 
-CudaReplica::CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algorithm)
-    : layout_(shape), device_(device), requested_(algorithm) {
+CudaReplica::CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algorithm, bool mask_padding)
+    : layout_(shape),
+      device_(device),
+      requested_(algorithm),
+      masked_(mask_padding),
+      from_final_states_(mask_padding || shape.bidirectional) {
   select_device();
   embedding_offset_ = layout_.tensor("embedding").offset;
   dense_w_offset_ = layout_.tensor("dense.w").offset;
@@ -317,8 +351,9 @@ CudaReplica::CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algor
   preferred_algorithm_ = to_cudnn(requested_);
   int major = 0;
   DDP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
-  // Where PyTorch also takes it: LSTMs of hidden size <= 128 on sm_60 and newer.
-  if (requested_ == RnnAlgorithm::kAuto && shape.hidden <= 128 && major >= 6) {
+  // Where PyTorch also takes it: LSTMs of hidden size <= 128 on sm_60 and newer; never with per-sample
+  // lengths, which this replica runs on the standard algorithm only (make_cuda_replica refuses a named one).
+  if (requested_ == RnnAlgorithm::kAuto && shape.hidden <= 128 && major >= 6 && !masked_) {
     preferred_algorithm_ = CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H;
   }
   // The standard plan always: shapes the preferred algorithm does not take run on it.
@@ -384,14 +419,14 @@ void CudaReplica::build_rnn(RnnPlan& plan) {
   DDP_CUDNN_CHECK(cudnnCreateRNNDescriptor(plan.rnn.out()));
   // A descriptor that cuDNN turns down for this algorithm throws AlgorithmRefused.
   // CUDNN_FMA_MATH: plain fp32 FMA kernels. CUDNN_DEFAULT_MATH would allow TF32 tensor cores on sm_80+, whose
-  // 10-bit mantissa breaks parity with the CPU replica. Unpacked (padded) data needs PADDED_IO_ENABLED; every
-  // sequence has the full length, so there is no padding in practice.
+  // 10-bit mantissa breaks parity with the CPU replica. Unpacked (padded) data needs PADDED_IO_ENABLED:
+  // masked sequences are shorter than T.
   DDP_CUDNN_CHECK_ALGORITHM(
-      cudnnSetRNNDescriptor_v8(plan.rnn.get(), plan.algorithm,
-                               shape.cell == Cell::kGru ? CUDNN_GRU : CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS,
-                               CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT,
-                               CUDNN_FMA_MATH, shape.embedding_dim, shape.hidden, shape.hidden, shape.layers,
-                               plan.dropout.get(), CUDNN_RNN_PADDED_IO_ENABLED),
+      cudnnSetRNNDescriptor_v8(
+          plan.rnn.get(), plan.algorithm, shape.cell == Cell::kGru ? CUDNN_GRU : CUDNN_LSTM,
+          CUDNN_RNN_DOUBLE_BIAS, shape.bidirectional ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL,
+          CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, CUDNN_FMA_MATH, shape.embedding_dim,
+          shape.hidden, shape.hidden, shape.layers, plan.dropout.get(), CUDNN_RNN_PADDED_IO_ENABLED),
       plan.algorithm);
   DDP_CUDNN_CHECK_ALGORITHM(
       cudnnGetRNNWeightSpaceSize(cudnn_.get(), plan.rnn.get(), &plan.weight_space_bytes), plan.algorithm);
@@ -450,14 +485,16 @@ void CudaReplica::build_weight_map(RnnPlan& plan) {
   std::vector<WeightRun> runs;
   std::size_t lstm_floats = 0;  // the recurrent layers' floats, LSTM or GRU
   const int gates = shape.gates();
-  for (int l = 0; l < shape.layers; ++l) {
-    const std::string prefix = shape.tensor_prefix(l, 0) + ".";
+  // cuDNN's pseudo-layers: layer l's direction d is l * D + d, in the canonical layout's order.
+  for (int pseudo = 0; pseudo < shape.layers * shape.directions(); ++pseudo) {
+    const int l = pseudo / shape.directions();
+    const std::string prefix = shape.tensor_prefix(l, pseudo % shape.directions()) + ".";
     const ParamTensor& w_ih = layout_.tensor(prefix + "w_ih");
     const ParamTensor& w_hh = layout_.tensor(prefix + "w_hh");
     const ParamTensor& b_ih = layout_.tensor(prefix + "b_ih");
     const ParamTensor& b_hh = layout_.tensor(prefix + "b_hh");
     lstm_floats += w_ih.size() + w_hh.size() + b_ih.size() + b_hh.size();
-    const int in = l == 0 ? shape.embedding_dim : hidden;
+    const int in = l == 0 ? shape.embedding_dim : shape.output_width();
     // Linear layer ids 0..G-1 are the input matrices of the gates (LSTM i, f, g, o; GRU r, z, n, cuDNN's
     // reset, update and new-memory gates), G..2G-1 the recurrent ones. With CUDNN_RNN_DOUBLE_BIAS each has
     // its own bias: b_ih for the first G, b_hh for the others.
@@ -468,7 +505,7 @@ void CudaReplica::build_weight_map(RnnPlan& plan) {
       const std::string what = prefix + (recurrent ? "w_hh" : "w_ih") + " gate " + std::to_string(gate);
       void* matrix = nullptr;
       void* bias = nullptr;
-      DDP_CUDNN_CHECK_ALGORITHM(cudnnGetRNNWeightParams(cudnn_.get(), plan.rnn.get(), l,
+      DDP_CUDNN_CHECK_ALGORITHM(cudnnGetRNNWeightParams(cudnn_.get(), plan.rnn.get(), pseudo,
                                                         plan.weight_space_bytes, plan.weight_space.get(), id,
                                                         matrix_desc.get(), &matrix, bias_desc.get(), &bias),
                                 plan.algorithm);
@@ -558,13 +595,13 @@ std::unique_ptr<BatchShape> CudaReplica::build_shape(int batch, int seq, RnnPlan
   DDP_CUDNN_CHECK(cudnnCreateRNNDataDescriptor(shape->x.out()));
   DDP_CUDNN_CHECK(cudnnSetRNNDataDescriptor(shape->x.get(), CUDNN_DATA_FLOAT,
                                             CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, seq, batch,
-                                            model.embedding_dim, lengths.data(), nullptr));
+                                            model.embedding_dim, lengths.data(), &padding_fill_));
   DDP_CUDNN_CHECK(cudnnCreateRNNDataDescriptor(shape->y.out()));
   DDP_CUDNN_CHECK(cudnnSetRNNDataDescriptor(shape->y.get(), CUDNN_DATA_FLOAT,
                                             CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, seq, batch,
-                                            model.hidden, lengths.data(), nullptr));
+                                            model.output_width(), lengths.data(), &padding_fill_));
   DDP_CUDNN_CHECK(cudnnCreateTensorDescriptor(shape->state.out()));
-  const int state_dims[3] = {model.layers, batch, model.hidden};
+  const int state_dims[3] = {model.layers * model.directions(), batch, model.hidden};
   const int state_strides[3] = {batch * model.hidden, model.hidden, 1};
   DDP_CUDNN_CHECK(
       cudnnSetTensorNdDescriptor(shape->state.get(), CUDNN_DATA_FLOAT, 3, state_dims, state_strides));
@@ -583,12 +620,25 @@ std::unique_ptr<BatchShape> CudaReplica::build_shape(int batch, int seq, RnnPlan
   DDP_CUDA_CHECK_LAUNCH("fill_int32");
 
   const std::size_t rows = to_size(batch) * to_size(seq);
+  const std::size_t width = to_size(model.output_width());
   x_.ensure(rows * to_size(model.embedding_dim));
   dx_.ensure(rows * to_size(model.embedding_dim));
-  y_.ensure(rows * to_size(model.hidden));
-  if (dy_.size() < rows * to_size(model.hidden)) {
-    dy_.ensure(rows * to_size(model.hidden));
+  y_.ensure(rows * width);
+  if (dy_.size() < rows * width) {
+    dy_.ensure(rows * width);
     dy_shape_ = {0, 0};
+  }
+  if (from_final_states_) {
+    const std::size_t states =
+        to_size(model.layers) * to_size(model.directions()) * to_size(batch) * h_size();
+    hy_.ensure(states);
+    dhy_.ensure(states);
+    final_states_.ensure(to_size(batch) * width);
+    d_final_states_.ensure(to_size(batch) * width);
+  }
+  if (masked_) {
+    starts_.ensure(to_size(batch));
+    host_lengths_.resize(std::max(host_lengths_.size(), to_size(batch)));
   }
   // At least one byte each, so that cuDNN always gets a real pointer.
   workspace_.ensure(std::max<std::size_t>({shape->train_workspace, shape->inference_workspace, 1}));
@@ -691,6 +741,47 @@ void CudaReplica::check_batch(const BatchView& batch, bool need_labels, const ch
                                 ": a batch needs device tokens, labels, batch >= 1 and seq >= 1 (got batch " +
                                 std::to_string(batch.batch) + ", seq " + std::to_string(batch.seq) + ")");
   }
+  if (masked_ && batch.host_tokens == nullptr) {
+    throw std::invalid_argument(std::string("CudaReplica::") + what +
+                                ": a masked model needs the batch's host tokens (the sequence lengths)");
+  }
+}
+
+void CudaReplica::set_sequence_lengths(const BatchView& batch, const BatchShape& shape) {
+  if (!masked_) return;
+  const ModelShape& model = layout_.shape();
+  const std::size_t b_count = to_size(batch.batch);
+  for (std::size_t b = 0; b < b_count; ++b) {
+    host_lengths_[b] = batch.seq - masked_start(batch.host_tokens + b * to_size(batch.seq), batch.seq);
+  }
+  // The descriptors copy the lengths when set; the device's are computed on the stream from the same tokens
+  // by the same rule, ahead of the cuDNN calls that read them.
+  DDP_CUDNN_CHECK(cudnnSetRNNDataDescriptor(shape.x.get(), CUDNN_DATA_FLOAT,
+                                            CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, batch.seq, batch.batch,
+                                            model.embedding_dim, host_lengths_.data(), &padding_fill_));
+  DDP_CUDNN_CHECK(cudnnSetRNNDataDescriptor(shape.y.get(), CUDNN_DATA_FLOAT,
+                                            CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, batch.seq, batch.batch,
+                                            model.output_width(), host_lengths_.data(), &padding_fill_));
+  sequence_starts<<<blocks_for(b_count), kThreads, 0, stream_.get()>>>(
+      batch.tokens, batch.batch, batch.seq, starts_.get(), shape.seq_lengths.get());
+  DDP_CUDA_CHECK_LAUNCH("sequence_starts");
+  // The shape's sizes were taken with every sequence T long; shorter ones should need no more, but the sizes
+  // are cuDNN's to say.
+  std::size_t workspace = 0;
+  std::size_t reserve = 0;
+  std::size_t inference_workspace = 0;
+  std::size_t inference_reserve = 0;
+  const RnnPlan& plan = *shape.plan;
+  DDP_CUDNN_CHECK(cudnnGetRNNTempSpaceSizes(cudnn_.get(), plan.rnn.get(), CUDNN_FWD_MODE_TRAINING,
+                                            shape.x.get(), &workspace, &reserve));
+  DDP_CUDNN_CHECK(cudnnGetRNNTempSpaceSizes(cudnn_.get(), plan.rnn.get(), CUDNN_FWD_MODE_INFERENCE,
+                                            shape.x.get(), &inference_workspace, &inference_reserve));
+  workspace = std::max(workspace, inference_workspace);
+  if (workspace > workspace_.bytes() || reserve > reserve_.bytes()) {
+    DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));  // the old buffers may be in use
+    workspace_.ensure(workspace);
+    reserve_.ensure(reserve);
+  }
 }
 
 void CudaReplica::forward(const BatchView& batch, const BatchShape& shape, bool training) {
@@ -700,25 +791,38 @@ void CudaReplica::forward(const BatchView& batch, const BatchShape& shape, bool 
   const RnnPlan& plan = *shape.plan;
   copy_weights(plan, params_.get(), plan.weight_space.get(), true, "copy_weight_runs (gather)");
 
+  set_sequence_lengths(batch, shape);
   const std::size_t x_count = to_size(batch.batch) * to_size(batch.seq) * to_size(model.embedding_dim);
   embedding_forward<<<blocks_for(x_count), kThreads, 0, stream>>>(
-      batch.tokens, params_.get() + embedding_offset_, x_.get(), batch.batch, batch.seq, model.embedding_dim,
-      model.vocab_size, bad_token_.get());
+      batch.tokens, masked_ ? starts_.get() : nullptr, params_.get() + embedding_offset_, x_.get(),
+      batch.batch, batch.seq, model.embedding_dim, model.vocab_size, bad_token_.get());
   DDP_CUDA_CHECK_LAUNCH("embedding_forward");
 
-  // h0 = c0 = 0 (null pointers); hy and cy are not needed.
+  // h0 = c0 = 0 (null pointers); hy when the dense layer reads it, cy never.
+  float* hy = from_final_states_ ? hy_.get() : nullptr;
   DDP_CUDNN_CHECK(cudnnRNNForward(
       cudnn_.get(), plan.rnn.get(), training ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
       shape.seq_lengths.get(), shape.x.get(), x_.get(), shape.y.get(), y_.get(), shape.state.get(), nullptr,
-      nullptr, shape.state.get(), nullptr, nullptr, plan.weight_space_bytes, plan.weight_space.get(),
+      hy, shape.state.get(), nullptr, nullptr, plan.weight_space_bytes, plan.weight_space.get(),
       workspace_.bytes(), workspace_.get(), training ? reserve_.bytes() : 0,
       training ? reserve_.get() : nullptr));
+  if (from_final_states_) {
+    const std::size_t count = to_size(batch.batch) * to_size(model.output_width());
+    gather_final_states<<<blocks_for(count), kThreads, 0, stream>>>(
+        hy_.get(), final_states_.get(), model.layers, model.directions(), batch.batch, model.hidden);
+    DDP_CUDA_CHECK_LAUNCH("gather_final_states");
+  }
+}
+
+const float* CudaReplica::dense_input(const BatchView& batch) const {
+  if (from_final_states_) return final_states_.get();
+  return y_.get() + to_size(batch.seq - 1) * to_size(batch.batch) * h_size();
 }
 
 void CudaReplica::dense_and_loss(const BatchView& batch, const float* labels, float* probabilities,
                                  float* d_logits, bool add_stats) {
-  const int hidden = layout_.shape().hidden;
-  const float* h_last = y_.get() + to_size(batch.seq - 1) * to_size(batch.batch) * to_size(hidden);
+  const int hidden = layout_.shape().output_width();  // the dense layer's input width
+  const float* h_last = dense_input(batch);
   if (layout_.shape().classes != 2) {
     dense_softmax_forward<<<1, kDenseThreads, 0, stream_.get()>>>(
         h_last, params_.get() + dense_w_offset_, params_.get() + dense_b_offset_, labels, batch.batch, hidden,
@@ -756,38 +860,46 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
   void* gpu_backward = gpu_spans_->begin();
   timeline::Span backward_span("enqueue backward");
 
-  // dy is zero but at the last step, which dense_backward writes; re-zero only when the shape moved the
-  // block.
-  const std::size_t step_floats = to_size(batch.batch) * to_size(model.hidden);
+  // dy is zero but, when the dense layer reads y's last step, that step's block, which dense_backward
+  // writes; re-zero only when the shape moved the block. Reading final states, the gradient goes to dhy.
+  const int width = model.output_width();
+  const std::size_t step_floats = to_size(batch.batch) * to_size(width);
   const std::size_t y_floats = to_size(batch.seq) * step_floats;
   if (dy_shape_ != std::make_pair(batch.batch, batch.seq)) {
     DDP_CUDA_CHECK(cudaMemsetAsync(dy_.get(), 0, y_floats * sizeof(float), stream));
     dy_shape_ = {batch.batch, batch.seq};
   }
-  const float* h_last = y_.get() + y_floats - step_floats;
+  const float* h_last = dense_input(batch);
+  float* d_h_last = from_final_states_ ? d_final_states_.get() : dy_.get() + y_floats - step_floats;
   if (model.classes != 2) {
     const std::size_t classes = to_size(model.classes);
-    dense_softmax_backward<<<blocks_for(step_floats + classes * (to_size(model.hidden) + 1)), kThreads, 0,
-                             stream>>>(h_last, d_logits_.get(), params_.get() + dense_w_offset_,
-                                       grads_.get() + dense_w_offset_, grads_.get() + dense_b_offset_,
-                                       dy_.get() + y_floats - step_floats, batch.batch, model.hidden,
-                                       model.classes);
+    dense_softmax_backward<<<blocks_for(step_floats + classes * (to_size(width) + 1)), kThreads, 0, stream>>>(
+        h_last, d_logits_.get(), params_.get() + dense_w_offset_, grads_.get() + dense_w_offset_,
+        grads_.get() + dense_b_offset_, d_h_last, batch.batch, width, model.classes);
     DDP_CUDA_CHECK_LAUNCH("dense_softmax_backward");
   } else {
-    dense_backward<<<blocks_for(step_floats + to_size(model.hidden) + 1), kThreads, 0, stream>>>(
+    dense_backward<<<blocks_for(step_floats + to_size(width) + 1), kThreads, 0, stream>>>(
         h_last, d_logits_.get(), params_.get() + dense_w_offset_, grads_.get() + dense_w_offset_,
-        grads_.get() + dense_b_offset_, dy_.get() + y_floats - step_floats, batch.batch, model.hidden);
+        grads_.get() + dense_b_offset_, d_h_last, batch.batch, width);
     DDP_CUDA_CHECK_LAUNCH("dense_backward");
   }
   ready(segments.size() - 1);
+  float* dhy = nullptr;
+  if (from_final_states_) {
+    dhy = dhy_.get();
+    DDP_CUDA_CHECK(cudaMemsetAsync(dhy, 0, dhy_.bytes(), stream));
+    scatter_final_states<<<blocks_for(step_floats), kThreads, 0, stream>>>(
+        d_final_states_.get(), dhy, model.layers, model.directions(), batch.batch, model.hidden);
+    DDP_CUDA_CHECK_LAUNCH("scatter_final_states");
+  }
 
   // cuDNN: dx (for the embedding) first, then the weight gradients of every layer at once, added into a
   // zeroed space.
   DDP_CUDNN_CHECK(cudnnRNNBackwardData_v8(
       cudnn_.get(), plan.rnn.get(), shape.seq_lengths.get(), shape.y.get(), y_.get(), dy_.get(),
-      shape.x.get(), dx_.get(), shape.state.get(), nullptr, nullptr, nullptr, shape.state.get(), nullptr,
-      nullptr, nullptr, plan.weight_space_bytes, plan.weight_space.get(), workspace_.bytes(),
-      workspace_.get(), reserve_.bytes(), reserve_.get()));
+      shape.x.get(), dx_.get(), shape.state.get(), nullptr, dhy, nullptr, shape.state.get(), nullptr, nullptr,
+      nullptr, plan.weight_space_bytes, plan.weight_space.get(), workspace_.bytes(), workspace_.get(),
+      reserve_.bytes(), reserve_.get()));
   DDP_CUDA_CHECK(cudaMemsetAsync(plan.weight_grads.get(), 0, plan.weight_space_bytes, stream));
   DDP_CUDNN_CHECK(cudnnRNNBackwardWeights_v8(
       cudnn_.get(), plan.rnn.get(), CUDNN_WGRAD_MODE_ADD, shape.seq_lengths.get(), shape.x.get(), x_.get(),
@@ -800,8 +912,8 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
   DDP_CUDA_CHECK(cudaMemsetAsync(grads_.get() + embedding.offset, 0, embedding.size * sizeof(float), stream));
   const std::size_t x_count = to_size(batch.batch) * to_size(batch.seq) * to_size(model.embedding_dim);
   embedding_backward<<<blocks_for(x_count), kThreads, 0, stream>>>(
-      batch.tokens, dx_.get(), grads_.get() + embedding_offset_, batch.batch, batch.seq, model.embedding_dim,
-      model.vocab_size);
+      batch.tokens, masked_ ? starts_.get() : nullptr, dx_.get(), grads_.get() + embedding_offset_,
+      batch.batch, batch.seq, model.embedding_dim, model.vocab_size);
   DDP_CUDA_CHECK_LAUNCH("embedding_backward");
   gpu_spans_->end(gpu_backward, "backward");
   ready(0);
@@ -898,12 +1010,16 @@ void CudaReplica::copy_grads_to_host(std::span<float> host) {
 
 std::unique_ptr<Replica> make_cuda_replica(const ModelShape& shape, int device, RnnAlgorithm algorithm,
                                            const ModelOptions& options) {
-  if (shape.bidirectional || options.mask_padding || options.dropout > 0 || options.embedding_dropout > 0) {
-    throw UserError("device = cuda: the cuDNN replica does not run this model yet (" + describe(shape) +
-                    (options.mask_padding ? ", masked" : "") +
-                    (options.dropout > 0 || options.embedding_dropout > 0 ? ", with dropout" : "") +
-                    "); device = cpu trains it; on the GPU run one direction without masking and dropout "
-                    "(an LSTM or GRU of any layers and classes)");
+  if (options.dropout > 0 || options.embedding_dropout > 0) {
+    throw UserError(
+        "device = cuda: the cuDNN replica does not run dropout yet (model.dropout, "
+        "model.embedding_dropout); device = cpu trains this model, or set both to 0 on the GPU");
+  }
+  if (options.mask_padding && algorithm != RnnAlgorithm::kAuto && algorithm != RnnAlgorithm::kStandard) {
+    throw UserError(
+        "model.cudnn_rnn_algo = " + rnn_algorithm_name(algorithm) +
+        ": masked sequences (model.mask_padding) run on cuDNN's standard algorithm here; use auto "
+        "or standard");
   }
   if (shape.classes > kernels::kMaxClasses) {
     throw UserError("device = cuda: " + std::to_string(shape.classes) + " classes, the GPU's softmax takes " +
@@ -922,7 +1038,7 @@ std::unique_ptr<Replica> make_cuda_replica(const ModelShape& shape, int device, 
     throw UserError("device = cuda: GPU " + std::to_string(device) + " requested, but " +
                     std::to_string(count) + " visible");
   }
-  return std::make_unique<CudaReplica>(shape, device, algorithm);
+  return std::make_unique<CudaReplica>(shape, device, algorithm, options.mask_padding);
 }
 
 }  // namespace ddp::models

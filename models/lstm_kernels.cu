@@ -1,6 +1,7 @@
 #include "models/lstm_kernels.cuh"
 
 #include "models/output_math.h"
+#include "models/sequence_mask.h"
 
 namespace ddp::models::kernels {
 
@@ -8,28 +9,44 @@ __global__ void fill_int32(int32_t* out, int n, int32_t value) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = value;
 }
 
+__global__ void sequence_starts(const int32_t* __restrict__ tokens, int batch, int seq,
+                                int32_t* __restrict__ starts, int32_t* __restrict__ lengths) {
+  for (int b = blockIdx.x * blockDim.x + threadIdx.x; b < batch; b += gridDim.x * blockDim.x) {
+    const int start = masked_start(tokens + static_cast<std::size_t>(b) * seq, seq);
+    starts[b] = start;
+    lengths[b] = seq - start;
+  }
+}
+
 namespace {
 
-// Element i of the time-major x [T, B, E] comes from token (b, t) of the row-major tokens [B, T].
-__device__ inline int32_t token_of_element(const int32_t* tokens, std::size_t i, int batch, int seq,
-                                           int embed) {
+constexpr int32_t kNoToken = -1;
+
+// Element i of the time-major x [T, B, E] comes from token (b, t + start_b) of the row-major tokens [B, T]
+// (start_b = 0 without starts); kNoToken past the row's end, where a shifted sequence has ended.
+__device__ inline int32_t token_of_element(const int32_t* tokens, const int32_t* starts, std::size_t i,
+                                           int batch, int seq, int embed) {
   const std::size_t row = i / embed;
-  return tokens[(row % batch) * seq + row / batch];
+  const std::size_t b = row % batch;
+  const std::size_t t = row / batch + (starts != nullptr ? static_cast<std::size_t>(starts[b]) : 0);
+  return t < static_cast<std::size_t>(seq) ? tokens[b * seq + t] : kNoToken;
 }
 
 }  // namespace
 
 // Embedding lookup: tokens [B, T] row-major into x [T, B, E] time-major (row t*B+b is token (b, t)). A token
 // outside the vocabulary reads as zeros and raises *bad_token, reported on the host at the next sync.
-__global__ void embedding_forward(const int32_t* __restrict__ tokens, const float* __restrict__ embedding,
-                                  float* __restrict__ x, int batch, int seq, int embed, int vocab,
-                                  unsigned int* __restrict__ bad_token) {
+__global__ void embedding_forward(const int32_t* __restrict__ tokens, const int32_t* __restrict__ starts,
+                                  const float* __restrict__ embedding, float* __restrict__ x, int batch,
+                                  int seq, int embed, int vocab, unsigned int* __restrict__ bad_token) {
   const std::size_t n = static_cast<std::size_t>(seq) * batch * embed;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const std::size_t e = i % embed;
-    const int32_t token = token_of_element(tokens, i, batch, seq, embed);
-    if (token < 0 || token >= vocab) {
+    const int32_t token = token_of_element(tokens, starts, i, batch, seq, embed);
+    if (token == kNoToken) {
+      x[i] = 0.0f;
+    } else if (token < 0 || token >= vocab) {
       x[i] = 0.0f;
       atomicOr(bad_token, 1u);
     } else {
@@ -40,14 +57,14 @@ __global__ void embedding_forward(const int32_t* __restrict__ tokens, const floa
 
 // The embedding gradient: row `token` gathers dx of every occurrence. The rows were zeroed before; atomics
 // add repeated tokens in whatever order the GPU runs them (float rounding makes that order visible).
-__global__ void embedding_backward(const int32_t* __restrict__ tokens, const float* __restrict__ dx,
-                                   float* __restrict__ d_embedding, int batch, int seq, int embed,
-                                   int vocab) {
+__global__ void embedding_backward(const int32_t* __restrict__ tokens, const int32_t* __restrict__ starts,
+                                   const float* __restrict__ dx, float* __restrict__ d_embedding, int batch,
+                                   int seq, int embed, int vocab) {
   const std::size_t n = static_cast<std::size_t>(seq) * batch * embed;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const std::size_t e = i % embed;
-    const int32_t token = token_of_element(tokens, i, batch, seq, embed);
+    const int32_t token = token_of_element(tokens, starts, i, batch, seq, embed);
     if (token >= 0 && token < vocab) {
       atomicAdd(&d_embedding[static_cast<std::size_t>(token) * embed + e], dx[i]);
     }
@@ -232,6 +249,32 @@ __global__ void copy_weight_runs(const WeightRun* __restrict__ runs, const float
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < run.count;
        i += stride) {
     target[to + i] = source[from + i];
+  }
+}
+
+__global__ void gather_final_states(const float* __restrict__ hy, float* __restrict__ final_states,
+                                    int layers, int directions, int batch, int hidden) {
+  const std::size_t width = static_cast<std::size_t>(directions) * hidden;
+  const std::size_t n = static_cast<std::size_t>(batch) * width;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const std::size_t b = i / width;
+    const std::size_t d = i % width / hidden;
+    const std::size_t j = i % hidden;
+    final_states[i] = hy[((static_cast<std::size_t>(layers - 1) * directions + d) * batch + b) * hidden + j];
+  }
+}
+
+__global__ void scatter_final_states(const float* __restrict__ d_final, float* __restrict__ dhy, int layers,
+                                     int directions, int batch, int hidden) {
+  const std::size_t width = static_cast<std::size_t>(directions) * hidden;
+  const std::size_t n = static_cast<std::size_t>(batch) * width;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const std::size_t b = i / width;
+    const std::size_t d = i % width / hidden;
+    const std::size_t j = i % hidden;
+    dhy[((static_cast<std::size_t>(layers - 1) * directions + d) * batch + b) * hidden + j] = d_final[i];
   }
 }
 

@@ -25,17 +25,38 @@ using models::WeightRun;
 
 __global__ void fill_int32(int32_t* out, int n, int32_t value);
 
+// Masking: each row's first real step (sequence_mask.h) and its length seq - start, for cuDNN's per-sample
+// lengths and the shifted embedding below.
+__global__ void sequence_starts(const int32_t* __restrict__ tokens, int batch, int seq,
+                                int32_t* __restrict__ starts, int32_t* __restrict__ lengths);
+
 // Embedding lookup: tokens [B, T] row-major into x [T, B, E] time-major (row t*B+b is token (b, t)). A token
-// outside the vocabulary reads as zeros and raises *bad_token, reported on the host at the next sync.
-__global__ void embedding_forward(const int32_t* __restrict__ tokens, const float* __restrict__ embedding,
-                                  float* __restrict__ x, int batch, int seq, int embed, int vocab,
-                                  unsigned int* __restrict__ bad_token);
+// outside the vocabulary reads as zeros and raises *bad_token, reported on the host at the next sync. With
+// `starts` (masking), row t*B+b is token (b, t + starts[b]) instead: each sequence begins at time 0, as
+// cuDNN's per-sample lengths want, and rows past its end are zeros.
+__global__ void embedding_forward(const int32_t* __restrict__ tokens, const int32_t* __restrict__ starts,
+                                  const float* __restrict__ embedding, float* __restrict__ x, int batch,
+                                  int seq, int embed, int vocab, unsigned int* __restrict__ bad_token);
 
-// The embedding gradient: row `token` gathers dx of every occurrence. The rows were zeroed before; atomics
-// add repeated tokens in whatever order the GPU runs them (float rounding makes that order visible).
-__global__ void embedding_backward(const int32_t* __restrict__ tokens, const float* __restrict__ dx,
-                                   float* __restrict__ d_embedding, int batch, int seq, int embed, int vocab);
+// The embedding gradient: row `token` gathers dx of every occurrence (shifted by `starts` as the forward).
+// The rows were zeroed before; atomics add repeated tokens in whatever order the GPU runs them (float
+// rounding makes that order visible).
+__global__ void embedding_backward(const int32_t* __restrict__ tokens, const int32_t* __restrict__ starts,
+                                   const float* __restrict__ dx, float* __restrict__ d_embedding, int batch,
+                                   int seq, int embed, int vocab);
 
+// The dense layer's input when it reads final states (bidirectional or masked): cuDNN's hy [L*D, B, H]
+// (layer-major, directions inner) -> final_states [B, D*H], the top layer's directions side by side (forward
+// first), as the CPU replica concatenates them.
+__global__ void gather_final_states(const float* __restrict__ hy, float* __restrict__ final_states,
+                                    int layers, int directions, int batch, int hidden);
+
+// Its transpose for the backward: d_final [B, D*H] into dhy's top layer; the other layers' entries are left
+// as they are (zero).
+__global__ void scatter_final_states(const float* __restrict__ d_final, float* __restrict__ dhy, int layers,
+                                     int directions, int batch, int hidden);
+
+// The dense kernels' `hidden` is the width of their input, directions x hidden (gather_final_states).
 // The dense layer on the top layer's last hidden state h_last [B, H], then sigmoid and BCE, in one block: a
 // warp per sample, the block's sums in a fixed order. Optional outputs: probabilities [B]; with labels,
 // d_logits [B] = d(mean loss)/dz = (p - y) / B and the running stats (loss in double, as the CPU does).

@@ -1,4 +1,5 @@
 #include "models/rnn_classifier_cpu.h"
+#include "models/sequence_mask.h"
 
 #include <algorithm>
 #include <cmath>
@@ -444,12 +445,7 @@ void CpuRnnClassifier<Scalar>::apply_dropout(double rate, const Scalar* in, Scal
 template <typename Scalar>
 void CpuRnnClassifier<Scalar>::find_starts(const int32_t* tokens, int batch, int seq) {
   for (int b = 0; b < batch; ++b) {
-    int start = 0;
-    if (options_.mask_padding) {
-      const int32_t* row = tokens + to_size(b) * to_size(seq);
-      while (start + 1 < seq && row[start] == 0) ++start;
-    }
-    starts_[to_size(b)] = start;
+    starts_[to_size(b)] = options_.mask_padding ? masked_start(tokens + to_size(b) * to_size(seq), seq) : 0;
   }
 }
 

@@ -37,7 +37,7 @@ struct HostBatch {
   int batch = 0;
   int seq = 0;
 
-  BatchView view() const { return {tokens.data(), labels.data(), batch, seq}; }
+  BatchView view() const { return {tokens.data(), labels.data(), batch, seq, tokens.data()}; }
 };
 
 // A batch where a replica reads it; view() is valid while the object lives.
@@ -135,7 +135,7 @@ TYPED_TEST_P(ReplicaContract, PredictMatchesEvaluateAndStatsCount) {
   HostBatch host = contract_random_batch(shape.vocab_size, 5, 6, 11);
   std::fill(host.labels.begin(), host.labels.end(), 1.0f);
   const auto placed = TypeParam::place(host);
-  const BatchView no_labels{placed->view().tokens, nullptr, host.batch, host.seq};
+  const BatchView no_labels{placed->view().tokens, nullptr, host.batch, host.seq, host.tokens.data()};
   std::vector<float> p(5);
   replica->predict(no_labels, p);
   EXPECT_EQ(replica->take_stats().count, 0) << "predicting is not evaluating";

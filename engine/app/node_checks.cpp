@@ -109,7 +109,8 @@ SmokeResult smoke_test(const Topology& topology) {
     std::vector<float> params(layout.total_size());
     models::initialize_keras(layout, params, kSmokeSeed);
     HostBatch host = smoke_batch();
-    const BatchView host_view{host.tokens.data(), host.labels.data(), kSmokeBatch, kSmokeSeq};
+    const BatchView host_view{host.tokens.data(), host.labels.data(), kSmokeBatch, kSmokeSeq,
+                              host.tokens.data()};
 
     auto cpu = models::make_cpu_replica(shape);
     cpu->copy_params_from_host(params);
@@ -124,7 +125,8 @@ SmokeResult smoke_test(const Topology& topology) {
       const DeviceBuffer tokens(topology.gpu, host.tokens.data(), host.tokens.size() * sizeof(int32_t));
       const DeviceBuffer labels(topology.gpu, host.labels.data(), host.labels.size() * sizeof(float));
       const BatchView device_view{static_cast<const int32_t*>(tokens.data()),
-                                  static_cast<const float*>(labels.data()), kSmokeBatch, kSmokeSeq};
+                                  static_cast<const float*>(labels.data()), kSmokeBatch, kSmokeSeq,
+                                  host.tokens.data()};
       std::vector<float> gpu_grads;
       result.loss = one_step(*gpu, device_view, &gpu_grads);
       result.cpu_loss = cpu_loss;

@@ -17,16 +17,18 @@ namespace {
 class DevicePlacedBatch final : public PlacedBatch {
  public:
   explicit DevicePlacedBatch(const HostBatch& host)
-      : tokens_(0, host.tokens.data(), host.tokens.size() * sizeof(int32_t)),
+      : host_tokens_(host.tokens),
+        tokens_(0, host.tokens.data(), host.tokens.size() * sizeof(int32_t)),
         labels_(0, host.labels.data(), host.labels.size() * sizeof(float)),
         batch_(host.batch),
         seq_(host.seq) {}
   BatchView view() const override {
     return {static_cast<const int32_t*>(tokens_.data()), static_cast<const float*>(labels_.data()), batch_,
-            seq_};
+            seq_, host_tokens_.data()};
   }
 
  private:
+  std::vector<int32_t> host_tokens_;
   engine::DeviceBuffer tokens_;
   engine::DeviceBuffer labels_;
   int batch_;

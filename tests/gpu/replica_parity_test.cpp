@@ -57,7 +57,8 @@ HostBatch random_batch(int vocab, int batch, int seq, uint64_t seed) {
 // A host batch copied to the device, freed with the object.
 class DeviceBatch {
  public:
-  explicit DeviceBatch(const HostBatch& host) : batch_(host.batch), seq_(host.seq) {
+  explicit DeviceBatch(const HostBatch& host)
+      : host_tokens_(host.tokens), batch_(host.batch), seq_(host.seq) {
     cuda_ok(cudaMalloc(reinterpret_cast<void**>(&tokens_), host.tokens.size() * sizeof(int32_t)),
             "cudaMalloc");
     cuda_ok(cudaMalloc(reinterpret_cast<void**>(&labels_), host.labels.size() * sizeof(float)), "cudaMalloc");
@@ -71,9 +72,10 @@ class DeviceBatch {
   DeviceBatch(const DeviceBatch&) = delete;
   DeviceBatch& operator=(const DeviceBatch&) = delete;
 
-  BatchView view() const { return {tokens_, labels_, batch_, seq_}; }
+  BatchView view() const { return {tokens_, labels_, batch_, seq_, host_tokens_.data()}; }
 
  private:
+  std::vector<int32_t> host_tokens_;
   int32_t* tokens_ = nullptr;
   float* labels_ = nullptr;
   int batch_ = 0;
@@ -154,19 +156,32 @@ TEST(CudaOptimizer, RefusesLazyRowsAndUnknownNames) {
 // Three train steps on different batches: a small one, then two full ones (the larger shape moves the last
 // step's block of dy, so the small step's block must have been cleared; no step may keep embedding rows of
 // the one before). Then evaluate and predict, on a smaller batch too (a second set of cuDNN descriptors).
-void check_parity(int layers, RnnAlgorithm algorithm, Cell cell = Cell::kLstm, int classes = 2) {
+// Masked and bidirectional models also get a row of padding only (one real step: sequence_mask.h) besides
+// the rows with some padding every batch has.
+struct Variant {
+  Cell cell = Cell::kLstm;
+  int classes = 2;
+  bool bidirectional = false;
+  bool masked = false;
+};
+
+void check_parity(int layers, RnnAlgorithm algorithm, Variant variant = {}) {
   ModelShape shape{100, 32, 32, layers};
-  shape.cell = cell;
-  shape.classes = classes;
+  shape.cell = variant.cell;
+  shape.classes = variant.classes;
+  shape.bidirectional = variant.bidirectional;
+  ModelOptions options;
+  options.mask_padding = variant.masked;
   // Labels of every class.
-  auto batch_of = [classes](int vocab, int batch, int seq, uint64_t seed) {
+  auto batch_of = [&](int vocab, int batch, int seq, uint64_t seed) {
     HostBatch host = testing::contract_random_batch(vocab, batch, seq, seed);
     for (std::size_t b = 0; b < host.labels.size(); ++b)
-      host.labels[b] = static_cast<float>((b * 7 + seed) % classes);
+      host.labels[b] = static_cast<float>((b * 7 + seed) % to_size(variant.classes));
+    if (variant.masked && batch > 1) std::fill_n(host.tokens.begin() + seq, seq, 0);
     return host;
   };
-  auto cpu = make_cpu_replica(shape);
-  auto gpu = make_cuda_replica(shape, 0, algorithm);
+  auto cpu = make_cpu_replica(shape, CpuKernels::kBuiltin, options);
+  auto gpu = make_cuda_replica(shape, 0, algorithm, options);
   const ParamLayout& layout = cpu->layout();
   const std::vector<float> params = ddp::testing::test_params(layout, 11 + static_cast<uint64_t>(layers));
   cpu->copy_params_from_host(params);
@@ -221,9 +236,31 @@ TEST(CudaReplica, MatchesTheCpuReplicaTwoLayers) {
 // over three classes, one and two layers.
 TEST(CudaReplica, MatchesTheCpuReplicaGruAndThreeClasses) {
   DDP_REQUIRE_GPU();
-  check_parity(1, RnnAlgorithm::kStandard, Cell::kGru);
-  check_parity(2, RnnAlgorithm::kStandard, Cell::kGru, 3);
-  check_parity(2, RnnAlgorithm::kStandard, Cell::kLstm, 3);
+  check_parity(1, RnnAlgorithm::kStandard, {Cell::kGru});
+  check_parity(2, RnnAlgorithm::kStandard, {Cell::kGru, 3});
+  check_parity(2, RnnAlgorithm::kStandard, {Cell::kLstm, 3});
+}
+
+// Per-sample lengths (the embedding shifted, cuDNN's data descriptors and device lengths) and both
+// directions' final states into the dense layer, against the CPU replica's masking; auto must pick the
+// standard algorithm for a masked model.
+TEST(CudaReplica, MatchesTheCpuReplicaMaskedAndBidirectional) {
+  DDP_REQUIRE_GPU();
+  check_parity(1, RnnAlgorithm::kAuto, {Cell::kLstm, 2, false, true});
+  check_parity(1, RnnAlgorithm::kStandard, {Cell::kLstm, 2, true, true});
+  check_parity(2, RnnAlgorithm::kStandard, {Cell::kGru, 3, true, true});
+  check_parity(2, RnnAlgorithm::kStandard, {Cell::kLstm, 2, true, false});
+}
+
+TEST(CudaReplica, DropoutAndAPersistentAlgorithmForAMaskedModelAreUserErrors) {
+  DDP_REQUIRE_GPU();
+  const ModelShape shape{100, 32, 32, 1};
+  ModelOptions dropout;
+  dropout.dropout = 0.2;
+  EXPECT_THROW(make_cuda_replica(shape, 0, RnnAlgorithm::kAuto, dropout), UserError);
+  ModelOptions masked;
+  masked.mask_padding = true;
+  EXPECT_THROW(make_cuda_replica(shape, 0, RnnAlgorithm::kPersistStaticSmallH, masked), UserError);
 }
 
 // Auto picks the persistent small-hidden algorithm here (hidden 32), or falls back to the standard one if

@@ -79,6 +79,25 @@ TEST(SelfCheck, TheCpuReplicaPasses) {
   EXPECT_NE(report.summary().find("8x12, 3x12"), std::string::npos) << report.summary();
 }
 
+// A masked bidirectional GRU passes when the check is told the replica's options (its CPU references then
+// mask the padded rows of its batches as the replica does), and fails when it is not.
+TEST(SelfCheck, TheReplicasOptionsReachItsReferences) {
+  models::ModelShape shape = kShape;
+  shape.cell = models::Cell::kGru;
+  shape.bidirectional = true;
+  shape.classes = 3;
+  models::ModelOptions masked;
+  masked.mask_padding = true;
+  auto replica = models::make_cpu_replica(shape, models::CpuKernels::kBuiltin, masked);
+  models::ModelOptions configured = masked;
+  configured.dropout = 0.3;  // the references leave dropout out, as the GPU replica runs none
+  OptimizerSettings adam;
+  const SelfCheckReport told = check_gpu_replica(*replica, 0, kShapes, adam, 5, configured);
+  EXPECT_TRUE(told.ok) << told.failure;
+  const SelfCheckReport not_told = check_gpu_replica(*replica, 0, kShapes, adam, 5);
+  EXPECT_FALSE(not_told.ok);
+}
+
 TEST(SelfCheck, FloatRoundingPasses) {
   FaultyReplica replica(kShape);
   // A few units in the last place, as another summation order gives.
