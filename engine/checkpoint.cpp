@@ -29,6 +29,14 @@ void write_double_attribute(hid_t loc, const char* name, double value) {
 double read_double_attribute(hid_t loc, const std::string& file, const char* name) {
   if (H5Aexists(loc, name) <= 0) throw UserError(file + ": checkpoint attribute '" + name + "' is missing");
   Hid attr(check_h5_id(H5Aopen(loc, name, H5P_DEFAULT), name), Hid::Kind::kAttribute);
+  // HDF5 converts any number to a double, but fails on a string or a compound: the file's fault, not ours.
+  Hid type(check_h5_id(H5Aget_type(attr.get()), name), Hid::Kind::kDatatype);
+  Hid space(check_h5_id(H5Aget_space(attr.get()), name), Hid::Kind::kDataspace);
+  const H5T_class_t type_class = H5Tget_class(type.get());
+  if ((type_class != H5T_FLOAT && type_class != H5T_INTEGER) ||
+      H5Sget_simple_extent_npoints(space.get()) != 1) {
+    throw UserError(file + ": checkpoint attribute '" + name + "' must be a single number");
+  }
   double value = 0;
   check_h5(H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &value), name);
   return value;

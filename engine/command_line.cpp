@@ -1,12 +1,35 @@
 #include "engine/command_line.h"
 
 #include <iostream>
+#include <map>
 
 #include "engine/base/errors.h"
 
 namespace po = boost::program_options;
 
 namespace ddp::engine {
+namespace {
+
+// Reaches the protected placeholder values of a Boost error (a derived class may name them).
+struct SubstitutionAccess : po::error_with_option_name {
+  static std::map<std::string, std::string>& of(po::error_with_option_name& e) {
+    return e.*&SubstitutionAccess::m_substitutions;
+  }
+};
+
+}  // namespace
+
+std::string option_error_text(const po::error& e, const std::string& context) {
+  const auto* named = dynamic_cast<const po::error_with_option_name*>(&e);
+  if (named == nullptr) return context + e.what();
+  po::error_with_option_name copy(*named);
+  for (auto& [name, value] : SubstitutionAccess::of(copy)) {
+    for (size_t at = value.find('%'); at != std::string::npos; at = value.find('%', at)) {
+      value.replace(at, 1, "\\x25");
+    }
+  }
+  return context + copy.what();
+}
 
 void store_command_line(const std::vector<std::string>& args, const po::options_description& options,
                         po::variables_map& vm, const std::string& command) {
@@ -28,7 +51,7 @@ void store_command_line(const std::vector<std::string>& args, const po::options_
                       "' (commands: train, prepare, predict, evaluate, check-env; options are --name VALUE)");
     }
   } catch (const po::error& e) {
-    throw UserError(command + ": " + e.what());
+    throw UserError(option_error_text(e, command + ": "));
   }
 }
 
@@ -43,7 +66,7 @@ bool parse_subcommand(const std::vector<std::string>& args, const po::options_de
   try {
     po::notify(vm);
   } catch (const po::error& e) {
-    throw UserError(command + ": " + e.what());
+    throw UserError(option_error_text(e, command + ": "));
   }
   return true;
 }

@@ -159,7 +159,24 @@ void require(bool ok, const std::string& key, const std::string& value, const st
   if (!ok) throw UserError(key + " = " + value + ": " + expected);
 }
 
+// Whether `value` survives to_ini() and --config (the run's config.ini and the checkpoint's copy are read
+// back): Boost's INI parser ends a line at '#' and trims spaces, and a line break would start a new key.
+bool ini_safe(const std::string& value) {
+  for (const char ch : value) {
+    const auto byte = static_cast<unsigned char>(ch);
+    if (byte < 0x20 || byte == 0x7f || ch == '#') return false;
+  }
+  return value.empty() || (value.front() != ' ' && value.back() != ' ');
+}
+
 void check_values(const Config& c) {
+  visit_keys(c, [](const char* section, const char* name, const auto& field, const char*) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(field)>, std::string>) {
+      require(ini_safe(field), full_name(section, name), field,
+              "cannot hold '#', a control character or a leading or trailing space (an INI file could not "
+              "hold it)");
+    }
+  });
   const std::set<std::string> devices{"cpu", "cuda", "auto"};
   require(devices.count(c.device), "device", c.device, "expected cpu, cuda or auto");
   require(c.data.validation == "auto" || c.data.validation == "val" || c.data.validation == "split" ||
@@ -304,13 +321,13 @@ ParsedConfig parse_config(const std::vector<std::string>& args) {
     try {
       po::store(po::parse_config_file(file, keys, /*allow_unregistered=*/false), vm);
     } catch (const po::error& e) {
-      throw UserError(path + ": " + e.what());
+      throw UserError(option_error_text(e, path + ": "));
     }
   }
   try {
     po::notify(vm);
   } catch (const po::error& e) {
-    throw UserError(std::string("config: ") + e.what());
+    throw UserError(option_error_text(e, "config: "));
   }
   check_values(config);
   return parsed;

@@ -11,6 +11,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace ddp {
 
@@ -23,9 +24,14 @@ constexpr int kExitEnvironmentProblem = 3;
 // agreed on last.h5; run again with --resume auto to continue. 75 is EX_TEMPFAIL: "try again later".
 constexpr int kExitPreempted = 75;
 
+// `text` with its control characters written as escapes (a newline as \n, others as \xNN), so that a message
+// quoting what the user typed or a file held stays one line.
+std::string one_line(std::string_view text);
+
 class UserError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit UserError(const std::string& what) : std::runtime_error(one_line(what)) {}
+  explicit UserError(const char* what) : UserError(std::string(what)) {}
 };
 
 // A UserError that every rank threw alike (comm::agree_on_errors): one rank prints it and all exit together.
