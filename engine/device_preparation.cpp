@@ -1,11 +1,13 @@
 #include "engine/device_preparation.h"
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 
 #include "engine/base/errors.h"
 #include "engine/self_check.h"
 #include "engine/updater.h"
+#include "models/cuda_replica.h"
 
 namespace ddp::engine {
 namespace {
@@ -56,8 +58,20 @@ std::string prepare_device(models::Replica& replica, const std::vector<std::pair
       replica.settle_shape(shapes[i].first, shapes[i].second, refused[i] == 0);
     }
     if (replica.device() != models::DeviceKind::kCuda || !config.comm.selfcheck) return;
-    SelfCheckReport report = check_gpu_replica(replica, topology.gpu, shapes, optimizer_settings(config),
-                                               config.train.seed, model_options(config));
+    // The check compares a training step with the CPU's, whose dropout masks between layers the GPU's are
+    // not: a model with dropout is checked on a twin without it (same shape, masking and algorithm).
+    const models::ModelOptions options = model_options(config);
+    std::unique_ptr<models::Replica> twin;
+    if (options.dropout > 0 || options.embedding_dropout > 0) {
+      models::ModelOptions without_dropout = options;
+      without_dropout.dropout = 0;
+      without_dropout.embedding_dropout = 0;
+      twin = models::make_cuda_replica(replica.layout().shape(), topology.gpu,
+                                       models::parse_rnn_algorithm(config.model.cudnn_rnn_algo),
+                                       without_dropout);
+    }
+    SelfCheckReport report = check_gpu_replica(twin ? *twin : replica, topology.gpu, shapes,
+                                               optimizer_settings(config), config.train.seed, options);
     if (!report.ok) error = self_check_failure(report, topology, trainers.rank());
     if (auto first = trainers.first_error(error)) throw UserError(*first);
     // Every rank of an NCCL job is a GPU rank, so all of them are here; the verdict is the same on each.

@@ -31,9 +31,9 @@ std::string rnn_algorithm_name(RnnAlgorithm algorithm);
 // A replica on CUDA device `device` (an ordinal after CUDA_VISIBLE_DEVICES), computing on a stream of its
 // own. Under kAuto, a persistent algorithm that cuDNN turns down for a batch shape gives way to the standard
 // one (said once on stderr); an algorithm asked for by name that cuDNN turns down is a UserError.
-// The cuDNN replica runs LSTM and GRU, one or two directions, any layers, masked or not, two or more
-// classes; dropout is a UserError that says so (the CPU replica runs it), as is a persistent algorithm
-// named for a masked model (per-sample lengths run on the standard one).
+// The cuDNN replica runs every variant (LSTM and GRU, one or two directions, any layers, masked or not, two
+// or more classes, dropout); a persistent algorithm named for a masked model is a UserError (per-sample
+// lengths run on the standard one).
 std::unique_ptr<Replica> make_cuda_replica(const ModelShape& shape, int device,
                                            RnnAlgorithm algorithm = RnnAlgorithm::kAuto,
                                            const ModelOptions& options = {});

@@ -33,6 +33,12 @@
 // the reverse one starts there, as the CPU replica's masking does. Per-sample lengths run on the standard
 // algorithm only.
 //
+// Dropout, in training only. On the embedding's output: the CPU replica's masks (dropout.h), so the two
+// replicas drop the same elements under the same key. Between stacked layers: cuDNN's, from its dropout
+// descriptor, whose RNG state is seeded from the first step's key (the run's start, or its resume) and runs
+// on across steps; its masks are not the CPU's, and a resumed run draws other masks than the uninterrupted
+// one would have (the GPU replica is not bitwise reproducible anyway: see Determinism).
+//
 // Synchronisation. A train_step only enqueues work on the replica's stream; the host waits in take_stats(),
 // predict(), the host copies of the parameters, and the first time a batch shape is seen (descriptors and
 // scratch buffers are then built and grown, and the stream is drained before an old buffer is freed).
@@ -60,6 +66,7 @@
 #include "engine/base/timeline.h"
 #include "models/cuda_replica.h"
 #include "models/cudnn_status.h"
+#include "models/dropout.h"
 #include "models/lstm_kernels.cuh"
 #include "models/sequence_mask.h"
 #include "models/weight_map.h"
@@ -82,6 +89,7 @@ using kernels::dense_softmax_backward;
 using kernels::dense_softmax_forward;
 using kernels::DeviceStats;
 using kernels::embedding_backward;
+using kernels::embedding_dropout;
 using kernels::embedding_forward;
 using kernels::fill_int32;
 using kernels::gather_final_states;
@@ -192,7 +200,7 @@ struct BatchShape {
 
 class CudaReplica final : public Replica {
  public:
-  CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algorithm, bool mask_padding);
+  CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algorithm, const ModelOptions& options);
   ~CudaReplica() override;
   CudaReplica(const CudaReplica&) = delete;
   CudaReplica& operator=(const CudaReplica&) = delete;
@@ -222,6 +230,10 @@ class CudaReplica final : public Replica {
   // that the exchange wrote never leak into the next step.
   void clear_embedding_gradient_rows(std::span<const int32_t>) override {}
   void clear_embedding_gradient() override {}
+
+  // The embedding dropout's masks follow the CPU replica's under the same key; cuDNN's inter-layer dropout
+  // state is seeded from the first key this replica gets (the run's start or its resume) and then runs on.
+  void set_dropout_key(uint64_t key) override;
 
  private:
   void select_device() const { DDP_CUDA_CHECK(cudaSetDevice(device_)); }
@@ -266,6 +278,12 @@ class CudaReplica final : public Replica {
   int device_ = 0;
   RnnAlgorithm requested_ = RnnAlgorithm::kAuto;
   bool masked_ = false;
+  double dropout_ = 0;            // between stacked layers, by cuDNN (training only)
+  double embedding_dropout_ = 0;  // on the embedding's output, by embedding_dropout (training only)
+  uint64_t dropout_key_ = 0;
+  uint64_t dropout_draws_ = 0;
+  uint64_t embedding_dropout_stream_ = 0;  // the last training forward's draw, for its backward
+  bool dropout_seeded_ = false;
   // The dense layer reads hy (bidirectional or masked) instead of the last step of y.
   bool from_final_states_ = false;
   // What model.cudnn_rnn_algo (or auto, for this model and GPU) asks for.
@@ -287,6 +305,10 @@ class CudaReplica final : public Replica {
 
   DeviceArray<float> params_;
   DeviceArray<float> grads_;
+  // cuDNN's dropout RNG state, one for every plan's descriptor (the first initialises it, the others
+  // restore it).
+  DeviceArray<std::byte> dropout_states_;
+  bool dropout_states_initialized_ = false;
 
   // By (batch, seq).
   std::map<std::pair<int, int>, std::unique_ptr<BatchShape>> shapes_;
@@ -316,12 +338,15 @@ class CudaReplica final : public Replica {
   int64_t count_ = 0;  // samples since the last take_stats(): known on the host
 };
 
-CudaReplica::CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algorithm, bool mask_padding)
+CudaReplica::CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algorithm,
+                         const ModelOptions& options)
     : layout_(shape),
       device_(device),
       requested_(algorithm),
-      masked_(mask_padding),
-      from_final_states_(mask_padding || shape.bidirectional) {
+      masked_(options.mask_padding),
+      from_final_states_(options.mask_padding || shape.bidirectional),
+      dropout_(shape.layers > 1 ? options.dropout : 0),
+      embedding_dropout_(options.embedding_dropout) {
   select_device();
   embedding_offset_ = layout_.tensor("embedding").offset;
   dense_w_offset_ = layout_.tensor("dense.w").offset;
@@ -413,9 +438,26 @@ std::unique_ptr<RnnPlan> CudaReplica::make_plan(cudnnRNNAlgo_t algorithm) {
 
 void CudaReplica::build_rnn(RnnPlan& plan) {
   const ModelShape& shape = layout_.shape();
-  // No dropout; cuDNN still wants a descriptor (no states are needed for a rate of 0).
+  // Between stacked layers, model.dropout: every plan's descriptor on one RNG state (seeded again from the
+  // first dropout key, set_dropout_key). Without it cuDNN still wants a descriptor, with no state.
   DDP_CUDNN_CHECK(cudnnCreateDropoutDescriptor(plan.dropout.out()));
-  DDP_CUDNN_CHECK(cudnnSetDropoutDescriptor(plan.dropout.get(), cudnn_.get(), 0.0f, nullptr, 0, 0));
+  if (dropout_ > 0) {
+    std::size_t state_bytes = 0;
+    DDP_CUDNN_CHECK(cudnnDropoutGetStatesSize(cudnn_.get(), &state_bytes));
+    if (!dropout_states_initialized_) {
+      dropout_states_.ensure(std::max<std::size_t>(state_bytes, 1));
+      DDP_CUDNN_CHECK(cudnnSetDropoutDescriptor(plan.dropout.get(), cudnn_.get(),
+                                                static_cast<float>(dropout_), dropout_states_.get(),
+                                                state_bytes, 0));
+      dropout_states_initialized_ = true;
+    } else {
+      DDP_CUDNN_CHECK(cudnnRestoreDropoutDescriptor(plan.dropout.get(), cudnn_.get(),
+                                                    static_cast<float>(dropout_), dropout_states_.get(),
+                                                    state_bytes, 0));
+    }
+  } else {
+    DDP_CUDNN_CHECK(cudnnSetDropoutDescriptor(plan.dropout.get(), cudnn_.get(), 0.0f, nullptr, 0, 0));
+  }
   DDP_CUDNN_CHECK(cudnnCreateRNNDescriptor(plan.rnn.out()));
   // A descriptor that cuDNN turns down for this algorithm throws AlgorithmRefused.
   // CUDNN_FMA_MATH: plain fp32 FMA kernels. CUDNN_DEFAULT_MATH would allow TF32 tensor cores on sm_80+, whose
@@ -797,6 +839,13 @@ void CudaReplica::forward(const BatchView& batch, const BatchShape& shape, bool 
       batch.tokens, masked_ ? starts_.get() : nullptr, params_.get() + embedding_offset_, x_.get(),
       batch.batch, batch.seq, model.embedding_dim, model.vocab_size, bad_token_.get());
   DDP_CUDA_CHECK_LAUNCH("embedding_forward");
+  if (training && embedding_dropout_ > 0) {
+    embedding_dropout_stream_ = dropout_stream(dropout_key_, ++dropout_draws_);
+    embedding_dropout<<<blocks_for(x_count), kThreads, 0, stream>>>(
+        x_.get(), masked_ ? starts_.get() : nullptr, batch.batch, batch.seq, model.embedding_dim,
+        embedding_dropout_stream_, embedding_dropout_);
+    DDP_CUDA_CHECK_LAUNCH("embedding_dropout");
+  }
 
   // h0 = c0 = 0 (null pointers); hy when the dense layer reads it, cy never.
   float* hy = from_final_states_ ? hy_.get() : nullptr;
@@ -911,6 +960,13 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
   const ParamSegment& embedding = segments.front();
   DDP_CUDA_CHECK(cudaMemsetAsync(grads_.get() + embedding.offset, 0, embedding.size * sizeof(float), stream));
   const std::size_t x_count = to_size(batch.batch) * to_size(batch.seq) * to_size(model.embedding_dim);
+  if (embedding_dropout_ > 0) {
+    // The forward's mask on the input gradient: dropped elements pass no gradient to their rows.
+    embedding_dropout<<<blocks_for(x_count), kThreads, 0, stream>>>(
+        dx_.get(), masked_ ? starts_.get() : nullptr, batch.batch, batch.seq, model.embedding_dim,
+        embedding_dropout_stream_, embedding_dropout_);
+    DDP_CUDA_CHECK_LAUNCH("embedding_dropout (backward)");
+  }
   embedding_backward<<<blocks_for(x_count), kThreads, 0, stream>>>(
       batch.tokens, masked_ ? starts_.get() : nullptr, dx_.get(), grads_.get() + embedding_offset_,
       batch.batch, batch.seq, model.embedding_dim, model.vocab_size);
@@ -967,6 +1023,26 @@ BatchStats CudaReplica::take_stats() {
   return stats;
 }
 
+void CudaReplica::set_dropout_key(uint64_t key) {
+  dropout_key_ = key;
+  dropout_draws_ = 0;
+  if (dropout_ <= 0 || dropout_seeded_) return;
+  // Seeding runs a kernel on the handle's stream, after any work that still draws from the old state; the
+  // other plans' descriptors share the state and take the new seed without another initialisation.
+  select_device();
+  std::size_t state_bytes = 0;
+  DDP_CUDNN_CHECK(cudnnDropoutGetStatesSize(cudnn_.get(), &state_bytes));
+  bool first = true;
+  for (RnnPlan* plan : {standard_.get(), preferred_.get()}) {
+    if (plan == nullptr) continue;
+    DDP_CUDNN_CHECK((first ? cudnnSetDropoutDescriptor : cudnnRestoreDropoutDescriptor)(
+        plan->dropout.get(), cudnn_.get(), static_cast<float>(dropout_), dropout_states_.get(), state_bytes,
+        static_cast<unsigned long long>(key)));
+    first = false;
+  }
+  dropout_seeded_ = true;
+}
+
 void CudaReplica::report_bad_token() {
   if (*host_bad_token_.get() == 0) return;
   *host_bad_token_.get() = 0;
@@ -1010,11 +1086,6 @@ void CudaReplica::copy_grads_to_host(std::span<float> host) {
 
 std::unique_ptr<Replica> make_cuda_replica(const ModelShape& shape, int device, RnnAlgorithm algorithm,
                                            const ModelOptions& options) {
-  if (options.dropout > 0 || options.embedding_dropout > 0) {
-    throw UserError(
-        "device = cuda: the cuDNN replica does not run dropout yet (model.dropout, "
-        "model.embedding_dropout); device = cpu trains this model, or set both to 0 on the GPU");
-  }
   if (options.mask_padding && algorithm != RnnAlgorithm::kAuto && algorithm != RnnAlgorithm::kStandard) {
     throw UserError(
         "model.cudnn_rnn_algo = " + rnn_algorithm_name(algorithm) +
@@ -1038,7 +1109,7 @@ std::unique_ptr<Replica> make_cuda_replica(const ModelShape& shape, int device, 
     throw UserError("device = cuda: GPU " + std::to_string(device) + " requested, but " +
                     std::to_string(count) + " visible");
   }
-  return std::make_unique<CudaReplica>(shape, device, algorithm, options.mask_padding);
+  return std::make_unique<CudaReplica>(shape, device, algorithm, options);
 }
 
 }  // namespace ddp::models

@@ -1,5 +1,6 @@
 #include "models/lstm_kernels.cuh"
 
+#include "models/dropout.h"
 #include "models/output_math.h"
 #include "models/sequence_mask.h"
 
@@ -249,6 +250,20 @@ __global__ void copy_weight_runs(const WeightRun* __restrict__ runs, const float
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < run.count;
        i += stride) {
     target[to + i] = source[from + i];
+  }
+}
+
+__global__ void embedding_dropout(float* __restrict__ values, const int32_t* __restrict__ starts, int batch,
+                                  int seq, int embed, uint64_t stream, double rate) {
+  const std::size_t n = static_cast<std::size_t>(seq) * batch * embed;
+  const std::size_t grid_stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += grid_stride) {
+    const std::size_t row = i / embed;
+    const std::size_t b = row % batch;
+    const std::size_t t = row / batch + (starts != nullptr ? static_cast<std::size_t>(starts[b]) : 0);
+    if (t >= static_cast<std::size_t>(seq)) continue;
+    values[i] *= dropout_mask_value<float>(stream, (t * batch + b) * embed + i % embed, rate);
   }
 }
 

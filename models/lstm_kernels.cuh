@@ -45,6 +45,12 @@ __global__ void embedding_backward(const int32_t* __restrict__ tokens, const int
                                    const float* __restrict__ dx, float* __restrict__ d_embedding, int batch,
                                    int seq, int embed, int vocab);
 
+// Embedding dropout (model.embedding_dropout) on x or dx [T, B, E], in place: the CPU replica's mask
+// (dropout.h) element for element, under the same draw's `stream`. With `starts`, x's row t*B+b holds time
+// t + starts[b] of the CPU's unshifted rows; rows past a shifted sequence's end are left as they are.
+__global__ void embedding_dropout(float* __restrict__ values, const int32_t* __restrict__ starts, int batch,
+                                  int seq, int embed, uint64_t stream, double rate);
+
 // The dense layer's input when it reads final states (bidirectional or masked): cuDNN's hy [L*D, B, H]
 // (layer-major, directions inner) -> final_states [B, D*H], the top layer's directions side by side (forward
 // first), as the CPU replica concatenates them.

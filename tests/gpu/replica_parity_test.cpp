@@ -157,12 +157,14 @@ TEST(CudaOptimizer, RefusesLazyRowsAndUnknownNames) {
 // step's block of dy, so the small step's block must have been cleared; no step may keep embedding rows of
 // the one before). Then evaluate and predict, on a smaller batch too (a second set of cuDNN descriptors).
 // Masked and bidirectional models also get a row of padding only (one real step: sequence_mask.h) besides
-// the rows with some padding every batch has.
+// the rows with some padding every batch has. Embedding dropout draws the CPU's masks under the same key,
+// which both replicas get before each step, as the trainer gives them.
 struct Variant {
   Cell cell = Cell::kLstm;
   int classes = 2;
   bool bidirectional = false;
   bool masked = false;
+  double embedding_dropout = 0;
 };
 
 void check_parity(int layers, RnnAlgorithm algorithm, Variant variant = {}) {
@@ -172,6 +174,7 @@ void check_parity(int layers, RnnAlgorithm algorithm, Variant variant = {}) {
   shape.bidirectional = variant.bidirectional;
   ModelOptions options;
   options.mask_padding = variant.masked;
+  options.embedding_dropout = variant.embedding_dropout;
   // Labels of every class.
   auto batch_of = [&](int vocab, int batch, int seq, uint64_t seed) {
     HostBatch host = testing::contract_random_batch(vocab, batch, seq, seed);
@@ -195,6 +198,8 @@ void check_parity(int layers, RnnAlgorithm algorithm, Variant variant = {}) {
     const DeviceBatch device(host);
     std::vector<std::string> cpu_order;
     std::vector<std::string> gpu_order;
+    cpu->set_dropout_key(1000 + static_cast<uint64_t>(step));
+    gpu->set_dropout_key(1000 + static_cast<uint64_t>(step));
     cpu->train_step(host.view(), [&](const ParamSegment& s) { cpu_order.push_back(s.name); });
     gpu->train_step(device.view(), [&](const ParamSegment& s) { gpu_order.push_back(s.name); });
     EXPECT_EQ(gpu_order, cpu_order) << context;
@@ -252,15 +257,58 @@ TEST(CudaReplica, MatchesTheCpuReplicaMaskedAndBidirectional) {
   check_parity(2, RnnAlgorithm::kStandard, {Cell::kLstm, 2, true, false});
 }
 
-TEST(CudaReplica, DropoutAndAPersistentAlgorithmForAMaskedModelAreUserErrors) {
+TEST(CudaReplica, APersistentAlgorithmForAMaskedModelIsAUserError) {
   DDP_REQUIRE_GPU();
   const ModelShape shape{100, 32, 32, 1};
-  ModelOptions dropout;
-  dropout.dropout = 0.2;
-  EXPECT_THROW(make_cuda_replica(shape, 0, RnnAlgorithm::kAuto, dropout), UserError);
   ModelOptions masked;
   masked.mask_padding = true;
   EXPECT_THROW(make_cuda_replica(shape, 0, RnnAlgorithm::kPersistStaticSmallH, masked), UserError);
+}
+
+// The embedding's dropout masks are the CPU replica's (dropout.h, indexed by the CPU's unshifted rows even
+// when the GPU shifts masked sequences), so the whole step still matches.
+TEST(CudaReplica, EmbeddingDropoutDropsWhatTheCpuDrops) {
+  DDP_REQUIRE_GPU();
+  check_parity(1, RnnAlgorithm::kStandard, {Cell::kLstm, 2, false, false, 0.3});
+  check_parity(2, RnnAlgorithm::kStandard, {Cell::kGru, 3, true, true, 0.3});
+}
+
+// cuDNN's dropout between stacked layers: a training step differs from the same model's without dropout
+// and from its own next step on the same batch (another mask), while evaluation drops nothing and equals
+// the model without dropout.
+TEST(CudaReplica, DropoutBetweenLayersActsInTrainingOnly) {
+  DDP_REQUIRE_GPU();
+  const ModelShape shape{100, 32, 32, 2};
+  ModelOptions dropping;
+  dropping.dropout = 0.5;
+  auto with = make_cuda_replica(shape, 0, RnnAlgorithm::kStandard, dropping);
+  auto without = make_cuda_replica(shape, 0, RnnAlgorithm::kStandard);
+  const std::vector<float> params = ddp::testing::test_params(with->layout(), 17);
+  with->copy_params_from_host(params);
+  without->copy_params_from_host(params);
+  const HostBatch host = testing::contract_random_batch(shape.vocab_size, 16, 20, 5);
+  const DeviceBatch device(host);
+
+  with->set_dropout_key(1);
+  without->set_dropout_key(1);
+  with->train_step(device.view(), {});
+  const std::vector<float> first = gradients_to_host(*with);
+  with->set_dropout_key(2);
+  with->train_step(device.view(), {});
+  const std::vector<float> second = gradients_to_host(*with);
+  without->train_step(device.view(), {});
+  const std::vector<float> plain = gradients_to_host(*without);
+  EXPECT_NE(first, plain) << "dropout 0.5 between the layers changed no gradient";
+  EXPECT_NE(first, second) << "two steps drew the same dropout mask";
+  with->take_stats();
+  without->take_stats();
+
+  with->evaluate(device.view());
+  without->evaluate(device.view());
+  const BatchStats evaluated = with->take_stats();
+  const BatchStats reference = without->take_stats();
+  EXPECT_NEAR(evaluated.loss_sum, reference.loss_sum, 1e-6 * std::abs(reference.loss_sum));
+  EXPECT_EQ(evaluated.correct, reference.correct);
 }
 
 // Auto picks the persistent small-hidden algorithm here (hidden 32), or falls back to the standard one if
