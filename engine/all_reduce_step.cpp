@@ -14,26 +14,6 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// The squared L2 norm of the averaged gradient, in double; with `sparse`, the matrix's untouched rows are
-// zero and skipped.
-double squared_norm(std::span<const float> grads, const TouchedRows* sparse) {
-  double sum = 0;
-  auto add = [&](std::size_t begin, std::size_t end) {
-    for (std::size_t i = begin; i < end; ++i) sum += static_cast<double>(grads[i]) * grads[i];
-  };
-  if (sparse == nullptr) {
-    add(0, grads.size());
-    return sum;
-  }
-  add(0, sparse->offset);
-  for (const int32_t row : sparse->rows) {
-    const std::size_t begin = sparse->offset + static_cast<std::size_t>(row) * sparse->width;
-    add(begin, begin + sparse->width);
-  }
-  add(sparse->offset + sparse->count * sparse->width, grads.size());
-  return sum;
-}
-
 }  // namespace
 
 AllReduceStep::AllReduceStep(models::Replica& replica, comm::Communicator& comm, Optimizer& optimizer,
@@ -42,11 +22,7 @@ AllReduceStep::AllReduceStep(models::Replica& replica, comm::Communicator& comm,
       comm_(comm),
       optimizer_(optimizer),
       sparse_exchange_(sparse_exchange),
-      clip_norm_(clip_norm) {
-  if (clip_norm > 0 && replica.device() != models::DeviceKind::kCpu) {
-    throw UserError("train.clip_norm on GPU ranks is not supported yet (the norm is computed on the host)");
-  }
-}
+      clip_norm_(clip_norm) {}
 
 void AllReduceStep::run(const BatchView& batch) {
   const auto start = Clock::now();
@@ -77,10 +53,12 @@ void AllReduceStep::run(const BatchView& batch) {
                          embedding_rows_};
   {
     timeline::Span span("optimizer");
-    const float scale =
-        clip_norm_ > 0 ? clipping_scale(squared_norm(grads, sparse_exchange_ ? &rows : nullptr), clip_norm_)
-                       : 1.0f;
-    optimizer_.step(replica_.params(), grads, sparse_exchange_ ? &rows : nullptr, scale);
+    const TouchedRows* sparse = sparse_exchange_ ? &rows : nullptr;
+    if (clip_norm_ > 0) {
+      optimizer_.step_clipped(replica_.params(), grads, sparse, clip_norm_);
+    } else {
+      optimizer_.step(replica_.params(), grads, sparse);
+    }
   }
 
   // The exchange wrote other ranks' rows into this rank's embedding gradient. Clear them, so that the

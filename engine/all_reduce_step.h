@@ -14,8 +14,8 @@ namespace ddp::engine {
 class AllReduceStep {
  public:
   // `sparse_exchange`: exchange only the embedding rows some rank touched (comm.sparse_embedding).
-  // `clip_norm` > 0: the averaged gradient's global norm is clipped to it (train.clip_norm; a CPU replica's
-  // gradient only, UserError for a GPU's).
+  // `clip_norm` > 0: the averaged gradient's global norm is clipped to it (train.clip_norm), computed by the
+  // optimizer where the gradient is, the same on every rank (Optimizer::step_clipped).
   AllReduceStep(models::Replica& replica, comm::Communicator& comm, Optimizer& optimizer,
                 bool sparse_exchange, double clip_norm = 0);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <vector>
 
 #include "engine/base/errors.h"
 #include "engine/base/parallel_loops.h"
@@ -232,6 +233,32 @@ SgdCoefficients sgd_coefficients(const OptimizerSettings& s, int64_t iteration, 
   const double lr = learning_rate_at(s, iteration);
   return {static_cast<float>(lr), static_cast<float>(s.momentum), static_cast<float>(lr * s.weight_decay),
           gradient_scale};
+}
+
+double squared_norm(std::span<const float> grads, const TouchedRows* sparse) {
+  std::vector<double> lanes(kNormLanes, 0.0);
+  auto add = [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i)
+      lanes[i % kNormLanes] = add_square(lanes[i % kNormLanes], grads[i]);
+  };
+  if (sparse == nullptr) {
+    add(0, grads.size());
+  } else {
+    add(0, sparse->offset);
+    for (const int32_t row : sparse->rows) {
+      const std::size_t begin = sparse->offset + static_cast<std::size_t>(row) * sparse->width;
+      add(begin, begin + sparse->width);
+    }
+    add(sparse->offset + sparse->count * sparse->width, grads.size());
+  }
+  double sum = 0;
+  for (const double lane : lanes) sum += lane;
+  return sum;
+}
+
+void Optimizer::step_clipped(std::span<float> params, std::span<const float> grads, const TouchedRows* sparse,
+                             double clip_norm) {
+  step(params, grads, sparse, clipping_scale(squared_norm(grads, sparse), clip_norm));
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerSettings& settings, std::size_t size) {

@@ -62,6 +62,11 @@ class Optimizer {
   // `gradient_scale` multiplies every gradient first (clipping by the global norm; 1: none).
   virtual void step(std::span<float> params, std::span<const float> grads,
                     const TouchedRows* sparse = nullptr, float gradient_scale = 1.0f) = 0;
+  // step() with the gradients clipped to the global L2 norm `clip_norm` (train.clip_norm): the norm is
+  // computed where the gradients are, in gradient_clipping.h's order, so a GPU's step equals a host's.
+  // `sparse`: the matrix's untouched rows are zero and skipped.
+  virtual void step_clipped(std::span<float> params, std::span<const float> grads, const TouchedRows* sparse,
+                            double clip_norm);
   virtual OptimizerState state() const = 0;
   // The state's update count, and each of its buffers in turn: in place where the state is in host memory,
   // else copied (a GPU's).
@@ -71,6 +76,10 @@ class Optimizer {
   virtual void load_state(const OptimizerState& state) = 0;
   virtual std::string name() const = 0;
 };
+
+// The squared L2 norm of host gradients, in gradient_clipping.h's order; with `sparse`, the matrix's
+// untouched rows are zero and skipped.
+double squared_norm(std::span<const float> grads, const TouchedRows* sparse);
 
 // The coefficients of update `iteration` (1 for the first), computed once per step on the host for the host
 // loop and the CUDA kernel alike.

@@ -14,6 +14,7 @@
 #include "engine/base/cuda_check.h"
 #include "engine/base/cuda_handles.h"
 #include "engine/base/errors.h"
+#include "engine/base/gradient_clipping.h"
 #include "engine/optimizer.h"
 #include "engine/optimizer_math.h"
 
@@ -22,9 +23,30 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// Clipping: lane l of the squared norm (gradient_clipping.h's order, as the host loop), one thread per lane.
+__global__ void squared_norm_lanes(const float* __restrict__ g, std::size_t n, double* __restrict__ lanes) {
+  const std::size_t lane = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (lane >= kNormLanes) return;
+  double sum = 0;
+  for (std::size_t i = lane; i < n; i += kNormLanes) sum = add_square(sum, g[i]);
+  lanes[lane] = sum;
+}
+
+// The lanes added in order and the step's gradient scale, left on the device for the update kernel: the host
+// never waits for the norm.
+__global__ void clipping_scale_kernel(const double* __restrict__ lanes, double clip_norm,
+                                      float* __restrict__ scale) {
+  double sum = 0;
+  for (std::size_t l = 0; l < kNormLanes; ++l) sum += lanes[l];
+  *scale = clipping_scale(sum, clip_norm);
+}
+
 // With vec4 (every pointer 16-byte aligned) the first n/4*4 elements go as float4, the rest one by one.
+// `scale` (clipping, on the device; null: c's) multiplies every gradient.
 __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                            float* __restrict__ v, std::size_t n, AdamCoefficients c, bool vec4) {
+                            float* __restrict__ v, std::size_t n, AdamCoefficients c,
+                            const float* __restrict__ scale, bool vec4) {
+  if (scale != nullptr) c.grad_scale = *scale;
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   std::size_t done = 0;
@@ -53,7 +75,8 @@ __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, 
 }
 
 __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ velocity,
-                           std::size_t n, SgdCoefficients c, bool vec4) {
+                           std::size_t n, SgdCoefficients c, const float* __restrict__ scale, bool vec4) {
+  if (scale != nullptr) c.grad_scale = *scale;
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   std::size_t done = 0;
@@ -92,7 +115,24 @@ class CudaOptimizer : public Optimizer {
     gradient_scale_ = gradient_scale;
     if (size_ == 0) return;
     DDP_CUDA_CHECK(cudaSetDevice(device_));
-    launch(params.data(), grads.data());
+    launch(params.data(), grads.data(), nullptr);
+  }
+
+  void step_clipped(std::span<float> params, std::span<const float> grads, const TouchedRows*,
+                    double clip_norm) final {
+    DDP_CHECK(params.size() == size_ && grads.size() == size_);
+    ++iterations_;
+    gradient_scale_ = 1.0f;  // replaced on the device by the clipping scale
+    if (size_ == 0) return;
+    DDP_CUDA_CHECK(cudaSetDevice(device_));
+    norm_lanes_.ensure(kNormLanes);
+    clip_scale_.ensure(1);
+    squared_norm_lanes<<<static_cast<unsigned int>((kNormLanes + kThreads - 1) / kThreads), kThreads, 0,
+                         stream_>>>(grads.data(), size_, norm_lanes_.get());
+    DDP_CUDA_CHECK_LAUNCH("squared_norm_lanes");
+    clipping_scale_kernel<<<1, 1, 0, stream_>>>(norm_lanes_.get(), clip_norm, clip_scale_.get());
+    DDP_CUDA_CHECK_LAUNCH("clipping_scale_kernel");
+    launch(params.data(), grads.data(), clip_scale_.get());
   }
 
   int64_t iterations() const final { return iterations_; }
@@ -144,8 +184,9 @@ class CudaOptimizer : public Optimizer {
     DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
-  // Enqueues the update of this step (iterations_ already counts it).
-  virtual void launch(float* params, const float* grads) = 0;
+  // Enqueues the update of this step (iterations_ already counts it); a non-null `scale` on the device
+  // replaces gradient_scale_.
+  virtual void launch(float* params, const float* grads, const float* scale) = 0;
 
   // Blocks for `items` work items (float4 or floats), at most a few waves.
   unsigned int blocks_for(std::size_t items) const {
@@ -162,6 +203,8 @@ class CudaOptimizer : public Optimizer {
   std::vector<std::string> names_;
   std::vector<std::unique_ptr<cuda::DeviceArray<float>>> buffers_;  // one per name, in order
   int max_blocks_ = 1;
+  cuda::DeviceArray<double> norm_lanes_;  // clipping: the squared norm's lanes
+  cuda::DeviceArray<float> clip_scale_;   // clipping: this step's gradient scale
 };
 
 class CudaAdam final : public CudaOptimizer {
@@ -171,13 +214,13 @@ class CudaAdam final : public CudaOptimizer {
   std::string name() const override { return "adam"; }
 
  protected:
-  void launch(float* params, const float* grads) override {
+  void launch(float* params, const float* grads, const float* scale) override {
     const AdamCoefficients c = adam_coefficients(s_, iterations_, gradient_scale_);
     float* m = buffers_[0]->get();
     float* v = buffers_[1]->get();
     const bool vec4 = aligned16(params) && aligned16(grads) && aligned16(m) && aligned16(v);
     adam_kernel<<<blocks_for(vec4 ? size_ / 4 + 1 : size_), kThreads, 0, stream_>>>(params, grads, m, v,
-                                                                                    size_, c, vec4);
+                                                                                    size_, c, scale, vec4);
     DDP_CUDA_CHECK_LAUNCH("adam_kernel");
   }
 
@@ -192,11 +235,11 @@ class CudaSgd final : public CudaOptimizer {
   std::string name() const override { return "sgd"; }
 
  protected:
-  void launch(float* params, const float* grads) override {
+  void launch(float* params, const float* grads, const float* scale) override {
     float* velocity = buffers_[0]->get();
     const bool vec4 = aligned16(params) && aligned16(grads) && aligned16(velocity);
     sgd_kernel<<<blocks_for(vec4 ? size_ / 4 + 1 : size_), kThreads, 0, stream_>>>(
-        params, grads, velocity, size_, sgd_coefficients(s_, iterations_, gradient_scale_), vec4);
+        params, grads, velocity, size_, sgd_coefficients(s_, iterations_, gradient_scale_), scale, vec4);
     DDP_CUDA_CHECK_LAUNCH("sgd_kernel");
   }
 

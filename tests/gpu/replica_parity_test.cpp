@@ -375,11 +375,16 @@ void check_optimizer(const engine::OptimizerSettings& settings, std::size_t n, s
     std::vector<float> grads(n);
     auto one_step = [&](engine::Optimizer& cuda_optimizer) {
       for (auto& g : grads) g = 0.1f * normal(rng);
-      host->step(host_params, grads);
       // The last step's kernel may still read the gradients: wait before overwriting them.
       cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       upload(device_grads + offset, grads.data(), n * sizeof(float));
-      cuda_optimizer.step(gpu_params, gpu_grads);
+      if (settings.clip_norm > 0) {
+        host->step_clipped(host_params, grads, nullptr, settings.clip_norm);
+        cuda_optimizer.step_clipped(gpu_params, gpu_grads, nullptr, settings.clip_norm);
+      } else {
+        host->step(host_params, grads);
+        cuda_optimizer.step(gpu_params, gpu_grads);
+      }
     };
     // Both sides round every operation on its own (optimizer.cpp is built without FMA contraction), so they
     // agree to the last bit.
@@ -436,6 +441,22 @@ TEST(CudaOptimizer, AdamMatchesTheHostAdam) {
   settings.name = "adam";
   settings.learning_rate = 0.01;
   for (const std::size_t offset : {0u, 1u}) check_optimizer(settings, 10007, offset);
+}
+
+// Clipping: the GPU's squared norm follows the host loop's order (gradient_clipping.h), so the scale and the
+// whole update agree to the last bit, whether the norm is clipped (about 10 here, to 0.5) or not.
+TEST(CudaOptimizer, ClippedStepsMatchTheHostBitForBit) {
+  DDP_REQUIRE_GPU();
+  for (const std::string name : {"adam", "sgd"}) {
+    for (const double clip_norm : {0.5, 1000.0}) {
+      engine::OptimizerSettings settings;
+      settings.name = name;
+      settings.learning_rate = 0.01;
+      settings.momentum = 0.9;
+      settings.clip_norm = clip_norm;
+      for (const std::size_t offset : {0u, 1u}) check_optimizer(settings, 10007, offset);
+    }
+  }
 }
 
 TEST(CudaOptimizer, SgdMatchesTheHostSgd) {
