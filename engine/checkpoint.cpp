@@ -176,7 +176,7 @@ void write_checkpoint(const std::string& path, const models::ModelShape& shape, 
   writer.commit();
 }
 
-Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) {
+Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
   std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
   io::quiet_hdf5_errors();
   Hid file = io::open_file_readonly(path);
@@ -248,6 +248,8 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) {
     c.optimizer.buffers.emplace_back(name, read_floats(group.get(), path, name, layout.total_size()));
   }
   return c;
+} catch (const io::Hdf5Error& e) {
+  io::throw_unreadable_file(path, e);
 }
 
 }  // namespace ddp::engine

@@ -94,7 +94,7 @@ int64_t BatchReader::batches_per_epoch(int64_t shard_size, int batch_size, bool 
   return drop_last ? shard_size / batch_size : (shard_size + batch_size - 1) / batch_size;
 }
 
-BatchReader::BatchReader(const BatchReaderOptions& options)
+BatchReader::BatchReader(const BatchReaderOptions& options) try
     : options_(options), permutation_(checked_shard_size(options), epoch_seed(options.seed, options.epoch)) {
   validate(options_);
   const std::string& path = options_.path;
@@ -130,6 +130,8 @@ BatchReader::BatchReader(const BatchReaderOptions& options)
   source_->rows.reserve(static_cast<size_t>(options_.batch_size));
   source_->labels.reserve(static_cast<size_t>(options_.batch_size));
   if (num_batches_ > 0) thread_ = std::thread(&BatchReader::prefetch_loop, this);
+} catch (const Hdf5Error& e) {
+  throw_unreadable_file(options.path, e);
 }
 
 BatchReader::~BatchReader() {
@@ -192,7 +194,7 @@ void BatchReader::prefetch_loop() {
   }
 }
 
-void BatchReader::read_batch(int64_t batch_index, Batch& out) {
+void BatchReader::read_batch(int64_t batch_index, Batch& out) try {
   const int64_t batch_size = options_.batch_size;
   const int64_t first = batch_index * batch_size;
   const int64_t count = std::min(batch_size, options_.shard.size() - first);
@@ -242,6 +244,8 @@ void BatchReader::read_batch(int64_t batch_index, Batch& out) {
            ("H5Dread " + where + "/y").c_str());
   std::transform(source_->labels.begin(), source_->labels.end(), out.labels.begin(),
                  [](uint8_t label) { return static_cast<float>(label); });
+} catch (const Hdf5Error& e) {
+  throw_unreadable_file(options_.path, e);
 }
 
 }  // namespace ddp::io

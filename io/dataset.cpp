@@ -144,7 +144,7 @@ int64_t checked_rows(const char* function, const DatasetInfo& info, const std::s
 
 }  // namespace
 
-DatasetInfo inspect_dataset(const std::string& path) {
+DatasetInfo inspect_dataset(const std::string& path) try {
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   Hid file = open_file_readonly(path);
   // Presence of all four first, so a file missing several names the first in schema order.
@@ -190,6 +190,8 @@ DatasetInfo inspect_dataset(const std::string& path) {
     }
   }
   return info;
+} catch (const Hdf5Error& e) {
+  throw_unreadable_file(path, e);
 }
 
 std::string class_name(const DatasetInfo& info, int k) {
@@ -198,7 +200,7 @@ std::string class_name(const DatasetInfo& info, int k) {
   return std::to_string(k);
 }
 
-void validate_rows(const DatasetInfo& info, const std::string& split, int64_t begin, int64_t end) {
+void validate_rows(const DatasetInfo& info, const std::string& split, int64_t begin, int64_t end) try {
   checked_rows("validate_rows", info, split, begin, end);
   const std::string x_name = "/" + split + "/x";
   const std::string y_name = "/" + split + "/y";
@@ -260,6 +262,8 @@ void validate_rows(const DatasetInfo& info, const std::string& split, int64_t be
       }
     }
   }
+} catch (const Hdf5Error& e) {
+  throw_unreadable_file(info.path, e);
 }
 
 namespace {
@@ -267,7 +271,7 @@ namespace {
 // Calls visit(labels of rows [first, first + count)) chunk by chunk over rows [begin, end) of split.
 template <typename Visit>
 void for_each_label_chunk(const char* function, const DatasetInfo& info, const std::string& split,
-                          int64_t begin, int64_t end, Visit&& visit) {
+                          int64_t begin, int64_t end, Visit&& visit) try {
   checked_rows(function, info, split, begin, end);
   if (begin == end) return;
   const std::string y_name = "/" + split + "/y";
@@ -295,6 +299,8 @@ void for_each_label_chunk(const char* function, const DatasetInfo& info, const s
     }
     visit(std::span<const uint8_t>(labels.data(), static_cast<size_t>(count)));
   }
+} catch (const Hdf5Error& e) {
+  throw_unreadable_file(info.path, e);
 }
 
 }  // namespace

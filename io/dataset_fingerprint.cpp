@@ -55,7 +55,7 @@ uint64_t hash_split(hid_t file, const DatasetInfo& info, const std::string& spli
 
 }  // namespace
 
-std::string dataset_fingerprint(const DatasetInfo& info) {
+std::string dataset_fingerprint(const DatasetInfo& info) try {
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   quiet_hdf5_errors();
   Hid file = open_file_readonly(info.path);
@@ -68,6 +68,8 @@ std::string dataset_fingerprint(const DatasetInfo& info) {
                 "train %" PRId64 ", test %" PRId64 ", vocab %d, maxlen %d, content %016" PRIx64,
                 info.train_size, info.test_size, info.vocab_size, info.maxlen, content);
   return text;
+} catch (const Hdf5Error& e) {
+  throw_unreadable_file(info.path, e);
 }
 
 }  // namespace ddp::io

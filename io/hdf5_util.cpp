@@ -68,13 +68,13 @@ std::string object_suffix(hid_t loc) {
 hssize_t attribute_points(hid_t attr) {
   Hid space(check_h5_id(H5Aget_space(attr), "H5Aget_space"), Hid::Kind::kDataspace);
   const hssize_t points = H5Sget_simple_extent_npoints(space.get());
-  if (points < 0) throw std::runtime_error("H5Sget_simple_extent_npoints failed: " + hdf5_error_detail());
+  if (points < 0) throw Hdf5Error("H5Sget_simple_extent_npoints failed: " + hdf5_error_detail());
   return points;
 }
 
 void delete_attribute_if_present(hid_t loc, const std::string& name) {
   const htri_t exists = H5Aexists(loc, name.c_str());
-  if (exists < 0) throw std::runtime_error("H5Aexists " + name + " failed: " + hdf5_error_detail());
+  if (exists < 0) throw Hdf5Error("H5Aexists " + name + " failed: " + hdf5_error_detail());
   if (exists > 0) check_h5(H5Adelete(loc, name.c_str()), ("H5Adelete " + name).c_str());
 }
 
@@ -118,12 +118,16 @@ void Hid::reset() {
   id_ = H5I_INVALID_HID;
 }
 
+void throw_unreadable_file(const std::string& path, const Hdf5Error& error) {
+  throw UserError(path + ": damaged or unreadable HDF5 file (" + error.what() + ")");
+}
+
 void check_h5(herr_t status, const char* what) {
-  if (status < 0) throw std::runtime_error(std::string(what) + " failed: " + hdf5_error_detail());
+  if (status < 0) throw Hdf5Error(std::string(what) + " failed: " + hdf5_error_detail());
 }
 
 hid_t check_h5_id(hid_t id, const char* what) {
-  if (id < 0) throw std::runtime_error(std::string(what) + " failed: " + hdf5_error_detail());
+  if (id < 0) throw Hdf5Error(std::string(what) + " failed: " + hdf5_error_detail());
   return id;
 }
 
@@ -159,12 +163,12 @@ bool link_exists(hid_t loc, const std::string& path) {
       if (!prefix.empty() && prefix.back() != '/') prefix += '/';
       prefix += path.substr(begin, end - begin);
       const htri_t link = H5Lexists(loc, prefix.c_str(), H5P_DEFAULT);
-      if (link < 0) throw std::runtime_error("H5Lexists " + prefix + " failed: " + hdf5_error_detail());
+      if (link < 0) throw Hdf5Error("H5Lexists " + prefix + " failed: " + hdf5_error_detail());
       if (link == 0) return false;
       // A dangling soft link exists as a link but not as an object.
       const htri_t object = H5Oexists_by_name(loc, prefix.c_str(), H5P_DEFAULT);
       if (object < 0) {
-        throw std::runtime_error("H5Oexists_by_name " + prefix + " failed: " + hdf5_error_detail());
+        throw Hdf5Error("H5Oexists_by_name " + prefix + " failed: " + hdf5_error_detail());
       }
       if (object == 0) return false;
       const bool last = path.find_first_not_of('/', end) == std::string::npos;
@@ -195,7 +199,7 @@ std::vector<int64_t> dataset_dims(hid_t dataset) {
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   Hid space(check_h5_id(H5Dget_space(dataset), "H5Dget_space"), Hid::Kind::kDataspace);
   const int rank = H5Sget_simple_extent_ndims(space.get());
-  if (rank < 0) throw std::runtime_error("H5Sget_simple_extent_ndims failed: " + hdf5_error_detail());
+  if (rank < 0) throw Hdf5Error("H5Sget_simple_extent_ndims failed: " + hdf5_error_detail());
   std::vector<hsize_t> dims(static_cast<size_t>(rank));
   if (rank > 0) {
     check_h5(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), "H5Sget_simple_extent_dims");
@@ -208,12 +212,12 @@ int64_t read_int_attribute(hid_t file, const std::string& file_path, const std::
   quiet_hdf5_errors();
   const std::string what = "attribute " + name + object_suffix(file);
   const htri_t exists = H5Aexists(file, name.c_str());
-  if (exists < 0) throw std::runtime_error("H5Aexists " + name + " failed: " + hdf5_error_detail());
+  if (exists < 0) throw Hdf5Error("H5Aexists " + name + " failed: " + hdf5_error_detail());
   if (exists == 0) throw UserError(file_path + ": " + what + " is missing");
   Hid attr(check_h5_id(H5Aopen(file, name.c_str(), H5P_DEFAULT), "H5Aopen"), Hid::Kind::kAttribute);
   Hid type(check_h5_id(H5Aget_type(attr.get()), "H5Aget_type"), Hid::Kind::kDatatype);
   const H5T_class_t type_class = H5Tget_class(type.get());
-  if (type_class == H5T_NO_CLASS) throw std::runtime_error("H5Tget_class failed: " + hdf5_error_detail());
+  if (type_class == H5T_NO_CLASS) throw Hdf5Error("H5Tget_class failed: " + hdf5_error_detail());
   if (type_class != H5T_INTEGER) throw UserError(file_path + ": " + what + " must be an integer");
   if (attribute_points(attr.get()) != 1) {
     throw UserError(file_path + ": " + what + " must be a single integer");
@@ -275,7 +279,7 @@ std::string read_string_attribute(hid_t loc, const std::string& name) {
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   quiet_hdf5_errors();
   const htri_t exists = H5Aexists(loc, name.c_str());
-  if (exists < 0) throw std::runtime_error("H5Aexists " + name + " failed: " + hdf5_error_detail());
+  if (exists < 0) throw Hdf5Error("H5Aexists " + name + " failed: " + hdf5_error_detail());
   if (exists == 0) return "";
   Hid attr(check_h5_id(H5Aopen(loc, name.c_str(), H5P_DEFAULT), "H5Aopen"), Hid::Kind::kAttribute);
   Hid file_type(check_h5_id(H5Aget_type(attr.get()), "H5Aget_type"), Hid::Kind::kDatatype);
@@ -284,10 +288,10 @@ std::string read_string_attribute(hid_t loc, const std::string& name) {
     throw UserError(file_name_of(loc) + ": " + what + " must be a single string");
   }
   const htri_t variable = H5Tis_variable_str(file_type.get());
-  if (variable < 0) throw std::runtime_error("H5Tis_variable_str failed: " + hdf5_error_detail());
+  if (variable < 0) throw Hdf5Error("H5Tis_variable_str failed: " + hdf5_error_detail());
   Hid memory_type(check_h5_id(H5Tcopy(H5T_C_S1), "H5Tcopy"), Hid::Kind::kDatatype);
   const H5T_cset_t cset = H5Tget_cset(file_type.get());
-  if (cset < 0) throw std::runtime_error("H5Tget_cset failed: " + hdf5_error_detail());
+  if (cset < 0) throw Hdf5Error("H5Tget_cset failed: " + hdf5_error_detail());
   check_h5(H5Tset_cset(memory_type.get(), cset), "H5Tset_cset");
   if (variable > 0) {
     // Variable-length (what h5py writes for a Python str): HDF5 allocates the buffer, we free it.
@@ -299,7 +303,7 @@ std::string read_string_attribute(hid_t loc, const std::string& name) {
     return value;
   }
   const size_t size = H5Tget_size(file_type.get());
-  if (size == 0) throw std::runtime_error("H5Tget_size failed: " + hdf5_error_detail());
+  if (size == 0) throw Hdf5Error("H5Tget_size failed: " + hdf5_error_detail());
   // One byte more than the stored size so that a NULLPAD/SPACEPAD string still ends in NUL.
   check_h5(H5Tset_size(memory_type.get(), size + 1), "H5Tset_size");
   check_h5(H5Tset_strpad(memory_type.get(), H5T_STR_NULLTERM), "H5Tset_strpad");
@@ -312,7 +316,7 @@ std::string read_string_attribute(hid_t loc, const std::string& name) {
 bool has_attribute(hid_t loc, const std::string& name) {
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   const htri_t exists = H5Aexists(loc, name.c_str());
-  if (exists < 0) throw std::runtime_error("H5Aexists " + name + " failed: " + hdf5_error_detail());
+  if (exists < 0) throw Hdf5Error("H5Aexists " + name + " failed: " + hdf5_error_detail());
   return exists > 0;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -60,7 +61,17 @@ std::vector<std::string> read_string_list(hid_t file, const std::string& file_pa
                                           std::size_t max_count);
 bool has_attribute(hid_t loc, const std::string& name);
 
-// Throws std::runtime_error with `what` when status < 0 (for HDF5 calls on files we create ourselves).
+// What the helpers here throw when an HDF5 call fails.
+class Hdf5Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// For the readers of a file the user gave (their entry points catch Hdf5Error): an HDF5 call that fails on it
+// means the file is damaged or cannot be read, a UserError "PATH: damaged or unreadable HDF5 file (what)".
+[[noreturn]] void throw_unreadable_file(const std::string& path, const Hdf5Error& error);
+
+// Throws Hdf5Error with `what` when status < 0.
 void check_h5(herr_t status, const char* what);
 hid_t check_h5_id(hid_t id, const char* what);
 

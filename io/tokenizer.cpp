@@ -237,7 +237,7 @@ std::vector<int32_t> Vocabulary::encode(std::string_view text, int maxlen) const
   return pad_pre(ids, maxlen);
 }
 
-Vocabulary read_vocabulary(const std::string& dataset_path) {
+Vocabulary read_vocabulary(const std::string& dataset_path) try {
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   quiet_hdf5_errors();
   Hid file = open_file_readonly(dataset_path);
@@ -253,6 +253,8 @@ Vocabulary read_vocabulary(const std::string& dataset_path) {
     throw UserError(dataset_path + ": /vocab must be a list of at least 3 strings");
   }
   return Vocabulary(std::move(words));
+} catch (const Hdf5Error& e) {
+  throw_unreadable_file(dataset_path, e);
 }
 
 }  // namespace ddp::io

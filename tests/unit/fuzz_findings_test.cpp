@@ -4,12 +4,18 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "engine/base/errors.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "io/batch_reader.h"
+#include "io/dataset.h"
+#include "io/synthetic.h"
+#include "io/tokenizer.h"
 #include "models/param_layout.h"
 #include "tests/test_util.h"
 
@@ -78,6 +84,60 @@ TEST(FuzzFindings, CheckpointNumberAttributeOfAnotherType) {
   H5Tclose(type);
   H5Fclose(file);
   expect_user_error([&] { engine::read_checkpoint(path); }, {path, "loss_sum", "single number"});
+}
+
+// Overwrites every occurrence of `from` in the file with `to` (as long), as a disk or a copy might.
+void damage(const std::string& path, const std::string& from, const std::string& to) {
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  int replaced = 0;
+  for (size_t at = bytes.find(from); at != std::string::npos; at = bytes.find(from, at + 1), ++replaced) {
+    bytes.replace(at, to.size(), to);
+  }
+  ASSERT_GT(replaced, 0);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// A damaged HDF5 file (here its groups' symbol table nodes): an HDF5 call failing on it escaped as
+// std::runtime_error from inspect_dataset and every other reader.
+TEST(FuzzFindings, DamagedHdf5FileIsAUserErrorNamingIt) {
+  TempDir dir;
+  io::SyntheticOptions options;
+  options.output = dir.file("data.h5");
+  options.train = 6;
+  options.test = 4;
+  options.vocab = 30;
+  options.maxlen = 8;
+  io::write_synthetic(options);
+  const io::DatasetInfo info = io::inspect_dataset(options.output);
+  damage(options.output, "SNOD", "XXXX");
+  expect_user_error([&] { io::inspect_dataset(options.output); },
+                    {options.output, "damaged or unreadable HDF5 file", "symbol table"});
+  expect_user_error([&] { io::validate_rows(info, "train", 0, info.train_size); },
+                    {options.output, "damaged or unreadable HDF5 file"});
+  expect_user_error([&] { io::read_labels(info, "test", 0, info.test_size); },
+                    {options.output, "damaged or unreadable HDF5 file"});
+  expect_user_error([&] { io::read_vocabulary(options.output); }, {options.output});
+  expect_user_error(
+      [&] {
+        io::BatchReaderOptions reader_options;
+        reader_options.path = options.output;
+        reader_options.shard = {0, info.train_size};
+        reader_options.batch_size = 2;
+        io::BatchReader reader(reader_options);
+        while (reader.next() != nullptr) {
+        }
+      },
+      {options.output, "damaged or unreadable HDF5 file"});
+
+  const models::ModelShape shape{10, 2, 2, 1};
+  const std::vector<float> params(models::ParamLayout(shape).total_size(), 0.5f);
+  const std::string checkpoint = dir.file("last.h5");
+  engine::write_checkpoint(checkpoint, shape, params, "sgd", {}, {}, "");
+  damage(checkpoint, "SNOD", "XXXX");
+  expect_user_error([&] { engine::read_checkpoint(checkpoint); },
+                    {checkpoint, "damaged or unreadable HDF5 file"});
 }
 
 }  // namespace
