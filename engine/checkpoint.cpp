@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -46,6 +47,16 @@ int64_t read_int(hid_t loc, const std::string& file, const char* name) {
   return io::read_int_attribute(loc, file, name);
 }
 
+// An int attribute in [low, INT_MAX]: a larger value would wrap in the model's int fields.
+int read_int_in_range(hid_t loc, const std::string& file, const char* name, int64_t low) {
+  const int64_t value = read_int(loc, file, name);
+  if (value < low || value > INT_MAX) {
+    throw UserError(file + ": checkpoint attribute " + name + " = " + std::to_string(value) + " is not " +
+                    std::to_string(low) + " to " + std::to_string(INT_MAX));
+  }
+  return static_cast<int>(value);
+}
+
 void write_floats(hid_t loc, const std::string& name, std::span<const float> data) {
   const hsize_t dims[1] = {data.size()};
   Hid space(check_h5_id(H5Screate_simple(1, dims, nullptr), "H5Screate_simple"), Hid::Kind::kDataspace);
@@ -54,6 +65,20 @@ void write_floats(hid_t loc, const std::string& name, std::span<const float> dat
                       name.c_str()),
           Hid::Kind::kDataset);
   check_h5(H5Dwrite(set.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), name.c_str());
+}
+
+// The parameter count of `shape`, without building its layout: dimensions from a damaged file would overflow
+// the layout's int arithmetic or have it lay out 2^31 layers. A long double holds every count exactly.
+long double parameter_count(const models::ModelShape& s) {
+  const long double directions = s.directions();
+  const long double hidden = s.hidden;
+  const long double gate_rows = s.gates() * hidden;
+  const long double width = directions * hidden;
+  const long double outputs = s.outputs();
+  // The embedding; the first layer reads it, each other the layer below's directions; the dense layer.
+  return static_cast<long double>(s.vocab_size) * s.embedding_dim +
+         directions * gate_rows * (s.embedding_dim + hidden + 2) +
+         (s.layers - 1.0L) * directions * gate_rows * (width + hidden + 2) + outputs * width + outputs;
 }
 
 std::vector<float> read_floats(hid_t loc, const std::string& file, const std::string& name,
@@ -185,10 +210,10 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
     throw UserError(path + ": not a ddptrain checkpoint (attribute format != " + kFormat + ")");
   }
   Checkpoint c;
-  c.shape.vocab_size = static_cast<int>(read_int(root, path, "vocab_size"));
-  c.shape.embedding_dim = static_cast<int>(read_int(root, path, "embedding_dim"));
-  c.shape.hidden = static_cast<int>(read_int(root, path, "hidden"));
-  c.shape.layers = static_cast<int>(read_int(root, path, "layers"));
+  c.shape.vocab_size = read_int_in_range(root, path, "vocab_size", 1);
+  c.shape.embedding_dim = read_int_in_range(root, path, "embedding_dim", 1);
+  c.shape.hidden = read_int_in_range(root, path, "hidden", 1);
+  c.shape.layers = read_int_in_range(root, path, "layers", 1);
   if (c.shape.vocab_size <= 0 || c.shape.embedding_dim <= 0 || c.shape.hidden <= 0 || c.shape.layers <= 0) {
     throw UserError(path + ": checkpoint has a non-positive model dimension");
   }
@@ -214,6 +239,15 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
     c.run.class_names =
         io::read_string_list(root, path, "/classes", static_cast<std::size_t>(c.shape.classes));
   }
+  {
+    const std::vector<int64_t> dims = io::dataset_dims(io::open_dataset(root, path, "params").get());
+    if (dims.size() != 1 || static_cast<long double>(dims[0]) != parameter_count(c.shape)) {
+      throw UserError(path + ": checkpoint dataset params has the wrong size for this model (" +
+                      models::describe(c.shape) + ", vocab_size " + std::to_string(c.shape.vocab_size) +
+                      ", embedding_dim " + std::to_string(c.shape.embedding_dim) + ", hidden " +
+                      std::to_string(c.shape.hidden) + ")");
+    }
+  }
   const models::ParamLayout layout(c.shape);
   c.params = read_floats(root, path, "params", layout.total_size());
   TrainingProgress& p = c.progress;
@@ -234,7 +268,7 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
   c.run.data_path = io::read_string_attribute(root, "data_path");
   c.run.data_fingerprint = io::read_string_attribute(root, "data_fingerprint");
   c.run.data_plan = io::read_string_attribute(root, "data_plan");
-  c.run.maxlen = H5Aexists(root, "maxlen") > 0 ? static_cast<int>(read_int(root, path, "maxlen")) : 0;
+  c.run.maxlen = H5Aexists(root, "maxlen") > 0 ? read_int_in_range(root, path, "maxlen", 0) : 0;
   c.has_vocabulary = io::link_exists(root, "vocab");
 
   Hid group(H5Gopen2(root, "optimizer", H5P_DEFAULT), Hid::Kind::kGroup);

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
+#include <climits>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/base/errors.h"
@@ -84,6 +86,39 @@ TEST(FuzzFindings, CheckpointNumberAttributeOfAnotherType) {
   H5Tclose(type);
   H5Fclose(file);
   expect_user_error([&] { engine::read_checkpoint(path); }, {path, "loss_sum", "single number"});
+}
+
+// A checkpoint whose model dimensions are absurd: the parameter layout of 2^31 - 1 hidden units in both
+// directions overflowed int, and 2^31 - 1 layers would have been laid out one by one before the parameters'
+// size was compared.
+TEST(FuzzFindings, CheckpointWithAbsurdDimensionsIsRefusedBeforeItsLayout) {
+  TempDir dir;
+  const models::ModelShape shape{10, 2, 2, 1};
+  const std::vector<float> params(models::ParamLayout(shape).total_size(), 0.5f);
+  // 2^32 + 5 would have wrapped to a vocabulary of 5.
+  const std::vector<std::tuple<std::string, int64_t, std::string>> cases{
+      {"hidden", INT32_MAX, "params"},
+      {"layers", INT32_MAX, "params"},
+      {"vocab_size", INT32_MAX, "params"},
+      {"hidden", 65536, "params"},
+      {"vocab_size", (int64_t{1} << 32) + 5, "vocab_size = 4294967301"}};
+  for (const auto& [name, value, expected] : cases) {
+    const std::string path = dir.file("last.h5");
+    engine::write_checkpoint(path, shape, params, "sgd", {}, {}, "");
+    const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(file, 0);
+    for (const auto& [attribute, v] :
+         {std::pair{name.c_str(), value}, std::pair{"bidirectional", int64_t{1}}}) {
+      H5Adelete(file, attribute);
+      const hid_t space = H5Screate(H5S_SCALAR);
+      const hid_t attr = H5Acreate2(file, attribute, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+      H5Awrite(attr, H5T_NATIVE_INT64, &v);
+      H5Aclose(attr);
+      H5Sclose(space);
+    }
+    H5Fclose(file);
+    expect_user_error([&] { engine::read_checkpoint(path); }, {path, expected});
+  }
 }
 
 // Overwrites every occurrence of `from` in the file with `to` (as long), as a disk or a copy might.
