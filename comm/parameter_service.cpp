@@ -15,10 +15,10 @@ ParameterServerRank join_parameter_server(MPI_Comm world, const PsOptions& optio
                                           const ShardOptimizerFactory& make_optimizer,
                                           const std::string& server_line) {
   if (options.servers == 0) return {make_colocated_service(world, options, total, make_optimizer), nullptr};
-  if (options.clip_norm > 0) {
+  if (options.clip_norm > 0 && options.async) {
     throw UserError(
-        "train.clip_norm with dedicated servers (comm.ps_servers >= 1) is not supported yet: use "
-        "comm.ps_servers = 0 (colocated, sync) or comm.backend = mpi");
+        "train.clip_norm with comm.ps_mode = async: an async server applies each worker's "
+        "gradient as it comes, there is no averaged gradient to clip (use sync or all-reduce)");
   }
   return join_dedicated_layout(world, options, total, make_optimizer, server_line);
 }

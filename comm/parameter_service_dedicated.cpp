@@ -21,11 +21,13 @@
 #include <climits>
 #include <cstdio>
 #include <utility>
+#include <vector>
 
 #include "comm/mpi_check.h"
 #include "comm/parameter_service.h"
 #include "comm/poller.h"
 #include "engine/base/errors.h"
+#include "engine/base/gradient_clipping.h"
 #include "engine/base/timeline.h"
 
 namespace ddp::comm {
@@ -42,6 +44,7 @@ constexpr int kTagParams = 2;
 constexpr int kTagLine = 3;
 constexpr int kTagIterations = 4;
 constexpr int kTagFinal = 5;
+constexpr int kTagSquares = 6;  // server to server: a sync step's shard of the squared gradient norm
 constexpr int kTagBuffer = 16;
 
 constexpr int kMaxLine = 1024;  // bytes of a server's start-up line
@@ -326,8 +329,9 @@ class DedicatedServerRun final : public DedicatedServer {
     if (message[0] != static_cast<int64_t>(Control::kStart)) unexpected(message, "the start");
     receive_start(message[1] != 0, message[2]);
     const ShardUpdate update = [&](std::span<float> params, std::span<const float> grads) {
+      const float scale = clipping_scale_of(grads);
       timeline::Span span("server update");
-      optimizer_->step(params, grads);
+      optimizer_->step(params, grads, scale);
     };
     for (;;) {
       message = wait_for_control("rank 0 to start the next run of steps", 1);
@@ -345,6 +349,32 @@ class DedicatedServerRun final : public DedicatedServer {
     layout_->wait(requests, "rank 0 to hand out the final parameters");
     log_traffic();
     return params;
+  }
+
+  // train.clip_norm (sync): the averaged gradient's global norm from every server's shard. Each server adds
+  // its shard's squares and sends them to the others; all add the K sums in server order, so every server
+  // scales alike (all-reduce's norm up to the order of float sums, as the colocated servers'). All servers
+  // reach the same step here: every worker pushes to each of them before it waits for a reply.
+  float clipping_scale_of(std::span<const float> grads) {
+    const double clip_norm = layout_->options_.clip_norm;
+    if (clip_norm <= 0) return 1.0f;
+    timeline::Span span("server gradient norm");
+    double mine = 0;
+    for (const float g : grads) mine = add_square(mine, g);
+    const int servers = layout_->roles_.servers;
+    std::vector<double> squares(static_cast<std::size_t>(servers), 0.0);
+    squares[static_cast<std::size_t>(index_)] = mine;
+    std::vector<MPI_Request> requests;
+    for (int s = 0; s < servers; ++s) {
+      if (s == index_) continue;
+      const int other = layout_->roles_.server_rank(s);
+      layout_->send(&mine, 1, MPI_DOUBLE, other, kTagSquares, requests);
+      layout_->receive(&squares[static_cast<std::size_t>(s)], 1, MPI_DOUBLE, other, kTagSquares, requests);
+    }
+    layout_->wait(requests, "the other servers' shares of the gradient norm");
+    double total = 0;
+    for (const double part : squares) total += part;
+    return clipping_scale(total, clip_norm);
   }
 
  private:

@@ -289,7 +289,7 @@ TEST_F(PsTrainerTest, ColocatedSyncEqualsAllReduceOnEveryRank) {
 
 // Clipping, a schedule and weight decay under the colocated server: each owner adds its shard's squares to
 // the global norm, so the clipped steps are all-reduce's up to the order of float sums; the clipping bites
-// (the run differs from one without it). Dedicated servers and async refuse clipping on every rank.
+// (the run differs from one without it). Async refuses clipping on every rank (no averaged gradient).
 TEST_F(PsTrainerTest, ColocatedSyncClipsAsAllReduceDoes) {
   const std::vector<std::string> controls{"--train.clip_norm",    "0.02", "--train.lr_schedule",  "cosine",
                                           "--train.warmup_steps", "5",    "--train.weight_decay", "0.01"};
@@ -308,12 +308,28 @@ TEST_F(PsTrainerTest, ColocatedSyncClipsAsAllReduceDoes) {
   EXPECT_GT(max_relative_diff(colocated.params, unclipped.params), 1e-3) << "the clipping did not bite";
   if (world_size() > 1) {
     for (const std::vector<std::string>& refused :
-         {std::vector<std::string>{"--comm.backend", "ps", "--comm.ps_servers", "1"},
+         {std::vector<std::string>{"--comm.backend", "ps", "--comm.ps_servers", "1", "--comm.ps_mode",
+                                   "async"},
           std::vector<std::string>{"--comm.backend", "ps", "--comm.ps_mode", "async"}}) {
       EXPECT_THROW(run(dir_.file("refused"), with(refused, {"--train.clip_norm", "1"}), MPI_COMM_WORLD),
                    UserError);
     }
   }
+}
+
+// Dedicated servers clip as well: each adds its shard's squares and they exchange them (1 server, or 2 with
+// 4 ranks), so the steps are all-reduce's on the workers up to the order of float sums, and the same on
+// every rank.
+TEST_F(PsTrainerTest, DedicatedSyncClipsAsAllReduceDoes) {
+  const std::vector<std::string> clip{"--train.clip_norm", "0.02"};
+  const std::vector<float> reference = all_reduce_reference(dir_.file("reference"), clip);
+  const engine::TrainResult ps = run(
+      dir_.file("ps"), with({"--comm.backend", "ps", "--comm.ps_servers", std::to_string(servers())}, clip),
+      MPI_COMM_WORLD);
+  EXPECT_TRUE(identical_on_all_ranks(ps.params)) << "servers and workers end with different parameters";
+  EXPECT_LE(max_relative_diff(ps.params, reference), 1e-4);
+  const std::vector<float> unclipped = all_reduce_reference(dir_.file("unclipped"));
+  EXPECT_GT(max_relative_diff(reference, unclipped), 1e-3) << "the clipping did not bite";
 }
 
 TEST_F(PsTrainerTest, ColocatedStoppedAndResumedEqualsUninterrupted) {
