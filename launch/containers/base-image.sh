@@ -6,14 +6,19 @@
 #   bash launch/containers/base-image.sh --tarball-only OUT.tar       only the root, as a tarball
 # The root is cached as DIR/debootstrap-SUITE-minbase.tar (DIR: --cache, else $DDPTRAIN_BASE_CACHE, else
 # none) and reused when present, which saves the download (a few minutes) on a rerun. --tarball-only reuses
-# it too when a cache is given. Environment: SUITE (default bookworm), MIRROR (default: the host's first
-# Debian mirror, else deb.debian.org).
+# it too when a cache is given. Environment: SUITE (default: the host's release on a Debian host, else
+# bookworm), MIRROR (default: the first mirror the host's apt uses for SUITE, else deb.debian.org).
 # As root (debootstrap and podman's storage need it). The first run writes /etc/containers/containers.conf
 # with `default_ulimits = []` when that file is absent: podman otherwise sets rlimits (nproc) that machines
 # which run inside a container of their own may forbid. An existing file is left alone.
 set -euo pipefail
 
-suite=${SUITE:-bookworm}
+host_release() {
+  # shellcheck disable=SC1091
+  (. /etc/os-release && [ "${ID:-}" = debian ] && echo "${VERSION_CODENAME:-}")
+}
+suite=${SUITE:-$(host_release || true)}
+suite=${suite:-bookworm}
 cache=${DDPTRAIN_BASE_CACHE:-}
 tag=""
 tarball_only=""
@@ -28,13 +33,18 @@ done
 tag=${tag:-ddptrain-base:$suite}
 [ "$(id -u)" -eq 0 ] || { echo "base-image.sh: run as root (debootstrap, podman's storage)" >&2; exit 1; }
 
-# The host's Debian mirror: deb822 sources first, then one-line sources; a site's own mirror is then used
-# inside the image too.
+# The mirror the host's apt uses for the suite: deb822 sources first, then one-line sources; a site's own
+# mirror is then used inside the image too.
 host_mirror() {
-  local uri
-  uri=$(awk '/^URIs:/ && $2 ~ /debian\/?$/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null) ||
-    true
-  [ -n "$uri" ] || uri=$(awk '$1 == "deb" && $2 ~ /debian\/?$/ {print $2; exit}' \
+  local uri="" f
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    if awk '/^Suites:/' "$f" | grep -qw -- "$suite"; then
+      uri=$(awk '/^URIs:/ {print $2; exit}' "$f")
+      [ -z "$uri" ] || break
+    fi
+  done
+  [ -n "$uri" ] || uri=$(awk -v s="$suite" '$1 == "deb" && $3 == s {print $2; exit}' \
     /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null) || true
   echo "${uri:-http://deb.debian.org/debian}"
 }
@@ -47,7 +57,7 @@ make_tarball() (
   out=$1
   root=$(mktemp -d "${TMPDIR:-/tmp}/ddptrain-root.XXXXXX")
   # debootstrap mounts /proc and /sys inside the root while it works; unmount what a failure left behind.
-  trap 'umount -R "$root/proc" "$root/sys" 2>/dev/null; rm -rf "$root" "$root.log"' EXIT
+  trap 'umount -R "$root/proc" "$root/sys" 2>/dev/null || true; rm -rf "$root" "$root.log"' EXIT
   echo "== debootstrap --variant=minbase $suite from $mirror"
   debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$root.log" 2>&1 || { tail -20 "$root.log" >&2; exit 1; }
   rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*

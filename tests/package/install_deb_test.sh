@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The Debian package, installed into a fresh root of this machine's distribution and used from there alone:
-#   bash tests/package/install_deb_test.sh SOURCE_DIR WORK_DIR
+#   bash tests/package/install_deb_test.sh SOURCE_DIR WORK_DIR [ROOT_CACHE_DIR]
 # builds a CPU-only ddptrain in WORK_DIR/build (a package for the site without CUDA: a CUDA build's libraries
 # come from NVIDIA's tarballs, which a fresh root has not), makes the .deb with CPack, unpacks a minimal root
-# made by debootstrap (cached in WORK_DIR as a tarball), installs the package there with apt (so the
+# made by debootstrap (launch/containers/base-image.sh, cached as a tarball in ROOT_CACHE_DIR, the
+# container test's cache too), installs the package there with apt (so the
 # dependencies the package declares are all it gets), and inside that root runs `ddptrain --version`,
 # `ddptrain check-env`, and the quickstart with the installed ddprun, configs and 2 ranks. The installed Slurm
 # scripts must name only installed files and pass shellcheck.
-# Needs root, debootstrap, dpkg-dev and the distribution's mirror; skips (exit 77, saying why) without the
-# first two. DDPTRAIN_DEB=path/to.deb tests that package instead of building one.
+# Needs root, debootstrap, dpkg-dev and the distribution's mirror (its apt source); skips (exit 77, saying
+# why) without the first three. DDPTRAIN_DEB=path/to.deb tests that package instead of building one.
 set -euo pipefail
 source_dir=$(cd "$1" && pwd)
 work_dir=$2
+root_cache=${3:-$2}
 mkdir -p "$work_dir"
 work_dir=$(cd "$work_dir" && pwd)
 
@@ -53,12 +55,12 @@ dpkg-deb -f "$deb" Depends | grep -q openmpi-bin || fail "the package does not d
 dpkg-deb -f "$deb" Depends | grep -q libhdf5 || fail "the package's dependencies were not read off the binary"
 
 # --- a fresh root ------------------------------------------------------------------------------------------
+# This machine's release: the package was built against its libraries.
+release_codename=$(awk -F= '$1 == "VERSION_CODENAME" {print $2}' /etc/os-release)
 rootfs_tar=$work_dir/rootfs.tar
-if [ ! -f "$rootfs_tar" ]; then
-  phase "debootstrap (cached in $rootfs_tar for the next run)"
-  bash "$source_dir/tests/package/rootfs_tarball.sh" "$rootfs_tar" >"$work_dir/debootstrap.log" 2>&1 ||
-    fail "debootstrap" "$work_dir/debootstrap.log"
-fi
+phase "a minimal $release_codename root (debootstrap, or its cached tarball)"
+SUITE=$release_codename bash "$source_dir/launch/containers/base-image.sh" --tarball-only "$rootfs_tar" \
+  --cache "$root_cache" >"$work_dir/debootstrap.log" 2>&1 || fail "debootstrap" "$work_dir/debootstrap.log"
 root=$(mktemp -d "$work_dir/root.XXXXXX")
 mounted=()
 cleanup() {
