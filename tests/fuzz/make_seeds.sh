@@ -65,7 +65,7 @@ printf '[train]\nepochs = 2\nbatch_size=8\n[model]\ncell = gru\n\x00\x01' >"$cor
 for target in fuzz_dataset fuzz_checkpoint; do
   : >"$corpus/$target/empty"
   for seed in 1 2 3; do
-    /usr/bin/python3 -c "import random,sys; r=random.Random($seed); sys.stdout.buffer.write(bytes(r.choice([0,0,0,1,2,255]) for _ in range(96)))" \
+    /usr/bin/python3 -c "import random,sys; r=random.Random($seed); sys.stdout.buffer.write(bytes(r.choice([0,0,0,1,2,255]) for _ in range(400)))" \
       >"$corpus/$target/near_schema_$seed"
   done
 done
