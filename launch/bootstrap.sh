@@ -17,9 +17,11 @@ cuda=${DDPTRAIN_CUDA:-AUTO}
 # Open MPI refuses to run as root and more ranks than cores unless told; CI runs as root on 2 cores.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
+# oneDNN's CMake package looks for OpenCL, which libdnnl-dev only recommends (ocl-icd-opencl-dev); dpkg-dev,
+# debootstrap, podman, buildah and runc are for the package and container tests.
 packages=(build-essential cmake clang-format git libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libboost-program-options-dev
   libopenblas-dev libdnnl-dev libgtest-dev zlib1g-dev nlohmann-json3-dev libfmt-dev python3-numpy python3-h5py slurm-wlm
-  shellcheck dpkg-dev debootstrap)
+  shellcheck dpkg-dev debootstrap podman buildah runc ocl-icd-opencl-dev)
 
 install_missing() {
   local missing=()
@@ -58,8 +60,8 @@ case "${1:-}" in
     echo "== the whole suite again on a build without oneDNN (the CPU replica on its builtin kernels)"
     # A site without libdnnl-dev gets this build; CUDA is left out as its code is the first build's.
     cuda=OFF configure_and_build "$build-builtin" -DDDPTRAIN_WERROR=ON -DDDPTRAIN_ONEDNN=OFF
-    # The package test builds its own CPU-only package; once is enough.
-    (cd "$build-builtin" && ctest --output-on-failure -j 2 -LE package)
+    # The package and container tests build their own CPU-only package and image; once is enough.
+    (cd "$build-builtin" && ctest --output-on-failure -j 2 -LE 'package|container')
     echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
     # Without CUDA and oneDNN: the build's other half (their *_none.cpp twins), and no JIT code for the
     # sanitizers to misread.

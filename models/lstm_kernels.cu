@@ -267,29 +267,34 @@ __global__ void embedding_dropout(float* __restrict__ values, const int32_t* __r
   }
 }
 
+namespace {
+
+// Element i of final_states [B, D*H]: its entry of cuDNN's hy [L*D, B, H], in the top layer.
+__device__ inline std::size_t top_layer_state(std::size_t i, int layers, int directions, int batch,
+                                              int hidden) {
+  const std::size_t width = static_cast<std::size_t>(directions) * hidden;
+  const std::size_t b = i / width;
+  const std::size_t d = i % width / hidden;
+  return ((static_cast<std::size_t>(layers - 1) * directions + d) * batch + b) * hidden + i % hidden;
+}
+
+}  // namespace
+
 __global__ void gather_final_states(const float* __restrict__ hy, float* __restrict__ final_states,
                                     int layers, int directions, int batch, int hidden) {
-  const std::size_t width = static_cast<std::size_t>(directions) * hidden;
-  const std::size_t n = static_cast<std::size_t>(batch) * width;
+  const std::size_t n = static_cast<std::size_t>(batch) * directions * hidden;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const std::size_t b = i / width;
-    const std::size_t d = i % width / hidden;
-    const std::size_t j = i % hidden;
-    final_states[i] = hy[((static_cast<std::size_t>(layers - 1) * directions + d) * batch + b) * hidden + j];
+    final_states[i] = hy[top_layer_state(i, layers, directions, batch, hidden)];
   }
 }
 
 __global__ void scatter_final_states(const float* __restrict__ d_final, float* __restrict__ dhy, int layers,
                                      int directions, int batch, int hidden) {
-  const std::size_t width = static_cast<std::size_t>(directions) * hidden;
-  const std::size_t n = static_cast<std::size_t>(batch) * width;
+  const std::size_t n = static_cast<std::size_t>(batch) * directions * hidden;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const std::size_t b = i / width;
-    const std::size_t d = i % width / hidden;
-    const std::size_t j = i % hidden;
-    dhy[((static_cast<std::size_t>(layers - 1) * directions + d) * batch + b) * hidden + j] = d_final[i];
+    dhy[top_layer_state(i, layers, directions, batch, hidden)] = d_final[i];
   }
 }
 
