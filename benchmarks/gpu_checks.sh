@@ -10,6 +10,8 @@
 #   self_check     check-env --device cuda and the trainer's start log both say "self-check passed"
 #   gpu_tests      the GPU tests (CPU/GPU parity, layout round trip, NCCL, the input pipeline); none may skip
 #   quickstart     the quickstart on the GPU reaches val_acc >= 0.90; NVML's gpu_util is in metrics.jsonl
+#   variants       a 2-layer masked bidirectional GRU over 4 classes with dropout and clipping trains on the
+#                  GPU (self-check passed, test_acc >= 0.90), and the CPU predicts its checkpoint alike
 #   resume_cpu     the GPU run's checkpoint resumes on the CPU for one more epoch
 #   evaluate       evaluate on the GPU and on the CPU agree
 #   text           prepare text, train, predict and evaluate on the GPU; the CPU predicts its checkpoint alike
@@ -54,7 +56,7 @@ sanitizer_timeout=${SANITIZER_TIMEOUT:-540}
 { command -v nvcc && command -v compute-sanitizer; } >/dev/null || PATH=$PATH:/usr/local/cuda/bin
 
 # The acceptance checks first, the slow sanitizers last: a run cut short by a time limit keeps what matters.
-all_checks=(self_check gpu_tests quickstart resume_cpu evaluate text check_env timeline mixed epoch_bench
+all_checks=(self_check gpu_tests quickstart variants resume_cpu evaluate text check_env timeline mixed epoch_bench
   sanitizer_memcheck sanitizer_racecheck sanitizer_synccheck)
 selected=()
 for name in ${CHECKS:-${all_checks[*]}}; do
@@ -211,6 +213,30 @@ print(top["val_acc"], top["epoch"])' "$metrics")
   at_least "$best" 0.90 || { echo "best val_acc $best < 0.90"; return 1; }
   [ -n "$(metric "$metrics" gpu_util)" ] || { echo "no gpu_util in metrics.jsonl (NVML)"; return 1; }
   [ "$(metric "$metrics" device)" = cuda ] || { echo "metrics.jsonl does not say device cuda"; return 1; }
+}
+
+check_variants() {
+  local topics=$scratch/topics.h5 run=$scratch/run-variants acc
+  rm -rf "$run"
+  "$ddptrain" prepare synthetic --output "$topics" --classes 4 --train 6000 --test 1000 --vocab 1000 --maxlen 32 \
+    --seed 3 || return 1
+  "$ddptrain" --data.path "$topics" --device cuda --checkpoint.dir "$run" --model.embedding_dim 32 \
+    --model.hidden 32 --model.layers 2 --model.cell gru --model.bidirectional true --model.mask_padding true \
+    --model.dropout 0.2 --model.embedding_dropout 0.1 --train.clip_norm 1 --train.epochs 4 \
+    --train.learning_rate 0.005 --log.progress lines 2>&1 | tee "$scratch/variants.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
+  grep -q "self-check passed" "$scratch/variants.txt" || { echo "no 'self-check passed' in the start log"; return 1; }
+  acc=$(python3 tests/json_field.py "$run/metrics.jsonl" test_acc event=test)
+  note variants "masked biGRU, 2 layers, 4 classes, dropout, clipping: test_acc $acc on the GPU"
+  at_least "$acc" 0.90 || { echo "test_acc $acc < 0.90"; return 1; }
+  # The checkpoint evaluated on the GPU and on the CPU: the first line, "test: loss L - accuracy A (N
+  # samples)", agrees (then the per-class report and the confusion matrix).
+  "$ddptrain" evaluate --checkpoint "$run/best.h5" --data "$topics" --device cuda >"$scratch/variants-gpu.txt" &&
+    "$ddptrain" evaluate --checkpoint "$run/best.h5" --data "$topics" --device cpu >"$scratch/variants-cpu.txt" ||
+    return 1
+  cat "$scratch/variants-gpu.txt" "$scratch/variants-cpu.txt"
+  paste -d' ' <(head -n 1 "$scratch/variants-gpu.txt") <(head -n 1 "$scratch/variants-cpu.txt") |
+    awk '{ n = NF / 2; d = $3 - $(n + 3); if (d < 0) d = -d; exit !(d <= 2e-4 && $6 == $(n + 6)) }'
 }
 
 check_resume_cpu() {
