@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# run.sh BUILD_DIR SECONDS_PER_TARGET [TARGET...]: fuzzes each target (default: every fuzz_* of BUILD_DIR) for
+# run.sh BUILD_DIR SECONDS_PER_TARGET [TARGET...]: fuzzes each target (default: every tests/fuzz/fuzz_*.cpp) for
 # a bounded time on a copy of its seed corpus, one after the other, and prints one summary line per target:
 #   fuzz_npz: ok, 1234567 execs in 45 s (27434/s), cov: 1803, ft: 6012, corpus: 310
 # Exits 1 on any finding (crash, hang, leak, out-of-memory, sanitizer report), naming the input that caused it
 # (saved as BUILD_DIR/fuzz-findings/<target>/crash-..., leak-..., timeout-..., oom-...), with the log's tail.
-# Environment: FUZZ_JOBS (default 1) processes per target (libFuzzer's -fork); FUZZ_KEEP_CORPUS=1 keeps the grown corpora
-# (BUILD_DIR/fuzz-corpus/<target>) for merging into tests/fuzz/corpus.
+# Environment: FUZZ_JOBS (default 1) processes per target (libFuzzer's -fork); FUZZ_KEEP_CORPUS=1 keeps the
+# grown corpora (BUILD_DIR/fuzz-corpus/<target>) for merging into tests/fuzz/corpus (see make_seeds.sh).
 set -uo pipefail
 if (($# < 2)); then
   echo "usage: $0 BUILD_DIR SECONDS_PER_TARGET [TARGET...]" >&2
@@ -16,8 +16,10 @@ shift 2
 here=$(cd "$(dirname "$0")" && pwd)
 targets=("$@")
 if ((${#targets[@]} == 0)); then
-  for binary in "$build"/tests/fuzz/fuzz_*; do
-    [[ -x $binary && ! -d $binary ]] && targets+=("$(basename "$binary")")
+  # The targets whose source is here (a build folder may hold binaries of targets since removed).
+  for source in "$here"/fuzz_*.cpp; do
+    target=$(basename "$source" .cpp)
+    [[ -x $build/tests/fuzz/$target ]] && targets+=("$target")
   done
 fi
 if ((${#targets[@]} == 0)); then
