@@ -6,7 +6,10 @@
 #include <climits>
 #include <cstdio>
 #include <filesystem>
+#include <new>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "engine/base/errors.h"
 #include "io/hdf5_util.h"
@@ -88,7 +91,15 @@ std::vector<float> read_floats(hid_t loc, const std::string& file, const std::st
   if (dims.size() != 1 || static_cast<std::size_t>(dims[0]) != expected) {
     throw UserError(file + ": checkpoint dataset " + name + " has the wrong size for this model");
   }
-  std::vector<float> data(expected);
+  // The dimensions were checked against each other, not against this machine: a header may describe a model
+  // (and a dataset, unallocated) larger than its memory.
+  std::vector<float> data;
+  try {
+    data.resize(expected);
+  } catch (const std::bad_alloc&) {
+    throw UserError(file + ": checkpoint dataset " + name + " holds " + std::to_string(expected) +
+                    " floats, more than this machine can allocate");
+  }
   check_h5(H5Dread(set.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), name.c_str());
   return data;
 }
