@@ -4,7 +4,8 @@
 #                                         with mpirun -np 2
 #   bash launch/bootstrap.sh test         install what is missing, build with warnings as errors, run the
 #                                         whole test suite, again on a build without oneDNN, then the unit
-#                                         tests under ASan + UBSan
+#                                         tests under ASan + UBSan (gcc), and with clang the unit tests and
+#                                         the fuzz targets for FUZZ_SECONDS each (default 45)
 # Environment: BUILD_DIR (default build), JOBS (default: all cores), DDPTRAIN_CUDA (AUTO|ON|OFF).
 set -euo pipefail
 
@@ -18,10 +19,11 @@ cuda=${DDPTRAIN_CUDA:-AUTO}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
 # oneDNN's CMake package looks for OpenCL, which libdnnl-dev only recommends (ocl-icd-opencl-dev); dpkg-dev,
-# debootstrap, podman, buildah and runc are for the package and container tests.
+# debootstrap, podman, buildah and runc are for the package and container tests; clang with its runtime
+# (libFuzzer) for the fuzz targets.
 packages=(build-essential cmake clang-format git libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libboost-program-options-dev
   libopenblas-dev libdnnl-dev libgtest-dev zlib1g-dev nlohmann-json3-dev libfmt-dev python3-numpy python3-h5py slurm-wlm
-  shellcheck dpkg-dev debootstrap podman buildah runc ocl-icd-opencl-dev)
+  shellcheck dpkg-dev debootstrap podman buildah runc ocl-icd-opencl-dev clang-14 libclang-rt-14-dev)
 
 install_missing() {
   local missing=()
@@ -68,6 +70,12 @@ case "${1:-}" in
     cuda=OFF configure_and_build "$build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDPTRAIN_WERROR=ON \
       -DDDPTRAIN_SANITIZE=ON -DDDPTRAIN_BUILD_BENCHMARKS=OFF -DDDPTRAIN_ONEDNN=OFF
     (cd "$build-asan" && UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -L unit -j 2)
+    echo "== with clang: the unit tests and the fuzz targets' replays under ASan + UBSan, then each target fuzzed"
+    # The fuzz build (tests/fuzz) turns the sanitizers on itself and runs the compute loops serially.
+    CC=clang-14 CXX=clang++-14 cuda=OFF configure_and_build "$build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DDDPTRAIN_WERROR=ON -DDDPTRAIN_FUZZ=ON -DDDPTRAIN_BUILD_BENCHMARKS=OFF -DDDPTRAIN_ONEDNN=OFF
+    (cd "$build-fuzz" && UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -L unit -j 2)
+    bash tests/fuzz/run.sh "$build-fuzz" "${FUZZ_SECONDS:-45}"
     ;;
   *)
     echo "usage: bash launch/bootstrap.sh quickstart|test" >&2
