@@ -77,6 +77,15 @@ __global__ void embedding_backward(const int32_t* __restrict__ tokens, const int
 // d_logits [B] = d(mean loss)/dz = (p - y) / B and the running stats (loss in double, as the CPU does).
 namespace {
 
+// The dot product of a and b [n] by one warp: lane l adds elements l, l + 32, ..., then the lanes' sums are
+// folded by shuffles; lane 0 holds the result. Every lane must call it (the shuffles take the whole warp).
+__device__ float warp_dot(const float* a, const float* b, int n, int lane) {
+  float sum = 0.0f;
+  for (int j = lane; j < n; j += 32) sum += a[j] * b[j];
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+  return sum;
+}
+
 // The dense kernels' last part: each warp's lane 0 holds its samples' loss and hits; thread 0 adds the
 // block's, in warp order, to the running sums (one block, ordered on the stream: a plain read-modify-write
 // is safe).
@@ -118,9 +127,7 @@ __global__ void __launch_bounds__(kDenseThreads)
   // b is the same for the whole warp, so every lane takes part in the shuffles.
   for (int b = warp; b < batch; b += kDenseWarps) {
     const float* h = h_last + static_cast<std::size_t>(b) * hidden;
-    float sum = 0.0f;
-    for (int j = lane; j < hidden; j += 32) sum += w[j] * h[j];
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+    const float sum = warp_dot(w, h, hidden, lane);
     if (lane == 0) {
       const double z = static_cast<double>(sum + bias[0]);
       const double p = stable_sigmoid(z);
@@ -178,9 +185,7 @@ __global__ void __launch_bounds__(kDenseThreads)
     const float* h = h_last + static_cast<std::size_t>(b) * hidden;
     for (int k = 0; k < classes; ++k) {
       const float* wk = w + static_cast<std::size_t>(k) * hidden;
-      float sum = 0.0f;
-      for (int j = lane; j < hidden; j += 32) sum += wk[j] * h[j];
-      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+      const float sum = warp_dot(wk, h, hidden, lane);
       if (lane == 0) logits[warp][k] = static_cast<double>(sum + bias[k]);
     }
     if (lane == 0) {
