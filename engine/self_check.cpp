@@ -158,13 +158,21 @@ void compare_shape(models::Replica& gpu, int device, models::Replica& cpu,
 void compare_optimizer_step(models::Replica& gpu, int device, const OptimizerSettings& settings,
                             std::span<const float> params, std::span<const float> grads) {
   const std::size_t n = params.size();
+  // With train.clip_norm, the clipped step: the GPU's norm is summed in the host's order, so it agrees too.
+  auto step = [&](Optimizer& optimizer, std::span<float> p, std::span<const float> g) {
+    if (settings.clip_norm > 0) {
+      optimizer.step_clipped(p, g, nullptr, settings.clip_norm);
+    } else {
+      optimizer.step(p, g);
+    }
+  };
   std::vector<float> host(params.begin(), params.end());
-  make_optimizer(settings, n)->step(host, grads);
+  step(*make_optimizer(settings, n), host, grads);
   gpu.copy_params_from_host(params);
   const OnReplica device_grads(gpu, device, grads.data(), grads.size_bytes());
   const bool on_gpu = gpu.device() == models::DeviceKind::kCuda;
-  (on_gpu ? make_cuda_optimizer(settings, n, device, gpu.stream()) : make_optimizer(settings, n))
-      ->step(gpu.params(), {device_grads.get<float>(), n});
+  step(*(on_gpu ? make_cuda_optimizer(settings, n, device, gpu.stream()) : make_optimizer(settings, n)),
+       gpu.params(), {device_grads.get<float>(), n});
   std::vector<float> back(n);
   gpu.copy_params_to_host(back);
   std::size_t differing = 0;
@@ -295,7 +303,8 @@ SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
     settings.lazy_update = false;  // GPU ranks update the embedding densely
     const std::span<const float> grads = cpu->grads();
     compare_optimizer_step(replica, device, settings, params, grads);
-    report.passed.push_back(settings.name + " step = host's bit for bit");
+    report.passed.push_back(settings.name + (settings.clip_norm > 0 ? " clipped" : "") +
+                            " step = host's bit for bit");
     replica.take_stats();
   } catch (const CheckFailed& failed) {
     report.ok = false;

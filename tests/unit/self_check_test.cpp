@@ -98,6 +98,18 @@ TEST(SelfCheck, TheReplicasOptionsReachItsReferences) {
   EXPECT_FALSE(not_told.ok);
 }
 
+// With train.clip_norm the optimizer comparison is the clipped step (a norm far below the gradient's, so the
+// clipping acts), and the report says so.
+TEST(SelfCheck, TheOptimizerStepIsTheClippedOneWithClipping) {
+  auto replica = models::make_cpu_replica(kShape);
+  OptimizerSettings adam;
+  adam.clip_norm = 1e-4;
+  const SelfCheckReport report = check_gpu_replica(*replica, 0, kShapes, adam, 5);
+  EXPECT_TRUE(report.ok) << report.failure;
+  EXPECT_NE(report.summary().find("adam clipped step = host's bit for bit"), std::string::npos)
+      << report.summary();
+}
+
 TEST(SelfCheck, FloatRoundingPasses) {
   FaultyReplica replica(kShape);
   // A few units in the last place, as another summation order gives.
