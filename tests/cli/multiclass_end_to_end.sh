@@ -21,7 +21,9 @@ document() {
   local -n topic=$1
   local -n other=$2
   local words=() i
-  for i in $(seq $((6 + RANDOM % 8))); do words+=("${filler[RANDOM % ${#filler[@]}]}"); done
+  # RANDOM is read in this shell only: bash reseeds it in a command substitution's subshell.
+  local length=$((6 + RANDOM % 8))
+  for ((i = 0; i < length; i++)); do words+=("${filler[RANDOM % ${#filler[@]}]}"); done
   for i in 1 2; do
     local at=$((RANDOM % (${#words[@]} + 1)))
     words=("${words[@]:0:at}" "${topic[RANDOM % ${#topic[@]}]}" "${words[@]:at}")
