@@ -2,7 +2,8 @@
 # The quickstart (2 ranks, its config) under each way CPU ranks can combine gradients, the runs interleaved
 # so that all see the same machine load: all-reduce (comm.backend = mpi, with and without the sparse
 # embedding exchange), the parameter server with a dedicated server rank (1 worker + 1 server) and the
-# colocated parameter server (2 ranks, each training and serving half the parameters).
+# colocated parameter server (2 ranks, each training and serving half the parameters), with its row-sparse
+# exchange of the embedding (the default) and without it.
 #   bash benchmarks/ps_layout_quickstart.sh BUILD [repeats] [epochs] [quickstart|imdb]
 # imdb: the IMDB model's shapes (vocab 20000, maxlen 80, embedding and LSTM 128) on 4000 synthetic rows.
 # Prints, per configuration, the median over the repeats of the last epoch's train_time_s and step_time_ms
@@ -32,8 +33,9 @@ declare -A configs=(
   [all-reduce-dense]="--comm.backend mpi --comm.sparse_embedding false"
   [ps-dedicated]="--comm.backend ps --comm.ps_servers 1"
   [ps-colocated]="--comm.backend ps --comm.ps_servers 0"
+  [ps-colocated-dense]="--comm.backend ps --comm.ps_servers 0 --comm.sparse_embedding false"
 )
-names=(all-reduce all-reduce-dense ps-dedicated ps-colocated)
+names=(all-reduce all-reduce-dense ps-dedicated ps-colocated ps-colocated-dense)
 
 # run NAME: one quickstart; appends "train_time_s step_time_ms val_acc" of its last epoch to $scratch/NAME.
 run() {

@@ -67,6 +67,9 @@ struct PsOptions {
   // Where gradients may be zero outside the rows a step touched (the embedding): such pushes send only those
   // rows (push_pull with touched rows). Empty: every push is dense. The same on every rank.
   RowRegion sparse_exchange_rows;
+  // At most how many of those rows a training rank's step reads (its batch's tokens: batch x sequence
+  // length); 0: unknown. The colocated layout moves rows instead of the region only where they are few.
+  std::size_t rows_read_per_step = 0;
 };
 
 // Which ranks serve and which shard each owns; the same on every rank. Dedicated: the last `servers` ranks

@@ -7,7 +7,9 @@
 // Layouts (PsOptions::servers):
 //   colocated (0): every rank trains and serves one contiguous shard of the flat parameter vector with that
 //     shard's optimizer state. sync: a step is a reduce-scatter of the gradients (each owner gets its
-//     shard's average), the owner's optimizer step, an all-gather of the updated shards.
+//     shard's average), the owner's optimizer step, an all-gather of the updated shards. With a row-sparse
+//     region (the embedding) its touched rows alone are pushed, and each rank fetches the rows its next
+//     batch reads instead of receiving every row.
 //   dedicated (K >= 1): the last K ranks only serve; the first W = size - K train, pushing gradients and
 //     pulling parameters (parameter_server.h, sync or async).
 // Either way each shard's optimizer state lives on its owner only. Checkpoints take the whole state,
@@ -80,8 +82,12 @@ class ParameterService {
   // Rank 0, after distribute_start: one start-up line per dedicated server (none when colocated).
   virtual std::vector<std::string> server_lines() const = 0;
 
-  // A run of steps: begin_steps, exchange per step, end_steps.
+  // A run of steps: begin_steps, then per step prepare_step and exchange, end_steps.
   virtual void begin_steps() = 0;
+  // Before a step's forward pass: `params` receives the current values of the rows of
+  // PsOptions::sparse_exchange_rows that the step reads (`rows_read`: sorted, unique). A layout that does not
+  // send every row after every update sends them now; the others have nothing to do.
+  virtual void prepare_step(std::span<const int32_t> /*rows_read*/, std::span<float> /*params*/) {}
   // This step's gradients (the full flat vector, host memory) in; on return `params` (the full vector) holds
   // the updated parameters. `touched_rows` (sorted, unique; null: dense) lists the rows of
   // PsOptions::sparse_exchange_rows outside which the gradients are zero.

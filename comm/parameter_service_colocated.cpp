@@ -54,6 +54,18 @@ void visit_shards(ShardedExchange& exchange, const ShardOptimizer& optimizer,
   });
 }
 
+// Whether the sync exchange should move the region's rows rather than the region. Per rank and step the
+// dense collectives move about 2 (N - 1) / N of the region; the rows move twice what the rank's batch reads
+// (pushed, then fetched) in two more rounds of messages. Rows are chosen where that is at most half the
+// bytes even if every token of a batch is another row (the IMDB shapes: 2,560 tokens of 20,000 rows), so
+// that the saving outweighs the rounds' latency; the quickstart's batches read most of its 2,000 rows.
+bool rows_worth_fetching(const PsOptions& options, int ranks) {
+  const RowRegion& region = options.sparse_exchange_rows;
+  if (region.empty() || options.rows_read_per_step == 0 || ranks < 2) return false;
+  const auto n = static_cast<std::size_t>(ranks);
+  return 2 * options.rows_read_per_step * n <= region.rows * (n - 1);
+}
+
 // Sync mode: a step is a reduce-scatter, the owner's update, an all-gather.
 class ColocatedService final : public ParameterService {
  public:
@@ -64,11 +76,14 @@ class ColocatedService final : public ParameterService {
         trainers_(make_mpi_communicator(world)),
         world_(world),
         optimizer_(make_optimizer(exchange_.shard_size())),
-        shard_grads_(exchange_.shard_size()) {}
+        shard_grads_(exchange_.shard_size()),
+        row_sparse_(rows_worth_fetching(options, exchange_.size())) {}
 
   Communicator& trainers() override { return *trainers_; }
   MPI_Comm trainers_comm() const override { return world_; }
-  std::string describe() const override { return ""; }  // the backend line says it all
+  std::string describe() const override {
+    return row_sparse_ ? "embedding rows pushed and fetched as batches use them" : "";
+  }
   bool exchange_has_deadlines() const override { return false; }
 
   void distribute_start(std::span<float> params, const OptimizerState* whole_state) override {
@@ -79,25 +94,49 @@ class ColocatedService final : public ParameterService {
 
   void begin_steps() override {}
 
-  // The embedding's touched rows do not narrow the exchange: the optimizer moves every row's parameters
-  // (Adam's moments decay densely), so the all-gather carries every row anyway.
-  void exchange(std::span<const float> grads, const std::span<const int32_t>* /*touched_rows*/,
+  // With a row-sparse region (the embedding) the step moves rows, not the region: each rank pushes each owner
+  // the rows its batch touched (the gradient is zero elsewhere), and receives after the update only the
+  // shards outside the region. Adam moves every row of the region each step (its moments decay), so the
+  // other ranks' copies of a row are stale until prepare_step fetches it for a batch that reads it, or
+  // end_steps gathers the whole vector.
+  void prepare_step(std::span<const int32_t> rows_read, std::span<float> params) override {
+    if (!rows_stale_) return;
+    timeline::Span span("fetch rows");
+    exchange_.fetch_rows(params, options_.sparse_exchange_rows, rows_read);
+  }
+
+  void exchange(std::span<const float> grads, const std::span<const int32_t>* touched_rows,
                 std::span<float> params) override {
-    timeline::Span span("reduce-scatter, update, all-gather");
-    exchange_.reduce_scatter_average(grads, shard_grads_);
+    const RowRegion& region = options_.sparse_exchange_rows;
+    const bool row_sparse = row_sparse_ && touched_rows != nullptr;
+    timeline::Span span(row_sparse ? "push rows, update, all-gather" : "reduce-scatter, update, all-gather");
+    std::span<const float> shard_grads = shard_grads_;
+    if (row_sparse) {
+      shard_grads = exchange_.reduce_scatter_average_rows(grads, region, *touched_rows);
+    } else {
+      exchange_.reduce_scatter_average(grads, shard_grads_);
+    }
     float scale = 1.0f;
     if (options_.clip_norm > 0) {
       // The whole averaged gradient's squared norm: each owner's shard, added up over the ranks.
       double squares = 0;
-      for (const float g : shard_grads_) squares += static_cast<double>(g) * g;
+      for (const float g : shard_grads) squares += static_cast<double>(g) * g;
       DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &squares, 1, MPI_DOUBLE, MPI_SUM, world_));
       scale = clipping_scale(squares, options_.clip_norm);
     }
-    optimizer_->step(params.subspan(exchange_.begin(), exchange_.shard_size()), shard_grads_, scale);
-    exchange_.all_gather(params);
+    optimizer_->step(params.subspan(exchange_.begin(), exchange_.shard_size()), shard_grads, scale);
+    if (row_sparse) {
+      exchange_.all_gather_outside(params, region);
+    } else {
+      exchange_.all_gather(params);
+    }
+    rows_stale_ = row_sparse;
   }
 
-  void end_steps(std::span<float> /*params*/) override {}  // every rank already holds every shard
+  void end_steps(std::span<float> params) override {
+    if (rows_stale_) exchange_.all_gather(params);
+    rows_stale_ = false;
+  }
 
   int64_t state_iterations() const override { return optimizer_->iterations(); }
   void visit_state(const StateBufferVisitor& visit) override { visit_shards(exchange_, *optimizer_, visit); }
@@ -111,6 +150,8 @@ class ColocatedService final : public ParameterService {
   MPI_Comm world_;
   std::unique_ptr<ShardOptimizer> optimizer_;
   std::vector<float> shard_grads_;
+  bool row_sparse_;          // the region's rows are exchanged, not the region
+  bool rows_stale_ = false;  // rows of the region other ranks own may be behind their owners' (row-sparse)
 };
 
 // Async mode: every rank's client pushes each shard's gradient to its owner's server thread, which applies

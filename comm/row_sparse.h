@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp::comm {
@@ -31,6 +32,20 @@ struct RowRegion {
   bool empty() const { return rows == 0 || width == 0; }
 };
 
+// The part of a region inside the shard [begin, end) of the flat vector, and the rows that meet it (a row
+// may meet it with only some of its floats).
+struct RegionPart {
+  std::size_t begin = 0;  // [begin, end) of the flat vector; empty when begin == end
+  std::size_t end = 0;
+  std::size_t first_row = 0;  // rows [first_row, last_row) meet it
+  std::size_t last_row = 0;
+
+  bool empty() const { return begin == end; }
+  // Row `row`'s floats inside the part: [first, second) of the flat vector.
+  std::pair<std::size_t, std::size_t> row_span(std::size_t row, const RowRegion& region) const;
+};
+RegionPart region_part(std::size_t begin, std::size_t end, const RowRegion& region);
+
 // Writes the sparse payload of the shard [begin, end) of `grads` (the full flat vector, zero in `region`
 // outside `touched_rows`, which are sorted and unique) into `payload`, and returns its size in floats;
 // returns 0 and writes nothing when the dense shard would be no larger (or the shard holds none of the
@@ -44,5 +59,11 @@ std::size_t encode_row_sparse(std::span<const float> grads, std::size_t begin, s
 // (a count, row id or size that does not fit the shard): a corrupt message is the caller's fatal error.
 std::string decode_row_sparse(std::span<const float> payload, std::size_t begin, std::size_t end,
                               const RowRegion& region, std::span<float> dense);
+
+// Adds a sparse payload for the shard [begin, end) into `dense` (end - begin floats): each row sent into its
+// floats, the rest into the shard outside the region; the region's other floats are left alone. Appends
+// the rows sent to `rows`. Returns an empty string, or what is wrong with the payload, as decode_row_sparse.
+std::string add_row_sparse(std::span<const float> payload, std::size_t begin, std::size_t end,
+                           const RowRegion& region, std::span<float> dense, std::vector<int32_t>& rows);
 
 }  // namespace ddp::comm

@@ -1,6 +1,8 @@
 #include "comm/sharded_exchange.h"
 
+#include <algorithm>
 #include <climits>
+#include <numeric>
 #include <string>
 
 #include "comm/mpi_check.h"
@@ -63,6 +65,216 @@ void ShardedExchange::scatter_from_root(std::span<const float> full, std::span<f
   DDP_CHECK(shard.size() == shard_size());
   DDP_CHECK_MPI(MPI_Scatterv(full.data(), counts_.data(), offsets_.data(), MPI_FLOAT, shard.data(),
                              counts_[static_cast<std::size_t>(rank_)], MPI_FLOAT, 0, comm_));
+}
+
+namespace {
+
+// Offsets of consecutive blocks of `counts`, for MPI's v-collectives; the total must fit an int.
+int exclusive_offsets(const std::vector<int>& counts, std::vector<int>& offsets) {
+  offsets.resize(counts.size());
+  int64_t at = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    offsets[i] = static_cast<int>(at);
+    at += counts[i];
+    DDP_CHECK(at <= INT_MAX);
+  }
+  return static_cast<int>(at);
+}
+
+}  // namespace
+
+std::span<const float> ShardedExchange::reduce_scatter_average_rows(std::span<const float> full,
+                                                                    const RowRegion& region,
+                                                                    std::span<const int32_t> touched_rows) {
+  const auto ranks = static_cast<std::size_t>(size_);
+  // Each owner's payload: its shard's touched rows and the rest (row_sparse.h), or the shard dense where
+  // that is no larger.
+  send_.resize(full.size());
+  send_counts_.assign(ranks, 0);
+  for (std::size_t owner = 0; owner < ranks; ++owner) {
+    const std::size_t begin = this->begin(static_cast<int>(owner)), end = this->end(static_cast<int>(owner));
+    const std::span<float> payload = std::span<float>(send_).subspan(begin, end - begin);
+    std::size_t count = encode_row_sparse(full, begin, end, region, touched_rows, payload);
+    if (count == 0) {
+      std::copy(full.begin() + static_cast<std::ptrdiff_t>(begin),
+                full.begin() + static_cast<std::ptrdiff_t>(end), payload.begin());
+      count = end - begin;
+    }
+    send_counts_[owner] = static_cast<int>(count);
+  }
+  receive_counts_.resize(ranks);
+  DDP_CHECK_MPI(MPI_Alltoall(send_counts_.data(), 1, MPI_INT, receive_counts_.data(), 1, MPI_INT, comm_));
+  receive_.resize(static_cast<std::size_t>(exclusive_offsets(receive_counts_, receive_offsets_)));
+  DDP_CHECK_MPI(MPI_Alltoallv(send_.data(), send_counts_.data(), offsets_.data(), MPI_FLOAT, receive_.data(),
+                              receive_counts_.data(), receive_offsets_.data(), MPI_FLOAT, comm_));
+
+  // The average starts from zero: the rest of the shard and the rows the last call wrote are cleared (the
+  // other rows of the region are zero still).
+  const std::size_t begin = this->begin(), end = this->end();
+  const RegionPart part = region_part(begin, end, region);
+  shard_average_.resize(end - begin);
+  auto clear = [&](std::size_t from, std::size_t to) {
+    std::fill(shard_average_.begin() + static_cast<std::ptrdiff_t>(from - begin),
+              shard_average_.begin() + static_cast<std::ptrdiff_t>(to - begin), 0.0f);
+  };
+  if (region_dense_in_average_ || part.empty()) {
+    clear(begin, end);
+  } else {
+    clear(begin, part.begin);
+    clear(part.end, end);
+    for (const int32_t row : rows_in_average_) {
+      const auto [from, to] = part.row_span(static_cast<std::size_t>(row), region);
+      clear(from, to);
+    }
+  }
+  rows_in_average_.clear();
+  region_dense_in_average_ = false;
+
+  // Summed in rank order.
+  for (std::size_t from = 0; from < ranks; ++from) {
+    const std::span<const float> payload = std::span<const float>(receive_).subspan(
+        static_cast<std::size_t>(receive_offsets_[from]), static_cast<std::size_t>(receive_counts_[from]));
+    if (payload.size() == shard_average_.size()) {
+      for (std::size_t i = 0; i < payload.size(); ++i) shard_average_[i] += payload[i];
+      region_dense_in_average_ = true;
+      continue;
+    }
+    const std::string error = add_row_sparse(payload, begin, end, region, shard_average_, rows_in_average_);
+    if (!error.empty())
+      throw std::runtime_error("the colocated exchange from rank " + std::to_string(from) + ": " + error);
+  }
+  std::sort(rows_in_average_.begin(), rows_in_average_.end());
+  rows_in_average_.erase(std::unique(rows_in_average_.begin(), rows_in_average_.end()),
+                         rows_in_average_.end());
+
+  const float scale = 1.0f / static_cast<float>(size_);
+  auto average = [&](std::size_t from, std::size_t to) {
+    for (std::size_t i = from - begin; i < to - begin; ++i) shard_average_[i] *= scale;
+  };
+  if (region_dense_in_average_ || part.empty()) {
+    average(begin, end);
+  } else {
+    average(begin, part.begin);
+    average(part.end, end);
+    for (const int32_t row : rows_in_average_) {
+      const auto [from, to] = part.row_span(static_cast<std::size_t>(row), region);
+      average(from, to);
+    }
+  }
+  return shard_average_;
+}
+
+void ShardedExchange::all_gather_outside(std::span<float> full, const RowRegion& region) {
+  const auto ranks = static_cast<std::size_t>(size_);
+  // Each shard's floats outside the region: before it and after it, packed.
+  receive_counts_.resize(ranks);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const std::size_t begin = this->begin(static_cast<int>(r)), end = this->end(static_cast<int>(r));
+    const RegionPart part = region_part(begin, end, region);
+    receive_counts_[r] = static_cast<int>((end - begin) - (part.end - part.begin));
+  }
+  receive_.resize(static_cast<std::size_t>(exclusive_offsets(receive_counts_, receive_offsets_)));
+  auto pieces = [&](int r, auto each) {
+    const std::size_t begin = this->begin(r), end = this->end(r);
+    const RegionPart part = region_part(begin, end, region);
+    const std::size_t packed = static_cast<std::size_t>(receive_offsets_[static_cast<std::size_t>(r)]);
+    if (part.empty()) {
+      each(begin, end, packed);
+    } else {
+      each(begin, part.begin, packed);
+      each(part.end, end, packed + (part.begin - begin));
+    }
+  };
+  pieces(rank_, [&](std::size_t from, std::size_t to, std::size_t packed) {
+    std::copy(full.begin() + static_cast<std::ptrdiff_t>(from),
+              full.begin() + static_cast<std::ptrdiff_t>(to),
+              receive_.begin() + static_cast<std::ptrdiff_t>(packed));
+  });
+  DDP_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, receive_.data(), receive_counts_.data(),
+                               receive_offsets_.data(), MPI_FLOAT, comm_));
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    pieces(r, [&](std::size_t from, std::size_t to, std::size_t packed) {
+      const auto at = receive_.begin() + static_cast<std::ptrdiff_t>(packed);
+      std::copy(at, at + static_cast<std::ptrdiff_t>(to - from),
+                full.begin() + static_cast<std::ptrdiff_t>(from));
+    });
+  }
+}
+
+void ShardedExchange::fetch_rows(std::span<float> full, const RowRegion& region,
+                                 std::span<const int32_t> rows) {
+  const auto ranks = static_cast<std::size_t>(size_);
+  // The requests: each owner's rows (none to this rank itself, whose rows are current).
+  send_ids_.clear();
+  send_counts_.assign(ranks, 0);
+  for (std::size_t owner = 0; owner < ranks; ++owner) {
+    if (static_cast<int>(owner) == rank_) continue;
+    const RegionPart part = region_part(begin(static_cast<int>(owner)), end(static_cast<int>(owner)), region);
+    if (part.empty()) continue;
+    const auto first = std::lower_bound(rows.begin(), rows.end(), static_cast<int32_t>(part.first_row));
+    const auto last = std::lower_bound(first, rows.end(), static_cast<int32_t>(part.last_row));
+    send_ids_.insert(send_ids_.end(), first, last);
+    send_counts_[owner] = static_cast<int>(last - first);
+  }
+  exclusive_offsets(send_counts_, send_offsets_);
+  receive_counts_.resize(ranks);
+  DDP_CHECK_MPI(MPI_Alltoall(send_counts_.data(), 1, MPI_INT, receive_counts_.data(), 1, MPI_INT, comm_));
+  receive_ids_.resize(static_cast<std::size_t>(exclusive_offsets(receive_counts_, receive_offsets_)));
+  DDP_CHECK_MPI(MPI_Alltoallv(send_ids_.data(), send_counts_.data(), send_offsets_.data(), MPI_INT32_T,
+                              receive_ids_.data(), receive_counts_.data(), receive_offsets_.data(),
+                              MPI_INT32_T, comm_));
+
+  // The replies: this rank's floats of each requested row, in the order asked.
+  const RegionPart mine = region_part(begin(), end(), region);
+  std::vector<int> reply_counts(ranks, 0), reply_offsets;
+  send_.clear();
+  for (std::size_t from = 0; from < ranks; ++from) {
+    const auto ids = std::span<const int32_t>(receive_ids_)
+                         .subspan(static_cast<std::size_t>(receive_offsets_[from]),
+                                  static_cast<std::size_t>(receive_counts_[from]));
+    for (const int32_t row : ids) {
+      if (mine.empty() || row < static_cast<int32_t>(mine.first_row) ||
+          row >= static_cast<int32_t>(mine.last_row)) {
+        throw std::runtime_error("the colocated exchange: rank " + std::to_string(from) + " asked for row " +
+                                 std::to_string(row) + ", which rank " + std::to_string(rank_) +
+                                 " does not hold");
+      }
+      const auto [first, last] = mine.row_span(static_cast<std::size_t>(row), region);
+      send_.insert(send_.end(), full.begin() + static_cast<std::ptrdiff_t>(first),
+                   full.begin() + static_cast<std::ptrdiff_t>(last));
+      reply_counts[from] += static_cast<int>(last - first);
+    }
+  }
+  exclusive_offsets(reply_counts, reply_offsets);
+  // What each owner sends back follows from the rows asked.
+  std::vector<int> answer_counts(ranks, 0), answer_offsets;
+  for (std::size_t owner = 0; owner < ranks; ++owner) {
+    const RegionPart part = region_part(begin(static_cast<int>(owner)), end(static_cast<int>(owner)), region);
+    const auto ids = std::span<const int32_t>(send_ids_).subspan(
+        static_cast<std::size_t>(send_offsets_[owner]), static_cast<std::size_t>(send_counts_[owner]));
+    for (const int32_t row : ids) {
+      const auto [first, last] = part.row_span(static_cast<std::size_t>(row), region);
+      answer_counts[owner] += static_cast<int>(last - first);
+    }
+  }
+  receive_.resize(static_cast<std::size_t>(exclusive_offsets(answer_counts, answer_offsets)));
+  DDP_CHECK_MPI(MPI_Alltoallv(send_.data(), reply_counts.data(), reply_offsets.data(), MPI_FLOAT,
+                              receive_.data(), answer_counts.data(), answer_offsets.data(), MPI_FLOAT,
+                              comm_));
+  std::size_t at = 0;
+  for (std::size_t owner = 0; owner < ranks; ++owner) {
+    const RegionPart part = region_part(begin(static_cast<int>(owner)), end(static_cast<int>(owner)), region);
+    const auto ids = std::span<const int32_t>(send_ids_).subspan(
+        static_cast<std::size_t>(send_offsets_[owner]), static_cast<std::size_t>(send_counts_[owner]));
+    for (const int32_t row : ids) {
+      const auto [first, last] = part.row_span(static_cast<std::size_t>(row), region);
+      std::copy(receive_.begin() + static_cast<std::ptrdiff_t>(at),
+                receive_.begin() + static_cast<std::ptrdiff_t>(at + (last - first)),
+                full.begin() + static_cast<std::ptrdiff_t>(first));
+      at += last - first;
+    }
+  }
 }
 
 void ShardedExchange::broadcast(std::span<float> data) {

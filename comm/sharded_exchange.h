@@ -13,6 +13,8 @@
 #include <span>
 #include <vector>
 
+#include "comm/row_sparse.h"
+
 namespace ddp::comm {
 
 class ShardedExchange {
@@ -44,6 +46,22 @@ class ShardedExchange {
   void gather_to_root(std::span<const float> shard, std::span<float> full);
   // Collective: each rank's `shard` receives its floats of rank 0's `full`.
   void scatter_from_root(std::span<const float> full, std::span<float> shard);
+  // The row-sparse forms, for a region of rows (the embedding) whose gradient is zero outside the rows a step
+  // touched and of which a step reads only its batch's rows. Together they move a few rows per step where
+  // the dense forms move the whole region twice.
+  //
+  // Collective: the average over the ranks of this rank's shard of `full` (as reduce_scatter_average), each
+  // rank sending each owner only the `touched_rows` (sorted, unique) that meet its shard, and the shard
+  // outside `region` whole. Summed in rank order, then one multiplication by 1 / size. The span is this
+  // object's, valid until the next call.
+  std::span<const float> reduce_scatter_average_rows(std::span<const float> full, const RowRegion& region,
+                                                     std::span<const int32_t> touched_rows);
+  // Collective: every rank's shard of `full` outside `region` goes to every rank.
+  void all_gather_outside(std::span<float> full, const RowRegion& region);
+  // Collective: `rows` (sorted, unique; ids outside the region are skipped) of `full` receive their owners'
+  // floats.
+  void fetch_rows(std::span<float> full, const RowRegion& region, std::span<const int32_t> rows);
+
   // Collective: rank 0's floats or value on every rank.
   void broadcast(std::span<float> data);
   int64_t broadcast(int64_t value);
@@ -54,6 +72,14 @@ class ShardedExchange {
   int size_ = 1;
   std::vector<int> counts_;   // floats per rank
   std::vector<int> offsets_;  // first float of each rank
+
+  // Scratch of the row-sparse forms, kept across steps.
+  std::vector<float> send_, receive_;
+  std::vector<int32_t> send_ids_, receive_ids_;
+  std::vector<int> send_counts_, send_offsets_, receive_counts_, receive_offsets_;
+  std::vector<float> shard_average_;      // reduce_scatter_average_rows' result
+  std::vector<int32_t> rows_in_average_;  // its rows written, zeroed by the next call
+  bool region_dense_in_average_ = false;  // a rank sent its part of the region dense: all of it written
 };
 
 }  // namespace ddp::comm

@@ -1,5 +1,6 @@
 #include "engine/ps_updater.h"
 
+#include <algorithm>
 #include <span>
 #include <utility>
 #include <vector>
@@ -46,6 +47,13 @@ class ParameterServerUpdater final : public Updater {
   void begin_steps() override { service_->begin_steps(); }
 
   void step(const BatchView& batch) override {
+    if (on_host_) {
+      // The embedding rows the forward pass reads: the batch's tokens.
+      rows_read_.assign(batch.tokens, batch.tokens + static_cast<std::ptrdiff_t>(batch.batch) * batch.seq);
+      std::sort(rows_read_.begin(), rows_read_.end());
+      rows_read_.erase(std::unique(rows_read_.begin(), rows_read_.end()), rows_read_.end());
+      service_->prepare_step(rows_read_, replica_.params());
+    }
     replica_.train_step(batch, {});
     if (on_host_) {
       // The CPU replica's embedding gradient is zero outside the rows the batch touched.
@@ -85,6 +93,7 @@ class ParameterServerUpdater final : public Updater {
   bool on_host_;                    // the replica's buffers are host memory: exchanged in place
   std::vector<float> host_params_;  // a GPU replica's, staged
   std::vector<float> host_grads_;
+  std::vector<int32_t> rows_read_;  // a CPU replica's step's tokens, sorted and unique
 };
 
 }  // namespace

@@ -40,7 +40,7 @@ namespace {
 // The parameter server's options from the config: the layout the backend choice made, the mode, the
 // deadline and, with comm.sparse_embedding, the embedding's rows for a row-sparse push.
 comm::PsOptions ps_options(const Config& config, const comm::BackendChoice& backend,
-                           const models::ParamLayout& layout) {
+                           const models::ParamLayout& layout, int maxlen) {
   comm::PsOptions options;
   options.servers = backend.colocated ? 0 : backend.ps_servers;
   options.async = config.comm.ps_mode == "async";
@@ -51,6 +51,8 @@ comm::PsOptions ps_options(const Config& config, const comm::BackendChoice& back
     const models::ParamTensor& embedding = layout.tensor("embedding");
     options.sparse_exchange_rows = {embedding.offset, static_cast<std::size_t>(embedding.shape.at(0)),
                                     static_cast<std::size_t>(embedding.shape.at(1))};
+    options.rows_read_per_step =
+        static_cast<std::size_t>(config.train.batch_size) * static_cast<std::size_t>(maxlen);
   }
   return options;
 }
@@ -118,7 +120,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
   // train and the last comm.ps_servers ranks serve (dedicated).
   comm::ParameterServerRank ps;
   comm::agree_on_errors(*boot, [&] {
-    const comm::PsOptions ps_settings = ps_options(config, backend, replica->layout());
+    const comm::PsOptions ps_settings = ps_options(config, backend, replica->layout(), data.maxlen);
     const int workers = comm::PsRoles::of(boot->size(), ps_settings.servers).workers();
     // A shard's updates: one per step in sync mode, one per worker's push in async mode.
     const int64_t updates = planned_steps(config, data, workers) * (ps_settings.async ? workers : 1);

@@ -5,6 +5,8 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -185,6 +187,68 @@ TEST(CommunicatorContract, ShardedExchangeAveragesAndGathers) {
     std::vector<float> back(exchange.shard_size());
     exchange.scatter_from_root(gathered, back);
     EXPECT_EQ(back, shard);
+  }
+}
+
+// The row-sparse forms of the colocated exchange against the same closed form, on a region whose rows
+// straddle the shards' edges (37 rows of 7 between 5 and 6 floats outside it): the average of the rows the
+// ranks touched (the others average to zero, also after a call that wrote them, or that went dense), the
+// shards outside the region gathered, and fetched rows whole from their owners.
+TEST(CommunicatorContract, ShardedExchangeMovesRowsOnly) {
+  const comm::RowRegion region{5, 37, 7};
+  const std::size_t total = region.end() + 6;
+  comm::ShardedExchange exchange(MPI_COMM_WORLD, total);
+  const int ranks = exchange.size();
+  // Rank r touches the rows that `touches` says; its gradient is the pattern there and outside the region.
+  auto round = [&](const std::function<bool(int, std::size_t)>& touches) {
+    std::vector<float> full(total, 0.0f);
+    std::vector<int32_t> touched;
+    for (std::size_t i = 0; i < total; ++i) {
+      const bool inside = i >= region.offset && i < region.end();
+      const std::size_t row = inside ? (i - region.offset) / region.width : 0;
+      if (!inside || touches(exchange.rank(), row)) full[i] = comm::average_pattern_value(exchange.rank(), i);
+      if (inside && touches(exchange.rank(), row) &&
+          (touched.empty() || touched.back() != static_cast<int32_t>(row)))
+        touched.push_back(static_cast<int32_t>(row));
+    }
+    const std::span<const float> shard = exchange.reduce_scatter_average_rows(full, region, touched);
+    ASSERT_EQ(shard.size(), exchange.shard_size());
+    for (std::size_t k = 0; k < shard.size(); ++k) {
+      const std::size_t i = exchange.begin() + k;
+      const bool inside = i >= region.offset && i < region.end();
+      double expected = 0;
+      for (int r = 0; r < ranks; ++r) {
+        if (!inside || touches(r, (i - region.offset) / region.width))
+          expected += comm::average_pattern_value(r, i);
+      }
+      expected /= ranks;
+      ASSERT_NEAR(shard[k], expected, comm::kAverageTolerance * std::max(1.0, std::abs(expected))) << i;
+    }
+  };
+  round([](int r, std::size_t row) { return row % static_cast<std::size_t>(r + 2) == 0; });
+  round([](int r, std::size_t row) { return (row + 1) % static_cast<std::size_t>(r + 3) == 0; });
+  round([](int /*r*/, std::size_t row) { return row != 4; });  // nearly every row: sent dense
+  round([](int r, std::size_t row) { return row == static_cast<std::size_t>(r); });
+
+  // The owners' floats, -1 where a rank has not received them.
+  auto owned = [](std::size_t i) { return 0.5f * static_cast<float>(i) + 1.0f; };
+  std::vector<float> full(total, -1.0f);
+  for (std::size_t i = exchange.begin(); i < exchange.end(); ++i) full[i] = owned(i);
+  exchange.all_gather_outside(full, region);
+  auto mine = [&](std::size_t i) { return i >= exchange.begin() && i < exchange.end(); };
+  for (std::size_t i = 0; i < total; ++i) {
+    const bool inside = i >= region.offset && i < region.end();
+    ASSERT_EQ(full[i], !inside || mine(i) ? owned(i) : -1.0f) << i;
+  }
+  std::vector<int32_t> rows;
+  for (int32_t row = -2; row < 40; ++row) {  // ids outside the region are skipped
+    if ((row + 3) % 3 == exchange.rank() % 3) rows.push_back(row);
+  }
+  exchange.fetch_rows(full, region, rows);
+  for (std::size_t i = region.offset; i < region.end(); ++i) {
+    const auto row = static_cast<int32_t>((i - region.offset) / region.width);
+    const bool asked = std::binary_search(rows.begin(), rows.end(), row);
+    ASSERT_EQ(full[i], asked || mine(i) ? owned(i) : -1.0f) << i;
   }
 }
 

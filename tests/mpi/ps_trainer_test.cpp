@@ -345,6 +345,33 @@ TEST_F(PsTrainerTest, ColocatedStoppedAndResumedEqualsUninterrupted) {
   EXPECT_EQ(second.params, straight.params) << "resumed run differs from the uninterrupted one";
 }
 
+// With many rows and small batches (4,000 rows, 160 tokens a step) the colocated layout pushes and fetches
+// embedding rows instead of the whole embedding, so every rank's copy of a row is stale until a batch reads
+// it: still the all-reduce backend's result, the same on every rank after each run of steps, with clipping
+// too, and a run stopped mid-epoch resumes to the uninterrupted run's bits.
+TEST_F(PsTrainerTest, ColocatedRowExchangeEqualsAllReduceAndResumes) {
+  const std::string wide = dir_.file("wide.h5");
+  ddp::testing::write_synthetic_on_rank0(
+      {.output = wide, .train = 600, .test = 130, .vocab = 4000, .maxlen = 16, .seed = 7});
+  const std::vector<std::string> clipped{"--train.clip_norm", "0.05"};
+  const engine::TrainResult colocated =
+      run(dir_.file("colocated"), with(kColocated, clipped), MPI_COMM_WORLD, wide);
+  EXPECT_TRUE(identical_on_all_ranks(colocated.params));
+  const engine::TrainResult all_reduce =
+      run(dir_.file("mpi"), with(clipped, {"--comm.backend", "mpi"}), MPI_COMM_WORLD, wide);
+  EXPECT_LE(max_relative_diff(colocated.params, all_reduce.params), 1e-5);
+
+  const int64_t steps_per_epoch = colocated.history[0].steps;
+  run(dir_.file("stopped"),
+      with(kColocated,
+           {"--train.clip_norm", "0.05", "--train.stop_after_steps", std::to_string(steps_per_epoch + 3)}),
+      MPI_COMM_WORLD, wide);
+  const engine::TrainResult resumed =
+      run(dir_.file("stopped"), with(kColocated, {"--train.clip_norm", "0.05", "--resume"}), MPI_COMM_WORLD,
+          wide);
+  EXPECT_EQ(resumed.params, colocated.params) << "resumed run differs from the uninterrupted one";
+}
+
 // A colocated checkpoint continues under the all-reduce backend and under dedicated servers, and the other
 // way round: the state is in the canonical layout whatever the layout of the servers.
 TEST_F(PsTrainerTest, ColocatedCheckpointsMoveBetweenBackends) {
