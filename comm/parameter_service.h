@@ -85,9 +85,10 @@ class ParameterService {
   // A run of steps: begin_steps, then per step prepare_step and exchange, end_steps.
   virtual void begin_steps() = 0;
   // Before a step's forward pass: `params` receives the current values of the rows of
-  // PsOptions::sparse_exchange_rows that the step reads (`rows_read`: sorted, unique). A layout that does not
-  // send every row after every update sends them now; the others have nothing to do.
-  virtual void prepare_step(std::span<const int32_t> /*rows_read*/, std::span<float> /*params*/) {}
+  // PsOptions::sparse_exchange_rows that the step reads (`tokens`: the batch's row ids, in any order, with
+  // repeats). A layout that does not send every row after every update sends them now; the others have
+  // nothing to do.
+  virtual void prepare_step(std::span<const int32_t> /*tokens*/, std::span<float> /*params*/) {}
   // This step's gradients (the full flat vector, host memory) in; on return `params` (the full vector) holds
   // the updated parameters. `touched_rows` (sorted, unique; null: dense) lists the rows of
   // PsOptions::sparse_exchange_rows outside which the gradients are zero.

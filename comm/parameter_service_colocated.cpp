@@ -99,10 +99,13 @@ class ColocatedService final : public ParameterService {
   // shards outside the region. Adam moves every row of the region each step (its moments decay), so the
   // other ranks' copies of a row are stale until prepare_step fetches it for a batch that reads it, or
   // end_steps gathers the whole vector.
-  void prepare_step(std::span<const int32_t> rows_read, std::span<float> params) override {
+  void prepare_step(std::span<const int32_t> tokens, std::span<float> params) override {
     if (!rows_stale_) return;
     timeline::Span span("fetch rows");
-    exchange_.fetch_rows(params, options_.sparse_exchange_rows, rows_read);
+    rows_read_.assign(tokens.begin(), tokens.end());
+    std::sort(rows_read_.begin(), rows_read_.end());
+    rows_read_.erase(std::unique(rows_read_.begin(), rows_read_.end()), rows_read_.end());
+    exchange_.fetch_rows(params, options_.sparse_exchange_rows, rows_read_);
   }
 
   void exchange(std::span<const float> grads, const std::span<const int32_t>* touched_rows,
@@ -150,7 +153,8 @@ class ColocatedService final : public ParameterService {
   MPI_Comm world_;
   std::unique_ptr<ShardOptimizer> optimizer_;
   std::vector<float> shard_grads_;
-  bool row_sparse_;          // the region's rows are exchanged, not the region
+  bool row_sparse_;                 // the region's rows are exchanged, not the region
+  std::vector<int32_t> rows_read_;  // the step's rows, sorted and unique
   bool rows_stale_ = false;  // rows of the region other ranks own may be behind their owners' (row-sparse)
 };
 

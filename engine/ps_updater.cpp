@@ -1,6 +1,5 @@
 #include "engine/ps_updater.h"
 
-#include <algorithm>
 #include <span>
 #include <utility>
 #include <vector>
@@ -49,10 +48,9 @@ class ParameterServerUpdater final : public Updater {
   void step(const BatchView& batch) override {
     if (on_host_) {
       // The embedding rows the forward pass reads: the batch's tokens.
-      rows_read_.assign(batch.tokens, batch.tokens + static_cast<std::ptrdiff_t>(batch.batch) * batch.seq);
-      std::sort(rows_read_.begin(), rows_read_.end());
-      rows_read_.erase(std::unique(rows_read_.begin(), rows_read_.end()), rows_read_.end());
-      service_->prepare_step(rows_read_, replica_.params());
+      service_->prepare_step(std::span<const int32_t>(batch.tokens, static_cast<std::size_t>(batch.batch) *
+                                                                        static_cast<std::size_t>(batch.seq)),
+                             replica_.params());
     }
     replica_.train_step(batch, {});
     if (on_host_) {
@@ -93,7 +91,6 @@ class ParameterServerUpdater final : public Updater {
   bool on_host_;                    // the replica's buffers are host memory: exchanged in place
   std::vector<float> host_params_;  // a GPU replica's, staged
   std::vector<float> host_grads_;
-  std::vector<int32_t> rows_read_;  // a CPU replica's step's tokens, sorted and unique
 };
 
 }  // namespace
