@@ -90,7 +90,9 @@ void visit_keys(C& c, Visitor&& key) {
       "how replicas combine gradients: auto (nccl when every rank has a GPU; else ps, or mpi on one rank), "
       "mpi (all-reduce), nccl (all-reduce on GPUs) or ps (parameter server)");
   key("comm", "sparse_embedding", c.comm.sparse_embedding,
-      "average only the embedding rows some rank's batch used (same result, less traffic)");
+      "move only the embedding rows batches use: all-reduce averages the rows some rank touched, the "
+      "parameter server takes pushes of them and, colocated, sends rows as batches read them (same result, "
+      "less traffic)");
   key("comm", "compression", c.comm.compression,
       "gradients on the wire with NCCL: none, fp16 or bf16 (bf16 keeps fp32's range; fp16 is unscaled)");
   key("comm", "ps_servers", c.comm.ps_servers,
