@@ -8,7 +8,7 @@
 #     steps: one per step in sync and all-reduce, one per rank's gradient in async) and of the training time
 #     until the first epoch whose val_acc reaches 0.9, with min-max, and the last val_acc.
 #   bash benchmarks/ps_colocated_bench.sh BUILD memory [repeats]
-#     peak resident memory (GNU time's %M) of each rank for all-reduce, colocated sync and a dedicated server
+#     peak resident memory (GNU time's %M) of each rank for all-reduce, colocated sync (rows and dense) and a dedicated server
 #     (1 worker + 1 server): 100 steps and a checkpoint, median over the repeats.
 set -euo pipefail
 build=$1
@@ -76,9 +76,10 @@ elif [ "$what" = memory ]; then
   declare -A configs=(
     [all-reduce]="--comm.backend mpi"
     [colocated-sync]="--comm.backend ps --comm.ps_servers 0"
+    [colocated-dense]="--comm.backend ps --comm.ps_servers 0 --comm.sparse_embedding false"
     [dedicated]="--comm.backend ps --comm.ps_servers 1"
   )
-  names=(all-reduce colocated-sync dedicated)
+  names=(all-reduce colocated-sync colocated-dense dedicated)
   for _ in $(seq "$repeats"); do
     for name in "${names[@]}"; do
       # shellcheck disable=SC2086,SC2016  # the options are words; the rank is the launched rank's

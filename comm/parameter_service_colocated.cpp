@@ -76,7 +76,6 @@ class ColocatedService final : public ParameterService {
         trainers_(make_mpi_communicator(world)),
         world_(world),
         optimizer_(make_optimizer(exchange_.shard_size())),
-        shard_grads_(exchange_.shard_size()),
         row_sparse_(rows_worth_fetching(options, exchange_.size())) {}
 
   Communicator& trainers() override { return *trainers_; }
@@ -113,11 +112,13 @@ class ColocatedService final : public ParameterService {
     const RowRegion& region = options_.sparse_exchange_rows;
     const bool row_sparse = row_sparse_ && touched_rows != nullptr;
     timeline::Span span(row_sparse ? "push rows, update, all-gather" : "reduce-scatter, update, all-gather");
-    std::span<const float> shard_grads = shard_grads_;
+    std::span<const float> shard_grads;
     if (row_sparse) {
       shard_grads = exchange_.reduce_scatter_average_rows(grads, region, *touched_rows);
     } else {
+      shard_grads_.resize(exchange_.shard_size());  // on first use: the row exchange has its own
       exchange_.reduce_scatter_average(grads, shard_grads_);
+      shard_grads = shard_grads_;
     }
     float scale = 1.0f;
     if (options_.clip_norm > 0) {

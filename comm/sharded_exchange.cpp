@@ -89,11 +89,16 @@ std::span<const float> ShardedExchange::reduce_scatter_average_rows(std::span<co
   const auto ranks = static_cast<std::size_t>(size_);
   // Each owner's payload: its shard's touched rows and the rest (row_sparse.h), or the shard dense where
   // that is no larger.
-  send_.resize(full.size());
+  // Room for every payload at its owner's offset, left uninitialized: a sparse payload writes (and makes
+  // resident) a few pages of it.
+  if (payload_capacity_ < full.size()) {
+    payloads_.reset(new float[full.size()]);
+    payload_capacity_ = full.size();
+  }
   send_counts_.assign(ranks, 0);
   for (std::size_t owner = 0; owner < ranks; ++owner) {
     const std::size_t begin = this->begin(static_cast<int>(owner)), end = this->end(static_cast<int>(owner));
-    const std::span<float> payload = std::span<float>(send_).subspan(begin, end - begin);
+    const std::span<float> payload(payloads_.get() + begin, end - begin);
     std::size_t count = encode_row_sparse(full, begin, end, region, touched_rows, payload);
     if (count == 0) {
       std::copy(full.begin() + static_cast<std::ptrdiff_t>(begin),
@@ -105,8 +110,9 @@ std::span<const float> ShardedExchange::reduce_scatter_average_rows(std::span<co
   receive_counts_.resize(ranks);
   DDP_CHECK_MPI(MPI_Alltoall(send_counts_.data(), 1, MPI_INT, receive_counts_.data(), 1, MPI_INT, comm_));
   receive_.resize(static_cast<std::size_t>(exclusive_offsets(receive_counts_, receive_offsets_)));
-  DDP_CHECK_MPI(MPI_Alltoallv(send_.data(), send_counts_.data(), offsets_.data(), MPI_FLOAT, receive_.data(),
-                              receive_counts_.data(), receive_offsets_.data(), MPI_FLOAT, comm_));
+  DDP_CHECK_MPI(MPI_Alltoallv(payloads_.get(), send_counts_.data(), offsets_.data(), MPI_FLOAT,
+                              receive_.data(), receive_counts_.data(), receive_offsets_.data(), MPI_FLOAT,
+                              comm_));
 
   // The average starts from zero: the rest of the shard and the rows the last call wrote are cleared (the
   // other rows of the region are zero still).

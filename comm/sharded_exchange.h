@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -74,6 +75,8 @@ class ShardedExchange {
   std::vector<int> offsets_;  // first float of each rank
 
   // Scratch of the row-sparse forms, kept across steps.
+  std::unique_ptr<float[]> payloads_;  // reduce_scatter_average_rows' messages, at each owner's offset
+  std::size_t payload_capacity_ = 0;
   std::vector<float> send_, receive_;
   std::vector<int32_t> send_ids_, receive_ids_;
   std::vector<int> send_counts_, send_offsets_, receive_counts_, receive_offsets_;
