@@ -51,6 +51,9 @@ class ShardOptimizer {
   virtual ~ShardOptimizer() = default;
   // params -= update(grads * gradient_scale), both the shard's size.
   virtual void step(std::span<float> params, std::span<const float> grads, float gradient_scale = 1.0f) = 0;
+  // The same with a gradient that is zero outside `pieces` (offsets from the shard's first float).
+  virtual void step_pieces(std::span<float> params, std::span<const GradientPiece> pieces,
+                           float gradient_scale) = 0;
   virtual OptimizerState state() const = 0;
   virtual void load_state(const OptimizerState& state) = 0;
   // The update count, and each buffer of the state in turn, in place (no copy).

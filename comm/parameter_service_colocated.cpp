@@ -112,29 +112,41 @@ class ColocatedService final : public ParameterService {
     const RowRegion& region = options_.sparse_exchange_rows;
     const bool row_sparse = row_sparse_ && touched_rows != nullptr;
     timeline::Span span(row_sparse ? "push rows, update, all-gather" : "reduce-scatter, update, all-gather");
-    std::span<const float> shard_grads;
+    const std::span<float> shard = params.subspan(exchange_.begin(), exchange_.shard_size());
     if (row_sparse) {
-      shard_grads = exchange_.reduce_scatter_average_rows(grads, region, *touched_rows);
+      const std::span<const GradientPiece> pieces =
+          exchange_.reduce_scatter_average_rows(grads, region, *touched_rows);
+      const float scale = clipping([&] {
+        double squares =
+            0;  // one running sum over the pieces in order: the dense sum's bits (zeros add nothing)
+        for (const GradientPiece& piece : pieces) squares = add_squares(squares, piece.values);
+        return squares;
+      });
+      optimizer_->step_pieces(shard, pieces, scale);
+      exchange_.all_gather_outside(params, region);
     } else {
       shard_grads_.resize(exchange_.shard_size());  // on first use: the row exchange has its own
       exchange_.reduce_scatter_average(grads, shard_grads_);
-      shard_grads = shard_grads_;
-    }
-    float scale = 1.0f;
-    if (options_.clip_norm > 0) {
-      // The whole averaged gradient's squared norm: each owner's shard, added up over the ranks.
-      double squares = 0;
-      for (const float g : shard_grads) squares += static_cast<double>(g) * g;
-      DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &squares, 1, MPI_DOUBLE, MPI_SUM, world_));
-      scale = clipping_scale(squares, options_.clip_norm);
-    }
-    optimizer_->step(params.subspan(exchange_.begin(), exchange_.shard_size()), shard_grads, scale);
-    if (row_sparse) {
-      exchange_.all_gather_outside(params, region);
-    } else {
+      optimizer_->step(shard, shard_grads_, clipping([&] { return add_squares(0, shard_grads_); }));
       exchange_.all_gather(params);
     }
     rows_stale_ = row_sparse;
+  }
+
+  // The scale that clips the averaged gradient (1: train.clip_norm is off), from this owner's sum of its
+  // shard's squares (`shard_squares()`): the whole gradient's squared norm is every owner's, added up over
+  // the ranks.
+  template <typename ShardSquares>
+  float clipping(const ShardSquares& shard_squares) {
+    if (options_.clip_norm <= 0) return 1.0f;
+    double squares = shard_squares();
+    DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &squares, 1, MPI_DOUBLE, MPI_SUM, world_));
+    return clipping_scale(squares, options_.clip_norm);
+  }
+
+  static double add_squares(double squares, std::span<const float> values) {
+    for (const float g : values) squares += static_cast<double>(g) * g;
+    return squares;
   }
 
   void end_steps(std::span<float> params) override {

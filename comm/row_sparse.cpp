@@ -134,25 +134,32 @@ std::string decode_row_sparse(std::span<const float> payload, std::size_t begin,
       });
 }
 
+std::string rows_of_row_sparse(std::span<const float> payload, std::size_t begin, std::size_t end,
+                               const RowRegion& region, std::vector<int32_t>& rows) {
+  std::span<const float> ids;
+  if (std::string error = read_row_ids(payload, region_part(begin, end, region), ids); !error.empty())
+    return error;
+  for (const float bits : ids) rows.push_back(from_bits(bits));
+  return {};
+}
+
 std::string add_row_sparse(std::span<const float> payload, std::size_t begin, std::size_t end,
-                           const RowRegion& region, std::span<float> dense, std::vector<int32_t>& rows) {
+                           const RowRegion& region, const std::function<float*(int32_t row)>& row_sum,
+                           std::span<float> outside) {
   const RegionPart part = region_part(begin, end, region);
   std::span<const float> ids;
   if (std::string error = read_row_ids(payload, part, ids); !error.empty()) return error;
-  for (const float bits : ids) rows.push_back(from_bits(bits));
+  if (outside.size() != (end - begin) - (part.end - part.begin)) return "a sum of the wrong size";
   auto add = [](std::span<const float> values, float* target) {
     for (std::size_t i = 0; i < values.size(); ++i) target[i] += values[i];
   };
   return walk_payload(
       payload, begin, end, region, part, ids,
       [&](std::span<const float> values, std::size_t from, std::size_t /*to*/) {
-        add(values, dense.data() + (from - begin));
+        const std::size_t row = (from - region.offset) / region.width;
+        add(values, row_sum(static_cast<int32_t>(row)));
       },
-      [&](std::span<const float> outside) {
-        const std::size_t before = part.begin - begin;
-        add(outside.first(before), dense.data());
-        add(outside.subspan(before), dense.data() + (part.end - begin));
-      });
+      [&](std::span<const float> rest) { add(rest, outside.data()); });
 }
 
 }  // namespace ddp::comm

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <utility>
@@ -60,10 +61,17 @@ std::size_t encode_row_sparse(std::span<const float> grads, std::size_t begin, s
 std::string decode_row_sparse(std::span<const float> payload, std::size_t begin, std::size_t end,
                               const RowRegion& region, std::span<float> dense);
 
-// Adds a sparse payload for the shard [begin, end) into `dense` (end - begin floats): each row sent into its
-// floats, the rest into the shard outside the region; the region's other floats are left alone. Appends
-// the rows sent to `rows`. Returns an empty string, or what is wrong with the payload, as decode_row_sparse.
+// The rows a sparse payload for the shard [begin, end) sends, appended to `rows`. Returns an empty string,
+// or what is wrong with the payload, as decode_row_sparse.
+std::string rows_of_row_sparse(std::span<const float> payload, std::size_t begin, std::size_t end,
+                               const RowRegion& region, std::vector<int32_t>& rows);
+
+// Adds a sparse payload for the shard [begin, end) into a compact sum: each row's floats inside the shard
+// into `row_sum(row)` (where that row's floats are summed), the shard's floats outside the region into
+// `outside` (packed: those before the region, then those after it). Returns an empty string, or what is
+// wrong with the payload, as decode_row_sparse.
 std::string add_row_sparse(std::span<const float> payload, std::size_t begin, std::size_t end,
-                           const RowRegion& region, std::span<float> dense, std::vector<int32_t>& rows);
+                           const RowRegion& region, const std::function<float*(int32_t row)>& row_sum,
+                           std::span<float> outside);
 
 }  // namespace ddp::comm

@@ -83,9 +83,8 @@ int exclusive_offsets(const std::vector<int>& counts, std::vector<int>& offsets)
 
 }  // namespace
 
-std::span<const float> ShardedExchange::reduce_scatter_average_rows(std::span<const float> full,
-                                                                    const RowRegion& region,
-                                                                    std::span<const int32_t> touched_rows) {
+std::span<const GradientPiece> ShardedExchange::reduce_scatter_average_rows(
+    std::span<const float> full, const RowRegion& region, std::span<const int32_t> touched_rows) {
   const auto ranks = static_cast<std::size_t>(size_);
   // Each owner's payload: its shard's touched rows and the rest (row_sparse.h), or the shard dense where
   // that is no larger.
@@ -114,60 +113,86 @@ std::span<const float> ShardedExchange::reduce_scatter_average_rows(std::span<co
                               receive_.data(), receive_counts_.data(), receive_offsets_.data(), MPI_FLOAT,
                               comm_));
 
-  // The average starts from zero: the rest of the shard and the rows the last call wrote are cleared (the
-  // other rows of the region are zero still).
   const std::size_t begin = this->begin(), end = this->end();
   const RegionPart part = region_part(begin, end, region);
-  shard_average_.resize(end - begin);
-  auto clear = [&](std::size_t from, std::size_t to) {
-    std::fill(shard_average_.begin() + static_cast<std::ptrdiff_t>(from - begin),
-              shard_average_.begin() + static_cast<std::ptrdiff_t>(to - begin), 0.0f);
+  auto payload_from = [&](std::size_t rank) {
+    return std::span<const float>(receive_).subspan(static_cast<std::size_t>(receive_offsets_[rank]),
+                                                    static_cast<std::size_t>(receive_counts_[rank]));
   };
-  if (region_dense_in_average_ || part.empty()) {
-    clear(begin, end);
-  } else {
-    clear(begin, part.begin);
-    clear(part.end, end);
-    for (const int32_t row : rows_in_average_) {
-      const auto [from, to] = part.row_span(static_cast<std::size_t>(row), region);
-      clear(from, to);
-    }
-  }
-  rows_in_average_.clear();
-  region_dense_in_average_ = false;
+  auto fail = [](std::size_t rank, const std::string& error) {
+    throw std::runtime_error("the colocated exchange from rank " + std::to_string(rank) + ": " + error);
+  };
+  const float scale = 1.0f / static_cast<float>(size_);
+  average_pieces_.clear();
 
-  // Summed in rank order.
-  for (std::size_t from = 0; from < ranks; ++from) {
-    const std::span<const float> payload = std::span<const float>(receive_).subspan(
-        static_cast<std::size_t>(receive_offsets_[from]), static_cast<std::size_t>(receive_counts_[from]));
-    if (payload.size() == shard_average_.size()) {
-      for (std::size_t i = 0; i < payload.size(); ++i) shard_average_[i] += payload[i];
-      region_dense_in_average_ = true;
-      continue;
+  // A rank that sent its shard dense (most of the shard's rows touched): the average is dense too.
+  bool any_dense = part.empty();
+  for (std::size_t from = 0; from < ranks; ++from)
+    any_dense = any_dense || payload_from(from).size() == end - begin;
+  if (any_dense) {
+    dense_average_.assign(end - begin, 0.0f);
+    decoded_.resize(end - begin);
+    for (std::size_t from = 0; from < ranks; ++from) {
+      const std::span<const float> payload = payload_from(from);
+      if (payload.size() == dense_average_.size()) {
+        for (std::size_t i = 0; i < payload.size(); ++i) dense_average_[i] += payload[i];
+      } else if (const std::string error = decode_row_sparse(payload, begin, end, region, decoded_);
+                 !error.empty()) {
+        fail(from, error);
+      } else {
+        for (std::size_t i = 0; i < decoded_.size(); ++i) dense_average_[i] += decoded_[i];
+      }
     }
-    const std::string error = add_row_sparse(payload, begin, end, region, shard_average_, rows_in_average_);
-    if (!error.empty())
-      throw std::runtime_error("the colocated exchange from rank " + std::to_string(from) + ": " + error);
+    for (float& x : dense_average_) x *= scale;
+    average_pieces_.push_back({0, dense_average_});
+    return average_pieces_;
+  }
+
+  // Else compact: the floats outside the region, and the rows any rank sent, each summed in rank order from
+  // zero (the same bits as a dense sum: adding a zero changes nothing), then scaled.
+  rows_in_average_.clear();
+  for (std::size_t from = 0; from < ranks; ++from) {
+    if (const std::string error =
+            rows_of_row_sparse(payload_from(from), begin, end, region, rows_in_average_);
+        !error.empty())
+      fail(from, error);
   }
   std::sort(rows_in_average_.begin(), rows_in_average_.end());
   rows_in_average_.erase(std::unique(rows_in_average_.begin(), rows_in_average_.end()),
                          rows_in_average_.end());
-
-  const float scale = 1.0f / static_cast<float>(size_);
-  auto average = [&](std::size_t from, std::size_t to) {
-    for (std::size_t i = from - begin; i < to - begin; ++i) shard_average_[i] *= scale;
-  };
-  if (region_dense_in_average_ || part.empty()) {
-    average(begin, end);
-  } else {
-    average(begin, part.begin);
-    average(part.end, end);
-    for (const int32_t row : rows_in_average_) {
-      const auto [from, to] = part.row_span(static_cast<std::size_t>(row), region);
-      average(from, to);
-    }
+  row_sum_at_.resize(part.last_row - part.first_row);
+  std::size_t row_floats = 0;
+  for (const int32_t row : rows_in_average_) {
+    row_sum_at_[static_cast<std::size_t>(row) - part.first_row] = row_floats;
+    const auto [from, to] = part.row_span(static_cast<std::size_t>(row), region);
+    row_floats += to - from;
   }
-  return shard_average_;
+  row_sums_.assign(row_floats, 0.0f);
+  outside_sums_.assign((end - begin) - (part.end - part.begin), 0.0f);
+  const std::function<float*(int32_t)> row_sum = [&](int32_t row) {
+    return row_sums_.data() + row_sum_at_[static_cast<std::size_t>(row) - part.first_row];
+  };
+  for (std::size_t from = 0; from < ranks; ++from) {
+    if (const std::string error =
+            add_row_sparse(payload_from(from), begin, end, region, row_sum, outside_sums_);
+        !error.empty())
+      fail(from, error);
+  }
+  for (float& x : row_sums_) x *= scale;
+  for (float& x : outside_sums_) x *= scale;
+
+  // The pieces, in the shard's order: before the region, the rows, after it.
+  const std::size_t before = part.begin - begin;
+  const std::span<const float> outside(outside_sums_);
+  if (before > 0) average_pieces_.push_back({0, outside.first(before)});
+  for (const int32_t row : rows_in_average_) {
+    const auto [from, to] = part.row_span(static_cast<std::size_t>(row), region);
+    average_pieces_.push_back(
+        {from - begin, std::span<const float>(row_sums_).subspan(
+                           row_sum_at_[static_cast<std::size_t>(row) - part.first_row], to - from)});
+  }
+  if (outside.size() > before) average_pieces_.push_back({part.end - begin, outside.subspan(before)});
+  return average_pieces_;
 }
 
 void ShardedExchange::all_gather_outside(std::span<float> full, const RowRegion& region) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "comm/row_sparse.h"
+#include "engine/base/optimizer_state.h"
 
 namespace ddp::comm {
 
@@ -53,10 +54,13 @@ class ShardedExchange {
   //
   // Collective: the average over the ranks of this rank's shard of `full` (as reduce_scatter_average), each
   // rank sending each owner only the `touched_rows` (sorted, unique) that meet its shard, and the shard
-  // outside `region` whole. Summed in rank order, then one multiplication by 1 / size. The span is this
-  // object's, valid until the next call.
-  std::span<const float> reduce_scatter_average_rows(std::span<const float> full, const RowRegion& region,
-                                                     std::span<const int32_t> touched_rows);
+  // outside `region` whole. Summed in rank order, then one multiplication by 1 / size. Returned as the
+  // pieces of the shard (offsets from its first float) outside which the average is zero: the rows some rank
+  // touched and the floats outside the region, held compactly (one dense piece where a rank sent its shard
+  // dense). The pieces are this object's, valid until the next call.
+  std::span<const GradientPiece> reduce_scatter_average_rows(std::span<const float> full,
+                                                             const RowRegion& region,
+                                                             std::span<const int32_t> touched_rows);
   // Collective: every rank's shard of `full` outside `region` goes to every rank.
   void all_gather_outside(std::span<float> full, const RowRegion& region);
   // Collective: `rows` (sorted, unique; ids outside the region are skipped) of `full` receive their owners'
@@ -80,9 +84,11 @@ class ShardedExchange {
   std::vector<float> send_, receive_;
   std::vector<int32_t> send_ids_, receive_ids_;
   std::vector<int> send_counts_, send_offsets_, receive_counts_, receive_offsets_;
-  std::vector<float> shard_average_;      // reduce_scatter_average_rows' result
-  std::vector<int32_t> rows_in_average_;  // its rows written, zeroed by the next call
-  bool region_dense_in_average_ = false;  // a rank sent its part of the region dense: all of it written
+  std::vector<GradientPiece> average_pieces_;   // reduce_scatter_average_rows' result, over:
+  std::vector<float> row_sums_, outside_sums_;  // its compact sums
+  std::vector<int32_t> rows_in_average_;        // the rows they hold, sorted
+  std::vector<std::size_t> row_sum_at_;         // where each row's floats are in row_sums_
+  std::vector<float> dense_average_, decoded_;  // or the dense sum, where a rank sent its shard dense
 };
 
 }  // namespace ddp::comm

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <stdexcept>
 #include <vector>
 
 #include "engine/base/errors.h"
@@ -65,10 +66,23 @@ class HostOptimizer : public Optimizer {
     begin_step(gradient_scale);
     parallel_ranges(size(), /*align=*/16, kMinElementsPerThread, [&](std::size_t begin, std::size_t end) {
       if (sparse == nullptr) {
-        update_range(params.data(), grads.data(), begin, end);
+        update_range(params.data(), grads.data() + begin, begin, end);
       } else {
         update_with_rows(params.data(), grads.data(), begin, end, *sparse);
       }
+    });
+  }
+
+  void step_pieces(std::span<float> params, std::span<const GradientPiece> pieces,
+                   float gradient_scale) final {
+    DDP_CHECK(params.size() == size());
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      DDP_CHECK(pieces[i].offset + pieces[i].values.size() <= size());
+      DDP_CHECK(i == 0 || pieces[i - 1].offset + pieces[i - 1].values.size() <= pieces[i].offset);
+    }
+    begin_step(gradient_scale);
+    parallel_ranges(size(), /*align=*/16, kMinElementsPerThread, [&](std::size_t begin, std::size_t end) {
+      update_with_pieces(params.data(), pieces, begin, end);
     });
   }
 
@@ -76,7 +90,7 @@ class HostOptimizer : public Optimizer {
   explicit HostOptimizer(bool lazy_update) : lazy_update_(lazy_update) {}
   // Called once per step before update_range().
   virtual void begin_step(float gradient_scale) = 0;
-  // Updates elements [begin, end) of the flat buffer.
+  // Updates elements [begin, end) of the flat buffer; `grads` points at element begin's gradient.
   virtual void update_range(float* params, const float* grads, std::size_t begin, std::size_t end) = 0;
   // Updates elements [begin, end) as if their gradient were zero.
   virtual void decay_range(float* params, std::size_t begin, std::size_t end) = 0;
@@ -87,10 +101,30 @@ class HostOptimizer : public Optimizer {
   void update_with_rows(float* params, const float* grads, std::size_t begin, std::size_t end,
                         const TouchedRows& sparse) {
     const std::size_t matrix_begin = sparse.offset, matrix_end = sparse.offset + sparse.count * sparse.width;
-    if (begin < std::min(end, matrix_begin)) update_range(params, grads, begin, std::min(end, matrix_begin));
+    if (begin < std::min(end, matrix_begin))
+      update_range(params, grads + begin, begin, std::min(end, matrix_begin));
     const std::size_t inside_begin = std::max(begin, matrix_begin), inside_end = std::min(end, matrix_end);
     if (inside_begin < inside_end) update_matrix_rows(params, grads, inside_begin, inside_end, sparse);
-    if (std::max(begin, matrix_end) < end) update_range(params, grads, std::max(begin, matrix_end), end);
+    const std::size_t after = std::max(begin, matrix_end);
+    if (after < end) update_range(params, grads + after, after, end);
+  }
+
+  // [begin, end) of the flat buffer, whose gradient is `pieces` and zero elsewhere.
+  void update_with_pieces(float* params, std::span<const GradientPiece> pieces, std::size_t begin,
+                          std::size_t end) {
+    std::size_t at = begin;  // everything before `at` is done
+    auto piece = std::lower_bound(
+        pieces.begin(), pieces.end(), begin,
+        [](const GradientPiece& p, std::size_t x) { return p.offset + p.values.size() <= x; });
+    for (; piece != pieces.end() && piece->offset < end; ++piece) {
+      const std::size_t from = std::max(at, piece->offset);
+      const std::size_t to = std::min(end, piece->offset + piece->values.size());
+      if (from >= to) continue;  // an empty piece
+      if (at < from) decay_range(params, at, from);
+      update_range(params, piece->values.data() + (from - piece->offset), from, to);
+      at = to;
+    }
+    if (at < end) decay_range(params, at, end);
   }
 
   // [begin, end) inside `sparse`'s matrix.
@@ -107,7 +141,7 @@ class HostOptimizer : public Optimizer {
       const std::size_t row_begin = std::max(at, row_start(*row));
       const std::size_t row_end = std::min(end, row_start(*row) + sparse.width);
       if (!lazy_update_ && at < row_begin) decay_range(params, at, row_begin);
-      update_range(params, grads, row_begin, row_end);
+      update_range(params, grads + row_begin, row_begin, row_end);
       at = row_end;
     }
     if (!lazy_update_ && at < end) decay_range(params, at, end);
@@ -127,8 +161,7 @@ class Adam final : public HostOptimizer {
   }
 
   void update_range(float* params, const float* grads, std::size_t begin, std::size_t end) override {
-    adam_update(params + begin, grads + begin, m_.data() + begin, v_.data() + begin, end - begin,
-                coefficients_);
+    adam_update(params + begin, grads, m_.data() + begin, v_.data() + begin, end - begin, coefficients_);
   }
   void decay_range(float* params, std::size_t begin, std::size_t end) override {
     adam_decay(params + begin, m_.data() + begin, v_.data() + begin, end - begin, coefficients_);
@@ -168,7 +201,7 @@ class Sgd final : public HostOptimizer {
     coefficients_ = sgd_coefficients(s_, ++iterations_, gradient_scale);
   }
   void update_range(float* params, const float* grads, std::size_t begin, std::size_t end) override {
-    sgd_update(params + begin, grads + begin, velocity_.data() + begin, end - begin, coefficients_);
+    sgd_update(params + begin, grads, velocity_.data() + begin, end - begin, coefficients_);
   }
   void decay_range(float* params, std::size_t begin, std::size_t end) override {
     sgd_decay(params + begin, velocity_.data() + begin, end - begin, coefficients_);
@@ -194,6 +227,11 @@ class Sgd final : public HostOptimizer {
 };
 
 }  // namespace
+
+void Optimizer::step_pieces(std::span<float> /*params*/, std::span<const GradientPiece> /*pieces*/,
+                            float /*gradient_scale*/) {
+  throw std::logic_error("the " + name() + " optimizer in device memory takes dense gradients only");
+}
 
 void Optimizer::visit_state(const StateBufferVisitor& visit) const {
   for (const auto& [name, buffer] : state().buffers) visit(name, buffer);

@@ -51,6 +51,7 @@ struct TouchedRows {
   std::span<const int32_t> rows;  // sorted, unique
 };
 
+using ddp::GradientPiece;
 using ddp::OptimizerState;
 using ddp::StateBufferVisitor;
 
@@ -67,6 +68,11 @@ class Optimizer {
   // `sparse`: the matrix's untouched rows are zero and skipped.
   virtual void step_clipped(std::span<float> params, std::span<const float> grads, const TouchedRows* sparse,
                             double clip_norm);
+  // step() with a gradient that is zero outside `pieces` (sorted, not overlapping, inside params): the same
+  // bits as the dense gradient, without one. Every element outside the pieces takes the zero-gradient update
+  // (lazy updates do not apply). Host optimizers only: others throw std::logic_error.
+  virtual void step_pieces(std::span<float> params, std::span<const GradientPiece> pieces,
+                           float gradient_scale = 1.0f);
   virtual OptimizerState state() const = 0;
   // The state's update count, and each of its buffers in turn: in place where the state is in host memory,
   // else copied (a GPU's).

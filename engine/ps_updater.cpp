@@ -15,6 +15,10 @@ class OptimizerOnShard final : public comm::ShardOptimizer {
   void step(std::span<float> params, std::span<const float> grads, float gradient_scale) override {
     optimizer_->step(params, grads, nullptr, gradient_scale);
   }
+  void step_pieces(std::span<float> params, std::span<const GradientPiece> pieces,
+                   float gradient_scale) override {
+    optimizer_->step_pieces(params, pieces, gradient_scale);
+  }
   OptimizerState state() const override { return optimizer_->state(); }
   int64_t iterations() const override { return optimizer_->iterations(); }
   void visit_state(const StateBufferVisitor& visit) const override { optimizer_->visit_state(visit); }

@@ -211,8 +211,16 @@ TEST(CommunicatorContract, ShardedExchangeMovesRowsOnly) {
           (touched.empty() || touched.back() != static_cast<int32_t>(row)))
         touched.push_back(static_cast<int32_t>(row));
     }
-    const std::span<const float> shard = exchange.reduce_scatter_average_rows(full, region, touched);
-    ASSERT_EQ(shard.size(), exchange.shard_size());
+    // The pieces, made dense: sorted, inside the shard, not overlapping.
+    std::vector<float> shard(exchange.shard_size(), 0.0f);
+    std::size_t at = 0;
+    for (const GradientPiece& piece : exchange.reduce_scatter_average_rows(full, region, touched)) {
+      ASSERT_GE(piece.offset, at);
+      ASSERT_LE(piece.offset + piece.values.size(), shard.size());
+      std::copy(piece.values.begin(), piece.values.end(),
+                shard.begin() + static_cast<std::ptrdiff_t>(piece.offset));
+      at = piece.offset + piece.values.size();
+    }
     for (std::size_t k = 0; k < shard.size(); ++k) {
       const std::size_t i = exchange.begin() + k;
       const bool inside = i >= region.offset && i < region.end();

@@ -461,6 +461,57 @@ TEST(Optimizer, TouchedRowsChangeNoBitOfTheDenseUpdateOnAnyThreadCount) {
   }
 }
 
+// A gradient in pieces (the colocated parameter server's compact shard average) gives the dense update's
+// bits: the pieces' elements updated, every other element decayed as with a zero gradient; on any number of
+// threads, with a clipping scale and weight decay, pieces that split a thread's range, and an empty one.
+TEST(Optimizer, PiecesChangeNoBitOfTheDenseUpdate) {
+  const std::size_t size = 300000;
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> start(size);
+  for (float& p : start) p = u(rng);
+  // Pieces of 1 to 300 floats with gaps of 0 to 2000, and one empty piece.
+  std::vector<std::pair<std::size_t, std::size_t>> spans;  // offset, length
+  for (std::size_t at = 5; at < size;) {
+    const std::size_t length = std::min<std::size_t>(1 + rng() % 300, size - at);
+    spans.emplace_back(at, length);
+    at += length + rng() % 2001;
+    if (spans.size() == 10) spans.emplace_back(at, 0);
+  }
+  for (const std::string name : {"adam", "sgd"}) {
+    OptimizerSettings settings;
+    settings.name = name;
+    settings.momentum = 0.9;
+    settings.weight_decay = 0.01;
+    for (const int threads : {1, 2, 3}) {
+      set_loop_threads(threads);
+      auto in_pieces = make_optimizer(settings, size);
+      auto dense = make_optimizer(settings, size);
+      std::vector<float> params = start, reference = start;
+      for (int step = 0; step < 3; ++step) {
+        std::vector<float> values, grads(size, 0.0f);
+        for (const auto& [offset, length] : spans)
+          for (std::size_t i = 0; i < length; ++i) values.push_back(u(rng));
+        std::vector<GradientPiece> pieces;
+        std::size_t next = 0;
+        for (const auto& [offset, length] : spans) {
+          pieces.push_back({offset, std::span<const float>(values).subspan(next, length)});
+          std::copy(values.begin() + static_cast<std::ptrdiff_t>(next),
+                    values.begin() + static_cast<std::ptrdiff_t>(next + length),
+                    grads.begin() + static_cast<std::ptrdiff_t>(offset));
+          next += length;
+        }
+        in_pieces->step_pieces(params, pieces, 0.5f);
+        dense->step(reference, grads, nullptr, 0.5f);
+      }
+      EXPECT_EQ(0, std::memcmp(params.data(), reference.data(), size * sizeof(float)))
+          << name << " " << threads;
+      EXPECT_NE(params, start);
+    }
+  }
+  set_loop_threads(1);
+}
+
 TEST(Optimizer, LearningRateSchedulesWarmUpStepAndCosine) {
   OptimizerSettings s;
   s.learning_rate = 0.1;
