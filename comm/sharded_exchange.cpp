@@ -278,34 +278,34 @@ void ShardedExchange::fetch_rows(std::span<float> full, const RowRegion& region,
     }
   }
   exclusive_offsets(reply_counts, reply_offsets);
-  // What each owner sends back follows from the rows asked.
-  std::vector<int> answer_counts(ranks, 0), answer_offsets;
-  for (std::size_t owner = 0; owner < ranks; ++owner) {
-    const RegionPart part = region_part(begin(static_cast<int>(owner)), end(static_cast<int>(owner)), region);
-    const auto ids = std::span<const int32_t>(send_ids_).subspan(
-        static_cast<std::size_t>(send_offsets_[owner]), static_cast<std::size_t>(send_counts_[owner]));
-    for (const int32_t row : ids) {
-      const auto [first, last] = part.row_span(static_cast<std::size_t>(row), region);
-      answer_counts[owner] += static_cast<int>(last - first);
+  // What each owner sends back follows from the rows asked: each row's floats in the owner's shard.
+  auto each_asked = [&](const auto& visit) {
+    for (std::size_t owner = 0; owner < ranks; ++owner) {
+      const RegionPart part =
+          region_part(begin(static_cast<int>(owner)), end(static_cast<int>(owner)), region);
+      const auto ids = std::span<const int32_t>(send_ids_).subspan(
+          static_cast<std::size_t>(send_offsets_[owner]), static_cast<std::size_t>(send_counts_[owner]));
+      for (const int32_t row : ids) {
+        const auto [first, last] = part.row_span(static_cast<std::size_t>(row), region);
+        visit(owner, first, last);
+      }
     }
-  }
+  };
+  std::vector<int> answer_counts(ranks, 0), answer_offsets;
+  each_asked([&](std::size_t owner, std::size_t first, std::size_t last) {
+    answer_counts[owner] += static_cast<int>(last - first);
+  });
   receive_.resize(static_cast<std::size_t>(exclusive_offsets(answer_counts, answer_offsets)));
   DDP_CHECK_MPI(MPI_Alltoallv(send_.data(), reply_counts.data(), reply_offsets.data(), MPI_FLOAT,
                               receive_.data(), answer_counts.data(), answer_offsets.data(), MPI_FLOAT,
                               comm_));
   std::size_t at = 0;
-  for (std::size_t owner = 0; owner < ranks; ++owner) {
-    const RegionPart part = region_part(begin(static_cast<int>(owner)), end(static_cast<int>(owner)), region);
-    const auto ids = std::span<const int32_t>(send_ids_).subspan(
-        static_cast<std::size_t>(send_offsets_[owner]), static_cast<std::size_t>(send_counts_[owner]));
-    for (const int32_t row : ids) {
-      const auto [first, last] = part.row_span(static_cast<std::size_t>(row), region);
-      std::copy(receive_.begin() + static_cast<std::ptrdiff_t>(at),
-                receive_.begin() + static_cast<std::ptrdiff_t>(at + (last - first)),
-                full.begin() + static_cast<std::ptrdiff_t>(first));
-      at += last - first;
-    }
-  }
+  each_asked([&](std::size_t /*owner*/, std::size_t first, std::size_t last) {
+    std::copy(receive_.begin() + static_cast<std::ptrdiff_t>(at),
+              receive_.begin() + static_cast<std::ptrdiff_t>(at + (last - first)),
+              full.begin() + static_cast<std::ptrdiff_t>(first));
+    at += last - first;
+  });
 }
 
 void ShardedExchange::broadcast(std::span<float> data) {
