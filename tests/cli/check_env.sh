@@ -12,7 +12,7 @@ ddptrain=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-cd "$work"
+cd "$work" || exit 1
 
 # run NAME COMMAND...: stdout to NAME.out, stderr to NAME.err, exit status in $status.
 run() {

@@ -6,8 +6,11 @@
 # so opening it blocks) and while rank 0 writes the run directory (metrics.jsonl is a FIFO nobody reads); the
 # job must end naming what the rank was doing.
 #   bash tests/cli/hung_rank.sh path/to/ddptrain source-dir
+# `A && B || fail` asserts both: the fail runs when either is false, as meant.
+# shellcheck disable=SC2015
 set -euo pipefail
 ddptrain=$1
+# shellcheck source=tests/cli/lib/background_run.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/background_run.sh"
 enter_scratch_dir_with_data "$ddptrain"
 

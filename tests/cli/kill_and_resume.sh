@@ -4,6 +4,7 @@
 #   bash tests/cli/kill_and_resume.sh path/to/ddptrain source-dir
 set -euo pipefail
 ddptrain=$1
+# shellcheck source=tests/cli/lib/background_run.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/background_run.sh"
 enter_scratch_dir_with_data "$ddptrain"
 bound=20

@@ -6,6 +6,7 @@
 #   bash tests/cli/model_variants_learn.sh path/to/ddptrain
 set -euo pipefail
 ddptrain=$1
+# shellcheck source=tests/cli/lib/cli_test.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
 enter_scratch_dir
 

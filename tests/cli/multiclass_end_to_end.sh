@@ -6,14 +6,19 @@
 #   bash tests/cli/multiclass_end_to_end.sh path/to/ddptrain
 set -euo pipefail
 ddptrain=$1
+# shellcheck source=tests/cli/lib/cli_test.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
 enter_scratch_dir
 
 # Documents of filler words; the class is carried by two topic words, and a negated word of another topic
 # ("not <word>") in every other document, so that the order of words counts.
 filler=(the a report news today it was and of people time said year new city week)
+# The topics are read through namerefs (document's `local -n`).
+# shellcheck disable=SC2034
 sports=(match goal team league coach striker)
+# shellcheck disable=SC2034
 science=(atom cell physics theory experiment molecule)
+# shellcheck disable=SC2034
 music=(album guitar concert song melody band)
 classes=(music science sports)
 RANDOM=11  # a fixed seed: the same folder on every run

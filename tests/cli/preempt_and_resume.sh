@@ -5,8 +5,11 @@
 #   2. the colocated parameter server, 3 ranks: SIGUSR1 to mpirun, which forwards it to every rank
 #   3. a dedicated parameter server (rank 2), 3 ranks: SIGTERM to worker rank 1 alone
 #   bash tests/cli/preempt_and_resume.sh path/to/ddptrain source-dir
+# `A && B || fail` asserts both: the fail runs when either is false, as meant.
+# shellcheck disable=SC2015
 set -euo pipefail
 ddptrain=$1
+# shellcheck source=tests/cli/lib/background_run.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/background_run.sh"
 enter_scratch_dir_with_data "$ddptrain"
 epochs=8

@@ -2,8 +2,11 @@
 # `ddptrain prepare KIND --val-fraction F` for every kind: /val holds the last round(F * rows) training rows,
 # /train the others, and a bad F exits 2 with one line naming --val-fraction.
 #   bash tests/cli/prepare_val_fraction.sh path/to/ddptrain source-dir
+# `A && B || fail` asserts both: the fail runs when either is false, as meant.
+# shellcheck disable=SC2015
 set -euo pipefail
 ddptrain=$1
+# shellcheck source=tests/cli/lib/cli_test.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
 enter_scratch_dir
 
@@ -30,8 +33,8 @@ if h5ls whole.h5 | grep -q '^val'; then fail "a file without --val-fraction has 
 for split in train test; do
   mkdir -p corpus/$split/pos corpus/$split/neg
   for i in $(seq 20); do
-    echo "great film $i" >corpus/$split/pos/$i.txt
-    echo "awful film $i" >corpus/$split/neg/$i.txt
+    echo "great film $i" >"corpus/$split/pos/$i.txt"
+    echo "awful film $i" >"corpus/$split/neg/$i.txt"
   done
 done
 "$ddptrain" prepare text --input corpus --output text.h5 --val-fraction 0.1 --seed 5 >text.txt 2>&1 ||

@@ -6,6 +6,7 @@
 #   bash tests/cli/rank_error_mid_run.sh path/to/ddptrain source-dir
 set -euo pipefail
 ddptrain=$1
+# shellcheck source=tests/cli/lib/cli_test.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
 /usr/bin/python3 -c 'import h5py' 2>/dev/null || { echo "SKIP: needs python3-h5py to edit a dataset"; exit 77; }
 enter_scratch_dir

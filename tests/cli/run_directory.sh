@@ -7,8 +7,11 @@
 #   - data.validation_split 0.1: epochs report val_*, best.h5 is the epoch of the lowest val_loss, and the
 #     test split is scored once at the end, on best.h5
 #   bash tests/cli/run_directory.sh path/to/ddptrain source-dir
+# `A && B || fail` asserts both: the fail runs when either is false, as meant.
+# shellcheck disable=SC2015
 set -euo pipefail
 ddptrain=$1
+# shellcheck source=tests/cli/lib/cli_test.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
 enter_scratch_dir
 

@@ -4,6 +4,8 @@
 # resolves for ddptrain (but those it names on stderr as belonging to no package), --not-installed leaves out
 # what is installed, and a missing binary or an unresolvable library is one error line and exit 1.
 #   bash tests/cli/runtime_packages.sh path/to/ddptrain source-dir
+# `A && B || fail` asserts both: the fail runs when either is false, as meant.
+# shellcheck disable=SC2015
 set -uo pipefail
 ddptrain=$1
 script=$2/launch/containers/runtime-packages.sh

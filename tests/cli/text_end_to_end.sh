@@ -5,16 +5,22 @@
 #   bash tests/cli/text_end_to_end.sh path/to/ddptrain source-dir
 # DDPTRAIN_TEST_DEVICE=cuda trains, predicts and evaluates on the GPU instead, and then also checks that the
 # CPU predicts and evaluates the GPU's checkpoint alike (probabilities within 1e-4).
+# `A && B || fail` asserts both: the fail runs when either is false, as meant.
+# shellcheck disable=SC2015
 set -euo pipefail
 ddptrain=$1
 device=${DDPTRAIN_TEST_DEVICE:-cpu}
+# shellcheck source=tests/cli/lib/cli_test.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
 enter_scratch_dir
 
 # Reviews of neutral filler words; the label is carried by two sentiment words placed at random.
 filler=(the a film movie plot actor scene story it was and of director script camera music ending cast
   character time)
+# The moods are read through a nameref (review's `local -n`).
+# shellcheck disable=SC2034
 positive=(great wonderful excellent superb loved brilliant)
+# shellcheck disable=SC2034
 negative=(awful terrible boring dreadful hated dull)
 RANDOM=7  # a fixed seed: the same folder on every run
 review() {

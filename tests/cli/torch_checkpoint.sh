@@ -12,6 +12,7 @@ if ! "$python" -c 'import torch, h5py' 2>/dev/null; then
   echo "SKIP: $python has no torch or h5py (apt-get install python3-torch python3-h5py)"
   exit 77
 fi
+# shellcheck source=tests/cli/lib/cli_test.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
 enter_scratch_dir
 

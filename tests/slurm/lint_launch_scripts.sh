@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The launch scripts parse (bash -n) and pass shellcheck: launch/slurm/*, launch/ddprun, launch/bootstrap.sh,
-# the benchmark scripts (the GPU acceptance command among them), the Slurm, cluster, CMake, package, container and fuzz tests, and the container scripts. Exit 77
+# the benchmark scripts (the GPU acceptance command among them), the command-line, Slurm, cluster, CMake,
+# package, container and fuzz tests, and the container scripts. Exit 77
 # (skipped) when shellcheck is not installed.
 #   bash tests/slurm/lint_launch_scripts.sh source-dir
 set -euo pipefail
 cd "$1"
 scripts=(launch/slurm/*.sbatch launch/slurm/common.sh launch/ddprun launch/bootstrap.sh benchmarks/*.sh tests/slurm/*.sh
-  tests/cluster/*.sh tests/cmake/*.sh tests/package/*.sh launch/containers/*.sh tests/container/*.sh tests/fuzz/*.sh)
+  tests/cli/*.sh tests/cli/lib/*.sh tests/cluster/*.sh tests/cmake/*.sh tests/package/*.sh launch/containers/*.sh tests/container/*.sh tests/fuzz/*.sh)
 status=0
 for script in "${scripts[@]}"; do
   bash -n "$script" || { echo "FAIL: bash -n $script"; status=1; }

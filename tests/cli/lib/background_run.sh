@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the CLI tests that start a training run in the background and then act on one of its ranks.
 # shellcheck source=tests/cli/lib/cli_test.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cli_test.sh"
@@ -30,7 +31,7 @@ enter_scratch_dir_with_data() {  # path/to/ddptrain
   victim=""
   trap 'if [ -n "$victim" ]; then kill -9 "$victim" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-  cd "$work"
+  cd "$work" || exit 1
   "$1" prepare synthetic --output data.h5 --train 2000 --test 400 --vocab 300 --maxlen 20 --seed 3 >/dev/null
 }
 
@@ -38,6 +39,7 @@ enter_scratch_dir_with_data() {  # path/to/ddptrain
 # `run`), sends SIGNAL to rank RANK (its PID left in $victim) once an epoch has finished, and waits for the job
 # to end. Sets `status` (the job's exit status) and `elapsed` (seconds from the signal to the end); fails the
 # test if the job reported success.
+# shellcheck disable=SC2154  # run: the caller's command array
 signal_rank_and_wait() {  # signal, rank
   "${run[@]}" >out.txt 2>err.txt &
   local launcher=$!

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the CLI tests: a scratch directory, the failure and bad-input checks they share, and reading
 # metrics.jsonl.
 
