@@ -101,9 +101,7 @@ DatasetWriter::DatasetWriter(std::string path, int vocab_size, int maxlen, int64
   }
 }
 
-DatasetWriter::~DatasetWriter() {
-  if (committed_) return;
-  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+void DatasetWriter::close_file() {
   train_x_.reset();
   train_y_.reset();
   test_x_.reset();
@@ -111,6 +109,12 @@ DatasetWriter::~DatasetWriter() {
   val_x_.reset();
   val_y_.reset();
   file_.reset();
+}
+
+DatasetWriter::~DatasetWriter() {
+  if (committed_) return;
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  close_file();
   std::error_code ignored;
   std::filesystem::remove(tmp_path_, ignored);
 }
@@ -164,13 +168,7 @@ void DatasetWriter::commit() {
     std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
     // Checked here: the close in Hid's destructor cannot report a failed final write.
     check_h5(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), ("H5Fflush " + tmp_path_).c_str());
-    train_x_.reset();
-    train_y_.reset();
-    test_x_.reset();
-    test_y_.reset();
-    val_x_.reset();
-    val_y_.reset();
-    file_.reset();
+    close_file();
   }
   std::error_code error;
   std::filesystem::rename(tmp_path_, path_, error);

@@ -45,6 +45,8 @@ class DatasetWriter {
   void commit();
 
  private:
+  // Closes the datasets, then the file (HDF5's lock held by the caller).
+  void close_file();
   std::string path_;
   std::string tmp_path_;
   void write_group_rows(const std::string& group, int64_t first, const int32_t* tokens, const uint8_t* labels,
