@@ -117,8 +117,8 @@ class ColocatedService final : public ParameterService {
       const std::span<const GradientPiece> pieces =
           exchange_.reduce_scatter_average_rows(grads, region, *touched_rows);
       const float scale = clipping([&] {
-        double squares =
-            0;  // one running sum over the pieces in order: the dense sum's bits (zeros add nothing)
+        // One running sum over the pieces in order: the dense sum's bits (its zeros add nothing).
+        double squares = 0;
         for (const GradientPiece& piece : pieces) squares = add_squares(squares, piece.values);
         return squares;
       });
