@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <numeric>
 #include <string>
 
 #include "comm/mpi_check.h"
@@ -86,10 +85,9 @@ int exclusive_offsets(const std::vector<int>& counts, std::vector<int>& offsets)
 std::span<const GradientPiece> ShardedExchange::reduce_scatter_average_rows(
     std::span<const float> full, const RowRegion& region, std::span<const int32_t> touched_rows) {
   const auto ranks = static_cast<std::size_t>(size_);
-  // Each owner's payload: its shard's touched rows and the rest (row_sparse.h), or the shard dense where
-  // that is no larger.
-  // Room for every payload at its owner's offset, left uninitialized: a sparse payload writes (and makes
-  // resident) a few pages of it.
+  // Each owner's payload, at its shard's offset: the shard's touched rows and the rest (row_sparse.h), or
+  // the shard dense where that is no larger. The buffer is left uninitialized: sparse payloads write (and
+  // make resident) a few pages of it.
   if (payload_capacity_ < full.size()) {
     payloads_.reset(new float[full.size()]);
     payload_capacity_ = full.size();
