@@ -42,7 +42,7 @@ std::string read_row_ids(std::span<const float> payload, const RegionPart& part,
 }
 
 // Calls `each(values, from, to)` for each row's values in the payload (after the ids) and then
-// `rest(values, at)` for the shard's floats outside the region; the error when the sizes do not fit.
+// `rest(values)` for the shard's floats outside the region; the error when the sizes do not fit.
 template <typename EachRow, typename Rest>
 std::string walk_payload(std::span<const float> payload, std::size_t begin, std::size_t end,
                          const RowRegion& region, const RegionPart& part, std::span<const float> ids,
