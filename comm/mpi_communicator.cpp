@@ -4,8 +4,11 @@
 // Open MPI moves a non-blocking collective only inside MPI calls, and backward makes none: across a slow
 // link the buckets would travel only once finish_average() waits. So on a job of several nodes, where MPI
 // allows calls from several threads (MPI_THREAD_MULTIPLE), a progress thread of the communicator tests the
-// pending reductions every kProgressPeriod while any is pending, and sleeps otherwise; the main thread's
-// own MPI calls go on beside it. The thread touches only pending_ (under mutex_).
+// pending reductions every kProgressPeriod while any is pending, and sleeps otherwise. The thread touches
+// only pending_, under mutex_, and every MPI call of this communicator is made under mutex_: Open MPI
+// 4.1's TCP transport can lose a connection handshake when two threads call MPI while it wires up peers
+// (a job across two nodes hung in its first steps about one run in thirty when the row all-gathers went on
+// beside the progress thread's tests).
 #include <mpi.h>
 
 #include <algorithm>
@@ -98,16 +101,20 @@ class MpiCommunicator final : public Communicator {
     // Every rank learns every rank's rows and forms the same sorted union.
     const int mine = checked_count(rows.size());
     std::vector<int> counts(static_cast<std::size_t>(size_));
-    DDP_CHECK_MPI(MPI_Allgather(&mine, 1, MPI_INT, counts.data(), 1, MPI_INT, comm_));
     std::vector<int> offsets(counts.size());
-    std::size_t all = 0;
-    for (std::size_t r = 0; r < counts.size(); ++r) {
-      offsets[r] = checked_count(all);
-      all += static_cast<std::size_t>(counts[r]);
+    std::vector<int32_t> gathered;
+    {
+      std::lock_guard lock(mutex_);
+      DDP_CHECK_MPI(MPI_Allgather(&mine, 1, MPI_INT, counts.data(), 1, MPI_INT, comm_));
+      std::size_t all = 0;
+      for (std::size_t r = 0; r < counts.size(); ++r) {
+        offsets[r] = checked_count(all);
+        all += static_cast<std::size_t>(counts[r]);
+      }
+      gathered.resize(all);
+      DDP_CHECK_MPI(MPI_Allgatherv(rows.data(), mine, MPI_INT32_T, gathered.data(), counts.data(),
+                                   offsets.data(), MPI_INT32_T, comm_));
     }
-    std::vector<int32_t> gathered(all);
-    DDP_CHECK_MPI(MPI_Allgatherv(rows.data(), mine, MPI_INT32_T, gathered.data(), counts.data(),
-                                 offsets.data(), MPI_INT32_T, comm_));
     std::sort(gathered.begin(), gathered.end());
     gathered.erase(std::unique(gathered.begin(), gathered.end()), gathered.end());
 
@@ -134,13 +141,18 @@ class MpiCommunicator final : public Communicator {
 
   void sum(std::span<double> data) override {
     if (size_ == 1 || data.empty()) return;
+    std::lock_guard lock(mutex_);
     DDP_CHECK_MPI(
         MPI_Allreduce(MPI_IN_PLACE, data.data(), checked_count(data.size()), MPI_DOUBLE, MPI_SUM, comm_));
   }
 
-  void barrier() override { DDP_CHECK_MPI(MPI_Barrier(comm_)); }
+  void barrier() override {
+    std::lock_guard lock(mutex_);
+    DDP_CHECK_MPI(MPI_Barrier(comm_));
+  }
 
   std::vector<std::string> gather(const std::string& text, int root) override {
+    std::lock_guard lock(mutex_);
     int length = static_cast<int>(text.size());
     std::vector<int> lengths(rank_ == root ? static_cast<std::size_t>(size_) : 0);
     DDP_CHECK_MPI(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, comm_));
@@ -161,6 +173,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   std::optional<std::string> first_error(const std::optional<std::string>& mine) override {
+    std::lock_guard lock(mutex_);
     int candidate = mine ? rank_ : size_;
     int first = size_;
     DDP_CHECK_MPI(MPI_Allreduce(&candidate, &first, 1, MPI_INT, MPI_MIN, comm_));
@@ -215,6 +228,7 @@ class MpiCommunicator final : public Communicator {
   template <typename T>
   void broadcast_bytes(T* data, std::size_t n, MPI_Datatype type, int root) {
     if (size_ == 1 || n == 0) return;
+    std::lock_guard lock(mutex_);
     DDP_CHECK_MPI(MPI_Bcast(data, checked_count(n), type, root, comm_));
   }
 
@@ -268,7 +282,7 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
   bool progress_thread_allowed_ = false;
   std::thread progress_;
-  std::mutex mutex_;
+  std::mutex mutex_;  // pending_, and every MPI call on comm_ (see the top of the file)
   std::condition_variable work_;
   bool stopping_ = false;
   std::vector<Pending> pending_;
