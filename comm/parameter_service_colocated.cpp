@@ -24,6 +24,26 @@
 namespace ddp::comm {
 namespace {
 
+// Open MPI 4.1's TCP transport can lose a connection handshake made while two threads of a rank are in MPI
+// (a job across nodes then hangs in its first steps; seen with the MPI backend's progress thread). The async
+// protocol reaches every pair of ranks from two threads, so every connection is made first, here, on one
+// thread: each rank exchanges one message with every other, in size - 1 rounds. Collective.
+void connect_every_pair(MPI_Comm parent) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  DDP_CHECK_MPI(MPI_Comm_dup(parent, &comm));
+  int rank = 0;
+  int size = 1;
+  DDP_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  DDP_CHECK_MPI(MPI_Comm_size(comm, &size));
+  for (int k = 1; k < size; ++k) {
+    int sent = rank;
+    int received = -1;
+    DDP_CHECK_MPI(MPI_Sendrecv(&sent, 1, MPI_INT, (rank + k) % size, 0, &received, 1, MPI_INT,
+                               (rank - k + size) % size, 0, comm, MPI_STATUS_IGNORE));
+  }
+  DDP_CHECK_MPI(MPI_Comm_free(&comm));
+}
+
 // Collective: rank 0's parameters to every rank, and each rank's shard of rank 0's optimizer state (when it
 // has one: else every shard keeps its zero state) into `optimizer`.
 void distribute_shards(ShardedExchange& exchange, ShardOptimizer& optimizer, std::span<float> params,
@@ -184,7 +204,9 @@ class AsyncColocatedService final : public ParameterService {
         options_(options),
         total_(total),
         optimizer_(make_optimizer(exchange_.shard_size())),
-        shard_(exchange_.shard_size()) {}
+        shard_(exchange_.shard_size()) {
+    connect_every_pair(world_);
+  }
 
   ~AsyncColocatedService() override {
     // The trainer ends every run of steps it begins; a run cut short ends the job before this (fatal).
