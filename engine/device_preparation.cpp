@@ -38,6 +38,22 @@ std::vector<std::pair<int, int>> batch_shapes(int batch_size, int seq, int64_t v
   return shapes;
 }
 
+std::vector<std::pair<int, int>> every_ranks_batch_shapes(comm::Communicator& trainers, int batch_size,
+                                                          int seq, int64_t validation_rows,
+                                                          int64_t test_rows) {
+  // present[b] counts the ranks with a short batch of b rows.
+  std::vector<double> present(static_cast<std::size_t>(std::max(batch_size, 1)), 0.0);
+  for (const auto& [rows, _] : batch_shapes(batch_size, seq, validation_rows, test_rows)) {
+    if (rows < batch_size) present[static_cast<std::size_t>(rows)] = 1;
+  }
+  trainers.sum(present);
+  std::vector<std::pair<int, int>> shapes{{batch_size, seq}};
+  for (int rows = 1; rows < batch_size; ++rows) {
+    if (present[static_cast<std::size_t>(rows)] > 0) shapes.emplace_back(rows, seq);
+  }
+  return shapes;
+}
+
 std::string prepare_device(models::Replica& replica, const std::vector<std::pair<int, int>>& shapes,
                            const Config& config, const Topology& topology, comm::Communicator& trainers) {
   std::string summary;

@@ -21,7 +21,16 @@ namespace ddp::engine {
 std::vector<std::pair<int, int>> batch_shapes(int batch_size, int seq, int64_t validation_rows,
                                               int64_t test_rows);
 
-// Collective over `trainers`, the training ranks, of which this is one: tries and settles `shapes` on
+// Collective over `trainers`: the union of every training rank's batch_shapes, in one order on every rank
+// (the training batch, then the short batches by size). The shards of a split differ by a sample, so one
+// rank's short last batch may be another's nothing, and prepare_device settles the shapes position by
+// position.
+std::vector<std::pair<int, int>> every_ranks_batch_shapes(comm::Communicator& trainers, int batch_size,
+                                                          int seq, int64_t validation_rows,
+                                                          int64_t test_rows);
+
+// Collective over `trainers`, the training ranks, of which this is one: tries and settles `shapes` (the same
+// list on every rank: every_ranks_batch_shapes) on
 // `replica`, then, on a GPU with comm.selfcheck, runs the self-check of the replica and, with NCCL, of the
 // communicator's averages. Errors throw the first failing rank's line as a UserError on every rank. The
 // self-check overwrites the replica's parameters: call this before the starting point is loaded. Returns the

@@ -157,10 +157,11 @@ class TrainingRun::Loop {
     watchdog_.enter(std::string("preparing the batch shapes") +
                     (self_check ? " and the GPU self-check" : ""));
     const int64_t test_rows = plan_.test ? plan_.test->shard.size() : -1;
-    self_check_summary_ = engine::prepare_device(
-        *replica_,
-        batch_shapes(config_.train.batch_size, data_.maxlen, plan_.validation.shard.size(), test_rows),
-        config_, topology_, comm_);
+    self_check_summary_ =
+        engine::prepare_device(*replica_,
+                               every_ranks_batch_shapes(comm_, config_.train.batch_size, data_.maxlen,
+                                                        plan_.validation.shard.size(), test_rows),
+                               config_, topology_, comm_);
   }
 
   // From here every step and evaluation batch beats the watchdog.

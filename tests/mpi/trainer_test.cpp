@@ -9,11 +9,14 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
 
 #include "comm/communicator.h"
 #include "engine/base/errors.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "engine/device_preparation.h"
 #include "engine/topology.h"
 #include "engine/training_job.h"
 #include "io/batch_source.h"
@@ -104,6 +107,35 @@ TEST_F(TrainerTest, ReplicasEndIdenticalAndMetricsAreWritten) {
     EXPECT_TRUE(std::filesystem::exists(dir_.file("run/config.ini")));
     EXPECT_EQ(engine::read_checkpoint(dir_.file("run/last.h5")).params, result.params);
   }
+}
+
+// Every rank tries every rank's batch shapes, in one order: here rank r's test shard ends in a short batch of
+// r rows (none on rank 0) and the last rank's validation shard in one of 3.
+TEST_F(TrainerTest, EveryRankTriesTheUnionOfTheRanksBatchShapes) {
+  const int rank = comm_->rank();
+  const int size = comm_->size();
+  const auto shapes = engine::every_ranks_batch_shapes(*comm_, 10, 16, rank == size - 1 ? 23 : 20, 10 + rank);
+  std::set<int> short_batches{3};
+  for (int r = 1; r < size; ++r) short_batches.insert(r);
+  std::vector<std::pair<int, int>> expected{{10, 16}};
+  for (const int rows : short_batches) expected.emplace_back(rows, 16);
+  EXPECT_EQ(shapes, expected);
+}
+
+// The shards of a split differ by a sample: with size x batch + 1 test rows one rank alone ends its test
+// shard with a short batch. The run starts, trains and scores the test split on every rank.
+TEST_F(TrainerTest, AShortLastBatchOnOneRankOnly) {
+  const std::string uneven = dir_.file("uneven.h5");
+  ddp::testing::write_synthetic_on_rank0({.output = uneven,
+                                          .train = 600,
+                                          .test = 10 * static_cast<int64_t>(comm_->size()) + 1,
+                                          .vocab = 300,
+                                          .maxlen = 16,
+                                          .seed = 7});
+  const engine::TrainResult result =
+      run(dir_.file("uneven"), {"--data.path", uneven, "--train.epochs", "1", "--data.validation", "test"});
+  ASSERT_EQ(result.history.size(), 1u);
+  EXPECT_TRUE(identical_on_all_ranks(result.params));
 }
 
 TEST_F(TrainerTest, StoppedAndResumedEqualsUninterrupted) {
