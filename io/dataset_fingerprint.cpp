@@ -1,7 +1,6 @@
 #include "io/dataset_fingerprint.h"
 
-#include <cinttypes>
-#include <cstdio>
+#include <fmt/format.h>
 #include <mutex>
 #include <vector>
 
@@ -63,11 +62,8 @@ std::string dataset_fingerprint(const DatasetInfo& info) try {
   for (const auto& [split, rows] : {std::pair{"train", info.train_size}, std::pair{"test", info.test_size}}) {
     content = combine(content, hash_split(file.get(), info, split, rows));
   }
-  char text[160];
-  std::snprintf(text, sizeof(text),
-                "train %" PRId64 ", test %" PRId64 ", vocab %d, maxlen %d, content %016" PRIx64,
-                info.train_size, info.test_size, info.vocab_size, info.maxlen, content);
-  return text;
+  return fmt::format("train {}, test {}, vocab {}, maxlen {}, content {:016x}", info.train_size,
+                     info.test_size, info.vocab_size, info.maxlen, content);
 } catch (const Hdf5Error& e) {
   throw_unreadable_file(info.path, e);
 }

@@ -1,8 +1,8 @@
 #include "io/dataset_writer.h"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <mutex>
 #include <stdexcept>
@@ -47,9 +47,7 @@ void write_block(hid_t dataset, int rank, int64_t first, int64_t rows, int64_t c
 
 // 0.1 as "0.1", not "0.100000".
 std::string format_fraction(double value) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%g", value);
-  return text;
+  return fmt::format("{:g}", value);
 }
 
 }  // namespace

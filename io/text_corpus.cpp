@@ -302,13 +302,7 @@ void subtract_val_counts(const std::vector<InputFile>& files, const std::vector<
 }
 
 std::string format_count(int64_t n) {
-  char text[32];
-  if (n >= 1'000'000) {
-    std::snprintf(text, sizeof(text), "%.1fM", static_cast<double>(n) / 1e6);
-  } else {
-    std::snprintf(text, sizeof(text), "%lld", static_cast<long long>(n));
-  }
-  return text;
+  return n >= 1'000'000 ? fmt::format("{:.1f}M", static_cast<double>(n) / 1e6) : std::to_string(n);
 }
 
 }  // namespace
@@ -474,21 +468,18 @@ std::string prepare_text(const TextCorpusOptions& options) {
   summary += ", " + group_text("test", labels[kTest], 0, static_cast<int64_t>(labels[kTest].size()));
   summary +=
       ", vocab_size " + std::to_string(vocabulary.size()) + ", maxlen " + std::to_string(options.maxlen);
-  char line[160];
-  std::snprintf(line, sizeof(line), "\nread %zu files in %.2f s (%.0f files/s, %d thread%s)", files.size(),
-                read_seconds, static_cast<double>(files.size()) / std::max(read_seconds, 1e-9), threads,
-                threads == 1 ? "" : "s");
-  summary += line;
+  summary += fmt::format("\nread {} files in {:.2f} s ({:.0f} files/s, {} thread{})", files.size(),
+                         read_seconds, static_cast<double>(files.size()) / std::max(read_seconds, 1e-9),
+                         threads, threads == 1 ? "" : "s");
   summary += "\nempty files skipped (no words): " + count_and_names(empty_files);
   summary += "\nfiles not valid UTF-8, decoded leniently (bad bytes read as Windows-1252): " +
              count_and_names(lenient_files);
   const double coverage =
       train_tokens > 0 ? 100.0 * static_cast<double>(covered_tokens) / static_cast<double>(train_tokens)
                        : 0.0;
-  std::snprintf(
-      line, sizeof(line), "\nvocabulary: %d words of %zu distinct in train; they cover %.1f%% of %s",
-      vocabulary.size() - kFirstWordId, counts.size(), coverage, format_count(train_tokens).c_str());
-  summary += std::string(line) + " training tokens";
+  summary +=
+      fmt::format("\nvocabulary: {} words of {} distinct in train; they cover {:.1f}% of {} training tokens",
+                  vocabulary.size() - kFirstWordId, counts.size(), coverage, format_count(train_tokens));
   for (const int split : {kTrain, kTest}) {
     for (int label = class_count - 1; label >= 0; --label) {
       if (documents[split][static_cast<std::size_t>(label)].empty()) {
