@@ -40,6 +40,16 @@ inline void expect_user_error(const std::function<void()>& action, const std::ve
   }
 }
 
+// Whether AddressSanitizer is built in: its allocator ends the process on a request larger than any memory
+// instead of throwing std::bad_alloc, so a test of that path skips there.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+inline constexpr bool kAddressSanitizer = __has_feature(address_sanitizer);
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+
 // Keras's initialization with random biases on top, so that every gate's bias differs (a bias mapped to the
 // wrong gate shows) and bias gradients are not a special case.
 std::vector<float> test_params(const models::ParamLayout& layout, uint64_t seed);

@@ -9,6 +9,7 @@
 #include <iterator>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "engine/base/errors.h"
@@ -119,6 +120,43 @@ TEST(FuzzFindings, CheckpointWithAbsurdDimensionsIsRefusedBeforeItsLayout) {
     H5Fclose(file);
     expect_user_error([&] { engine::read_checkpoint(path); }, {path, expected});
   }
+}
+
+// A checkpoint whose header and params dataset agree on a model larger than any machine's memory (2^31 - 1
+// rows of 2^25 floats; the dataset's storage is never allocated in the file): std::bad_alloc escaped from
+// read_checkpoint.
+TEST(FuzzFindings, CheckpointOfAModelLargerThanMemoryIsAUserError) {
+  if (testing::kAddressSanitizer) GTEST_SKIP() << "AddressSanitizer ends the process on such a request";
+  TempDir dir;
+  const models::ModelShape small{10, 2, 2, 1};
+  const std::string path = dir.file("last.h5");
+  engine::write_checkpoint(path, small, std::vector<float>(models::ParamLayout(small).total_size(), 0.5f),
+                           "sgd", {}, {}, "");
+  models::ModelShape huge = small;
+  huge.vocab_size = INT32_MAX;
+  huge.embedding_dim = 1 << 25;
+  const hsize_t size = models::ParamLayout(huge).total_size();
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  for (const auto& [attribute, value] : {std::pair{"vocab_size", int64_t{huge.vocab_size}},
+                                         std::pair{"embedding_dim", int64_t{huge.embedding_dim}}}) {
+    ASSERT_GE(H5Adelete(file, attribute), 0);
+    const hid_t space = H5Screate(H5S_SCALAR);
+    const hid_t attr = H5Acreate2(file, attribute, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(H5Awrite(attr, H5T_NATIVE_INT64, &value), 0);
+    H5Aclose(attr);
+    H5Sclose(space);
+  }
+  ASSERT_GE(H5Ldelete(file, "params", H5P_DEFAULT), 0);
+  const hid_t space = H5Screate_simple(1, &size, nullptr);
+  const hid_t params =
+      H5Dcreate2(file, "params", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(params, 0);
+  H5Dclose(params);
+  H5Sclose(space);
+  H5Fclose(file);
+  expect_user_error([&] { engine::read_checkpoint(path); },
+                    {path, "params", "more than this machine can allocate"});
 }
 
 // Overwrites every occurrence of `from` in the file with `to` (as long), as a disk or a copy might.
