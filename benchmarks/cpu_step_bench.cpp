@@ -7,7 +7,9 @@
 // reaches on exactly those shapes, measured on every rank at once so that the floor sees the same core
 // sharing as the step; and the reference: oneDNN's LSTM training step alone at the same shapes
 // (the replica's oneDNN layer, models/onednn_lstm.h), where the build has oneDNN; and the physical floor:
-// those FLOPs at the peak FMA rate of the rank's cores (peak_flops.h).
+// those FLOPs at the peak FMA rate of the rank's cores (peak_flops.h). Last, dense Adam's memory floor: the
+// bytes its update must move (p, m and v of every parameter read and written) at the rate a loop with that
+// traffic and almost no arithmetic reaches on the rank's threads.
 //
 //   mpirun -np 1 build/benchmarks/cpu_step_bench --threads 2
 //   mpirun -np 2 build/benchmarks/cpu_step_bench --threads 1
@@ -26,6 +28,7 @@
 
 #include "comm/communicator.h"
 #include "engine/all_reduce_step.h"
+#include "engine/base/parallel_loops.h"
 #include "engine/optimizer.h"
 #include "models/blas_threads.h"
 #include "models/cpu_threads.h"
@@ -190,6 +193,29 @@ Reference time_onednn_layers(const Shapes& s, int threads, int warmup, int steps
   return r;
 }
 
+// Seconds per pass of a loop with dense Adam's memory traffic over n parameters (p, m and v read and
+// written; the touched rows' gradients, a few percent, not counted) and three multiplies instead of its
+// square root and division, on the threads the optimizer uses.
+double time_adam_traffic(std::size_t n, int reps) {
+  std::vector<float> p_buffer(n, 1.0f), m_buffer(n, 0.5f), v_buffer(n, 0.25f);
+  float* __restrict p = p_buffer.data();
+  float* __restrict m = m_buffer.data();
+  float* __restrict v = v_buffer.data();
+  const auto pass = [&] {
+    ddp::parallel_ranges(n, 16, 1 << 16, [&](std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end; ++i) {
+        m[i] *= 0.9f;
+        v[i] *= 0.999f;
+        p[i] -= 1e-3f * m[i];
+      }
+    });
+  };
+  pass();
+  const auto start = Clock::now();
+  for (int r = 0; r < reps; ++r) pass();
+  return std::chrono::duration<double>(Clock::now() - start).count() / reps;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -282,6 +308,12 @@ int main(int argc, char** argv) {
   PeakFlops peak = measure_peak_flops(threads, 0.5);
   MPI_Allreduce(MPI_IN_PLACE, &peak.gflops, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
   const double physical_floor_s = flops / (peak.gflops * 1e9);
+  // Dense Adam's memory floor, every rank at once.
+  comm->barrier();
+  const std::size_t parameters = replica->layout().total_size();
+  double adam_floor_s = time_adam_traffic(parameters, 20);
+  MPI_Allreduce(MPI_IN_PLACE, &adam_floor_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  const double adam_bytes = 24.0 * static_cast<double>(parameters);
 
   if (rank == 0) {
     const double steps_per_epoch = std::ceil(25000.0 / (static_cast<double>(world) * s.batch));
@@ -317,6 +349,16 @@ int main(int argc, char** argv) {
           step.mean / library.step.mean, compute_s / steps / library.step.mean);
     } else {
       std::printf("reference: none, %s\n", library.why_not.c_str());
+    }
+    std::printf(
+        "dense Adam's memory floor: %zu parameters x 24 bytes (p, m, v read and written) = %.1f MB at %.1f "
+        "GB/s = %.2f ms/step%s\n",
+        parameters, adam_bytes / 1e6, adam_bytes / adam_floor_s / 1e9, 1e3 * adam_floor_s,
+        lazy ? " (lazy Adam moves only the batch's rows)" : "");
+    if (library.why_not.empty() && !lazy) {
+      std::printf("reference + dense Adam's memory floor = %.2f ms = %.2fx the reference\n",
+                  1e3 * (library.step.mean + adam_floor_s),
+                  (library.step.mean + adam_floor_s) / library.step.mean);
     }
   }
   comm.reset();
