@@ -24,7 +24,8 @@ elapsed=$(($(date +%s) - started))
 echo "start-up: the job ended after $elapsed s, exit status $status"
 cat frozen-err.txt
 [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: exit status $status"; exit 1; }
-[ "$elapsed" -le 18 ] || { echo "FAIL: took $elapsed s, bound 3 s"; exit 1; }
+# A hang, not a duration: the bound is comm.timeout_s plus a margin for a loaded machine.
+[ "$elapsed" -le 18 ] || { echo "FAIL: took $elapsed s, bound 18 s (comm.timeout_s 3 + 15)"; exit 1; }
 grep -q "no progress for .* (comm.timeout_s 3) while reading data.path frozen.h5: a rank is hung" \
   frozen-err.txt || { echo "FAIL: no message names the phase"; exit 1; }
 
