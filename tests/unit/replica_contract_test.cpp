@@ -1,9 +1,11 @@
-// The replica contract (tests/replica_contract.h) over the CPU replica.
+// The replica contract (tests/replica_contract.h) over the CPU replica, on each of its kernel libraries
+// (model.cpu_kernels): its own over the BLAS, and oneDNN's where the build has it.
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "engine/optimizer.h"
+#include "models/onednn_lstm.h"
 #include "models/replica.h"
 #include "tests/replica_contract.h"
 
@@ -20,10 +22,16 @@ class HostPlacedBatch final : public PlacedBatch {
   HostBatch batch_;
 };
 
+template <models::CpuKernels kKernels>
 struct CpuReplicaKind {
-  static std::optional<std::string> unavailable() { return std::nullopt; }
+  static std::optional<std::string> unavailable() {
+    if (kKernels == models::CpuKernels::kOnednn && !models::onednn_missing().empty()) {
+      return models::onednn_missing();
+    }
+    return std::nullopt;
+  }
   static std::unique_ptr<models::Replica> make(const models::ModelShape& shape) {
-    return models::make_cpu_replica(shape);
+    return models::make_cpu_replica(shape, kKernels);
   }
   static std::unique_ptr<engine::Optimizer> optimizer(const engine::OptimizerSettings& settings,
                                                       models::Replica& replica) {
@@ -34,7 +42,16 @@ struct CpuReplicaKind {
   }
 };
 
-INSTANTIATE_TYPED_TEST_SUITE_P(Cpu, ReplicaContract, CpuReplicaKind);
+using CpuKinds = ::testing::Types<CpuReplicaKind<models::CpuKernels::kBuiltin>,
+                                  CpuReplicaKind<models::CpuKernels::kOnednn>>;
+// Cpu/ReplicaContract/builtin.*, Cpu/ReplicaContract/onednn.*
+struct KernelsName {
+  template <typename Kind>
+  static std::string GetName(int index) {
+    return index == 0 ? "builtin" : "onednn";
+  }
+};
+INSTANTIATE_TYPED_TEST_SUITE_P(Cpu, ReplicaContract, CpuKinds, KernelsName);
 
 }  // namespace
 }  // namespace ddp::testing
