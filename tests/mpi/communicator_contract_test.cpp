@@ -1,6 +1,6 @@
-// Every communicator against the contract (tests/communicator_contract.h), at every rank count ctest runs
-// this binary with: the MPI backend here; NCCL and staged MPI where every rank has a GPU of its own (skipped,
-// with the reason, elsewhere).
+// Every communicator against the contract (tests/communicator_contract.h) in one typed suite (Communicators),
+// at every rank count ctest runs this binary with: the MPI backend here; staged MPI and NCCL (with each wire
+// compression) where every rank has a GPU of its own (skipped, with the reason, elsewhere).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -24,28 +24,6 @@
 
 namespace ddp {
 namespace {
-
-TEST(CommunicatorContract, MpiAverages) {
-  auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
-  std::vector<std::unique_ptr<std::vector<float>>> buffers;
-  const testing::CheckBufferFactory host = [&](std::size_t floats) {
-    buffers.push_back(std::make_unique<std::vector<float>>(floats));
-    return comm::host_check_buffer(*buffers.back());
-  };
-  testing::expect_averages(*comm, host, comm::kAverageTolerance);
-}
-
-TEST(CommunicatorContract, MpiHostCollectives) {
-  auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
-  testing::expect_host_collectives(*comm);
-}
-
-TEST(CommunicatorContract, MpiRowAverages) {
-  auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
-  testing::expect_row_averages(*comm, 100, 9);  // a few rows: the sparse path
-  testing::expect_row_averages(*comm, 20, 19);  // nearly every row: the whole matrix is averaged
-  testing::expect_row_averages(*comm, 50, 1);   // fewer rows than ranks
-}
 
 // The check itself: a communicator that does not reduce must fail it (with one rank averaging is the
 // identity, so only a job of several ranks can tell).
@@ -112,23 +90,89 @@ testing::CheckBufferFactory device_buffers(int device,
   };
 }
 
-TEST(CommunicatorContract, NcclAverages) {
-  const auto [device, why_not] = gpu_per_rank();
-  if (device < 0) GTEST_SKIP() << why_not;
-  std::vector<std::unique_ptr<engine::DeviceBuffer>> owned;
-  for (const std::string compression : {"none", "fp16", "bf16"}) {
-    auto comm = comm::make_nccl_communicator(MPI_COMM_WORLD, nullptr, compression);
-    testing::expect_averages(*comm, device_buffers(device, owned),
-                             comm::average_tolerance(compression, comm->size()));
+// One typed suite over every communicator: each Kind says whether this job can run it (all ranks agree),
+// how to make it, where its gradient buffers live and how close its average must be.
+template <typename Kind>
+class Communicators : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const std::optional<std::string> why = Kind::unavailable()) GTEST_SKIP() << *why;
+    comm_ = Kind::make();
   }
+  // Buffers in the communicator's memory, kept until the test ends.
+  testing::CheckBufferFactory buffers() {
+    if (Kind::kDeviceMemory) return device_buffers(gpu_per_rank().device, device_owned_);
+    return [this](std::size_t floats) {
+      host_owned_.push_back(std::make_unique<std::vector<float>>(floats));
+      return comm::host_check_buffer(*host_owned_.back());
+    };
+  }
+
+  std::unique_ptr<comm::Communicator> comm_;
+  std::vector<std::unique_ptr<std::vector<float>>> host_owned_;
+  std::vector<std::unique_ptr<engine::DeviceBuffer>> device_owned_;
+};
+
+std::optional<std::string> without_a_gpu_per_rank() {
+  const std::string why = gpu_per_rank().why_not;
+  return why.empty() ? std::nullopt : std::optional<std::string>(why);
 }
 
-TEST(CommunicatorContract, StagedMpiAverages) {
-  const auto [device, why_not] = gpu_per_rank();
-  if (device < 0) GTEST_SKIP() << why_not;
-  std::vector<std::unique_ptr<engine::DeviceBuffer>> owned;
-  auto comm = comm::make_staged_mpi_communicator(MPI_COMM_WORLD, nullptr);
-  testing::expect_averages(*comm, device_buffers(device, owned), comm::kAverageTolerance);
+struct MpiKind {
+  static constexpr bool kDeviceMemory = false;
+  static std::optional<std::string> unavailable() { return std::nullopt; }
+  static std::unique_ptr<comm::Communicator> make() { return comm::make_mpi_communicator(MPI_COMM_WORLD); }
+  static double tolerance(int) { return comm::kAverageTolerance; }
+};
+
+struct StagedMpiKind {
+  static constexpr bool kDeviceMemory = true;
+  static std::optional<std::string> unavailable() { return without_a_gpu_per_rank(); }
+  static std::unique_ptr<comm::Communicator> make() {
+    return comm::make_staged_mpi_communicator(MPI_COMM_WORLD, nullptr);
+  }
+  static double tolerance(int) { return comm::kAverageTolerance; }
+};
+
+// NCCL with gradients on the wire as `kWire` says: none, fp16 or bf16.
+template <const char* kWire>
+struct NcclKind {
+  static constexpr bool kDeviceMemory = true;
+  static std::optional<std::string> unavailable() { return without_a_gpu_per_rank(); }
+  static std::unique_ptr<comm::Communicator> make() {
+    return comm::make_nccl_communicator(MPI_COMM_WORLD, nullptr, kWire);
+  }
+  static double tolerance(int size) { return comm::average_tolerance(kWire, size); }
+};
+constexpr char kNone[] = "none";
+constexpr char kFp16[] = "fp16";
+constexpr char kBf16[] = "bf16";
+
+using CommunicatorKinds =
+    ::testing::Types<MpiKind, StagedMpiKind, NcclKind<kNone>, NcclKind<kFp16>, NcclKind<kBf16>>;
+struct KindName {
+  template <typename Kind>
+  static std::string GetName(int index) {
+    return std::vector<std::string>{"mpi", "staged_mpi", "nccl", "nccl_fp16", "nccl_bf16"}.at(
+        static_cast<std::size_t>(index));
+  }
+};
+TYPED_TEST_SUITE(Communicators, CommunicatorKinds, KindName);
+
+TYPED_TEST(Communicators, Averages) {
+  testing::expect_averages(*this->comm_, this->buffers(), TypeParam::tolerance(this->comm_->size()));
+}
+
+TYPED_TEST(Communicators, HostCollectives) {
+  testing::expect_host_collectives(*this->comm_);
+}
+
+// Rows of a matrix in host memory: the backends whose gradients live there.
+TYPED_TEST(Communicators, RowAverages) {
+  if (TypeParam::kDeviceMemory) GTEST_SKIP() << "the row exchange is tested on host memory";
+  testing::expect_row_averages(*this->comm_, 100, 9);  // a few rows: the sparse path
+  testing::expect_row_averages(*this->comm_, 20, 19);  // nearly every row: the whole matrix is averaged
+  testing::expect_row_averages(*this->comm_, 50, 1);   // fewer rows than ranks
 }
 
 // The GPU self-check of the communicator (engine/self_check.h) on the segments of the IMDB model.
