@@ -66,7 +66,9 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
       why_dedicated = "async mode without MPI_THREAD_MULTIPLE";
     if (request.ps_servers == 0 && why_dedicated.empty()) {
       choice.colocated = true;
-      choice.reason = "ps: " + census + (backend == "ps" ? " (comm.backend = ps)" : "") +
+      choice.reason = "ps: " + census +
+                      (backend == "ps" ? " (comm.backend = ps)"
+                                       : " (auto: on CPU ranks every rank trains and serves, none idles)") +
                       "; colocated: " + count_of(size, "rank") + ", each training and serving 1/" +
                       std::to_string(size) + " of the parameters and their optimizer state" +
                       (request.ps_async ? " (on a server thread)" : "");

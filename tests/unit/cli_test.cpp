@@ -264,9 +264,12 @@ TEST(Cli, AutoUnderMpirunPicksTheParameterServerAndSaysWhy) {
   const Outcome o =
       run_ddptrain(dir, train_args(dir, data), "mpirun --allow-run-as-root --oversubscribe -np 2");
   EXPECT_EQ(o.exit_code, 0) << o.err;
-  EXPECT_NE(o.out.find("backend ps: 0 of 2 ranks on GPUs; colocated: 2 ranks, each training and serving 1/2 "
-                       "of the parameters"),
-            std::string::npos)
+  EXPECT_NE(
+      o.out.find(
+          "backend ps: 0 of 2 ranks on GPUs (auto: on CPU ranks every rank trains and serves, none idles); "
+          "colocated: 2 ranks, each training and serving 1/2 "
+          "of the parameters"),
+      std::string::npos)
       << o.out;
   EXPECT_NE(o.out.find("Epoch 1/1"), std::string::npos) << o.out;
   const Outcome alone = run_ddptrain(dir, train_args(dir, data) + " --checkpoint.overwrite true");
