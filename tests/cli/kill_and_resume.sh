@@ -22,7 +22,9 @@ for layout in "1 sync 32" "0 sync 4" "0 async 32"; do
     --train.straggle_ms 20 --log.progress lines --train.batch_size "$batch")
 
   signal_rank_and_wait KILL 1
-  [ "$elapsed" -le $((2 * bound + 5)) ] || { echo "FAIL: ps_servers $servers: took $elapsed s, bound $bound s"; exit 1; }
+  # A dead rank, not a duration: the job must end within comm.timeout_s (mpirun sees the death at once; a
+  # watchdog would fire at the timeout).
+  [ "$elapsed" -le "$bound" ] || { echo "FAIL: ps_servers $servers: took $elapsed s, bound $bound s"; exit 1; }
   grep -q "rank 1" err.txt || { echo "FAIL: ps_servers $servers: no message names rank 1:"; cat err.txt; exit 1; }
 
   resume_to_the_end 6
