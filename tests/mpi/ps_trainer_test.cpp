@@ -391,20 +391,47 @@ TEST_F(PsTrainerTest, ColocatedCheckpointsMoveBetweenBackends) {
   ASSERT_EQ(under_colocated.history.size(), 1u);
   EXPECT_LE(max_relative_diff(under_colocated.params, straight.params), 1e-5);
 
-  // And with dedicated servers, both ways (fewer training ranks: the data order changes, as the log says).
+  // And with one dedicated server, both ways: N - 1 ranks train under it, so the data order changes (as the
+  // log says). Dedicated sync equals all-reduce over its workers, so the reference is the all-reduce trainer
+  // on N ranks and on the first N - 1, in the same order.
   const std::vector<std::string> dedicated{"--comm.backend", "ps", "--comm.ps_servers", "1"};
+  MPI_Comm all_but_last = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < world_size() - 1 ? 0 : MPI_UNDEFINED, world_rank(),
+                 &all_but_last);
+  auto on_all_but_last = [&](const std::string& run_dir, const std::vector<std::string>& extra) {
+    if (all_but_last != MPI_COMM_NULL) run(run_dir, extra, all_but_last);
+    MPI_Barrier(MPI_COMM_WORLD);
+  };
+  // Rank 0's last.h5 parameters of `run_dir`, compared with those of `reference`.
+  auto expect_same_checkpoint = [&](const std::string& run_dir, const std::string& reference) {
+    if (world_rank() != 0) return;
+    const engine::Checkpoint c = engine::read_checkpoint(dir_.file(run_dir + "/last.h5"));
+    EXPECT_EQ(c.progress.epoch, 2) << run_dir;
+    EXPECT_LE(max_relative_diff(c.params, engine::read_checkpoint(dir_.file(reference + "/last.h5")).params),
+              1e-5)
+        << run_dir;
+  };
+
   run(dir_.file("to-dedicated"), with(kColocated, one_epoch), MPI_COMM_WORLD);
   const engine::TrainResult under_dedicated =
       run(dir_.file("to-dedicated"), with(dedicated, two_epochs), MPI_COMM_WORLD);
   if (world_rank() < world_size() - 1) {
     EXPECT_EQ(under_dedicated.history.size(), 1u);
   }
+  run(dir_.file("to-dedicated-reference"), with(mpi, one_epoch), MPI_COMM_WORLD);
+  on_all_but_last(dir_.file("to-dedicated-reference"), with(mpi, two_epochs));
+  expect_same_checkpoint("to-dedicated", "to-dedicated-reference");
+
   run(dir_.file("from-dedicated"), with(dedicated, one_epoch), MPI_COMM_WORLD);
   const engine::TrainResult from_dedicated =
       run(dir_.file("from-dedicated"), with(kColocated, two_epochs), MPI_COMM_WORLD);
   ASSERT_EQ(from_dedicated.history.size(), 1u);
   EXPECT_EQ(from_dedicated.history[0].epoch, 2);
   EXPECT_TRUE(identical_on_all_ranks(from_dedicated.params));
+  on_all_but_last(dir_.file("from-dedicated-reference"), with(mpi, one_epoch));
+  run(dir_.file("from-dedicated-reference"), with(mpi, two_epochs), MPI_COMM_WORLD);
+  expect_same_checkpoint("from-dedicated", "from-dedicated-reference");
+  if (all_but_last != MPI_COMM_NULL) MPI_Comm_free(&all_but_last);
 }
 
 TEST_F(PsTrainerTest, ColocatedRefusesWhatItCannotServe) {
