@@ -28,6 +28,7 @@
 #include "comm/mpi_check.h"
 #include "comm/wire_cast.h"
 #include "engine/base/cuda_check.h"
+#include "engine/base/cuda_handles.h"
 #include "engine/base/errors.h"
 #include "engine/base/gpu_spans.h"
 
@@ -113,27 +114,26 @@ class NcclCommunicator final : public Communicator {
     int least = 0;
     int greatest = 0;
     DDP_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    DDP_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
-    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
-    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming));
-    spans_.emplace(stream_, device, "NCCL stream");
+    DDP_CUDA_CHECK(cudaStreamCreateWithPriority(stream_.out(), cudaStreamNonBlocking, greatest));
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(computed_.out(), cudaEventDisableTiming));
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(reduced_.out(), cudaEventDisableTiming));
+    spans_.emplace(stream_.get(), device, "NCCL stream");
   }
 
+  // Teardown order: the NCCL communicator (aborted, or finalized and destroyed once the stream has drained),
+  // the wire buffer, then the owners below: computed_, reduced_, stream_, spans_ (see their declaration).
   ~NcclCommunicator() override {
     // Unwinding on this rank alone: the other ranks may never reach a collective finalize, so abort locally.
     if (std::uncaught_exceptions() > 0 || nccl_ == nullptr) {
       abort();
-      warn_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(communication stream)");
+      warn_cuda(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize(communication stream)");
     } else {
       // The staging buffer may be in use until the stream drains.
-      warn_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(communication stream)");
+      warn_cuda(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize(communication stream)");
       warn_nccl(ncclCommFinalize(nccl_), "ncclCommFinalize");
       warn_nccl(ncclCommDestroy(nccl_), "ncclCommDestroy");
     }
     if (wire_buffer_ != nullptr) warn_cuda(cudaFree(wire_buffer_), "cudaFree(wire buffer)");
-    warn_cuda(cudaEventDestroy(computed_), "cudaEventDestroy");
-    warn_cuda(cudaEventDestroy(reduced_), "cudaEventDestroy");
-    warn_cuda(cudaStreamDestroy(stream_), "cudaStreamDestroy");
   }
 
   NcclCommunicator(const NcclCommunicator&) = delete;
@@ -150,14 +150,14 @@ class NcclCommunicator final : public Communicator {
   // NCCL (a copy) and, with compression, the casts: a run rounds its gradients the same way at any size.
   void start_average(std::span<float> segment) override {
     if (segment.empty()) return;
-    DDP_CUDA_CHECK(cudaEventRecord(computed_, compute_));
-    DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, computed_, 0));
+    DDP_CUDA_CHECK(cudaEventRecord(computed_.get(), compute_));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), computed_.get(), 0));
     void* span = spans_->begin();  // the bucket's reduction on the timeline, when it is on
     const std::size_t n = segment.size();
     switch (wire_) {
       case Wire::kFloat:
-        NCCL_COMM_NCCL(nccl_,
-                       ncclAllReduce(segment.data(), segment.data(), n, ncclFloat, ncclAvg, nccl_, stream_));
+        NCCL_COMM_NCCL(nccl_, ncclAllReduce(segment.data(), segment.data(), n, ncclFloat, ncclAvg, nccl_,
+                                            stream_.get()));
         break;
       case Wire::kHalf:
         reduce_on_wire<Wire::kHalf>(segment, ncclHalf);
@@ -172,8 +172,8 @@ class NcclCommunicator final : public Communicator {
 
   void finish_average() override {
     if (pending_ == 0) return;
-    DDP_CUDA_CHECK(cudaEventRecord(reduced_, stream_));
-    DDP_CUDA_CHECK(cudaStreamWaitEvent(compute_, reduced_, 0));
+    DDP_CUDA_CHECK(cudaEventRecord(reduced_.get(), stream_.get()));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(compute_, reduced_.get(), 0));
     pending_ = 0;
     // A peer's failure surfaces here as an asynchronous error, before the next host synchronisation hangs.
     ncclResult_t async = ncclSuccess;
@@ -228,10 +228,10 @@ class NcclCommunicator final : public Communicator {
   void reduce_on_wire(std::span<float> segment, ncclDataType_t type) {
     const std::size_t n = segment.size();
     auto* wire = static_cast<uint16_t*>(wire_buffer(n * sizeof(uint16_t)));
-    to_wire<kWire><<<cast_blocks(n), kCastThreads, 0, stream_>>>(segment.data(), wire, n);
+    to_wire<kWire><<<cast_blocks(n), kCastThreads, 0, stream_.get()>>>(segment.data(), wire, n);
     DDP_CUDA_CHECK(cudaGetLastError());
-    NCCL_COMM_NCCL(nccl_, ncclAllReduce(wire, wire, n, type, ncclAvg, nccl_, stream_));
-    from_wire<kWire><<<cast_blocks(n), kCastThreads, 0, stream_>>>(wire, segment.data(), n);
+    NCCL_COMM_NCCL(nccl_, ncclAllReduce(wire, wire, n, type, ncclAvg, nccl_, stream_.get()));
+    from_wire<kWire><<<cast_blocks(n), kCastThreads, 0, stream_.get()>>>(wire, segment.data(), n);
     DDP_CUDA_CHECK(cudaGetLastError());
   }
 
@@ -241,7 +241,7 @@ class NcclCommunicator final : public Communicator {
   void* wire_buffer(std::size_t bytes) {
     if (bytes <= wire_bytes_) return wire_buffer_;
     if (wire_buffer_ != nullptr) {
-      DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
       DDP_CUDA_CHECK(cudaFree(wire_buffer_));
       wire_buffer_ = nullptr;
       wire_bytes_ = 0;
@@ -254,15 +254,21 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> host_;  // MPI on a duplicate of the job's communicator
   cudaStream_t compute_ = nullptr;
   Wire wire_ = Wire::kFloat;
+  // By hand, not an owner: the destructor either aborts it (under abort_mutex_, as abort() does for the
+  // watchdog) or finalizes and destroys it after the stream has drained, before anything below is freed.
   ncclComm_t nccl_ = nullptr;
-  cudaStream_t stream_ = nullptr;   // communication stream
-  cudaEvent_t computed_ = nullptr;  // compute -> communication
-  cudaEvent_t reduced_ = nullptr;   // communication -> compute
-  void* wire_buffer_ = nullptr;     // fp16/bf16 staging
+  // By hand, not a cuda::DeviceArray: freed in the destructor once the communicator is gone, and a failed
+  // cudaFree while it grows is fatal here where DeviceArray would only warn.
+  void* wire_buffer_ = nullptr;  // fp16/bf16 staging
   std::size_t wire_bytes_ = 0;
   std::mutex abort_mutex_;                   // abort() against asynchronous_error() on another thread
   int pending_ = 0;                          // segments started since the last finish_average()
   std::optional<timeline::GpuSpans> spans_;  // made with the stream
+  // Declared last so that they are destroyed first (members go in reverse order), after the destructor's
+  // body: computed_, then reduced_, then stream_, then spans_.
+  cuda::Stream stream_;   // communication stream
+  cuda::Event reduced_;   // communication -> compute
+  cuda::Event computed_;  // compute -> communication
 };
 
 }  // namespace

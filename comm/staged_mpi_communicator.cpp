@@ -16,6 +16,7 @@
 
 #include "comm/communicator.h"
 #include "engine/base/cuda_check.h"
+#include "engine/base/cuda_handles.h"
 #include "engine/base/errors.h"
 
 namespace ddp::comm {
@@ -25,22 +26,20 @@ class StagedMpiCommunicator final : public Communicator {
  public:
   StagedMpiCommunicator(MPI_Comm comm, void* compute_stream)
       : inner_(make_mpi_communicator(comm)), compute_(static_cast<cudaStream_t>(compute_stream)) {
-    DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
-    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&copied_back_, cudaEventDisableTiming));
+    DDP_CUDA_CHECK(cudaStreamCreateWithFlags(copy_.out(), cudaStreamNonBlocking));
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(computed_.out(), cudaEventDisableTiming));
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(copied_back_.out(), cudaEventDisableTiming));
   }
 
+  // The owners then destroy computed_, copied_back_ and copy_, in that order (see their declaration).
   ~StagedMpiCommunicator() override {
-    warn_cuda(cudaStreamSynchronize(copy_), "cudaStreamSynchronize(copy stream)");
+    warn_cuda(cudaStreamSynchronize(copy_.get()), "cudaStreamSynchronize(copy stream)");
     // Buffers still lent to a running MPI_Iallreduce (an error left a step unfinished) are leaked rather
     // than freed under MPI's feet.
     const std::size_t lent = pending_.size();
     for (std::size_t i = lent; i < buffers_.size(); ++i) {
       if (buffers_[i].data != nullptr) warn_cuda(cudaFreeHost(buffers_[i].data), "cudaFreeHost");
     }
-    warn_cuda(cudaEventDestroy(computed_), "cudaEventDestroy");
-    warn_cuda(cudaEventDestroy(copied_back_), "cudaEventDestroy");
-    warn_cuda(cudaStreamDestroy(copy_), "cudaStreamDestroy");
   }
 
   StagedMpiCommunicator(const StagedMpiCommunicator&) = delete;
@@ -61,11 +60,11 @@ class StagedMpiCommunicator final : public Communicator {
     const std::size_t i = pending_.size();
     if (i == buffers_.size()) buffers_.emplace_back();
     float* host = reserve(buffers_[i], segment.size());
-    DDP_CUDA_CHECK(cudaEventRecord(computed_, compute_));
-    DDP_CUDA_CHECK(cudaStreamWaitEvent(copy_, computed_, 0));
+    DDP_CUDA_CHECK(cudaEventRecord(computed_.get(), compute_));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(copy_.get(), computed_.get(), 0));
     DDP_CUDA_CHECK(
-        cudaMemcpyAsync(host, segment.data(), segment.size_bytes(), cudaMemcpyDeviceToHost, copy_));
-    DDP_CUDA_CHECK(cudaStreamSynchronize(copy_));
+        cudaMemcpyAsync(host, segment.data(), segment.size_bytes(), cudaMemcpyDeviceToHost, copy_.get()));
+    DDP_CUDA_CHECK(cudaStreamSynchronize(copy_.get()));
     const std::span<float> staged(host, segment.size());
     pending_.push_back(Pending{segment, staged});
     inner_->start_average(staged);
@@ -76,10 +75,10 @@ class StagedMpiCommunicator final : public Communicator {
     inner_->finish_average();
     for (const Pending& p : pending_) {
       DDP_CUDA_CHECK(cudaMemcpyAsync(p.device.data(), p.host.data(), p.device.size_bytes(),
-                                     cudaMemcpyHostToDevice, copy_));
+                                     cudaMemcpyHostToDevice, copy_.get()));
     }
-    DDP_CUDA_CHECK(cudaEventRecord(copied_back_, copy_));
-    DDP_CUDA_CHECK(cudaStreamWaitEvent(compute_, copied_back_, 0));
+    DDP_CUDA_CHECK(cudaEventRecord(copied_back_.get(), copy_.get()));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(compute_, copied_back_.get(), 0));
     pending_.clear();
   }
 
@@ -116,7 +115,7 @@ class StagedMpiCommunicator final : public Communicator {
   float* reserve(PinnedBuffer& buffer, std::size_t n) {
     if (n <= buffer.capacity) return buffer.data;
     if (buffer.data != nullptr) {
-      DDP_CUDA_CHECK(cudaStreamSynchronize(copy_));  // its last copy back may still read it
+      DDP_CUDA_CHECK(cudaStreamSynchronize(copy_.get()));  // its last copy back may still read it
       DDP_CUDA_CHECK(cudaFreeHost(buffer.data));
       buffer = PinnedBuffer{};
     }
@@ -129,9 +128,13 @@ class StagedMpiCommunicator final : public Communicator {
 
   std::unique_ptr<Communicator> inner_;  // the MPI backend, on host buffers
   cudaStream_t compute_ = nullptr;
-  cudaStream_t copy_ = nullptr;
-  cudaEvent_t computed_ = nullptr;     // compute -> copy to host
-  cudaEvent_t copied_back_ = nullptr;  // copies back -> compute
+  // Members are destroyed in reverse order, after the destructor's body has freed the pinned buffers:
+  // computed_, then copied_back_, then copy_.
+  cuda::Stream copy_;
+  cuda::Event copied_back_;  // copies back -> compute
+  cuda::Event computed_;     // compute -> copy to host
+  // By hand, not owners: the destructor frees only those not lent to a running MPI_Iallreduce, and a failed
+  // cudaFreeHost while one grows is fatal.
   std::vector<PinnedBuffer> buffers_;
   std::vector<Pending> pending_;
 };

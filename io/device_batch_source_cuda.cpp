@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "engine/base/cuda_check.h"
+#include "engine/base/cuda_handles.h"
 #include "engine/base/errors.h"
 #include "engine/base/timeline.h"
 #include "io/batch_source.h"
@@ -50,7 +51,7 @@ class DeviceBatchSource final : public BatchSource {
         rows_(std::max(1, options.batch_size)),
         reader_(options),
         slots_(static_cast<std::size_t>(std::max(2, depth))) {
-    DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+    DDP_CUDA_CHECK(cudaStreamCreateWithFlags(copy_.out(), cudaStreamNonBlocking));
     for (Slot& slot : slots_) {
       DDP_CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
       DDP_CUDA_CHECK(cudaEventCreateWithFlags(&slot.consumed, cudaEventDisableTiming));
@@ -69,7 +70,7 @@ class DeviceBatchSource final : public BatchSource {
       if (slot.consumed_recorded)
         warn_cuda(cudaEventSynchronize(slot.consumed), "cudaEventSynchronize(consumed)");
     }
-    warn_cuda(cudaStreamSynchronize(copy_), "cudaStreamSynchronize(copy stream)");
+    warn_cuda(cudaStreamSynchronize(copy_.get()), "cudaStreamSynchronize(copy stream)");
     for (Slot& slot : slots_) {
       release(slot);
       warn_cuda(cudaEventDestroy(slot.copied), "cudaEventDestroy");
@@ -78,7 +79,7 @@ class DeviceBatchSource final : public BatchSource {
     // Timing events not yet complete are dropped with their measurement.
     for (const TimingPair& pair : timing_pending_) destroy(pair);
     for (const TimingPair& pair : timing_free_) destroy(pair);
-    warn_cuda(cudaStreamDestroy(copy_), "cudaStreamDestroy");
+    // copy_'s owner destroys the stream last, after this body.
   }
 
   DeviceBatchSource(const DeviceBatchSource&) = delete;
@@ -156,12 +157,12 @@ class DeviceBatchSource final : public BatchSource {
     reserve(slot, batch->tokens.size(), batch->labels.size(), static_cast<std::size_t>(batch->seq));
     std::copy(batch->tokens.begin(), batch->tokens.end(), slot.host_tokens);
     std::copy(batch->labels.begin(), batch->labels.end(), slot.host_labels);
-    if (slot.consumed_recorded) DDP_CUDA_CHECK(cudaStreamWaitEvent(copy_, slot.consumed, 0));
+    if (slot.consumed_recorded) DDP_CUDA_CHECK(cudaStreamWaitEvent(copy_.get(), slot.consumed, 0));
     DDP_CUDA_CHECK(cudaMemcpyAsync(slot.tokens, slot.host_tokens, batch->tokens.size() * sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, copy_));
+                                   cudaMemcpyHostToDevice, copy_.get()));
     DDP_CUDA_CHECK(cudaMemcpyAsync(slot.labels, slot.host_labels, batch->labels.size() * sizeof(float),
-                                   cudaMemcpyHostToDevice, copy_));
-    DDP_CUDA_CHECK(cudaEventRecord(slot.copied, copy_));
+                                   cudaMemcpyHostToDevice, copy_.get()));
+    DDP_CUDA_CHECK(cudaEventRecord(slot.copied, copy_.get()));
     slot.copy_recorded = true;
     slot.batch_size = batch->batch_size;
     slot.seq = batch->seq;
@@ -241,7 +242,10 @@ class DeviceBatchSource final : public BatchSource {
   cudaStream_t compute_ = nullptr;
   const int rows_;  // full batch size, for the slots' capacity
   BatchReader reader_;
-  cudaStream_t copy_ = nullptr;
+  // The stream is an owner, destroyed after the body of the destructor and before reader_. The slots'
+  // buffers and events and the timing pairs stay by hand: the pairs are copied between timing_pending_ and
+  // timing_free_, and owners on the slots would release them after the timing pairs, not before.
+  cuda::Stream copy_;
   std::vector<Slot> slots_;
   int64_t enqueued_ = 0;  // batches whose copy is enqueued
   int64_t handed_ = 0;    // batches handed out
