@@ -4,8 +4,9 @@
 # embedding exchange), the parameter server with a dedicated server rank (1 worker + 1 server) and the
 # colocated parameter server (2 ranks, each training and serving half the parameters), with its row-sparse
 # exchange of the embedding (the default) and without it.
-#   bash benchmarks/ps_layout_quickstart.sh BUILD [repeats] [epochs] [quickstart|imdb]
-# imdb: the IMDB model's shapes (vocab 20000, maxlen 80, embedding and LSTM 128) on 4000 synthetic rows.
+#   bash benchmarks/ps_layout_quickstart.sh BUILD [repeats] [epochs] [quickstart|imdb|imdb-full]
+# imdb: the IMDB model's shapes (vocab 20000, maxlen 80, embedding and LSTM 128) on 4000 synthetic rows;
+# imdb-full: launch/configs/imdb.ini itself on an IMDB-sized set (25000 train rows, vocab 20000, maxlen 80).
 # Prints, per configuration, the median over the repeats of the last epoch's train_time_s and step_time_ms
 # (from metrics.jsonl), with min-max, and the final val_acc.
 set -euo pipefail
@@ -19,7 +20,12 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 data=$scratch/quickstart.h5
 model=()
-if [ "$shape" = imdb ]; then
+config=$root/launch/configs/quickstart.ini
+if [ "$shape" = imdb-full ]; then
+  "$build"/ddptrain prepare synthetic --output "$data" --train 25000 --test 2500 --vocab 20000 --maxlen 80 \
+    --seed 1 >/dev/null
+  config=$root/launch/configs/imdb.ini
+elif [ "$shape" = imdb ]; then
   "$build"/ddptrain prepare synthetic --output "$data" --train 4000 --test 800 --vocab 20000 --maxlen 80 \
     --seed 1 >/dev/null
   model=(--model.embedding_dim 128 --model.hidden 128)
@@ -41,7 +47,7 @@ names=(all-reduce all-reduce-dense ps-dedicated ps-colocated ps-colocated-dense)
 run() {
   local name=$1
   # shellcheck disable=SC2086  # the configuration's options are words
-  mpirun -np 2 --bind-to none "$build"/ddptrain --config "$root/launch/configs/quickstart.ini" --data.path "$data" \
+  mpirun -np 2 --bind-to none "$build"/ddptrain --config "$config" --data.path "$data" \
     --checkpoint.dir "$scratch/run" --checkpoint.overwrite true --train.epochs "$epochs" --log.progress lines \
     "${model[@]}" ${configs[$name]} >"$scratch/$name.log" 2>&1 || { cat "$scratch/$name.log"; exit 1; }
   python3 "$root/tests/json_field.py" "$scratch/run/metrics.jsonl" train_time_s,step_time_ms,val_acc \
