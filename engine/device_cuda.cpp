@@ -156,8 +156,8 @@ DeviceBuffer::DeviceBuffer(int device, std::size_t bytes) : device_(device), byt
                       "cudaMalloc(" + std::to_string(bytes) + " bytes)");
 }
 
-// Once the delegated constructor has returned the object exists, so a failed upload runs the destructor, which
-// frees the memory (freeing it here too would free it twice).
+// Once the delegated constructor has returned the object exists, so a failed upload runs the destructor,
+// which frees the memory (freeing it here too would free it twice).
 DeviceBuffer::DeviceBuffer(int device, const void* host, std::size_t bytes) : DeviceBuffer(device, bytes) {
   upload(host, bytes);
 }
