@@ -185,7 +185,7 @@ SlurmdLogFile=$local_slurm_dir/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
 NodeName=$host NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
   export SLURM_CONF=$local_slurm_dir/slurm.conf
   trap local_slurm_stop EXIT

@@ -7,6 +7,7 @@
 # launch/slurm/common.sh also takes a last.h5 written after the signal as a stop with a checkpoint. Checks,
 # once with LAUNCHER=srun and once with LAUNCHER=mpirun: the job was requeued at least once, ended COMPLETED,
 # metrics.jsonl has each epoch exactly once and the final parameters equal those of an uninterrupted run.
+# The two jobs run side by side (--oversubscribe).
 # Exit 77 (skipped) when not root or Slurm is missing.
 #   bash tests/slurm/time_limit_test.sh path/to/ddptrain source-dir
 set -euo pipefail
@@ -34,15 +35,21 @@ expect_log() {  # pattern, what it shows
   grep -q -- "$1" "$out" || fail "the job output lacks $2 ('$1')"
 }
 
-time_limit_and_check() {  # launcher
-  local launcher=$1 id state restarts
-  local run=$work/run-$launcher
-  out=$work/job-$launcher.out
-  id=$(cd "$src" && LAUNCHER=$launcher DDPTRAIN=$ddptrain RUN_DIR=$run DDPTRAIN_ROOT=$src \
+# Submits the job of LAUNCHER; prints its id. --oversubscribe lets the two launchers' jobs share the node's
+# two cores (the partition allows it on request; other tests' jobs do not ask), so that they run side by side.
+submit() {  # launcher
+  local launcher=$1
+  (cd "$src" && LAUNCHER=$launcher DDPTRAIN=$ddptrain RUN_DIR=$work/run-$launcher DDPTRAIN_ROOT=$src \
     DDPTRAIN_EXTRA_ARGS="$args --train.straggle_ms 50" sbatch --parsable --export=ALL \
     --job-name="time-limit-$launcher" --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --time=1 \
-    --output="$out" "$work/no_signal.sbatch") || fail "sbatch failed"
-  state=$(local_slurm_wait_job "$id" 240) || fail "job $id did not end within 240 s"
+    --oversubscribe --output="$work/job-$launcher.out" "$work/no_signal.sbatch") || fail "sbatch failed"
+}
+
+check_job() {  # launcher id
+  local launcher=$1 id=$2 state restarts
+  local run=$work/run-$launcher
+  out=$work/job-$launcher.out
+  state=$(local_slurm_wait_job "$id" 300) || fail "job $id did not end within 300 s"
   [ "$state" = COMPLETED ] || fail "job $id ended $state"
   restarts=$(local_slurm_job_restarts "$id")
   [ "$restarts" -ge 1 ] || fail "Restarts=$restarts: the job was not requeued at its time limit"
@@ -60,5 +67,7 @@ time_limit_and_check() {  # launcher
     "resumed and COMPLETED $epochs epochs with the parameters of an uninterrupted run"
 }
 
-time_limit_and_check srun
-time_limit_and_check mpirun
+srun_job=$(submit srun)
+mpirun_job=$(submit mpirun)
+check_job srun "$srun_job"
+check_job mpirun "$mpirun_job"
