@@ -30,11 +30,11 @@ std::vector<std::pair<int, int>> every_ranks_batch_shapes(comm::Communicator& tr
                                                           int64_t test_rows);
 
 // Collective over `trainers`, the training ranks, of which this is one: tries and settles `shapes` (the same
-// list on every rank: every_ranks_batch_shapes) on
-// `replica`, then, on a GPU with comm.selfcheck, runs the self-check of the replica and, with NCCL, of the
-// communicator's averages. Errors throw the first failing rank's line as a UserError on every rank. The
-// self-check overwrites the replica's parameters: call this before the starting point is loaded. Returns the
-// self-check's summary for the start log ("" where it did not run).
+// list on every rank: every_ranks_batch_shapes) on `replica`, then, on a GPU with comm.selfcheck, runs the
+// self-check of the replica and, with NCCL, of the communicator's averages. Errors throw the first failing
+// rank's line as a UserError on every rank. The self-check overwrites the replica's parameters: call this
+// before the starting point is loaded. Returns the self-check's summary for the start log ("" where it did
+// not run).
 std::string prepare_device(models::Replica& replica, const std::vector<std::pair<int, int>>& shapes,
                            const Config& config, const Topology& topology, comm::Communicator& trainers);
 
