@@ -90,44 +90,43 @@ testing::CheckBufferFactory device_buffers(int device,
   };
 }
 
-// One typed suite over every communicator: each Kind says whether this job can run it (all ranks agree),
-// how to make it, where its gradient buffers live and how close its average must be.
+// One typed suite over every communicator: each Kind says how to make it, whether its gradient buffers live
+// in device memory (then every rank needs a GPU of its own, or all skip) and how close its average must be.
 template <typename Kind>
 class Communicators : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (const std::optional<std::string> why = Kind::unavailable()) GTEST_SKIP() << *why;
+    if (Kind::kDeviceMemory) {
+      const GpuPerRank gpu = gpu_per_rank();  // collective: every rank learns whether all have a GPU
+      if (gpu.device < 0) GTEST_SKIP() << gpu.why_not;
+      device_ = gpu.device;
+    }
     comm_ = Kind::make();
   }
   // Buffers in the communicator's memory, kept until the test ends.
   testing::CheckBufferFactory buffers() {
-    if (Kind::kDeviceMemory) return device_buffers(gpu_per_rank().device, device_owned_);
+    if (Kind::kDeviceMemory) return device_buffers(device_, device_owned_);
     return [this](std::size_t floats) {
       host_owned_.push_back(std::make_unique<std::vector<float>>(floats));
       return comm::host_check_buffer(*host_owned_.back());
     };
   }
 
-  std::unique_ptr<comm::Communicator> comm_;
+  int device_ = -1;
+  // Declared before the communicator, so that it goes first and no reduction outlives its buffers.
   std::vector<std::unique_ptr<std::vector<float>>> host_owned_;
   std::vector<std::unique_ptr<engine::DeviceBuffer>> device_owned_;
+  std::unique_ptr<comm::Communicator> comm_;
 };
-
-std::optional<std::string> without_a_gpu_per_rank() {
-  const std::string why = gpu_per_rank().why_not;
-  return why.empty() ? std::nullopt : std::optional<std::string>(why);
-}
 
 struct MpiKind {
   static constexpr bool kDeviceMemory = false;
-  static std::optional<std::string> unavailable() { return std::nullopt; }
   static std::unique_ptr<comm::Communicator> make() { return comm::make_mpi_communicator(MPI_COMM_WORLD); }
   static double tolerance(int) { return comm::kAverageTolerance; }
 };
 
 struct StagedMpiKind {
   static constexpr bool kDeviceMemory = true;
-  static std::optional<std::string> unavailable() { return without_a_gpu_per_rank(); }
   static std::unique_ptr<comm::Communicator> make() {
     return comm::make_staged_mpi_communicator(MPI_COMM_WORLD, nullptr);
   }
@@ -138,7 +137,6 @@ struct StagedMpiKind {
 template <const char* kWire>
 struct NcclKind {
   static constexpr bool kDeviceMemory = true;
-  static std::optional<std::string> unavailable() { return without_a_gpu_per_rank(); }
   static std::unique_ptr<comm::Communicator> make() {
     return comm::make_nccl_communicator(MPI_COMM_WORLD, nullptr, kWire);
   }
