@@ -60,6 +60,9 @@ class Communicator {
   virtual void barrier() = 0;
   // Collective: root receives every rank's text in rank order (others get an empty vector).
   virtual std::vector<std::string> gather(const std::string& text, int root) = 0;
+  // Collective, gather's inverse: root passes one text per rank (in rank order; the others' `texts` are not
+  // read) and every rank gets its own.
+  virtual std::string scatter(const std::vector<std::string>& texts, int root) = 0;
 
   // Collective: every rank passes its error (or nothing); every rank gets back the error of the lowest rank
   // that had one, so one rank can print it and all can exit together instead of hanging.

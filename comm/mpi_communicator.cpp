@@ -172,6 +172,29 @@ class MpiCommunicator final : public Communicator {
     return texts;
   }
 
+  std::string scatter(const std::vector<std::string>& texts, int root) override {
+    std::lock_guard lock(mutex_);
+    const bool is_root = rank_ == root;
+    if (is_root) DDP_CHECK(texts.size() == static_cast<std::size_t>(size_));
+    std::vector<int> lengths;
+    std::vector<int> offsets;
+    std::string all;
+    if (is_root) {
+      for (const std::string& text : texts) {
+        offsets.push_back(static_cast<int>(all.size()));
+        lengths.push_back(checked_count(text.size()));
+        all += text;
+        checked_count(all.size());  // every offset must fit MPI's int
+      }
+    }
+    int length = 0;
+    DDP_CHECK_MPI(MPI_Scatter(lengths.data(), 1, MPI_INT, &length, 1, MPI_INT, root, comm_));
+    std::string mine(static_cast<std::size_t>(length), '\0');
+    DDP_CHECK_MPI(MPI_Scatterv(all.data(), lengths.data(), offsets.data(), MPI_CHAR, mine.data(), length,
+                               MPI_CHAR, root, comm_));
+    return mine;
+  }
+
   std::optional<std::string> first_error(const std::optional<std::string>& mine) override {
     std::lock_guard lock(mutex_);
     int candidate = mine ? rank_ : size_;

@@ -196,6 +196,9 @@ class NcclCommunicator final : public Communicator {
   std::vector<std::string> gather(const std::string& text, int root) override {
     return host_->gather(text, root);
   }
+  std::string scatter(const std::vector<std::string>& texts, int root) override {
+    return host_->scatter(texts, root);
+  }
   std::optional<std::string> first_error(const std::optional<std::string>& mine) override {
     return host_->first_error(mine);
   }

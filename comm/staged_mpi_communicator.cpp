@@ -97,6 +97,9 @@ class StagedMpiCommunicator final : public Communicator {
   std::vector<std::string> gather(const std::string& text, int root) override {
     return inner_->gather(text, root);
   }
+  std::string scatter(const std::vector<std::string>& texts, int root) override {
+    return inner_->scatter(texts, root);
+  }
   std::optional<std::string> first_error(const std::optional<std::string>& mine) override {
     return inner_->first_error(mine);
   }

@@ -71,6 +71,23 @@ inline void expect_host_collectives(comm::Communicator& comm) {
     EXPECT_TRUE(texts.empty());
   }
 
+  // Scatter undoes gather, bytes of every value and texts of different lengths (an empty one among them).
+  for (const int root : {0, n - 1}) {
+    std::vector<std::string> own(static_cast<std::size_t>(rank == root ? n : 0));
+    for (int r = 0; r < static_cast<int>(own.size()); ++r) {
+      std::string& text = own[static_cast<std::size_t>(r)];
+      for (int i = 0; i < 3 * r; ++i) text.push_back(static_cast<char>(255 - 40 * r - i));
+    }
+    const std::string mine = comm.scatter(own, root);
+    std::string expected;
+    for (int i = 0; i < 3 * rank; ++i) expected.push_back(static_cast<char>(255 - 40 * rank - i));
+    EXPECT_EQ(mine, expected) << "scatter from " << root;
+    const std::vector<std::string> back = comm.gather(mine, root);
+    if (rank == root) {
+      EXPECT_EQ(back, own);
+    }
+  }
+
   EXPECT_FALSE(comm.first_error(std::nullopt).has_value());
   // Every rank above 0 fails: all get the lowest failing rank's message.
   const std::optional<std::string> mine =

@@ -30,6 +30,7 @@ class LoneCommunicator final : public Communicator {
   void sum(std::span<double>) override {}
   void barrier() override {}
   std::vector<std::string> gather(const std::string& text, int) override { return {text}; }
+  std::string scatter(const std::vector<std::string>& texts, int) override { return texts.at(0); }
   std::optional<std::string> first_error(const std::optional<std::string>& mine) override { return mine; }
   void abort() override { ++aborts; }
 
