@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <filesystem>
@@ -104,6 +105,46 @@ std::vector<float> read_floats(hid_t loc, const std::string& file, const std::st
   return data;
 }
 
+void write_bytes(hid_t loc, const std::string& name, const std::string& bytes) {
+  const hsize_t dims[1] = {bytes.size()};
+  Hid space(check_h5_id(H5Screate_simple(1, dims, nullptr), "H5Screate_simple"), Hid::Kind::kDataspace);
+  Hid set(check_h5_id(H5Dcreate2(loc, name.c_str(), H5T_NATIVE_UINT8, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                                 H5P_DEFAULT),
+                      name.c_str()),
+          Hid::Kind::kDataset);
+  check_h5(H5Dwrite(set.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()), name.c_str());
+}
+
+// The replicas' random states: a state is small (cuDNN's are a few MB), so a larger one is damage.
+constexpr int64_t kMaxRngStateBytes = int64_t{1} << 28;
+constexpr int64_t kMaxRanks = int64_t{1} << 20;
+
+std::vector<std::string> read_replica_rng_states(hid_t root, const std::string& file) {
+  if (!io::link_exists(root, "replica_rng")) return {};
+  Hid group(H5Gopen2(root, "replica_rng", H5P_DEFAULT), Hid::Kind::kGroup);
+  if (!group.valid()) throw UserError(file + ": checkpoint group /replica_rng cannot be opened");
+  const int64_t ranks = read_int(group.get(), file, "ranks");
+  if (ranks < 1 || ranks > kMaxRanks) {
+    throw UserError(file + ": checkpoint attribute /replica_rng ranks = " + std::to_string(ranks) +
+                    " is not 1 to " + std::to_string(kMaxRanks));
+  }
+  std::vector<std::string> states(static_cast<std::size_t>(ranks));
+  for (int64_t rank = 0; rank < ranks; ++rank) {
+    const std::string name = std::to_string(rank);
+    if (!io::link_exists(group.get(), name)) continue;
+    Hid set = io::open_dataset(group.get(), file, name);
+    const std::vector<int64_t> dims = io::dataset_dims(set.get());
+    if (dims.size() != 1 || dims[0] < 0 || dims[0] > kMaxRngStateBytes) {
+      throw UserError(file + ": checkpoint dataset /replica_rng/" + name + " is not a byte string of at most " +
+                      std::to_string(kMaxRngStateBytes) + " bytes");
+    }
+    std::string& state = states[static_cast<std::size_t>(rank)];
+    state.resize(static_cast<std::size_t>(dims[0]));
+    check_h5(H5Dread(set.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, state.data()), name.c_str());
+  }
+  return states;
+}
+
 void fsync_path(const std::string& path, int flags) {
   const int fd = ::open(path.c_str(), flags);
   if (fd < 0) return;
@@ -181,6 +222,19 @@ void CheckpointWriter::add_optimizer_buffer(const std::string& name, std::span<c
   std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
   write_floats(files_->optimizer.get(), name, values);
   files_->buffer_names += (files_->buffer_names.empty() ? "" : ",") + name;
+}
+
+void CheckpointWriter::add_replica_rng_states(const std::vector<std::string>& states) {
+  DDP_CHECK(files_ != nullptr);
+  if (std::all_of(states.begin(), states.end(), [](const std::string& s) { return s.empty(); })) return;
+  std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
+  Hid group(check_h5_id(H5Gcreate2(files_->file.get(), "replica_rng", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                        "replica_rng"),
+            Hid::Kind::kGroup);
+  io::write_int_attribute(group.get(), "ranks", static_cast<int64_t>(states.size()));
+  for (std::size_t rank = 0; rank < states.size(); ++rank) {
+    if (!states[rank].empty()) write_bytes(group.get(), std::to_string(rank), states[rank]);
+  }
 }
 
 void CheckpointWriter::commit() {
@@ -292,6 +346,7 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
   for (std::string name; std::getline(names, name, ',');) {
     c.optimizer.buffers.emplace_back(name, read_floats(group.get(), path, name, layout.total_size()));
   }
+  c.replica_rng_states = read_replica_rng_states(root, path);
   return c;
 } catch (const io::Hdf5Error& e) {
   io::throw_unreadable_file(path, e);

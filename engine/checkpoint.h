@@ -12,6 +12,9 @@
 //   /vocab                  optional UTF-8 strings, copied from the dataset: /vocab[i] is the word of id i,
 //                           so predict needs only the checkpoint
 //   /classes                optional UTF-8 strings, the dataset's class names
+//   /replica_rng/<rank>     optional uint8 [n]: each training rank's replica random state that the step keys
+//                           do not determine (models::Replica::rng_state, cuDNN's dropout state); the
+//                           group's attribute ranks counts the ranks, and ranks without one have no dataset
 //
 // The data order is a pure function of (seed, epoch, step), so those attributes are the whole RNG state.
 // Files are written atomically: a temporary file in the same directory, fsync, then rename over the old one,
@@ -64,6 +67,9 @@ struct Checkpoint {
   std::string optimizer_name;
   TrainingProgress progress;
   std::string config_ini;
+  // By training rank (as many as the writing run had), empty where a rank had none; none at all when the
+  // checkpoint holds no /replica_rng. Read with CheckpointParts::kAll only.
+  std::vector<std::string> replica_rng_states;
 };
 
 // Writes a checkpoint in pieces, so that the optimizer's state need never be whole in memory at once: the
@@ -82,6 +88,8 @@ class CheckpointWriter {
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
   void add_optimizer_buffer(const std::string& name, std::span<const float> values);
+  // Every training rank's replica random state, in rank order; nothing is written when all are empty.
+  void add_replica_rng_states(const std::vector<std::string>& states);
   void commit();
 
  private:

@@ -7,6 +7,7 @@
 #include <string>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "engine/base/errors.h"
 #include "io/dataset_fingerprint.h"
@@ -69,7 +70,7 @@ void note_changed_data_plan(const RunFiles& files, const Checkpoint& c, const Ru
 // Rank 0: last.h5's parameters, optimizer state and progress, checked against the run.
 void resume_from_checkpoint(const Config& config, const RunFiles& files, const models::ParamLayout& layout,
                             const OptimizerSettings& optimizer, int trainers, int64_t steps_per_epoch,
-                            RunStart& start) {
+                            RunStart& start, std::vector<std::string>& rng_states) {
   Checkpoint c = read_checkpoint(files.last());
   check_resumed_data(config, files, c, start.record);
   note_changed_data_plan(files, c, start.record);
@@ -90,6 +91,7 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
   check_optimizer_state(optimizer, layout.total_size(), c.optimizer, files.last());
   start.params = std::move(c.params);
   start.optimizer = std::move(c.optimizer);
+  rng_states = std::move(c.replica_rng_states);
   start.progress = c.progress;
   TrainingProgress& p = start.progress;
   if (p.seed != config.train.seed) {
@@ -102,6 +104,12 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
         "order from here on\n",
         files.last().c_str(), static_cast<long long>(p.world_size), static_cast<long long>(p.batch_size),
         trainers, config.train.batch_size);
+  }
+  if (!rng_states.empty() && rng_states.size() != static_cast<std::size_t>(trainers)) {
+    std::printf("note: %s holds the dropout random states of %zu training ranks, not %d: the masks between "
+                "layers are drawn afresh from here on\n",
+                files.last().c_str(), rng_states.size(), trainers);
+    rng_states.clear();
   }
   if (p.step_in_epoch >= steps_per_epoch)
     p.step_in_epoch = 0;  // the interrupted epoch had finished its steps
@@ -142,18 +150,24 @@ RunStart start_run(const Config& config, const RunFiles& files, const io::Datase
     if (root) start.resumed = claim_directory(config, files);
   });
   watchdog.enter("reading the starting point (seed or checkpoint) and broadcasting it");
+  std::vector<std::string> rng_states;  // rank 0 of a resumed run: every training rank's, if saved
   comm::agree_on_errors(trainers, [&] {
     if (!root) return;
     start.record = describe_run(data, plan);
     start.record.mask_padding = config.model.mask_padding;
     if (start.resumed) {
-      resume_from_checkpoint(config, files, layout, optimizer, trainers.size(), steps_per_epoch, start);
+      resume_from_checkpoint(config, files, layout, optimizer, trainers.size(), steps_per_epoch, start,
+                             rng_states);
     } else {
       models::initialize_keras(layout, start.params, config.train.seed);
       start.progress.seed = config.train.seed;
     }
   });
   broadcast_progress(trainers, start.progress, start.resumed);
+  if (start.resumed) {
+    if (root) rng_states.resize(static_cast<std::size_t>(trainers.size()));  // none saved: all empty
+    start.replica_rng_state = trainers.scatter(rng_states, 0);
+  }
   if (!root) start.progress.loss_sum = start.progress.correct = start.progress.count = 0;
   start.progress.world_size = trainers.size();  // the training ranks, over which the data is sharded
   start.progress.batch_size = config.train.batch_size;

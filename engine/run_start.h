@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -33,6 +34,9 @@ struct RunStart {
   // Rank 0 of a resumed run: the checkpoint's optimizer state (checked against the config), else none: a
   // fresh run starts from the optimizer's zero state.
   std::optional<OptimizerState> optimizer;
+  // A resumed run: this rank's replica random state from the checkpoint (models::Replica::rng_state), empty
+  // where it saved none or the checkpoint was written by another number of training ranks.
+  std::string replica_rng_state;
 };
 
 // Collective over the training ranks: errors agreed on there, the progress broadcast; `watchdog` is told each

@@ -100,6 +100,7 @@ class TrainingRun::Loop {
     pause_where_the_exchange_has_deadlines();
     updater_->distribute_start(host_params_, start.optimizer ? &*start.optimizer : nullptr);
     start.optimizer.reset();  // rank 0 of a resumed run: the whole state, now handed out
+    if (resumed_) restore_replica_rng(start.replica_rng_state);
     watchdog_.enter("gathering the start-up log");
     log_start();
     log_class_balance(comm_, data_, plan_.train);
@@ -498,13 +499,28 @@ class TrainingRun::Loop {
     enter_training();
   }
 
+  // Collective over the training ranks: each rank's replica takes the random state it saved, where it can; rank
+  // 0 says how many could not (another GPU model or cuDNN version: their masks are drawn afresh).
+  void restore_replica_rng(const std::string& saved) {
+    std::vector<double> counts{saved.empty() ? 0.0 : 1.0,
+                               !saved.empty() && replica_->restore_rng_state(saved) ? 1.0 : 0.0};
+    comm_.sum(counts);
+    if (is_root() && counts[1] < counts[0]) {
+      std::printf(
+          "note: %.0f of the %.0f dropout random states in %s were saved on another GPU model or cuDNN "
+          "version: those ranks draw their masks between layers afresh from here on\n",
+          counts[0] - counts[1], counts[0], files_.last().c_str());
+    }
+  }
+
   // Collective over the training ranks: rank 0 writes last.h5 (`progress`), the optimizer state gathered one
-  // buffer at a time; `before` runs on rank 0 first.
+  // buffer at a time, then every replica's random state; `before` runs on rank 0 first.
   template <typename Before>
   void write_last_checkpoint(const TrainingProgress& progress, Before&& before, bool best) {
     std::unique_ptr<CheckpointWriter> writer;
     std::optional<timeline::Span> span;  // rank 0's, over the whole write, the state's gather included
     if (is_root()) span.emplace("checkpoint");
+    const std::vector<std::string> rng_states = comm_.gather(replica_->rng_state(), 0);
     on_root_or_abort([&] {
       before();
       replica_->copy_params_to_host(host_params_);
@@ -516,6 +532,7 @@ class TrainingRun::Loop {
       on_root_or_abort([&] { writer->add_optimizer_buffer(name, values); });
     });
     on_root_or_abort([&] {
+      writer->add_replica_rng_states(rng_states);
       writer->commit();
       if (best)
         std::filesystem::copy_file(files_.last(), files_.best(),

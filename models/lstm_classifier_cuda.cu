@@ -35,9 +35,11 @@
 //
 // Dropout, in training only. On the embedding's output: the CPU replica's masks (dropout.h), so the two
 // replicas drop the same elements under the same key. Between stacked layers: cuDNN's, from its dropout
-// descriptor, whose RNG state is seeded from the first step's key (the run's start, or its resume) and runs
-// on across steps; its masks are not the CPU's, and a resumed run draws other masks than the uninterrupted
-// one would have (the GPU replica is not bitwise reproducible anyway: see Determinism).
+// descriptor, whose RNG state is seeded from the first step's key (the run's start) and runs on across
+// steps; its masks are not the CPU's. Checkpoints keep that state (rng_state: the raw bytes, tagged with the
+// cuDNN version, the GPU model and the state's size, which is all its layout depends on), so a run resumed on
+// the same kind of GPU draws the masks the uninterrupted one would have; elsewhere it seeds afresh from the
+// resume step's key.
 //
 // Synchronisation. A train_step only enqueues work on the replica's stream; the host waits in take_stats(),
 // predict(), the host copies of the parameters, and the first time a batch shape is seen (descriptors and
@@ -232,11 +234,19 @@ class CudaReplica final : public Replica {
   void clear_embedding_gradient() override {}
 
   // The embedding dropout's masks follow the CPU replica's under the same key; cuDNN's inter-layer dropout
-  // state is seeded from the first key this replica gets (the run's start or its resume) and then runs on.
+  // state is seeded from the first key this replica gets (the run's start, or a resume whose checkpoint's
+  // state it could not restore) and then runs on.
   void set_dropout_key(uint64_t key) override;
+  std::string rng_state() override;
+  bool restore_rng_state(const std::string& saved) override;
 
  private:
   void select_device() const { DDP_CUDA_CHECK(cudaSetDevice(device_)); }
+  // What a saved dropout state must have been made under to be restored here; it heads rng_state's bytes.
+  std::string dropout_state_tag(std::size_t state_bytes) const;
+  // Points every plan's dropout descriptor at dropout_states_: the first initialises the state from `seed`
+  // (a kernel on the handle's stream), unless `initialise` is false; the others restore it as it is.
+  void attach_dropout_state(bool initialise, uint64_t seed);
   // The RNN descriptor, weight spaces and weight map for `algorithm`; AlgorithmRefused if cuDNN turns a
   // persistent one down.
   std::unique_ptr<RnnPlan> make_plan(cudnnRNNAlgo_t algorithm);
@@ -1030,17 +1040,60 @@ void CudaReplica::set_dropout_key(uint64_t key) {
   // Seeding runs a kernel on the handle's stream, after any work that still draws from the old state; the
   // other plans' descriptors share the state and take the new seed without another initialisation.
   select_device();
+  attach_dropout_state(/*initialise=*/true, key);
+  dropout_seeded_ = true;
+}
+
+void CudaReplica::attach_dropout_state(bool initialise, uint64_t seed) {
   std::size_t state_bytes = 0;
   DDP_CUDNN_CHECK(cudnnDropoutGetStatesSize(cudnn_.get(), &state_bytes));
-  bool first = true;
+  bool first = initialise;
   for (RnnPlan* plan : {standard_.get(), preferred_.get()}) {
     if (plan == nullptr) continue;
     DDP_CUDNN_CHECK((first ? cudnnSetDropoutDescriptor : cudnnRestoreDropoutDescriptor)(
         plan->dropout.get(), cudnn_.get(), static_cast<float>(dropout_), dropout_states_.get(), state_bytes,
-        static_cast<unsigned long long>(key)));
+        static_cast<unsigned long long>(seed)));
     first = false;
   }
-  dropout_seeded_ = true;
+}
+
+std::string CudaReplica::dropout_state_tag(std::size_t state_bytes) const {
+  cudaDeviceProp properties{};
+  DDP_CUDA_CHECK(cudaGetDeviceProperties(&properties, device_));
+  return "cudnn " + std::to_string(cudnnGetVersion()) + ", " + properties.name + " (sm " +
+         std::to_string(properties.major) + std::to_string(properties.minor) + ", " +
+         std::to_string(properties.multiProcessorCount) + " SMs), " + std::to_string(state_bytes) +
+         " bytes of dropout state\n";
+}
+
+std::string CudaReplica::rng_state() {
+  if (dropout_ <= 0) return {};
+  select_device();
+  std::size_t state_bytes = 0;
+  DDP_CUDNN_CHECK(cudnnDropoutGetStatesSize(cudnn_.get(), &state_bytes));
+  std::string saved = dropout_state_tag(state_bytes);
+  const std::size_t header = saved.size();
+  saved.resize(header + state_bytes);
+  // After every step enqueued so far, whose masks advanced the state.
+  DDP_CUDA_CHECK(cudaMemcpyAsync(saved.data() + header, dropout_states_.get(), state_bytes,
+                                 cudaMemcpyDeviceToHost, stream_.get()));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  return saved;
+}
+
+bool CudaReplica::restore_rng_state(const std::string& saved) {
+  if (dropout_ <= 0 || saved.empty()) return false;
+  select_device();
+  std::size_t state_bytes = 0;
+  DDP_CUDNN_CHECK(cudnnDropoutGetStatesSize(cudnn_.get(), &state_bytes));
+  const std::string tag = dropout_state_tag(state_bytes);
+  if (saved.size() != tag.size() + state_bytes || saved.compare(0, tag.size(), tag) != 0) return false;
+  DDP_CUDA_CHECK(cudaMemcpyAsync(dropout_states_.get(), saved.data() + tag.size(), state_bytes,
+                                 cudaMemcpyHostToDevice, stream_.get()));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));  // `saved` may go when this returns
+  attach_dropout_state(/*initialise=*/false, 0);
+  dropout_seeded_ = true;  // the state goes on from where it was saved, not from the next key
+  return true;
 }
 
 void CudaReplica::report_bad_token() {

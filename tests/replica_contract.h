@@ -5,7 +5,8 @@
 //
 //   struct Kind {
 //     static std::optional<std::string> unavailable();
-//     static std::unique_ptr<models::Replica> make(const models::ModelShape& shape);
+//     static std::unique_ptr<models::Replica> make(const models::ModelShape& shape,
+//                                                  const models::ModelOptions& options = {});
 //     static std::unique_ptr<engine::Optimizer> optimizer(const engine::OptimizerSettings&,
 //     models::Replica&); static std::unique_ptr<PlacedBatch> place(const HostBatch& batch);  // in the
 //     replica's memory
@@ -187,7 +188,51 @@ TYPED_TEST_P(ReplicaContract, LearnsAToyTask) {
   EXPECT_LT(after, 0.5 * before) << "before " << before << ", after " << after;
 }
 
+// Dropout between stacked layers drops each input of the layer above with probability model.dropout. With
+// one sample of one time step, the gradient of the upper layer's input weights is zero in exactly the
+// columns whose input was dropped (elsewhere it is the input times the gate gradients), so the share of zero
+// columns over many steps estimates the rate: more than 6 standard deviations off fails.
+TYPED_TEST_P(ReplicaContract, DropoutBetweenLayersDropsAtItsRate) {
+  const models::ModelShape shape{20, 8, 64, 2};
+  for (const double rate : {0.25, 0.6}) {
+    models::ModelOptions options;
+    options.dropout = rate;
+    auto replica = TypeParam::make(shape, options);
+    const models::ParamLayout& layout = replica->layout();
+    std::vector<float> params(layout.total_size());
+    models::initialize_keras(layout, params, 3);
+    replica->copy_params_from_host(params);
+    const models::ParamTensor& upper = layout.tensor(shape.tensor_prefix(1, 0) + ".w_ih");
+    const auto rows = static_cast<std::size_t>(upper.shape.at(0));
+    const auto columns = static_cast<std::size_t>(upper.shape.at(1));
+    std::vector<float> grads(layout.total_size());
+    int64_t dropped = 0;
+    int64_t seen = 0;
+    for (int step = 0; step < 60; ++step) {
+      const HostBatch one{{static_cast<int32_t>(1 + step % (shape.vocab_size - 1))},
+                          {static_cast<float>(step % 2)},
+                          1,
+                          1};
+      const auto placed = TypeParam::place(one);
+      replica->set_dropout_key(static_cast<uint64_t>(1000 + step));
+      replica->train_step(placed->view(), {});
+      replica->copy_grads_to_host(grads);
+      for (std::size_t c = 0; c < columns; ++c) {
+        bool zero = true;
+        for (std::size_t r = 0; r < rows && zero; ++r) zero = grads[upper.offset + r * columns + c] == 0.0f;
+        dropped += zero ? 1 : 0;
+        ++seen;
+      }
+    }
+    replica->take_stats();
+    const double share = static_cast<double>(dropped) / static_cast<double>(seen);
+    const double deviation = std::sqrt(rate * (1 - rate) / static_cast<double>(seen));
+    EXPECT_NEAR(share, rate, 6 * deviation) << dropped << " of " << seen << " inputs dropped";
+  }
+}
+
 REGISTER_TYPED_TEST_SUITE_P(ReplicaContract, HostCopiesAreExactAndStepsLeaveParametersAlone,
-                            PredictMatchesEvaluateAndStatsCount, LearnsAToyTask);
+                            PredictMatchesEvaluateAndStatsCount, LearnsAToyTask,
+                            DropoutBetweenLayersDropsAtItsRate);
 
 }  // namespace ddp::testing

@@ -41,8 +41,9 @@ struct CudaReplicaKind {
     if (inventory.gpus.empty()) return "no GPU: " + inventory.why_none;
     return std::nullopt;
   }
-  static std::unique_ptr<models::Replica> make(const models::ModelShape& shape) {
-    return models::make_cuda_replica(shape, 0);
+  static std::unique_ptr<models::Replica> make(const models::ModelShape& shape,
+                                               const models::ModelOptions& options = {}) {
+    return models::make_cuda_replica(shape, 0, models::RnnAlgorithm::kAuto, options);
   }
   static std::unique_ptr<engine::Optimizer> optimizer(const engine::OptimizerSettings& settings,
                                                       models::Replica& replica) {

@@ -311,6 +311,50 @@ TEST(CudaReplica, DropoutBetweenLayersActsInTrainingOnly) {
   EXPECT_EQ(evaluated.correct, reference.correct);
 }
 
+// cuDNN's dropout state between layers goes into checkpoints (rng_state): a replica that restores another's
+// saved state draws the masks that one draws next, where a replica seeded from the key draws others; bytes
+// from elsewhere are turned down, and a model without that dropout has no state to save.
+TEST(CudaReplica, ARestoredDropoutStateDrawsTheMasksTheSavedOneWouldHave) {
+  DDP_REQUIRE_GPU();
+  const ModelShape shape{100, 32, 32, 2};
+  ModelOptions dropping;
+  dropping.dropout = 0.5;
+  auto saving = make_cuda_replica(shape, 0, RnnAlgorithm::kStandard, dropping);
+  auto restoring = make_cuda_replica(shape, 0, RnnAlgorithm::kStandard, dropping);
+  auto seeded = make_cuda_replica(shape, 0, RnnAlgorithm::kStandard, dropping);
+  const std::vector<float> params = ddp::testing::test_params(saving->layout(), 17);
+  for (Replica* r : {saving.get(), restoring.get(), seeded.get()}) r->copy_params_from_host(params);
+  const HostBatch host = testing::contract_random_batch(shape.vocab_size, 16, 20, 5);
+  const DeviceBatch device(host);
+
+  saving->set_dropout_key(1);
+  saving->train_step(device.view(), {});  // the state runs on past its seed
+  const std::string saved = saving->rng_state();
+  ASSERT_FALSE(saved.empty());
+  saving->set_dropout_key(2);
+  saving->train_step(device.view(), {});
+  const std::vector<float> expected = gradients_to_host(*saving);
+
+  EXPECT_FALSE(restoring->restore_rng_state("not a dropout state"));
+  EXPECT_FALSE(restoring->restore_rng_state(saved.substr(0, saved.size() - 1)));
+  ASSERT_TRUE(restoring->restore_rng_state(saved));
+  restoring->set_dropout_key(2);
+  restoring->train_step(device.view(), {});
+  seeded->set_dropout_key(2);
+  seeded->train_step(device.view(), {});
+  const std::vector<float> restored = gradients_to_host(*restoring);
+  const std::vector<float> fresh = gradients_to_host(*seeded);
+  double restored_error = 0;
+  double fresh_error = 0;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    restored_error = std::max(restored_error, std::abs(static_cast<double>(restored[i]) - expected[i]));
+    fresh_error = std::max(fresh_error, std::abs(static_cast<double>(fresh[i]) - expected[i]));
+  }
+  EXPECT_LT(restored_error, 1e-6) << "the restored state drew other masks";
+  EXPECT_GT(fresh_error, 1e-4) << "a state seeded from the key drew the saved state's masks";
+  EXPECT_TRUE(make_cuda_replica(shape, 0)->rng_state().empty());
+}
+
 // Auto picks the persistent small-hidden algorithm here (hidden 32), or falls back to the standard one if
 // cuDNN turns it down; either way the results are the CPU's.
 TEST(CudaReplica, MatchesTheCpuReplicaWithTheAutomaticAlgorithm) {

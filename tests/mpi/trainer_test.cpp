@@ -13,10 +13,13 @@
 #include <utility>
 
 #include "comm/communicator.h"
+#include "engine/all_reduce_updater.h"
 #include "engine/base/errors.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/device_preparation.h"
+#include "engine/preemption.h"
+#include "engine/trainer.h"
 #include "engine/topology.h"
 #include "engine/training_job.h"
 #include "io/batch_source.h"
@@ -40,6 +43,55 @@ std::vector<std::string> read_lines(const std::string& path) {
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   return lines;
 }
+
+// The CPU replica with a random state of its own that the step keys do not determine, as cuDNN's dropout
+// state: "rank R after N steps", N counting train_steps from the start or from the state it restored.
+class ReplicaWithItsOwnRandomState final : public models::Replica {
+ public:
+  ReplicaWithItsOwnRandomState(std::unique_ptr<models::Replica> inner, int rank)
+      : inner_(std::move(inner)), rank_(rank) {}
+  std::string restored;  // what restore_rng_state was given
+
+  std::string rng_state() override { return state_text(rank_, steps_); }
+  bool restore_rng_state(const std::string& saved) override {
+    restored = saved;
+    const std::string prefix = state_text(rank_, 0).substr(0, state_text(rank_, 0).find(" after ") + 7);
+    if (saved.rfind(prefix, 0) != 0) return false;
+    steps_ = std::stoll(saved.substr(prefix.size()));
+    return true;
+  }
+  static std::string state_text(int rank, int64_t steps) {
+    return "rank " + std::to_string(rank) + " after " + std::to_string(steps) + " steps";
+  }
+
+  const models::ParamLayout& layout() const override { return inner_->layout(); }
+  models::DeviceKind device() const override { return inner_->device(); }
+  std::span<float> params() override { return inner_->params(); }
+  std::span<float> grads() override { return inner_->grads(); }
+  void copy_params_to_host(std::span<float> host) override { inner_->copy_params_to_host(host); }
+  void copy_params_from_host(std::span<const float> host) override { inner_->copy_params_from_host(host); }
+  void copy_grads_to_host(std::span<float> host) override { inner_->copy_grads_to_host(host); }
+  void set_dropout_key(uint64_t key) override { inner_->set_dropout_key(key); }
+  void train_step(const BatchView& batch, const models::GradientReadyFn& on_ready) override {
+    ++steps_;
+    inner_->train_step(batch, on_ready);
+  }
+  void evaluate(const BatchView& batch) override { inner_->evaluate(batch); }
+  void predict(const BatchView& batch, std::span<float> probabilities) override {
+    inner_->predict(batch, probabilities);
+  }
+  models::BatchStats take_stats() override { return inner_->take_stats(); }
+  std::span<const int32_t> touched_embedding_rows() const override { return inner_->touched_embedding_rows(); }
+  void clear_embedding_gradient_rows(std::span<const int32_t> rows) override {
+    inner_->clear_embedding_gradient_rows(rows);
+  }
+  void clear_embedding_gradient() override { inner_->clear_embedding_gradient(); }
+
+ private:
+  std::unique_ptr<models::Replica> inner_;
+  int rank_;
+  int64_t steps_ = 0;
+};
 
 class TrainerTest : public ::testing::Test {
  protected:
@@ -69,6 +121,29 @@ class TrainerTest : public ::testing::Test {
         io::inspect_dataset(args[std::find(args.begin(), args.end(), "--data.path") - args.begin() + 1]);
     engine::ProgressWatchdog watchdog(config.comm.timeout_s);
     return engine::train(config, topology_, data, MPI_COMM_WORLD, watchdog);
+  }
+
+  // The same all-reduce run through the epoch loop itself, on ReplicaWithItsOwnRandomState; `restored` gets
+  // what its replica was given to restore.
+  engine::TrainResult run_with_own_random_state(const std::string& run_dir, std::vector<std::string> args,
+                                                std::string& restored) {
+    args.insert(args.end(), {"--data.path", data_path_, "--checkpoint.dir", run_dir, "--model.embedding_dim",
+                             "8", "--model.hidden", "8", "--train.batch_size", "10", "--log.progress", "lines",
+                             "--comm.backend", "mpi"});
+    const engine::Config config = engine::parse_config(args).config;
+    engine::ProgressWatchdog watchdog(config.comm.timeout_s);
+    engine::StopAgreement stop_signal(MPI_COMM_WORLD);
+    auto replica = std::make_unique<ReplicaWithItsOwnRandomState>(
+        models::make_cpu_replica(engine::model_shape(config, data_.vocab_size, data_.num_classes)),
+        comm_->rank());
+    ReplicaWithItsOwnRandomState& own = *replica;
+    auto updater = engine::make_all_reduce_updater(*replica, -1, *comm_, engine::optimizer_settings(config),
+                                                   /*sparse_exchange=*/false);
+    engine::TrainingRun run(config, topology_, comm_->size(), *comm_, stop_signal, "test", std::move(replica),
+                            std::move(updater), data_, watchdog, /*exchange_has_deadlines=*/false, {});
+    engine::TrainResult result = run.run();
+    restored = own.restored;
+    return result;
   }
 
   bool identical_on_all_ranks(const std::vector<float>& params) {
@@ -151,6 +226,32 @@ TEST_F(TrainerTest, StoppedAndResumedEqualsUninterrupted) {
   // The resumed epoch's training metrics include the steps before the stop.
   EXPECT_NEAR(second.history[0].loss, straight.history[1].loss, 1e-9);
   EXPECT_NEAR(second.history[0].val_loss, straight.history[1].val_loss, 1e-9);
+}
+
+// A replica's own random state (cuDNN's dropout state) is in every checkpoint, by rank, and a resumed run
+// hands each rank the state it saved, so that it goes on where it was.
+TEST_F(TrainerTest, EachRanksReplicaRandomStateIsCheckpointedAndRestored) {
+  std::string restored;
+  const engine::TrainResult first =
+      run_with_own_random_state(dir_.file("own"), {"--train.epochs", "1"}, restored);
+  const int64_t steps = first.history.at(0).steps;
+  EXPECT_EQ(restored, "") << "a fresh run restores nothing";
+  if (world_rank() == 0) {
+    const engine::Checkpoint c = engine::read_checkpoint(dir_.file("own/last.h5"));
+    ASSERT_EQ(c.replica_rng_states.size(), static_cast<std::size_t>(world_size()));
+    for (int r = 0; r < world_size(); ++r) {
+      EXPECT_EQ(c.replica_rng_states[static_cast<std::size_t>(r)],
+                ReplicaWithItsOwnRandomState::state_text(r, steps));
+    }
+  }
+  run_with_own_random_state(dir_.file("own"), {"--train.epochs", "2", "--resume"}, restored);
+  EXPECT_EQ(restored, ReplicaWithItsOwnRandomState::state_text(world_rank(), steps));
+  if (world_rank() == 0) {
+    const engine::Checkpoint c = engine::read_checkpoint(dir_.file("own/last.h5"));
+    ASSERT_EQ(c.replica_rng_states.size(), static_cast<std::size_t>(world_size()));
+    EXPECT_EQ(c.replica_rng_states.back(), ReplicaWithItsOwnRandomState::state_text(world_size() - 1, 2 * steps))
+        << "the restored state went on";
+  }
 }
 
 // The same with every control that has state over the run: a cosine schedule after a warm-up, clipping,

@@ -890,6 +890,32 @@ TEST(Checkpoint, WriterTakesBuffersOneAtATimeAndAbandonsCleanly) {
   EXPECT_EQ(read_checkpoint(path).params, params);
 }
 
+// The replicas' random states (cuDNN's dropout state on GPUs) travel as bytes, by rank, a rank without one
+// kept apart from a rank whose state is empty; a checkpoint whose ranks have none holds no group, and the
+// model-only read leaves them out.
+TEST(Checkpoint, KeepsEachRanksReplicaRandomState) {
+  TempDir dir;
+  const models::ModelShape shape{30, 4, 3, 2};
+  const std::vector<float> params(models::ParamLayout(shape).total_size(), 0.5f);
+  std::string binary;
+  for (int i = 0; i < 256; ++i) binary.push_back(static_cast<char>(i));
+  const std::vector<std::string> states{binary, "", std::string(3, '\0')};
+  const std::string path = dir.file("last.h5");
+  {
+    CheckpointWriter writer(path, shape, params, "adam", 0, {}, "");
+    writer.add_replica_rng_states(states);
+    writer.commit();
+  }
+  EXPECT_EQ(read_checkpoint(path).replica_rng_states, states);
+  EXPECT_TRUE(read_checkpoint(path, CheckpointParts::kModel).replica_rng_states.empty());
+  {
+    CheckpointWriter writer(path, shape, params, "adam", 0, {}, "");
+    writer.add_replica_rng_states({"", ""});
+    writer.commit();
+  }
+  EXPECT_TRUE(read_checkpoint(path).replica_rng_states.empty());
+}
+
 TEST(Checkpoint, ForeignFilesAreUserErrors) {
   TempDir dir;
   EXPECT_THROW(read_checkpoint(dir.file("missing.h5")), UserError);

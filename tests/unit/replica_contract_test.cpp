@@ -30,8 +30,9 @@ struct CpuReplicaKind {
     }
     return std::nullopt;
   }
-  static std::unique_ptr<models::Replica> make(const models::ModelShape& shape) {
-    return models::make_cpu_replica(shape, kKernels);
+  static std::unique_ptr<models::Replica> make(const models::ModelShape& shape,
+                                               const models::ModelOptions& options = {}) {
+    return models::make_cpu_replica(shape, kKernels, options);
   }
   static std::unique_ptr<engine::Optimizer> optimizer(const engine::OptimizerSettings& settings,
                                                       models::Replica& replica) {
