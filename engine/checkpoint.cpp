@@ -135,8 +135,8 @@ std::vector<std::string> read_replica_rng_states(hid_t root, const std::string& 
     Hid set = io::open_dataset(group.get(), file, name);
     const std::vector<int64_t> dims = io::dataset_dims(set.get());
     if (dims.size() != 1 || dims[0] < 0 || dims[0] > kMaxRngStateBytes) {
-      throw UserError(file + ": checkpoint dataset /replica_rng/" + name + " is not a byte string of at most " +
-                      std::to_string(kMaxRngStateBytes) + " bytes");
+      throw UserError(file + ": checkpoint dataset /replica_rng/" + name +
+                      " is not a byte string of at most " + std::to_string(kMaxRngStateBytes) + " bytes");
     }
     std::string& state = states[static_cast<std::size_t>(rank)];
     state.resize(static_cast<std::size_t>(dims[0]));

@@ -106,9 +106,10 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
         trainers, config.train.batch_size);
   }
   if (!rng_states.empty() && rng_states.size() != static_cast<std::size_t>(trainers)) {
-    std::printf("note: %s holds the dropout random states of %zu training ranks, not %d: the masks between "
-                "layers are drawn afresh from here on\n",
-                files.last().c_str(), rng_states.size(), trainers);
+    std::printf(
+        "note: %s holds the dropout random states of %zu training ranks, not %d: the masks between "
+        "layers are drawn afresh from here on\n",
+        files.last().c_str(), rng_states.size(), trainers);
     rng_states.clear();
   }
   if (p.step_in_epoch >= steps_per_epoch)

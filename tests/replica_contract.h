@@ -209,10 +209,8 @@ TYPED_TEST_P(ReplicaContract, DropoutBetweenLayersDropsAtItsRate) {
     int64_t dropped = 0;
     int64_t seen = 0;
     for (int step = 0; step < 60; ++step) {
-      const HostBatch one{{static_cast<int32_t>(1 + step % (shape.vocab_size - 1))},
-                          {static_cast<float>(step % 2)},
-                          1,
-                          1};
+      const HostBatch one{
+          {static_cast<int32_t>(1 + step % (shape.vocab_size - 1))}, {static_cast<float>(step % 2)}, 1, 1};
       const auto placed = TypeParam::place(one);
       replica->set_dropout_key(static_cast<uint64_t>(1000 + step));
       replica->train_step(placed->view(), {});

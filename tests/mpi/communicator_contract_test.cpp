@@ -44,7 +44,9 @@ class NotReducing final : public comm::Communicator {
   void sum(std::span<double> d) override { inner_->sum(d); }
   void barrier() override { inner_->barrier(); }
   std::vector<std::string> gather(const std::string& t, int root) override { return inner_->gather(t, root); }
-  std::string scatter(const std::vector<std::string>& t, int root) override { return inner_->scatter(t, root); }
+  std::string scatter(const std::vector<std::string>& t, int root) override {
+    return inner_->scatter(t, root);
+  }
   std::optional<std::string> first_error(const std::optional<std::string>& m) override {
     return inner_->first_error(m);
   }

@@ -19,8 +19,8 @@
 #include "engine/config.h"
 #include "engine/device_preparation.h"
 #include "engine/preemption.h"
-#include "engine/trainer.h"
 #include "engine/topology.h"
+#include "engine/trainer.h"
 #include "engine/training_job.h"
 #include "io/batch_source.h"
 #include "io/dataset.h"
@@ -81,7 +81,9 @@ class ReplicaWithItsOwnRandomState final : public models::Replica {
     inner_->predict(batch, probabilities);
   }
   models::BatchStats take_stats() override { return inner_->take_stats(); }
-  std::span<const int32_t> touched_embedding_rows() const override { return inner_->touched_embedding_rows(); }
+  std::span<const int32_t> touched_embedding_rows() const override {
+    return inner_->touched_embedding_rows();
+  }
   void clear_embedding_gradient_rows(std::span<const int32_t> rows) override {
     inner_->clear_embedding_gradient_rows(rows);
   }
@@ -128,8 +130,8 @@ class TrainerTest : public ::testing::Test {
   engine::TrainResult run_with_own_random_state(const std::string& run_dir, std::vector<std::string> args,
                                                 std::string& restored) {
     args.insert(args.end(), {"--data.path", data_path_, "--checkpoint.dir", run_dir, "--model.embedding_dim",
-                             "8", "--model.hidden", "8", "--train.batch_size", "10", "--log.progress", "lines",
-                             "--comm.backend", "mpi"});
+                             "8", "--model.hidden", "8", "--train.batch_size", "10", "--log.progress",
+                             "lines", "--comm.backend", "mpi"});
     const engine::Config config = engine::parse_config(args).config;
     engine::ProgressWatchdog watchdog(config.comm.timeout_s);
     engine::StopAgreement stop_signal(MPI_COMM_WORLD);
@@ -249,7 +251,8 @@ TEST_F(TrainerTest, EachRanksReplicaRandomStateIsCheckpointedAndRestored) {
   if (world_rank() == 0) {
     const engine::Checkpoint c = engine::read_checkpoint(dir_.file("own/last.h5"));
     ASSERT_EQ(c.replica_rng_states.size(), static_cast<std::size_t>(world_size()));
-    EXPECT_EQ(c.replica_rng_states.back(), ReplicaWithItsOwnRandomState::state_text(world_size() - 1, 2 * steps))
+    EXPECT_EQ(c.replica_rng_states.back(),
+              ReplicaWithItsOwnRandomState::state_text(world_size() - 1, 2 * steps))
         << "the restored state went on";
   }
 }
