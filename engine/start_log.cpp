@@ -58,9 +58,10 @@ void log_class_balance(comm::Communicator& trainers, const io::DatasetInfo& data
   for (std::size_t label = 0; label < mine.size() && total > 0 && rows > 0; ++label) {
     worst = std::max(worst, std::abs(static_cast<double>(mine[label]) / rows - all[label] / total));
   }
-  const std::string line = worst > kBalanceTolerance ? fmt::format("rank {}'s shard: {}", trainers.rank(),
-                                                                   io::class_balance_text(mine))
-                                                     : "";
+  const std::string line = worst > kBalanceTolerance
+                               ? fmt::format("rank {}'s shard: {}", trainers.rank(),
+                                             io::class_balance_text(mine, data.class_names))
+                               : "";
   const std::vector<std::string> lines = trainers.gather(line, 0);
   if (trainers.rank() != 0) return;
   std::size_t labels = 2;
@@ -68,7 +69,7 @@ void log_class_balance(comm::Communicator& trainers, const io::DatasetInfo& data
     if (all[label] > 0) labels = std::max(labels, label + 1);
   }
   const std::vector<int64_t> counts(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(labels));
-  fmt::print("classes of the training rows: {}\n", io::class_balance_text(counts));
+  fmt::print("classes of the training rows: {}\n", io::class_balance_text(counts, data.class_names));
   int differing = 0;
   for (const std::string& l : lines) {
     if (l.empty()) continue;

@@ -327,14 +327,15 @@ std::vector<uint8_t> read_labels(const DatasetInfo& info, const std::string& spl
   return all;
 }
 
-std::string class_balance_text(const std::vector<int64_t>& counts) {
+std::string class_balance_text(const std::vector<int64_t>& counts, const std::vector<std::string>& names) {
   int64_t total = 0;
   for (const int64_t n : counts) total += n;
   if (total == 0) return "no rows";
   std::string text;
   for (size_t label = 0; label < counts.size(); ++label) {
     text += fmt::format("{}{:.1f}% {}", label > 0 ? ", " : "",
-                        100.0 * static_cast<double>(counts[label]) / static_cast<double>(total), label);
+                        100.0 * static_cast<double>(counts[label]) / static_cast<double>(total),
+                        label < names.size() ? names[label] : std::to_string(label));
   }
   return text;
 }

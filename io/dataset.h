@@ -54,8 +54,10 @@ std::vector<int64_t> label_counts(const DatasetInfo& info, const std::string& sp
 // The labels of rows [begin, end) of split, in order.
 std::vector<uint8_t> read_labels(const DatasetInfo& info, const std::string& split, int64_t begin,
                                  int64_t end);
-// "31.2% 0, 68.8% 1": each label's share of the rows, in label order ("no rows" when all counts are 0).
-std::string class_balance_text(const std::vector<int64_t>& counts);
+// "31.2% 0, 68.8% 1": each label's share of the rows, in label order ("no rows" when all counts are 0); a
+// label is named by names[label] where there is one (the dataset's /classes), else by its number.
+std::string class_balance_text(const std::vector<int64_t>& counts,
+                               const std::vector<std::string>& names = {});
 
 // The contiguous rows [begin, end) of a split that rank `rank` of `world` reads: floor(n / world) rows each,
 // so every rank runs the same number of steps (the last n % world rows are left out of training).

@@ -410,6 +410,7 @@ TEST(ClassBalanceText, SharesOfEachLabelInOrder) {
   EXPECT_EQ(class_balance_text({1, 1}), "50.0% 0, 50.0% 1");
   EXPECT_EQ(class_balance_text({0, 7}), "0.0% 0, 100.0% 1");
   EXPECT_EQ(class_balance_text({3, 0, 0, 1}), "75.0% 0, 0.0% 1, 0.0% 2, 25.0% 3");
+  EXPECT_EQ(class_balance_text({1, 3, 0}, {"neg", "neutral", "pos"}), "25.0% neg, 75.0% neutral, 0.0% pos");
   EXPECT_EQ(class_balance_text({0, 0}), "no rows");
   EXPECT_EQ(class_balance_text({}), "no rows");
 }
