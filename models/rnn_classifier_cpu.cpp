@@ -18,6 +18,22 @@
 namespace ddp::models {
 namespace {
 
+// A batch's rows of the embedding (and of its gradient) are scattered over a matrix of megabytes, each a few
+// cache lines that no hardware prefetcher sees coming, and a step's other work has evicted them: the loops
+// over them ask for the row kRowsAhead tokens on while they copy this one.
+constexpr std::size_t kRowsAhead = 8;
+
+// The token of time-major row k (k = t * batch + b) of a [batch, seq] row-major token matrix.
+int32_t token_of_row(const int32_t* tokens, std::size_t k, int batch, int seq) {
+  const auto b = k % static_cast<std::size_t>(batch), t = k / static_cast<std::size_t>(batch);
+  return tokens[b * static_cast<std::size_t>(seq) + t];
+}
+
+template <typename Scalar>
+void prefetch_row(const Scalar* row, std::size_t width) {
+  for (std::size_t j = 0; j < width; j += 64 / sizeof(Scalar)) __builtin_prefetch(row + j);
+}
+
 std::size_t to_size(int v) {
   return static_cast<std::size_t>(v);
 }
@@ -472,13 +488,13 @@ void CpuRnnClassifier<Scalar>::forward(const int32_t* tokens, int batch, int seq
   // Embedding lookup into time-major rows: row t*B+b is token (b, t).
   const auto embed = to_size(shape.embedding_dim);
   const Scalar* embedding = params_.data() + embedding_offset_;
-  for (int t = 0; t < seq; ++t) {
-    for (int b = 0; b < batch; ++b) {
-      const auto token = static_cast<std::size_t>(tokens[to_size(b) * to_size(seq) + to_size(t)]);
-      const Scalar* source = embedding + token * embed;
-      std::copy(source, source + embed,
-                embedded_.data() + (to_size(t) * to_size(batch) + to_size(b)) * embed);
-    }
+  for (std::size_t k = 0; k < count; ++k) {
+    if (k + kRowsAhead < count)
+      prefetch_row(
+          embedding + static_cast<std::size_t>(token_of_row(tokens, k + kRowsAhead, batch, seq)) * embed,
+          embed);
+    const Scalar* source = embedding + static_cast<std::size_t>(token_of_row(tokens, k, batch, seq)) * embed;
+    std::copy(source, source + embed, embedded_.data() + k * embed);
   }
   if (dropping_ && options_.embedding_dropout > 0) {
     apply_dropout(options_.embedding_dropout, embedded_.data(), embedded_dropped_.data(),
@@ -843,19 +859,21 @@ void CpuRnnClassifier<Scalar>::accumulate_embedding_gradient(const int32_t* toke
   Scalar* d_embedding = grads_.data() + embedding_offset_;
   uint8_t* seen = row_seen_.data();
   next_touched_.clear();
-  for (int t = 0; t < seq; ++t) {
-    for (int b = 0; b < batch; ++b) {
-      const int32_t token = tokens[to_size(b) * to_size(seq) + to_size(t)];
-      const Scalar* __restrict source =
-          d_embedded_.data() + (to_size(t) * to_size(batch) + to_size(b)) * embed;
-      Scalar* __restrict target = d_embedding + static_cast<std::size_t>(token) * embed;
-      if (seen[token] == 0) {
-        seen[token] = 1;
-        next_touched_.push_back(token);
-        std::copy(source, source + embed, target);
-      } else {
-        for (std::size_t j = 0; j < embed; ++j) target[j] += source[j];
-      }
+  const std::size_t rows = to_size(batch) * to_size(seq);
+  for (std::size_t k = 0; k < rows; ++k) {
+    if (k + kRowsAhead < rows)
+      prefetch_row(
+          d_embedding + static_cast<std::size_t>(token_of_row(tokens, k + kRowsAhead, batch, seq)) * embed,
+          embed);
+    const int32_t token = token_of_row(tokens, k, batch, seq);
+    const Scalar* __restrict source = d_embedded_.data() + k * embed;
+    Scalar* __restrict target = d_embedding + static_cast<std::size_t>(token) * embed;
+    if (seen[token] == 0) {
+      seen[token] = 1;
+      next_touched_.push_back(token);
+      std::copy(source, source + embed, target);
+    } else {
+      for (std::size_t j = 0; j < embed; ++j) target[j] += source[j];
     }
   }
   for (const int32_t token : touched_) {
