@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -486,6 +487,7 @@ void CpuRnnClassifier<Scalar>::forward(const int32_t* tokens, int batch, int seq
   dropping_ = training && (options_.dropout > 0 || options_.embedding_dropout > 0);
 
   // Embedding lookup into time-major rows: row t*B+b is token (b, t).
+  std::optional<timeline::Span> part(std::in_place, "embedding lookup");
   const auto embed = to_size(shape.embedding_dim);
   const Scalar* embedding = params_.data() + embedding_offset_;
   for (std::size_t k = 0; k < count; ++k) {
@@ -503,6 +505,7 @@ void CpuRnnClassifier<Scalar>::forward(const int32_t* tokens, int batch, int seq
 
   const auto hidden = to_size(shape.hidden);
   const auto width = to_size(shape.output_width());
+  part.emplace("recurrent layers");
   for (int l = 0; l < shape.layers; ++l) {
     Layer& layer = layers_[to_size(l)];
     if (uses_onednn()) {
@@ -526,6 +529,7 @@ void CpuRnnClassifier<Scalar>::forward(const int32_t* tokens, int batch, int seq
   }
 
   // The dense layer reads the top layer's last step forward and (reverse) its first.
+  part.emplace("dense layer");
   const Layer& top = layers_.back();
   const std::size_t last_block = to_size(seq) * to_size(batch) * hidden;
   for (std::size_t b = 0; b < to_size(batch); ++b) {
@@ -777,16 +781,20 @@ BatchStats CpuRnnClassifier<Scalar>::train_step(const int32_t* tokens, const Sca
   }
 
   if (uses_onednn()) {
+    std::optional<timeline::Span> part(std::in_place, "recurrent layers backward");
     for (int l = layers - 1; l >= 0; --l) {
       backward_layer_onednn(l, batch, seq, /*dy_every_step=*/l + 1 < layers);
       undo_input_dropout(l, batch, seq);
       if (l > 0) ready(to_size(l) + 1);
     }
+    part.emplace("embedding gradient");
     accumulate_embedding_gradient(tokens, batch, seq);
+    part.reset();
     ready(0);
     ready(1);
     return stats;
   }
+  std::optional<timeline::Span> part(std::in_place, "recurrent layers backward");
   for (int l = layers - 1; l > 0; --l) {
     for (int d = 0; d < shape.directions(); ++d) backward_direction(l, d, batch, seq, l + 1 < layers);
     for (int d = 0; d < shape.directions(); ++d) weight_gradients(l, d, batch, seq);
@@ -797,9 +805,13 @@ BatchStats CpuRnnClassifier<Scalar>::train_step(const int32_t* tokens, const Sca
   // the largest, and it travels while those GEMMs run.
   for (int d = 0; d < shape.directions(); ++d) backward_direction(0, d, batch, seq, layers > 1);
   input_gradient(0, batch, seq);
+  part.emplace("embedding gradient");
   accumulate_embedding_gradient(tokens, batch, seq);
+  part.reset();
   ready(0);
+  part.emplace("recurrent layers backward");
   for (int d = 0; d < shape.directions(); ++d) weight_gradients(0, d, batch, seq);
+  part.reset();
   ready(1);
   return stats;
 }

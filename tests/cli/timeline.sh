@@ -51,7 +51,8 @@ PY
 mpirun -np 2 "$ddptrain" "${common[@]}" --comm.backend mpi --checkpoint.dir ar --log.timeline ar.json >ar.txt 2>&1 ||
   { echo "FAIL: all-reduce run"; cat ar.txt; exit 1; }
 check ar/ar.json 2 "data wait" "HDF5 read" forward backward "all-reduce bucket" "reduction wait" optimizer \
-  evaluation checkpoint step
+  evaluation checkpoint step "embedding lookup" "recurrent layers" "dense layer" "recurrent layers backward" \
+  "embedding gradient"
 ls ./*.part ar/*.part 2>/dev/null && { echo "FAIL: part files left behind"; exit 1; }
 [ ! -e ar.json ] || { echo "FAIL: a relative log.timeline went outside checkpoint.dir"; exit 1; }
 
