@@ -77,10 +77,18 @@ class BatchReader {
 
   // Seconds the caller spent blocked in next() waiting for the disk.
   double wait_seconds() const { return wait_seconds_; }
+  // Whether batches are read from the file directly (its datasets lie there as in memory: contiguous, of
+  // the memory type) rather than through HDF5; the same rows either way.
+  bool reads_rows_directly() const;
 
  private:
   void prefetch_loop();
   void read_batch(int64_t batch_index, Batch& out);
+  // Under HDF5's lock, at construction: reads batches with pread where the datasets allow (batch_reader.cpp).
+  void open_raw_reads(int64_t rows);
+  // The batch's rows (source_->rows, sorted) into out.tokens and the raw labels.
+  void read_rows_raw(Batch& out);
+  void read_rows_with_hdf5(Batch& out);
 
   struct Source;  // the open file and datasets, kept for the reader's lifetime (batch_reader.cpp)
 

@@ -49,18 +49,27 @@ struct FileSpec {
   bool write_val_y = true;
   // Non-empty: /train/y's data lives in this raw file, which a test deletes to make reads fail.
   std::string train_y_external;
+  bool chunked = false;    // every dataset in compressed chunks of 7 rows
+  hsize_t user_block = 0;  // bytes before the HDF5 data (a multiple of 512)
   // x[i, c] = i * maxlen + c identifies row and column; y[i] = i % 2. `edit` may plant bad values.
   std::function<void(const std::string& split, std::vector<int32_t>& x, std::vector<uint8_t>& y)> edit;
 };
 
 void write_dataset(hid_t group, const char* name, hid_t file_type, hid_t memory_type,
-                   std::vector<hsize_t> dims, const void* data, const std::string& external = "") {
+                   std::vector<hsize_t> dims, const void* data, const std::string& external = "",
+                   bool chunked = false) {
   Hid space(
       check_h5_id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), "H5Screate_simple"),
       Hid::Kind::kDataspace);
   Hid dcpl(check_h5_id(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate"), Hid::Kind::kPropertyList);
   if (!external.empty()) {
     check_h5(H5Pset_external(dcpl.get(), external.c_str(), 0, H5F_UNLIMITED), "H5Pset_external");
+  }
+  if (chunked && dims.front() > 0) {
+    std::vector<hsize_t> chunk = dims;
+    chunk.front() = std::min<hsize_t>(7, dims.front());
+    check_h5(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), "H5Pset_chunk");
+    check_h5(H5Pset_deflate(dcpl.get(), 4), "H5Pset_deflate");
   }
   Hid set(check_h5_id(H5Dcreate2(group, name, file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
                       name),
@@ -71,7 +80,9 @@ void write_dataset(hid_t group, const char* name, hid_t file_type, hid_t memory_
 void write_file(const std::string& path, const FileSpec& spec) {
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   quiet_hdf5_errors();
-  Hid file(check_h5_id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), "H5Fcreate"),
+  Hid create(check_h5_id(H5Pcreate(H5P_FILE_CREATE), "H5Pcreate"), Hid::Kind::kPropertyList);
+  if (spec.user_block > 0) check_h5(H5Pset_userblock(create.get(), spec.user_block), "H5Pset_userblock");
+  Hid file(check_h5_id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, create.get(), H5P_DEFAULT), "H5Fcreate"),
            Hid::Kind::kFile);
   if (spec.write_vocab_size) write_int_attribute(file.get(), "vocab_size", spec.vocab_size);
   write_int_attribute(file.get(), "maxlen", spec.maxlen_attribute >= 0 ? spec.maxlen_attribute : spec.maxlen);
@@ -94,11 +105,12 @@ void write_file(const std::string& path, const FileSpec& spec) {
     if (train || val || spec.write_test_x) {
       std::vector<hsize_t> dims{static_cast<hsize_t>(rows), static_cast<hsize_t>(columns)};
       if (spec.x_rank_1) dims = {static_cast<hsize_t>(x.size())};
-      write_dataset(group.get(), "x", val ? spec.val_x_type : spec.x_type, H5T_NATIVE_INT32, dims, x.data());
+      write_dataset(group.get(), "x", val ? spec.val_x_type : spec.x_type, H5T_NATIVE_INT32, dims, x.data(),
+                    "", spec.chunked);
     }
     if (train || (val ? spec.write_val_y : spec.write_test_y)) {
       write_dataset(group.get(), "y", H5T_STD_U8LE, H5T_NATIVE_UINT8, {static_cast<hsize_t>(y_rows)},
-                    y.data(), train ? spec.train_y_external : "");
+                    y.data(), train ? spec.train_y_external : "", spec.chunked);
     }
   }
 }
@@ -843,6 +855,38 @@ TEST_F(BatchReaderTest, MissingDatasetIsAUserError) {
       {path, "/test/x"});
   o.path = dir_.file("absent.h5");
   expect_user_error([&] { BatchReader reader(o); }, {o.path, "no such file"});
+}
+
+// Batches are read past HDF5 where the datasets lie in the file as in memory, through HDF5 otherwise
+// (compressed chunks, another integer type or byte order, a user block before the HDF5 data): the same rows,
+// tokens and labels either way.
+TEST_F(BatchReaderTest, EveryStorageLayoutGivesTheSameBatches) {
+  BatchReaderOptions o = base({100, 900}, 16);
+  BatchReader contiguous(o);
+  EXPECT_TRUE(contiguous.reads_rows_directly());
+  const std::vector<std::vector<int64_t>> expected = read_rows(o);
+  struct Variant {
+    const char* name;
+    std::function<void(FileSpec&)> set;
+  };
+  const std::vector<Variant> variants{
+      {"chunked", [](FileSpec& s) { s.chunked = true; }},
+      {"int16", [](FileSpec& s) { s.x_type = H5T_STD_I16LE; }},
+      {"big-endian", [](FileSpec& s) { s.x_type = H5T_STD_I32BE; }},
+      {"user block", [](FileSpec& s) { s.user_block = 512; }},
+  };
+  for (const Variant& v : variants) {
+    FileSpec spec;
+    spec.train_rows = kRows;
+    spec.test_rows = 250;
+    spec.maxlen = kSeq;
+    v.set(spec);
+    o.path = dir_.file(std::string(v.name) + ".h5");
+    write_file(o.path, spec);
+    BatchReader reader(o);
+    EXPECT_FALSE(reader.reads_rows_directly()) << v.name;
+    EXPECT_EQ(read_rows(o), expected) << v.name;
+  }
 }
 
 TEST_F(BatchReaderTest, AReadErrorReachesTheCaller) {
