@@ -92,8 +92,9 @@ class Replica {
   // Random state that the keys do not determine, for checkpoints: cuDNN's dropout between stacked layers
   // draws from one generator state, seeded once and then running on across steps. Opaque bytes, empty where
   // there is none (the CPU replica's masks are a function of the key). restore_rng_state takes the bytes of
-  // a replica of the same kind, device model and library version, before the first set_dropout_key, and says
-  // whether it did; given any other bytes it returns false and the state stays as seeded from the keys.
+  // a replica of the same kind, device model and library version, after the run's batch shapes are settled
+  // (trying one draws from the state) and before the first set_dropout_key, and says whether it did; given
+  // any other bytes it returns false and the state stays as seeded from the keys.
   virtual std::string rng_state() { return {}; }
   virtual bool restore_rng_state(const std::string& /*saved*/) { return false; }
   // Forward and backward on one batch: grads() becomes d(mean loss over the batch)/d(params). The batch's

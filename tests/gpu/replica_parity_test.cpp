@@ -323,7 +323,12 @@ TEST(CudaReplica, ARestoredDropoutStateDrawsTheMasksTheSavedOneWouldHave) {
   auto restoring = make_cuda_replica(shape, 0, RnnAlgorithm::kStandard, dropping);
   auto seeded = make_cuda_replica(shape, 0, RnnAlgorithm::kStandard, dropping);
   const std::vector<float> params = ddp::testing::test_params(saving->layout(), 17);
-  for (Replica* r : {saving.get(), restoring.get(), seeded.get()}) r->copy_params_from_host(params);
+  // As the trainer does before its first step and before it restores a state: the batch shape's cuDNN calls
+  // are tried on scratch buffers (which draw from the dropout state) and settled.
+  for (Replica* r : {saving.get(), restoring.get(), seeded.get()}) {
+    r->copy_params_from_host(params);
+    r->settle_shape(16, 20, r->try_shape(16, 20));
+  }
   const HostBatch host = testing::contract_random_batch(shape.vocab_size, 16, 20, 5);
   const DeviceBatch device(host);
 
