@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -210,25 +211,36 @@ void BatchReader::open_raw_reads(int64_t rows) {
   if (rows < 1 || x_offset == HADDR_UNDEF || y_offset == HADDR_UNDEF || !s.raw.open(options_.path)) return;
   s.x_offset = x_offset;
   s.y_offset = y_offset;
-  // The first row both ways: the raw path is taken only where it reads what HDF5 reads.
+  // The first and the last row both ways: the raw path is taken only where it reads what HDF5 reads.
   const std::size_t columns = static_cast<std::size_t>(seq_);
   std::vector<int32_t> x_hdf5(columns), x_raw(columns);
-  uint8_t y_hdf5 = 0, y_raw = 0;
-  const hsize_t start[2] = {0, 0};
-  const hsize_t x_count[2] = {1, columns};
-  const hsize_t y_count[1] = {1};
-  Hid x_memory(check_h5_id(H5Screate_simple(2, x_count, nullptr), "H5Screate_simple"), Hid::Kind::kDataspace);
-  Hid y_memory(check_h5_id(H5Screate_simple(1, y_count, nullptr), "H5Screate_simple"), Hid::Kind::kDataspace);
-  check_h5(H5Sselect_hyperslab(s.x_space.get(), H5S_SELECT_SET, start, nullptr, x_count, nullptr),
-           "H5Sselect_hyperslab");
-  check_h5(H5Sselect_hyperslab(s.y_space.get(), H5S_SELECT_SET, start, nullptr, y_count, nullptr),
-           "H5Sselect_hyperslab");
-  check_h5(H5Dread(s.x.get(), H5T_NATIVE_INT32, x_memory.get(), s.x_space.get(), H5P_DEFAULT, x_hdf5.data()),
-           "H5Dread");
-  check_h5(H5Dread(s.y.get(), H5T_NATIVE_UINT8, y_memory.get(), s.y_space.get(), H5P_DEFAULT, &y_hdf5),
-           "H5Dread");
-  s.read_raw = s.raw.read(x_raw.data(), columns * sizeof(int32_t), s.x_offset) &&
-               s.raw.read(&y_raw, 1, s.y_offset) && x_raw == x_hdf5 && y_raw == y_hdf5;
+  Hid x_memory(
+      check_h5_id(H5Screate_simple(1, std::array<hsize_t, 1>{columns}.data(), nullptr), "H5Screate_simple"),
+      Hid::Kind::kDataspace);
+  Hid y_memory(
+      check_h5_id(H5Screate_simple(1, std::array<hsize_t, 1>{1}.data(), nullptr), "H5Screate_simple"),
+      Hid::Kind::kDataspace);
+  bool same = true;
+  for (const auto row : {hsize_t{0}, static_cast<hsize_t>(rows - 1)}) {
+    const hsize_t start[2] = {row, 0};
+    const hsize_t x_count[2] = {1, columns};
+    const hsize_t y_count[1] = {1};
+    uint8_t y_hdf5 = 0, y_raw = 0;
+    check_h5(H5Sselect_hyperslab(s.x_space.get(), H5S_SELECT_SET, start, nullptr, x_count, nullptr),
+             "H5Sselect_hyperslab");
+    check_h5(H5Sselect_hyperslab(s.y_space.get(), H5S_SELECT_SET, start, nullptr, y_count, nullptr),
+             "H5Sselect_hyperslab");
+    check_h5(
+        H5Dread(s.x.get(), H5T_NATIVE_INT32, x_memory.get(), s.x_space.get(), H5P_DEFAULT, x_hdf5.data()),
+        "H5Dread");
+    check_h5(H5Dread(s.y.get(), H5T_NATIVE_UINT8, y_memory.get(), s.y_space.get(), H5P_DEFAULT, &y_hdf5),
+             "H5Dread");
+    same =
+        same &&
+        s.raw.read(x_raw.data(), columns * sizeof(int32_t), s.x_offset + row * columns * sizeof(int32_t)) &&
+        s.raw.read(&y_raw, 1, s.y_offset + row) && x_raw == x_hdf5 && y_raw == y_hdf5;
+  }
+  s.read_raw = same;
 }
 
 BatchReader::~BatchReader() {
