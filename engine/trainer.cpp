@@ -507,8 +507,10 @@ class TrainingRun::Loop {
     comm_.sum(counts);
     if (is_root() && counts[1] < counts[0]) {
       std::printf(
-          "note: %.0f of the %.0f dropout random states in %s were saved on another GPU model or cuDNN "
-          "version: those ranks draw their masks between layers afresh from here on\n",
+          "note: %.0f of the %.0f dropout random states in %s do not fit this run's replicas (saved on "
+          "another "
+          "kind of device, GPU model or cuDNN version): those ranks draw their masks between layers afresh "
+          "from here on\n",
           counts[0] - counts[1], counts[0], files_.last().c_str());
     }
   }

@@ -254,7 +254,18 @@ TEST_F(TrainerTest, EachRanksReplicaRandomStateIsCheckpointedAndRestored) {
     EXPECT_EQ(c.replica_rng_states.back(),
               ReplicaWithItsOwnRandomState::state_text(world_size() - 1, 2 * steps))
         << "the restored state went on";
+    // As if another number of ranks had written it: one state more than this job has ranks.
+    engine::CheckpointWriter writer(dir_.file("own/last.h5"), c.shape, c.params, c.optimizer_name,
+                                    c.optimizer.iterations, c.progress, c.config_ini, c.run);
+    for (const auto& [name, values] : c.optimizer.buffers) writer.add_optimizer_buffer(name, values);
+    std::vector<std::string> states = c.replica_rng_states;
+    states.push_back(ReplicaWithItsOwnRandomState::state_text(world_size(), 2 * steps));
+    writer.add_replica_rng_states(states);
+    writer.commit();
   }
+  MPI_Barrier(MPI_COMM_WORLD);
+  run_with_own_random_state(dir_.file("own"), {"--train.epochs", "3", "--resume"}, restored);
+  EXPECT_EQ(restored, "") << "a state saved by another number of ranks was handed out";
 }
 
 // The same with every control that has state over the run: a cosine schedule after a warm-up, clipping,
