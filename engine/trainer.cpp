@@ -500,7 +500,8 @@ class TrainingRun::Loop {
   }
 
   // Collective over the training ranks: each rank's replica takes the random state it saved, where it can;
-  // rank 0 says how many could not (another GPU model or cuDNN version: their masks are drawn afresh).
+  // rank 0 says how many could not (a CPU replica, another GPU model or cuDNN version: their masks are drawn
+  // afresh).
   void restore_replica_rng(const std::string& saved) {
     std::vector<double> counts{saved.empty() ? 0.0 : 1.0,
                                !saved.empty() && replica_->restore_rng_state(saved) ? 1.0 : 0.0};
