@@ -202,7 +202,7 @@ int predict_command(const std::vector<std::string>& args) {
   }
 
   // The checkpoint carries its vocabulary and maxlen; older checkpoints need the dataset they came from.
-  const Checkpoint checkpoint = read_checkpoint(o.checkpoint);
+  const Checkpoint checkpoint = read_checkpoint(o.checkpoint, CheckpointParts::kModel);
   int maxlen = checkpoint.run.maxlen;
   std::string vocabulary_file = o.checkpoint;
   if (!o.data.empty()) {  // given: it must be the model's
@@ -277,7 +277,7 @@ int evaluate_command(const std::vector<std::string>& args) {
   const io::DatasetInfo data = io::inspect_dataset(o.data);
   if (data.test_size == 0) throw UserError(o.data + ": /test is empty, nothing to evaluate");
   io::validate_rows(data, "test", 0, data.test_size);
-  const Checkpoint checkpoint = read_checkpoint(o.checkpoint);
+  const Checkpoint checkpoint = read_checkpoint(o.checkpoint, CheckpointParts::kModel);
   check_same_vocab(o, checkpoint, data);
   if (checkpoint.shape.classes != data.num_classes) {
     throw UserError(o.checkpoint + ": the model has " + std::to_string(checkpoint.shape.classes) +
