@@ -22,6 +22,8 @@
 #   sanitizer_memcheck, sanitizer_racecheck, sanitizer_synccheck
 #                  compute-sanitizer over the replica, optimizer and pipeline tests ("sanitizer": all three;
 #                  each is cut off after SANITIZER_TIMEOUT seconds, 540 by default)
+# Every other check is cut off after CHECK_TIMEOUT seconds (900 by default) and counts as failed, so that one
+# hung check (a collective that never returns, say) still leaves a report of all the others.
 # shellcheck disable=SC2317  # the check_* functions are called by name from run_check
 set -uo pipefail
 
@@ -32,14 +34,18 @@ if [ ! -f benchmarks/gpu_checks.sh ] || [ ! -f CMakeLists.txt ]; then
   exit 2
 fi
 command_line="bash benchmarks/gpu_checks.sh$(printf ' %q' "$@")"
-for var in CHECKS REBUILD SANITIZER_TIMEOUT SCRATCH; do
+for var in CHECKS CHECK_TIMEOUT REBUILD SANITIZER_TIMEOUT SCRATCH; do
   [ -n "${!var:-}" ] && command_line="$var=\"${!var}\" $command_line"
 done
 rebuild=${REBUILD:-0}
 args=()
-for arg in "$@"; do
+only_check=""  # --only NAME: the child process run_check starts to run one check under a time limit
+while [ $# -gt 0 ]; do
+  arg=$1
+  shift
   case $arg in
     --rebuild) rebuild=1 ;;
+    --only) only_check=${1:-}; shift ;;
     -h | --help) sed -n '2,/^# shellcheck/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "gpu_checks.sh: unknown option $arg; usage: $usage" >&2; exit 2 ;;
     *) args+=("$arg") ;;
@@ -52,6 +58,7 @@ logs=$(absolute "${args[1]:-$scratch}")
 ddptrain=$build/ddptrain
 data=$scratch/quickstart.h5
 sanitizer_timeout=${SANITIZER_TIMEOUT:-540}
+check_timeout=${CHECK_TIMEOUT:-900}
 # nvcc and compute-sanitizer: the CUDA install where a node does not put them on PATH.
 { command -v nvcc && command -v compute-sanitizer; } >/dev/null || PATH=$PATH:/usr/local/cuda/bin
 
@@ -358,8 +365,16 @@ run_check() {
   local name=$1 start rc verdict seconds
   echo "== $name"
   start=$(date +%s)
-  "check_$name" 2>&1 | tee "$logs/out/$name.txt"
+  case $name in
+    # The build takes what it takes; each sanitizer has its own limit.
+    build | sanitizer_*) "check_$name" 2>&1 | tee "$logs/out/$name.txt" ;;
+    # timeout ends the whole process group: mpirun and the ranks it started too.
+    *) timeout -k 10 "$check_timeout" bash "$0" --only "$name" "${args[@]}" 2>&1 | tee "$logs/out/$name.txt" ;;
+  esac
   rc=${PIPESTATUS[0]}
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    note "$name" "cut off after $check_timeout s (CHECK_TIMEOUT)"
+  fi
   case $rc in
     0) verdict=PASS ;;
     77) verdict=SKIP ;;
@@ -432,6 +447,11 @@ write_report() {
 }
 
 # --- Main ---------------------------------------------------------------------------------------------------
+
+if [ -n "$only_check" ]; then  # the child of run_check: one check, its status for the verdict
+  "check_$only_check"
+  exit
+fi
 
 # A misspelt name in CHECKS is refused before a build that may take minutes.
 for name in "${selected[@]}"; do
