@@ -18,47 +18,30 @@
 #include "engine/self_check.h"
 #include "models/param_layout.h"
 #include "models/replica.h"
+#include "tests/forwarding_replica.h"
 
 namespace ddp::engine {
 namespace {
 
 // The CPU replica with a fault injected after each step or prediction.
-class FaultyReplica final : public models::Replica {
+class FaultyReplica final : public ddp::testing::ForwardingReplica {
  public:
-  explicit FaultyReplica(const models::ModelShape& shape) : inner_(models::make_cpu_replica(shape)) {}
+  explicit FaultyReplica(const models::ModelShape& shape)
+      : ForwardingReplica(models::make_cpu_replica(shape)) {}
 
   std::function<void(const models::ParamLayout&, std::span<float>)> after_step;  // on the gradients
   std::function<void(std::span<float>)> after_predict;                           // on the probabilities
   std::string mapping_problem;
 
-  const models::ParamLayout& layout() const override { return inner_->layout(); }
-  models::DeviceKind device() const override { return inner_->device(); }
-  std::span<float> params() override { return inner_->params(); }
-  std::span<float> grads() override { return inner_->grads(); }
-  void copy_params_to_host(std::span<float> host) override { inner_->copy_params_to_host(host); }
-  void copy_params_from_host(std::span<const float> host) override { inner_->copy_params_from_host(host); }
-  void copy_grads_to_host(std::span<float> host) override { inner_->copy_grads_to_host(host); }
   void train_step(const BatchView& batch, const models::GradientReadyFn& on_ready) override {
-    inner_->train_step(batch, on_ready);
-    if (after_step) after_step(layout(), inner_->grads());
+    inner().train_step(batch, on_ready);
+    if (after_step) after_step(layout(), inner().grads());
   }
-  void evaluate(const BatchView& batch) override { inner_->evaluate(batch); }
   void predict(const BatchView& batch, std::span<float> probabilities) override {
-    inner_->predict(batch, probabilities);
+    inner().predict(batch, probabilities);
     if (after_predict) after_predict(probabilities);
   }
-  models::BatchStats take_stats() override { return inner_->take_stats(); }
   std::string check_parameter_mapping() override { return mapping_problem; }
-  std::span<const int32_t> touched_embedding_rows() const override {
-    return inner_->touched_embedding_rows();
-  }
-  void clear_embedding_gradient_rows(std::span<const int32_t> rows) override {
-    inner_->clear_embedding_gradient_rows(rows);
-  }
-  void clear_embedding_gradient() override { inner_->clear_embedding_gradient(); }
-
- private:
-  std::unique_ptr<models::Replica> inner_;
 };
 
 const models::ModelShape kShape{50, 8, 8, 2};
