@@ -28,6 +28,7 @@
 #include "io/synthetic.h"
 #include "models/onednn_lstm.h"
 #include "models/replica.h"
+#include "tests/forwarding_replica.h"
 #include "tests/mpi/mpi_test_util.h"
 
 namespace ddp {
@@ -46,10 +47,10 @@ std::vector<std::string> read_lines(const std::string& path) {
 
 // The CPU replica with a random state of its own that the step keys do not determine, as cuDNN's dropout
 // state: "rank R after N steps", N counting train_steps from the start or from the state it restored.
-class ReplicaWithItsOwnRandomState final : public models::Replica {
+class ReplicaWithItsOwnRandomState final : public ddp::testing::ForwardingReplica {
  public:
   ReplicaWithItsOwnRandomState(std::unique_ptr<models::Replica> inner, int rank)
-      : inner_(std::move(inner)), rank_(rank) {}
+      : ForwardingReplica(std::move(inner)), rank_(rank) {}
   std::string restored;  // what restore_rng_state was given
 
   std::string rng_state() override { return state_text(rank_, steps_); }
@@ -64,33 +65,12 @@ class ReplicaWithItsOwnRandomState final : public models::Replica {
     return "rank " + std::to_string(rank) + " after " + std::to_string(steps) + " steps";
   }
 
-  const models::ParamLayout& layout() const override { return inner_->layout(); }
-  models::DeviceKind device() const override { return inner_->device(); }
-  std::span<float> params() override { return inner_->params(); }
-  std::span<float> grads() override { return inner_->grads(); }
-  void copy_params_to_host(std::span<float> host) override { inner_->copy_params_to_host(host); }
-  void copy_params_from_host(std::span<const float> host) override { inner_->copy_params_from_host(host); }
-  void copy_grads_to_host(std::span<float> host) override { inner_->copy_grads_to_host(host); }
-  void set_dropout_key(uint64_t key) override { inner_->set_dropout_key(key); }
   void train_step(const BatchView& batch, const models::GradientReadyFn& on_ready) override {
     ++steps_;
-    inner_->train_step(batch, on_ready);
+    inner().train_step(batch, on_ready);
   }
-  void evaluate(const BatchView& batch) override { inner_->evaluate(batch); }
-  void predict(const BatchView& batch, std::span<float> probabilities) override {
-    inner_->predict(batch, probabilities);
-  }
-  models::BatchStats take_stats() override { return inner_->take_stats(); }
-  std::span<const int32_t> touched_embedding_rows() const override {
-    return inner_->touched_embedding_rows();
-  }
-  void clear_embedding_gradient_rows(std::span<const int32_t> rows) override {
-    inner_->clear_embedding_gradient_rows(rows);
-  }
-  void clear_embedding_gradient() override { inner_->clear_embedding_gradient(); }
 
  private:
-  std::unique_ptr<models::Replica> inner_;
   int rank_;
   int64_t steps_ = 0;
 };
