@@ -1,6 +1,7 @@
 #include "engine/all_reduce_step.h"
 
 #include <chrono>
+#include <stdexcept>
 
 #include "engine/base/errors.h"
 #include "engine/base/timeline.h"
@@ -30,6 +31,15 @@ void AllReduceStep::run(const BatchView& batch) {
   const models::ParamLayout& layout = replica_.layout();
   const models::ParamSegment& embedding = layout.segments().front();
   const auto width = static_cast<std::size_t>(layout.shape().embedding_dim);
+  // The reductions start in one order on every rank, the layout's from its end (dense first, embedding
+  // last), whatever order this rank's replica finishes the segments in: collectives pair up by order, and a
+  // GPU rank and a CPU rank of one job differ (the CPU replica hands the embedding over before the first
+  // layer's weights, cuDNN computes every layer's weights in one call). A segment that finishes early waits
+  // for the ones before it. The embedding's rows (all-CPU jobs only, whose replicas all report alike) start
+  // as soon as it is ready.
+  const std::vector<models::ParamSegment>& segments = layout.segments();
+  finished_.assign(segments.size(), false);
+  std::size_t next = segments.size();  // segments[next - 1] is the next to start
   replica_.train_step(batch, [&](const models::ParamSegment& segment) {
     if (sparse_exchange_ && segment.offset == embedding.offset) {
       // By rows, in the background like the other segments: the CPU replica hands the embedding over
@@ -37,10 +47,18 @@ void AllReduceStep::run(const BatchView& batch) {
       timeline::Span span("embedding rows exchange");
       embedding_rows_ = comm_.start_average_rows(grads.subspan(embedding.offset, embedding.size), width,
                                                  replica_.touched_embedding_rows());
-      return;
     }
-    comm_.start_average(grads.subspan(segment.offset, segment.size));
+    finished_[layout.segment_index(segment.offset)] = true;
+    for (; next > 0 && finished_[next - 1]; --next) {
+      const models::ParamSegment& ready = segments[next - 1];
+      if (sparse_exchange_ && ready.offset == embedding.offset) continue;  // its rows are on their way
+      comm_.start_average(grads.subspan(ready.offset, ready.size));
+    }
   });
+  if (next != 0) {
+    throw std::logic_error("the replica's train_step left the gradient of " + segments[next - 1].name +
+                           " unreported");
+  }
   const auto computed = Clock::now();
 
   {

@@ -37,6 +37,7 @@ class AllReduceStep {
   bool sparse_exchange_;
   double clip_norm_;
   std::vector<int32_t> embedding_rows_;  // rows averaged in the last step
+  std::vector<bool> finished_;           // per segment: the replica has reported its gradient this step
   Timing timing_;
 };
 

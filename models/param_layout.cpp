@@ -82,4 +82,11 @@ const ParamTensor& ParamLayout::tensor(const std::string& name) const {
   throw std::out_of_range("no parameter tensor named '" + name + "'");
 }
 
+std::size_t ParamLayout::segment_index(std::size_t offset) const {
+  for (std::size_t i = 0; i < segments_.size(); ++i) {
+    if (segments_[i].offset == offset) return i;
+  }
+  throw std::out_of_range("no parameter segment starts at offset " + std::to_string(offset));
+}
+
 }  // namespace ddp::models

@@ -92,6 +92,8 @@ class ParamLayout {
   const std::vector<ParamSegment>& segments() const { return segments_; }
   // Throws std::out_of_range for an unknown name.
   const ParamTensor& tensor(const std::string& name) const;
+  // The position in segments() of the segment that starts at `offset`; throws std::out_of_range for none.
+  std::size_t segment_index(std::size_t offset) const;
 
  private:
   ModelShape shape_;

@@ -51,8 +51,10 @@ struct ModelOptions {
   double embedding_dropout = 0;  // on the embedding's output; training steps only
 };
 
-// Called during backward as each ParamSegment's gradient is final (dense first, embedding last), so that its
-// reduction can start while the rest of backward runs.
+// Called during backward as each ParamSegment's gradient is final, once per segment, so that its reduction
+// can start while the rest of backward runs. The order is the replica's: the GPU's goes back to front (dense
+// first, embedding last); the CPU's hands the embedding over before its first layer's weights. Collectives
+// pair up by order, so AllReduceStep starts the reductions in one order on every rank.
 using GradientReadyFn = std::function<void(const ParamSegment&)>;
 
 enum class DeviceKind { kCpu, kCuda };
