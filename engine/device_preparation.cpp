@@ -25,6 +25,25 @@ std::string self_check_failure(const SelfCheckReport& report, const Topology& to
          "; training there would give wrong results (comm.selfcheck = off skips the check)";
 }
 
+// The self-check of a GPU rank's replica. It compares a training step with the CPU's, whose dropout masks
+// between layers the GPU's are not: a model with dropout is checked on a twin without it (same shape, masking
+// and algorithm).
+SelfCheckReport check_gpu_replica_of(models::Replica& replica, const Config& config, const Topology& topology,
+                                     const std::vector<std::pair<int, int>>& shapes) {
+  const models::ModelOptions options = model_options(config);
+  std::unique_ptr<models::Replica> twin;
+  if (options.dropout > 0 || options.embedding_dropout > 0) {
+    models::ModelOptions without_dropout = options;
+    without_dropout.dropout = 0;
+    without_dropout.embedding_dropout = 0;
+    twin =
+        models::make_cuda_replica(replica.layout().shape(), topology.gpu,
+                                  models::parse_rnn_algorithm(config.model.cudnn_rnn_algo), without_dropout);
+  }
+  return check_gpu_replica(twin ? *twin : replica, topology.gpu, shapes, optimizer_settings(config),
+                           config.train.seed, options);
+}
+
 }  // namespace
 
 std::vector<std::pair<int, int>> batch_shapes(int batch_size, int seq, int64_t validation_rows,
@@ -57,6 +76,10 @@ std::vector<std::pair<int, int>> every_ranks_batch_shapes(comm::Communicator& tr
 std::string prepare_device(models::Replica& replica, const std::vector<std::pair<int, int>>& shapes,
                            const Config& config, const Topology& topology, comm::Communicator& trainers) {
   std::string summary;
+  const auto on_this_rank = [&](const UserError& e) {
+    return "rank " + std::to_string(trainers.rank()) + " (" + topology.host + ", " + topology.device +
+           "): " + e.what();
+  };
   comm::agree_on_errors(trainers, [&] {
     std::vector<double> refused(shapes.size(), 0.0);
     std::optional<std::string> error;  // kept until every training rank has tried: the sum below pairs up
@@ -65,38 +88,34 @@ std::string prepare_device(models::Replica& replica, const std::vector<std::pair
         if (!replica.try_shape(shapes[i].first, shapes[i].second)) refused[i] = 1;
       }
     } catch (const UserError& e) {
-      error = "rank " + std::to_string(trainers.rank()) + " (" + topology.host + ", " + topology.device +
-              "): " + e.what();
+      error = on_this_rank(e);
     }
     if (auto first = trainers.first_error(error)) throw UserError(*first);
     trainers.sum(refused);
     for (std::size_t i = 0; i < shapes.size(); ++i) {
       replica.settle_shape(shapes[i].first, shapes[i].second, refused[i] == 0);
     }
-    if (replica.device() != models::DeviceKind::kCuda || !config.comm.selfcheck) return;
-    // The check compares a training step with the CPU's, whose dropout masks between layers the GPU's are
-    // not: a model with dropout is checked on a twin without it (same shape, masking and algorithm).
-    const models::ModelOptions options = model_options(config);
-    std::unique_ptr<models::Replica> twin;
-    if (options.dropout > 0 || options.embedding_dropout > 0) {
-      models::ModelOptions without_dropout = options;
-      without_dropout.dropout = 0;
-      without_dropout.embedding_dropout = 0;
-      twin = models::make_cuda_replica(replica.layout().shape(), topology.gpu,
-                                       models::parse_rnn_algorithm(config.model.cudnn_rnn_algo),
-                                       without_dropout);
+    // Only GPU ranks check themselves, but every training rank takes part in the verdict (a CPU rank of a
+    // mixed job that skipped this collective would leave the GPU ranks waiting in it), and an error on one
+    // rank is handed to the verdict rather than thrown past it, for the same reason.
+    std::optional<SelfCheckReport> report;
+    if (replica.device() == models::DeviceKind::kCuda && config.comm.selfcheck) {
+      try {
+        report = check_gpu_replica_of(replica, config, topology, shapes);
+        if (!report->ok) error = self_check_failure(*report, topology, trainers.rank());
+      } catch (const UserError& e) {
+        error = on_this_rank(e);
+      }
     }
-    SelfCheckReport report = check_gpu_replica(twin ? *twin : replica, topology.gpu, shapes,
-                                               optimizer_settings(config), config.train.seed, options);
-    if (!report.ok) error = self_check_failure(report, topology, trainers.rank());
     if (auto first = trainers.first_error(error)) throw UserError(*first);
+    if (!report) return;
     // Every rank of an NCCL job is a GPU rank, so all of them are here; the verdict is the same on each.
     if (trainers.backend() == "nccl" && trainers.size() > 1) {
-      report.add(
+      report->add(
           check_gpu_communicator(trainers, topology.gpu, segment_sizes(replica), config.comm.compression));
-      if (!report.ok) throw UserError(self_check_failure(report, topology, trainers.rank()));
+      if (!report->ok) throw UserError(self_check_failure(*report, topology, trainers.rank()));
     }
-    summary = "self-check " + report.summary();
+    summary = "self-check " + report->summary();
   });
   return summary;
 }
