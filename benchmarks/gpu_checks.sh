@@ -197,7 +197,12 @@ check_gpu_tests() {
 sanitize() {
   local tool=$1 out=$scratch/sanitizer_$1.txt rc summary
   command -v compute-sanitizer >/dev/null || { note "sanitizer_$tool" "compute-sanitizer not found"; return 1; }
-  timeout "$sanitizer_timeout" compute-sanitizer --tool "$tool" --error-exitcode 9 "$build"/tests/ddptrain_gpu_tests \
+  # memcheck: memory errors and leaks, not API errors, which the tests provoke on purpose (a bad device
+  # ordinal) and the code checks at every call.
+  local options=()
+  [ "$tool" = memcheck ] && options=(--report-api-errors no --leak-check full)
+  timeout "$sanitizer_timeout" compute-sanitizer --tool "$tool" "${options[@]}" --error-exitcode 9 \
+    "$build"/tests/ddptrain_gpu_tests \
     --gtest_color=no --gtest_filter='CudaReplica.*:CudaOptimizer.*:Cuda/ReplicaContract*:*DeviceBatchSource*' | tee "$out"
   rc=${PIPESTATUS[0]}
   summary=$(grep 'SUMMARY:' "$out" | tail -n 1 | sed 's/^=* *//')

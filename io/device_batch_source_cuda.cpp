@@ -37,6 +37,8 @@ namespace {
 int select_device(int device) {
   const cudaError_t status = cudaSetDevice(device);
   if (status != cudaSuccess) {
+    // The failure is not sticky but stays the last error: clear it so a later launch check does not see it.
+    static_cast<void>(cudaGetLastError());
     throw UserError("device = cuda: no GPU visible as device " + std::to_string(device) + " (" +
                     cudaGetErrorString(status) + ")");
   }
