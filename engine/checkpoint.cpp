@@ -61,14 +61,18 @@ int read_int_in_range(hid_t loc, const std::string& file, const char* name, int6
   return static_cast<int>(value);
 }
 
-void write_floats(hid_t loc, const std::string& name, std::span<const float> data) {
-  const hsize_t dims[1] = {data.size()};
+// A one-dimensional dataset of `count` values of `type` (a native HDF5 type) from `data`.
+void write_vector(hid_t loc, const std::string& name, hid_t type, const void* data, std::size_t count) {
+  const hsize_t dims[1] = {count};
   Hid space(check_h5_id(H5Screate_simple(1, dims, nullptr), "H5Screate_simple"), Hid::Kind::kDataspace);
-  Hid set(check_h5_id(H5Dcreate2(loc, name.c_str(), H5T_NATIVE_FLOAT, space.get(), H5P_DEFAULT, H5P_DEFAULT,
-                                 H5P_DEFAULT),
+  Hid set(check_h5_id(H5Dcreate2(loc, name.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
                       name.c_str()),
           Hid::Kind::kDataset);
-  check_h5(H5Dwrite(set.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), name.c_str());
+  check_h5(H5Dwrite(set.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), name.c_str());
+}
+
+void write_floats(hid_t loc, const std::string& name, std::span<const float> data) {
+  write_vector(loc, name, H5T_NATIVE_FLOAT, data.data(), data.size());
 }
 
 // The parameter count of `shape`, without building its layout: dimensions from a damaged file would overflow
@@ -106,13 +110,7 @@ std::vector<float> read_floats(hid_t loc, const std::string& file, const std::st
 }
 
 void write_bytes(hid_t loc, const std::string& name, const std::string& bytes) {
-  const hsize_t dims[1] = {bytes.size()};
-  Hid space(check_h5_id(H5Screate_simple(1, dims, nullptr), "H5Screate_simple"), Hid::Kind::kDataspace);
-  Hid set(check_h5_id(H5Dcreate2(loc, name.c_str(), H5T_NATIVE_UINT8, space.get(), H5P_DEFAULT, H5P_DEFAULT,
-                                 H5P_DEFAULT),
-                      name.c_str()),
-          Hid::Kind::kDataset);
-  check_h5(H5Dwrite(set.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()), name.c_str());
+  write_vector(loc, name, H5T_NATIVE_UINT8, bytes.data(), bytes.size());
 }
 
 // The replicas' random states: a state is small (cuDNN's are a few MB), so a larger one is damage.
