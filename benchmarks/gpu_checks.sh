@@ -17,7 +17,8 @@
 #   text           prepare text, train, predict and evaluate on the GPU; the CPU predicts its checkpoint alike
 #   check_env      check-env names the GPU and exits 0 (tests/cli/check_env.sh's GPU branch)
 #   timeline       a GPU run's trace has forward/backward on "GPU stream", buckets on "NCCL stream", the copies
-#   mixed          one GPU worker, one CPU worker and a parameter server (comm.backend auto) train together
+#   mixed          one GPU worker, one CPU worker and a parameter server (comm.backend auto) train together;
+#                  then a GPU rank and a CPU rank with the MPI all-reduce (comm.backend mpi)
 #   epoch_bench    the side-by-side epoch against PyTorch and the cuDNN floor (SKIP without PyTorch)
 #   sanitizer_memcheck, sanitizer_racecheck, sanitizer_synccheck
 #                  compute-sanitizer over the replica, optimizer and pipeline tests ("sanitizer": all three;
@@ -320,21 +321,36 @@ EOF
 }
 
 check_mixed() {
+  local ok=0 metrics
+  # comm.backend auto: one GPU worker, one CPU worker and a dedicated server.
   rm -rf "$scratch/run-mixed"
   local common=(--config launch/configs/quickstart.ini --data.path "$data" --checkpoint.dir "$scratch/run-mixed"
     --train.epochs 2 --log.progress lines)
   mpirun -np 1 -x CUDA_VISIBLE_DEVICES=0 "$ddptrain" "${common[@]}" : \
     -np 2 -x CUDA_VISIBLE_DEVICES= "$ddptrain" "${common[@]}" | tee "$scratch/mixed.txt" || return 1
-  grep -q "backend ps: 1 of 3 ranks on GPUs" "$scratch/mixed.txt" || { echo "expected 1 of 3 ranks on a GPU"; return 1; }
-  local metrics=$scratch/run-mixed/metrics.jsonl
+  grep -q "backend ps: 1 of 3 ranks on GPUs" "$scratch/mixed.txt" || { echo "expected 1 of 3 ranks on a GPU"; ok=1; }
+  metrics=$scratch/run-mixed/metrics.jsonl
   tail -n 1 "$metrics"
-  note mixed "backend $(metric "$metrics" backend), $(metric "$metrics" workers) workers," \
+  note mixed "ps: backend $(metric "$metrics" backend), $(metric "$metrics" workers) workers," \
     "val_acc $(metric "$metrics" val_acc) after epoch $(metric "$metrics" epoch)"
   if [ "$(metric "$metrics" backend)" != ps ] || [ "$(metric "$metrics" workers)" != 2 ]; then
     echo "expected the parameter server with 2 workers"
-    return 1
+    ok=1
   fi
-  at_least "$(metric "$metrics" val_acc)" 0.90
+  at_least "$(metric "$metrics" val_acc)" 0.90 || ok=1
+  # comm.backend mpi: the GPU rank stages its gradients through host memory and all-reduces them with the CPU
+  # rank's, segment by segment, though the two replicas finish their segments in different orders.
+  rm -rf "$scratch/run-mixed-mpi"
+  common=(--config launch/configs/quickstart.ini --data.path "$data" --checkpoint.dir "$scratch/run-mixed-mpi"
+    --train.epochs 2 --log.progress lines --comm.backend mpi)
+  mpirun -np 1 -x CUDA_VISIBLE_DEVICES=0 "$ddptrain" "${common[@]}" : \
+    -np 1 -x CUDA_VISIBLE_DEVICES= "$ddptrain" "${common[@]}" | tee "$scratch/mixed-mpi.txt" || return 1
+  grep -q "backend mpi: 1 of 2 ranks on GPUs" "$scratch/mixed-mpi.txt" || { echo "expected 1 of 2 ranks on a GPU"; ok=1; }
+  metrics=$scratch/run-mixed-mpi/metrics.jsonl
+  tail -n 1 "$metrics"
+  note mixed "mpi all-reduce, GPU and CPU rank: val_acc $(metric "$metrics" val_acc) after epoch $(metric "$metrics" epoch)"
+  at_least "$(metric "$metrics" val_acc)" 0.90 || ok=1
+  return "$ok"
 }
 
 check_epoch_bench() {
