@@ -417,11 +417,12 @@ run_check() {
 versions_md() {
   local commit="" env_txt=$scratch/check_env_versions.txt row
   "$ddptrain" check-env --device cpu >"$env_txt" 2>&1
+  # --version names the commit the binary was built from; the checkout beside it may be another.
   echo "- ddptrain: $("$ddptrain" --version 2>/dev/null || echo "not built")"
   if commit=$(git rev-parse --short HEAD 2>/dev/null); then
     git diff --quiet HEAD -- 2>/dev/null || commit="$commit (with local changes)"
   fi
-  echo "- commit: ${commit:-unknown}"
+  echo "- checkout the checks ran from: ${commit:-unknown}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
     sed 's/^/- GPU (name, driver, memory): /' | grep . || echo "- GPU: none (nvidia-smi found no GPU)"
   echo "- nvcc: $(nvcc --version 2>/dev/null | grep -m 1 release || echo unknown)"

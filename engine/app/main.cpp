@@ -14,6 +14,7 @@
 #include "comm/mpi_check.h"
 #include "engine/app/commands.h"
 #include "engine/app/learning_curves.h"
+#include "engine/base/build_info.h"
 #include "engine/base/errors.h"
 #include "engine/base/timeline.h"
 #include "engine/config.h"
@@ -67,7 +68,7 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
     return kExitOk;
   }
   if (parsed.action == engine::ConfigAction::kVersion) {
-    if (boot.rank() == 0) std::printf("ddptrain %s\n", DDPTRAIN_VERSION);
+    if (boot.rank() == 0) std::printf("ddptrain %s (commit %s)\n", DDPTRAIN_VERSION, build_commit());
     return kExitOk;
   }
   const engine::Config& config = parsed.config;
