@@ -260,19 +260,10 @@ class TrainingRun::Loop {
   std::optional<EpochMetrics> train_epoch(int64_t epoch) {
     const auto epoch_start = Clock::now();
     const int64_t first = progress_.step_in_epoch;
-    io::BatchReaderOptions options;
-    options.path = data_.path;
-    options.split = "train";
-    options.shard = plan_.train;
-    options.batch_size = config_.train.batch_size;
-    options.shuffle = true;
-    options.seed = progress_.seed;  // the resumed run's seed, so the data order continues
-    options.epoch = epoch;
-    options.drop_last = true;
-    options.first_batch = first;
-    options.max_batches = steps_per_epoch_ - first;
-    options.prefetch = config_.data.prefetch;
-    std::unique_ptr<io::BatchSource> source = make_source(options);
+    std::unique_ptr<io::BatchSource> source = first == 0 && next_epoch_source_.epoch == epoch
+                                                  ? std::move(next_epoch_source_.source)
+                                                  : make_source(training_batches(epoch, first));
+    next_epoch_source_ = {};
 
     std::optional<Progress> progress;
     if (is_root())
@@ -320,6 +311,11 @@ class TrainingRun::Loop {
     if (progress) progress->finish();
     local += replica_->take_stats();
     const double train_time = seconds_since(epoch_start);
+    // The next epoch's batches start coming now, while this one is evaluated and saved: their first reads
+    // and, on a GPU, the pinned buffers, device ring and first copies are off the next epoch's clock.
+    if (epoch + 1 < config_.train.epochs && !stop_requested()) {
+      next_epoch_source_ = {epoch + 1, make_source(training_batches(epoch + 1, 0))};
+    }
 
     // Training sums over all ranks (plus what an interrupted run had already summed, held by rank 0).
     std::vector<double> sums{local.loss_sum + progress_.loss_sum,
@@ -385,6 +381,23 @@ class TrainingRun::Loop {
       std::fflush(stdout);
     }
     return true;
+  }
+
+  // The training shard's batches of `epoch` from its batch `first` on, in the epoch's shuffled order.
+  io::BatchReaderOptions training_batches(int64_t epoch, int64_t first) const {
+    io::BatchReaderOptions options;
+    options.path = data_.path;
+    options.split = "train";
+    options.shard = plan_.train;
+    options.batch_size = config_.train.batch_size;
+    options.shuffle = true;
+    options.seed = progress_.seed;  // the resumed run's seed, so the data order continues
+    options.epoch = epoch;
+    options.drop_last = true;
+    options.first_batch = first;
+    options.max_batches = steps_per_epoch_ - first;
+    options.prefetch = config_.data.prefetch;
+    return options;
   }
 
   static std::optional<BatchView> next_batch(io::BatchSource& source) {
@@ -593,6 +606,12 @@ class TrainingRun::Loop {
   const bool exchange_has_deadlines_;
   EpochWritten epoch_written_;
   std::unique_ptr<GpuMonitor> gpu_monitor_;  // null on a CPU rank or without NVML
+  // The next epoch's training batches, opened at the end of the one before. Declared after replica_, so
+  // that it goes first: a GPU source orders its copies after the replica's stream.
+  struct OpenedSource {
+    int64_t epoch = -1;
+    std::unique_ptr<io::BatchSource> source;
+  } next_epoch_source_;
 };
 
 TrainingRun::TrainingRun(const Config& config, const Topology& topology, int job_size,
