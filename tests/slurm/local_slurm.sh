@@ -187,6 +187,10 @@ SlurmdDebug=info
 NodeName=$host NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
+  # PMIx's per-step folders (spmix_appdir_<uid>_<job>.<step>) go to /tmp by default, where another test
+  # Slurm's job of the same number (each test cluster counts from 1) would collide with them.
+  mkdir -p "$local_slurm_dir/pmix"
+  echo "PMIxCliTmpDirBase=$local_slurm_dir/pmix" >"$local_slurm_dir/mpi.conf"
   export SLURM_CONF=$local_slurm_dir/slurm.conf
   trap local_slurm_stop EXIT
   PATH=$PATH:/usr/sbin
