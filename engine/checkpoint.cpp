@@ -61,6 +61,16 @@ int read_int_in_range(hid_t loc, const std::string& file, const char* name, int6
   return static_cast<int>(value);
 }
 
+// A counter (steps, epochs, ranks) of at least `low`: a damaged or edited file must not resume from step -3.
+int64_t read_count(hid_t loc, const std::string& file, const char* name, int64_t low) {
+  const int64_t value = read_int(loc, file, name);
+  if (value < low) {
+    throw UserError(file + ": checkpoint attribute " + name + " = " + std::to_string(value) +
+                    " is less than " + std::to_string(low));
+  }
+  return value;
+}
+
 // A one-dimensional dataset of `count` values of `type` (a native HDF5 type) from `data`.
 void write_vector(hid_t loc, const std::string& name, hid_t type, const void* data, std::size_t count) {
   const hsize_t dims[1] = {count};
@@ -73,20 +83,6 @@ void write_vector(hid_t loc, const std::string& name, hid_t type, const void* da
 
 void write_floats(hid_t loc, const std::string& name, std::span<const float> data) {
   write_vector(loc, name, H5T_NATIVE_FLOAT, data.data(), data.size());
-}
-
-// The parameter count of `shape`, without building its layout: dimensions from a damaged file would overflow
-// the layout's int arithmetic or have it lay out 2^31 layers. A long double holds every count exactly.
-long double parameter_count(const models::ModelShape& s) {
-  const long double directions = s.directions();
-  const long double hidden = s.hidden;
-  const long double gate_rows = s.gates() * hidden;
-  const long double width = directions * hidden;
-  const long double outputs = s.outputs();
-  // The embedding; the first layer reads it, each other the layer below's directions; the dense layer.
-  return static_cast<long double>(s.vocab_size) * s.embedding_dim +
-         directions * gate_rows * (s.embedding_dim + hidden + 2) +
-         (s.layers - 1.0L) * directions * gate_rows * (width + hidden + 2) + outputs * width + outputs;
 }
 
 std::vector<float> read_floats(hid_t loc, const std::string& file, const std::string& name,
@@ -304,7 +300,7 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
   }
   {
     const std::vector<int64_t> dims = io::dataset_dims(io::open_dataset(root, path, "params").get());
-    if (dims.size() != 1 || static_cast<long double>(dims[0]) != parameter_count(c.shape)) {
+    if (dims.size() != 1 || static_cast<long double>(dims[0]) != models::parameter_count(c.shape)) {
       throw UserError(path + ": checkpoint dataset params has the wrong size for this model (" +
                       models::describe(c.shape) + ", vocab_size " + std::to_string(c.shape.vocab_size) +
                       ", embedding_dim " + std::to_string(c.shape.embedding_dim) + ", hidden " +
@@ -314,15 +310,15 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
   const models::ParamLayout layout(c.shape);
   c.params = read_floats(root, path, "params", layout.total_size());
   TrainingProgress& p = c.progress;
-  p.epoch = read_int(root, path, "epoch");
-  p.step_in_epoch = read_int(root, path, "step_in_epoch");
-  p.global_step = read_int(root, path, "global_step");
+  p.epoch = read_count(root, path, "epoch", 0);
+  p.step_in_epoch = read_count(root, path, "step_in_epoch", 0);
+  p.global_step = read_count(root, path, "global_step", 0);
   p.seed = static_cast<uint64_t>(read_int(root, path, "seed"));
-  p.world_size = read_int(root, path, "world_size");
-  p.batch_size = read_int(root, path, "batch_size");
+  p.world_size = read_count(root, path, "world_size", 1);
+  p.batch_size = read_count(root, path, "batch_size", 0);
   p.best_val_loss = read_double_attribute(root, path, "best_val_loss");
   // Absent in checkpoints of before: early stopping counts from the checkpoint's epoch.
-  p.best_epoch = io::has_attribute(root, "best_epoch") ? read_int(root, path, "best_epoch") : p.epoch;
+  p.best_epoch = io::has_attribute(root, "best_epoch") ? read_count(root, path, "best_epoch", 0) : p.epoch;
   p.loss_sum = read_double_attribute(root, path, "loss_sum");
   p.correct = read_double_attribute(root, path, "correct");
   p.count = read_double_attribute(root, path, "count");
@@ -337,7 +333,7 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
   Hid group(H5Gopen2(root, "optimizer", H5P_DEFAULT), Hid::Kind::kGroup);
   if (!group.valid()) throw UserError(path + ": checkpoint group /optimizer is missing");
   c.optimizer_name = io::read_string_attribute(group.get(), "name");
-  c.optimizer.iterations = io::read_int_attribute(group.get(), path, "iterations");
+  c.optimizer.iterations = read_count(group.get(), path, "iterations", 0);
   // The optimizer names its own buffers ("m,v" for Adam); the checkpoint only stores them.
   std::stringstream names(io::read_string_attribute(group.get(), "buffers"));
   if (parts == CheckpointParts::kModel) return c;

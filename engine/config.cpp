@@ -1,9 +1,12 @@
 #include "engine/config.h"
 
+#include <fmt/format.h>
 #include <boost/program_options.hpp>
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -16,6 +19,13 @@ namespace po = boost::program_options;
 
 namespace ddp::engine {
 namespace {
+
+// Bounds far past any sensible run that turn a typo (an extra zero or three) into one line naming the key,
+// not an allocation that fails, or succeeds and swaps, minutes later.
+constexpr int kMaxPrefetch = 1024;  // batches read ahead
+constexpr int kMaxThreads = 1024;   // compute threads per rank
+constexpr int kMaxWidth = 65536;    // model.embedding_dim, model.hidden
+constexpr int kMaxLayers = 64;
 
 // Every config key, in one place: building the option list, --help and the effective config all walk it.
 template <typename C, typename Visitor>
@@ -178,6 +188,11 @@ void check_values(const Config& c) {
               "cannot hold '#', a control character or a leading or trailing space (an INI file could not "
               "hold it)");
     }
+    // Every real-valued key ends up in a float somewhere: inf, or a value past float's range, is a typo.
+    if constexpr (std::is_floating_point_v<std::decay_t<decltype(field)>>) {
+      require(std::isfinite(field) && std::abs(field) <= std::numeric_limits<float>::max(),
+              full_name(section, name), value_text(field), "must be a finite number");
+    }
   });
   const std::set<std::string> devices{"cpu", "cuda", "auto"};
   require(devices.count(c.device), "device", c.device, "expected cpu, cuda or auto");
@@ -186,11 +201,14 @@ void check_values(const Config& c) {
           "data.validation", c.data.validation, "expected auto, val, split or test");
   require(c.data.validation_split > 0 && c.data.validation_split < 1, "data.validation_split",
           value_text(c.data.validation_split), "must be in (0, 1)");
-  require(c.data.prefetch >= 1, "data.prefetch", value_text(c.data.prefetch), "must be at least 1");
-  require(c.model.embedding_dim >= 1, "model.embedding_dim", value_text(c.model.embedding_dim),
-          "must be positive");
-  require(c.model.hidden >= 1, "model.hidden", value_text(c.model.hidden), "must be positive");
-  require(c.model.layers >= 1, "model.layers", value_text(c.model.layers), "must be positive");
+  require(c.data.prefetch >= 1 && c.data.prefetch <= kMaxPrefetch, "data.prefetch",
+          value_text(c.data.prefetch), "must be from 1 to " + std::to_string(kMaxPrefetch));
+  require(c.model.embedding_dim >= 1 && c.model.embedding_dim <= kMaxWidth, "model.embedding_dim",
+          value_text(c.model.embedding_dim), "must be from 1 to " + std::to_string(kMaxWidth));
+  require(c.model.hidden >= 1 && c.model.hidden <= kMaxWidth, "model.hidden", value_text(c.model.hidden),
+          "must be from 1 to " + std::to_string(kMaxWidth));
+  require(c.model.layers >= 1 && c.model.layers <= kMaxLayers, "model.layers", value_text(c.model.layers),
+          "must be from 1 to " + std::to_string(kMaxLayers));
   require(c.model.cell == "lstm" || c.model.cell == "gru", "model.cell", c.model.cell,
           "expected lstm or gru");
   require(!c.model.bidirectional || c.model.mask_padding, "model.bidirectional", "true",
@@ -219,7 +237,8 @@ void check_values(const Config& c) {
   require(c.train.beta2 >= 0 && c.train.beta2 < 1, "train.beta2", value_text(c.train.beta2),
           "must be in [0, 1)");
   require(c.train.epsilon > 0, "train.epsilon", value_text(c.train.epsilon), "must be positive");
-  require(c.train.threads >= 0, "train.threads", value_text(c.train.threads), "must be 0 (auto) or more");
+  require(c.train.threads >= 0 && c.train.threads <= kMaxThreads, "train.threads",
+          value_text(c.train.threads), "must be 0 (auto) or at most " + std::to_string(kMaxThreads));
   require(c.train.max_steps_per_epoch >= 0, "train.max_steps_per_epoch",
           value_text(c.train.max_steps_per_epoch), "must be 0 (no cap) or more");
   require(c.train.stop_after_steps >= 0, "train.stop_after_steps", value_text(c.train.stop_after_steps),
@@ -317,9 +336,16 @@ ParsedConfig parse_config(const std::vector<std::string>& args) {
   }
   if (vm.count("config")) {
     const std::string path = vm["config"].as<std::string>();
+    if (std::filesystem::is_directory(path)) throw UserError(path + ": is a directory, not a config file");
     if (!std::filesystem::is_regular_file(path)) throw UserError(path + ": config file not found");
     std::ifstream file(path);
     if (!file) throw UserError(path + ": cannot read the config file");
+    // A UTF-8 byte order mark (as some Windows editors save) would hide in the first line's name.
+    char bom[3] = {};
+    if (!file.read(bom, 3) || std::string(bom, 3) != "\xEF\xBB\xBF") {
+      file.clear();
+      file.seekg(0);
+    }
     try {
       po::store(po::parse_config_file(file, keys, /*allow_unregistered=*/false), vm);
     } catch (const po::error& e) {
@@ -341,6 +367,19 @@ models::ModelShape model_shape(const Config& c, int vocab_size, int classes) {
   shape.bidirectional = c.model.bidirectional;
   shape.classes = classes;
   return shape;
+}
+
+void require_model_fits(const Config& c, const models::ModelShape& shape) {
+  // The flat buffer, its gradient and Adam's two moments: 16 bytes a parameter before any activation.
+  constexpr long double kMaxParameters = 2147483648.0L;
+  const long double parameters = models::parameter_count(shape);
+  if (parameters > kMaxParameters) {
+    throw UserError(fmt::format(
+        "model.embedding_dim = {}, model.hidden = {}, model.layers = {} with the data's vocabulary of {}: "
+        "{:.3g} parameters, more than the {:.3g} a rank can hold",
+        c.model.embedding_dim, c.model.hidden, c.model.layers, shape.vocab_size,
+        static_cast<double>(parameters), static_cast<double>(kMaxParameters)));
+  }
 }
 
 models::ModelOptions model_options(const Config& c) {

@@ -107,6 +107,9 @@ ParsedConfig parse_config(const std::vector<std::string>& args);
 // The model the config names, for a dataset of `vocab_size` tokens and `classes` classes, and what it does
 // beside its parameters (masking, dropout).
 models::ModelShape model_shape(const Config& c, int vocab_size, int classes);
+// Throws UserError naming the model's keys when `shape` (with the data's vocabulary) has more parameters than
+// a rank can hold.
+void require_model_fits(const Config& c, const models::ModelShape& shape);
 models::ModelOptions model_options(const Config& c);
 
 }  // namespace ddp::engine

@@ -31,10 +31,10 @@ class OptimizerOnShard final : public comm::ShardOptimizer {
 
 class ParameterServerUpdater final : public Updater {
  public:
-  ParameterServerUpdater(models::Replica& replica, std::unique_ptr<comm::ParameterService> service,
+  ParameterServerUpdater(models::Replica& replica, comm::ParameterService& service,
                          const OptimizerSettings& settings)
       : replica_(replica),
-        service_(std::move(service)),
+        service_(&service),
         optimizer_name_(settings.name),
         on_host_(replica.device() == models::DeviceKind::kCpu),
         host_params_(on_host_ ? 0 : replica.layout().total_size()),
@@ -90,7 +90,7 @@ class ParameterServerUpdater final : public Updater {
 
  private:
   models::Replica& replica_;
-  std::unique_ptr<comm::ParameterService> service_;
+  comm::ParameterService* service_;
   std::string optimizer_name_;
   bool on_host_;                    // the replica's buffers are host memory: exchanged in place
   std::vector<float> host_params_;  // a GPU replica's, staged
@@ -105,8 +105,7 @@ comm::ShardOptimizerFactory shard_optimizers(const OptimizerSettings& settings) 
   };
 }
 
-std::unique_ptr<Updater> make_ps_updater(models::Replica& replica,
-                                         std::unique_ptr<comm::ParameterService>&& service,
+std::unique_ptr<Updater> make_ps_updater(models::Replica& replica, comm::ParameterService& service,
                                          const OptimizerSettings& settings, bool colocated) {
   if (colocated && replica.device() != models::DeviceKind::kCpu) {
     throw UserError(
@@ -116,7 +115,7 @@ std::unique_ptr<Updater> make_ps_updater(models::Replica& replica,
   if (settings.lazy_update) {
     throw UserError("comm.backend = ps: train.embedding_update = lazy needs an all-reduce backend");
   }
-  return std::make_unique<ParameterServerUpdater>(replica, std::move(service), settings);
+  return std::make_unique<ParameterServerUpdater>(replica, service, settings);
 }
 
 }  // namespace ddp::engine

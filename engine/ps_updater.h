@@ -21,9 +21,9 @@ comm::ShardOptimizerFactory shard_optimizers(const OptimizerSettings& settings);
 // The updater of a training rank. `sparse_push`: a CPU replica pushes the embedding's gradient row-sparse
 // (the service's options name the rows). Throws UserError where the layout cannot serve the replica: the
 // colocated layout (`colocated`) serves CPU replicas with dense updates only.
-// `service` is taken only when no error is thrown.
-std::unique_ptr<Updater> make_ps_updater(models::Replica& replica,
-                                         std::unique_ptr<comm::ParameterService>&& service,
+// `service` must outlive the updater: its owner keeps it while the training ranks agree on an error that the
+// updater's user (the trainer's constructor) threw on one of them.
+std::unique_ptr<Updater> make_ps_updater(models::Replica& replica, comm::ParameterService& service,
                                          const OptimizerSettings& settings, bool colocated);
 
 }  // namespace ddp::engine

@@ -108,7 +108,7 @@ class TrainingRun::Loop {
 
     try {
       return train_and_test();
-    } catch (const models::TokenOutsideVocabulary& e) {
+    } catch (const models::BatchValueOutOfRange& e) {
       // Seen by this rank alone, mid-run: main() ends the job with it.
       throw UserError("data.path " + data_.path + ": " + e.what() +
                       (config_.data.validate ? ""
@@ -397,6 +397,7 @@ class TrainingRun::Loop {
     options.first_batch = first;
     options.max_batches = steps_per_epoch_ - first;
     options.prefetch = config_.data.prefetch;
+    options.timeline_track = "prefetch (training)";
     return options;
   }
 
@@ -438,6 +439,7 @@ class TrainingRun::Loop {
     options.shuffle = false;
     options.drop_last = false;
     options.prefetch = config_.data.prefetch;
+    options.timeline_track = "prefetch (evaluation)";
     if (rows.shard.size() > 0) {
       std::unique_ptr<io::BatchSource> source = make_source(options);
       while (const std::optional<BatchView> batch = source->next()) {

@@ -67,6 +67,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
   std::unique_ptr<models::Replica> replica;
   watchdog.enter("creating the model replica on " + topology.device);
   comm::agree_on_errors(*boot, [&] {
+    require_model_fits(config, shape);
     replica =
         topology.gpu >= 0
             ? models::make_cuda_replica(shape, topology.gpu,
@@ -137,6 +138,8 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     result.params = ps.server->serve();
     return result;
   }
+  // `ps` owns the service and outlives `run`: a throw from TrainingRun's constructor on one rank destroys the
+  // updater, and the training ranks still agree on it over the service's communicator.
   comm::ParameterService& service = *ps.service;
   StopAgreement stop_signal(service.trainers_comm());
   std::unique_ptr<TrainingRun> run;
@@ -144,7 +147,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     const std::string mode = service.describe();
     const bool exchange_has_deadlines = service.exchange_has_deadlines();
     std::unique_ptr<Updater> updater =
-        make_ps_updater(*replica, std::move(ps.service), optimizer_settings(config), backend.colocated);
+        make_ps_updater(*replica, service, optimizer_settings(config), backend.colocated);
     run = std::make_unique<TrainingRun>(config, topology, boot->size(), service.trainers(), stop_signal,
                                         backend.reason + (mode.empty() ? "" : "; " + mode),
                                         std::move(replica), std::move(updater), data, watchdog,

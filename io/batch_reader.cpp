@@ -272,8 +272,7 @@ const Batch* BatchReader::next() {
 void BatchReader::prefetch_loop() {
   try {
     quiet_hdf5_errors();  // this thread's own error stack
-    // One track per split: the next epoch's training reader starts while the evaluation's reader runs.
-    timeline::name_this_thread(("prefetch " + options_.split).c_str());
+    timeline::name_this_thread(options_.timeline_track.c_str());
     const int64_t slots = static_cast<int64_t>(ring_.size());
     for (int64_t t = 0; t < num_batches_; ++t) {
       Batch* slot = nullptr;

@@ -57,6 +57,9 @@ struct BatchReaderOptions {
   int64_t first_batch = 0;   // resume in the middle of an epoch
   int64_t max_batches = -1;  // stop after this many (-1: the whole shard)
   int prefetch = 4;          // batches read ahead
+  // The prefetch thread's track in the timeline: readers that may run at once (the next epoch's training
+  // batches during an evaluation, which may read /train's last rows) need tracks of their own.
+  std::string timeline_track = "prefetch";
 };
 
 class BatchReader {

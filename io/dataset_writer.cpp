@@ -112,7 +112,8 @@ void DatasetWriter::close_file() {
 DatasetWriter::~DatasetWriter() {
   if (committed_) return;
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-  close_file();
+  // Abandoned: whatever failed (a full disk) was reported, and its closes would only fail again.
+  for (Hid* id : {&train_x_, &train_y_, &test_x_, &test_y_, &val_x_, &val_y_, &file_}) id->discard();
   std::error_code ignored;
   std::filesystem::remove(tmp_path_, ignored);
 }
@@ -140,10 +141,13 @@ void DatasetWriter::write_group_rows(const std::string& group, int64_t first, co
   const Hid& y = group == "train" ? train_y_ : group == "test" ? test_y_ : val_y_;
   DDP_CHECK(x.get() >= 0 && first >= 0);
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-  write_block(x.get(), 2, first, rows, maxlen_, H5T_NATIVE_INT32, tokens,
-              "H5Dwrite " + tmp_path_ + " /" + group + "/x");
-  write_block(y.get(), 1, first, rows, 1, H5T_NATIVE_UINT8, labels,
-              "H5Dwrite " + tmp_path_ + " /" + group + "/y");
+  try {
+    write_block(x.get(), 2, first, rows, maxlen_, H5T_NATIVE_INT32, tokens, "H5Dwrite /" + group + "/x");
+    write_block(y.get(), 1, first, rows, 1, H5T_NATIVE_UINT8, labels, "H5Dwrite /" + group + "/y");
+  } catch (const Hdf5Error& e) {
+    // A full disk or a file-size limit: the user's to fix. The destructor removes the partial file.
+    throw UserError(tmp_path_ + ": cannot write (" + e.what() + ")");
+  }
 }
 
 void DatasetWriter::write_vocab(const std::vector<std::string>& words) {
@@ -165,7 +169,11 @@ void DatasetWriter::commit() {
   {
     std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
     // Checked here: the close in Hid's destructor cannot report a failed final write.
-    check_h5(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), ("H5Fflush " + tmp_path_).c_str());
+    try {
+      check_h5(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), "H5Fflush");
+    } catch (const Hdf5Error& e) {
+      throw UserError(tmp_path_ + ": cannot write (" + e.what() + ")");
+    }
     close_file();
   }
   std::error_code error;

@@ -23,6 +23,14 @@ std::string hdf5_error_detail() {
   if (H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, take_innermost, &detail) < 0 || detail.empty()) {
     return "no detail from HDF5";
   }
+  // A failed read or write of the file ("file write failed: time = ..., filename = ..., errno = 27, error
+  // message = 'File too large', buf = ...") is the system's reason, on one line.
+  const std::string marker = "error message = '";
+  const std::size_t begin = detail.find(marker);
+  if (begin != std::string::npos) {
+    const std::size_t end = detail.find('\'', begin + marker.size());
+    if (end != std::string::npos) return detail.substr(begin + marker.size(), end - begin - marker.size());
+  }
   return detail;
 }
 
@@ -85,6 +93,11 @@ std::recursive_mutex& hdf5_mutex() {
   return mutex;
 }
 
+void skip_hdf5_cleanup_at_exit() {
+  // Fails only when called after the library started; then its cleanup runs as usual.
+  static_cast<void>(H5dont_atexit());
+}
+
 void quiet_hdf5_errors() {
   // A flag under the HDF5 lock rather than std::call_once: callers often hold the lock already, and a
   // once-flag taken inside it could deadlock against a thread that takes them in the other order.
@@ -104,6 +117,13 @@ Hid& Hid::operator=(Hid&& o) noexcept {
     o.id_ = H5I_INVALID_HID;
   }
   return *this;
+}
+
+void Hid::discard() {
+  if (id_ < 0) return;
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  static_cast<void>(close_by_kind(id_, kind_));
+  id_ = H5I_INVALID_HID;
 }
 
 void Hid::reset() {

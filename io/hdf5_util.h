@@ -20,6 +20,11 @@ std::recursive_mutex& hdf5_mutex();
 // Silences HDF5's automatic error printing for the calling thread (HDF5 keeps that setting per thread).
 void quiet_hdf5_errors();
 
+// Called first in main, before any other HDF5 call: the library does not close what is still open at exit.
+// Every file ddptrain writes is flushed and closed before it is renamed into place, so only an error path
+// leaves one open, and HDF5 1.10 crashes when it closes a file whose write failed (a full disk).
+void skip_hdf5_cleanup_at_exit();
+
 // Owns one hid_t and closes it with the matching H5?close.
 class Hid {
  public:
@@ -35,6 +40,8 @@ class Hid {
   hid_t get() const { return id_; }
   bool valid() const { return id_ >= 0; }
   void reset();
+  // Closes without a warning: for a file being abandoned after an error that was already reported.
+  void discard();
 
  private:
   hid_t id_ = H5I_INVALID_HID;

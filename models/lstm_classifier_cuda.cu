@@ -437,8 +437,8 @@ void CudaReplica::report_bad_token() {
   if (*host_bad_token_.get() == 0) return;
   *host_bad_token_.get() = 0;
   DDP_CUDA_CHECK(cudaMemsetAsync(bad_token_.get(), 0, sizeof(unsigned int), stream_.get()));
-  throw TokenOutsideVocabulary("a batch held a token outside the vocabulary [0, " +
-                               std::to_string(layout_.shape().vocab_size) + ")");
+  throw BatchValueOutOfRange("a batch held a token outside the vocabulary [0, " +
+                             std::to_string(layout_.shape().vocab_size) + ")");
 }
 
 void CudaReplica::copy_params_to_host(std::span<float> host) {

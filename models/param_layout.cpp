@@ -24,6 +24,18 @@ std::string ModelShape::tensor_prefix(int layer, int direction) const {
   return cell_name(cell) + ".l" + std::to_string(layer) + (direction == 0 ? "" : "_reverse");
 }
 
+long double parameter_count(const ModelShape& s) {
+  const long double directions = s.directions();
+  const long double hidden = s.hidden;
+  const long double gate_rows = s.gates() * hidden;
+  const long double width = directions * hidden;
+  const long double outputs = s.outputs();
+  // The embedding; the first layer reads it, each other the layer below's directions; the dense layer.
+  return static_cast<long double>(s.vocab_size) * s.embedding_dim +
+         directions * gate_rows * (s.embedding_dim + hidden + 2) +
+         (s.layers - 1.0L) * directions * gate_rows * (width + hidden + 2) + outputs * width + outputs;
+}
+
 std::string describe(const ModelShape& shape) {
   std::string text = shape.bidirectional ? "bidirectional " : "";
   text += shape.cell == Cell::kLstm ? "LSTM" : "GRU";

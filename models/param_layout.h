@@ -64,6 +64,9 @@ struct ModelShape {
   bool operator==(const ModelShape&) const = default;
 };
 
+// The parameters `shape` has, counted in long double: a shape from a file or a typo may overflow size_t.
+long double parameter_count(const ModelShape& shape);
+
 // "LSTM", "bidirectional GRU, 2 layers", with the classes when more than two: for logs and messages.
 std::string describe(const ModelShape& shape);
 

@@ -59,9 +59,10 @@ using GradientReadyFn = std::function<void(const ParamSegment&)>;
 
 enum class DeviceKind { kCpu, kCuda };
 
-// A batch held a token id outside the model's vocabulary: bad data, which the trainer reports naming the
-// file. A CPU replica throws it from the step; a GPU replica at the next host synchronisation.
-class TokenOutsideVocabulary : public std::out_of_range {
+// A batch held a token id outside the model's vocabulary, or a label outside its classes: bad data, which
+// the trainer reports naming the file. A CPU replica throws it from the step; a GPU replica (tokens) at the
+// next host synchronisation.
+class BatchValueOutOfRange : public std::out_of_range {
  public:
   using std::out_of_range::out_of_range;
 };

@@ -478,8 +478,8 @@ void CpuRnnClassifier<Scalar>::forward(const int32_t* tokens, int batch, int seq
   const std::size_t count = to_size(batch) * to_size(seq);
   for (std::size_t i = 0; i < count; ++i) {
     if (tokens[i] < 0 || tokens[i] >= vocab) {
-      throw TokenOutsideVocabulary("token " + std::to_string(tokens[i]) + " is outside the vocabulary [0, " +
-                                   std::to_string(vocab) + ")");
+      throw BatchValueOutOfRange("token " + std::to_string(tokens[i]) + " is outside the vocabulary [0, " +
+                                 std::to_string(vocab) + ")");
     }
   }
   resize_workspace(batch, seq);
@@ -658,8 +658,10 @@ BatchStats CpuRnnClassifier<Scalar>::loss_and_stats(const Scalar* labels, int ba
       continue;
     }
     const int label = labels == nullptr ? -1 : static_cast<int>(labels[b]);
-    if (labels != nullptr && label < 0) throw std::out_of_range("CpuRnnClassifier: negative label");
-    if (label >= classes) throw std::out_of_range("CpuRnnClassifier: label outside the classes");
+    if (labels != nullptr && (label < 0 || label >= classes)) {
+      throw BatchValueOutOfRange("label " + std::to_string(label) + " is outside the classes [0, " +
+                                 std::to_string(classes) + ")");
+    }
     const double loss = softmax_loss(z.data(), outputs, label, p.data());
     if (!probabilities.empty()) {
       for (int k = 0; k < outputs; ++k)

@@ -24,6 +24,7 @@
 #include "engine/training_job.h"
 #include "engine/watchdog.h"
 #include "io/dataset.h"
+#include "io/hdf5_util.h"
 #include "models/cpu_threads.h"
 #include "models/onednn_lstm.h"
 
@@ -166,12 +167,17 @@ int run_without_mpi(const std::string& command, const std::vector<std::string>& 
   } catch (const ddp::UserError& e) {
     std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
     return ddp::kExitUserError;
+  } catch (const std::exception& e) {
+    // Caught, not left to terminate: the stack unwinds, and a partly written output file is removed.
+    std::fprintf(stderr, "ddptrain: fatal: unexpected error: %s\n", e.what());
+    return ddp::kExitInternalError;
   }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  ddp::io::skip_hdf5_cleanup_at_exit();
   std::vector<std::string> args(argv + 1, argv + argc);
   const std::string command = args.empty() ? "" : args[0];
   if (command == "prepare" || command == "predict" || command == "evaluate") {

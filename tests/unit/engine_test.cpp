@@ -916,6 +916,30 @@ TEST(Checkpoint, KeepsEachRanksReplicaRandomState) {
   EXPECT_TRUE(read_checkpoint(path).replica_rng_states.empty());
 }
 
+TEST(Checkpoint, DamagedCountersAreUserErrors) {
+  TempDir dir;
+  const models::ModelShape shape{30, 4, 3, 1};
+  const std::vector<float> params(models::ParamLayout(shape).total_size(), 0.5f);
+  const std::string path = dir.file("last.h5");
+  const auto expect_refused = [&](const std::string& mention) {
+    try {
+      read_checkpoint(path);
+      FAIL() << "no error for " << mention;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(mention), std::string::npos) << e.what();
+    }
+  };
+  TrainingProgress progress;
+  progress.step_in_epoch = -3;
+  write_checkpoint(path, shape, params, "adam", {}, progress, "");
+  expect_refused("step_in_epoch = -3 is less than 0");
+  progress.step_in_epoch = 0;
+  OptimizerState state;
+  state.iterations = -1;
+  write_checkpoint(path, shape, params, "adam", state, progress, "");
+  expect_refused("iterations = -1 is less than 0");
+}
+
 TEST(Checkpoint, ForeignFilesAreUserErrors) {
   TempDir dir;
   EXPECT_THROW(read_checkpoint(dir.file("missing.h5")), UserError);

@@ -490,6 +490,28 @@ TEST(CpuReplica, ReportsTouchedEmbeddingRows) {
   }
 }
 
+TEST(CpuReplica, BadTokensAndLabelsAreBatchValueErrors) {
+  // The trainer turns these (and only these) into one line naming the data file.
+  ModelShape shape{50, 8, 6, 1};
+  shape.classes = 3;
+  auto replica = make_cpu_replica(shape);
+  initialize_keras(replica->layout(), replica->params(), 5);
+  const std::vector<int32_t> tokens(2 * 4, 7);
+  for (const float label : {3.0f, 200.0f}) {
+    const std::vector<float> labels{0.0f, label};
+    try {
+      replica->train_step(BatchView{tokens.data(), labels.data(), 2, 4}, {});
+      FAIL() << "label " << label << " was accepted";
+    } catch (const BatchValueOutOfRange& e) {
+      EXPECT_NE(std::string(e.what()).find("outside the classes [0, 3)"), std::string::npos) << e.what();
+    }
+  }
+  const std::vector<int32_t> bad_tokens{1, 2, 3, 50, 1, 2, 3, 4};
+  const std::vector<float> labels{0.0f, 2.0f};
+  EXPECT_THROW(replica->train_step(BatchView{bad_tokens.data(), labels.data(), 2, 4}, {}),
+               BatchValueOutOfRange);
+}
+
 TEST(FastMath, MatchesTheStandardFunctions) {
   // Every 1009th float of magnitude up to 100, both signs: relative error against double.
   double worst_exp = 0;
