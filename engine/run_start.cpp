@@ -76,10 +76,10 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
   note_changed_data_plan(files, c, start.record);
   if (!c.run.run_id.empty()) start.record.run_id = c.run.run_id;  // a resumed run keeps its id
   if (!(c.shape == layout.shape())) {
+    // describe() names the layers and classes where they are not the defaults.
     auto text = [](const models::ModelShape& s) {
       return models::describe(s) + ", vocab " + std::to_string(s.vocab_size) + ", embedding " +
-             std::to_string(s.embedding_dim) + ", hidden " + std::to_string(s.hidden) + ", layers " +
-             std::to_string(s.layers) + ", classes " + std::to_string(s.classes);
+             std::to_string(s.embedding_dim) + ", hidden " + std::to_string(s.hidden);
     };
     throw UserError(files.last() + ": the checkpoint's model (" + text(c.shape) +
                     ") differs from the config's and the dataset's (" + text(layout.shape()) + ")");

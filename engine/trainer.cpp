@@ -129,6 +129,11 @@ class TrainingRun::Loop {
       if (!metrics) break;  // stopped in the middle of the epoch, last.h5 written
       result.history.push_back(*metrics);
     }
+    if (stop_requested() && progress_.epoch < config_.train.epochs && comm_.rank() == 0) {
+      std::printf("stopped after %lld steps (train.stop_after_steps): %s holds them; --resume continues\n",
+                  static_cast<long long>(progress_.global_step), files_.last().c_str());
+      std::fflush(stdout);
+    }
     pause_where_the_exchange_has_deadlines();
     result.params.resize(replica_->layout().total_size());
     updater_->finish(result.params);

@@ -66,7 +66,11 @@ std::string DataPlan::describe() const {
   } else {
     text += " (/val)";
   }
-  if (test) text += ", test " + std::to_string(test->total) + " (scored once, at the end)";
+  if (test) {
+    text += ", test " + std::to_string(test->total) + " (scored once, at the end)";
+  } else if (validation.split != "test") {
+    text += ", no test score (/test has no rows)";
+  }
   return text;
 }
 

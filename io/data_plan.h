@@ -32,7 +32,7 @@ struct DataPlan {
   int64_t train_rows = 0;  // rows of /train that are trained on (all ranks)
   Shard train;             // this rank's training rows (floor(train_rows / world) each)
   RowSet validation;
-  std::optional<RowSet> test;    // absent when validation is the test split
+  std::optional<RowSet> test;    // absent when validation is the test split, or /test has no rows
   std::string describe() const;  // "train 22500, val 2500 (last 10% of /train), test 25000"
 };
 
