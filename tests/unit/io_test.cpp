@@ -16,6 +16,7 @@
 
 #include "engine/base/errors.h"
 #include "io/batch_reader.h"
+#include "io/data_plan.h"
 #include "io/dataset.h"
 #include "io/hdf5_util.h"
 #include "io/synthetic.h"
@@ -176,6 +177,18 @@ TEST(IndexPermutation, TheSeedChoosesTheOrder) {
 
 // ---------------------------------------------------------------------------------------------------------
 // shard_of
+
+TEST(DataPlan, DescriptionSaysWhereTheTestScoreComesFrom) {
+  DatasetInfo info;
+  info.train_size = 1000;
+  info.test_size = 300;
+  EXPECT_NE(plan_data(info, "split", 0.1, 0, 2).describe().find("test 300 (scored once, at the end)"),
+            std::string::npos);
+  EXPECT_NE(plan_data(info, "test", 0.1, 0, 2).describe().find("no separate test score"), std::string::npos);
+  info.test_size = 0;
+  EXPECT_NE(plan_data(info, "split", 0.1, 0, 2).describe().find("no test score (/test has no rows)"),
+            std::string::npos);
+}
 
 TEST(ShardOf, TrainingShardsAreEqualAndDropTheRemainder) {
   const std::vector<std::pair<int64_t, int64_t>> expected{{0, 3}, {3, 6}, {6, 9}};
