@@ -44,16 +44,18 @@ status=0
 grep -q "huge.h5.tmp: cannot write" huge_err.txt || fail "no line naming the file" huge_err.txt
 ls huge.h5* 2>/dev/null && fail "a partial file was left behind"
 
-# A shard smaller than a batch under every backend of two ranks, including the default (the colocated
-# parameter server): the reason on one line, exit 2, no crash.
-for backend in auto mpi; do
+# A shard smaller than a batch under every backend, including the default on two ranks (the colocated
+# parameter server) and a dedicated server: the reason on one line, exit 2, no crash.
+for layout in "2 auto" "2 mpi" "3 ps --comm.ps_servers 1"; do
+  read -r ranks backend servers <<<"$layout"
+  name="shard-$ranks-$backend"
   status=0
-  mpirun -np 2 "$ddptrain" "${small[@]}" --train.batch_size 128 --comm.backend "$backend" \
-    --checkpoint.dir "shard-$backend" >"shard-$backend.txt" 2>&1 || status=$?
-  [ "$status" -eq 2 ] || fail "comm.backend = $backend, a shard smaller than a batch: exit $status" "shard-$backend.txt"
-  grep -q "fewer than 2 ranks x train.batch_size 128" "shard-$backend.txt" ||
-    fail "comm.backend = $backend: no line naming train.batch_size" "shard-$backend.txt"
-  grep -qi "segmentation\|signal" "shard-$backend.txt" && fail "comm.backend = $backend: a rank crashed" \
-    "shard-$backend.txt"
+  # shellcheck disable=SC2086 # $servers is zero or two words
+  mpirun -np "$ranks" "$ddptrain" "${small[@]}" --train.batch_size 128 --comm.backend "$backend" $servers \
+    --checkpoint.dir "$name" >"$name.txt" 2>&1 || status=$?
+  [ "$status" -eq 2 ] || fail "$layout, a shard smaller than a batch: exit $status" "$name.txt"
+  grep -q "fewer than 2 .* x train.batch_size 128" "$name.txt" || fail "$layout: no line naming train.batch_size" \
+    "$name.txt"
+  grep -qi "segmentation\|signal" "$name.txt" && fail "$layout: a rank crashed" "$name.txt"
 done
 echo "PASS: bad keys, a byte order mark, a failed write and a small shard"
