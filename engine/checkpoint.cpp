@@ -156,6 +156,26 @@ struct CheckpointWriter::Files {
   std::string buffer_names;
 };
 
+template <typename Write>
+void CheckpointWriter::writing(Write&& write) {
+  try {
+    write();
+  } catch (const io::Hdf5Error& e) {
+    const std::string tmp = files_->tmp;
+    abandon();
+    throw UserError(tmp + ": cannot write the checkpoint (" + e.what() + "); the last one is kept");
+  }
+}
+
+void CheckpointWriter::abandon() {
+  if (!files_) return;
+  std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
+  files_->optimizer.discard();
+  files_->file.discard();
+  std::remove(files_->tmp.c_str());
+  files_.reset();
+}
+
 CheckpointWriter::CheckpointWriter(const std::string& path, const models::ModelShape& shape,
                                    std::span<const float> params, const std::string& optimizer_name,
                                    int64_t optimizer_iterations, const TrainingProgress& progress,
@@ -166,55 +186,53 @@ CheckpointWriter::CheckpointWriter(const std::string& path, const models::ModelS
   const hid_t raw = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (raw < 0) throw UserError(tmp + ": cannot create the checkpoint file (check checkpoint.dir)");
   files_ = std::make_unique<Files>(Files{path, tmp, Hid(raw, Hid::Kind::kFile), Hid(), ""});
-  const hid_t root = files_->file.get();
-  io::write_string_attribute(root, "format", kFormat);
-  io::write_int_attribute(root, "vocab_size", shape.vocab_size);
-  io::write_int_attribute(root, "embedding_dim", shape.embedding_dim);
-  io::write_int_attribute(root, "hidden", shape.hidden);
-  io::write_int_attribute(root, "layers", shape.layers);
-  io::write_string_attribute(root, "cell", models::cell_name(shape.cell));
-  io::write_int_attribute(root, "bidirectional", shape.bidirectional ? 1 : 0);
-  io::write_int_attribute(root, "classes", shape.classes);
-  io::write_int_attribute(root, "mask_padding", run.mask_padding ? 1 : 0);
-  io::write_int_attribute(root, "epoch", progress.epoch);
-  io::write_int_attribute(root, "step_in_epoch", progress.step_in_epoch);
-  io::write_int_attribute(root, "global_step", progress.global_step);
-  io::write_int_attribute(root, "seed", static_cast<int64_t>(progress.seed));
-  io::write_int_attribute(root, "world_size", progress.world_size);
-  io::write_int_attribute(root, "batch_size", progress.batch_size);
-  write_double_attribute(root, "best_val_loss", progress.best_val_loss);
-  io::write_int_attribute(root, "best_epoch", progress.best_epoch);
-  write_double_attribute(root, "loss_sum", progress.loss_sum);
-  write_double_attribute(root, "correct", progress.correct);
-  write_double_attribute(root, "count", progress.count);
-  io::write_string_attribute(root, "config", config_ini);
-  io::write_string_attribute(root, "run_id", run.run_id);
-  io::write_string_attribute(root, "data_path", run.data_path);
-  io::write_string_attribute(root, "data_fingerprint", run.data_fingerprint);
-  io::write_string_attribute(root, "data_plan", run.data_plan);
-  io::write_int_attribute(root, "maxlen", run.maxlen);
-  if (!run.vocabulary.empty()) io::write_string_list(root, "vocab", run.vocabulary);
-  if (!run.class_names.empty()) io::write_string_list(root, "classes", run.class_names);
-  write_floats(root, "params", params);
-  files_->optimizer =
-      Hid(check_h5_id(H5Gcreate2(root, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "optimizer"),
-          Hid::Kind::kGroup);
-  io::write_string_attribute(files_->optimizer.get(), "name", optimizer_name);
-  io::write_int_attribute(files_->optimizer.get(), "iterations", optimizer_iterations);
+  writing([&] {
+    const hid_t root = files_->file.get();
+    io::write_string_attribute(root, "format", kFormat);
+    io::write_int_attribute(root, "vocab_size", shape.vocab_size);
+    io::write_int_attribute(root, "embedding_dim", shape.embedding_dim);
+    io::write_int_attribute(root, "hidden", shape.hidden);
+    io::write_int_attribute(root, "layers", shape.layers);
+    io::write_string_attribute(root, "cell", models::cell_name(shape.cell));
+    io::write_int_attribute(root, "bidirectional", shape.bidirectional ? 1 : 0);
+    io::write_int_attribute(root, "classes", shape.classes);
+    io::write_int_attribute(root, "mask_padding", run.mask_padding ? 1 : 0);
+    io::write_int_attribute(root, "epoch", progress.epoch);
+    io::write_int_attribute(root, "step_in_epoch", progress.step_in_epoch);
+    io::write_int_attribute(root, "global_step", progress.global_step);
+    io::write_int_attribute(root, "seed", static_cast<int64_t>(progress.seed));
+    io::write_int_attribute(root, "world_size", progress.world_size);
+    io::write_int_attribute(root, "batch_size", progress.batch_size);
+    write_double_attribute(root, "best_val_loss", progress.best_val_loss);
+    io::write_int_attribute(root, "best_epoch", progress.best_epoch);
+    write_double_attribute(root, "loss_sum", progress.loss_sum);
+    write_double_attribute(root, "correct", progress.correct);
+    write_double_attribute(root, "count", progress.count);
+    io::write_string_attribute(root, "config", config_ini);
+    io::write_string_attribute(root, "run_id", run.run_id);
+    io::write_string_attribute(root, "data_path", run.data_path);
+    io::write_string_attribute(root, "data_fingerprint", run.data_fingerprint);
+    io::write_string_attribute(root, "data_plan", run.data_plan);
+    io::write_int_attribute(root, "maxlen", run.maxlen);
+    if (!run.vocabulary.empty()) io::write_string_list(root, "vocab", run.vocabulary);
+    if (!run.class_names.empty()) io::write_string_list(root, "classes", run.class_names);
+    write_floats(root, "params", params);
+    files_->optimizer =
+        Hid(check_h5_id(H5Gcreate2(root, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "optimizer"),
+            Hid::Kind::kGroup);
+    io::write_string_attribute(files_->optimizer.get(), "name", optimizer_name);
+    io::write_int_attribute(files_->optimizer.get(), "iterations", optimizer_iterations);
+  });
 }
 
 CheckpointWriter::~CheckpointWriter() {
-  if (!files_) return;
-  std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
-  files_->optimizer = Hid();
-  files_->file = Hid();
-  std::remove(files_->tmp.c_str());
+  abandon();
 }
 
 void CheckpointWriter::add_optimizer_buffer(const std::string& name, std::span<const float> values) {
   DDP_CHECK(files_ != nullptr);
   std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
-  write_floats(files_->optimizer.get(), name, values);
+  writing([&] { write_floats(files_->optimizer.get(), name, values); });
   files_->buffer_names += (files_->buffer_names.empty() ? "" : ",") + name;
 }
 
@@ -222,22 +240,30 @@ void CheckpointWriter::add_replica_rng_states(const std::vector<std::string>& st
   DDP_CHECK(files_ != nullptr);
   if (std::all_of(states.begin(), states.end(), [](const std::string& s) { return s.empty(); })) return;
   std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
-  Hid group(check_h5_id(H5Gcreate2(files_->file.get(), "replica_rng", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-                        "replica_rng"),
-            Hid::Kind::kGroup);
-  io::write_int_attribute(group.get(), "ranks", static_cast<int64_t>(states.size()));
-  for (std::size_t rank = 0; rank < states.size(); ++rank) {
-    if (!states[rank].empty()) write_bytes(group.get(), std::to_string(rank), states[rank]);
-  }
+  writing([&] {
+    Hid group(
+        check_h5_id(H5Gcreate2(files_->file.get(), "replica_rng", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                    "replica_rng"),
+        Hid::Kind::kGroup);
+    io::write_int_attribute(group.get(), "ranks", static_cast<int64_t>(states.size()));
+    for (std::size_t rank = 0; rank < states.size(); ++rank) {
+      if (!states[rank].empty()) write_bytes(group.get(), std::to_string(rank), states[rank]);
+    }
+  });
 }
 
 void CheckpointWriter::commit() {
   DDP_CHECK(files_ != nullptr);
+  {
+    std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
+    writing([&] {
+      io::write_string_attribute(files_->optimizer.get(), "buffers", files_->buffer_names);
+      check_h5(H5Fflush(files_->file.get(), H5F_SCOPE_GLOBAL), "H5Fflush");
+    });
+  }
   const std::unique_ptr<Files> files = std::move(files_);
   {
     std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
-    io::write_string_attribute(files->optimizer.get(), "buffers", files->buffer_names);
-    check_h5(H5Fflush(files->file.get(), H5F_SCOPE_GLOBAL), "H5Fflush");
     files->optimizer = Hid();
     files->file = Hid();
   }

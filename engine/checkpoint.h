@@ -94,6 +94,11 @@ class CheckpointWriter {
 
  private:
   struct Files;
+  // Runs `write`, an HDF5 failure (a full disk) becoming a UserError naming the file, the file abandoned.
+  template <typename Write>
+  void writing(Write&& write);
+  // Closes the unfinished file without warnings (whatever failed was reported) and removes it.
+  void abandon();
   std::unique_ptr<Files> files_;  // null once committed
 };
 

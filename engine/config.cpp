@@ -188,10 +188,14 @@ void check_values(const Config& c) {
               "cannot hold '#', a control character or a leading or trailing space (an INI file could not "
               "hold it)");
     }
-    // Every real-valued key ends up in a float somewhere: inf, or a value past float's range, is a typo.
+    // Every real-valued key ends up in a float somewhere: inf, or a value that a float holds as inf or 0
+    // (epsilon = 1e-50 would divide by zero), is a typo.
     if constexpr (std::is_floating_point_v<std::decay_t<decltype(field)>>) {
-      require(std::isfinite(field) && std::abs(field) <= std::numeric_limits<float>::max(),
-              full_name(section, name), value_text(field), "must be a finite number");
+      const double magnitude = std::abs(static_cast<double>(field));
+      require(std::isfinite(field) && magnitude <= std::numeric_limits<float>::max() &&
+                  (magnitude == 0 || magnitude >= std::numeric_limits<float>::min()),
+              full_name(section, name), value_text(field),
+              "must be 0 or a finite number of magnitude 1.2e-38 to 3.4e+38 (a float's range)");
     }
   });
   const std::set<std::string> devices{"cpu", "cuda", "auto"};
@@ -336,8 +340,10 @@ ParsedConfig parse_config(const std::vector<std::string>& args) {
   }
   if (vm.count("config")) {
     const std::string path = vm["config"].as<std::string>();
-    if (std::filesystem::is_directory(path)) throw UserError(path + ": is a directory, not a config file");
-    if (!std::filesystem::is_regular_file(path)) throw UserError(path + ": config file not found");
+    std::error_code ignored;  // a path that cannot be examined is "not found" below
+    if (std::filesystem::is_directory(path, ignored))
+      throw UserError(path + ": is a directory, not a config file");
+    if (!std::filesystem::is_regular_file(path, ignored)) throw UserError(path + ": config file not found");
     std::ifstream file(path);
     if (!file) throw UserError(path + ": cannot read the config file");
     // A UTF-8 byte order mark (as some Windows editors save) would hide in the first line's name.

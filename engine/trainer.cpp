@@ -122,6 +122,7 @@ class TrainingRun::Loop {
     TrainResult result;
     enter_training();
     bool stopped_early = false;
+    const int64_t first_step = progress_.global_step;
     for (int64_t epoch = progress_.epoch; epoch < config_.train.epochs && !stop_requested(); ++epoch) {
       if (stop_signal_.now()) break;  // signalled between epochs: last.h5 already holds the finished ones
       if ((stopped_early = early_stop())) break;
@@ -129,7 +130,8 @@ class TrainingRun::Loop {
       if (!metrics) break;  // stopped in the middle of the epoch, last.h5 written
       result.history.push_back(*metrics);
     }
-    if (stop_requested() && progress_.epoch < config_.train.epochs && comm_.rank() == 0) {
+    if (stop_requested() && progress_.global_step > first_step && progress_.epoch < config_.train.epochs &&
+        comm_.rank() == 0) {
       std::printf("stopped after %lld steps (train.stop_after_steps): %s holds them; --resume continues\n",
                   static_cast<long long>(progress_.global_step), files_.last().c_str());
       std::fflush(stdout);
@@ -204,7 +206,7 @@ class TrainingRun::Loop {
     run.data_path = data_.path;
     run.vocab_size = data_.vocab_size;
     run.maxlen = data_.maxlen;
-    run.data_plan = plan_.describe();
+    run.data_plan = plan_.describe() + plan_.missing_test_note();
     run.embedding_dim = shape_.embedding_dim;
     run.layers = shape_.layers;
     run.rnn = (shape_.bidirectional ? "bidirectional " : "") +

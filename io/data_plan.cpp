@@ -66,12 +66,12 @@ std::string DataPlan::describe() const {
   } else {
     text += " (/val)";
   }
-  if (test) {
-    text += ", test " + std::to_string(test->total) + " (scored once, at the end)";
-  } else if (validation.split != "test") {
-    text += ", no test score (/test has no rows)";
-  }
+  if (test) text += ", test " + std::to_string(test->total) + " (scored once, at the end)";
   return text;
+}
+
+std::string DataPlan::missing_test_note() const {
+  return test || validation.split == "test" ? "" : ", no test score (/test has no rows)";
 }
 
 }  // namespace ddp::io

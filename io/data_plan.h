@@ -34,6 +34,9 @@ struct DataPlan {
   RowSet validation;
   std::optional<RowSet> test;    // absent when validation is the test split, or /test has no rows
   std::string describe() const;  // "train 22500, val 2500 (last 10% of /train), test 25000"
+  // ", no test score (/test has no rows)" where the run ends without one for want of test rows; else "".
+  // Apart from describe(), whose text checkpoints keep and a resume compares.
+  std::string missing_test_note() const;
 };
 
 // Throws UserError naming data.validation or data.validation_split (and the file) when the file cannot give

@@ -52,6 +52,23 @@ std::string format_fraction(double value) {
 
 }  // namespace
 
+template <typename Write>
+void DatasetWriter::writing(Write&& write) {
+  try {
+    write();
+  } catch (const Hdf5Error& e) {
+    abandon();
+    throw UserError(tmp_path_ + ": cannot write (" + e.what() + ")");
+  }
+}
+
+void DatasetWriter::abandon() {
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  for (Hid* id : {&train_x_, &train_y_, &test_x_, &test_y_, &val_x_, &val_y_, &file_}) id->discard();
+  std::error_code ignored;
+  std::filesystem::remove(tmp_path_, ignored);
+}
+
 DatasetWriter::DatasetWriter(std::string path, int vocab_size, int maxlen, int64_t training_rows,
                              int64_t test_rows, int64_t val_rows)
     : path_(std::move(path)),
@@ -78,25 +95,27 @@ DatasetWriter::DatasetWriter(std::string path, int vocab_size, int maxlen, int64
     // Usually permissions or a full disk: the user's to fix, so a UserError with HDF5's reason.
     throw UserError(path_ + ": cannot create the dataset file (" + e.what() + ")");
   }
-  write_int_attribute(file_.get(), "vocab_size", vocab_size);
-  write_int_attribute(file_.get(), "maxlen", maxlen);
-  struct Group {
-    const char* name;
-    int64_t rows;
-    Hid* x;
-    Hid* y;
-  };
-  for (const Group& g :
-       {Group{"train", train_rows_, &train_x_, &train_y_}, Group{"test", test_rows, &test_x_, &test_y_},
-        Group{"val", val_rows, &val_x_, &val_y_}}) {
-    if (g.x == &val_x_ && val_rows == 0) continue;  // a /val group means validation rows
-    Hid gcpl = create_property_list(H5P_GROUP_CREATE);
-    Hid group(check_h5_id(H5Gcreate2(file_.get(), g.name, H5P_DEFAULT, gcpl.get(), H5P_DEFAULT), g.name),
-              Hid::Kind::kGroup);
-    const hsize_t dims[2] = {static_cast<hsize_t>(g.rows), static_cast<hsize_t>(maxlen)};
-    *g.x = create_dataset(group.get(), "x", H5T_STD_I32LE, 2, dims);
-    *g.y = create_dataset(group.get(), "y", H5T_STD_U8LE, 1, dims);
-  }
+  writing([&] {
+    write_int_attribute(file_.get(), "vocab_size", vocab_size);
+    write_int_attribute(file_.get(), "maxlen", maxlen);
+    struct Group {
+      const char* name;
+      int64_t rows;
+      Hid* x;
+      Hid* y;
+    };
+    for (const Group& g :
+         {Group{"train", train_rows_, &train_x_, &train_y_}, Group{"test", test_rows, &test_x_, &test_y_},
+          Group{"val", val_rows, &val_x_, &val_y_}}) {
+      if (g.x == &val_x_ && val_rows == 0) continue;  // a /val group means validation rows
+      Hid gcpl = create_property_list(H5P_GROUP_CREATE);
+      Hid group(check_h5_id(H5Gcreate2(file_.get(), g.name, H5P_DEFAULT, gcpl.get(), H5P_DEFAULT), g.name),
+                Hid::Kind::kGroup);
+      const hsize_t dims[2] = {static_cast<hsize_t>(g.rows), static_cast<hsize_t>(maxlen)};
+      *g.x = create_dataset(group.get(), "x", H5T_STD_I32LE, 2, dims);
+      *g.y = create_dataset(group.get(), "y", H5T_STD_U8LE, 1, dims);
+    }
+  });
 }
 
 void DatasetWriter::close_file() {
@@ -111,11 +130,7 @@ void DatasetWriter::close_file() {
 
 DatasetWriter::~DatasetWriter() {
   if (committed_) return;
-  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-  // Abandoned: whatever failed (a full disk) was reported, and its closes would only fail again.
-  for (Hid* id : {&train_x_, &train_y_, &test_x_, &test_y_, &val_x_, &val_y_, &file_}) id->discard();
-  std::error_code ignored;
-  std::filesystem::remove(tmp_path_, ignored);
+  abandon();
 }
 
 void DatasetWriter::write_rows(const std::string& split, int64_t first, std::span<const int32_t> tokens,
@@ -141,39 +156,35 @@ void DatasetWriter::write_group_rows(const std::string& group, int64_t first, co
   const Hid& y = group == "train" ? train_y_ : group == "test" ? test_y_ : val_y_;
   DDP_CHECK(x.get() >= 0 && first >= 0);
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-  try {
+  writing([&] {
     write_block(x.get(), 2, first, rows, maxlen_, H5T_NATIVE_INT32, tokens, "H5Dwrite /" + group + "/x");
     write_block(y.get(), 1, first, rows, 1, H5T_NATIVE_UINT8, labels, "H5Dwrite /" + group + "/y");
-  } catch (const Hdf5Error& e) {
-    // A full disk or a file-size limit: the user's to fix. The destructor removes the partial file.
-    throw UserError(tmp_path_ + ": cannot write (" + e.what() + ")");
-  }
+  });
 }
 
 void DatasetWriter::write_vocab(const std::vector<std::string>& words) {
-  write_string_list(file_.get(), "vocab", words);
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  writing([&] { write_string_list(file_.get(), "vocab", words); });
 }
 
 void DatasetWriter::write_classes(int num_classes, const std::vector<std::string>& names) {
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-  if (num_classes != 2) write_int_attribute(file_.get(), "num_classes", num_classes);
-  if (!names.empty()) write_string_list(file_.get(), "classes", names);
+  writing([&] {
+    if (num_classes != 2) write_int_attribute(file_.get(), "num_classes", num_classes);
+    if (!names.empty()) write_string_list(file_.get(), "classes", names);
+  });
 }
 
 void DatasetWriter::write_attribute(const std::string& name, const std::string& value) {
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-  write_string_attribute(file_.get(), name, value);
+  writing([&] { write_string_attribute(file_.get(), name, value); });
 }
 
 void DatasetWriter::commit() {
   {
     std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
     // Checked here: the close in Hid's destructor cannot report a failed final write.
-    try {
-      check_h5(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), "H5Fflush");
-    } catch (const Hdf5Error& e) {
-      throw UserError(tmp_path_ + ": cannot write (" + e.what() + ")");
-    }
+    writing([&] { check_h5(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), "H5Fflush"); });
     close_file();
   }
   std::error_code error;

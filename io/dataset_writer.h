@@ -47,6 +47,12 @@ class DatasetWriter {
  private:
   // Closes the datasets, then the file (HDF5's lock held by the caller).
   void close_file();
+  // Runs `write`, an HDF5 failure (a full disk, a file-size limit) becoming a UserError naming the file,
+  // which is then abandoned.
+  template <typename Write>
+  void writing(Write&& write);
+  // Closes the unfinished file without warnings (whatever failed was reported) and removes it.
+  void abandon();
   std::string path_;
   std::string tmp_path_;
   void write_group_rows(const std::string& group, int64_t first, const int32_t* tokens, const uint8_t* labels,

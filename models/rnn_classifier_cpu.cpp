@@ -1,6 +1,8 @@
 #include "models/rnn_classifier_cpu.h"
 #include "models/sequence_mask.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -653,6 +655,9 @@ BatchStats CpuRnnClassifier<Scalar>::loss_and_stats(const Scalar* labels, int ba
       if (!probabilities.empty()) probabilities[b] = static_cast<Scalar>(stable_sigmoid(z[0]));
       if (labels == nullptr) continue;
       const double y = static_cast<double>(labels[b]);
+      if (!(y >= 0 && y <= 1)) {
+        throw BatchValueOutOfRange("label " + fmt::format("{}", y) + " is outside the classes [0, 2)");
+      }
       stats.loss_sum += logistic_loss(z[0], y);
       if (predicts_label(z[0], y)) ++stats.correct;
       continue;

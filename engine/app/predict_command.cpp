@@ -134,7 +134,8 @@ std::vector<float> predict_rows(const LoadedModel& model, const std::vector<int3
 std::vector<std::string> read_lines(const std::string& input) {
   std::ifstream file;
   if (input != "-") {
-    if (std::filesystem::is_directory(input))
+    std::error_code ignored;  // a path that cannot be examined fails at the open below
+    if (std::filesystem::is_directory(input, ignored))
       throw UserError(input + ": is a directory; --input takes a file of one document per line");
     file.open(input, std::ios::binary);
     if (!file) throw UserError(input + ": cannot be read (no such file, or permission denied)");

@@ -188,11 +188,11 @@ TEST(Config, EffectiveIniWritesNumbersAsWrittenAndReadsThemBackExactly) {
   // Values whose shortest text is long, or that need an exponent, come back as the identical double.
   const double third = 1.0 / 3.0;
   const double sum = 0.1 + 0.2;  // 0.30000000000000004
-  const double tiny = 1e-300 * 1.2345678901234567;
+  const double tiny = 1.2345678901234567e-30;
   const double big = 6.02214076e23;
   Config original = parse_config({"--data.path", "d.h5", "--train.learning_rate", "0.33333333333333331",
                                   "--train.momentum", "0.30000000000000004", "--train.epsilon",
-                                  "1.2345678901234567e-300", "--comm.timeout_s", "6.02214076e23"})
+                                  "1.2345678901234567e-30", "--comm.timeout_s", "6.02214076e23"})
                         .config;
   EXPECT_EQ(original.train.learning_rate, third);
   EXPECT_EQ(original.train.momentum, sum);

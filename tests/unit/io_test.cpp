@@ -185,9 +185,11 @@ TEST(DataPlan, DescriptionSaysWhereTheTestScoreComesFrom) {
   EXPECT_NE(plan_data(info, "split", 0.1, 0, 2).describe().find("test 300 (scored once, at the end)"),
             std::string::npos);
   EXPECT_NE(plan_data(info, "test", 0.1, 0, 2).describe().find("no separate test score"), std::string::npos);
+  EXPECT_EQ(plan_data(info, "split", 0.1, 0, 2).missing_test_note(), "");
+  EXPECT_EQ(plan_data(info, "test", 0.1, 0, 2).missing_test_note(), "");
   info.test_size = 0;
-  EXPECT_NE(plan_data(info, "split", 0.1, 0, 2).describe().find("no test score (/test has no rows)"),
-            std::string::npos);
+  EXPECT_EQ(plan_data(info, "split", 0.1, 0, 2).missing_test_note(), ", no test score (/test has no rows)");
+  EXPECT_EQ(plan_data(info, "split", 0.1, 0, 2).describe().find("test"), std::string::npos);
 }
 
 TEST(ShardOf, TrainingShardsAreEqualAndDropTheRemainder) {

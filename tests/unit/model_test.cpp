@@ -510,6 +510,11 @@ TEST(CpuReplica, BadTokensAndLabelsAreBatchValueErrors) {
   const std::vector<float> labels{0.0f, 2.0f};
   EXPECT_THROW(replica->train_step(BatchView{bad_tokens.data(), labels.data(), 2, 4}, {}),
                BatchValueOutOfRange);
+  shape.classes = 2;
+  auto binary = make_cpu_replica(shape);
+  initialize_keras(binary->layout(), binary->params(), 5);
+  const std::vector<float> seven{1.0f, 7.0f};
+  EXPECT_THROW(binary->train_step(BatchView{tokens.data(), seven.data(), 2, 4}, {}), BatchValueOutOfRange);
 }
 
 TEST(FastMath, MatchesTheStandardFunctions) {
