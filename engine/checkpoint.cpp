@@ -158,13 +158,9 @@ struct CheckpointWriter::Files {
 
 template <typename Write>
 void CheckpointWriter::writing(Write&& write) {
-  try {
-    write();
-  } catch (const io::Hdf5Error& e) {
-    const std::string tmp = files_->tmp;
-    abandon();
-    throw UserError(tmp + ": cannot write the checkpoint (" + e.what() + "); the last one is kept");
-  }
+  const std::string tmp = files_->tmp;  // abandon() drops files_
+  io::write_or_abandon(
+      tmp, write, [this] { abandon(); }, "; the last checkpoint is kept");
 }
 
 void CheckpointWriter::abandon() {
@@ -254,19 +250,16 @@ void CheckpointWriter::add_replica_rng_states(const std::vector<std::string>& st
 
 void CheckpointWriter::commit() {
   DDP_CHECK(files_ != nullptr);
-  {
+  const std::unique_ptr<Files> files = [&] {
     std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
     writing([&] {
       io::write_string_attribute(files_->optimizer.get(), "buffers", files_->buffer_names);
       check_h5(H5Fflush(files_->file.get(), H5F_SCOPE_GLOBAL), "H5Fflush");
     });
-  }
-  const std::unique_ptr<Files> files = std::move(files_);
-  {
-    std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
-    files->optimizer = Hid();
-    files->file = Hid();
-  }
+    files_->optimizer = Hid();
+    files_->file = Hid();
+    return std::move(files_);
+  }();
   fsync_path(files->tmp, O_RDONLY);
   if (std::rename(files->tmp.c_str(), files->path.c_str()) != 0) {
     std::remove(files->tmp.c_str());

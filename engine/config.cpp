@@ -171,6 +171,11 @@ void require(bool ok, const std::string& key, const std::string& value, const st
   if (!ok) throw UserError(key + " = " + value + ": " + expected);
 }
 
+void require_between(int value, const std::string& key, int low, int high) {
+  require(value >= low && value <= high, key, value_text(value),
+          "must be from " + std::to_string(low) + " to " + std::to_string(high));
+}
+
 // Whether `value` survives to_ini() and --config (the run's config.ini and the checkpoint's copy are read
 // back): Boost's INI parser ends a line at '#' and trims spaces, and a line break would start a new key.
 bool ini_safe(const std::string& value) {
@@ -205,14 +210,10 @@ void check_values(const Config& c) {
           "data.validation", c.data.validation, "expected auto, val, split or test");
   require(c.data.validation_split > 0 && c.data.validation_split < 1, "data.validation_split",
           value_text(c.data.validation_split), "must be in (0, 1)");
-  require(c.data.prefetch >= 1 && c.data.prefetch <= kMaxPrefetch, "data.prefetch",
-          value_text(c.data.prefetch), "must be from 1 to " + std::to_string(kMaxPrefetch));
-  require(c.model.embedding_dim >= 1 && c.model.embedding_dim <= kMaxWidth, "model.embedding_dim",
-          value_text(c.model.embedding_dim), "must be from 1 to " + std::to_string(kMaxWidth));
-  require(c.model.hidden >= 1 && c.model.hidden <= kMaxWidth, "model.hidden", value_text(c.model.hidden),
-          "must be from 1 to " + std::to_string(kMaxWidth));
-  require(c.model.layers >= 1 && c.model.layers <= kMaxLayers, "model.layers", value_text(c.model.layers),
-          "must be from 1 to " + std::to_string(kMaxLayers));
+  require_between(c.data.prefetch, "data.prefetch", 1, kMaxPrefetch);
+  require_between(c.model.embedding_dim, "model.embedding_dim", 1, kMaxWidth);
+  require_between(c.model.hidden, "model.hidden", 1, kMaxWidth);
+  require_between(c.model.layers, "model.layers", 1, kMaxLayers);
   require(c.model.cell == "lstm" || c.model.cell == "gru", "model.cell", c.model.cell,
           "expected lstm or gru");
   require(!c.model.bidirectional || c.model.mask_padding, "model.bidirectional", "true",

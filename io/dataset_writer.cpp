@@ -54,12 +54,7 @@ std::string format_fraction(double value) {
 
 template <typename Write>
 void DatasetWriter::writing(Write&& write) {
-  try {
-    write();
-  } catch (const Hdf5Error& e) {
-    abandon();
-    throw UserError(tmp_path_ + ": cannot write (" + e.what() + ")");
-  }
+  write_or_abandon(tmp_path_, write, [this] { abandon(); });
 }
 
 void DatasetWriter::abandon() {

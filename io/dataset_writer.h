@@ -19,6 +19,11 @@
 
 namespace ddp::io {
 
+// The largest vocabulary and row length `ddptrain prepare` writes: far past any real corpus, so that a typo
+// is one line, not memory exhausted minutes later.
+constexpr int kMaxPreparedVocab = 10'000'000;
+constexpr int kMaxPreparedMaxlen = 100'000;
+
 class DatasetWriter {
  public:
   // Creates PATH.tmp (and PATH's directory) with /train [training_rows - val_rows], /test [test_rows] and,

@@ -120,18 +120,19 @@ Hid& Hid::operator=(Hid&& o) noexcept {
 }
 
 void Hid::discard() {
-  if (id_ < 0) return;
-  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-  static_cast<void>(close_by_kind(id_, kind_));
-  id_ = H5I_INVALID_HID;
+  close(/*report_failure=*/false);
 }
 
 void Hid::reset() {
+  close(/*report_failure=*/true);
+}
+
+void Hid::close(bool report_failure) {
   if (id_ < 0) return;
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   // Runs in destructors, so it cannot throw: a failed close is reported, not hidden. Writers flush (checked)
   // before closing, so data errors surface there.
-  if (close_by_kind(id_, kind_) < 0) {
+  if (close_by_kind(id_, kind_) < 0 && report_failure) {
     std::fprintf(stderr, "ddptrain: warning: closing an HDF5 object failed (%s)\n",
                  hdf5_error_detail().c_str());
   }

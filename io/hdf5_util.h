@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/base/errors.h"
+
 namespace ddp::io {
 
 // HDF5 calls from different threads (the prefetch thread, the checkpoint writer) take this lock: Debian's
@@ -44,6 +46,7 @@ class Hid {
   void discard();
 
  private:
+  void close(bool report_failure);
   hid_t id_ = H5I_INVALID_HID;
   Kind kind_ = Kind::kFile;
 };
@@ -77,6 +80,18 @@ class Hdf5Error : public std::runtime_error {
 // For the readers of a file the user gave (their entry points catch Hdf5Error): an HDF5 call that fails on it
 // means the file is damaged or cannot be read, a UserError "PATH: damaged or unreadable HDF5 file (what)".
 [[noreturn]] void throw_unreadable_file(const std::string& path, const Hdf5Error& error);
+
+// For the writers of a temporary file: runs `write`; an HDF5 failure (a full disk, a file-size limit) runs
+// `abandon` (close the file quietly, remove it) and becomes a UserError "TMP: cannot write (why)AFTER".
+template <typename Write, typename Abandon>
+void write_or_abandon(const std::string& tmp, Write&& write, Abandon&& abandon, const char* after = "") {
+  try {
+    write();
+  } catch (const Hdf5Error& e) {
+    abandon();
+    throw UserError(tmp + ": cannot write (" + e.what() + ")" + after);
+  }
+}
 
 // Throws Hdf5Error with `what` when status < 0.
 void check_h5(herr_t status, const char* what);

@@ -22,7 +22,6 @@ constexpr int kMinFillerWords = 16;
 constexpr int kMinMaxlen = 8;
 constexpr uint64_t kNegationPercent = 35;
 constexpr int kMaxPerPolarity = 50;
-constexpr int kMaxVocab = 10'000'000;  // the filler table takes 8 bytes a word
 constexpr int64_t kMaxBlockRows = 65536;
 constexpr int64_t kMaxBlockElements = int64_t{1} << 24;  // 64 MiB of tokens per block at most
 
@@ -195,9 +194,9 @@ void validate(const SyntheticOptions& o) {
   if (o.classes < 2 || o.classes > 256) {
     throw UserError("--classes " + std::to_string(o.classes) + " must be 2 to 256 (labels are one byte)");
   }
-  if (o.vocab > kMaxVocab) {
+  if (o.vocab > kMaxPreparedVocab) {
     throw UserError("--vocab " + std::to_string(o.vocab) + " is too large: at most " +
-                    std::to_string(kMaxVocab));
+                    std::to_string(kMaxPreparedVocab));
   }
   val_rows_of("prepare synthetic", o.val_fraction, o.train);
   const WordClasses words = word_classes(o.vocab, o.classes);

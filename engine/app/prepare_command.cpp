@@ -20,10 +20,6 @@ namespace {
 
 const char* kValFractionHelp = "share of the training rows that go to /val instead of /train, in [0, 1)";
 
-// Bounds far past any real corpus, so that a typo is one line here, not memory exhausted minutes later.
-constexpr int kMaxVocab = 10'000'000;
-constexpr int kMaxLen = 100'000;
-
 void require_in_range(int value, const char* option, const std::string& command, int most) {
   if (value < 1 || value > most) {
     throw UserError(command + ": " + option + " must be from 1 to " + std::to_string(most) + ", got " +
@@ -48,7 +44,7 @@ int prepare_synthetic(const std::vector<std::string>& args) {
                         "ddptrain prepare synthetic --output FILE [options]"))
     return kExitOk;
   if (o.train < 1 || o.test < 1) throw UserError("prepare synthetic: --train and --test must be positive");
-  require_in_range(o.maxlen, "--maxlen", "prepare synthetic", kMaxLen);
+  require_in_range(o.maxlen, "--maxlen", "prepare synthetic", io::kMaxPreparedMaxlen);
   const int64_t val_rows = io::val_rows_of("prepare synthetic", o.val_fraction, o.train);
   io::write_synthetic(o);
   const std::string val_text = val_rows > 0 ? ", " + std::to_string(val_rows) + " val" : "";
@@ -74,8 +70,8 @@ int prepare_imdb_npz(const std::vector<std::string>& args) {
   if (!parse_subcommand(args, desc, "prepare imdb-npz",
                         "ddptrain prepare imdb-npz --input imdb.npz --output imdb.h5 [options]"))
     return kExitOk;
-  require_in_range(o.vocab, "--vocab", "prepare imdb-npz", kMaxVocab);
-  require_in_range(o.maxlen, "--maxlen", "prepare imdb-npz", kMaxLen);
+  require_in_range(o.vocab, "--vocab", "prepare imdb-npz", io::kMaxPreparedVocab);
+  require_in_range(o.maxlen, "--maxlen", "prepare imdb-npz", io::kMaxPreparedMaxlen);
   std::printf("%s\n", io::prepare_imdb_npz(o).c_str());
   return kExitOk;
 }
@@ -97,8 +93,8 @@ int prepare_text(const std::vector<std::string>& args) {
   if (!parse_subcommand(args, desc, "prepare text",
                         "ddptrain prepare text --input DIR --output FILE [options]"))
     return kExitOk;
-  require_in_range(o.vocab, "--vocab", "prepare text", kMaxVocab);
-  require_in_range(o.maxlen, "--maxlen", "prepare text", kMaxLen);
+  require_in_range(o.vocab, "--vocab", "prepare text", io::kMaxPreparedVocab);
+  require_in_range(o.maxlen, "--maxlen", "prepare text", io::kMaxPreparedMaxlen);
   if (o.threads < 0) throw UserError("prepare text: --threads must be 0 or positive");
   if (progress != "auto" && progress != "bar" && progress != "none")
     throw UserError("prepare text: --progress must be auto, bar or none, got '" + progress + "'");
