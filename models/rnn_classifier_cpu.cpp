@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "engine/base/errors.h"
+#include "engine/base/parallel_loops.h"
 #include "engine/base/timeline.h"
 #include "models/blas.h"
 #include "models/dropout.h"
@@ -25,6 +26,8 @@ namespace {
 // cache lines that no hardware prefetcher sees coming, and a step's other work has evicted them: the loops
 // over them ask for the row kRowsAhead tokens on while they copy this one.
 constexpr std::size_t kRowsAhead = 8;
+// Fewer rows than this per thread are not worth a parallel region's start (a row is a few cache lines).
+constexpr std::size_t kMinRowsPerThread = 256;
 
 // The token of time-major row k (k = t * batch + b) of a [batch, seq] row-major token matrix.
 int32_t token_of_row(const int32_t* tokens, std::size_t k, int batch, int seq) {
@@ -354,9 +357,11 @@ void CpuRnnClassifier<Scalar>::backward_layer_onednn(int layer, int batch, int s
         shift_rows(layer_input(layer, batch), onednn_x_.data(), to_size(l.in), batch, seq, true);
         shift_rows(dir.states.data() + b_count * hidden, onednn_y_.data(), hidden, batch, seq, true);
       }
+      // The first direction's input gradient goes straight to its place, unless it comes back shifted.
+      const bool dx_in_place = d == 0 && !shifted;
       LstmLayerGradients g;
       g.dh = onednn_dy_[to_size(d)].data();
-      g.dx = onednn_dx_.data();
+      g.dx = dx_in_place ? d_input : onednn_dx_.data();
       g.dw_ih = grads_.data() + dir.w_ih;
       g.dw_hh = grads_.data() + dir.w_hh;
       g.db_ih = grads_.data() + dir.b_ih;
@@ -367,10 +372,10 @@ void CpuRnnClassifier<Scalar>::backward_layer_onednn(int layer, int batch, int s
         shift_rows(onednn_dx_.data(), onednn_y_.data(), to_size(l.in), batch, seq, false);
         dx = onednn_y_.data();
       }
-      if (d == 0) {
-        std::copy_n(dx, input_size, d_input);
-      } else {
+      if (d > 0) {
         for (std::size_t i = 0; i < input_size; ++i) d_input[i] += dx[i];
+      } else if (!dx_in_place) {
+        std::copy_n(dx, input_size, d_input);
       }
     }
   }
@@ -492,14 +497,17 @@ void CpuRnnClassifier<Scalar>::forward(const int32_t* tokens, int batch, int seq
   std::optional<timeline::Span> part(std::in_place, "embedding lookup");
   const auto embed = to_size(shape.embedding_dim);
   const Scalar* embedding = params_.data() + embedding_offset_;
-  for (std::size_t k = 0; k < count; ++k) {
-    if (k + kRowsAhead < count)
-      prefetch_row(
-          embedding + static_cast<std::size_t>(token_of_row(tokens, k + kRowsAhead, batch, seq)) * embed,
-          embed);
-    const Scalar* source = embedding + static_cast<std::size_t>(token_of_row(tokens, k, batch, seq)) * embed;
-    std::copy(source, source + embed, embedded_.data() + k * embed);
-  }
+  parallel_ranges(count, /*align=*/1, kMinRowsPerThread, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t k = begin; k < end; ++k) {
+      if (k + kRowsAhead < end)
+        prefetch_row(
+            embedding + static_cast<std::size_t>(token_of_row(tokens, k + kRowsAhead, batch, seq)) * embed,
+            embed);
+      const Scalar* source =
+          embedding + static_cast<std::size_t>(token_of_row(tokens, k, batch, seq)) * embed;
+      std::copy(source, source + embed, embedded_.data() + k * embed);
+    }
+  });
   if (dropping_ && options_.embedding_dropout > 0) {
     apply_dropout(options_.embedding_dropout, embedded_.data(), embedded_dropped_.data(),
                   embedding_mask_.data(), count * embed);
@@ -879,28 +887,41 @@ void CpuRnnClassifier<Scalar>::accumulate_embedding_gradient(const int32_t* toke
   uint8_t* seen = row_seen_.data();
   next_touched_.clear();
   const std::size_t rows = to_size(batch) * to_size(seq);
+  grow(first_use_, rows);
   for (std::size_t k = 0; k < rows; ++k) {
-    if (k + kRowsAhead < rows)
-      prefetch_row(
-          d_embedding + static_cast<std::size_t>(token_of_row(tokens, k + kRowsAhead, batch, seq)) * embed,
-          embed);
     const int32_t token = token_of_row(tokens, k, batch, seq);
-    const Scalar* __restrict source = d_embedded_.data() + k * embed;
-    Scalar* __restrict target = d_embedding + static_cast<std::size_t>(token) * embed;
-    if (seen[token] == 0) {
-      seen[token] = 1;
-      next_touched_.push_back(token);
-      std::copy(source, source + embed, target);
-    } else {
-      for (std::size_t j = 0; j < embed; ++j) target[j] += source[j];
-    }
+    first_use_[k] = seen[token] == 0 ? 1 : 0;
+    if (seen[token] == 0) next_touched_.push_back(token);
+    seen[token] = 1;
   }
-  for (const int32_t token : touched_) {
-    if (seen[token] == 0) {
-      Scalar* target = d_embedding + static_cast<std::size_t>(token) * embed;
-      std::fill(target, target + embed, Scalar(0));
+  // The compute threads split the tokens (token mod parts), so each row's occurrences add in the same order
+  // as on one thread, and each thread waits for the memory of its own rows only.
+  const std::size_t parts = std::min<std::size_t>(to_size(loop_threads()), rows / kMinRowsPerThread + 1);
+  const auto gather_part = [&](std::size_t part) {
+    const auto mine = [&](int32_t token) { return static_cast<std::size_t>(token) % parts == part; };
+    for (std::size_t k = 0; k < rows; ++k) {
+      if (k + kRowsAhead < rows) {
+        const int32_t ahead = token_of_row(tokens, k + kRowsAhead, batch, seq);
+        if (mine(ahead)) prefetch_row(d_embedding + static_cast<std::size_t>(ahead) * embed, embed);
+      }
+      const int32_t token = token_of_row(tokens, k, batch, seq);
+      if (!mine(token)) continue;
+      const Scalar* __restrict source = d_embedded_.data() + k * embed;
+      Scalar* __restrict target = d_embedding + static_cast<std::size_t>(token) * embed;
+      if (first_use_[k] != 0) {
+        std::copy(source, source + embed, target);
+      } else {
+        for (std::size_t j = 0; j < embed; ++j) target[j] += source[j];
+      }
     }
-  }
+    for (const int32_t token : touched_) {
+      if (seen[token] == 0 && mine(token))
+        std::fill_n(d_embedding + static_cast<std::size_t>(token) * embed, embed, Scalar(0));
+    }
+  };
+  parallel_ranges(parts, /*align=*/1, /*min_per_thread=*/1, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t part = begin; part < end; ++part) gather_part(part);
+  });
   for (const int32_t token : next_touched_) seen[token] = 0;
   std::sort(next_touched_.begin(), next_touched_.end());
   touched_.swap(next_touched_);

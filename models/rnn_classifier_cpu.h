@@ -147,6 +147,7 @@ class CpuRnnClassifier {
   std::vector<int32_t> touched_;          // sorted token ids of the last train_step's batch
   std::vector<int32_t> next_touched_;     // the step's ids as they are found, then swapped in
   std::vector<uint8_t> row_seen_;         // [V], 1 while a step has found the token; 0 between steps
+  std::vector<uint8_t> first_use_;        // [T*B], 1 where a step's row is its token's first occurrence
   // oneDNN: a layer per layer and direction (l * directions + d), and the rows they read and write where ours
   // do not serve as they are: shifted inputs and outputs, each direction's output gradient, an input
   // gradient.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/base/errors.h"
+#include "engine/base/parallel_loops.h"
 #include "models/fast_math.h"
 #include "models/initializers.h"
 #include "models/param_layout.h"
@@ -202,6 +203,32 @@ TEST(CpuRnnClassifier, OnednnMatchesDouble) {
           onednn.evaluate(batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq, {});
       EXPECT_NEAR(again.loss_sum, fs.loss_sum, 1e-6 * std::abs(fs.loss_sum)) << "evaluate and train disagree";
     }
+  }
+}
+
+// The embedding's lookup and gradient run on the rank's compute threads (rows split for the lookup, columns
+// for the gradient, whose repeated tokens must add in one order): any thread count gives the same bits, over
+// two steps in a row (the rows the first touched and the second does not go back to zero).
+TEST(CpuRnnClassifier, EmbeddingOnMoreThreadsChangesNoBit) {
+  ModelShape shape{40, 48, 8, 1};  // 48 columns: three cache lines of floats to split
+  const ParamLayout layout(shape);
+  const std::vector<float> init = ddp::testing::test_params(layout, 9);
+  std::vector<std::vector<float>> grads_of_threads;
+  for (const int threads : {1, 2, 3}) {
+    set_loop_threads(threads);
+    CpuRnnClassifier<float> model(shape);
+    std::copy(init.begin(), init.end(), model.params().begin());
+    std::vector<float> grads;
+    for (const uint64_t seed : {21, 22}) {
+      const Batch batch = random_batch(shape.vocab_size, 24, 30, seed);  // 720 rows, every token many times
+      model.train_step(batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq, {});
+      grads.insert(grads.end(), model.grads().begin(), model.grads().end());
+    }
+    grads_of_threads.push_back(grads);
+  }
+  set_loop_threads(1);
+  for (std::size_t i = 1; i < grads_of_threads.size(); ++i) {
+    EXPECT_TRUE(grads_of_threads[i] == grads_of_threads[0]) << i + 1 << " threads";
   }
 }
 
