@@ -13,8 +13,12 @@
 // level cache) and with the caches evicted before each pass, as in a step, where the recurrent layers' work
 // runs between two updates.
 //
+// With --exchange colocated the timed step is instead the colocated parameter server's (the default of two or
+// more CPU ranks under comm.backend = auto): forward + backward, a reduce-scatter of the gradients, each
+// rank's Adam over its own shard, an all-gather of the updated shards; its parts are not timed apart.
+//
 //   mpirun -np 1 build/benchmarks/cpu_step_bench --threads 2
-//   mpirun -np 2 build/benchmarks/cpu_step_bench --threads 1
+//   mpirun -np 2 build/benchmarks/cpu_step_bench --threads 1 [--exchange colocated]
 #include <cblas.h>
 #include <mpi.h>
 
@@ -29,9 +33,11 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/parameter_service.h"
 #include "engine/all_reduce_step.h"
 #include "engine/base/parallel_loops.h"
 #include "engine/optimizer.h"
+#include "engine/ps_updater.h"
 #include "models/blas_threads.h"
 #include "models/cpu_threads.h"
 #include "models/initializers.h"
@@ -267,6 +273,7 @@ int main(int argc, char** argv) {
   int warmup = 20, steps = 100, threads = 1;
   bool sparse = true, lazy = false, mask = false;
   std::string kernels = "auto";
+  std::string exchange = "allreduce";
   po::options_description desc("cpu_step_bench");
   desc.add_options()("help", "this help")("batch", po::value(&s.batch)->default_value(s.batch),
                                           "batch per rank")("seq", po::value(&s.seq)->default_value(s.seq),
@@ -283,7 +290,9 @@ int main(int argc, char** argv) {
       "threads", po::value(&threads)->default_value(threads), "compute threads per rank (train.threads)")(
       "sparse", po::value(&sparse)->default_value(sparse), "exchange only touched embedding rows")(
       "lazy", po::value(&lazy)->default_value(lazy), "lazy (row-wise) Adam on the embedding")(
-      "kernels", po::value(&kernels)->default_value(kernels), "the LSTM's kernels: auto, builtin or onednn");
+      "kernels", po::value(&kernels)->default_value(kernels), "the LSTM's kernels: auto, builtin or onednn")(
+      "exchange", po::value(&exchange)->default_value(exchange),
+      "allreduce (the mpi backend) or colocated (the parameter server every rank serves a shard of)");
   po::variables_map vm;
   // No guessing of abbreviated option names: a typo must not set another option.
   const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
@@ -293,6 +302,12 @@ int main(int argc, char** argv) {
     std::cout << desc;
     MPI_Finalize();
     return 0;
+  }
+  const bool colocated = exchange == "colocated";
+  if (!colocated && exchange != "allreduce") {
+    std::cerr << "cpu_step_bench: --exchange " << exchange << ": expected allreduce or colocated\n";
+    MPI_Finalize();
+    return 2;
   }
   auto comm = ddp::comm::make_mpi_communicator(MPI_COMM_WORLD);
   const int rank = comm->rank(), world = comm->size();
@@ -311,6 +326,24 @@ int main(int argc, char** argv) {
   adam_settings.lazy_update = lazy;
   auto adam = ddp::engine::make_optimizer(adam_settings, replica->layout().total_size());
   ddp::engine::AllReduceStep step_runner(*replica, *comm, *adam, sparse);
+  // The colocated parameter server's step, as the trainer builds it (engine/training_job.cpp).
+  std::unique_ptr<ddp::comm::ParameterService> service;
+  std::unique_ptr<ddp::engine::Updater> ps_updater;
+  if (colocated) {
+    ddp::comm::PsOptions options;
+    options.servers = 0;
+    if (sparse) {
+      const ddp::models::ParamTensor& embedding = replica->layout().tensor("embedding");
+      options.sparse_exchange_rows = {embedding.offset, static_cast<std::size_t>(embedding.shape.at(0)),
+                                      static_cast<std::size_t>(embedding.shape.at(1))};
+      options.rows_read_per_step = static_cast<std::size_t>(s.batch) * static_cast<std::size_t>(s.seq);
+    }
+    service = ddp::comm::make_colocated_service(MPI_COMM_WORLD, options, replica->layout().total_size(),
+                                                ddp::engine::shard_optimizers(adam_settings));
+    ps_updater = ddp::engine::make_ps_updater(*replica, *service, adam_settings, /*colocated=*/true);
+    ps_updater->distribute_start(replica->params(), nullptr);
+    ps_updater->begin_steps();
+  }
   std::mt19937_64 rng(static_cast<uint64_t>(rank) + 1);
   std::vector<int32_t> tokens(static_cast<std::size_t>(s.batch) * s.seq);
   std::vector<float> labels(static_cast<std::size_t>(s.batch));
@@ -321,13 +354,23 @@ int main(int argc, char** argv) {
     for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(s.vocab));
     for (auto& y : labels) y = static_cast<float>(rng() % 2);
     const auto start = Clock::now();
-    step_runner.run({tokens.data(), labels.data(), s.batch, s.seq});
-    if (i >= warmup) {
+    if (colocated) {
+      ps_updater->step({tokens.data(), labels.data(), s.batch, s.seq});
+    } else {
+      step_runner.run({tokens.data(), labels.data(), s.batch, s.seq});
+    }
+    if (i >= warmup && !colocated) {
       times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
       compute_s += step_runner.last_timing().compute_s;
       reduce_s += step_runner.last_timing().reduce_s;
       optimizer_s += step_runner.last_timing().optimize_s;
+    } else if (i >= warmup) {
+      times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
     }
+  }
+  if (colocated) {
+    ps_updater->end_steps();
+    ps_updater->finish(replica->params());
   }
   // The slowest rank sets the pace of a synchronous step.
   std::vector<double> worst(times.size());
@@ -365,7 +408,7 @@ int main(int argc, char** argv) {
   const std::vector<int32_t> last_rows(replica->touched_embedding_rows().begin(),
                                        replica->touched_embedding_rows().end());
   double update_rows_s = 0, update_no_rows_s = 0;
-  if (sparse && !lazy) {
+  if (sparse && !lazy && !colocated) {
     for (int r = 0; r < 10; ++r) {
       update_rows_s += time_update_from_memory(*adam, *replica, last_rows, 5, evict_caches) / 10;
       update_no_rows_s += time_update_from_memory(*adam, *replica, {}, 5, evict_caches) / 10;
@@ -382,11 +425,15 @@ int main(int argc, char** argv) {
         ddp::models::describe(shape).c_str(), mask ? ", masked" : "", replica->layout().total_size(),
         sparse ? "sparse" : "dense", lazy ? "lazy" : "dense",
         replica->lstm_kernels().empty() ? "builtin (over the BLAS)" : replica->lstm_kernels().c_str());
-    std::printf("step (fwd+bwd+allreduce+adam): mean %.2f ms, std %.2f ms over %d steps after %d burn-in\n",
-                1e3 * step.mean, 1e3 * step.stddev, steps, warmup);
     std::printf(
-        "  rank 0's mean: forward+backward %.2f ms, waiting for the all-reduce %.2f ms, Adam %.2f ms\n",
-        1e3 * compute_s / steps, 1e3 * reduce_s / steps, 1e3 * optimizer_s / steps);
+        "step (%s): mean %.2f ms, std %.2f ms over %d steps after %d burn-in\n",
+        colocated ? "fwd+bwd, colocated exchange with Adam on each rank's shard" : "fwd+bwd+allreduce+adam",
+        1e3 * step.mean, 1e3 * step.stddev, steps, warmup);
+    if (!colocated) {
+      std::printf(
+          "  rank 0's mean: forward+backward %.2f ms, waiting for the all-reduce %.2f ms, Adam %.2f ms\n",
+          1e3 * compute_s / steps, 1e3 * reduce_s / steps, 1e3 * optimizer_s / steps);
+    }
     std::printf("epoch of 25000 samples: %.0f steps per rank -> %.1f s\n", steps_per_epoch,
                 steps_per_epoch * step.mean);
     std::printf(
@@ -398,7 +445,13 @@ int main(int argc, char** argv) {
         "ms/step; step / physical floor = %.2fx\n",
         flops / 1e9, peak.gflops, peak.isa.c_str(), threads, 1e3 * physical_floor_s,
         step.mean / physical_floor_s);
-    if (library.why_not.empty()) {
+    if (library.why_not.empty() && colocated) {
+      std::printf(
+          "reference: %s, the RNN's training step alone (forward + backward on the replica's oneDNN "
+          "layers): mean %.2f ms, std %.2f ms; step / reference = %.2fx\n",
+          library.library.c_str(), 1e3 * library.step.mean, 1e3 * library.step.stddev,
+          step.mean / library.step.mean);
+    } else if (library.why_not.empty()) {
       std::printf(
           "reference: %s, the RNN's training step alone (forward + backward on the replica's oneDNN "
           "layers): "
@@ -415,7 +468,7 @@ int main(int argc, char** argv) {
         parameters, adam_bytes / 1e6, adam_bytes / adam_floor_s / 1e9, 1e3 * adam_floor_s,
         adam_bytes / adam_cold_floor_s / 1e9, 1e3 * adam_cold_floor_s,
         lazy ? " (lazy Adam moves only the batch's rows)" : "");
-    if (sparse && !lazy) {
+    if (sparse && !lazy && !colocated) {
       std::printf(
           "the step's Adam alone from memory: %.2f ms with the last batch's %zu touched embedding rows, %.2f "
           "ms "
@@ -423,7 +476,7 @@ int main(int argc, char** argv) {
           1e3 * update_rows_s, last_rows.size(), 1e3 * update_no_rows_s, update_rows_s / update_no_rows_s,
           update_rows_s / adam_cold_floor_s);
     }
-    if (library.why_not.empty() && !lazy) {
+    if (library.why_not.empty() && !lazy && !colocated) {
       std::printf(
           "reference + dense Adam's memory floor from memory = %.2f ms = %.2fx the reference; the step's "
           "Adam "
@@ -433,6 +486,8 @@ int main(int argc, char** argv) {
           optimizer_s / steps / adam_cold_floor_s);
     }
   }
+  ps_updater.reset();  // their communicators are freed before MPI_Finalize
+  service.reset();
   comm.reset();
   MPI_Finalize();
   return 0;
