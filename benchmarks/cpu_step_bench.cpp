@@ -6,7 +6,8 @@
 // batch) steps), and the floor: the FLOPs of the step's matrix products divided by the sgemm rate this BLAS
 // reaches on exactly those shapes, measured on every rank at once so that the floor sees the same core
 // sharing as the step; and the reference: oneDNN's LSTM training step alone at the same shapes
-// (the replica's oneDNN layer, models/onednn_lstm.h), where the build has oneDNN; and the physical floor:
+// (the replica's oneDNN layer, models/onednn_lstm.h), where the build has oneDNN, timed in blocks of five
+// between blocks of the step's own so that both meet the same load; and the physical floor:
 // those FLOPs at the peak FMA rate of the rank's cores (peak_flops.h). Last, dense Adam's memory floor: the
 // bytes its update must move (p, m and v of every parameter read and written) at the rate a loop with that
 // traffic and almost no arithmetic reaches on the rank's threads, back to back (the arrays partly in the last
@@ -64,6 +65,7 @@ struct Stats {
 
 Stats stats_of(const std::vector<double>& xs) {
   Stats s;
+  if (xs.empty()) return s;
   for (double x : xs) s.mean += x;
   s.mean /= static_cast<double>(xs.size());
   for (double x : xs) s.stddev += (x - s.mean) * (x - s.mean);
@@ -127,79 +129,82 @@ double time_gemms(const std::vector<Gemm>& list, int reps) {
 
 // The reference row: oneDNN's LSTM training step alone (the replica's oneDNN layer, models/onednn_lstm.h)
 // over every layer at these shapes, forward then backward, the gradient reaching the top layer's last step
-// only.
-struct Reference {
-  std::string why_not;  // empty where the build has oneDNN
-  std::string library;
-  Stats step;
-};
+// only. Its steps are timed in blocks between the step's own, so that both see the same hour of a shared
+// machine.
+class Reference {
+ public:
+  Reference(const Shapes& s, int threads) {
+    why_not_ = ddp::models::onednn_missing();
+    if (why_not_.empty() && s.bidirectional) why_not_ = "oneDNN's layer here runs one direction only";
+    if (!why_not_.empty()) return;
+    ddp::models::set_onednn_threads(threads);
+    library_ = ddp::models::onednn_description();
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+    auto random = [&](std::size_t n) {
+      std::vector<float> v(n);
+      for (float& x : v) x = u(rng);
+      return v;
+    };
+    const auto rows = static_cast<std::size_t>(s.seq) * s.batch, h = static_cast<std::size_t>(s.hidden);
+    layers_.resize(static_cast<std::size_t>(s.layers));
+    for (std::size_t l = 0; l < layers_.size(); ++l) {
+      Layer& layer = layers_[l];
+      const auto in = static_cast<std::size_t>(l == 0 ? s.embed : s.hidden);
+      const auto gates = static_cast<std::size_t>(s.gates());
+      layer.kernel = ddp::models::make_onednn_layer(ddp::models::parse_cell(s.cell));
+      layer.x = random(rows * in);
+      layer.y.resize(rows * h);
+      layer.w_ih = random(gates * h * in);
+      layer.w_hh = random(gates * h * h);
+      layer.b_ih = random(gates * h);
+      layer.b_hh = random(gates * h);
+      layer.dy.assign(rows * h, 0.0f);
+      const std::size_t first_with_gradient =
+          l + 1 == layers_.size() ? rows - static_cast<std::size_t>(s.batch) : 0;
+      for (std::size_t i = first_with_gradient * h; i < rows * h; ++i) layer.dy[i] = u(rng);
+      layer.dx.resize(rows * in);
+      layer.dw_ih.resize(layer.w_ih.size());
+      layer.dw_hh.resize(layer.w_hh.size());
+      layer.db_ih.resize(gates * h);
+      layer.db_hh.resize(gates * h);
+      layer.buffers = {s.batch,
+                       s.seq,
+                       static_cast<int>(in),
+                       s.hidden,
+                       layer.x.data(),
+                       layer.y.data(),
+                       layer.w_ih.data(),
+                       layer.w_hh.data(),
+                       layer.b_ih.data(),
+                       layer.b_hh.data()};
+      layer.gradients = {layer.dy.data(),    layer.dx.data(),    layer.dw_ih.data(),
+                         layer.dw_hh.data(), layer.db_ih.data(), layer.db_hh.data()};
+    }
+  }
+  // Empty where the build has oneDNN.
+  const std::string& why_not() const { return why_not_; }
+  const std::string& library() const { return library_; }
 
-Reference time_onednn_layers(const Shapes& s, int threads, int warmup, int steps) {
-  Reference r;
-  r.why_not = ddp::models::onednn_missing();
-  if (r.why_not.empty() && s.bidirectional) r.why_not = "oneDNN's layer here runs one direction only";
-  if (!r.why_not.empty()) return r;
-  ddp::models::set_onednn_threads(threads);
-  r.library = ddp::models::onednn_description();
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> u(-0.1f, 0.1f);
-  auto random = [&](std::size_t n) {
-    std::vector<float> v(n);
-    for (float& x : v) x = u(rng);
-    return v;
-  };
-  const auto rows = static_cast<std::size_t>(s.seq) * s.batch, h = static_cast<std::size_t>(s.hidden);
+  // One training step of every layer; its seconds.
+  double step_seconds() {
+    const auto start = Clock::now();
+    for (Layer& layer : layers_) layer.kernel->forward(layer.buffers);
+    for (auto layer = layers_.rbegin(); layer != layers_.rend(); ++layer)
+      layer->kernel->backward(layer->buffers, layer->gradients);
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  }
+
+ private:
   struct Layer {
     std::unique_ptr<ddp::models::OnednnLstmLayer> kernel;
     std::vector<float> x, y, w_ih, w_hh, b_ih, b_hh, dy, dx, dw_ih, dw_hh, db_ih, db_hh;
     ddp::models::LstmLayerBuffers buffers;
     ddp::models::LstmLayerGradients gradients;
   };
-  std::vector<Layer> layers(static_cast<std::size_t>(s.layers));
-  for (std::size_t l = 0; l < layers.size(); ++l) {
-    Layer& layer = layers[l];
-    const auto in = static_cast<std::size_t>(l == 0 ? s.embed : s.hidden);
-    const auto gates = static_cast<std::size_t>(s.gates());
-    layer.kernel = ddp::models::make_onednn_layer(ddp::models::parse_cell(s.cell));
-    layer.x = random(rows * in);
-    layer.y.resize(rows * h);
-    layer.w_ih = random(gates * h * in);
-    layer.w_hh = random(gates * h * h);
-    layer.b_ih = random(gates * h);
-    layer.b_hh = random(gates * h);
-    layer.dy.assign(rows * h, 0.0f);
-    const std::size_t first_with_gradient =
-        l + 1 == layers.size() ? rows - static_cast<std::size_t>(s.batch) : 0;
-    for (std::size_t i = first_with_gradient * h; i < rows * h; ++i) layer.dy[i] = u(rng);
-    layer.dx.resize(rows * in);
-    layer.dw_ih.resize(layer.w_ih.size());
-    layer.dw_hh.resize(layer.w_hh.size());
-    layer.db_ih.resize(gates * h);
-    layer.db_hh.resize(gates * h);
-    layer.buffers = {s.batch,
-                     s.seq,
-                     static_cast<int>(in),
-                     s.hidden,
-                     layer.x.data(),
-                     layer.y.data(),
-                     layer.w_ih.data(),
-                     layer.w_hh.data(),
-                     layer.b_ih.data(),
-                     layer.b_hh.data()};
-    layer.gradients = {layer.dy.data(),    layer.dx.data(),    layer.dw_ih.data(),
-                       layer.dw_hh.data(), layer.db_ih.data(), layer.db_hh.data()};
-  }
-  std::vector<double> times;
-  for (int i = 0; i < warmup + steps; ++i) {
-    const auto start = Clock::now();
-    for (Layer& layer : layers) layer.kernel->forward(layer.buffers);
-    for (auto layer = layers.rbegin(); layer != layers.rend(); ++layer)
-      layer->kernel->backward(layer->buffers, layer->gradients);
-    if (i >= warmup) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-  }
-  r.step = stats_of(times);
-  return r;
-}
+  std::string why_not_, library_;
+  std::vector<Layer> layers_;
+};
 
 // Writes over twice the last level cache on the rank's threads, so that what runs next starts from memory.
 class CacheEvictor {
@@ -348,7 +353,11 @@ int main(int argc, char** argv) {
   std::vector<int32_t> tokens(static_cast<std::size_t>(s.batch) * s.seq);
   std::vector<float> labels(static_cast<std::size_t>(s.batch));
 
-  std::vector<double> times;
+  // The step and the library's LSTM step alone in alternating blocks, every rank at once (the same core
+  // sharing as the step), so that a shared machine's slow minutes fall on both.
+  Reference library(s, threads);
+  constexpr int kBlock = 5;
+  std::vector<double> times, library_times;
   double compute_s = 0, reduce_s = 0, optimizer_s = 0;
   for (int i = 0; i < warmup + steps; ++i) {
     for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(s.vocab));
@@ -359,13 +368,21 @@ int main(int argc, char** argv) {
     } else {
       step_runner.run({tokens.data(), labels.data(), s.batch, s.seq});
     }
-    if (i >= warmup && !colocated) {
-      times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    const bool timed = i >= warmup;
+    if (timed) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    if (timed && !colocated) {
       compute_s += step_runner.last_timing().compute_s;
       reduce_s += step_runner.last_timing().reduce_s;
       optimizer_s += step_runner.last_timing().optimize_s;
-    } else if (i >= warmup) {
-      times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    const bool block_ends = (i + 1) % kBlock == 0 || i + 1 == warmup + steps;
+    if (block_ends && library.why_not().empty()) {
+      comm->barrier();
+      for (int r = 0; r < kBlock; ++r) {
+        const double seconds = library.step_seconds();
+        if (timed) library_times.push_back(seconds);
+      }
+      comm->barrier();
     }
   }
   if (colocated) {
@@ -377,6 +394,8 @@ int main(int argc, char** argv) {
   MPI_Allreduce(times.data(), worst.data(), static_cast<int>(times.size()), MPI_DOUBLE, MPI_MAX,
                 MPI_COMM_WORLD);
   const Stats step = stats_of(worst);
+  Stats library_step = stats_of(library_times);
+  MPI_Allreduce(MPI_IN_PLACE, &library_step.mean, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 
   const std::vector<Gemm> gemms = step_gemms(s);
   const double flops = flops_of(gemms);
@@ -384,10 +403,6 @@ int main(int argc, char** argv) {
   ddp::models::set_blas_threads(threads);  // the floor is the BLAS's sgemm on every thread of the rank
   double floor_s = time_gemms(gemms, 20);
   MPI_Allreduce(MPI_IN_PLACE, &floor_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  // The library's LSTM step alone on every rank at once (the same core sharing as the step), per layer.
-  comm->barrier();
-  Reference library = time_onednn_layers(s, threads, warmup, steps);
-  MPI_Allreduce(MPI_IN_PLACE, &library.step.mean, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   // The physical floor: the step's matrix-product FLOPs at the peak FMA rate of this rank's threads, every
   // rank measuring at once; the slowest rank's rate sets it.
   comm->barrier();
@@ -445,21 +460,21 @@ int main(int argc, char** argv) {
         "ms/step; step / physical floor = %.2fx\n",
         flops / 1e9, peak.gflops, peak.isa.c_str(), threads, 1e3 * physical_floor_s,
         step.mean / physical_floor_s);
-    if (library.why_not.empty() && colocated) {
+    if (library.why_not().empty() && colocated) {
       std::printf(
           "reference: %s, the RNN's training step alone (forward + backward on the replica's oneDNN "
           "layers): mean %.2f ms, std %.2f ms; step / reference = %.2fx\n",
-          library.library.c_str(), 1e3 * library.step.mean, 1e3 * library.step.stddev,
-          step.mean / library.step.mean);
-    } else if (library.why_not.empty()) {
+          library.library().c_str(), 1e3 * library_step.mean, 1e3 * library_step.stddev,
+          step.mean / library_step.mean);
+    } else if (library.why_not().empty()) {
       std::printf(
           "reference: %s, the RNN's training step alone (forward + backward on the replica's oneDNN "
           "layers): "
           "mean %.2f ms, std %.2f ms; step / reference = %.2fx; forward+backward / reference = %.2fx\n",
-          library.library.c_str(), 1e3 * library.step.mean, 1e3 * library.step.stddev,
-          step.mean / library.step.mean, compute_s / steps / library.step.mean);
+          library.library().c_str(), 1e3 * library_step.mean, 1e3 * library_step.stddev,
+          step.mean / library_step.mean, compute_s / steps / library_step.mean);
     } else {
-      std::printf("reference: none, %s\n", library.why_not.c_str());
+      std::printf("reference: none, %s\n", library.why_not().c_str());
     }
     std::printf(
         "dense Adam's memory floor: %zu parameters x 24 bytes (p, m, v read and written) = %.1f MB at %.1f "
@@ -476,13 +491,13 @@ int main(int argc, char** argv) {
           1e3 * update_rows_s, last_rows.size(), 1e3 * update_no_rows_s, update_rows_s / update_no_rows_s,
           update_rows_s / adam_cold_floor_s);
     }
-    if (library.why_not.empty() && !lazy && !colocated) {
+    if (library.why_not().empty() && !lazy && !colocated) {
       std::printf(
           "reference + dense Adam's memory floor from memory = %.2f ms = %.2fx the reference; the step's "
           "Adam "
           "= %.2fx that floor\n",
-          1e3 * (library.step.mean + adam_cold_floor_s),
-          (library.step.mean + adam_cold_floor_s) / library.step.mean,
+          1e3 * (library_step.mean + adam_cold_floor_s),
+          (library_step.mean + adam_cold_floor_s) / library_step.mean,
           optimizer_s / steps / adam_cold_floor_s);
     }
   }
