@@ -1,5 +1,6 @@
 // Config parsing, optimizers, the progress watchdog, checkpoints and metrics formatting.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
 #include <atomic>
 #include <chrono>
@@ -938,6 +939,51 @@ TEST(Checkpoint, DamagedCountersAreUserErrors) {
   state.iterations = -1;
   write_checkpoint(path, shape, params, "adam", state, progress, "");
   expect_refused("iterations = -1 is less than 0");
+}
+
+// A value changed on disk after the write (a torn copy, a bad sector) is caught by the checksum written with
+// the values, in the parameters and in the optimizer's state, instead of resuming as garbage; a checkpoint
+// from before the checksum (none beside its values) still reads.
+TEST(Checkpoint, DamagedValuesAreUserErrors) {
+  TempDir dir;
+  const models::ModelShape shape{30, 4, 3, 1};
+  const std::size_t total = models::ParamLayout(shape).total_size();
+  std::vector<float> params(total);
+  for (std::size_t i = 0; i < total; ++i) params[i] = 0.01f * static_cast<float>(i);
+  OptimizerState state;
+  state.iterations = 3;
+  state.buffers = {{"m", params}, {"v", params}};
+  const std::string path = dir.file("last.h5");
+  // Rewrites one value of `dataset` in place, or (`drop_checksum`) removes the checksum beside it.
+  const auto tamper = [&](const char* dataset, bool drop_checksum) {
+    const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(file, 0);
+    const hid_t set = H5Dopen2(file, dataset, H5P_DEFAULT);
+    ASSERT_GE(set, 0);
+    if (drop_checksum) {
+      EXPECT_GE(H5Adelete(set, "checksum"), 0);
+    } else {
+      std::vector<float> values = params;
+      values[7] = std::nextafter(values[7], 1.0f);  // one bit
+      EXPECT_GE(H5Dwrite(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+    }
+    H5Dclose(set);
+    H5Fclose(file);
+  };
+  for (const char* dataset : {"params", "optimizer/v"}) {
+    write_checkpoint(path, shape, params, "adam", state, TrainingProgress{}, "");
+    EXPECT_EQ(read_checkpoint(path).params, params);
+    tamper(dataset, false);
+    try {
+      read_checkpoint(path);
+      ADD_FAILURE() << dataset << ": no error";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("is damaged"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    }
+    tamper(dataset, true);
+    EXPECT_NO_THROW(read_checkpoint(path)) << dataset << " without its checksum";
+  }
 }
 
 TEST(Checkpoint, ForeignFilesAreUserErrors) {
