@@ -1,5 +1,6 @@
 #include "engine/command_line.h"
 
+#include <cstdio>
 #include <iostream>
 #include <map>
 
@@ -17,17 +18,79 @@ struct SubstitutionAccess : po::error_with_option_name {
   }
 };
 
+// The length of the well-formed UTF-8 sequence that starts at `at`, 0 if none does.
+std::size_t utf8_length_at(const std::string& text, std::size_t at) {
+  const auto lead = static_cast<unsigned char>(text[at]);
+  std::size_t length = 0;
+  if (lead < 0x80)
+    length = 1;
+  else if (lead >= 0xC2 && lead <= 0xDF)
+    length = 2;
+  else if (lead >= 0xE0 && lead <= 0xEF)
+    length = 3;
+  else if (lead >= 0xF0 && lead <= 0xF4)
+    length = 4;
+  for (std::size_t k = 1; k < length; ++k) {
+    if (at + k >= text.size() || (static_cast<unsigned char>(text[at + k]) & 0xC0) != 0x80) return 0;
+  }
+  return length;
+}
+
+// A quoted value as one readable line: line breaks and tabs as \n, \r, \t; '%' (see option_error_text),
+// other control bytes and bytes that are not UTF-8 (a binary file given as a config) as \xNN; and no more
+// than kMostShown characters of it.
+std::string printable_value(const std::string& value) {
+  constexpr std::size_t kMostShown = 80;
+  std::string out;
+  std::size_t at = 0;
+  while (at < value.size() && out.size() < kMostShown) {
+    const auto byte = static_cast<unsigned char>(value[at]);
+    const std::size_t length = utf8_length_at(value, at);
+    if (byte == '\n' || byte == '\r' || byte == '\t') {
+      out += byte == '\n' ? "\\n" : byte == '\r' ? "\\r" : "\\t";
+      ++at;
+    } else if (length == 0 || byte < 0x20 || byte == 0x7F || byte == '%') {
+      char escaped[5];
+      std::snprintf(escaped, sizeof escaped, "\\x%02X", byte);
+      out += escaped;
+      ++at;
+    } else {
+      out.append(value, at, length);
+      at += length;
+    }
+  }
+  if (at < value.size()) out += "...";
+  return out;
+}
+
+// Boost reads "-1" into an unsigned option as its largest value (the C library's strtoul does): a
+// negative count or seed must be an error instead.
+void refuse_negative_unsigned(const po::parsed_options& parsed, const po::options_description& options,
+                              const std::string& command) {
+  for (const po::option& given : parsed.options) {
+    const po::option_description* described = options.find_nothrow(given.string_key, false);
+    if (described == nullptr) continue;
+    const po::value_semantic* semantic = described->semantic().get();
+    const bool is_unsigned = dynamic_cast<const po::typed_value<unsigned long>*>(semantic) != nullptr ||
+                             dynamic_cast<const po::typed_value<unsigned long long>*>(semantic) != nullptr ||
+                             dynamic_cast<const po::typed_value<unsigned int>*>(semantic) != nullptr;
+    if (!is_unsigned) continue;
+    for (const std::string& value : given.value) {
+      const std::size_t first = value.find_first_not_of(" \t");
+      if (first != std::string::npos && value[first] == '-') {
+        throw UserError(command + ": --" + given.string_key + " must be 0 or more, got '" + value + "'");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 std::string option_error_text(const po::error& e, const std::string& context) {
   const auto* named = dynamic_cast<const po::error_with_option_name*>(&e);
   if (named == nullptr) return context + e.what();
   po::error_with_option_name copy(*named);
-  for (auto& [name, value] : SubstitutionAccess::of(copy)) {
-    for (size_t at = value.find('%'); at != std::string::npos; at = value.find('%', at)) {
-      value.replace(at, 1, "\\x25");
-    }
-  }
+  for (auto& [name, value] : SubstitutionAccess::of(copy)) value = printable_value(value);
   return context + copy.what();
 }
 
@@ -43,8 +106,10 @@ void store_command_line(const std::vector<std::string>& args, const po::options_
     // No guessing: Boost would take --train.epoch for --train.epochs, and --train.learn for
     // --train.learning_rate, so a typo could silently set some other key.
     const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
-    po::store(po::command_line_parser(args).options(with_stray).positional(positional).style(style).run(),
-              vm);
+    const po::parsed_options parsed =
+        po::command_line_parser(args).options(with_stray).positional(positional).style(style).run();
+    refuse_negative_unsigned(parsed, options, command);
+    po::store(parsed, vm);
     if (vm.count("ddptrain-stray-words")) {
       throw UserError(command + ": unexpected argument '" +
                       vm["ddptrain-stray-words"].as<std::vector<std::string>>()[0] +

@@ -10,7 +10,8 @@ namespace ddp::engine {
 
 // The text of a Boost.Program_options error, prefixed by `context` ("COMMAND: " or "FILE: ") as one line.
 // Boost 1.74 fills in its placeholders (%value%, %option%, ...) until none is left, so a value that holds one
-// would loop forever: the '%' of every quoted value is written as \x25 before the text is made.
+// would loop forever: the '%' of every quoted value is written as \x25 before the text is made, and so are
+// control bytes and bytes that are not UTF-8; a quoted value is cut after 80 characters.
 std::string option_error_text(const boost::program_options::error& e, const std::string& context);
 
 // Stores `args` into `vm` against `options`. A word that belongs to no option (a misspelt command, a value

@@ -27,6 +27,16 @@ expect_user_error "prepare --maxlen" "--maxlen must be from 1 to" \
   "$ddptrain" prepare synthetic --output big.h5 --maxlen 2147483647
 expect_user_error "prepare imdb-npz --vocab" "--vocab must be from 1 to" \
   "$ddptrain" prepare imdb-npz --input absent.npz --output big.h5 --vocab 2147483647
+expect_user_error "a negative seed" "--seed must be 0 or more, got '-1'" \
+  "$ddptrain" prepare synthetic --output neg.h5 --seed -1
+expect_user_error "a negative seed after =" "--seed must be 0 or more" \
+  "$ddptrain" prepare text --input . --output neg.h5 --seed=-5
+
+# A binary file as --config: one line naming it, its bytes escaped, never the raw bytes on a terminal.
+head -c 4096 "$ddptrain" >binary.ini
+expect_user_error "a binary config" "binary.ini: " "$ddptrain" --config binary.ini
+LC_ALL=C grep -q '[^[:print:]]' bad_err.txt && fail "a binary config: raw bytes in the message" bad_err.txt
+[ "$(wc -c <bad_err.txt)" -lt 400 ] || fail "a binary config: the message is not short" bad_err.txt
 
 # A config saved with a UTF-8 byte order mark reads as without one.
 printf '\xEF\xBB\xBF[train]\nepochs = 1\n' >bom.ini
