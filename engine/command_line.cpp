@@ -40,7 +40,7 @@ std::size_t utf8_length_at(const std::string& text, std::size_t at) {
 // other control bytes and bytes that are not UTF-8 (a binary file given as a config) as \xNN; and no more
 // than kMostShown characters of it.
 std::string printable_value(const std::string& value) {
-  constexpr std::size_t kMostShown = 80;
+  constexpr std::size_t kMostShown = 160;
   std::string out;
   std::size_t at = 0;
   while (at < value.size() && out.size() < kMostShown) {
@@ -63,10 +63,18 @@ std::string printable_value(const std::string& value) {
   return out;
 }
 
-// Boost reads "-1" into an unsigned option as its largest value (the C library's strtoul does): a
-// negative count or seed must be an error instead.
+}  // namespace
+
+std::string option_error_text(const po::error& e, const std::string& context) {
+  const auto* named = dynamic_cast<const po::error_with_option_name*>(&e);
+  if (named == nullptr) return context + e.what();
+  po::error_with_option_name copy(*named);
+  for (auto& [name, value] : SubstitutionAccess::of(copy)) value = printable_value(value);
+  return context + copy.what();
+}
+
 void refuse_negative_unsigned(const po::parsed_options& parsed, const po::options_description& options,
-                              const std::string& command) {
+                              const std::string& context, const std::string& key_prefix) {
   for (const po::option& given : parsed.options) {
     const po::option_description* described = options.find_nothrow(given.string_key, false);
     if (described == nullptr) continue;
@@ -78,20 +86,10 @@ void refuse_negative_unsigned(const po::parsed_options& parsed, const po::option
     for (const std::string& value : given.value) {
       const std::size_t first = value.find_first_not_of(" \t");
       if (first != std::string::npos && value[first] == '-') {
-        throw UserError(command + ": --" + given.string_key + " must be 0 or more, got '" + value + "'");
+        throw UserError(context + key_prefix + given.string_key + " must be 0 or more, got '" + value + "'");
       }
     }
   }
-}
-
-}  // namespace
-
-std::string option_error_text(const po::error& e, const std::string& context) {
-  const auto* named = dynamic_cast<const po::error_with_option_name*>(&e);
-  if (named == nullptr) return context + e.what();
-  po::error_with_option_name copy(*named);
-  for (auto& [name, value] : SubstitutionAccess::of(copy)) value = printable_value(value);
-  return context + copy.what();
 }
 
 void store_command_line(const std::vector<std::string>& args, const po::options_description& options,
@@ -108,7 +106,7 @@ void store_command_line(const std::vector<std::string>& args, const po::options_
     const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
     const po::parsed_options parsed =
         po::command_line_parser(args).options(with_stray).positional(positional).style(style).run();
-    refuse_negative_unsigned(parsed, options, command);
+    refuse_negative_unsigned(parsed, options, command + ": ", "--");
     po::store(parsed, vm);
     if (vm.count("ddptrain-stray-words")) {
       throw UserError(command + ": unexpected argument '" +

@@ -354,7 +354,9 @@ ParsedConfig parse_config(const std::vector<std::string>& args) {
       file.seekg(0);
     }
     try {
-      po::store(po::parse_config_file(file, keys, /*allow_unregistered=*/false), vm);
+      const po::parsed_options parsed_file = po::parse_config_file(file, keys, /*allow_unregistered=*/false);
+      refuse_negative_unsigned(parsed_file, keys, path + ": ", "");
+      po::store(parsed_file, vm);
     } catch (const po::error& e) {
       throw UserError(option_error_text(e, path + ": "));
     }

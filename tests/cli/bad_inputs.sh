@@ -31,6 +31,11 @@ expect_user_error "a negative seed" "--seed must be 0 or more, got '-1'" \
   "$ddptrain" prepare synthetic --output neg.h5 --seed -1
 expect_user_error "a negative seed after =" "--seed must be 0 or more" \
   "$ddptrain" prepare text --input . --output neg.h5 --seed=-5
+printf '[train]\nseed = -1\n' >negative_seed.ini
+expect_user_error "a negative seed in a config" "negative_seed.ini: train.seed must be 0 or more, got '-1'" \
+  "$ddptrain" --config negative_seed.ini "${small[@]}"
+expect_user_error "a negative seed on the command line" "--train.seed must be 0 or more" \
+  "$ddptrain" "${small[@]}" --train.seed -7
 
 # A binary file as --config: one line naming it, its bytes escaped, never the raw bytes on a terminal.
 head -c 4096 "$ddptrain" >binary.ini
