@@ -1,0 +1,26 @@
+// The CPU libraries an LSTM's matrix products could run on, behind one row-major sgemm signature, so that
+// gemm_library_bench can time each on the step's own products. CMake compiles libxsmm's file where Debian's
+// libxsmm-dev is installed; oneDNN's and BLIS's sgemm are opened at run time, so the benchmark needs neither.
+#pragma once
+
+#include <functional>
+#include <string>
+
+// C[m, n] = op(A)[m, k] * op(B)[k, n], row-major, leading dimensions packed.
+struct Product {
+  int m, n, k;
+  bool trans_a, trans_b;
+};
+
+struct SgemmLibrary {
+  std::string name;
+  std::string missing;     // why it cannot run here; empty where it can
+  bool transposes = true;  // false: runs only products with neither operand transposed
+  std::function<void(const Product&, const float* a, const float* b, float* c)> run;
+};
+
+// One thread each: the question is a core's rate. `path` is the shared library to open where it applies.
+SgemmLibrary blas_library();  // the BLAS the project links (cblas_sgemm)
+SgemmLibrary onednn_library(const std::string& path);
+SgemmLibrary blis_library(const std::string& path);
+SgemmLibrary libxsmm_library();
