@@ -41,64 +41,57 @@ __global__ void clipping_scale_kernel(const double* __restrict__ lanes, double c
   *scale = clipping_scale(sum, clip_norm);
 }
 
-// With vec4 (every pointer 16-byte aligned) the first n/4*4 elements go as float4, the rest one by one.
+// float4 lanes of a parameter array, a read-only gradient's copy; stored back only where writable.
+__device__ float4 load4(float* array, std::size_t i) {
+  return reinterpret_cast<float4*>(array)[i];
+}
+__device__ float4 load4(const float* array, std::size_t i) {
+  return reinterpret_cast<const float4*>(array)[i];
+}
+__device__ void store4(float* array, std::size_t i, const float4& lanes) {
+  reinterpret_cast<float4*>(array)[i] = lanes;
+}
+__device__ void store4(const float*, std::size_t, const float4&) {}
+
+// Grid-stride loop calling update(element of each array...) on every index below n. With vec4 (every pointer
+// 16-byte aligned) the first n/4*4 elements go as float4 (one 16-byte load and store per array), the rest one
+// by one.
+template <typename Update, typename... Arrays>
+__device__ void update_elements(std::size_t n, bool vec4, Update update, Arrays* __restrict__... arrays) {
+  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  std::size_t done = 0;
+  if (vec4) {
+    const std::size_t n4 = n / 4;
+    for (std::size_t i = first; i < n4; i += stride) {
+      [&](auto... lanes) {
+        update(lanes.x...);
+        update(lanes.y...);
+        update(lanes.z...);
+        update(lanes.w...);
+        (store4(arrays, i, lanes), ...);
+      }(load4(arrays, i)...);
+    }
+    done = n4 * 4;
+  }
+  for (std::size_t i = done + first; i < n; i += stride) update(arrays[i]...);
+}
+
 // `scale` (clipping, on the device; null: c's) multiplies every gradient.
 __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
                             float* __restrict__ v, std::size_t n, AdamCoefficients c,
                             const float* __restrict__ scale, bool vec4) {
   if (scale != nullptr) c.grad_scale = *scale;
-  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  std::size_t done = 0;
-  if (vec4) {
-    const std::size_t n4 = n / 4;
-    auto* p4 = reinterpret_cast<float4*>(p);
-    const auto* g4 = reinterpret_cast<const float4*>(g);
-    auto* m4 = reinterpret_cast<float4*>(m);
-    auto* v4 = reinterpret_cast<float4*>(v);
-    for (std::size_t i = first; i < n4; i += stride) {
-      float4 pp = p4[i];
-      const float4 gg = g4[i];
-      float4 mm = m4[i];
-      float4 vv = v4[i];
-      adam_update_one(pp.x, gg.x, mm.x, vv.x, c);
-      adam_update_one(pp.y, gg.y, mm.y, vv.y, c);
-      adam_update_one(pp.z, gg.z, mm.z, vv.z, c);
-      adam_update_one(pp.w, gg.w, mm.w, vv.w, c);
-      p4[i] = pp;
-      m4[i] = mm;
-      v4[i] = vv;
-    }
-    done = n4 * 4;
-  }
-  for (std::size_t i = done + first; i < n; i += stride) adam_update_one(p[i], g[i], m[i], v[i], c);
+  update_elements(
+      n, vec4, [&](float& pi, float gi, float& mi, float& vi) { adam_update_one(pi, gi, mi, vi, c); }, p, g,
+      m, v);
 }
 
 __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ velocity,
                            std::size_t n, SgdCoefficients c, const float* __restrict__ scale, bool vec4) {
   if (scale != nullptr) c.grad_scale = *scale;
-  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  std::size_t done = 0;
-  if (vec4) {
-    const std::size_t n4 = n / 4;
-    auto* p4 = reinterpret_cast<float4*>(p);
-    const auto* g4 = reinterpret_cast<const float4*>(g);
-    auto* vel4 = reinterpret_cast<float4*>(velocity);
-    for (std::size_t i = first; i < n4; i += stride) {
-      float4 pp = p4[i];
-      const float4 gg = g4[i];
-      float4 vv = vel4[i];
-      sgd_update_one(pp.x, gg.x, vv.x, c);
-      sgd_update_one(pp.y, gg.y, vv.y, c);
-      sgd_update_one(pp.z, gg.z, vv.z, c);
-      sgd_update_one(pp.w, gg.w, vv.w, c);
-      p4[i] = pp;
-      vel4[i] = vv;
-    }
-    done = n4 * 4;
-  }
-  for (std::size_t i = done + first; i < n; i += stride) sgd_update_one(p[i], g[i], velocity[i], c);
+  update_elements(
+      n, vec4, [&](float& pi, float gi, float& vi) { sgd_update_one(pi, gi, vi, c); }, p, g, velocity);
 }
 
 bool aligned16(const void* p) {
