@@ -62,6 +62,7 @@ std::vector<std::string> report_node(const std::string& host, const std::vector<
   row("MPI", first.mpi);
   row("HDF5", first.hdf5);
   row("BLAS", first.blas);
+  if (!first.blas_hint.empty()) std::printf("    hint: %s\n", first.blas_hint.c_str());
   if (!first.gpus_probed) {
     row("GPUs", "not checked (--device cpu)");
   } else if (widest->gpus.empty()) {

@@ -25,6 +25,7 @@
 #include "engine/watchdog.h"
 #include "io/dataset.h"
 #include "io/hdf5_util.h"
+#include "models/blas_threads.h"
 #include "models/cpu_threads.h"
 #include "models/onednn_lstm.h"
 
@@ -104,6 +105,8 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
     std::printf("compute threads: %d per rank, one pool: %s%s\n", threads.threads, threads.pool.c_str(),
                 threads.blas_told ? "" : " (the BLAS's threads set by its own environment variable)");
     if (const std::string hint = engine::idle_cores_hint(topology, config.train.threads); !hint.empty())
+      std::printf("hint (rank 0): %s\n", hint.c_str());
+    if (const std::string hint = models::blas_kernels_hint(); !hint.empty() && topology.gpu < 0)
       std::printf("hint (rank 0): %s\n", hint.c_str());
     std::fflush(stdout);
   }

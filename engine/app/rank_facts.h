@@ -31,6 +31,7 @@ struct RankFacts {
   std::string mpi;
   std::string hdf5;
   std::string blas;
+  std::string blas_hint;  // the BLAS runs kernels older than the CPU (models::blas_kernels_hint)
   CoreCount cores;
   std::string cores_hint;  // a CPU rank that its binding leaves fewer cores than its share
   SmokeResult smoke;

@@ -159,7 +159,23 @@ if [ "$(nproc)" -ge 2 ]; then
   expect_text bound "    hint: the launcher bound this rank to 1 of the node's"
   run unbound mpirun -np 1 --bind-to none "$ddptrain" check-env --device cpu
   expect_status unbound 0
-  grep -q "hint:" unbound.out && fail "unbound: a hint although the rank may use every core"
+  grep -q "hint: the launcher" unbound.out && fail "unbound: a hint although the rank may use every core"
+fi
+
+# OpenBLAS made to run kernels older than an AVX2 CPU (as its dispatch does on a VM whose CPU model it does
+# not recognise): a hint naming the setting that fixes it, in check-env's report and training's start lines.
+if grep -qE '^  BLAS +OpenBLAS' cpu.out && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+  grep -q "hint: OpenBLAS" cpu.out && fail "cpu: a BLAS hint although OpenBLAS chose its kernels itself"
+  OPENBLAS_CORETYPE=Prescott run old_kernels "$ddptrain" check-env --device cpu
+  expect_status old_kernels 0
+  expect_text old_kernels "    hint: OpenBLAS runs its Prescott kernels on a CPU with"
+  expect_text old_kernels "(OPENBLAS_CORETYPE=Prescott asks for them)"
+  "$ddptrain" prepare synthetic --output tiny.h5 --train 64 --test 32 --vocab 50 --maxlen 8 --seed 1 >/dev/null ||
+    fail "prepare synthetic failed"
+  OPENBLAS_CORETYPE=Prescott run old_kernels_train "$ddptrain" --data.path tiny.h5 --train.epochs 1 \
+    --train.batch_size 16 --model.embedding_dim 8 --model.hidden 8 --checkpoint.dir old_kernels_run --device cpu
+  expect_status old_kernels_train 0
+  expect_text old_kernels_train "hint (rank 0): OpenBLAS runs its Prescott kernels"
 fi
 
 # Bad options: exit 2 and one line naming the option or value.

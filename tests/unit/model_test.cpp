@@ -16,6 +16,7 @@
 
 #include "engine/base/errors.h"
 #include "engine/base/parallel_loops.h"
+#include "models/blas_threads.h"
 #include "models/fast_math.h"
 #include "models/initializers.h"
 #include "models/param_layout.h"
@@ -25,6 +26,26 @@
 
 namespace ddp::models {
 namespace {
+
+// OpenBLAS's run-time dispatch may fall back to its oldest kernels on a virtual CPU it does not recognise;
+// the advice names the kernel set the CPU can run, and is silent where the kernels already use AVX2.
+TEST(BlasKernelsHint, AdvisesWhereOpenBlasRunsKernelsOlderThanTheCpu) {
+  const std::string on_avx512 = openblas_core_hint("Prescott", true, true, "");
+  EXPECT_NE(on_avx512.find("Prescott kernels on a CPU with AVX-512"), std::string::npos) << on_avx512;
+  EXPECT_NE(on_avx512.find("did not recognise the CPU's model"), std::string::npos) << on_avx512;
+  EXPECT_NE(on_avx512.find("OPENBLAS_CORETYPE=SkylakeX"), std::string::npos) << on_avx512;
+  const std::string on_avx2 = openblas_core_hint("Sandybridge", true, false, "Sandybridge");
+  EXPECT_NE(on_avx2.find("OPENBLAS_CORETYPE=Sandybridge asks for them"), std::string::npos) << on_avx2;
+  EXPECT_NE(on_avx2.find("set OPENBLAS_CORETYPE=Haswell"), std::string::npos) << on_avx2;
+  EXPECT_EQ(openblas_core_hint("Haswell", true, true, ""), "");  // AVX2 kernels on AVX-512: close enough
+  EXPECT_EQ(openblas_core_hint("SkylakeX", true, true, ""), "");
+  EXPECT_EQ(openblas_core_hint("Zen", true, false, ""), "");
+  EXPECT_EQ(openblas_core_hint("Prescott", false, false, ""),
+            "");  // a CPU without AVX2: nothing better to run
+  // This machine's own BLAS gives advice only where the rule does.
+  const std::string here = blas_kernels_hint();
+  EXPECT_TRUE(here.empty() || here.find("OPENBLAS_CORETYPE=") != std::string::npos) << here;
+}
 
 struct Batch {
   std::vector<int32_t> tokens;  // [batch, seq]
