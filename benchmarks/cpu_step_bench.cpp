@@ -337,12 +337,7 @@ int main(int argc, char** argv) {
   if (colocated) {
     ddp::comm::PsOptions options;
     options.servers = 0;
-    if (sparse) {
-      const ddp::models::ParamTensor& embedding = replica->layout().tensor("embedding");
-      options.sparse_exchange_rows = {embedding.offset, static_cast<std::size_t>(embedding.shape.at(0)),
-                                      static_cast<std::size_t>(embedding.shape.at(1))};
-      options.rows_read_per_step = static_cast<std::size_t>(s.batch) * static_cast<std::size_t>(s.seq);
-    }
+    if (sparse) ddp::engine::exchange_embedding_rows(options, replica->layout(), s.batch, s.seq);
     service = ddp::comm::make_colocated_service(MPI_COMM_WORLD, options, replica->layout().total_size(),
                                                 ddp::engine::shard_optimizers(adam_settings));
     ps_updater = ddp::engine::make_ps_updater(*replica, *service, adam_settings, /*colocated=*/true);

@@ -105,6 +105,14 @@ comm::ShardOptimizerFactory shard_optimizers(const OptimizerSettings& settings) 
   };
 }
 
+void exchange_embedding_rows(comm::PsOptions& options, const models::ParamLayout& layout, int batch,
+                             int seq) {
+  const models::ParamTensor& embedding = layout.tensor("embedding");
+  options.sparse_exchange_rows = {embedding.offset, static_cast<std::size_t>(embedding.shape.at(0)),
+                                  static_cast<std::size_t>(embedding.shape.at(1))};
+  options.rows_read_per_step = static_cast<std::size_t>(batch) * static_cast<std::size_t>(seq);
+}
+
 std::unique_ptr<Updater> make_ps_updater(models::Replica& replica, comm::ParameterService& service,
                                          const OptimizerSettings& settings, bool colocated) {
   if (colocated && replica.device() != models::DeviceKind::kCpu) {

@@ -18,6 +18,10 @@ namespace ddp::engine {
 // Each shard's optimizer: `settings`' host optimizer over the shard.
 comm::ShardOptimizerFactory shard_optimizers(const OptimizerSettings& settings);
 
+// The embedding's rows as the row-sparse push sends them (`options.sparse_exchange_rows`), with a batch of
+// `batch` sequences of `seq` tokens reading at most batch x seq of them a step.
+void exchange_embedding_rows(comm::PsOptions& options, const models::ParamLayout& layout, int batch, int seq);
+
 // The updater of a training rank. `sparse_push`: a CPU replica pushes the embedding's gradient row-sparse
 // (the service's options name the rows). Throws UserError where the layout cannot serve the replica: the
 // colocated layout (`colocated`) serves CPU replicas with dense updates only.

@@ -47,13 +47,7 @@ comm::PsOptions ps_options(const Config& config, const comm::BackendChoice& back
   options.max_staleness = config.comm.max_staleness;
   options.timeout_s = config.comm.timeout_s;
   options.clip_norm = config.train.clip_norm;
-  if (config.comm.sparse_embedding) {
-    const models::ParamTensor& embedding = layout.tensor("embedding");
-    options.sparse_exchange_rows = {embedding.offset, static_cast<std::size_t>(embedding.shape.at(0)),
-                                    static_cast<std::size_t>(embedding.shape.at(1))};
-    options.rows_read_per_step =
-        static_cast<std::size_t>(config.train.batch_size) * static_cast<std::size_t>(maxlen);
-  }
+  if (config.comm.sparse_embedding) exchange_embedding_rows(options, layout, config.train.batch_size, maxlen);
   return options;
 }
 
