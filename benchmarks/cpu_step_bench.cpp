@@ -45,6 +45,7 @@
 #include "models/onednn_lstm.h"
 #include "models/replica.h"
 #include "peak_flops.h"
+#include "step_products.h"
 
 namespace po = boost::program_options;
 using Clock = std::chrono::steady_clock;
@@ -73,52 +74,27 @@ Stats stats_of(const std::vector<double>& xs) {
   return s;
 }
 
-// The matrix products of one training step, in the shapes the CPU replica issues them.
-struct Gemm {
-  int m, n, k;
-  bool trans_a, trans_b;
-};
-
-std::vector<Gemm> step_gemms(const Shapes& s) {
-  const int tb = s.seq * s.batch, g = s.gates() * s.hidden, h = s.hidden;
-  std::vector<Gemm> list;
-  for (int l = 0; l < s.layers; ++l) {
-    const int in = l == 0 ? s.embed : s.directions() * h;
-    for (int d = 0; d < s.directions(); ++d) {
-      list.push_back({tb, g, in, false, true});  // input projection, whole sequence
-      for (int t = 0; t < s.seq; ++t) list.push_back({s.batch, g, h, false, true});  // recurrent, forward
-      for (int t = 0; t < s.seq; ++t)
-        list.push_back({s.batch, h, g, false, false});  // recurrent, backward dh
-      list.push_back({g, h, tb, true, false});          // d w_hh
-      list.push_back({g, in, tb, true, false});         // d w_ih
-      list.push_back({tb, in, g, false, false});        // d input
-    }
-  }
-  return list;
-}
-
-double flops_of(const std::vector<Gemm>& list) {
-  double f = 0;
-  for (const Gemm& gm : list) f += 2.0 * gm.m * gm.n * gm.k;
-  return f;
-}
-
-// Seconds for one pass over `list` with sgemm, averaged over `reps` passes after one warm-up pass.
-double time_gemms(const std::vector<Gemm>& list, int reps) {
+// Seconds for one pass over the step's products with sgemm, averaged over `reps` passes after one warm-up
+// pass.
+double time_gemms(const std::vector<StepProduct>& list, int reps) {
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1, 1);
   std::size_t most = 0;
-  for (const Gemm& gm : list) {
+  for (const StepProduct& p : list) {
+    const Product& gm = p.shape;
     most = std::max({most, std::size_t(gm.m) * gm.k, std::size_t(gm.k) * gm.n, std::size_t(gm.m) * gm.n});
   }
   std::vector<float> a(most), b(most), c(most);
   for (auto& x : a) x = u(rng);
   for (auto& x : b) x = u(rng);
   auto pass = [&] {
-    for (const Gemm& gm : list) {
-      cblas_sgemm(CblasRowMajor, gm.trans_a ? CblasTrans : CblasNoTrans,
-                  gm.trans_b ? CblasTrans : CblasNoTrans, gm.m, gm.n, gm.k, 1.0f, a.data(),
-                  gm.trans_a ? gm.m : gm.k, b.data(), gm.trans_b ? gm.k : gm.n, 0.0f, c.data(), gm.n);
+    for (const StepProduct& p : list) {
+      const Product& gm = p.shape;
+      for (int i = 0; i < p.count; ++i) {
+        cblas_sgemm(CblasRowMajor, gm.trans_a ? CblasTrans : CblasNoTrans,
+                    gm.trans_b ? CblasTrans : CblasNoTrans, gm.m, gm.n, gm.k, 1.0f, a.data(),
+                    gm.trans_a ? gm.m : gm.k, b.data(), gm.trans_b ? gm.k : gm.n, 0.0f, c.data(), gm.n);
+      }
     }
   };
   pass();
@@ -392,8 +368,9 @@ int main(int argc, char** argv) {
   Stats library_step = stats_of(library_times);
   MPI_Allreduce(MPI_IN_PLACE, &library_step.mean, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 
-  const std::vector<Gemm> gemms = step_gemms(s);
-  const double flops = flops_of(gemms);
+  const std::vector<StepProduct> gemms =
+      step_products({s.batch, s.seq, s.embed, s.hidden, s.layers, s.gates(), s.directions()});
+  const double flops = step_flops(gemms);
   comm->barrier();
   ddp::models::set_blas_threads(threads);  // the floor is the BLAS's sgemm on every thread of the rank
   double floor_s = time_gemms(gemms, 20);

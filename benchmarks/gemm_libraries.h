@@ -6,11 +6,7 @@
 #include <functional>
 #include <string>
 
-// C[m, n] = op(A)[m, k] * op(B)[k, n], row-major, leading dimensions packed.
-struct Product {
-  int m, n, k;
-  bool trans_a, trans_b;
-};
+#include "step_products.h"
 
 struct SgemmLibrary {
   std::string name;

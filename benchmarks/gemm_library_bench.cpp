@@ -69,30 +69,17 @@ SgemmLibrary blis_library(const std::string& path) {
 
 namespace {
 
-struct StepProduct {
-  Product shape;
-  int count;  // times per step
-  const char* what;
-};
-
-std::vector<StepProduct> lstm_step(int batch, int seq, int embed, int hidden, bool any_transposed) {
-  const int rows = batch * seq, gates = 4 * hidden;
-  auto as = [&](bool a, bool b) {
-    return any_transposed ? std::make_pair(a, b) : std::make_pair(false, false);
-  };
-  auto product = [&](int m, int n, int k, std::pair<bool, bool> t) {
-    return Product{m, n, k, t.first, t.second};
-  };
-  return {{product(rows, gates, embed, as(false, true)), 1, "input projection"},
-          {product(batch, gates, hidden, as(false, true)), seq, "recurrent, forward"},
-          {product(batch, hidden, gates, as(false, false)), seq, "recurrent, backward"},
-          {product(gates, hidden, rows, as(true, false)), 1, "d w_hh"},
-          {product(gates, embed, rows, as(true, false)), 1, "d w_ih"},
-          {product(rows, embed, gates, as(false, false)), 1, "d input"}};
+// With `as_the_replica` false, the same products with neither operand transposed.
+std::vector<StepProduct> lstm_step(int batch, int seq, int embed, int hidden, bool as_the_replica) {
+  std::vector<StepProduct> step = step_products({batch, seq, embed, hidden, 1, 4, 1});
+  if (!as_the_replica) {
+    for (StepProduct& p : step) p.shape.trans_a = p.shape.trans_b = false;
+  }
+  return step;
 }
 
 double flops(const StepProduct& p) {
-  return 2.0 * p.shape.m * p.shape.n * p.shape.k * p.count;
+  return step_flops({p});
 }
 
 // Seconds for the product's `count` calls, averaged over as many repetitions as fill `seconds`.
