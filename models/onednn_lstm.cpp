@@ -6,6 +6,8 @@
 #include <cstring>
 #include <map>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -340,8 +342,22 @@ std::string onednn_description() {
          std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") + ")";
 }
 
+bool onednn_runs_avx512() {
+  return isa_name(dnnl::get_effective_cpu_isa()) == "AVX-512";
+}
+
 void set_onednn_threads(int threads) {
   if (threads > 0) omp_set_num_threads(threads);
+}
+
+void onednn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+                  const float* b, int ldb, float beta, float* c, int ldc) {
+  const dnnl_status_t status =
+      dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (status != dnnl_success) {
+    throw std::runtime_error("oneDNN's sgemm refused a " + std::to_string(m) + "x" + std::to_string(n) + "x" +
+                             std::to_string(k) + " product (dnnl_status_t " + std::to_string(status) + ")");
+  }
 }
 
 std::unique_ptr<OnednnLstmLayer> make_onednn_layer(Cell cell, bool reverse) {

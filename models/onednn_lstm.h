@@ -55,6 +55,8 @@ class OnednnLstmLayer {
 std::string onednn_missing();
 // "oneDNN 2.6.3 (AVX-512, 2 threads)" for the start log.
 std::string onednn_description();
+// Whether oneDNN runs its AVX-512 kernels on this CPU (false without oneDNN).
+bool onednn_runs_avx512();
 // Sets the threads oneDNN's OpenMP runs on (the rank's train.threads). No-op without oneDNN.
 void set_onednn_threads(int threads);
 // A layer of `cell`s (the GRU: oneDNN's linear-before-reset GRU, which is cuDNN's and ours; its gates u, r,
@@ -62,5 +64,11 @@ void set_onednn_threads(int threads);
 // from the first time step to the last, or with `reverse` from the last to the first (h[t] is then the state
 // after time t, having seen t..T-1). Throws std::runtime_error in a build without oneDNN.
 std::unique_ptr<OnednnLstmLayer> make_onednn_layer(Cell cell, bool reverse = false);
+
+// C[m, n] = alpha * op(A)[m, k] * op(B)[k, n] + beta * C, row-major, on oneDNN's sgemm: on OpenMP's threads,
+// or on the calling thread alone inside a parallel region. Throws std::runtime_error in a build without
+// oneDNN, and where oneDNN refuses the arguments.
+void onednn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+                  const float* b, int ldb, float beta, float* c, int ldc);
 
 }  // namespace ddp::models

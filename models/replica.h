@@ -138,14 +138,19 @@ class Replica {
   virtual void clear_embedding_gradient() = 0;
 };
 
-// The CPU replica's recurrent kernels (model.cpu_kernels): its own, over the BLAS, or oneDNN's
-// (onednn_lstm.h).
-enum class CpuKernels { kBuiltin, kOnednn };
-// builtin, onednn, or auto (oneDNN where the build has it; it runs every variant). Throws UserError naming
-// the key for another name, or for onednn in a build without it. The shape and options are for variants it
-// may one day not run.
+// The CPU replica's recurrent kernels (model.cpu_kernels): its own cells over the BLAS, oneDNN's RNN
+// primitives (onednn_lstm.h), or its own cells over oneDNN's sgemm (the weight gradients over the BLAS).
+enum class CpuKernels { kBuiltin, kOnednn, kOnednnGemm };
+// builtin, onednn, onednn_gemm, or auto (fastest_cpu_kernels for this build and CPU; each runs every
+// variant). Throws UserError naming the key for another name, or for a oneDNN kind in a build without it.
+// The shape and options are for variants a kind may one day not run.
 CpuKernels parse_cpu_kernels(const std::string& name, const ModelShape& shape = {},
                              const ModelOptions& options = {});
+// auto's rule, measured (benchmarks/RESULTS.md, "Against oneDNN's LSTM" and "Which library for the
+// products"): where oneDNN runs AVX-512 its LSTM primitive is faster than its sgemm's products alone, so the
+// primitives; on AVX2 the products are faster than the primitive by more than the cells cost, so our cells
+// over its sgemm; without oneDNN the builtin kernels.
+CpuKernels fastest_cpu_kernels(bool have_onednn, bool onednn_avx512);
 
 // The CPU replica (BLAS for every matrix product, or oneDNN for the recurrent layers'); parameters are zero
 // until initialized or loaded.

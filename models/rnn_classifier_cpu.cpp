@@ -28,6 +28,13 @@ namespace {
 constexpr std::size_t kRowsAhead = 8;
 // Fewer rows than this per thread are not worth a parallel region's start (a row is a few cache lines).
 constexpr std::size_t kMinRowsPerThread = 256;
+// The recurrent layers split the batch between the compute threads in blocks of this many rows, at least
+// this many each: fewer rows make the recurrent products too thin for the matrix kernels.
+constexpr std::size_t kBatchRowsAlign = 4;
+constexpr std::size_t kMinBatchRowsPerThread = 8;
+// A weight gradient's rows split the same way: whole register tiles of the matrix kernels each.
+constexpr std::size_t kProductRowsAlign = 16;
+constexpr std::size_t kMinProductRowsPerThread = 64;
 
 // The token of time-major row k (k = t * batch + b) of a [batch, seq] row-major token matrix.
 int32_t token_of_row(const int32_t* tokens, std::size_t k, int batch, int seq) {
@@ -230,6 +237,40 @@ void CpuRnnClassifier<Scalar>::use_onednn() {
   }
 }
 
+template <typename Scalar>
+void CpuRnnClassifier<Scalar>::use_onednn_products() {
+  if constexpr (!std::is_same_v<Scalar, float>) {
+    throw std::runtime_error("CpuRnnClassifier: oneDNN's sgemm runs the float path only");
+  } else {
+    if (!onednn_missing().empty()) throw std::runtime_error("CpuRnnClassifier: " + onednn_missing());
+    onednn_products_ = true;
+  }
+}
+
+template <typename Scalar>
+void CpuRnnClassifier<Scalar>::product(Trans trans_a, Trans trans_b, int m, int n, int k, Scalar alpha,
+                                       const Scalar* a, int lda, const Scalar* b, int ldb, Scalar beta,
+                                       Scalar* c, int ldc) const {
+  if constexpr (std::is_same_v<Scalar, float>) {
+    if (onednn_products_ && trans_a == Trans::kYes) {
+      // The weight gradients (A transposed), where the BLAS beats oneDNN's sgemm (gemm_library_bench): the
+      // compute threads each take a block of C's rows on the BLAS's calling thread.
+      parallel_ranges(to_size(m), kProductRowsAlign, kMinProductRowsPerThread,
+                      [&](std::size_t r0, std::size_t r1) {
+                        gemm(trans_a, trans_b, static_cast<int>(r1 - r0), n, k, alpha, a + r0, lda, b, ldb,
+                             beta, c + r0 * to_size(ldc), ldc);
+                      });
+      return;
+    }
+    if (onednn_products_) {
+      onednn_sgemm(trans_a == Trans::kYes, trans_b == Trans::kYes, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                   ldc);
+      return;
+    }
+  }
+  gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 // oneDNN has no per-sample lengths. With masking the forward direction runs on rows shifted left by their
 // padding (real tokens from time 0, zeros after them, whose steps come after the last real one and so change
 // nothing before it), the reverse direction on the rows as they are, from the last step back to the first
@@ -427,6 +468,7 @@ void CpuRnnClassifier<Scalar>::resize_workspace(int batch, int seq) {
   grow(d_output_, rows * width);
   grow(d_h_, to_size(batch) * hidden);
   grow(d_c_, to_size(batch) * hidden);
+  grow(db_rows_, to_size(batch) * 2 * gate_width);
   grow(d_embedded_, rows * embed);
   if (uses_onednn()) {
     const std::size_t widest = std::max({embed, width, hidden});
@@ -583,8 +625,8 @@ void CpuRnnClassifier<Scalar>::forward_direction(int layer, int direction, int b
   // r * (...)), then the input projection of the whole sequence accumulates on top of them.
   for (std::size_t j = 0; j < g_size; ++j) gates[j] = lstm ? b_ih[j] + b_hh[j] : b_ih[j];
   for (std::size_t r = 1; r < rows; ++r) std::copy(gates, gates + g_size, gates + r * g_size);
-  gemm(Trans::kNo, Trans::kYes, static_cast<int>(rows), gate_width, l.in, Scalar(1),
-       layer_input(layer, batch), l.in, w_ih, l.in, Scalar(1), gates, gate_width);
+  product(Trans::kNo, Trans::kYes, static_cast<int>(rows), gate_width, l.in, Scalar(1),
+          layer_input(layer, batch), l.in, w_ih, l.in, Scalar(1), gates, gate_width);
 
   const std::size_t step_states = to_size(batch) * h_size;
   const std::size_t initial_block = dir.reverse ? to_size(seq) : 0;
@@ -593,55 +635,61 @@ void CpuRnnClassifier<Scalar>::forward_direction(int layer, int direction, int b
     Scalar* cell = dir.cell.data();
     std::fill(cell + initial_block * step_states, cell + (initial_block + 1) * step_states, Scalar(0));
   }
-  for (int s = 0; s < seq; ++s) {
-    const int t = dir.reverse ? seq - 1 - s : s;
-    // The state before time t is block t (forward) or t+1 (reverse); after it, t+1 or t.
-    const std::size_t prev_block = dir.reverse ? to_size(t) + 1 : to_size(t);
-    const std::size_t next_block = dir.reverse ? to_size(t) : to_size(t) + 1;
-    Scalar* g_t = gates + to_size(t) * to_size(batch) * g_size;
-    const Scalar* h_prev = states + prev_block * step_states;
-    Scalar* h_t = states + next_block * step_states;
-    if (lstm) {
-      const Scalar* c_prev = dir.cell.data() + prev_block * step_states;
-      Scalar* c_t = dir.cell.data() + next_block * step_states;
-      Scalar* tanh_t = dir.cell_tanh.data() + to_size(t) * step_states;
-      // The initial state is 0: the first step has no recurrent term.
-      if (s > 0) {
-        gemm(Trans::kNo, Trans::kYes, batch, gate_width, hidden, Scalar(1), h_prev, hidden, w_hh, hidden,
-             Scalar(1), g_t, gate_width);
-      }
-      for (std::size_t b = 0; b < to_size(batch); ++b) {
-        const std::size_t s_row = b * h_size;
-        if (t < starts_[b]) {  // padding: the state carries over
-          std::copy_n(h_prev + s_row, h_size, h_t + s_row);
-          std::copy_n(c_prev + s_row, h_size, c_t + s_row);
-          continue;
+  // Samples are independent through time: each compute thread runs the whole sequence for its own rows of
+  // the batch, its recurrent products included, with no barrier between the time steps.
+  const auto rows_forward = [&](std::size_t b0, std::size_t b1) {
+    const int m = static_cast<int>(b1 - b0);
+    for (int s = 0; s < seq; ++s) {
+      const int t = dir.reverse ? seq - 1 - s : s;
+      // The state before time t is block t (forward) or t+1 (reverse); after it, t+1 or t.
+      const std::size_t prev_block = dir.reverse ? to_size(t) + 1 : to_size(t);
+      const std::size_t next_block = dir.reverse ? to_size(t) : to_size(t) + 1;
+      Scalar* g_t = gates + to_size(t) * to_size(batch) * g_size;
+      const Scalar* h_prev = states + prev_block * step_states;
+      Scalar* h_t = states + next_block * step_states;
+      if (lstm) {
+        const Scalar* c_prev = dir.cell.data() + prev_block * step_states;
+        Scalar* c_t = dir.cell.data() + next_block * step_states;
+        Scalar* tanh_t = dir.cell_tanh.data() + to_size(t) * step_states;
+        // The initial state is 0: the first step has no recurrent term.
+        if (s > 0) {
+          product(Trans::kNo, Trans::kYes, m, gate_width, hidden, Scalar(1), h_prev + b0 * h_size, hidden,
+                  w_hh, hidden, Scalar(1), g_t + b0 * g_size, gate_width);
         }
-        Scalar* row = g_t + b * g_size;
-        cell_forward(row, row + h_size, row + 2 * h_size, row + 3 * h_size, c_prev + s_row, c_t + s_row,
-                     tanh_t + s_row, h_t + s_row, h_size);
-      }
-    } else {
-      Scalar* recurrent = recurrent_.data();
-      for (std::size_t b = 0; b < to_size(batch); ++b) std::copy_n(b_hh, g_size, recurrent + b * g_size);
-      if (s > 0) {
-        gemm(Trans::kNo, Trans::kYes, batch, gate_width, hidden, Scalar(1), h_prev, hidden, w_hh, hidden,
-             Scalar(1), recurrent, gate_width);
-      }
-      Scalar* kept = dir.recurrent.data() + to_size(t) * step_states;
-      for (std::size_t b = 0; b < to_size(batch); ++b) {
-        const std::size_t s_row = b * h_size;
-        if (t < starts_[b]) {
-          std::copy_n(h_prev + s_row, h_size, h_t + s_row);
-          continue;
+        for (std::size_t b = b0; b < b1; ++b) {
+          const std::size_t s_row = b * h_size;
+          if (t < starts_[b]) {  // padding: the state carries over
+            std::copy_n(h_prev + s_row, h_size, h_t + s_row);
+            std::copy_n(c_prev + s_row, h_size, c_t + s_row);
+            continue;
+          }
+          Scalar* row = g_t + b * g_size;
+          cell_forward(row, row + h_size, row + 2 * h_size, row + 3 * h_size, c_prev + s_row, c_t + s_row,
+                       tanh_t + s_row, h_t + s_row, h_size);
         }
-        Scalar* row = g_t + b * g_size;
-        const Scalar* rec = recurrent + b * g_size;
-        gru_cell_forward(row, row + h_size, row + 2 * h_size, rec, rec + h_size, rec + 2 * h_size,
-                         kept + s_row, h_prev + s_row, h_t + s_row, h_size);
+      } else {
+        Scalar* recurrent = recurrent_.data();
+        for (std::size_t b = b0; b < b1; ++b) std::copy_n(b_hh, g_size, recurrent + b * g_size);
+        if (s > 0) {
+          product(Trans::kNo, Trans::kYes, m, gate_width, hidden, Scalar(1), h_prev + b0 * h_size, hidden,
+                  w_hh, hidden, Scalar(1), recurrent + b0 * g_size, gate_width);
+        }
+        Scalar* kept = dir.recurrent.data() + to_size(t) * step_states;
+        for (std::size_t b = b0; b < b1; ++b) {
+          const std::size_t s_row = b * h_size;
+          if (t < starts_[b]) {
+            std::copy_n(h_prev + s_row, h_size, h_t + s_row);
+            continue;
+          }
+          Scalar* row = g_t + b * g_size;
+          const Scalar* rec = recurrent + b * g_size;
+          gru_cell_forward(row, row + h_size, row + 2 * h_size, rec, rec + h_size, rec + 2 * h_size,
+                           kept + s_row, h_prev + s_row, h_t + s_row, h_size);
+        }
       }
     }
-  }
+  };
+  parallel_ranges(to_size(batch), kBatchRowsAlign, kMinBatchRowsPerThread, rows_forward);
 }
 
 template <typename Scalar>
@@ -840,9 +888,9 @@ void CpuRnnClassifier<Scalar>::input_gradient(int layer, int batch, int seq) {
   Scalar* d_input = layer > 0 ? d_output_.data() : d_embedded_.data();
   const int gate_width = shape.gates() * shape.hidden;
   for (std::size_t d = 0; d < l.directions.size(); ++d) {
-    gemm(Trans::kNo, Trans::kNo, batch * seq, l.in, gate_width, Scalar(1), l.directions[d].d_gates.data(),
-         gate_width, params_.data() + l.directions[d].w_ih, l.in, d == 0 ? Scalar(0) : Scalar(1), d_input,
-         l.in);
+    product(Trans::kNo, Trans::kNo, batch * seq, l.in, gate_width, Scalar(1), l.directions[d].d_gates.data(),
+            gate_width, params_.data() + l.directions[d].w_ih, l.in, d == 0 ? Scalar(0) : Scalar(1), d_input,
+            l.in);
   }
   undo_input_dropout(layer, batch, seq);
 }
@@ -871,10 +919,10 @@ void CpuRnnClassifier<Scalar>::weight_gradients(int layer, int direction, int ba
   const int rows = batch * seq;
   const Scalar* d_gates_h = shape.cell == Cell::kLstm ? dir.d_gates.data() : dir.d_gates_h.data();
   const Scalar* h_prev = dir.states.data() + (dir.reverse ? to_size(batch) * to_size(hidden) : 0);
-  gemm(Trans::kYes, Trans::kNo, gate_width, hidden, rows, Scalar(1), d_gates_h, gate_width, h_prev, hidden,
-       Scalar(0), grads_.data() + dir.w_hh, hidden);
-  gemm(Trans::kYes, Trans::kNo, gate_width, l.in, rows, Scalar(1), dir.d_gates.data(), gate_width,
-       layer_input(layer, batch), l.in, Scalar(0), grads_.data() + dir.w_ih, l.in);
+  product(Trans::kYes, Trans::kNo, gate_width, hidden, rows, Scalar(1), d_gates_h, gate_width, h_prev, hidden,
+          Scalar(0), grads_.data() + dir.w_hh, hidden);
+  product(Trans::kYes, Trans::kNo, gate_width, l.in, rows, Scalar(1), dir.d_gates.data(), gate_width,
+          layer_input(layer, batch), l.in, Scalar(0), grads_.data() + dir.w_ih, l.in);
 }
 
 template <typename Scalar>
@@ -942,81 +990,102 @@ void CpuRnnClassifier<Scalar>::backward_direction(int layer, int direction, int 
   const Scalar* w_hh = params_.data() + dir.w_hh;
   Scalar* d_h = d_h_.data();
   Scalar* d_c = d_c_.data();
-  std::fill(d_h, d_h + step_states, Scalar(0));
-  std::fill(d_c, d_c + step_states, Scalar(0));
-  // The bias gradients are the sums of the gate gradients over all rows, accumulated as they are computed.
-  Scalar* db_ih = grads_.data() + dir.b_ih;
-  Scalar* db_hh = grads_.data() + dir.b_hh;
-  std::fill(db_ih, db_ih + g_size, Scalar(0));
-  if (!lstm) std::fill(db_hh, db_hh + g_size, Scalar(0));
+  // The bias gradients are the sums of the gate gradients over all rows: each batch row accumulates its own
+  // through time as they are computed (db_rows_: the input side's, then for a GRU the recurrent side's), and
+  // the rows are summed in order after, so the result does not depend on how the rows were split.
+  const std::size_t db_width = lstm ? g_size : 2 * g_size;
+  Scalar* db_rows = db_rows_.data();
   // Whether the gradient into h_prev has a part that bypasses W_hh (GRU's z h_prev; a padded step's carry):
   // then the recurrent product adds onto it.
   const bool direct_path = !lstm || options_.mask_padding;
   const int final_time = dir.reverse ? 0 : seq - 1;
 
-  for (int s = seq - 1; s >= 0; --s) {
-    const int t = dir.reverse ? seq - 1 - s : s;
-    const std::size_t prev_block = dir.reverse ? to_size(t) + 1 : to_size(t);
-    const std::size_t gate_row0 = to_size(t) * to_size(batch) * g_size;
-    const Scalar* g_t = dir.gates.data() + gate_row0;
-    Scalar* dg_t = dir.d_gates.data() + gate_row0;
-    Scalar* dgh_t = lstm ? dg_t : dir.d_gates_h.data() + gate_row0;
-    const Scalar* d_out =
-        d_output_.data() + to_size(t) * to_size(batch) * width + to_size(direction) * h_size;
-    const bool has_dy = dy_every_step || t == final_time;
-    for (std::size_t b = 0; b < to_size(batch); ++b) {
-      const Scalar* g_row = g_t + b * g_size;
-      Scalar* dg_row = dg_t + b * g_size;
-      Scalar* dgh_row = dgh_t + b * g_size;
-      const std::size_t s_row = b * h_size;
-      const Scalar* dy = d_out + b * width;
-      if (t < starts_[b]) {
-        // Padding: the state carried over, so does its gradient; the step's gates had none.
-        if (has_dy) {
-          for (std::size_t j = 0; j < h_size; ++j) d_h[s_row + j] += dy[j];
+  // As forward: each compute thread runs back through time for its own rows of the batch.
+  const auto rows_backward = [&](std::size_t b0, std::size_t b1) {
+    const int m = static_cast<int>(b1 - b0);
+    std::fill(d_h + b0 * h_size, d_h + b1 * h_size, Scalar(0));
+    std::fill(d_c + b0 * h_size, d_c + b1 * h_size, Scalar(0));
+    std::fill(db_rows + b0 * db_width, db_rows + b1 * db_width, Scalar(0));
+    for (int s = seq - 1; s >= 0; --s) {
+      const int t = dir.reverse ? seq - 1 - s : s;
+      const std::size_t prev_block = dir.reverse ? to_size(t) + 1 : to_size(t);
+      const std::size_t gate_row0 = to_size(t) * to_size(batch) * g_size;
+      const Scalar* g_t = dir.gates.data() + gate_row0;
+      Scalar* dg_t = dir.d_gates.data() + gate_row0;
+      Scalar* dgh_t = lstm ? dg_t : dir.d_gates_h.data() + gate_row0;
+      const Scalar* d_out =
+          d_output_.data() + to_size(t) * to_size(batch) * width + to_size(direction) * h_size;
+      const bool has_dy = dy_every_step || t == final_time;
+      for (std::size_t b = b0; b < b1; ++b) {
+        const Scalar* g_row = g_t + b * g_size;
+        Scalar* dg_row = dg_t + b * g_size;
+        Scalar* dgh_row = dgh_t + b * g_size;
+        Scalar* db_ih = db_rows + b * db_width;
+        Scalar* db_hh = db_ih + g_size;
+        const std::size_t s_row = b * h_size;
+        const Scalar* dy = d_out + b * width;
+        if (t < starts_[b]) {
+          // Padding: the state carried over, so does its gradient; the step's gates had none.
+          if (has_dy) {
+            for (std::size_t j = 0; j < h_size; ++j) d_h[s_row + j] += dy[j];
+          }
+          std::fill_n(dg_row, g_size, Scalar(0));
+          if (!lstm) std::fill_n(dgh_row, g_size, Scalar(0));
+          continue;
         }
-        std::fill_n(dg_row, g_size, Scalar(0));
-        if (!lstm) std::fill_n(dgh_row, g_size, Scalar(0));
-        continue;
+        if (lstm) {
+          const Scalar* c_prev = dir.cell.data() + prev_block * step_states;
+          const Scalar* tanh_t = dir.cell_tanh.data() + to_size(t) * step_states;
+          const auto cell_step = [&](auto has_dy_tag) {
+            cell_backward<decltype(has_dy_tag)::value>(
+                g_row, g_row + h_size, g_row + 2 * h_size, g_row + 3 * h_size, c_prev + s_row, tanh_t + s_row,
+                dy, d_h + s_row, d_c + s_row, dg_row, dg_row + h_size, dg_row + 2 * h_size,
+                dg_row + 3 * h_size, db_ih, db_ih + h_size, db_ih + 2 * h_size, db_ih + 3 * h_size, h_size);
+          };
+          if (has_dy) {
+            cell_step(std::true_type{});
+          } else {
+            cell_step(std::false_type{});
+          }
+          // The gradient into h_prev passes through W_hh alone.
+          if (direct_path) std::fill_n(d_h + s_row, h_size, Scalar(0));
+        } else {
+          const Scalar* h_prev = dir.states.data() + prev_block * step_states + s_row;
+          const Scalar* rn = dir.recurrent.data() + to_size(t) * step_states + s_row;
+          const auto cell_step = [&](auto has_dy_tag) {
+            gru_cell_backward<decltype(has_dy_tag)::value>(g_row, g_row + h_size, g_row + 2 * h_size, rn,
+                                                           h_prev, dy, d_h + s_row, dg_row, dg_row + h_size,
+                                                           dg_row + 2 * h_size, dgh_row, dgh_row + h_size,
+                                                           dgh_row + 2 * h_size, db_ih, db_hh, h_size);
+          };
+          if (has_dy) {
+            cell_step(std::true_type{});
+          } else {
+            cell_step(std::false_type{});
+          }
+        }
       }
-      if (lstm) {
-        const Scalar* c_prev = dir.cell.data() + prev_block * step_states;
-        const Scalar* tanh_t = dir.cell_tanh.data() + to_size(t) * step_states;
-        const auto cell_step = [&](auto has_dy_tag) {
-          cell_backward<decltype(has_dy_tag)::value>(
-              g_row, g_row + h_size, g_row + 2 * h_size, g_row + 3 * h_size, c_prev + s_row, tanh_t + s_row,
-              dy, d_h + s_row, d_c + s_row, dg_row, dg_row + h_size, dg_row + 2 * h_size, dg_row + 3 * h_size,
-              db_ih, db_ih + h_size, db_ih + 2 * h_size, db_ih + 3 * h_size, h_size);
-        };
-        if (has_dy) {
-          cell_step(std::true_type{});
-        } else {
-          cell_step(std::false_type{});
-        }
-        // The gradient into h_prev passes through W_hh alone.
-        if (direct_path) std::fill_n(d_h + s_row, h_size, Scalar(0));
-      } else {
-        const Scalar* h_prev = dir.states.data() + prev_block * step_states + s_row;
-        const Scalar* rn = dir.recurrent.data() + to_size(t) * step_states + s_row;
-        const auto cell_step = [&](auto has_dy_tag) {
-          gru_cell_backward<decltype(has_dy_tag)::value>(
-              g_row, g_row + h_size, g_row + 2 * h_size, rn, h_prev, dy, d_h + s_row, dg_row, dg_row + h_size,
-              dg_row + 2 * h_size, dgh_row, dgh_row + h_size, dgh_row + 2 * h_size, db_ih, db_hh, h_size);
-        };
-        if (has_dy) {
-          cell_step(std::true_type{});
-        } else {
-          cell_step(std::false_type{});
-        }
+      // dh_{t-1} through the recurrent weights; the initial state is a constant, so the first step needs
+      // none.
+      if (s > 0) {
+        product(Trans::kNo, Trans::kNo, m, hidden, gate_width, Scalar(1), dgh_t + b0 * g_size, gate_width,
+                w_hh, hidden, direct_path ? Scalar(1) : Scalar(0), d_h + b0 * h_size, hidden);
       }
     }
-    // dh_{t-1} through the recurrent weights; the initial state is a constant, so the first step needs none.
-    if (s > 0) {
-      gemm(Trans::kNo, Trans::kNo, batch, hidden, gate_width, Scalar(1), dgh_t, gate_width, w_hh, hidden,
-           direct_path ? Scalar(1) : Scalar(0), d_h, hidden);
+  };
+  parallel_ranges(to_size(batch), kBatchRowsAlign, kMinBatchRowsPerThread, rows_backward);
+
+  Scalar* db_ih = grads_.data() + dir.b_ih;
+  Scalar* db_hh = grads_.data() + dir.b_hh;
+  std::copy_n(db_rows, g_size, db_ih);
+  if (!lstm) std::copy_n(db_rows + g_size, g_size, db_hh);
+  for (std::size_t b = 1; b < to_size(batch); ++b) {
+    const Scalar* row = db_rows + b * db_width;
+    for (std::size_t j = 0; j < g_size; ++j) db_ih[j] += row[j];
+    if (!lstm) {
+      for (std::size_t j = 0; j < g_size; ++j) db_hh[j] += row[g_size + j];
     }
   }
-
   if (lstm) std::copy(db_ih, db_ih + g_size, db_hh);
 }
 
@@ -1030,12 +1099,14 @@ class CpuReplica final : public Replica {
   CpuReplica(const ModelShape& shape, CpuKernels kernels, const ModelOptions& options)
       : model_(shape, options) {
     if (kernels == CpuKernels::kOnednn) model_.use_onednn();
+    if (kernels == CpuKernels::kOnednnGemm) model_.use_onednn_products();
   }
 
   std::string lstm_kernels() const override {
-    return model_.uses_onednn()
-               ? (model_.layout().shape().cell == Cell::kGru ? "GRU on " : "LSTM on ") + onednn_description()
-               : "";
+    const std::string cell = model_.layout().shape().cell == Cell::kGru ? "GRU" : "LSTM";
+    if (model_.uses_onednn()) return cell + " on " + onednn_description();
+    if (model_.uses_onednn_products()) return cell + " cells over the sgemm of " + onednn_description();
+    return "";
   }
 
   const ParamLayout& layout() const override { return model_.layout(); }
@@ -1092,16 +1163,21 @@ class CpuReplica final : public Replica {
 
 }  // namespace
 
+CpuKernels fastest_cpu_kernels(bool have_onednn, bool onednn_avx512) {
+  if (!have_onednn) return CpuKernels::kBuiltin;
+  return onednn_avx512 ? CpuKernels::kOnednn : CpuKernels::kOnednnGemm;
+}
+
 CpuKernels parse_cpu_kernels(const std::string& name, const ModelShape& /*shape*/,
                              const ModelOptions& /*options*/) {
-  // oneDNN runs every variant: LSTM and GRU cells, both directions, masking (forward_layer_onednn).
+  // Every kind runs every variant: LSTM and GRU cells, both directions, masking (forward_layer_onednn).
   if (name == "builtin") return CpuKernels::kBuiltin;
-  if (name == "auto") return onednn_missing().empty() ? CpuKernels::kOnednn : CpuKernels::kBuiltin;
-  if (name == "onednn") {
-    if (!onednn_missing().empty()) throw UserError("model.cpu_kernels = onednn: " + onednn_missing());
-    return CpuKernels::kOnednn;
+  if (name == "auto") return fastest_cpu_kernels(onednn_missing().empty(), onednn_runs_avx512());
+  if (name == "onednn" || name == "onednn_gemm") {
+    if (!onednn_missing().empty()) throw UserError("model.cpu_kernels = " + name + ": " + onednn_missing());
+    return name == "onednn" ? CpuKernels::kOnednn : CpuKernels::kOnednnGemm;
   }
-  throw UserError("model.cpu_kernels = " + name + ": expected auto, builtin or onednn");
+  throw UserError("model.cpu_kernels = " + name + ": expected auto, builtin, onednn or onednn_gemm");
 }
 
 std::unique_ptr<Replica> make_cpu_replica(const ModelShape& shape, CpuKernels kernels,

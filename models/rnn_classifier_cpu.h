@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "models/blas.h"
 #include "models/onednn_lstm.h"
 #include "models/param_layout.h"
 #include "models/replica.h"
@@ -27,6 +28,10 @@ class CpuRnnClassifier {
   // (throws std::runtime_error otherwise). The embedding, dropout, dense layer and loss stay this class's.
   void use_onednn();
   bool uses_onednn() const { return !onednn_.empty(); }
+  // Runs the builtin kernels' float matrix products on oneDNN's sgemm (onednn_lstm.h) instead of the BLAS:
+  // float only, in a build with oneDNN (throws std::runtime_error otherwise).
+  void use_onednn_products();
+  bool uses_onednn_products() const { return onednn_products_; }
 
   const ParamLayout& layout() const { return layout_; }
   const ModelOptions& options() const { return options_; }
@@ -88,6 +93,9 @@ class CpuRnnClassifier {
   // The gradient into the layer's input (d_output_ of the layer below, or d_embedded_), summed over
   // directions.
   void input_gradient(int layer, int batch, int seq);
+  // C = alpha op(A) op(B) + beta C on the BLAS, or on oneDNN's sgemm after use_onednn_products().
+  void product(Trans trans_a, Trans trans_b, int m, int n, int k, Scalar alpha, const Scalar* a, int lda,
+               const Scalar* b, int ldb, Scalar beta, Scalar* c, int ldc) const;
   // Multiplies the gradient into the layer's input by the dropout mask that made that input, if any.
   void undo_input_dropout(int layer, int batch, int seq);
   // The embedding gradient from d_embedded_, touching only the rows of this batch and the last one.
@@ -123,6 +131,7 @@ class CpuRnnClassifier {
   std::size_t dense_w_offset_ = 0;
   std::size_t dense_b_offset_ = 0;
   std::vector<Layer> layers_;
+  bool onednn_products_ = false;
   uint64_t dropout_key_ = 0;
   uint64_t dropout_draws_ = 0;  // masks drawn since the key was set
   bool dropping_ = false;       // this forward is a training step's and some dropout rate is not 0
@@ -143,6 +152,7 @@ class CpuRnnClassifier {
   std::vector<Scalar> d_output_;          // [T*B, D] gradient flowing into a layer's outputs
   std::vector<Scalar> d_h_;               // [B, H] recurrent part of dh_{t-1}
   std::vector<Scalar> d_c_;               // [B, H]
+  std::vector<Scalar> db_rows_;           // [B, 2 * G*H] each batch row's bias gradients through time
   std::vector<Scalar> d_embedded_;        // [T*B, E]
   std::vector<int32_t> touched_;          // sorted token ids of the last train_step's batch
   std::vector<int32_t> next_touched_;     // the step's ids as they are found, then swapped in

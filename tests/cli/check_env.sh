@@ -127,7 +127,7 @@ else
   run train mpirun -np 2 "$ddptrain" "${train[@]}"
   expect_status train 0
   for r in 0 1; do
-    grep -qE "\(local rank $r/2\): cpu(, LSTM on [^[]*)? \[device = auto: $few_words\], train rows" train.out ||
+    grep -qE "\(local rank $r/2\): cpu(, LSTM (on|cells over) [^[]*)? \[device = auto: $few_words\], train rows" train.out ||
       fail "train: rank $r's start-up line does not say 'cpu [device = auto: $few_words]'"
   done
   grep -qiE "$long_text" train.out && fail "train: CUDA's long text under device auto"

@@ -229,7 +229,9 @@ TEST(CpuRnnClassifier, OnednnMatchesDouble) {
 
 // The embedding's lookup and gradient run on the rank's compute threads (rows split for the lookup, columns
 // for the gradient, whose repeated tokens must add in one order): any thread count gives the same bits, over
-// two steps in a row (the rows the first touched and the second does not go back to zero).
+// two steps in a row (the rows the first touched and the second does not go back to zero). A batch of 6,
+// which the recurrent layers keep on one thread (split, their products' rounding may depend on the rows a
+// thread takes).
 TEST(CpuRnnClassifier, EmbeddingOnMoreThreadsChangesNoBit) {
   ModelShape shape{40, 48, 8, 1};  // 48 columns: three cache lines of floats to split
   const ParamLayout layout(shape);
@@ -241,7 +243,7 @@ TEST(CpuRnnClassifier, EmbeddingOnMoreThreadsChangesNoBit) {
     std::copy(init.begin(), init.end(), model.params().begin());
     std::vector<float> grads;
     for (const uint64_t seed : {21, 22}) {
-      const Batch batch = random_batch(shape.vocab_size, 24, 30, seed);  // 720 rows, every token many times
+      const Batch batch = random_batch(shape.vocab_size, 6, 120, seed);  // 720 rows, every token many times
       model.train_step(batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq, {});
       grads.insert(grads.end(), model.grads().begin(), model.grads().end());
     }
@@ -255,16 +257,30 @@ TEST(CpuRnnClassifier, EmbeddingOnMoreThreadsChangesNoBit) {
 
 TEST(CpuRnnClassifier, OnednnIsRefusedWhereTheBuildHasNone) {
   if (onednn_missing().empty()) {
-    EXPECT_EQ(parse_cpu_kernels("auto"), CpuKernels::kOnednn);
+    EXPECT_EQ(parse_cpu_kernels("auto"), fastest_cpu_kernels(true, onednn_runs_avx512()));
     EXPECT_EQ(parse_cpu_kernels("onednn"), CpuKernels::kOnednn);
+    EXPECT_EQ(parse_cpu_kernels("onednn_gemm"), CpuKernels::kOnednnGemm);
   } else {
     EXPECT_EQ(parse_cpu_kernels("auto"), CpuKernels::kBuiltin);
     EXPECT_THROW(parse_cpu_kernels("onednn"), UserError);
+    EXPECT_THROW(parse_cpu_kernels("onednn_gemm"), UserError);
+    CpuRnnClassifier<float> model({10, 4, 3, 1});
+    EXPECT_THROW(model.use_onednn_products(), std::runtime_error);
   }
   EXPECT_EQ(parse_cpu_kernels("builtin"), CpuKernels::kBuiltin);
   EXPECT_THROW(parse_cpu_kernels("fast"), UserError);
   CpuRnnClassifier<double> reference({10, 4, 3, 1});
   EXPECT_THROW(reference.use_onednn(), std::runtime_error) << "the double reference stays the builtin";
+  EXPECT_THROW(reference.use_onednn_products(), std::runtime_error);
+}
+
+// auto's rule: oneDNN's primitives where it runs AVX-512, our cells over its sgemm on AVX2, the builtin
+// kernels without it.
+TEST(CpuRnnClassifier, AutoPicksTheFastestKernelsMeasured) {
+  EXPECT_EQ(fastest_cpu_kernels(true, true), CpuKernels::kOnednn);
+  EXPECT_EQ(fastest_cpu_kernels(true, false), CpuKernels::kOnednnGemm);
+  EXPECT_EQ(fastest_cpu_kernels(false, false), CpuKernels::kBuiltin);
+  EXPECT_EQ(fastest_cpu_kernels(false, true), CpuKernels::kBuiltin);
 }
 
 TEST(Initializers, KerasDistributions) {

@@ -1,5 +1,5 @@
 // The replica contract (tests/replica_contract.h) over the CPU replica, on each of its kernel libraries
-// (model.cpu_kernels): its own over the BLAS, and oneDNN's where the build has it.
+// (model.cpu_kernels): its own over the BLAS, and oneDNN's two where the build has it.
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,7 +25,7 @@ class HostPlacedBatch final : public PlacedBatch {
 template <models::CpuKernels kKernels>
 struct CpuReplicaKind {
   static std::optional<std::string> unavailable() {
-    if (kKernels == models::CpuKernels::kOnednn && !models::onednn_missing().empty()) {
+    if (kKernels != models::CpuKernels::kBuiltin && !models::onednn_missing().empty()) {
       return models::onednn_missing();
     }
     return std::nullopt;
@@ -44,12 +44,14 @@ struct CpuReplicaKind {
 };
 
 using CpuKinds = ::testing::Types<CpuReplicaKind<models::CpuKernels::kBuiltin>,
-                                  CpuReplicaKind<models::CpuKernels::kOnednn>>;
-// Cpu/ReplicaContract/builtin.*, Cpu/ReplicaContract/onednn.*
+                                  CpuReplicaKind<models::CpuKernels::kOnednn>,
+                                  CpuReplicaKind<models::CpuKernels::kOnednnGemm>>;
+// Cpu/ReplicaContract/builtin.*, Cpu/ReplicaContract/onednn.*, Cpu/ReplicaContract/onednn_gemm.*
 struct KernelsName {
   template <typename Kind>
   static std::string GetName(int index) {
-    return index == 0 ? "builtin" : "onednn";
+    static const char* const names[] = {"builtin", "onednn", "onednn_gemm"};
+    return names[index];
   }
 };
 INSTANTIATE_TYPED_TEST_SUITE_P(Cpu, ReplicaContract, CpuKinds, KernelsName);
