@@ -407,11 +407,11 @@ int main(int argc, char** argv) {
     const double steps_per_epoch = std::ceil(25000.0 / (static_cast<double>(world) * s.batch));
     std::printf(
         "layout: %d rank(s) x %d thread(s) (one pool: %s); batch %d, seq %d, E %d, H %d, vocab %d, %s%s; "
-        "%zu parameters; embedding exchange %s, Adam %s; LSTM %s\n",
+        "%zu parameters; embedding exchange %s, Adam %s; kernels: %s\n",
         world, threads, plan.pool.c_str(), s.batch, s.seq, s.embed, s.hidden, s.vocab,
         ddp::models::describe(shape).c_str(), mask ? ", masked" : "", replica->layout().total_size(),
         sparse ? "sparse" : "dense", lazy ? "lazy" : "dense",
-        replica->lstm_kernels().empty() ? "builtin (over the BLAS)" : replica->lstm_kernels().c_str());
+        replica->lstm_kernels().empty() ? "builtin cells over the BLAS" : replica->lstm_kernels().c_str());
     std::printf(
         "step (%s): mean %.2f ms, std %.2f ms over %d steps after %d burn-in\n",
         colocated ? "fwd+bwd, colocated exchange with Adam on each rank's shard" : "fwd+bwd+allreduce+adam",

@@ -3,7 +3,10 @@
 // or GRU cells, one or two directions, any number of layers, two or more classes; with masking of the left
 // padding and dropout (ModelOptions). Time-major internally: the input projection of the whole sequence is
 // one GEMM per layer and direction, each time step one GEMM with the recurrent weights, and backward through
-// time accumulates the weight gradients of the whole sequence in one GEMM each.
+// time accumulates the weight gradients of the whole sequence in one GEMM each. Samples are independent
+// through time, so on more than one compute thread (parallel_loops.h) each thread runs the time steps of its
+// own rows of the batch, recurrent products included. The products run on the BLAS, on oneDNN's sgemm
+// (use_onednn_products), or the recurrent layers on oneDNN's primitives whole (use_onednn).
 #pragma once
 
 #include <cstddef>
