@@ -2,8 +2,9 @@
 """Side by side on the same CPU cores: IMDB-shaped training epochs (seq 80, E = H = 128, vocab 20000, batch 32
 per rank, Adam) of ddptrain and of the same model in PyTorch (nn.Embedding + nn.LSTM + nn.Linear + Adam), for
 each layout RANKSxTHREADS (one process per rank, THREADS BLAS/intra-op threads each). With more than one rank
-PyTorch runs DistributedDataParallel over gloo, ddptrain its MPI all-reduce (comm.backend mpi). Prints a
-Markdown table for benchmarks/RESULTS.md.
+PyTorch runs DistributedDataParallel over gloo, ddptrain its MPI all-reduce (comm.backend mpi; --backend auto
+gives ddptrain's default instead, the colocated parameter server on CPU ranks). Prints a Markdown table for
+benchmarks/RESULTS.md.
 
     python3 benchmarks/cpu_torch_compare.py --ddptrain build/ddptrain --data /tmp/synthetic-25000.h5 \
         [--layouts 1x2 2x1] [--repeats 3]
@@ -89,12 +90,12 @@ def torch_epoch(ranks, threads, samples, port, blas_threads):
     return max(seconds for _, seconds, _ in outcome), outcome[0][2]
 
 
-def ddptrain_epoch(binary, data, ranks, threads, workdir, run):
+def ddptrain_epoch(binary, data, ranks, threads, workdir, run, backend):
     run_dir = os.path.join(workdir, f"run-{ranks}x{threads}-{run}")
     # One rank gets every core it asks for; several ranks are bound one core each, as mpirun does by default.
     binding = ["--bind-to", "none"] if ranks == 1 else ["--bind-to", "core"]
     command = ["mpirun", "-np", str(ranks), *binding, binary, "--config", "launch/configs/imdb.ini",
-               "--data.path", data, "--comm.backend", "mpi", "--train.threads", str(threads),
+               "--data.path", data, "--comm.backend", backend, "--train.threads", str(threads),
                "--train.epochs", "2", "--checkpoint.dir", run_dir, "--log.progress", "lines",
                "--data.validate", "false",
                "--data.validation", "test"]
@@ -117,6 +118,7 @@ def main():
     parser.add_argument("--torch-blas-threads", type=int, default=1,
                         help="OPENBLAS_NUM_THREADS for PyTorch's ranks; 0 leaves it unset (the BLAS's default)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each side, interleaved")
+    parser.add_argument("--backend", default="mpi", help="ddptrain's comm.backend (auto: its default)")
     args = parser.parse_args()
     import torch
 
@@ -128,7 +130,8 @@ def main():
             ranks, threads = (int(part) for part in layout.split("x"))
             ours, theirs = [], []
             for run in range(args.repeats):  # interleaved, so a noisy minute hits both sides
-                seconds, our_steps = ddptrain_epoch(args.ddptrain, args.data, ranks, threads, workdir, run)
+                seconds, our_steps = ddptrain_epoch(args.ddptrain, args.data, ranks, threads, workdir, run,
+                                                     args.backend)
                 ours.append(seconds)
                 seconds, their_steps = torch_epoch(ranks, threads, args.samples, 29500 + run,
                                                    args.torch_blas_threads)
