@@ -31,13 +31,14 @@ struct Owned {
   void zero() { std::fill(data.begin(), data.end(), 0.0f); }
 };
 
+bool is_avx512(dnnl::cpu_isa isa) {
+  return isa == dnnl::cpu_isa::avx512_core_amx || isa == dnnl::cpu_isa::avx512_core_bf16 ||
+         isa == dnnl::cpu_isa::avx512_core_vnni || isa == dnnl::cpu_isa::avx512_core;
+}
+
 std::string isa_name(dnnl::cpu_isa isa) {
+  if (is_avx512(isa)) return "AVX-512";
   switch (isa) {
-    case dnnl::cpu_isa::avx512_core_amx:
-    case dnnl::cpu_isa::avx512_core_bf16:
-    case dnnl::cpu_isa::avx512_core_vnni:
-    case dnnl::cpu_isa::avx512_core:
-      return "AVX-512";
     case dnnl::cpu_isa::avx2_vnni:
     case dnnl::cpu_isa::avx2:
       return "AVX2";
@@ -343,7 +344,7 @@ std::string onednn_description() {
 }
 
 bool onednn_runs_avx512() {
-  return isa_name(dnnl::get_effective_cpu_isa()) == "AVX-512";
+  return is_avx512(dnnl::get_effective_cpu_isa());
 }
 
 void set_onednn_threads(int threads) {
