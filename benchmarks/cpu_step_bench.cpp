@@ -271,7 +271,8 @@ int main(int argc, char** argv) {
       "threads", po::value(&threads)->default_value(threads), "compute threads per rank (train.threads)")(
       "sparse", po::value(&sparse)->default_value(sparse), "exchange only touched embedding rows")(
       "lazy", po::value(&lazy)->default_value(lazy), "lazy (row-wise) Adam on the embedding")(
-      "kernels", po::value(&kernels)->default_value(kernels), "the LSTM's kernels: auto, builtin or onednn")(
+      "kernels", po::value(&kernels)->default_value(kernels),
+      "the recurrent kernels (model.cpu_kernels): auto, builtin, onednn, onednn_gemm or packed")(
       "exchange", po::value(&exchange)->default_value(exchange),
       "allreduce (the mpi backend) or colocated (the parameter server every rank serves a shard of)");
   po::variables_map vm;

@@ -13,6 +13,9 @@ struct SgemmLibrary {
   std::string missing;     // why it cannot run here; empty where it can
   bool transposes = true;  // false: runs only products with neither operand transposed
   std::function<void(const Product&, const float* a, const float* b, float* c)> run;
+  // Called before each product's `count` calls on new operands (may be empty): a library that keeps its B
+  // operand packed between calls, as the replica keeps the recurrent weights through a pass, packs again.
+  std::function<void()> new_operands;
 };
 
 // One thread each: the question is a core's rate. `path` is the shared library to open where it applies.

@@ -4,8 +4,9 @@
 // recurrent products each way, the weight and input gradients) it times the BLAS the project links
 // (OpenBLAS), oneDNN's sgemm, BLIS and libxsmm's JIT kernels, twice: with the operands transposed as the
 // hand-written replica issues them, and with none transposed (the layout a kernel built around a library
-// would choose). Rounds run the libraries in turn, so all meet the same load; medians are printed, with the
-// step's sum beside the physical floor (the same FLOPs at the core's peak FMA rate, peak_flops.h).
+// would choose), and on the project's own packed register tiles (models/packed_gemm.h). Rounds run the
+// libraries in turn, so all meet the same load; medians are printed, with the step's sum beside the physical
+// floor (the same FLOPs at the core's peak FMA rate, peak_flops.h).
 //
 //   build/benchmarks/gemm_library_bench [--blis /usr/lib/x86_64-linux-gnu/blis-serial/libblis.so.4]
 #include <cblas.h>
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,18 +28,22 @@
 #include "gemm_libraries.h"
 #include "models/blas_threads.h"
 #include "models/onednn_lstm.h"
+#include "models/packed_gemm.h"
 #include "peak_flops.h"
 
 namespace po = boost::program_options;
 using Clock = std::chrono::steady_clock;
 
 SgemmLibrary blas_library() {
-  return {ddp::models::blas_description(), "", true,
+  return {ddp::models::blas_description(),
+          "",
+          true,
           [](const Product& p, const float* a, const float* b, float* c) {
             cblas_sgemm(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans,
                         p.trans_b ? CblasTrans : CblasNoTrans, p.m, p.n, p.k, 1.0f, a, p.trans_a ? p.m : p.k,
                         b, p.trans_b ? p.k : p.n, 0.0f, c, p.n);
-          }};
+          },
+          {}};
 }
 
 SgemmLibrary onednn_library(const std::string& path) {
@@ -45,11 +51,15 @@ SgemmLibrary onednn_library(const std::string& path) {
                         int64_t, float, float*, int64_t);
   void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   auto sgemm = library != nullptr ? reinterpret_cast<Sgemm>(dlsym(library, "dnnl_sgemm")) : nullptr;
-  if (sgemm == nullptr) return {"oneDNN sgemm", "cannot open " + path + " (--onednn)", true, {}};
-  return {"oneDNN sgemm", "", true, [sgemm](const Product& p, const float* a, const float* b, float* c) {
+  if (sgemm == nullptr) return {"oneDNN sgemm", "cannot open " + path + " (--onednn)", true, {}, {}};
+  return {"oneDNN sgemm",
+          "",
+          true,
+          [sgemm](const Product& p, const float* a, const float* b, float* c) {
             sgemm(p.trans_a ? 'T' : 'N', p.trans_b ? 'T' : 'N', p.m, p.n, p.k, 1.0f, a, p.trans_a ? p.m : p.k,
                   b, p.trans_b ? p.k : p.n, 0.0f, c, p.n);
-          }};
+          },
+          {}};
 }
 
 SgemmLibrary blis_library(const std::string& path) {
@@ -58,13 +68,34 @@ SgemmLibrary blis_library(const std::string& path) {
                          const float*, int64_t, int64_t, const float*, float*, int64_t, int64_t);
   void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   auto sgemm = library != nullptr ? reinterpret_cast<Sgemm>(dlsym(library, "bli_sgemm")) : nullptr;
-  if (sgemm == nullptr) return {"BLIS", "cannot open " + path + " (--blis; Debian's libblis4)", true, {}};
-  return {"BLIS", "", true, [sgemm](const Product& p, const float* a, const float* b, float* c) {
+  if (sgemm == nullptr) return {"BLIS", "cannot open " + path + " (--blis; Debian's libblis4)", true, {}, {}};
+  return {"BLIS",
+          "",
+          true,
+          [sgemm](const Product& p, const float* a, const float* b, float* c) {
             const float one = 1, zero = 0;
             constexpr int kTranspose = 8;
             sgemm(p.trans_a ? kTranspose : 0, p.trans_b ? kTranspose : 0, p.m, p.n, p.k, &one, a,
                   p.trans_a ? p.m : p.k, 1, b, p.trans_b ? p.k : p.n, 1, &zero, c, p.n, 1);
-          }};
+          },
+          {}};
+}
+
+// ddptrain's own register tiles (models/packed_gemm.h): B packed on the first call after new operands and
+// kept for the product's other calls, as the replica packs the recurrent weights once per pass.
+SgemmLibrary packed_library() {
+  if (const std::string why = ddp::models::packed_gemm_missing(); !why.empty()) {
+    return {"packed tiles", why, true, {}, {}};
+  }
+  auto packed = std::make_shared<ddp::models::PackedMatrix>();
+  auto fresh = std::make_shared<bool>(true);
+  return {"packed tiles (ddptrain)", "", true,
+          [packed, fresh](const Product& p, const float* a, const float* b, float* c) {
+            if (*fresh) packed->pack(p.trans_b, p.k, p.n, b, p.trans_b ? p.k : p.n, p.m);
+            *fresh = false;
+            ddp::models::packed_gemm(p.trans_a, p.m, a, p.trans_a ? p.m : p.k, *packed, false, c, p.n);
+          },
+          [fresh] { *fresh = true; }};
 }
 
 namespace {
@@ -85,11 +116,16 @@ double flops(const StepProduct& p) {
 // Seconds for the product's `count` calls, averaged over as many repetitions as fill `seconds`.
 double time_product(const SgemmLibrary& library, const StepProduct& p, const std::vector<float>& a,
                     const std::vector<float>& b, std::vector<float>& c, double seconds) {
+  const auto new_operands = [&] {
+    if (library.new_operands) library.new_operands();
+  };
+  new_operands();
   library.run(p.shape, a.data(), b.data(), c.data());
   int repetitions = 0;
   double took = 0;
   const auto start = Clock::now();
   do {
+    new_operands();
     for (int i = 0; i < p.count; ++i) library.run(p.shape, a.data(), b.data(), c.data());
     ++repetitions;
     took = std::chrono::duration<double>(Clock::now() - start).count();
@@ -159,7 +195,7 @@ int run(int batch, int seq, int embed, int hidden, int rounds, double seconds, c
   ddp::models::set_onednn_threads(1);
   ddp::models::set_blas_threads(1);
   std::vector<SgemmLibrary> libraries = {blas_library(), onednn_library(onednn_path), blis_library(blis_path),
-                                         libxsmm_library()};
+                                         libxsmm_library(), packed_library()};
   for (const SgemmLibrary& library : libraries) {
     if (!library.missing.empty()) std::printf("%s: %s\n", library.name.c_str(), library.missing.c_str());
   }

@@ -67,10 +67,13 @@ Tiling best_tiling(const Product& p, const float* a, const float* b, float* c) {
 SgemmLibrary libxsmm_library() {
   libxsmm_init();
   auto tilings = std::make_shared<std::map<std::tuple<int, int, int>, Tiling>>();
-  return {"libxsmm " LIBXSMM_VERSION, "", false,
+  return {"libxsmm " LIBXSMM_VERSION,
+          "",
+          false,
           [tilings](const Product& p, const float* a, const float* b, float* c) {
             auto [at, fresh] = tilings->try_emplace({p.m, p.n, p.k});
             if (fresh) at->second = best_tiling(p, a, b, c);
             run_tiled(p, at->second, a, b, c);
-          }};
+          },
+          {}};
 }

@@ -35,7 +35,7 @@ struct Config {
     double dropout = 0;          // between stacked layers, training only
     double embedding_dropout = 0;
     std::string cudnn_rnn_algo = "auto";  // auto | standard | persist_small_h | persist_static (GPU only)
-    std::string cpu_kernels = "auto";     // auto | builtin | onednn | onednn_gemm (CPU replicas' RNN)
+    std::string cpu_kernels = "auto";     // auto | builtin | onednn | onednn_gemm | packed (CPU RNN)
   } model;
 
   struct Train {

@@ -9,15 +9,15 @@ namespace ddp::models {
 CpuThreadPlan plan_cpu_threads(int threads, CpuKernels kernels) {
   CpuThreadPlan plan;
   plan.threads = threads;
-  if (kernels == CpuKernels::kOnednn || kernels == CpuKernels::kOnednnGemm) {
+  if (kernels != CpuKernels::kBuiltin) {
     plan.blas_told = set_blas_threads(1);
     set_onednn_threads(threads);
     set_loop_threads(threads);
     plan.pool =
         kernels == CpuKernels::kOnednn
             ? "OpenMP's, for oneDNN's recurrent layers and the optimizer's loops (the BLAS on 1 thread)"
-            : "OpenMP's, for the recurrent layers (each thread its rows of the batch; oneDNN's sgemm, the "
-              "BLAS on 1 thread each) and the optimizer's loops";
+            : "OpenMP's, for the recurrent layers (each thread its rows of the batch, the BLAS on 1 thread "
+              "each) and the optimizer's loops";
   } else {
     plan.blas_told = set_blas_threads(threads);
     set_onednn_threads(1);

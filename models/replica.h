@@ -139,18 +139,22 @@ class Replica {
 };
 
 // The CPU replica's recurrent kernels (model.cpu_kernels): its own cells over the BLAS, oneDNN's RNN
-// primitives (onednn_lstm.h), or its own cells over oneDNN's sgemm (the weight gradients over the BLAS).
-enum class CpuKernels { kBuiltin, kOnednn, kOnednnGemm };
-// builtin, onednn, onednn_gemm, or auto (fastest_cpu_kernels for this build and CPU; each runs every
-// variant). Throws UserError naming the key for another name, or for a oneDNN kind in a build without it.
-// The shape and options are for variants a kind may one day not run.
+// primitives (onednn_lstm.h), its own cells over oneDNN's sgemm (the weight gradients over the BLAS), or its
+// own cells with each time step's recurrent product on packed register tiles (packed_gemm.h) and the
+// products over the whole sequence on oneDNN's sgemm (the BLAS in a build without oneDNN).
+enum class CpuKernels { kBuiltin, kOnednn, kOnednnGemm, kPacked };
+// builtin, onednn, onednn_gemm, packed, or auto (fastest_cpu_kernels for this build and CPU; each runs every
+// variant). Throws UserError naming the key for another name, for a oneDNN kind in a build without it, or
+// for packed on a CPU without AVX2 and FMA. The shape and options are for variants a kind may one day not
+// run.
 CpuKernels parse_cpu_kernels(const std::string& name, const ModelShape& shape = {},
                              const ModelOptions& options = {});
-// auto's rule, measured (benchmarks/RESULTS.md, "Against oneDNN's LSTM" and "Which library for the
-// products"): where oneDNN runs AVX-512 its LSTM primitive is faster than its sgemm's products alone, so the
-// primitives; on AVX2 the products are faster than the primitive by more than the cells cost, so our cells
-// over its sgemm; without oneDNN the builtin kernels.
-CpuKernels fastest_cpu_kernels(bool have_onednn, bool onednn_avx512);
+// auto's rule, measured (benchmarks/RESULTS.md, "Against oneDNN's LSTM", "Which library for the products"
+// and "Our own tiles"). On AVX-512 (`avx512`: oneDNN runs its AVX-512 kernels, or without oneDNN the CPU has
+// them) oneDNN's LSTM primitive is faster than its sgemm's products alone, so the primitives, and without
+// oneDNN the BLAS's own AVX-512 kernels; on AVX2 the packed tiles (`have_packed`) where the CPU can run them,
+// else our cells over oneDNN's sgemm, or the builtin kernels without oneDNN.
+CpuKernels fastest_cpu_kernels(bool have_onednn, bool avx512, bool have_packed);
 
 // The CPU replica (BLAS for every matrix product, or oneDNN for the recurrent layers'); parameters are zero
 // until initialized or loaded.

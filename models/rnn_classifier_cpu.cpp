@@ -15,6 +15,7 @@
 #include "engine/base/parallel_loops.h"
 #include "engine/base/timeline.h"
 #include "models/blas.h"
+#include "models/blas_threads.h"
 #include "models/dropout.h"
 #include "models/fast_math.h"
 #include "models/output_math.h"
@@ -40,6 +41,12 @@ constexpr std::size_t kMinProductRowsPerThread = 64;
 int32_t token_of_row(const int32_t* tokens, std::size_t k, int batch, int seq) {
   const auto b = k % static_cast<std::size_t>(batch), t = k / static_cast<std::size_t>(batch);
   return tokens[b * static_cast<std::size_t>(seq) + t];
+}
+
+// About how many batch rows each compute thread takes in the recurrent layers (parallel_ranges' split).
+int rows_per_thread(int batch) {
+  const int threads = std::max(1, std::min(loop_threads(), batch / static_cast<int>(kMinBatchRowsPerThread)));
+  return (batch + threads - 1) / threads;
 }
 
 template <typename Scalar>
@@ -248,23 +255,60 @@ void CpuRnnClassifier<Scalar>::use_onednn_products() {
 }
 
 template <typename Scalar>
+void CpuRnnClassifier<Scalar>::use_packed_recurrent() {
+  if constexpr (!std::is_same_v<Scalar, float>) {
+    throw std::runtime_error("CpuRnnClassifier: the packed products run the float path only");
+  } else {
+    if (!packed_gemm_missing().empty())
+      throw std::runtime_error("CpuRnnClassifier: " + packed_gemm_missing());
+    packed_recurrent_ = true;
+  }
+}
+
+template <typename Scalar>
+void CpuRnnClassifier<Scalar>::pack_recurrent_weights(Direction& dir, bool transposed, int rows) {
+  if constexpr (std::is_same_v<Scalar, float>) {
+    if (!packed_recurrent_) return;
+    const int hidden = layout_.shape().hidden, gate_width = layout_.shape().gates() * hidden;
+    // The forward pass multiplies by W_hh^T [H, G*H], backward by W_hh [G*H, H]; both read W_hh [G*H, H].
+    dir.packed_w_hh.pack(transposed, transposed ? hidden : gate_width, transposed ? gate_width : hidden,
+                         params_.data() + dir.w_hh, hidden, rows);
+  }
+}
+
+template <typename Scalar>
+void CpuRnnClassifier<Scalar>::recurrent_product(const Direction& dir, bool transposed, int m, int n, int k,
+                                                 const Scalar* a, const Scalar* w_hh, bool accumulate,
+                                                 Scalar* c) const {
+  if constexpr (std::is_same_v<Scalar, float>) {
+    if (packed_recurrent_) {
+      packed_gemm(false, m, a, k, dir.packed_w_hh, accumulate, c, n);
+      return;
+    }
+  }
+  product(Trans::kNo, transposed ? Trans::kYes : Trans::kNo, m, n, k, Scalar(1), a, k, w_hh,
+          layout_.shape().hidden, accumulate ? Scalar(1) : Scalar(0), c, n);
+}
+
+template <typename Scalar>
 void CpuRnnClassifier<Scalar>::product(Trans trans_a, Trans trans_b, int m, int n, int k, Scalar alpha,
                                        const Scalar* a, int lda, const Scalar* b, int ldb, Scalar beta,
                                        Scalar* c, int ldc) const {
   if constexpr (std::is_same_v<Scalar, float>) {
-    if (onednn_products_ && trans_a == Trans::kYes) {
-      // The weight gradients (A transposed), where the BLAS beats oneDNN's sgemm (gemm_library_bench): the
-      // compute threads each take a block of C's rows on the BLAS's calling thread.
-      parallel_ranges(to_size(m), kProductRowsAlign, kMinProductRowsPerThread,
-                      [&](std::size_t r0, std::size_t r1) {
-                        gemm(trans_a, trans_b, static_cast<int>(r1 - r0), n, k, alpha, a + r0, lda, b, ldb,
-                             beta, c + r0 * to_size(ldc), ldc);
-                      });
+    if (onednn_products_ && trans_a == Trans::kNo) {
+      onednn_sgemm(false, trans_b == Trans::kYes, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
     }
-    if (onednn_products_) {
-      onednn_sgemm(trans_a == Trans::kYes, trans_b == Trans::kYes, m, n, k, alpha, a, lda, b, ldb, beta, c,
-                   ldc);
+    if (onednn_products_ || packed_recurrent_) {
+      // The BLAS runs on each calling thread alone in these kinds, so the compute threads each take a block
+      // of C's rows: the weight gradients (A transposed), where the BLAS beats oneDNN's sgemm
+      // (gemm_library_bench), and with the packed tiles in a build without oneDNN every product.
+      parallel_ranges(to_size(m), kProductRowsAlign, kMinProductRowsPerThread,
+                      [&](std::size_t r0, std::size_t r1) {
+                        const Scalar* a_rows = trans_a == Trans::kYes ? a + r0 : a + r0 * to_size(lda);
+                        gemm(trans_a, trans_b, static_cast<int>(r1 - r0), n, k, alpha, a_rows, lda, b, ldb,
+                             beta, c + r0 * to_size(ldc), ldc);
+                      });
       return;
     }
   }
@@ -653,8 +697,8 @@ void CpuRnnClassifier<Scalar>::forward_direction(int layer, int direction, int b
         Scalar* tanh_t = dir.cell_tanh.data() + to_size(t) * step_states;
         // The initial state is 0: the first step has no recurrent term.
         if (s > 0) {
-          product(Trans::kNo, Trans::kYes, m, gate_width, hidden, Scalar(1), h_prev + b0 * h_size, hidden,
-                  w_hh, hidden, Scalar(1), g_t + b0 * g_size, gate_width);
+          recurrent_product(dir, true, m, gate_width, hidden, h_prev + b0 * h_size, w_hh, true,
+                            g_t + b0 * g_size);
         }
         for (std::size_t b = b0; b < b1; ++b) {
           const std::size_t s_row = b * h_size;
@@ -671,8 +715,8 @@ void CpuRnnClassifier<Scalar>::forward_direction(int layer, int direction, int b
         Scalar* recurrent = recurrent_.data();
         for (std::size_t b = b0; b < b1; ++b) std::copy_n(b_hh, g_size, recurrent + b * g_size);
         if (s > 0) {
-          product(Trans::kNo, Trans::kYes, m, gate_width, hidden, Scalar(1), h_prev + b0 * h_size, hidden,
-                  w_hh, hidden, Scalar(1), recurrent + b0 * g_size, gate_width);
+          recurrent_product(dir, true, m, gate_width, hidden, h_prev + b0 * h_size, w_hh, true,
+                            recurrent + b0 * g_size);
         }
         Scalar* kept = dir.recurrent.data() + to_size(t) * step_states;
         for (std::size_t b = b0; b < b1; ++b) {
@@ -689,6 +733,7 @@ void CpuRnnClassifier<Scalar>::forward_direction(int layer, int direction, int b
       }
     }
   };
+  pack_recurrent_weights(dir, true, rows_per_thread(batch));
   parallel_ranges(to_size(batch), kBatchRowsAlign, kMinBatchRowsPerThread, rows_forward);
 }
 
@@ -1068,11 +1113,12 @@ void CpuRnnClassifier<Scalar>::backward_direction(int layer, int direction, int 
       // dh_{t-1} through the recurrent weights; the initial state is a constant, so the first step needs
       // none.
       if (s > 0) {
-        product(Trans::kNo, Trans::kNo, m, hidden, gate_width, Scalar(1), dgh_t + b0 * g_size, gate_width,
-                w_hh, hidden, direct_path ? Scalar(1) : Scalar(0), d_h + b0 * h_size, hidden);
+        recurrent_product(dir, false, m, hidden, gate_width, dgh_t + b0 * g_size, w_hh, direct_path,
+                          d_h + b0 * h_size);
       }
     }
   };
+  pack_recurrent_weights(dir, false, rows_per_thread(batch));
   parallel_ranges(to_size(batch), kBatchRowsAlign, kMinBatchRowsPerThread, rows_backward);
 
   Scalar* db_ih = grads_.data() + dir.b_ih;
@@ -1100,11 +1146,20 @@ class CpuReplica final : public Replica {
       : model_(shape, options) {
     if (kernels == CpuKernels::kOnednn) model_.use_onednn();
     if (kernels == CpuKernels::kOnednnGemm) model_.use_onednn_products();
+    if (kernels == CpuKernels::kPacked) {
+      model_.use_packed_recurrent();
+      if (onednn_missing().empty()) model_.use_onednn_products();
+    }
   }
 
   std::string lstm_kernels() const override {
     const std::string cell = model_.layout().shape().cell == Cell::kGru ? "GRU" : "LSTM";
     if (model_.uses_onednn()) return cell + " on " + onednn_description();
+    if (model_.uses_packed_recurrent()) {
+      return cell + " cells over packed AVX2 tiles (each time step's products) and " +
+             (model_.uses_onednn_products() ? "the sgemm of " + onednn_description() : blas_description()) +
+             " (the whole sequence's)";
+    }
     if (model_.uses_onednn_products()) return cell + " cells over the sgemm of " + onednn_description();
     return "";
   }
@@ -1163,21 +1218,31 @@ class CpuReplica final : public Replica {
 
 }  // namespace
 
-CpuKernels fastest_cpu_kernels(bool have_onednn, bool onednn_avx512) {
-  if (!have_onednn) return CpuKernels::kBuiltin;
-  return onednn_avx512 ? CpuKernels::kOnednn : CpuKernels::kOnednnGemm;
+CpuKernels fastest_cpu_kernels(bool have_onednn, bool avx512, bool have_packed) {
+  if (avx512) return have_onednn ? CpuKernels::kOnednn : CpuKernels::kBuiltin;
+  if (have_packed) return CpuKernels::kPacked;
+  return have_onednn ? CpuKernels::kOnednnGemm : CpuKernels::kBuiltin;
 }
 
 CpuKernels parse_cpu_kernels(const std::string& name, const ModelShape& /*shape*/,
                              const ModelOptions& /*options*/) {
   // Every kind runs every variant: LSTM and GRU cells, both directions, masking (forward_layer_onednn).
   if (name == "builtin") return CpuKernels::kBuiltin;
-  if (name == "auto") return fastest_cpu_kernels(onednn_missing().empty(), onednn_runs_avx512());
+  if (name == "auto") {
+    const bool have_onednn = onednn_missing().empty();
+    return fastest_cpu_kernels(have_onednn, have_onednn ? onednn_runs_avx512() : cpu_has_avx512(),
+                               packed_gemm_missing().empty());
+  }
   if (name == "onednn" || name == "onednn_gemm") {
     if (!onednn_missing().empty()) throw UserError("model.cpu_kernels = " + name + ": " + onednn_missing());
     return name == "onednn" ? CpuKernels::kOnednn : CpuKernels::kOnednnGemm;
   }
-  throw UserError("model.cpu_kernels = " + name + ": expected auto, builtin, onednn or onednn_gemm");
+  if (name == "packed") {
+    if (!packed_gemm_missing().empty())
+      throw UserError("model.cpu_kernels = packed: " + packed_gemm_missing());
+    return CpuKernels::kPacked;
+  }
+  throw UserError("model.cpu_kernels = " + name + ": expected auto, builtin, onednn, onednn_gemm or packed");
 }
 
 std::unique_ptr<Replica> make_cpu_replica(const ModelShape& shape, CpuKernels kernels,

@@ -17,6 +17,7 @@
 
 #include "models/blas.h"
 #include "models/onednn_lstm.h"
+#include "models/packed_gemm.h"
 #include "models/param_layout.h"
 #include "models/replica.h"
 
@@ -35,6 +36,10 @@ class CpuRnnClassifier {
   // float only, in a build with oneDNN (throws std::runtime_error otherwise).
   void use_onednn_products();
   bool uses_onednn_products() const { return onednn_products_; }
+  // Runs the recurrent products of every time step on packed_gemm.h's register tiles, the recurrent weights
+  // packed once a layer's pass: float only, on a CPU with AVX2 and FMA (throws std::runtime_error otherwise).
+  void use_packed_recurrent();
+  bool uses_packed_recurrent() const { return packed_recurrent_; }
 
   const ParamLayout& layout() const { return layout_; }
   const ModelOptions& options() const { return options_; }
@@ -77,6 +82,7 @@ class CpuRnnClassifier {
     std::vector<Scalar> states;     // [(T+1)*B, H]
     std::vector<Scalar> d_gates;    // [T*B, G*H] gradient before the activations (input side)
     std::vector<Scalar> d_gates_h;  // GRU: [T*B, G*H] the same on the recurrent side (n's block times r)
+    PackedMatrix packed_w_hh;       // use_packed_recurrent: W_hh^T for the forward pass, W_hh for backward
   };
   struct Layer {
     int in = 0;
@@ -99,6 +105,14 @@ class CpuRnnClassifier {
   // C = alpha op(A) op(B) + beta C on the BLAS, or on oneDNN's sgemm after use_onednn_products().
   void product(Trans trans_a, Trans trans_b, int m, int n, int k, Scalar alpha, const Scalar* a, int lda,
                const Scalar* b, int ldb, Scalar beta, Scalar* c, int ldc) const;
+  // One time step's recurrent product of `m` batch rows, C = A op(W_hh) (+ C when `accumulate`): on the
+  // packed tiles (dir.packed_w_hh, packed by pack_recurrent_weights) after use_packed_recurrent, else on
+  // product() with W_hh at w_hh, transposed when `transposed`.
+  void recurrent_product(const Direction& dir, bool transposed, int m, int n, int k, const Scalar* a,
+                         const Scalar* w_hh, bool accumulate, Scalar* c) const;
+  // Packs W_hh (transposed, for the forward pass) into dir.packed_w_hh for products of about `rows` rows;
+  // nothing unless use_packed_recurrent.
+  void pack_recurrent_weights(Direction& dir, bool transposed, int rows);
   // Multiplies the gradient into the layer's input by the dropout mask that made that input, if any.
   void undo_input_dropout(int layer, int batch, int seq);
   // The embedding gradient from d_embedded_, touching only the rows of this batch and the last one.
@@ -135,6 +149,7 @@ class CpuRnnClassifier {
   std::size_t dense_b_offset_ = 0;
   std::vector<Layer> layers_;
   bool onednn_products_ = false;
+  bool packed_recurrent_ = false;
   uint64_t dropout_key_ = 0;
   uint64_t dropout_draws_ = 0;  // masks drawn since the key was set
   bool dropping_ = false;       // this forward is a training step's and some dropout rate is not 0

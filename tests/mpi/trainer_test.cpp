@@ -27,6 +27,7 @@
 #include "io/dataset_writer.h"
 #include "io/synthetic.h"
 #include "models/onednn_lstm.h"
+#include "models/packed_gemm.h"
 #include "models/replica.h"
 #include "tests/forwarding_replica.h"
 #include "tests/mpi/mpi_test_util.h"
@@ -292,15 +293,16 @@ TEST_F(TrainerTest, EarlyStoppingEndsEveryRankAfterThePatience) {
 }
 
 // A checkpoint is the canonical layout whichever LSTM kernels wrote it: a run stopped under oneDNN's
-// primitives resumes under the builtin kernels and the other way round, and one stopped under our cells over
-// oneDNN's sgemm resumes on the primitives, each ending near the uninterrupted run (not bitwise: they sum in
-// other orders).
+// primitives resumes under the builtin kernels and the other way round, one stopped under our cells over
+// oneDNN's sgemm resumes on the primitives, and one on the packed tiles over it, each ending near the
+// uninterrupted run (not bitwise: they sum in other orders).
 TEST_F(TrainerTest, CheckpointsMoveBetweenCpuKernels) {
   if (const std::string why = models::onednn_missing(); !why.empty()) GTEST_SKIP() << why;
   const engine::TrainResult straight = run(dir_.file("straight"), {"--model.cpu_kernels", "onednn"});
   const int64_t steps_per_epoch = straight.history[0].steps;
-  for (const auto& [first, then] :
-       {std::pair{"onednn", "builtin"}, std::pair{"builtin", "onednn"}, std::pair{"onednn_gemm", "onednn"}}) {
+  for (const auto& [first, then] : {std::pair{"onednn", "builtin"}, std::pair{"builtin", "onednn"},
+                                    std::pair{"onednn_gemm", "onednn"}, std::pair{"packed", "onednn_gemm"}}) {
+    if (std::string(first) == "packed" && !models::packed_gemm_missing().empty()) continue;
     const std::string dir = dir_.file(std::string(first) + "-then-" + then);
     run(dir, {"--model.cpu_kernels", first, "--train.stop_after_steps", std::to_string(steps_per_epoch + 3)});
     const engine::TrainResult resumed = run(dir, {"--model.cpu_kernels", then, "--resume"});

@@ -19,6 +19,7 @@
 #include "models/blas_threads.h"
 #include "models/fast_math.h"
 #include "models/initializers.h"
+#include "models/packed_gemm.h"
 #include "models/param_layout.h"
 #include "models/replica.h"
 #include "models/rnn_classifier_cpu.h"
@@ -257,11 +258,13 @@ TEST(CpuRnnClassifier, EmbeddingOnMoreThreadsChangesNoBit) {
 
 TEST(CpuRnnClassifier, OnednnIsRefusedWhereTheBuildHasNone) {
   if (onednn_missing().empty()) {
-    EXPECT_EQ(parse_cpu_kernels("auto"), fastest_cpu_kernels(true, onednn_runs_avx512()));
+    EXPECT_EQ(parse_cpu_kernels("auto"),
+              fastest_cpu_kernels(true, onednn_runs_avx512(), packed_gemm_missing().empty()));
     EXPECT_EQ(parse_cpu_kernels("onednn"), CpuKernels::kOnednn);
     EXPECT_EQ(parse_cpu_kernels("onednn_gemm"), CpuKernels::kOnednnGemm);
   } else {
-    EXPECT_EQ(parse_cpu_kernels("auto"), CpuKernels::kBuiltin);
+    EXPECT_EQ(parse_cpu_kernels("auto"),
+              packed_gemm_missing().empty() ? CpuKernels::kPacked : CpuKernels::kBuiltin);
     EXPECT_THROW(parse_cpu_kernels("onednn"), UserError);
     EXPECT_THROW(parse_cpu_kernels("onednn_gemm"), UserError);
     CpuRnnClassifier<float> model({10, 4, 3, 1});
@@ -272,15 +275,36 @@ TEST(CpuRnnClassifier, OnednnIsRefusedWhereTheBuildHasNone) {
   CpuRnnClassifier<double> reference({10, 4, 3, 1});
   EXPECT_THROW(reference.use_onednn(), std::runtime_error) << "the double reference stays the builtin";
   EXPECT_THROW(reference.use_onednn_products(), std::runtime_error);
+  EXPECT_THROW(reference.use_packed_recurrent(), std::runtime_error);
 }
 
-// auto's rule: oneDNN's primitives where it runs AVX-512, our cells over its sgemm on AVX2, the builtin
-// kernels without it.
+// packed runs where the CPU has AVX2 and FMA, and is refused with the reason elsewhere.
+TEST(CpuRnnClassifier, PackedIsRefusedWhereTheCpuCannotRunIt) {
+  if (packed_gemm_missing().empty()) {
+    EXPECT_EQ(parse_cpu_kernels("packed"), CpuKernels::kPacked);
+    return;
+  }
+  try {
+    parse_cpu_kernels("packed");
+    ADD_FAILURE() << "packed accepted on a CPU that cannot run it";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.cpu_kernels = packed"), std::string::npos) << e.what();
+  }
+  CpuRnnClassifier<float> model({10, 4, 3, 1});
+  EXPECT_THROW(model.use_packed_recurrent(), std::runtime_error);
+}
+
+// auto's rule: on AVX-512 oneDNN's primitives (the BLAS's kernels without oneDNN); on AVX2 the packed tiles
+// where the CPU can run them, else our cells over oneDNN's sgemm, or the builtin kernels without oneDNN.
 TEST(CpuRnnClassifier, AutoPicksTheFastestKernelsMeasured) {
-  EXPECT_EQ(fastest_cpu_kernels(true, true), CpuKernels::kOnednn);
-  EXPECT_EQ(fastest_cpu_kernels(true, false), CpuKernels::kOnednnGemm);
-  EXPECT_EQ(fastest_cpu_kernels(false, false), CpuKernels::kBuiltin);
-  EXPECT_EQ(fastest_cpu_kernels(false, true), CpuKernels::kBuiltin);
+  for (const bool packed : {true, false}) {
+    EXPECT_EQ(fastest_cpu_kernels(true, true, packed), CpuKernels::kOnednn);
+    EXPECT_EQ(fastest_cpu_kernels(false, true, packed), CpuKernels::kBuiltin);
+  }
+  EXPECT_EQ(fastest_cpu_kernels(true, false, true), CpuKernels::kPacked);
+  EXPECT_EQ(fastest_cpu_kernels(false, false, true), CpuKernels::kPacked);
+  EXPECT_EQ(fastest_cpu_kernels(true, false, false), CpuKernels::kOnednnGemm);
+  EXPECT_EQ(fastest_cpu_kernels(false, false, false), CpuKernels::kBuiltin);
 }
 
 TEST(Initializers, KerasDistributions) {

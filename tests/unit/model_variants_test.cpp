@@ -14,6 +14,7 @@
 #include "engine/base/errors.h"
 #include "engine/base/parallel_loops.h"
 #include "models/dropout.h"
+#include "models/packed_gemm.h"
 #include "models/param_layout.h"
 #include "models/replica.h"
 #include "models/rnn_classifier_cpu.h"
@@ -410,62 +411,71 @@ TEST(Dropout, TrainingStepsRepeatByKeyAndEvaluationDropsNothing) {
   EXPECT_EQ(evaluated, trained) << "without dropout a training step's loss is the evaluation's";
 }
 
-// The float paths on oneDNN against the double reference on every variant, with dropout too (the masks come
-// from the key, the same in float and double), over two batch shapes: the loss, every tensor's gradient, and
-// evaluation's probabilities. Its primitives (each direction a layer of its own; masking by shifting the
-// forward direction's rows), and our cells over its sgemm on two compute threads, which split the batch of
-// 16 between them (and leave the batch of 3 whole).
-TEST(CpuKernels, OnednnMatchesTheDoubleReferenceOnEveryVariant) {
-  if (const std::string why = onednn_missing(); !why.empty()) GTEST_SKIP() << why;
+// A float path against the double reference on every variant, with dropout too (the masks come from the
+// key, the same in float and double), over two batch shapes: the loss, every tensor's gradient, and
+// evaluation's probabilities. The kinds that split the batch between compute threads run on two, which split
+// the batch of 16 between them (and leave the batch of 3 whole).
+void expect_float_path_matches_reference(CpuKernels kernels, const std::string& label) {
   std::vector<Variant> variants = every_variant();
   variants.push_back({Cell::kGru, true, 2, true, 3, 0.3, 0.2});
   variants.push_back({Cell::kLstm, false, 3, false, 2, 0.2, 0.1});
-  for (const CpuKernels kernels : {CpuKernels::kOnednn, CpuKernels::kOnednnGemm}) {
-    for (const Variant& v : variants) {
-      EXPECT_EQ(parse_cpu_kernels("auto", v.shape(), v.options()),
-                fastest_cpu_kernels(/*have_onednn=*/true, onednn_runs_avx512()))
-          << v.name();
-      const ModelShape shape = v.shape(50, 16, 12);
-      CpuRnnClassifier<float> onednn(shape, v.options());
-      if (kernels == CpuKernels::kOnednn) {
-        onednn.use_onednn();
-      } else {
-        onednn.use_onednn_products();
-        set_loop_threads(2);
-      }
-      CpuRnnClassifier<double> reference(shape, v.options());
-      load_test_params(onednn, 3);
-      load_test_params(reference, 3);
-      for (const int batch_size : {16, 3}) {
-        const Batch batch = padded_batch(shape.vocab_size, shape.classes, batch_size, 20, 5 + batch_size);
-        const std::vector<float> labels(batch.labels.begin(), batch.labels.end());
-        onednn.set_dropout_key(7);
-        reference.set_dropout_key(7);
-        const BatchStats fs =
-            onednn.train_step(batch.tokens.data(), labels.data(), batch.batch, batch.seq, {});
-        const BatchStats ds =
-            reference.train_step(batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq, {});
-        const std::string what = v.name() + (kernels == CpuKernels::kOnednn ? ", primitives" : ", sgemm") +
-                                 ", batch " + std::to_string(batch_size);
-        EXPECT_NEAR(fs.loss_sum, ds.loss_sum, 1e-5 * std::abs(ds.loss_sum)) << what;
-        for (const auto& tensor : onednn.layout().tensors()) {
-          double diff = 0, norm = 0;
-          for (std::size_t i = tensor.offset; i < tensor.offset + tensor.size(); ++i) {
-            const double d = reference.grads()[i];
-            diff += (onednn.grads()[i] - d) * (onednn.grads()[i] - d);
-            norm += d * d;
-          }
-          EXPECT_LT(std::sqrt(diff), 1e-4 * std::sqrt(norm) + 1e-12) << what << ": " << tensor.name;
-        }
-        std::vector<float> p(static_cast<std::size_t>(batch.batch * shape.outputs()));
-        std::vector<double> q(p.size());
-        onednn.evaluate(batch.tokens.data(), nullptr, batch.batch, batch.seq, p);
-        reference.evaluate(batch.tokens.data(), nullptr, batch.batch, batch.seq, q);
-        for (std::size_t i = 0; i < p.size(); ++i) EXPECT_NEAR(p[i], q[i], 1e-5) << what << ", output " << i;
-      }
-      set_loop_threads(1);
+  for (const Variant& v : variants) {
+    // auto runs every variant: its choice does not depend on the variant.
+    EXPECT_EQ(parse_cpu_kernels("auto", v.shape(), v.options()), parse_cpu_kernels("auto")) << v.name();
+    const ModelShape shape = v.shape(50, 16, 12);
+    CpuRnnClassifier<float> fast(shape, v.options());
+    if (kernels == CpuKernels::kOnednn) fast.use_onednn();
+    if (kernels == CpuKernels::kOnednnGemm) fast.use_onednn_products();
+    if (kernels == CpuKernels::kPacked) {  // as the replica builds it
+      fast.use_packed_recurrent();
+      if (onednn_missing().empty()) fast.use_onednn_products();
     }
+    if (kernels != CpuKernels::kOnednn) set_loop_threads(2);
+    CpuRnnClassifier<double> reference(shape, v.options());
+    load_test_params(fast, 3);
+    load_test_params(reference, 3);
+    for (const int batch_size : {16, 3}) {
+      const Batch batch = padded_batch(shape.vocab_size, shape.classes, batch_size, 20, 5 + batch_size);
+      const std::vector<float> labels(batch.labels.begin(), batch.labels.end());
+      fast.set_dropout_key(7);
+      reference.set_dropout_key(7);
+      const BatchStats fs = fast.train_step(batch.tokens.data(), labels.data(), batch.batch, batch.seq, {});
+      const BatchStats ds =
+          reference.train_step(batch.tokens.data(), batch.labels.data(), batch.batch, batch.seq, {});
+      const std::string what = v.name() + ", " + label + ", batch " + std::to_string(batch_size);
+      EXPECT_NEAR(fs.loss_sum, ds.loss_sum, 1e-5 * std::abs(ds.loss_sum)) << what;
+      for (const auto& tensor : fast.layout().tensors()) {
+        double diff = 0, norm = 0;
+        for (std::size_t i = tensor.offset; i < tensor.offset + tensor.size(); ++i) {
+          const double d = reference.grads()[i];
+          diff += (fast.grads()[i] - d) * (fast.grads()[i] - d);
+          norm += d * d;
+        }
+        EXPECT_LT(std::sqrt(diff), 1e-4 * std::sqrt(norm) + 1e-12) << what << ": " << tensor.name;
+      }
+      std::vector<float> p(static_cast<std::size_t>(batch.batch * shape.outputs()));
+      std::vector<double> q(p.size());
+      fast.evaluate(batch.tokens.data(), nullptr, batch.batch, batch.seq, p);
+      reference.evaluate(batch.tokens.data(), nullptr, batch.batch, batch.seq, q);
+      for (std::size_t i = 0; i < p.size(); ++i) EXPECT_NEAR(p[i], q[i], 1e-5) << what << ", output " << i;
+    }
+    set_loop_threads(1);
   }
+}
+
+// oneDNN's primitives (each direction a layer of its own; masking by shifting the forward direction's
+// rows), and our cells over its sgemm.
+TEST(CpuKernels, OnednnMatchesTheDoubleReferenceOnEveryVariant) {
+  if (const std::string why = onednn_missing(); !why.empty()) GTEST_SKIP() << why;
+  expect_float_path_matches_reference(CpuKernels::kOnednn, "primitives");
+  expect_float_path_matches_reference(CpuKernels::kOnednnGemm, "sgemm");
+}
+
+// Our cells with each time step's recurrent product on the packed tiles (the other products on oneDNN's
+// sgemm, or the BLAS in a build without oneDNN), every thread its rows of the batch.
+TEST(CpuKernels, PackedTilesMatchTheDoubleReferenceOnEveryVariant) {
+  if (const std::string why = packed_gemm_missing(); !why.empty()) GTEST_SKIP() << why;
+  expect_float_path_matches_reference(CpuKernels::kPacked, "packed tiles");
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "engine/optimizer.h"
 #include "models/onednn_lstm.h"
+#include "models/packed_gemm.h"
 #include "models/replica.h"
 #include "tests/replica_contract.h"
 
@@ -25,6 +26,10 @@ class HostPlacedBatch final : public PlacedBatch {
 template <models::CpuKernels kKernels>
 struct CpuReplicaKind {
   static std::optional<std::string> unavailable() {
+    if (kKernels == models::CpuKernels::kPacked) {
+      if (!models::packed_gemm_missing().empty()) return models::packed_gemm_missing();
+      return std::nullopt;  // the products over the whole sequence fall back to the BLAS without oneDNN
+    }
     if (kKernels != models::CpuKernels::kBuiltin && !models::onednn_missing().empty()) {
       return models::onednn_missing();
     }
@@ -43,14 +48,14 @@ struct CpuReplicaKind {
   }
 };
 
-using CpuKinds = ::testing::Types<CpuReplicaKind<models::CpuKernels::kBuiltin>,
-                                  CpuReplicaKind<models::CpuKernels::kOnednn>,
-                                  CpuReplicaKind<models::CpuKernels::kOnednnGemm>>;
-// Cpu/ReplicaContract/builtin.*, Cpu/ReplicaContract/onednn.*, Cpu/ReplicaContract/onednn_gemm.*
+using CpuKinds = ::testing::Types<
+    CpuReplicaKind<models::CpuKernels::kBuiltin>, CpuReplicaKind<models::CpuKernels::kOnednn>,
+    CpuReplicaKind<models::CpuKernels::kOnednnGemm>, CpuReplicaKind<models::CpuKernels::kPacked>>;
+// Cpu/ReplicaContract/builtin.*, .../onednn.*, .../onednn_gemm.*, .../packed.*
 struct KernelsName {
   template <typename Kind>
   static std::string GetName(int index) {
-    static const char* const names[] = {"builtin", "onednn", "onednn_gemm"};
+    static const char* const names[] = {"builtin", "onednn", "onednn_gemm", "packed"};
     return names[index];
   }
 };
