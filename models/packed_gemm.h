@@ -1,11 +1,11 @@
 // Single-precision matrix products for the CPU replica's float step, on the core's FMA units directly:
 // register tiles of 12 vector accumulators (AVX2 + FMA) that read A where it lies and B from column panels in
 // the tiles' order, packed once and kept for the many products that reuse it (the recurrent weights, for
-// every time step of a pass). At the step's shapes, whose smallest side is the batch (32 rows, 16 per thread
-// on two), the libraries' general sgemm repack the weights on every call and leave the thin products far from
-// the core's peak (benchmarks/RESULTS.md, "Which library for the products" and "Our own tiles"). CMake
-// compiles packed_gemm_avx2.cpp on x86-64 and packed_gemm_none.cpp elsewhere; the kernels also need the CPU
-// to have AVX2 and FMA (packed_gemm_missing).
+// every time step of a pass). The libraries' general sgemm pack the weights again on each of those calls,
+// which weighs most where the products are thinnest: at 16 rows per thread (a batch of 32 on two threads) the
+// tiles ran the recurrent products 1.1-1.3x faster than oneDNN's sgemm (benchmarks/RESULTS.md, "Our own
+// tiles"). CMake compiles packed_gemm_avx2.cpp for x86-64 with OpenMP, else packed_gemm_none.cpp; the kernels
+// also need the CPU to have AVX2 and FMA (packed_gemm_missing).
 #pragma once
 
 #include <cstddef>
