@@ -1,8 +1,9 @@
 // The rank's one pool of compute threads (train.threads wide), given to the library that runs the CPU
-// replica's step: OpenMP's pool where the recurrent layers run on oneDNN (oneDNN's primitives, or our cells
-// over its sgemm with the batch's rows split between the threads, and the optimizer's loops share it; the
-// BLAS runs on each calling thread alone), the BLAS's own pool for the builtin kernels (the optimizer's loops
-// then stay on the calling thread). Two pools in one step would spin against each other between their turns.
+// replica's step: OpenMP's pool for every kind but builtin (oneDNN's primitives, or our cells over its sgemm
+// or the packed tiles with the batch's rows split between the threads, and the optimizer's loops share it;
+// the BLAS runs on each calling thread alone), the BLAS's own pool for the builtin kernels (the optimizer's
+// loops then stay on the calling thread). Two pools in one step would spin against each other between their
+// turns.
 #pragma once
 
 #include <string>

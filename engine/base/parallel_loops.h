@@ -1,8 +1,9 @@
 // Element-wise loops over millions of values (the optimizers' updates) on the rank's compute threads. A rank
 // has one pool of compute threads, shared by every library in its step: where the CPU replica's recurrent
-// layers run on oneDNN, that pool is OpenMP's, and these loops run on it too; elsewhere (the builtin kernels,
-// whose pool is the BLAS's own) the loops stay on the calling thread, so that two pools never spin against
-// each other. CMake compiles parallel_loops_openmp.cpp where OpenMP is found, else parallel_loops_serial.cpp.
+// layers run on oneDNN or the packed tiles, that pool is OpenMP's, and these loops run on it too; elsewhere
+// (the builtin kernels, whose pool is the BLAS's own) the loops stay on the calling thread, so that two pools
+// never spin against each other. CMake compiles parallel_loops_openmp.cpp where OpenMP is found, else
+// parallel_loops_serial.cpp.
 #pragma once
 
 #include <cstddef>
