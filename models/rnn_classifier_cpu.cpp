@@ -1156,9 +1156,9 @@ class CpuReplica final : public Replica {
     const std::string cell = model_.layout().shape().cell == Cell::kGru ? "GRU" : "LSTM";
     if (model_.uses_onednn()) return cell + " on " + onednn_description();
     if (model_.uses_packed_recurrent()) {
-      return cell + " cells over packed AVX2 tiles (each time step's products) and " +
+      return cell + " cells over packed AVX2 tiles for each time step's products and " +
              (model_.uses_onednn_products() ? "the sgemm of " + onednn_description() : blas_description()) +
-             " (the whole sequence's)";
+             " for the whole sequence's";
     }
     if (model_.uses_onednn_products()) return cell + " cells over the sgemm of " + onednn_description();
     return "";
