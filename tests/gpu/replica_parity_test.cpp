@@ -189,7 +189,8 @@ void check_parity(int layers, RnnAlgorithm algorithm, Variant variant = {}) {
   const std::vector<float> params = ddp::testing::test_params(layout, 11 + static_cast<uint64_t>(layers));
   cpu->copy_params_from_host(params);
   gpu->copy_params_from_host(params);
-  const std::string context = rnn_algorithm_name(algorithm) + ", " + describe(shape);
+  const std::string context =
+      rnn_algorithm_name(algorithm) + ", " + describe(shape) + (variant.masked ? ", masked" : "");
 
   const int step_batches[] = {7, 16, 16};
   for (int step = 0; step < 3; ++step) {
@@ -264,6 +265,17 @@ TEST(CudaReplica, MatchesTheCpuReplicaMaskedAndBidirectional) {
   check_parity(1, RnnAlgorithm::kStandard, {Cell::kLstm, 2, true, true});
   check_parity(2, RnnAlgorithm::kStandard, {Cell::kGru, 3, true, true});
   check_parity(2, RnnAlgorithm::kStandard, {Cell::kLstm, 2, true, false});
+}
+
+// The whole family, one shape each: cell x direction x masking x depth (the tests above pick combinations;
+// this one leaves none out), two classes on one layer and four on two.
+TEST(CudaReplica, MatchesTheCpuReplicaInEveryVariant) {
+  DDP_REQUIRE_GPU();
+  for (const Cell cell : {Cell::kLstm, Cell::kGru})
+    for (const bool bidirectional : {false, true})
+      for (const bool masked : {false, true})
+        for (const int layers : {1, 2})
+          check_parity(layers, RnnAlgorithm::kStandard, {cell, layers == 1 ? 2 : 4, bidirectional, masked});
 }
 
 TEST(CudaReplica, APersistentAlgorithmForAMaskedModelIsAUserError) {
