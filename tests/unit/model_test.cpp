@@ -263,8 +263,10 @@ TEST(CpuRnnClassifier, OnednnIsRefusedWhereTheBuildHasNone) {
     EXPECT_EQ(parse_cpu_kernels("onednn"), CpuKernels::kOnednn);
     EXPECT_EQ(parse_cpu_kernels("onednn_gemm"), CpuKernels::kOnednnGemm);
   } else {
-    EXPECT_EQ(parse_cpu_kernels("auto"),
-              packed_gemm_missing().empty() ? CpuKernels::kPacked : CpuKernels::kBuiltin);
+    // Without oneDNN an AVX-512 CPU keeps the builtin cells (OpenBLAS's AVX-512 kernels), others the tiles.
+    EXPECT_EQ(parse_cpu_kernels("auto"), packed_gemm_missing().empty() && !cpu_has_avx512()
+                                             ? CpuKernels::kPacked
+                                             : CpuKernels::kBuiltin);
     EXPECT_THROW(parse_cpu_kernels("onednn"), UserError);
     EXPECT_THROW(parse_cpu_kernels("onednn_gemm"), UserError);
     CpuRnnClassifier<float> model({10, 4, 3, 1});
