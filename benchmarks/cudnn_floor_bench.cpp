@@ -10,6 +10,7 @@
 //
 //   build/benchmarks/cudnn_floor_bench --batch 32 [--seq 80 --embed 128 --hidden 128 --layers 1]
 //   build/benchmarks/cudnn_floor_bench --batch 256 --math default --algo persist_small_h --replica
+//   build/benchmarks/cudnn_floor_bench --batch 32 --io packed     # the layout PyTorch uses
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
@@ -71,6 +72,7 @@ struct Options {
   int warmup = 10, iters = 50;
   std::string math = "fma";
   std::string algo = "standard";
+  std::string io = "padded";
   bool replica = false;
 };
 
@@ -112,22 +114,27 @@ double floor_ms(const Options& o) {
       requested == ddp::models::RnnAlgorithm::kPersistStaticSmallH ? CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H
       : requested == ddp::models::RnnAlgorithm::kPersistStatic     ? CUDNN_RNN_ALGO_PERSIST_STATIC
                                                                    : CUDNN_RNN_ALGO_STANDARD;
+  // The replica runs padded I/O (masked sequences are shorter than T); packed, with every length T, is the
+  // same bytes with padded I/O off, as PyTorch runs it: measured equal (benchmarks/RESULTS.md).
+  const bool padded = o.io == "padded";
+  const cudnnRNNDataLayout_t layout =
+      padded ? CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED : CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED;
   cudnnRNNDescriptor_t rnn = nullptr;
   CHECK(cudnnCreateRNNDescriptor(&rnn));
-  CHECK_SUPPORTED(cudnnSetRNNDescriptor_v8(rnn, algo, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS, CUDNN_UNIDIRECTIONAL,
-                                           CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, math,
-                                           o.embed, o.hidden, o.hidden, o.layers, dropout,
-                                           CUDNN_RNN_PADDED_IO_ENABLED));
+  CHECK_SUPPORTED(cudnnSetRNNDescriptor_v8(
+      rnn, algo, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS, CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT,
+      CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, math, o.embed, o.hidden, o.hidden, o.layers, dropout,
+      padded ? CUDNN_RNN_PADDED_IO_ENABLED : CUDNN_RNN_PADDED_IO_DISABLED));
 
   const std::vector<int> lengths(to_size(o.batch), o.seq);
   cudnnRNNDataDescriptor_t x_desc = nullptr;
   cudnnRNNDataDescriptor_t y_desc = nullptr;
   CHECK(cudnnCreateRNNDataDescriptor(&x_desc));
   CHECK(cudnnCreateRNNDataDescriptor(&y_desc));
-  CHECK(cudnnSetRNNDataDescriptor(x_desc, CUDNN_DATA_FLOAT, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, o.seq,
-                                  o.batch, o.embed, lengths.data(), nullptr));
-  CHECK(cudnnSetRNNDataDescriptor(y_desc, CUDNN_DATA_FLOAT, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, o.seq,
-                                  o.batch, o.hidden, lengths.data(), nullptr));
+  CHECK(cudnnSetRNNDataDescriptor(x_desc, CUDNN_DATA_FLOAT, layout, o.seq, o.batch, o.embed, lengths.data(),
+                                  nullptr));
+  CHECK(cudnnSetRNNDataDescriptor(y_desc, CUDNN_DATA_FLOAT, layout, o.seq, o.batch, o.hidden, lengths.data(),
+                                  nullptr));
   cudnnTensorDescriptor_t state = nullptr;
   CHECK(cudnnCreateTensorDescriptor(&state));
   const int dims[3] = {o.layers, o.batch, o.hidden};
@@ -249,7 +256,11 @@ int main(int argc, char** argv) {
       "(tensor cores, fp32 data converted down)")(
       "algo", po::value(&o.algo)->default_value(o.algo),
       "cuDNN's RNN algorithm: standard, persist_small_h or persist_static (the replica's too)")(
-      "replica", po::bool_switch(&o.replica), "also time the cuDNN replica's train_step");
+      "io", po::value(&o.io)->default_value(o.io),
+      "the floor's data layout: padded (padded I/O on, as the replica runs) or packed (every length T, "
+      "padded "
+      "I/O off, as PyTorch runs)")("replica", po::bool_switch(&o.replica),
+                                   "also time the cuDNN replica's train_step");
   po::variables_map vm;
   try {
     // No guessing of abbreviated option names: a typo must not set another option.
@@ -265,10 +276,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (o.batch <= 0 || o.seq <= 0 || o.embed <= 0 || o.hidden <= 0 || o.layers <= 0 || o.iters <= 0 ||
-      o.warmup < 0 || (o.math != "fma" && o.math != "default" && o.math != "tensor") || o.algo == "auto") {
+      o.warmup < 0 || (o.math != "fma" && o.math != "default" && o.math != "tensor") || o.algo == "auto" ||
+      (o.io != "packed" && o.io != "padded")) {
     std::cerr
-        << "cudnn_floor_bench: every size must be positive, --math one of fma, default, tensor and --algo "
-           "a named algorithm\n";
+        << "cudnn_floor_bench: every size must be positive, --math one of fma, default, tensor, --io packed "
+           "or padded and --algo a named algorithm\n";
     return 2;
   }
   try {
@@ -282,10 +294,10 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf(
-      "GPU %s, cuDNN %zu, batch %d, seq %d, embed %d, hidden %d, layers %d, math %s, algo %s, %d "
-      "iterations\n",
+      "GPU %s, cuDNN %zu, batch %d, seq %d, embed %d, hidden %d, layers %d, math %s, algo %s, io %s, "
+      "%d iterations\n",
       prop.name, cudnnGetVersion(), o.batch, o.seq, o.embed, o.hidden, o.layers, o.math.c_str(),
-      o.algo.c_str(), o.iters);
+      o.algo.c_str(), o.io.c_str(), o.iters);
   CHECK(cudaSetDevice(0));
   std::printf("floor_ms %.4f\n", floor_ms(o));
   if (o.replica) {
