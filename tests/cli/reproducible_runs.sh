@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# A run is reproducible: the same config, seed, data, number of ranks and kernels give the same parameters bit
+# for bit.
+#   - one rank, model.cpu_kernels auto: two runs are equal;
+#   - one rank, each of ddptrain's own LSTM cells (packed, onednn_gemm, builtin; those this build and CPU
+#     have): two runs are equal, and a run on train.threads 2 equals them (each thread's rows of the batch
+#     add up in the order one thread's would);
+#   - two ranks, the default backend: two runs are equal.
+# Another kernel family or another number of ranks sums in another order: equal within rounding, not bits.
+#   bash tests/cli/reproducible_runs.sh path/to/ddptrain source-dir
+set -euo pipefail
+ddptrain=$1
+# shellcheck source=tests/cli/lib/cli_test.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
+enter_scratch_dir
+
+"$ddptrain" prepare synthetic --output data.h5 --train 1200 --test 200 --vocab 300 --maxlen 20 >/dev/null
+common=(--data.path data.h5 --model.embedding_dim 16 --model.hidden 16 --train.learning_rate 0.01
+  --train.epochs 2 --log.progress lines)
+
+# params RUN_DIR: the final parameters' values, one number a line.
+params() {
+  h5dump -m %.9g -d /params "$1/last.h5" | tail -n +2 >"$1.params" || fail "h5dump of $1/last.h5"
+  echo "$1.params"
+}
+
+# run NAME ARGS...: one rank, no launcher; returns 3 where the build or CPU has not the kernels asked for.
+run() {
+  local name=$1 status=0
+  shift
+  "$ddptrain" "${common[@]}" --checkpoint.dir "$name" "$@" >"$name.log" 2>&1 || status=$?
+  if [ "$status" -eq 2 ] && grep -q "model.cpu_kernels" "$name.log"; then return 3; fi
+  [ "$status" -eq 0 ] || fail "run $name exited $status" "$name.log"
+}
+
+run auto-a
+run auto-b
+cmp -s "$(params auto-a)" "$(params auto-b)" || fail "two runs with model.cpu_kernels auto differ"
+echo "ok: auto ($(grep -m1 -o 'cpu, [^[]*' auto-a.log)), two runs equal"
+
+tried=0
+for kernels in packed onednn_gemm builtin; do
+  status=0
+  run "$kernels-1" --model.cpu_kernels "$kernels" --train.threads 1 || status=$?
+  if [ "$status" -eq 3 ]; then
+    echo "skip $kernels: $(tail -n 1 "$kernels-1.log")"
+    continue
+  fi
+  run "$kernels-1b" --model.cpu_kernels "$kernels" --train.threads 1
+  run "$kernels-2" --model.cpu_kernels "$kernels" --train.threads 2
+  grep -q "^compute threads: 2 per rank" "$kernels-2.log" ||
+    fail "the $kernels run did not say it ran on 2 threads" "$kernels-2.log"
+  cmp -s "$(params "$kernels-1")" "$(params "$kernels-1b")" || fail "two runs with $kernels differ"
+  cmp -s "$(params "$kernels-1")" "$(params "$kernels-2")" ||
+    fail "$kernels on 2 threads differs from 1 thread"
+  echo "ok: $kernels, two runs equal, and on 2 threads too"
+  tried=$((tried + 1))
+done
+[ "$tried" -gt 0 ] || fail "none of ddptrain's own cells ran (builtin always should)"
+
+for name in ranks-a ranks-b; do
+  mpirun -np 2 "$ddptrain" "${common[@]}" --checkpoint.dir "$name" >"$name.log" 2>&1 ||
+    fail "the 2-rank run $name failed" "$name.log"
+done
+cmp -s "$(params ranks-a)" "$(params ranks-b)" || fail "two 2-rank runs differ"
+echo "ok: 2 ranks ($(grep -m1 -o '^backend [a-z]*' ranks-a.log)), two runs equal"
