@@ -257,10 +257,9 @@ int main(int argc, char** argv) {
       "algo", po::value(&o.algo)->default_value(o.algo),
       "cuDNN's RNN algorithm: standard, persist_small_h or persist_static (the replica's too)")(
       "io", po::value(&o.io)->default_value(o.io),
-      "the floor's data layout: padded (padded I/O on, as the replica runs) or packed (every length T, "
-      "padded "
-      "I/O off, as PyTorch runs)")("replica", po::bool_switch(&o.replica),
-                                   "also time the cuDNN replica's train_step");
+      "the floor's data layout: padded (padded I/O on, as the replica runs) or packed (every length "
+      "T, padded I/O off, as PyTorch runs)")("replica", po::bool_switch(&o.replica),
+                                             "also time the cuDNN replica's train_step");
   po::variables_map vm;
   try {
     // No guessing of abbreviated option names: a typo must not set another option.
