@@ -1,6 +1,36 @@
-// MPI tests: every rank runs every test; the job fails if any rank fails. Only rank 0 prints gtest's report.
+// MPI tests: every rank runs every test; the job fails if any rank fails. Rank 0 prints gtest's report; the
+// other ranks print only their failures, named by rank, so a failure seen on one rank alone is diagnosable.
 #include <gtest/gtest.h>
 #include <mpi.h>
+
+#include <cstdio>
+#include <string>
+
+namespace {
+
+class FailuresOnlyPrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailuresOnlyPrinter(int rank) : rank_(rank) {}
+
+  // The test's name is kept here: asking gtest for it inside OnTestPartResult would wait on the lock
+  // gtest holds while it reports.
+  void OnTestStart(const ::testing::TestInfo& test) override {
+    test_ = std::string(test.test_suite_name()) + "." + test.name();
+  }
+
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    std::fprintf(stderr, "rank %d: FAILED %s at %s:%d\n%s\n", rank_, test_.c_str(),
+                 result.file_name() ? result.file_name() : "?", result.line_number(), result.message());
+    std::fflush(stderr);
+  }
+
+ private:
+  int rank_;
+  std::string test_;
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // As ddptrain asks (the MPI backend starts its progress thread only on jobs of several nodes, which
@@ -13,6 +43,7 @@ int main(int argc, char** argv) {
   if (rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailuresOnlyPrinter(rank));
   }
   int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   int any_failed = 0;

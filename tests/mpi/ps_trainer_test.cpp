@@ -39,6 +39,17 @@ double max_relative_diff(const std::vector<float>& a, const std::vector<float>& 
   return a.size() == b.size() ? worst : 1e30;
 }
 
+// Async updates land in an order the timing picks, so one epoch's held-out score may dip (a last epoch fell
+// to 0.89 after 0.97 once, another to 0.915 after 0.96): converged means the loss fell and some epoch scored
+// well above chance.
+void expect_async_converged(const std::vector<engine::EpochMetrics>& history) {
+  ASSERT_GE(history.size(), 2u);
+  double best_val_acc = 0;
+  for (const auto& epoch : history) best_val_acc = std::max(best_val_acc, epoch.val_acc);
+  EXPECT_GT(best_val_acc, 0.9) << "chance is 0.5";
+  EXPECT_LT(history.back().loss, 0.5 * history.front().loss);
+}
+
 class PsTrainerTest : public ::testing::Test {
  protected:
   // 2 servers with 4 ranks (two shards), else 1; the workers are the first W ranks.
@@ -209,13 +220,8 @@ TEST_F(PsTrainerTest, AsyncWithAStragglerConverges) {
           MPI_COMM_WORLD, easy);
   EXPECT_TRUE(identical_on_all_ranks(result.params));
   if (is_worker()) {
-    // Async updates land in an order the timing picks, so one epoch's held-out score may dip (the last one
-    // fell to 0.89 after 0.97 once): converged means the loss fell and some epoch scored well above chance.
     ASSERT_EQ(result.history.size(), 3u);
-    double best_val_acc = 0;
-    for (const auto& epoch : result.history) best_val_acc = std::max(best_val_acc, epoch.val_acc);
-    EXPECT_GT(best_val_acc, 0.9) << "chance is 0.5";
-    EXPECT_LT(result.history.back().loss, 0.5 * result.history.front().loss);
+    expect_async_converged(result.history);
   }
   if (world_rank() == 0) {
     // Adam counts one iteration per applied gradient: every worker's every step.
@@ -462,7 +468,7 @@ TEST_F(PsTrainerTest, ColocatedAsyncWithAStragglerConverges) {
   EXPECT_TRUE(identical_on_all_ranks(result.params));
   ASSERT_EQ(result.history.size(), 5u);
   EXPECT_EQ(result.history[0].workers, world_size()) << "every rank trains";
-  EXPECT_GT(result.history.back().val_acc, 0.9) << "chance is 0.5";
+  expect_async_converged(result.history);
   if (world_rank() == 0) {
     // Adam counts one iteration per applied gradient: every rank's every step, on every shard alike.
     const engine::Checkpoint c = engine::read_checkpoint(dir_.file("async/last.h5"));
