@@ -46,6 +46,16 @@ configure_and_build() {  # dir, extra cmake args...
   cmake --build "$dir" -j "$jobs"
 }
 
+run_tests() {  # dir, extra ctest args...
+  local dir=$1
+  shift
+  (cd "$dir" && ctest --output-on-failure -j 2 "$@") && return 0
+  # A log keeps its start and end: the failures' output again, last, one test at a time. It still fails.
+  echo "== the failed tests once more, alone, for their output"
+  (cd "$dir" && ctest --rerun-failed --output-on-failure "$@") || true
+  return 1
+}
+
 case "${1:-}" in
   quickstart)
     install_missing
@@ -59,23 +69,23 @@ case "${1:-}" in
   test)
     install_missing
     configure_and_build "$build" -DDDPTRAIN_WERROR=ON
-    (cd "$build" && ctest --output-on-failure -j 2)
+    run_tests "$build"
     echo "== the whole suite again on a build without oneDNN (the CPU replica on its builtin kernels)"
     # A site without libdnnl-dev gets this build; CUDA is left out as its code is the first build's.
     cuda=OFF configure_and_build "$build-builtin" -DDDPTRAIN_WERROR=ON -DDDPTRAIN_ONEDNN=OFF
     # The package and container tests build their own CPU-only package and image; once is enough.
-    (cd "$build-builtin" && ctest --output-on-failure -j 2 -LE 'package|container')
+    run_tests "$build-builtin" -LE 'package|container'
     echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
     # Without CUDA and oneDNN: the build's other half (their *_none.cpp twins), and no JIT code for the
     # sanitizers to misread.
     cuda=OFF configure_and_build "$build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDPTRAIN_WERROR=ON \
       -DDDPTRAIN_SANITIZE=ON -DDDPTRAIN_BUILD_BENCHMARKS=OFF -DDDPTRAIN_ONEDNN=OFF
-    (cd "$build-asan" && UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -L unit -j 2)
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 run_tests "$build-asan" -L unit
     echo "== with clang: the unit tests and the fuzz targets' replays under ASan + UBSan, then each target fuzzed"
     # The fuzz build (tests/fuzz) turns the sanitizers on itself and runs the compute loops serially.
     CC=clang-14 CXX=clang++-14 cuda=OFF configure_and_build "$build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DDDPTRAIN_WERROR=ON -DDDPTRAIN_FUZZ=ON -DDDPTRAIN_BUILD_BENCHMARKS=OFF -DDDPTRAIN_ONEDNN=OFF
-    (cd "$build-fuzz" && UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -L unit -j 2)
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 run_tests "$build-fuzz" -L unit
     bash tests/fuzz/run.sh "$build-fuzz" "${FUZZ_SECONDS:-45}"
     ;;
   *)

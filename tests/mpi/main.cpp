@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -23,11 +24,21 @@ class FailuresOnlyPrinter : public ::testing::EmptyTestEventListener {
     std::fprintf(stderr, "rank %d: FAILED %s at %s:%d\n%s\n", rank_, test_.c_str(),
                  result.file_name() ? result.file_name() : "?", result.line_number(), result.message());
     std::fflush(stderr);
+    if (failed_.empty() || failed_.back() != test_) failed_.push_back(test_);
+  }
+
+  // Once more at the end, where a log cut in the middle still shows it.
+  void OnTestProgramEnd(const ::testing::UnitTest& /*unit_test*/) override {
+    if (failed_.empty()) return;
+    std::string names;
+    for (const auto& name : failed_) names += " " + name;
+    std::fprintf(stderr, "rank %d: failed tests:%s\n", rank_, names.c_str());
   }
 
  private:
   int rank_;
   std::string test_;
+  std::vector<std::string> failed_;
 };
 
 }  // namespace
