@@ -12,7 +12,7 @@
 // vector instead of SSE2's 4) and for the build's own target, and the loader picks the one the CPU runs
 // (function multiversioning; no compile flag needed). Empty with other compilers or architectures.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define DDP_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define DDP_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define DDP_VECTOR_CLONES
 #endif
