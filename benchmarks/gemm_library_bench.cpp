@@ -83,15 +83,19 @@ SgemmLibrary blis_library(const std::string& path) {
 
 // ddptrain's own register tiles (models/packed_gemm.h): B packed on the first call after new operands and
 // kept for the product's other calls, as the replica packs the recurrent weights once per pass.
-SgemmLibrary packed_library() {
-  if (const std::string why = ddp::models::packed_gemm_missing(); !why.empty()) {
-    return {"packed tiles", why, true, {}, {}};
+SgemmLibrary packed_library(ddp::models::PackedTiles tiles) {
+  const std::string name =
+      tiles == ddp::models::PackedTiles::kAvx512 ? "packed AVX-512 tiles" : "packed AVX2 tiles";
+  if (const std::string why = ddp::models::packed_gemm_missing(); !why.empty())
+    return {name, why, true, {}, {}};
+  if (tiles == ddp::models::PackedTiles::kAvx512 && !ddp::models::cpu_has_avx512()) {
+    return {name, "this CPU has no AVX-512", true, {}, {}};
   }
   auto packed = std::make_shared<ddp::models::PackedMatrix>();
   auto fresh = std::make_shared<bool>(true);
-  return {"packed tiles (ddptrain)", "", true,
-          [packed, fresh](const Product& p, const float* a, const float* b, float* c) {
-            if (*fresh) packed->pack(p.trans_b, p.k, p.n, b, p.trans_b ? p.k : p.n, p.m);
+  return {name, "", true,
+          [packed, fresh, tiles](const Product& p, const float* a, const float* b, float* c) {
+            if (*fresh) packed->pack(p.trans_b, p.k, p.n, b, p.trans_b ? p.k : p.n, p.m, tiles);
             *fresh = false;
             ddp::models::packed_gemm(p.trans_a, p.m, a, p.trans_a ? p.m : p.k, *packed, false, c, p.n);
           },
@@ -194,8 +198,12 @@ int run(int batch, int seq, int embed, int hidden, int rounds, double seconds, c
   setenv("OMP_NUM_THREADS", "1", 1);
   ddp::models::set_onednn_threads(1);
   ddp::models::set_blas_threads(1);
-  std::vector<SgemmLibrary> libraries = {blas_library(), onednn_library(onednn_path), blis_library(blis_path),
-                                         libxsmm_library(), packed_library()};
+  std::vector<SgemmLibrary> libraries = {blas_library(),
+                                         onednn_library(onednn_path),
+                                         blis_library(blis_path),
+                                         libxsmm_library(),
+                                         packed_library(ddp::models::PackedTiles::kAvx2),
+                                         packed_library(ddp::models::PackedTiles::kAvx512)};
   for (const SgemmLibrary& library : libraries) {
     if (!library.missing.empty()) std::printf("%s: %s\n", library.name.c_str(), library.missing.c_str());
   }

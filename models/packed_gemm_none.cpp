@@ -14,7 +14,12 @@ bool cpu_has_avx512() {
   return false;
 }
 
-void PackedMatrix::pack(bool /*trans*/, int /*k*/, int /*n*/, const float* /*b*/, int /*ldb*/, int /*rows*/) {
+PackedTiles best_packed_tiles() {
+  return PackedTiles::kAvx2;
+}
+
+void PackedMatrix::pack(bool /*trans*/, int /*k*/, int /*n*/, const float* /*b*/, int /*ldb*/, int /*rows*/,
+                        PackedTiles /*tiles*/) {
   throw std::runtime_error(packed_gemm_missing());
 }
 

@@ -1,10 +1,11 @@
-// The packed register tiles (models/packed_gemm.h) against a product summed in double, over shapes that
-// reach every edge: rows that leave a partial tile, widths that leave a partial panel of either tile width,
-// k over several blocks, A transposed or not, leading dimensions wider than the matrices, and accumulation
-// onto C.
+// The packed register tiles (models/packed_gemm.h), AVX2 and, where the CPU has it, AVX-512, against a
+// product summed in double, over shapes that reach every edge: rows that leave a partial tile, widths that
+// leave a partial panel of every tile width, k over several blocks, A transposed or not, leading dimensions
+// wider than the matrices, and accumulation onto C.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
@@ -20,7 +21,7 @@ struct Case {
 
 // C (ldc = n + 3) after the packed product, and the same in double; returns the largest error relative to
 // the sum of |terms| of each entry (the bound float rounding can reach).
-double worst_relative_error(const Case& c, int rows_hint) {
+double worst_relative_error(const Case& c, int rows_hint, PackedTiles tiles) {
   std::mt19937 rng(static_cast<unsigned>(c.m * 131 + c.n * 17 + c.k));
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   // op(A)[m, k], op(B)[k, n], stored with padding past each row.
@@ -36,7 +37,7 @@ double worst_relative_error(const Case& c, int rows_hint) {
   const auto at_b = [&](int p, int j) { return b[c.trans_b ? j * ldb + p : p * ldb + j]; };
 
   PackedMatrix packed;
-  packed.pack(c.trans_b, c.k, c.n, b.data(), ldb, rows_hint);
+  packed.pack(c.trans_b, c.k, c.n, b.data(), ldb, rows_hint, tiles);
   packed_gemm(c.trans_a, c.m, a.data(), lda, packed, c.accumulate, out.data(), ldc);
 
   double worst = 0;
@@ -63,12 +64,18 @@ class PackedGemm : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!packed_gemm_missing().empty()) GTEST_SKIP() << "skipped: " << packed_gemm_missing();
+    if (cpu_has_avx512()) {
+      tiles_.push_back(PackedTiles::kAvx512);
+    } else {
+      std::printf("the AVX-512 tiles are not tried: this CPU has no AVX-512\n");
+    }
   }
+  std::vector<PackedTiles> tiles_{PackedTiles::kAvx2};
 };
 
 TEST_F(PackedGemm, MatchesADoubleProductAtEveryEdge) {
-  // m: partial tiles of 4 and 6 rows and more than a block of rows (120); n: partial panels of 16 and 24
-  // columns, narrower than a register; k: one, a partial block and more than a block (256).
+  // m: partial tiles of 4, 6 and 8 rows and more than a block of rows (120); n: partial panels of 16, 24, 32
+  // and 48 columns, narrower than a register; k: one, a partial block and more than a block (128-384).
   const Case cases[] = {
       {32, 512, 128, false, true, true},   {16, 512, 128, false, true, false},
       {32, 128, 512, false, false, false}, {32, 128, 512, false, false, true},
@@ -77,13 +84,16 @@ TEST_F(PackedGemm, MatchesADoubleProductAtEveryEdge) {
       {250, 96, 64, false, true, true},    {5, 23, 513, true, true, false},
       {3, 8, 17, false, false, true},      {121, 40, 9, true, false, false},
   };
-  for (const Case& c : cases) {
-    for (const int rows_hint : {c.m, 4, 6}) {  // the hint chooses the tile; every tile must be right
-      SCOPED_TRACE(::testing::Message()
-                   << "m " << c.m << " n " << c.n << " k " << c.k << " trans_a " << c.trans_a << " trans_b "
-                   << c.trans_b << " accumulate " << c.accumulate << " rows hint " << rows_hint);
-      // float sums of up to 600 terms: a few units of float's rounding (6e-8) times the terms' magnitude.
-      EXPECT_LT(worst_relative_error(c, rows_hint), 1e-5);
+  for (const PackedTiles tiles : tiles_) {
+    for (const Case& c : cases) {
+      for (const int rows_hint : {c.m, 4, 6, 8}) {  // the hint chooses the tile; every tile must be right
+        SCOPED_TRACE(::testing::Message()
+                     << (tiles == PackedTiles::kAvx512 ? "AVX-512" : "AVX2") << " m " << c.m << " n " << c.n
+                     << " k " << c.k << " trans_a " << c.trans_a << " trans_b " << c.trans_b << " accumulate "
+                     << c.accumulate << " rows hint " << rows_hint);
+        // float sums of up to 600 terms: a few units of float's rounding (6e-8) times the terms' magnitude.
+        EXPECT_LT(worst_relative_error(c, rows_hint, tiles), 1e-5);
+      }
     }
   }
 }
@@ -93,13 +103,26 @@ TEST_F(PackedGemm, ChoosesTheTileByTheRowsItWillServe) {
   // rows and a thin one of 2; 32 rows of 128: 16 columns divide the width, 24 leave a third of a panel idle.
   PackedMatrix packed;
   std::vector<float> b(512 * 128, 1.0f);
-  packed.pack(true, 128, 512, b.data(), 128, 32);
+  packed.pack(true, 128, 512, b.data(), 128, 32, PackedTiles::kAvx2);
   EXPECT_EQ(packed.panel_width(), 24);
   EXPECT_EQ(packed.padded_n(), 528);
-  packed.pack(false, 512, 128, b.data(), 128, 32);
+  packed.pack(false, 512, 128, b.data(), 128, 32, PackedTiles::kAvx2);
   EXPECT_EQ(packed.panel_width(), 16);
   EXPECT_EQ(packed.padded_n(), 128);
   EXPECT_THROW(packed.pack(false, 0, 128, b.data(), 128, 32), std::invalid_argument);
+  if (!cpu_has_avx512()) {
+    EXPECT_THROW(packed.pack(true, 128, 512, b.data(), 128, 32, PackedTiles::kAvx512), std::invalid_argument);
+    return;
+  }
+  // AVX-512, one 512-bit FMA a cycle: 32 rows of 512 columns in 16 panels of 4 tiles of 8 rows x 32 columns
+  // (16 FMAs a k each) beat 11 panels of 8 tiles of 4 rows x 48 (12 FMAs, the last panel partial); 32 rows
+  // of 48 columns fit one panel of the wide tiles where the narrow ones would take two.
+  packed.pack(true, 128, 512, b.data(), 128, 32, PackedTiles::kAvx512);
+  EXPECT_EQ(packed.panel_width(), 32);
+  EXPECT_EQ(packed.padded_n(), 512);
+  packed.pack(false, 128, 48, b.data(), 48, 32, PackedTiles::kAvx512);
+  EXPECT_EQ(packed.panel_width(), 48);
+  EXPECT_EQ(packed.padded_n(), 48);
 }
 
 }  // namespace
