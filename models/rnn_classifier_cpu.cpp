@@ -251,6 +251,7 @@ void CpuRnnClassifier<Scalar>::use_onednn_products() {
   } else {
     if (!onednn_missing().empty()) throw std::runtime_error("CpuRnnClassifier: " + onednn_missing());
     onednn_products_ = true;
+    onednn_weight_gradients_ = onednn_runs_avx512();
   }
 }
 
@@ -295,14 +296,15 @@ void CpuRnnClassifier<Scalar>::product(Trans trans_a, Trans trans_b, int m, int 
                                        const Scalar* a, int lda, const Scalar* b, int ldb, Scalar beta,
                                        Scalar* c, int ldc) const {
   if constexpr (std::is_same_v<Scalar, float>) {
-    if (onednn_products_ && trans_a == Trans::kNo) {
-      onednn_sgemm(false, trans_b == Trans::kYes, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (onednn_products_ && (trans_a == Trans::kNo || onednn_weight_gradients_)) {
+      onednn_sgemm(trans_a == Trans::kYes, trans_b == Trans::kYes, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                   ldc);
       return;
     }
     if (onednn_products_ || packed_recurrent_) {
       // The BLAS runs on each calling thread alone in these kinds, so the compute threads each take a block
-      // of C's rows: the weight gradients (A transposed), where the BLAS beats oneDNN's sgemm
-      // (gemm_library_bench), and with the packed tiles in a build without oneDNN every product.
+      // of C's rows: the weight gradients (A transposed) where oneDNN runs AVX2, on which the BLAS beats its
+      // sgemm (gemm_library_bench), and with the packed tiles in a build without oneDNN every product.
       parallel_ranges(to_size(m), kProductRowsAlign, kMinProductRowsPerThread,
                       [&](std::size_t r0, std::size_t r1) {
                         const Scalar* a_rows = trans_a == Trans::kYes ? a + r0 : a + r0 * to_size(lda);
@@ -1155,12 +1157,19 @@ class CpuReplica final : public Replica {
   std::string lstm_kernels() const override {
     const std::string cell = model_.layout().shape().cell == Cell::kGru ? "GRU" : "LSTM";
     if (model_.uses_onednn()) return cell + " on " + onednn_description();
+    // Where the weight gradients run when the rest is on oneDNN's sgemm.
+    const std::string weight_gradients = model_.uses_onednn_products() && !model_.weight_gradients_on_onednn()
+                                             ? " (the weight gradients' on " + blas_description() + ")"
+                                             : "";
     if (model_.uses_packed_recurrent()) {
-      return cell + " cells over packed AVX2 tiles for each time step's products and " +
+      return cell + " cells over packed " + packed_tiles_name(best_packed_tiles()) +
+             " tiles for each time step's products and " +
              (model_.uses_onednn_products() ? "the sgemm of " + onednn_description() : blas_description()) +
-             " for the whole sequence's";
+             " for the whole sequence's" + weight_gradients;
     }
-    if (model_.uses_onednn_products()) return cell + " cells over the sgemm of " + onednn_description();
+    if (model_.uses_onednn_products()) {
+      return cell + " cells over the sgemm of " + onednn_description() + weight_gradients;
+    }
     return "";
   }
 

@@ -33,9 +33,12 @@ class CpuRnnClassifier {
   void use_onednn();
   bool uses_onednn() const { return !onednn_.empty(); }
   // Runs the builtin kernels' float matrix products on oneDNN's sgemm (onednn_lstm.h) instead of the BLAS:
-  // float only, in a build with oneDNN (throws std::runtime_error otherwise).
+  // float only, in a build with oneDNN (throws std::runtime_error otherwise). The weight gradients (A
+  // transposed) too where oneDNN runs AVX-512, and on the BLAS where it runs AVX2: each is the faster there
+  // (gemm_library_bench, benchmarks/RESULTS.md).
   void use_onednn_products();
   bool uses_onednn_products() const { return onednn_products_; }
+  bool weight_gradients_on_onednn() const { return onednn_weight_gradients_; }
   // Runs the recurrent products of every time step on packed_gemm.h's register tiles, the recurrent weights
   // packed once a layer's pass: float only, on a CPU with AVX2 and FMA (throws std::runtime_error otherwise).
   void use_packed_recurrent();
@@ -149,6 +152,7 @@ class CpuRnnClassifier {
   std::size_t dense_b_offset_ = 0;
   std::vector<Layer> layers_;
   bool onednn_products_ = false;
+  bool onednn_weight_gradients_ = false;
   bool packed_recurrent_ = false;
   uint64_t dropout_key_ = 0;
   uint64_t dropout_draws_ = 0;  // masks drawn since the key was set
