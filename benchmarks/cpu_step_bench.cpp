@@ -300,7 +300,8 @@ int main(int argc, char** argv) {
   ddp::models::ModelOptions model_options;
   model_options.mask_padding = mask;
   // The rank's one pool, as ddptrain sizes it.
-  const ddp::models::CpuKernels cpu_kernels = ddp::models::parse_cpu_kernels(kernels, shape, model_options);
+  const ddp::models::CpuKernels cpu_kernels =
+      ddp::models::parse_cpu_kernels(kernels, shape, model_options, threads);
   const ddp::models::CpuThreadPlan plan = ddp::models::plan_cpu_threads(threads, cpu_kernels);
   auto replica = ddp::models::make_cpu_replica(shape, cpu_kernels, model_options);
   ddp::models::initialize_keras(replica->layout(), replica->params(), 1);

@@ -67,7 +67,10 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
             ? models::make_cuda_replica(shape, topology.gpu,
                                         models::parse_rnn_algorithm(config.model.cudnn_rnn_algo), options)
             : models::make_cpu_replica(
-                  shape, models::parse_cpu_kernels(config.model.cpu_kernels, shape, options), options);
+                  shape,
+                  models::parse_cpu_kernels(config.model.cpu_kernels, shape, options,
+                                            blas_threads_for(topology, config.train.threads)),
+                  options);
   });
   comm::BackendChoice backend;
   watchdog.enter("setting up the communication backend (comm.backend = " + config.comm.backend + ")");

@@ -143,18 +143,29 @@ class Replica {
 // own cells with each time step's recurrent product on packed register tiles (packed_gemm.h) and the
 // products over the whole sequence on oneDNN's sgemm (the BLAS in a build without oneDNN).
 enum class CpuKernels { kBuiltin, kOnednn, kOnednnGemm, kPacked };
-// builtin, onednn, onednn_gemm, packed, or auto (fastest_cpu_kernels for this build and CPU; each runs every
-// variant). Throws UserError naming the key for another name, for a oneDNN kind in a build without it, or
-// for packed on a CPU without AVX2 and FMA. The shape and options are for variants a kind may one day not
-// run.
+// builtin, onednn, onednn_gemm, packed, or auto (fastest_cpu_kernels for this build, this CPU and the rank's
+// `threads` compute threads; each kind runs every variant). Throws UserError naming the key for another
+// name, for a oneDNN kind in a build without it, or for packed on a CPU without AVX2 and FMA. The shape and
+// options are for variants a kind may one day not run.
 CpuKernels parse_cpu_kernels(const std::string& name, const ModelShape& shape = {},
-                             const ModelOptions& options = {});
-// auto's rule, measured (benchmarks/RESULTS.md, "Against oneDNN's LSTM", "Which library for the products"
-// and "Our own tiles"). On AVX-512 (`avx512`: oneDNN runs its AVX-512 kernels, or without oneDNN the CPU has
-// them) oneDNN's LSTM primitive is faster than its sgemm's products alone, so the primitives, and without
-// oneDNN the BLAS's own AVX-512 kernels; on AVX2 the packed tiles (`have_packed`) where the CPU can run them,
-// else our cells over oneDNN's sgemm, or the builtin kernels without oneDNN.
-CpuKernels fastest_cpu_kernels(bool have_onednn, bool avx512, bool have_packed);
+                             const ModelOptions& options = {}, int threads = 1);
+
+// What auto's rule looks at.
+struct KernelFacts {
+  bool have_onednn = false;  // the build has oneDNN
+  bool avx512 = false;       // oneDNN runs its AVX-512 kernels (in a build without it: the CPU has AVX-512)
+  bool have_packed = false;  // the packed tiles run here (x86-64, AVX2 and FMA)
+  // The core's 512-bit FMAs outpace its 256-bit ones (two 512-bit units; avx512_fma_outpaces_avx2).
+  bool wide_fma_units = false;
+  int threads = 1;  // compute threads per rank
+};
+// auto's rule, measured (benchmarks/RESULTS.md, "Our own tiles" and "AVX-512 tiles"): our cells with the
+// packed tiles for each time step's products and oneDNN's sgemm for the rest wherever both run, except on
+// cores with two 512-bit FMA units when a rank has one thread, where oneDNN's LSTM primitive is ahead (the
+// tiles gain most when each thread has fewer rows of the batch). Without the tiles: oneDNN's primitives on
+// AVX-512, our cells over its sgemm on AVX2. Without oneDNN: the tiles over the BLAS on AVX2, and on
+// AVX-512 the builtin cells over the BLAS's own AVX-512 kernels.
+CpuKernels fastest_cpu_kernels(const KernelFacts& facts);
 
 // The CPU replica (BLAS for every matrix product, or oneDNN for the recurrent layers'); parameters are zero
 // until initialized or loaded.

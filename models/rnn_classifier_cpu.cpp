@@ -18,6 +18,7 @@
 #include "models/blas_threads.h"
 #include "models/dropout.h"
 #include "models/fast_math.h"
+#include "models/fma_rate.h"
 #include "models/output_math.h"
 
 namespace ddp::models {
@@ -296,20 +297,28 @@ void CpuRnnClassifier<Scalar>::product(Trans trans_a, Trans trans_b, int m, int 
                                        const Scalar* a, int lda, const Scalar* b, int ldb, Scalar beta,
                                        Scalar* c, int ldc) const {
   if constexpr (std::is_same_v<Scalar, float>) {
-    if (onednn_products_ && (trans_a == Trans::kNo || onednn_weight_gradients_)) {
-      onednn_sgemm(trans_a == Trans::kYes, trans_b == Trans::kYes, m, n, k, alpha, a, lda, b, ldb, beta, c,
-                   ldc);
+    if (onednn_products_ && trans_a == Trans::kNo) {
+      onednn_sgemm(false, trans_b == Trans::kYes, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
     }
     if (onednn_products_ || packed_recurrent_) {
-      // The BLAS runs on each calling thread alone in these kinds, so the compute threads each take a block
-      // of C's rows: the weight gradients (A transposed) where oneDNN runs AVX2, on which the BLAS beats its
-      // sgemm (gemm_library_bench), and with the packed tiles in a build without oneDNN every product.
+      // The compute threads each take a block of C's rows, every entry's sum over k on one thread whatever
+      // their number (so no thread count changes a bit), the library on one thread inside the parallel
+      // region: the weight gradients (A transposed), on oneDNN's sgemm where it runs AVX-512 and on the BLAS
+      // where oneDNN runs AVX2 (each the faster there, gemm_library_bench), and with the packed tiles in a
+      // build without oneDNN every product.
+      const bool on_onednn = onednn_weight_gradients_ && trans_a == Trans::kYes;
       parallel_ranges(to_size(m), kProductRowsAlign, kMinProductRowsPerThread,
                       [&](std::size_t r0, std::size_t r1) {
                         const Scalar* a_rows = trans_a == Trans::kYes ? a + r0 : a + r0 * to_size(lda);
-                        gemm(trans_a, trans_b, static_cast<int>(r1 - r0), n, k, alpha, a_rows, lda, b, ldb,
-                             beta, c + r0 * to_size(ldc), ldc);
+                        const int rows = static_cast<int>(r1 - r0);
+                        Scalar* c_rows = c + r0 * to_size(ldc);
+                        if (on_onednn) {
+                          onednn_sgemm(true, trans_b == Trans::kYes, rows, n, k, alpha, a_rows, lda, b, ldb,
+                                       beta, c_rows, ldc);
+                        } else {
+                          gemm(trans_a, trans_b, rows, n, k, alpha, a_rows, lda, b, ldb, beta, c_rows, ldc);
+                        }
                       });
       return;
     }
@@ -1227,20 +1236,31 @@ class CpuReplica final : public Replica {
 
 }  // namespace
 
-CpuKernels fastest_cpu_kernels(bool have_onednn, bool avx512, bool have_packed) {
-  if (avx512) return have_onednn ? CpuKernels::kOnednn : CpuKernels::kBuiltin;
-  if (have_packed) return CpuKernels::kPacked;
-  return have_onednn ? CpuKernels::kOnednnGemm : CpuKernels::kBuiltin;
+CpuKernels fastest_cpu_kernels(const KernelFacts& facts) {
+  if (facts.have_packed && facts.have_onednn) {
+    const bool primitive_ahead = facts.avx512 && facts.wide_fma_units && facts.threads <= 1;
+    return primitive_ahead ? CpuKernels::kOnednn : CpuKernels::kPacked;
+  }
+  if (facts.avx512) return facts.have_onednn ? CpuKernels::kOnednn : CpuKernels::kBuiltin;
+  if (facts.have_packed) return CpuKernels::kPacked;
+  return facts.have_onednn ? CpuKernels::kOnednnGemm : CpuKernels::kBuiltin;
 }
 
 CpuKernels parse_cpu_kernels(const std::string& name, const ModelShape& /*shape*/,
-                             const ModelOptions& /*options*/) {
+                             const ModelOptions& /*options*/, int threads) {
   // Every kind runs every variant: LSTM and GRU cells, both directions, masking (forward_layer_onednn).
   if (name == "builtin") return CpuKernels::kBuiltin;
   if (name == "auto") {
-    const bool have_onednn = onednn_missing().empty();
-    return fastest_cpu_kernels(have_onednn, have_onednn ? onednn_runs_avx512() : cpu_has_avx512(),
-                               packed_gemm_missing().empty());
+    KernelFacts facts;
+    facts.have_onednn = onednn_missing().empty();
+    facts.avx512 = facts.have_onednn ? onednn_runs_avx512() : cpu_has_avx512();
+    facts.have_packed = packed_gemm_missing().empty();
+    facts.threads = threads;
+    // Measured (about 10 ms, once per process) only where the answer can change the choice.
+    if (facts.have_onednn && facts.have_packed && facts.avx512 && threads <= 1) {
+      facts.wide_fma_units = avx512_fma_outpaces_avx2();
+    }
+    return fastest_cpu_kernels(facts);
   }
   if (name == "onednn" || name == "onednn_gemm") {
     if (!onednn_missing().empty()) throw UserError("model.cpu_kernels = " + name + ": " + onednn_missing());

@@ -80,9 +80,9 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
   watchdog.enter("discovering the topology");
   engine::Topology topology;
   comm::agree_on_errors(boot, [&] { topology = engine::discover_topology(MPI_COMM_WORLD, config.device); });
-  const models::CpuThreadPlan threads =
-      models::plan_cpu_threads(engine::blas_threads_for(topology, config.train.threads),
-                               models::parse_cpu_kernels(config.model.cpu_kernels));
+  const int compute_threads = engine::blas_threads_for(topology, config.train.threads);
+  const models::CpuThreadPlan threads = models::plan_cpu_threads(
+      compute_threads, models::parse_cpu_kernels(config.model.cpu_kernels, {}, {}, compute_threads));
 
   io::DatasetInfo data;
   watchdog.enter("reading data.path " + config.data.path);

@@ -18,6 +18,7 @@
 #include "engine/base/parallel_loops.h"
 #include "models/blas_threads.h"
 #include "models/fast_math.h"
+#include "models/fma_rate.h"
 #include "models/initializers.h"
 #include "models/packed_gemm.h"
 #include "models/param_layout.h"
@@ -258,8 +259,15 @@ TEST(CpuRnnClassifier, EmbeddingOnMoreThreadsChangesNoBit) {
 
 TEST(CpuRnnClassifier, OnednnIsRefusedWhereTheBuildHasNone) {
   if (onednn_missing().empty()) {
-    EXPECT_EQ(parse_cpu_kernels("auto"),
-              fastest_cpu_kernels(true, onednn_runs_avx512(), packed_gemm_missing().empty()));
+    for (const int threads : {1, 2}) {
+      KernelFacts facts;
+      facts.have_onednn = true;
+      facts.avx512 = onednn_runs_avx512();
+      facts.have_packed = packed_gemm_missing().empty();
+      facts.wide_fma_units = avx512_fma_outpaces_avx2();
+      facts.threads = threads;
+      EXPECT_EQ(parse_cpu_kernels("auto", {}, {}, threads), fastest_cpu_kernels(facts)) << threads;
+    }
     EXPECT_EQ(parse_cpu_kernels("onednn"), CpuKernels::kOnednn);
     EXPECT_EQ(parse_cpu_kernels("onednn_gemm"), CpuKernels::kOnednnGemm);
   } else {
@@ -296,17 +304,44 @@ TEST(CpuRnnClassifier, PackedIsRefusedWhereTheCpuCannotRunIt) {
   EXPECT_THROW(model.use_packed_recurrent(), std::runtime_error);
 }
 
-// auto's rule: on AVX-512 oneDNN's primitives (the BLAS's kernels without oneDNN); on AVX2 the packed tiles
-// where the CPU can run them, else our cells over oneDNN's sgemm, or the builtin kernels without oneDNN.
+// auto's rule: the packed tiles with oneDNN's sgemm wherever both run, but oneDNN's primitives on cores with
+// two 512-bit FMA units and one thread per rank; without the tiles oneDNN's primitives on AVX-512 and our
+// cells over its sgemm on AVX2; without oneDNN the tiles on AVX2, the builtin cells on AVX-512.
 TEST(CpuRnnClassifier, AutoPicksTheFastestKernelsMeasured) {
-  for (const bool packed : {true, false}) {
-    EXPECT_EQ(fastest_cpu_kernels(true, true, packed), CpuKernels::kOnednn);
-    EXPECT_EQ(fastest_cpu_kernels(false, true, packed), CpuKernels::kBuiltin);
+  const auto pick = [](bool onednn, bool avx512, bool packed, bool wide, int threads) {
+    return fastest_cpu_kernels({onednn, avx512, packed, wide, threads});
+  };
+  for (const int threads : {1, 2, 8}) {
+    for (const bool wide : {false, true}) {
+      const bool primitive_ahead = wide && threads == 1;
+      EXPECT_EQ(pick(true, true, true, wide, threads),
+                primitive_ahead ? CpuKernels::kOnednn : CpuKernels::kPacked);
+      EXPECT_EQ(pick(true, false, true, wide, threads), CpuKernels::kPacked);
+      EXPECT_EQ(pick(true, true, false, wide, threads), CpuKernels::kOnednn);
+      EXPECT_EQ(pick(true, false, false, wide, threads), CpuKernels::kOnednnGemm);
+      EXPECT_EQ(pick(false, true, true, wide, threads), CpuKernels::kBuiltin);
+      EXPECT_EQ(pick(false, true, false, wide, threads), CpuKernels::kBuiltin);
+      EXPECT_EQ(pick(false, false, true, wide, threads), CpuKernels::kPacked);
+      EXPECT_EQ(pick(false, false, false, wide, threads), CpuKernels::kBuiltin);
+    }
   }
-  EXPECT_EQ(fastest_cpu_kernels(true, false, true), CpuKernels::kPacked);
-  EXPECT_EQ(fastest_cpu_kernels(false, false, true), CpuKernels::kPacked);
-  EXPECT_EQ(fastest_cpu_kernels(true, false, false), CpuKernels::kOnednnGemm);
-  EXPECT_EQ(fastest_cpu_kernels(false, false, false), CpuKernels::kBuiltin);
+}
+
+// The FMA probe behind the rule: kernels at every width the CPU runs, and one answer per process.
+TEST(FmaRate, MeasuresOnceAndRunsEveryWidthTheCpuHas) {
+  const bool first = avx512_fma_outpaces_avx2();
+  EXPECT_EQ(avx512_fma_outpaces_avx2(), first) << "a second ask measured again";
+  if (widest_fma() != FmaWidth::kAvx512) {
+    EXPECT_FALSE(first) << "no AVX-512, yet it outpaces AVX2";
+  }
+  std::vector<FmaWidth> widths{FmaWidth::kScalar};
+  if (widest_fma() != FmaWidth::kScalar) widths.push_back(FmaWidth::kAvx2);
+  if (widest_fma() == FmaWidth::kAvx512) widths.push_back(FmaWidth::kAvx512);
+  for (const FmaWidth width : widths) {
+    // 12 accumulators a lane, from i * 1e-3, after 1000 rounds of x = 0.999999 x + 1e-7: 0.0671334 a lane.
+    const double lanes = fma_lanes(width);
+    EXPECT_NEAR(fma_rounds(width, 1000), 0.0671334 * lanes, 1e-5 * lanes) << static_cast<int>(width);
+  }
 }
 
 TEST(Initializers, KerasDistributions) {
