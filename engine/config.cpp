@@ -60,9 +60,9 @@ void visit_keys(C& c, Visitor&& key) {
   key("model", "cpu_kernels", c.model.cpu_kernels,
       "a CPU replica's recurrent layers: builtin (its own cells over the BLAS), onednn (oneDNN's LSTM and "
       "GRU primitives, in a build with libdnnl-dev), onednn_gemm (its own cells over oneDNN's sgemm), "
-      "packed (its own cells, each time step's products on its own AVX2 tiles, x86-64 with AVX2 and FMA) or "
-      "auto (oneDNN's primitives where oneDNN runs AVX-512, else packed where the CPU has AVX2, else "
-      "onednn_gemm or builtin)");
+      "packed (its own cells, each time step's products on its own AVX-512 or AVX2 tiles, x86-64 with AVX2 "
+      "and FMA) or auto (packed where oneDNN and the tiles run, but oneDNN's primitives for one thread per "
+      "rank on cores with two 512-bit FMA units; else onednn, onednn_gemm or builtin)");
   key("model", "cudnn_rnn_algo", c.model.cudnn_rnn_algo,
       "GPU: cuDNN's LSTM algorithm: auto (persistent small-hidden kernels where cuDNN has them, else "
       "standard), standard, persist_small_h or persist_static");
