@@ -19,7 +19,7 @@ int fma_lanes(FmaWidth width);
 float fma_rounds(FmaWidth width, long rounds);
 
 // Whether this core's 512-bit FMAs reach at least 1.4x the FLOP rate of its 256-bit ones (1.7-2x with two
-// 512-bit units, 1x on halves). Measured once per process, the first time it is asked (about 10 ms: the
+// 512-bit units, 1x on halves). Measured once per process, the first time it is asked (a few ms: the
 // best of several short runs of each width, which another process's load can only slow, never speed up),
 // and kept, so that every caller in the process gets the same answer. False without AVX-512.
 bool avx512_fma_outpaces_avx2();

@@ -1168,7 +1168,7 @@ class CpuReplica final : public Replica {
     if (model_.uses_onednn()) return cell + " on " + onednn_description();
     // Where the weight gradients run when the rest is on oneDNN's sgemm.
     const std::string weight_gradients = model_.uses_onednn_products() && !model_.weight_gradients_on_onednn()
-                                             ? " (the weight gradients' on " + blas_description() + ")"
+                                             ? " (the weight gradients on " + blas_description() + ")"
                                              : "";
     if (model_.uses_packed_recurrent()) {
       return cell + " cells over packed " + packed_tiles_name(best_packed_tiles()) +
@@ -1256,7 +1256,7 @@ CpuKernels parse_cpu_kernels(const std::string& name, const ModelShape& /*shape*
     facts.avx512 = facts.have_onednn ? onednn_runs_avx512() : cpu_has_avx512();
     facts.have_packed = packed_gemm_missing().empty();
     facts.threads = threads;
-    // Measured (about 10 ms, once per process) only where the answer can change the choice.
+    // Measured (a few ms, once per process) only where the answer can change the choice.
     if (facts.have_onednn && facts.have_packed && facts.avx512 && threads <= 1) {
       facts.wide_fma_units = avx512_fma_outpaces_avx2();
     }
