@@ -79,7 +79,9 @@ void visit_keys(C& c, Visitor&& key) {
   key("train", "epsilon", c.train.epsilon, "Adam's epsilon (Keras's default 1e-7)");
   key("train", "seed", c.train.seed,
       "seed of the initial parameters and of the data order, shared by all ranks");
-  key("train", "threads", c.train.threads, "BLAS threads per rank; 0: the node's cores divided by its ranks");
+  key("train", "threads", c.train.threads,
+      "compute threads per rank, one pool for the whole step (the recurrent kernels, the BLAS and the "
+      "optimizer); 0: the node's cores divided by its ranks");
   key("train", "max_steps_per_epoch", c.train.max_steps_per_epoch,
       "cap on steps per epoch; 0: the whole shard");
   key("train", "stop_after_steps", c.train.stop_after_steps,

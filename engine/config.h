@@ -49,7 +49,7 @@ struct Config {
     double beta2 = 0.999;
     double epsilon = 1e-7;
     uint64_t seed = 1;
-    int threads = 0;                  // BLAS threads per rank; 0: the node's cores / the node's ranks
+    int threads = 0;                  // compute threads per rank; 0: the node's cores / the node's ranks
     int64_t max_steps_per_epoch = 0;  // 0: the whole shard
     int64_t stop_after_steps = 0;     // stop (with last.h5 written) after this many steps in all; 0: never
     double straggle_ms = 0;           // testing: the last worker sleeps this long after each step

@@ -141,7 +141,7 @@ CoreCount core_count() {
   return c;
 }
 
-int blas_threads_for(const Topology& topology, int requested) {
+int compute_threads_for(const Topology& topology, int requested) {
   if (requested > 0) return requested;
   const CoreCount c = core_count();
   // A launcher that bound this rank to its own cores already did the sharing; otherwise share the node.

@@ -32,8 +32,9 @@ struct Topology {
 // A rank left without a GPU is an error under cuda and trains on the CPU under auto.
 Topology discover_topology(MPI_Comm world, const std::string& device_request);
 
-// BLAS threads for this rank: `requested` if positive, else the node's cores shared among its ranks.
-int blas_threads_for(const Topology& topology, int requested);
+// Compute threads for this rank (train.threads): `requested` if positive, else the node's cores shared among
+// its ranks.
+int compute_threads_for(const Topology& topology, int requested);
 
 // The node's cores and those this process may run on (its affinity mask, as the launcher bound it).
 struct CoreCount {

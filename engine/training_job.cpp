@@ -69,7 +69,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
             : models::make_cpu_replica(
                   shape,
                   models::parse_cpu_kernels(config.model.cpu_kernels, shape, options,
-                                            blas_threads_for(topology, config.train.threads)),
+                                            compute_threads_for(topology, config.train.threads)),
                   options);
   });
   comm::BackendChoice backend;

@@ -16,8 +16,8 @@ CpuThreadPlan plan_cpu_threads(int threads, CpuKernels kernels) {
     plan.pool =
         kernels == CpuKernels::kOnednn
             ? "OpenMP's, for oneDNN's recurrent layers and the optimizer's loops (the BLAS on 1 thread)"
-            : "OpenMP's, for the recurrent layers (each thread its rows of the batch, the BLAS on 1 thread "
-              "each) and the optimizer's loops";
+            : "OpenMP's, for the recurrent layers (each thread its rows of the batch, their products on 1 "
+              "thread) and the optimizer's loops";
   } else {
     plan.blas_told = set_blas_threads(threads);
     set_onednn_threads(1);

@@ -80,7 +80,7 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
   watchdog.enter("discovering the topology");
   engine::Topology topology;
   comm::agree_on_errors(boot, [&] { topology = engine::discover_topology(MPI_COMM_WORLD, config.device); });
-  const int compute_threads = engine::blas_threads_for(topology, config.train.threads);
+  const int compute_threads = engine::compute_threads_for(topology, config.train.threads);
   const models::CpuThreadPlan threads = models::plan_cpu_threads(
       compute_threads, models::parse_cpu_kernels(config.model.cpu_kernels, {}, {}, compute_threads));
 

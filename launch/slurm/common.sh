@@ -80,7 +80,7 @@ ddp_launcher_command() {
       ;;
     mpirun)
       # Open MPI reads the allocation (nodes, tasks per node) from Slurm. --bind-to none lets each rank's
-      # BLAS threads use the cores ddptrain gives them (train.threads). As root, or with more ranks than
+      # compute threads use the cores ddptrain gives them (train.threads). As root, or with more ranks than
       # cores, Open MPI also needs OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1 or OMPI_MCA_rmaps_base_oversubscribe=1.
       # TCP keepalive on mpirun's connections to its node daemons: a node that dies or drops off the network
       # ends the job within 10 + 3 x 5 s. Without it mpirun waits on the silent daemon for as long as the
