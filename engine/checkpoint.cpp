@@ -1,12 +1,16 @@
 #include "engine/checkpoint.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <climits>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <new>
 #include <sstream>
@@ -14,6 +18,8 @@
 #include <vector>
 
 #include "engine/base/errors.h"
+#include "engine/base/memory_limit.h"
+#include "io/dataset.h"
 #include "io/hdf5_util.h"
 
 namespace ddp::engine {
@@ -62,14 +68,40 @@ int read_int_in_range(hid_t loc, const std::string& file, const char* name, int6
   return static_cast<int>(value);
 }
 
-// A counter (steps, epochs, ranks) of at least `low`: a damaged or edited file must not resume from step -3.
+// A counter (steps, epochs, ranks) of at least `low` and below 2^53, past any run and exact in the doubles
+// that carry progress between ranks: a damaged or edited file must not resume from step -3, or from a step
+// whose next one wraps.
 int64_t read_count(hid_t loc, const std::string& file, const char* name, int64_t low) {
+  constexpr int64_t kEnd = int64_t{1} << 53;
   const int64_t value = read_int(loc, file, name);
-  if (value < low) {
-    throw UserError(file + ": checkpoint attribute " + name + " = " + std::to_string(value) +
-                    " is less than " + std::to_string(low));
+  if (value < low || value >= kEnd) {
+    throw UserError(file + ": checkpoint attribute " + name + " = " + std::to_string(value) + " is not " +
+                    std::to_string(low) + " to 2^53");
   }
   return value;
+}
+
+// A 0/1 attribute, false where absent (the checkpoints of before).
+bool read_flag(hid_t loc, const std::string& file, const char* name) {
+  if (!io::has_attribute(loc, name)) return false;
+  const int64_t value = read_int(loc, file, name);
+  if (value != 0 && value != 1) {
+    throw UserError(file + ": checkpoint attribute " + name + " = " + std::to_string(value) +
+                    " is not 0 or 1");
+  }
+  return value == 1;
+}
+
+// The interrupted epoch's running sums: whole counts, at most `count` correct, a loss sum of at least 0.
+void check_epoch_sums(const std::string& file, const TrainingProgress& p) {
+  const auto whole = [](double x) { return std::isfinite(x) && x >= 0 && x == std::floor(x); };
+  if (!whole(p.count) || !whole(p.correct) || p.correct > p.count || !(p.loss_sum >= 0) ||
+      !std::isfinite(p.loss_sum)) {
+    throw UserError(fmt::format(
+        "{}: checkpoint attributes loss_sum = {}, correct = {}, count = {} are not the sums of an epoch "
+        "(whole counts, correct at most count, a finite loss of at least 0)",
+        file, p.loss_sum, p.correct, p.count));
+  }
 }
 
 // FNV-1a over the values' bit patterns, two floats to a 64-bit word: not a defence against tampering, but any
@@ -115,6 +147,8 @@ std::vector<float> read_floats(hid_t loc, const std::string& file, const std::st
   }
   // The dimensions were checked against each other, not against this machine: a header may describe a model
   // (and a dataset, unallocated) larger than its memory.
+  require_node_memory(static_cast<double>(expected) * sizeof(float),
+                      file + ": checkpoint dataset " + name + " of " + std::to_string(expected) + " floats");
   std::vector<float> data;
   try {
     data.resize(expected);
@@ -123,12 +157,16 @@ std::vector<float> read_floats(hid_t loc, const std::string& file, const std::st
                     " floats, more than this machine can allocate");
   }
   check_h5(H5Dread(set.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), name.c_str());
-  // Checkpoints written before the checksum have none.
-  if (H5Aexists(set.get(), kChecksum) > 0 &&
-      std::bit_cast<uint64_t>(read_int(set.get(), file, kChecksum)) != checksum_of(data)) {
+  // Checkpoints written before the checksum have none: theirs must at least be numbers.
+  if (H5Aexists(set.get(), kChecksum) > 0) {
+    if (std::bit_cast<uint64_t>(read_int(set.get(), file, kChecksum)) != checksum_of(data)) {
+      throw UserError(file + ": checkpoint dataset " + name +
+                      " is damaged (its values do not match the checksum written with them); resume from "
+                      "another checkpoint");
+    }
+  } else if (!std::all_of(data.begin(), data.end(), [](float x) { return std::isfinite(x); })) {
     throw UserError(file + ": checkpoint dataset " + name +
-                    " is damaged (its values do not match the checksum written with them); resume from "
-                    "another checkpoint");
+                    " holds values that are not finite and has no checksum to say they were written so");
   }
   return data;
 }
@@ -174,6 +212,20 @@ void fsync_path(const std::string& path, int flags) {
   ::close(fd);
 }
 
+// Flushes `tmp` to disk and renames it over `path` (a link at `path` is replaced, never followed), so that a
+// reader sees the old file or the new one; on failure removes `tmp` and leaves `path` alone.
+void move_into_place(const std::string& tmp, const std::string& path) {
+  fsync_path(tmp, O_RDONLY);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    throw UserError(path + ": cannot move the new checkpoint into place (" + why + ")");
+  }
+  const std::filesystem::path final_path(path);
+  const std::string dir = final_path.has_parent_path() ? final_path.parent_path().string() : ".";
+  fsync_path(dir, O_RDONLY | O_DIRECTORY);
+}
+
 }  // namespace
 
 struct CheckpointWriter::Files {
@@ -207,6 +259,8 @@ CheckpointWriter::CheckpointWriter(const std::string& path, const models::ModelS
   std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
   io::quiet_hdf5_errors();
   const std::string tmp = path + ".tmp";
+  std::error_code ec;
+  std::filesystem::remove(tmp, ec);  // a stale PATH.tmp (a link would otherwise be followed)
   const hid_t raw = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (raw < 0) throw UserError(tmp + ": cannot create the checkpoint file (check checkpoint.dir)");
   files_ = std::make_unique<Files>(Files{path, tmp, Hid(raw, Hid::Kind::kFile), Hid(), ""});
@@ -288,14 +342,19 @@ void CheckpointWriter::commit() {
     files_->file = Hid();
     return std::move(files_);
   }();
-  fsync_path(files->tmp, O_RDONLY);
-  if (std::rename(files->tmp.c_str(), files->path.c_str()) != 0) {
-    std::remove(files->tmp.c_str());
-    throw UserError(files->path + ": cannot move the new checkpoint into place");
+  move_into_place(files->tmp, files->path);
+}
+
+void copy_checkpoint(const std::string& from, const std::string& to) {
+  const std::string tmp = to + ".tmp";
+  std::error_code ec;
+  std::filesystem::remove(tmp, ec);  // a stale TO.tmp (a link would otherwise be followed)
+  std::filesystem::copy_file(from, tmp, std::filesystem::copy_options::overwrite_existing, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    throw UserError(tmp + ": cannot copy " + from + " here (" + ec.message() + "); " + to + " is unchanged");
   }
-  const std::filesystem::path final_path(files->path);
-  const std::string dir = final_path.has_parent_path() ? final_path.parent_path().string() : ".";
-  fsync_path(dir, O_RDONLY | O_DIRECTORY);
+  move_into_place(tmp, to);
 }
 
 void write_checkpoint(const std::string& path, const models::ModelShape& shape, std::span<const float> params,
@@ -317,6 +376,10 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
   }
   Checkpoint c;
   c.shape.vocab_size = read_int_in_range(root, path, "vocab_size", 1);
+  if (c.shape.vocab_size > io::kMaxVocabulary) {
+    throw UserError(path + ": checkpoint attribute vocab_size = " + std::to_string(c.shape.vocab_size) +
+                    " is more than " + std::to_string(io::kMaxVocabulary));
+  }
   c.shape.embedding_dim = read_int_in_range(root, path, "embedding_dim", 1);
   c.shape.hidden = read_int_in_range(root, path, "hidden", 1);
   c.shape.layers = read_int_in_range(root, path, "layers", 1);
@@ -330,8 +393,7 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
   } else if (!cell.empty() && cell != "lstm") {
     throw UserError(path + ": checkpoint attribute cell = " + cell + " is not lstm or gru");
   }
-  c.shape.bidirectional =
-      io::has_attribute(root, "bidirectional") && read_int(root, path, "bidirectional") != 0;
+  c.shape.bidirectional = read_flag(root, path, "bidirectional");
   if (io::has_attribute(root, "classes")) {
     const int64_t classes = read_int(root, path, "classes");
     if (classes < 2 || classes > 256) {
@@ -340,10 +402,17 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
     }
     c.shape.classes = static_cast<int>(classes);
   }
-  c.run.mask_padding = io::has_attribute(root, "mask_padding") && read_int(root, path, "mask_padding") != 0;
+  c.run.mask_padding = read_flag(root, path, "mask_padding");
   if (io::link_exists(root, "classes")) {
     c.run.class_names =
-        io::read_string_list(root, path, "/classes", static_cast<std::size_t>(c.shape.classes));
+        io::read_string_list(root, path, "/classes", static_cast<std::size_t>(c.shape.classes) + 1);
+    if (c.run.class_names.size() != static_cast<std::size_t>(c.shape.classes)) {
+      throw UserError(path + ": checkpoint dataset /classes names " +
+                      (c.run.class_names.size() > static_cast<std::size_t>(c.shape.classes)
+                           ? "more"
+                           : std::to_string(c.run.class_names.size())) +
+                      " classes, not the model's " + std::to_string(c.shape.classes));
+    }
   }
   {
     const std::vector<int64_t> dims = io::dataset_dims(io::open_dataset(root, path, "params").get());
@@ -369,12 +438,17 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
   p.loss_sum = read_double_attribute(root, path, "loss_sum");
   p.correct = read_double_attribute(root, path, "correct");
   p.count = read_double_attribute(root, path, "count");
+  check_epoch_sums(path, p);
   c.config_ini = io::read_string_attribute(root, "config");
   c.run.run_id = io::read_string_attribute(root, "run_id");
   c.run.data_path = io::read_string_attribute(root, "data_path");
   c.run.data_fingerprint = io::read_string_attribute(root, "data_fingerprint");
   c.run.data_plan = io::read_string_attribute(root, "data_plan");
   c.run.maxlen = H5Aexists(root, "maxlen") > 0 ? read_int_in_range(root, path, "maxlen", 0) : 0;
+  if (c.run.maxlen > io::kMaxSequenceLength) {
+    throw UserError(path + ": checkpoint attribute maxlen = " + std::to_string(c.run.maxlen) +
+                    " is more than " + std::to_string(io::kMaxSequenceLength));
+  }
   c.has_vocabulary = io::link_exists(root, "vocab");
 
   Hid group(H5Gopen2(root, "optimizer", H5P_DEFAULT), Hid::Kind::kGroup);

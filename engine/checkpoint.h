@@ -103,6 +103,10 @@ class CheckpointWriter {
 };
 
 // The whole checkpoint at once.
+// Copies the checkpoint `from` over `to` the way commit() writes one (through TO.tmp, renamed into place), so
+// that a failed copy (a full disk, a file the run may not replace) leaves `to` as it was. Throws UserError.
+void copy_checkpoint(const std::string& from, const std::string& to);
+
 void write_checkpoint(const std::string& path, const models::ModelShape& shape, std::span<const float> params,
                       const std::string& optimizer_name, const OptimizerState& optimizer_state,
                       const TrainingProgress& progress, const std::string& config_ini,

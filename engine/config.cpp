@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "engine/base/errors.h"
+#include "engine/base/memory_limit.h"
 #include "engine/command_line.h"
 #include "models/cuda_replica.h"
 #include "models/replica.h"
@@ -284,7 +285,9 @@ void check_values(const Config& c) {
           "expected sync or async");
   require(c.comm.max_staleness >= 0, "comm.max_staleness", value_text(c.comm.max_staleness),
           "must be 0 or more");
-  require(c.comm.timeout_s > 0, "comm.timeout_s", value_text(c.comm.timeout_s), "must be positive");
+  // Below a second no rank can start (MPI, the data, the first step): the watchdog would call it hung.
+  require(c.comm.timeout_s >= 1, "comm.timeout_s", value_text(c.comm.timeout_s),
+          "must be at least 1 (second)");
   require(c.comm.compression == "none" || c.comm.compression == "fp16" || c.comm.compression == "bf16",
           "comm.compression", c.comm.compression, "expected none, fp16 or bf16");
   require(c.log.progress == "auto" || c.log.progress == "bar" || c.log.progress == "lines", "log.progress",
@@ -394,6 +397,14 @@ void require_model_fits(const Config& c, const models::ModelShape& shape) {
         c.model.embedding_dim, c.model.hidden, c.model.layers, shape.vocab_size,
         static_cast<double>(parameters), static_cast<double>(kMaxParameters)));
   }
+  // The node must hold them before anything is allocated (the replica's activations come on top).
+  require_node_memory(
+      static_cast<double>(parameters) * 16.0,
+      fmt::format("model.embedding_dim = {}, model.hidden = {}, model.layers = {} with the data's "
+                  "vocabulary of {}: {:.3g} parameters (weights, gradient and the optimizer's "
+                  "state)",
+                  c.model.embedding_dim, c.model.hidden, c.model.layers, shape.vocab_size,
+                  static_cast<double>(parameters)));
 }
 
 models::ModelOptions model_options(const Config& c) {

@@ -1,8 +1,12 @@
 #include "engine/run_directory.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <random>
 #include <system_error>
@@ -34,9 +38,32 @@ std::string present_results(const RunFiles& files) {
   return names;
 }
 
+// What the run will write, checked before it trains rather than met after its first epoch: no file it
+// replaces or appends to may be a directory, metrics.jsonl must take appends (a named pipe to a live reader
+// does), and the directory must take new files (each checkpoint goes through PATH.tmp, renamed).
+void check_run_outputs(const RunFiles& files) {
+  std::error_code ec;
+  for (const std::string& path : files.results()) {
+    for (const std::string& file : {path, path + ".tmp"}) {
+      if (!fs::is_directory(fs::symlink_status(file, ec))) continue;
+      throw UserError(file +
+                      ": not a plain file (a directory), where the run writes one: move it out of "
+                      "checkpoint.dir");
+    }
+  }
+  if (fs::exists(files.metrics(), ec) && access(files.metrics().c_str(), W_OK) != 0) {
+    throw UserError(files.metrics() + ": cannot append to it (" + std::strerror(errno) + ")");
+  }
+  if (access(files.dir.c_str(), W_OK | X_OK) != 0) {
+    throw UserError("checkpoint.dir = " + files.dir.string() + ": cannot write files in it (" +
+                    std::strerror(errno) + ")");
+  }
+}
+
 }  // namespace
 
 bool claim_run_directory(const RunFiles& files, const std::string& resume, bool overwrite) {
+  check_run_outputs(files);
   std::error_code ec;
   const bool has_last = fs::exists(files.last(), ec);
   if (resume == "last" && !has_last) {

@@ -84,6 +84,12 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
     throw UserError(files.last() + ": the checkpoint's model (" + text(c.shape) +
                     ") differs from the config's and the dataset's (" + text(layout.shape()) + ")");
   }
+  // Masking changes what the same weights compute, as the cell does.
+  if (c.run.mask_padding != config.model.mask_padding) {
+    throw UserError(files.last() + ": the checkpoint's model was trained with model.mask_padding = " +
+                    (c.run.mask_padding ? "true" : "false") + ", the config asks for " +
+                    (config.model.mask_padding ? "true" : "false"));
+  }
   if (c.optimizer_name != optimizer.name) {
     throw UserError(files.last() + ": checkpoint was trained with " + c.optimizer_name +
                     ", the config asks for train.optimizer = " + optimizer.name);

@@ -507,8 +507,8 @@ class TrainingRun::Loop {
   }
 
   // Problems writing the run directory after training started end the job (exit 2) rather than leave the
-  // other ranks waiting in the next collective. A write that hangs (a frozen file system) ends it through
-  // the watchdog, which then names the write.
+  // other ranks waiting in the next collective; a job of one rank leaves through main() as any user error
+  // does. A write that hangs (a frozen file system) ends it through the watchdog, which then names the write.
   template <typename Work>
   void on_root_or_abort(Work&& work) {
     if (!is_root()) return;
@@ -516,7 +516,11 @@ class TrainingRun::Loop {
     try {
       work();
     } catch (const UserError& e) {
-      fatal(e.what(), __FILE__, __LINE__, kExitUserError);
+      if (job_size_ == 1) throw;
+      end_job_with_user_error(e.what());
+    } catch (const std::filesystem::filesystem_error& e) {
+      if (job_size_ == 1) throw UserError(e.what());
+      end_job_with_user_error(e.what());
     }
     enter_training();
   }
@@ -559,9 +563,7 @@ class TrainingRun::Loop {
     on_root_or_abort([&] {
       writer->add_replica_rng_states(rng_states);
       writer->commit();
-      if (best)
-        std::filesystem::copy_file(files_.last(), files_.best(),
-                                   std::filesystem::copy_options::overwrite_existing);
+      if (best) copy_checkpoint(files_.last(), files_.best());
     });
   }
 

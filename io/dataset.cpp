@@ -107,13 +107,14 @@ SplitShape check_split(hid_t file, const std::string& path, const std::string& s
   return {x_dims[0], x_dims[1]};
 }
 
-int positive_int_attribute(hid_t file, const std::string& path, const std::string& name) {
+int positive_int_attribute(hid_t file, const std::string& path, const std::string& name, int most) {
   const int64_t value = read_int_attribute(file, path, name);
   if (value <= 0) {
     throw UserError(path + ": attribute " + name + " must be positive, found " + std::to_string(value));
   }
-  if (value > INT_MAX) {
-    throw UserError(path + ": attribute " + name + " = " + std::to_string(value) + " is too large");
+  if (value > most) {
+    throw UserError(path + ": attribute " + name + " = " + std::to_string(value) + " is more than " +
+                    std::to_string(most));
   }
   return static_cast<int>(value);
 }
@@ -162,8 +163,8 @@ DatasetInfo inspect_dataset(const std::string& path) try {
   info.train_size = train.rows;
   info.test_size = test.rows;
   info.val_size = val.rows;
-  info.vocab_size = positive_int_attribute(file.get(), path, "vocab_size");
-  info.maxlen = positive_int_attribute(file.get(), path, "maxlen");
+  info.vocab_size = positive_int_attribute(file.get(), path, "vocab_size", kMaxVocabulary);
+  info.maxlen = positive_int_attribute(file.get(), path, "maxlen", kMaxSequenceLength);
   for (const auto& [name, shape] :
        {std::pair{"/train/x", train}, std::pair{"/test/x", test}, std::pair{"/val/x", val}}) {
     if (shape.columns != info.maxlen) {

@@ -22,6 +22,12 @@
 
 namespace ddp::io {
 
+// The largest vocabulary and row length a dataset (or a checkpoint) may declare, and `ddptrain prepare`
+// writes: far past any real corpus, so that a typo or a damaged attribute is one line, not memory exhausted
+// minutes later.
+constexpr int kMaxVocabulary = 10'000'000;
+constexpr int kMaxSequenceLength = 100'000;
+
 struct DatasetInfo {
   std::string path;
   int64_t train_size = 0;

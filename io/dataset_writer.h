@@ -15,14 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "io/dataset.h"
 #include "io/hdf5_util.h"
 
 namespace ddp::io {
-
-// The largest vocabulary and row length `ddptrain prepare` writes: far past any real corpus, so that a typo
-// is one line, not memory exhausted minutes later.
-constexpr int kMaxPreparedVocab = 10'000'000;
-constexpr int kMaxPreparedMaxlen = 100'000;
 
 class DatasetWriter {
  public:

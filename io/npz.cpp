@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "engine/base/errors.h"
+#include "engine/base/memory_limit.h"
 
 namespace ddp::io {
 namespace {
@@ -95,6 +96,7 @@ std::vector<uint8_t> inflate_raw(const uint8_t* input, uint64_t input_size, uint
     fail(where, "records " + std::to_string(size) + " bytes, impossible for " + std::to_string(input_size) +
                     " deflated bytes (corrupt archive)");
   }
+  require_node_memory(static_cast<double>(size), where + ", as recorded in the archive,");
   z_stream stream{};
   if (inflateInit2(&stream, -MAX_WBITS) != Z_OK) throw std::runtime_error("inflateInit2 failed");
   const std::unique_ptr<z_stream, int (*)(z_stream*)> end(&stream, inflateEnd);
@@ -295,17 +297,22 @@ std::vector<uint8_t> ZipArchive::read(const std::string& member) const {
                     std::to_string(data_start) + ", but the file has " + std::to_string(total));
   }
   std::vector<uint8_t> contents;
-  if (entry->method == kMethodStored) {
-    if (entry->compressed_size != entry->size) {
-      fail(where, "stored member whose compressed size " + std::to_string(entry->compressed_size) +
-                      " differs from its size " + std::to_string(entry->size));
+  try {
+    if (entry->method == kMethodStored) {
+      if (entry->compressed_size != entry->size) {
+        fail(where, "stored member whose compressed size " + std::to_string(entry->compressed_size) +
+                        " differs from its size " + std::to_string(entry->size));
+      }
+      contents.assign(data + data_start, data + data_start + entry->size);
+    } else if (entry->method == kMethodDeflate) {
+      contents = inflate_raw(data + data_start, entry->compressed_size, entry->size, where);
+    } else {
+      fail(where, "compression method " + std::to_string(entry->method) +
+                      " is not supported (only stored and deflate)");
     }
-    contents.assign(data + data_start, data + data_start + entry->size);
-  } else if (entry->method == kMethodDeflate) {
-    contents = inflate_raw(data + data_start, entry->compressed_size, entry->size, where);
-  } else {
-    fail(where, "compression method " + std::to_string(entry->method) +
-                    " is not supported (only stored and deflate)");
+  } catch (const std::bad_alloc&) {
+    fail(where, "its " + std::to_string(entry->size) +
+                    " bytes, as the archive records them, are more than this process may allocate");
   }
   const uint32_t crc = crc32_of(contents);
   if (crc != entry->crc32) {
@@ -1012,6 +1019,7 @@ NpyArray parse_npy(std::span<const uint8_t> bytes, const std::string& where) {
     fail(where, "truncated data: " + std::to_string(needed) + " bytes expected, " +
                     std::to_string(payload.size()) + " found");
   }
+  require_node_memory(static_cast<double>(count) * sizeof(int64_t), where + " as 64-bit integers");
   array.integers.resize(static_cast<size_t>(count));
   const uint8_t* p = payload.data();
   for (size_t i = 0; i < array.integers.size(); ++i, p += type.bytes) {

@@ -194,9 +194,9 @@ void validate(const SyntheticOptions& o) {
   if (o.classes < 2 || o.classes > 256) {
     throw UserError("--classes " + std::to_string(o.classes) + " must be 2 to 256 (labels are one byte)");
   }
-  if (o.vocab > kMaxPreparedVocab) {
+  if (o.vocab > kMaxVocabulary) {
     throw UserError("--vocab " + std::to_string(o.vocab) + " is too large: at most " +
-                    std::to_string(kMaxPreparedVocab));
+                    std::to_string(kMaxVocabulary));
   }
   val_rows_of("prepare synthetic", o.val_fraction, o.train);
   const WordClasses words = word_classes(o.vocab, o.classes);

@@ -150,8 +150,16 @@ std::vector<fs::path> list_documents(const fs::path& folder) {
   return files;
 }
 
+// One file is one document: past this it is not one (a log, an archive, a disk image put in a class folder by
+// mistake), and reading it whole on every reader thread could exhaust the node's memory.
+constexpr size_t kMaxDocumentBytes = size_t{256} << 20;
+
 // The whole file into `bytes` (whose capacity is reused from file to file).
 void read_whole_file(const InputFile& file, std::string& bytes) {
+  const auto too_large = [&](std::string size) {
+    return UserError(file.path.string() + ": " + size +
+                     " bytes, more than the 256 MiB one document (one file) may hold");
+  };
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> handle(std::fopen(file.path.c_str(), "rb"), &std::fclose);
   if (!handle) {
     throw UserError(file.path.string() + ": cannot be read (" + std::generic_category().message(errno) + ")");
@@ -159,7 +167,11 @@ void read_whole_file(const InputFile& file, std::string& bytes) {
   constexpr size_t kChunk = size_t{1} << 16;
   bytes.clear();
   size_t used = 0;
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(file.path, ec);
+  if (!ec && size > kMaxDocumentBytes) throw too_large(std::to_string(size));
   while (true) {
+    if (used > kMaxDocumentBytes) throw too_large("over " + std::to_string(kMaxDocumentBytes));
     bytes.resize(used + kChunk);
     const size_t got = std::fread(bytes.data() + used, 1, kChunk, handle.get());
     used += got;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -161,6 +162,13 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
 
 namespace {
 
+// An allocation the node refused: inputs past what fits (a size read from a file is checked before it is
+// allocated, but not every buffer can be foreseen).
+constexpr const char* kOutOfMemory =
+    "out of memory (an allocation failed): a smaller model, train.batch_size or data.prefetch, fewer ranks "
+    "on "
+    "this node, or smaller inputs need less";
+
 // The subcommands that run as one plain process, without MPI.
 int run_without_mpi(const std::string& command, const std::vector<std::string>& args) {
   try {
@@ -169,6 +177,9 @@ int run_without_mpi(const std::string& command, const std::vector<std::string>& 
     return ddp::engine::evaluate_command(args);
   } catch (const ddp::UserError& e) {
     std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
+    return ddp::kExitUserError;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "ddptrain: error: %s\n", kOutOfMemory);
     return ddp::kExitUserError;
   } catch (const std::exception& e) {
     // Caught, not left to terminate: the stack unwinds, and a partly written output file is removed.
@@ -207,6 +218,10 @@ int main(int argc, char** argv) {
       // This rank's alone (a batch or a cuDNN shape after start-up): the others may be waiting for it.
       if (boot->size() > 1) ddp::end_job_with_user_error(e.what());
       std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
+      status = ddp::kExitUserError;
+    } catch (const std::bad_alloc&) {
+      if (boot->size() > 1) ddp::end_job_with_user_error(kOutOfMemory);
+      std::fprintf(stderr, "ddptrain: error: %s\n", kOutOfMemory);
       status = ddp::kExitUserError;
     } catch (const std::exception& e) {
       ddp::fatal(std::string("unexpected error: ") + e.what(), __FILE__, __LINE__);

@@ -44,7 +44,7 @@ int prepare_synthetic(const std::vector<std::string>& args) {
                         "ddptrain prepare synthetic --output FILE [options]"))
     return kExitOk;
   if (o.train < 1 || o.test < 1) throw UserError("prepare synthetic: --train and --test must be positive");
-  require_in_range(o.maxlen, "--maxlen", "prepare synthetic", io::kMaxPreparedMaxlen);
+  require_in_range(o.maxlen, "--maxlen", "prepare synthetic", io::kMaxSequenceLength);
   const int64_t val_rows = io::val_rows_of("prepare synthetic", o.val_fraction, o.train);
   io::write_synthetic(o);
   const std::string val_text = val_rows > 0 ? ", " + std::to_string(val_rows) + " val" : "";
@@ -70,8 +70,8 @@ int prepare_imdb_npz(const std::vector<std::string>& args) {
   if (!parse_subcommand(args, desc, "prepare imdb-npz",
                         "ddptrain prepare imdb-npz --input imdb.npz --output imdb.h5 [options]"))
     return kExitOk;
-  require_in_range(o.vocab, "--vocab", "prepare imdb-npz", io::kMaxPreparedVocab);
-  require_in_range(o.maxlen, "--maxlen", "prepare imdb-npz", io::kMaxPreparedMaxlen);
+  require_in_range(o.vocab, "--vocab", "prepare imdb-npz", io::kMaxVocabulary);
+  require_in_range(o.maxlen, "--maxlen", "prepare imdb-npz", io::kMaxSequenceLength);
   std::printf("%s\n", io::prepare_imdb_npz(o).c_str());
   return kExitOk;
 }
@@ -93,8 +93,8 @@ int prepare_text(const std::vector<std::string>& args) {
   if (!parse_subcommand(args, desc, "prepare text",
                         "ddptrain prepare text --input DIR --output FILE [options]"))
     return kExitOk;
-  require_in_range(o.vocab, "--vocab", "prepare text", io::kMaxPreparedVocab);
-  require_in_range(o.maxlen, "--maxlen", "prepare text", io::kMaxPreparedMaxlen);
+  require_in_range(o.vocab, "--vocab", "prepare text", io::kMaxVocabulary);
+  require_in_range(o.maxlen, "--maxlen", "prepare text", io::kMaxSequenceLength);
   if (o.threads < 0) throw UserError("prepare text: --threads must be 0 or positive");
   if (progress != "auto" && progress != "bar" && progress != "none")
     throw UserError("prepare text: --progress must be auto, bar or none, got '" + progress + "'");

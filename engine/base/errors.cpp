@@ -23,6 +23,10 @@ ThrowFatalErrors::~ThrowFatalErrors() {
 }
 
 std::string one_line(std::string_view text) {
+  // A message quotes what it was given (a config value, a file's bytes); past a screenful it says how long.
+  constexpr std::size_t kMostBytes = 2000;
+  const std::size_t whole = text.size();
+  if (whole > kMostBytes) text = text.substr(0, kMostBytes);
   std::string line;
   line.reserve(text.size());
   for (const char c : text) {
@@ -36,6 +40,7 @@ std::string one_line(std::string_view text) {
       line += c;
     }
   }
+  if (whole > kMostBytes) line += "... (" + std::to_string(whole) + " bytes in all)";
   return line;
 }
 

@@ -25,7 +25,7 @@ constexpr int kExitEnvironmentProblem = 3;
 constexpr int kExitPreempted = 75;
 
 // `text` with its control characters written as escapes (a newline as \n, others as \xNN), so that a message
-// quoting what the user typed or a file held stays one line.
+// quoting what the user typed or a file held stays one line; past 2000 bytes cut, saying its whole length.
 std::string one_line(std::string_view text);
 
 class UserError : public std::runtime_error {

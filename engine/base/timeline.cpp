@@ -38,6 +38,10 @@ class Recorder {
   void start(const std::string& path, int rank, const std::string& process_label) {
     std::lock_guard<std::mutex> lock(mutex_);
     DDP_CHECK(!on.load());
+    // The trace goes there at the end of the run: a directory in its way is said now, not after training.
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+      throw UserError("log.timeline = " + path + ": a directory, where the run writes its trace file");
     rank_ = rank;
     origin_ = Clock::now();
     part_path_ = path + ".rank" + std::to_string(rank) + ".part";
@@ -193,13 +197,20 @@ void write_trace(const std::string& path, const std::vector<std::string>& ranks_
     }
     out << "\n]\n";
     out.flush();
-    if (!out) throw UserError("log.timeline = " + path + ": cannot write " + tmp);
+    if (!out) {
+      std::error_code ignored;
+      std::filesystem::remove(tmp, ignored);
+      throw UserError("log.timeline = " + path + ": cannot write " + tmp);
+    }
   }
   std::error_code error;
   std::filesystem::rename(tmp, path, error);
-  if (error)
+  if (error) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);  // nothing of a failed write is left beside `path`
     throw UserError("log.timeline = " + path + ": cannot move " + tmp + " into place (" + error.message() +
                     ")");
+  }
 }
 
 void name_this_thread(const char* name) {

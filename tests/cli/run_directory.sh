@@ -6,6 +6,8 @@
 #   - --resume auto of a finished run says so, exits 0 and writes nothing
 #   - data.validation_split 0.1: epochs report val_*, best.h5 is the epoch of the lowest val_loss, and the
 #     test split is scored once at the end, on best.h5
+#   - resume refuses another model.mask_padding; a directory where the run writes a file is refused before
+#     training; best.h5 that is a link is replaced, its target untouched
 #   bash tests/cli/run_directory.sh path/to/ddptrain source-dir
 # `A && B || fail` asserts both: the fail runs when either is false, as meant.
 # shellcheck disable=SC2015
@@ -74,4 +76,24 @@ new_id=$(grep -oP '^run \K\S+' new.txt)
 [ "$new_id" != "$first_id" ] || fail "the new run kept the old id"
 [ "$(json_field run/metrics.jsonl run_id "run_id=$new_id" | wc -l)" -eq "$(wc -l <run/metrics.jsonl)" ] ||
   fail "metrics.jsonl mixes runs" run/metrics.jsonl
-echo "PASS: one run per directory, resume checks its data, best.h5 on val (epoch $best_epoch), test once"
+# 5. What the run writes is checked before it trains, and best.h5 is replaced, never written through.
+expect_user_error "resume with masking switched on" "model.mask_padding = false, the config asks for true" \
+  "${train[@]}" --data.path data.h5 --train.epochs 2 --resume auto --model.mask_padding true
+cp run/last.h5 last-before.h5
+mv run/best.h5 best-file.h5 && mkdir run/best.h5
+expect_user_error "a directory where best.h5 goes" "run/best.h5: not a plain file (a directory)" \
+  "${train[@]}" --data.path data.h5 --train.epochs 2 --resume auto
+grep -q "^Epoch" bad_out.txt && fail "the run trained before refusing" bad_out.txt
+cmp -s run/last.h5 last-before.h5 || fail "the refused run changed last.h5"
+rmdir run/best.h5
+# Stopped inside epoch 1, best.h5 a link to other.h5: finishing epoch 1 writes best.h5 (the first epoch is
+# always the best so far).
+linked=("$ddptrain" --checkpoint.dir linked --data.path data.h5 --model.embedding_dim 16 --model.hidden 16
+  --train.epochs 1)
+"${linked[@]}" --train.stop_after_steps 5 >stopped.txt 2>&1 || fail "a run stopped after 5 steps" stopped.txt
+[ -f linked/last.h5 ] && [ ! -e linked/best.h5 ] || fail "the stopped run: last.h5 and no best.h5 expected"
+cp other.h5 other-before.h5 && ln -s "$PWD/other.h5" linked/best.h5
+"${linked[@]}" --resume auto >linked.txt 2>&1 || fail "resume with best.h5 a link" linked.txt
+cmp -s other.h5 other-before.h5 || fail "best.h5 was written through its link into other.h5"
+[ -f linked/best.h5 ] && [ ! -L linked/best.h5 ] || fail "best.h5 is still a link"
+echo "PASS: one run per directory, resume checks its data, best.h5 on val (epoch $best_epoch), test once, outputs checked first"

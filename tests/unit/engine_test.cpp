@@ -4,8 +4,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +17,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "engine/base/errors.h"
@@ -32,6 +35,7 @@
 namespace ddp::engine {
 namespace {
 
+using ddp::testing::expect_user_error;
 using ddp::testing::TempDir;
 
 std::string write_text(const TempDir& dir, const std::string& name, const std::string& text) {
@@ -128,6 +132,8 @@ TEST(Config, ParameterServerKeys) {
                                                         {"comm.ps_mode", "eventual"},
                                                         {"comm.max_staleness", "-1"},
                                                         {"comm.timeout_s", "0"},
+                                                        {"comm.timeout_s", "0.001"},
+                                                        {"comm.timeout_s", "nan"},
                                                         {"train.straggle_ms", "-5"}}) {
     const std::string error = error_of({"--data.path", "x", "--" + key, value});
     EXPECT_NE(error.find(key), std::string::npos) << key << " = " << value << ": " << error;
@@ -917,28 +923,87 @@ TEST(Checkpoint, KeepsEachRanksReplicaRandomState) {
   EXPECT_TRUE(read_checkpoint(path).replica_rng_states.empty());
 }
 
-TEST(Checkpoint, DamagedCountersAreUserErrors) {
+TEST(Checkpoint, DamagedCountersSumsFlagsAndClassNamesAreUserErrors) {
   TempDir dir;
   const models::ModelShape shape{30, 4, 3, 1};
   const std::vector<float> params(models::ParamLayout(shape).total_size(), 0.5f);
   const std::string path = dir.file("last.h5");
   const auto expect_refused = [&](const std::string& mention) {
-    try {
-      read_checkpoint(path);
-      FAIL() << "no error for " << mention;
-    } catch (const UserError& e) {
-      EXPECT_NE(std::string(e.what()).find(mention), std::string::npos) << e.what();
-    }
+    expect_user_error([&] { read_checkpoint(path); }, {path, mention});
   };
   TrainingProgress progress;
   progress.step_in_epoch = -3;
   write_checkpoint(path, shape, params, "adam", {}, progress, "");
-  expect_refused("step_in_epoch = -3 is less than 0");
+  expect_refused("step_in_epoch = -3 is not 0 to 2^53");
   progress.step_in_epoch = 0;
   OptimizerState state;
   state.iterations = -1;
   write_checkpoint(path, shape, params, "adam", state, progress, "");
-  expect_refused("iterations = -1 is less than 0");
+  expect_refused("iterations = -1 is not 0 to 2^53");
+  // Counters whose next step would wrap, or that the doubles carrying progress between ranks cannot hold:
+  // an epoch of 2^63 - 1 resumed as epoch -2^63 and trained forever, an optimizer step as NaN parameters.
+  state.iterations = 3;
+  for (int64_t TrainingProgress::*counter : {&TrainingProgress::epoch, &TrainingProgress::global_step}) {
+    TrainingProgress huge;
+    huge.*counter = INT64_MAX;
+    write_checkpoint(path, shape, params, "adam", state, huge, "");
+    expect_refused(" = 9223372036854775807 is not 0 to 2^53");
+    huge.*counter = (int64_t{1} << 53) - 1;  // the largest that passes
+    write_checkpoint(path, shape, params, "adam", state, huge, "");
+    EXPECT_EQ(read_checkpoint(path).progress.*counter, (int64_t{1} << 53) - 1);
+  }
+  state.iterations = INT64_MAX;
+  write_checkpoint(path, shape, params, "adam", state, TrainingProgress{}, "");
+  expect_refused("iterations = 9223372036854775807 is not 0 to 2^53");
+
+  // The interrupted epoch's sums, the 0/1 attributes and the class names are checked as the counters are:
+  // edited values printed an accuracy of 2.8e27 or named two classes with one name.
+  const auto sums = [&](double loss_sum, double correct, double count) {
+    TrainingProgress p;
+    p.loss_sum = loss_sum;
+    p.correct = correct;
+    p.count = count;
+    write_checkpoint(path, shape, params, "adam", {}, p, "");
+  };
+  sums(12.5, 3, 8);
+  EXPECT_EQ(read_checkpoint(path).progress.correct, 3);
+  for (const auto& [loss_sum, correct, count] :
+       {std::tuple{12.5, 9.0, 8.0}, std::tuple{12.5, 1e30, 8.0}, std::tuple{12.5, 2.5, 8.0},
+        std::tuple{-1.0, 3.0, 8.0}, std::tuple{std::nan(""), 3.0, 8.0}, std::tuple{1.0, 3.0, std::nan("")},
+        std::tuple{1.0, -1.0, 8.0}, std::tuple{HUGE_VAL, 3.0, 8.0}}) {
+    sums(loss_sum, correct, count);
+    expect_refused("are not the sums of an epoch");
+  }
+
+  const auto set_int = [&](const char* name, int64_t value) {
+    const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(file, 0);
+    H5Adelete(file, name);
+    const hid_t space = H5Screate(H5S_SCALAR);
+    const hid_t attr = H5Acreate2(file, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+    EXPECT_GE(H5Awrite(attr, H5T_NATIVE_INT64, &value), 0);
+    H5Aclose(attr);
+    H5Sclose(space);
+    H5Fclose(file);
+  };
+  for (const char* flag : {"mask_padding", "bidirectional"}) {
+    write_checkpoint(path, shape, params, "adam", {}, TrainingProgress{}, "");
+    set_int(flag, 5);
+    expect_refused(std::string(flag) + " = 5 is not 0 or 1");
+  }
+
+  RunRecord run;
+  run.class_names = {"neg", "pos"};
+  write_checkpoint(path, shape, params, "adam", {}, TrainingProgress{}, "", run);
+  EXPECT_EQ(read_checkpoint(path).run.class_names, run.class_names);
+  models::ModelShape three = shape;
+  three.classes = 3;
+  const std::vector<float> three_params(models::ParamLayout(three).total_size(), 0.5f);
+  write_checkpoint(path, three, three_params, "adam", {}, TrainingProgress{}, "", run);
+  expect_refused("/classes names 2 classes, not the model's 3");
+  run.class_names = {"a", "b", "c", "d"};
+  write_checkpoint(path, three, three_params, "adam", {}, TrainingProgress{}, "", run);
+  expect_refused("/classes names more classes, not the model's 3");
 }
 
 // A value changed on disk after the write (a torn copy, a bad sector) is caught by the checksum written with
@@ -984,6 +1049,14 @@ TEST(Checkpoint, DamagedValuesAreUserErrors) {
     tamper(dataset, true);
     EXPECT_NO_THROW(read_checkpoint(path)) << dataset << " without its checksum";
   }
+  // Without a checksum the values must at least be numbers (a NaN loaded silently and predicted NaN); with
+  // one, a run that diverged is read back as it was written.
+  std::vector<float> diverged = params;
+  diverged[5] = std::numeric_limits<float>::quiet_NaN();
+  write_checkpoint(path, shape, diverged, "adam", state, TrainingProgress{}, "");
+  EXPECT_TRUE(std::isnan(read_checkpoint(path).params[5]));
+  tamper("params", true);
+  expect_user_error([&] { read_checkpoint(path); }, {path, "params", "not finite"});
 }
 
 TEST(Checkpoint, ForeignFilesAreUserErrors) {

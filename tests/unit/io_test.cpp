@@ -36,7 +36,7 @@ struct FileSpec {
   int64_t test_rows = 8;
   int maxlen = 4;
   int64_t maxlen_attribute = -1;  // -1: same as maxlen
-  int64_t vocab_size = int64_t{1} << 30;
+  int64_t vocab_size = kMaxVocabulary;
   bool write_vocab_size = true;
   hid_t x_type = H5T_STD_I32LE;
   bool x_rank_1 = false;
@@ -298,6 +298,10 @@ TEST_F(InspectTest, NonPositiveVocabSize) {
   FileSpec spec;
   spec.vocab_size = 0;
   expect_user_error([&] { inspect_dataset(write(spec)); }, {path_, "vocab_size must be positive, found 0"});
+  // Past any real corpus: a damaged attribute, refused before the embedding is sized by it.
+  spec.vocab_size = kMaxVocabulary + 1;
+  expect_user_error([&] { inspect_dataset(write(spec)); },
+                    {path_, "vocab_size = 10000001 is more than 10000000"});
 }
 
 TEST_F(InspectTest, MaxlenDisagreesWithColumns) {
@@ -305,6 +309,8 @@ TEST_F(InspectTest, MaxlenDisagreesWithColumns) {
   spec.maxlen_attribute = 5;
   expect_user_error([&] { inspect_dataset(write(spec)); },
                     {path_, "dataset /train/x has 4 columns but attribute maxlen = 5"});
+  spec.maxlen_attribute = kMaxSequenceLength + 1;
+  expect_user_error([&] { inspect_dataset(write(spec)); }, {path_, "maxlen = 100001 is more than 100000"});
 }
 
 TEST_F(InspectTest, TokenNotBelowVocabSize) {

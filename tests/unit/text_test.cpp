@@ -471,6 +471,22 @@ TEST(PrepareText, BadValFractionIsOneErrorNamingTheOption) {
   EXPECT_EQ(inspect_dataset(o.output).val_size, 1);
 }
 
+// One file is one document: an 8 GB file put in a class folder by mistake ended in std::bad_alloc (or the
+// kernel's OOM kill) with no name; it is refused, named, before it is read (a sparse file here, no disk
+// used).
+TEST(PrepareText, AFileTooLargeForADocumentIsNamed) {
+  TempDir dir;
+  write_indexed_corpus(dir.file("corpus"), 3, 2);
+  const std::filesystem::path huge = std::filesystem::path(dir.file("corpus")) / "train/pos/huge.txt";
+  std::ofstream(huge).put('a');
+  std::filesystem::resize_file(huge, (std::uintmax_t{256} << 20) + 1);
+  const TextCorpusOptions o = indexed_options(dir, "data.h5");
+  const std::string error = user_error_of(o);
+  EXPECT_NE(error.find(huge.string() + ": 268435457 bytes, more than the 256 MiB"), std::string::npos)
+      << error;
+  EXPECT_FALSE(std::filesystem::exists(o.output));
+}
+
 TEST(ReadVocabulary, DatasetWithoutVocabIsAUserError) {
   TempDir dir;
   SyntheticOptions o;

@@ -1,0 +1,25 @@
+#include "engine/base/memory_limit.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include "engine/base/errors.h"
+
+namespace ddp {
+
+double node_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  return static_cast<double>(pages) * static_cast<double>(page_size);
+}
+
+void require_node_memory(double bytes, const std::string& what) {
+  const double memory = node_memory_bytes();
+  if (memory > 0 && bytes > memory) {
+    throw UserError(fmt::format("{} needs {:.1f} GB, more than this node's {:.1f} GB of memory", what,
+                                bytes / 1e9, memory / 1e9));
+  }
+}
+
+}  // namespace ddp
