@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <span>
 #include <string>
 #include <system_error>
@@ -67,6 +68,25 @@ void note_changed_data_plan(const RunFiles& files, const Checkpoint& c, const Ru
       files.last().c_str(), c.run.data_plan.c_str(), now.data_plan.c_str());
 }
 
+// best.h5 lost after it was chosen (the job killed while copying it): where last.h5 was written at the end of
+// the best epoch it holds that epoch's model and is copied back; otherwise the next epoch takes the place of
+// the lost one, so the run still ends with a best.h5 to score on its test split.
+void restore_missing_best(const RunFiles& files, TrainingProgress& p) {
+  std::error_code ec;
+  if (p.epoch < 1 || std::filesystem::exists(std::filesystem::symlink_status(files.best(), ec))) return;
+  if (p.best_epoch == p.epoch && p.step_in_epoch == 0) {
+    copy_checkpoint(files.last(), files.best());
+    std::printf("note: %s was missing; restored from %s, which holds its epoch %lld\n", files.best().c_str(),
+                files.last().c_str(), static_cast<long long>(p.epoch));
+    return;
+  }
+  p.best_val_loss = std::numeric_limits<double>::infinity();
+  std::printf(
+      "warning: %s (epoch %lld) is missing and %s holds a later model: the next epoch becomes best.h5, and "
+      "the better epochs after it replace it as usual\n",
+      files.best().c_str(), static_cast<long long>(p.best_epoch), files.last().c_str());
+}
+
 // Rank 0: last.h5's parameters, optimizer state and progress, checked against the run.
 void resume_from_checkpoint(const Config& config, const RunFiles& files, const models::ParamLayout& layout,
                             const OptimizerSettings& optimizer, int trainers, int64_t steps_per_epoch,
@@ -118,6 +138,7 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
         files.last().c_str(), rng_states.size(), trainers);
     rng_states.clear();
   }
+  restore_missing_best(files, p);
   if (p.step_in_epoch >= steps_per_epoch)
     p.step_in_epoch = 0;  // the interrupted epoch had finished its steps
 }

@@ -7,7 +7,7 @@
 #   - data.validation_split 0.1: epochs report val_*, best.h5 is the epoch of the lowest val_loss, and the
 #     test split is scored once at the end, on best.h5
 #   - resume refuses another model.mask_padding; a directory where the run writes a file is refused before
-#     training; best.h5 that is a link is replaced, its target untouched
+#     training; best.h5 that is a link is replaced, its target untouched; a lost best.h5 is restored
 #   bash tests/cli/run_directory.sh path/to/ddptrain source-dir
 # `A && B || fail` asserts both: the fail runs when either is false, as meant.
 # shellcheck disable=SC2015
@@ -88,12 +88,24 @@ cmp -s run/last.h5 last-before.h5 || fail "the refused run changed last.h5"
 rmdir run/best.h5
 # Stopped inside epoch 1, best.h5 a link to other.h5: finishing epoch 1 writes best.h5 (the first epoch is
 # always the best so far).
-linked=("$ddptrain" --checkpoint.dir linked --data.path data.h5 --model.embedding_dim 16 --model.hidden 16
-  --train.epochs 1)
-"${linked[@]}" --train.stop_after_steps 5 >stopped.txt 2>&1 || fail "a run stopped after 5 steps" stopped.txt
+linked=("$ddptrain" --checkpoint.dir linked --data.path data.h5 --model.embedding_dim 16 --model.hidden 16)
+"${linked[@]}" --train.epochs 1 --train.stop_after_steps 5 >stopped.txt 2>&1 || fail "a run stopped after 5 steps" stopped.txt
 [ -f linked/last.h5 ] && [ ! -e linked/best.h5 ] || fail "the stopped run: last.h5 and no best.h5 expected"
 cp other.h5 other-before.h5 && ln -s "$PWD/other.h5" linked/best.h5
-"${linked[@]}" --resume auto >linked.txt 2>&1 || fail "resume with best.h5 a link" linked.txt
+"${linked[@]}" --train.epochs 1 --resume auto >linked.txt 2>&1 || fail "resume with best.h5 a link" linked.txt
 cmp -s other.h5 other-before.h5 || fail "best.h5 was written through its link into other.h5"
 [ -f linked/best.h5 ] && [ ! -L linked/best.h5 ] || fail "best.h5 is still a link"
+# best.h5 lost (a kill while it was being copied): restored from last.h5 where that holds the best epoch's
+# model, else the next epoch takes its place; either way the run ends with a test score on best.h5.
+rm linked/best.h5
+"${linked[@]}" --train.epochs 2 --resume auto >restored.txt 2>&1 || fail "resume without best.h5" restored.txt
+grep -qF "linked/best.h5 was missing; restored from linked/last.h5, which holds its epoch 1" restored.txt ||
+  fail "best.h5 was not restored" restored.txt
+grep -q "^Test (best.h5, epoch [12])" restored.txt || fail "no test score on best.h5" restored.txt
+"${linked[@]}" --train.epochs 4 --train.stop_after_steps 80 --resume auto >mid.txt 2>&1 || fail "stop in epoch 3" mid.txt
+rm linked/best.h5
+"${linked[@]}" --train.epochs 3 --resume auto >replaced.txt 2>&1 || fail "resume mid-epoch without best.h5" replaced.txt
+grep -qF "linked/best.h5 (epoch " replaced.txt && grep -qF "is missing and linked/last.h5 holds a later model" replaced.txt ||
+  fail "the lost best.h5 is not said" replaced.txt
+grep -q "^Test (best.h5, epoch 3)" replaced.txt || fail "epoch 3 did not take the lost best.h5's place" replaced.txt
 echo "PASS: one run per directory, resume checks its data, best.h5 on val (epoch $best_epoch), test once, outputs checked first"
