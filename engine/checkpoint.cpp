@@ -58,12 +58,18 @@ int64_t read_int(hid_t loc, const std::string& file, const char* name) {
   return io::read_int_attribute(loc, file, name);
 }
 
-// An int attribute in [low, INT_MAX]: a larger value would wrap in the model's int fields.
-int read_int_in_range(hid_t loc, const std::string& file, const char* name, int64_t low) {
+// An int attribute in [low, high]: a larger value would wrap in the model's int fields, or (below INT_MAX)
+// lie past any real dataset.
+int read_int_in_range(hid_t loc, const std::string& file, const char* name, int64_t low,
+                      int64_t high = INT_MAX) {
   const int64_t value = read_int(loc, file, name);
-  if (value < low || value > INT_MAX) {
+  if (value > high) {
+    throw UserError(file + ": checkpoint attribute " + name + " = " + std::to_string(value) +
+                    " is more than " + std::to_string(high));
+  }
+  if (value < low) {
     throw UserError(file + ": checkpoint attribute " + name + " = " + std::to_string(value) + " is not " +
-                    std::to_string(low) + " to " + std::to_string(INT_MAX));
+                    std::to_string(low) + " to " + std::to_string(high));
   }
   return static_cast<int>(value);
 }
@@ -95,8 +101,8 @@ bool read_flag(hid_t loc, const std::string& file, const char* name) {
 // The interrupted epoch's running sums: whole counts, at most `count` correct, a loss sum of at least 0.
 void check_epoch_sums(const std::string& file, const TrainingProgress& p) {
   const auto whole = [](double x) { return std::isfinite(x) && x >= 0 && x == std::floor(x); };
-  if (!whole(p.count) || !whole(p.correct) || p.correct > p.count || !(p.loss_sum >= 0) ||
-      !std::isfinite(p.loss_sum)) {
+  if (!whole(p.count) || !whole(p.correct) || p.correct > p.count || !std::isfinite(p.loss_sum) ||
+      p.loss_sum < 0) {
     throw UserError(fmt::format(
         "{}: checkpoint attributes loss_sum = {}, correct = {}, count = {} are not the sums of an epoch "
         "(whole counts, correct at most count, a finite loss of at least 0)",
@@ -375,11 +381,7 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
     throw UserError(path + ": not a ddptrain checkpoint (attribute format != " + kFormat + ")");
   }
   Checkpoint c;
-  c.shape.vocab_size = read_int_in_range(root, path, "vocab_size", 1);
-  if (c.shape.vocab_size > io::kMaxVocabulary) {
-    throw UserError(path + ": checkpoint attribute vocab_size = " + std::to_string(c.shape.vocab_size) +
-                    " is more than " + std::to_string(io::kMaxVocabulary));
-  }
+  c.shape.vocab_size = read_int_in_range(root, path, "vocab_size", 1, io::kMaxVocabulary);
   c.shape.embedding_dim = read_int_in_range(root, path, "embedding_dim", 1);
   c.shape.hidden = read_int_in_range(root, path, "hidden", 1);
   c.shape.layers = read_int_in_range(root, path, "layers", 1);
@@ -444,11 +446,8 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
   c.run.data_path = io::read_string_attribute(root, "data_path");
   c.run.data_fingerprint = io::read_string_attribute(root, "data_fingerprint");
   c.run.data_plan = io::read_string_attribute(root, "data_plan");
-  c.run.maxlen = H5Aexists(root, "maxlen") > 0 ? read_int_in_range(root, path, "maxlen", 0) : 0;
-  if (c.run.maxlen > io::kMaxSequenceLength) {
-    throw UserError(path + ": checkpoint attribute maxlen = " + std::to_string(c.run.maxlen) +
-                    " is more than " + std::to_string(io::kMaxSequenceLength));
-  }
+  c.run.maxlen =
+      H5Aexists(root, "maxlen") > 0 ? read_int_in_range(root, path, "maxlen", 0, io::kMaxSequenceLength) : 0;
   c.has_vocabulary = io::link_exists(root, "vocab");
 
   Hid group(H5Gopen2(root, "optimizer", H5P_DEFAULT), Hid::Kind::kGroup);

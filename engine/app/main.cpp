@@ -166,8 +166,7 @@ namespace {
 // allocated, but not every buffer can be foreseen).
 constexpr const char* kOutOfMemory =
     "out of memory (an allocation failed): a smaller model, train.batch_size or data.prefetch, fewer ranks "
-    "on "
-    "this node, or smaller inputs need less";
+    "on this node, or smaller inputs need less";
 
 // The subcommands that run as one plain process, without MPI.
 int run_without_mpi(const std::string& command, const std::vector<std::string>& args) {
