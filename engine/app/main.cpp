@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -59,13 +61,38 @@ int usage_command(int rank) {
   return kExitUserError;
 }
 
-int train_command(const std::vector<std::string>& args, comm::Communicator& boot) {
+// The training config as this rank read it before MPI started, or the error reading it gave (reported after
+// MPI_Init by every rank together).
+struct ConfigReadEarly {
+  engine::ParsedConfig parsed;
+  std::exception_ptr error;
+
+  // The watchdog's timeout: the config's, else the default (the error ends the run soon anyway).
+  double timeout_s() const { return error ? engine::Config{}.comm.timeout_s : parsed.config.comm.timeout_s; }
+};
+
+ConfigReadEarly read_config_early(const std::vector<std::string>& args) {
+  ConfigReadEarly early;
+  try {
+    early.parsed = engine::parse_config(args);
+  } catch (...) {
+    early.error = std::current_exception();
+  }
+  return early;
+}
+
+int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
+                  engine::ProgressWatchdog& watchdog, comm::Communicator& boot) {
   if (args.empty()) return usage_command(boot.rank());
   // First, so that a preemption signal during start-up is kept for the first step boundary rather than
   // killing the rank.
   engine::install_stop_signal_handlers();
+  watchdog.enter("reading the config");
   engine::ParsedConfig parsed;
-  comm::agree_on_errors(boot, [&] { parsed = engine::parse_config(args); });
+  comm::agree_on_errors(boot, [&] {
+    if (early.error) std::rethrow_exception(early.error);
+    parsed = std::move(early.parsed);
+  });
   if (parsed.action == engine::ConfigAction::kHelp) {
     if (boot.rank() == 0) std::cout << parsed.help;
     return kExitOk;
@@ -75,8 +102,6 @@ int train_command(const std::vector<std::string>& args, comm::Communicator& boot
     return kExitOk;
   }
   const engine::Config& config = parsed.config;
-  // From here on every collective waits for every rank: a rank that hangs must end the job, not freeze it.
-  engine::ProgressWatchdog watchdog(config.comm.timeout_s);
 
   watchdog.enter("discovering the topology");
   engine::Topology topology;
@@ -199,16 +224,25 @@ int main(int argc, char** argv) {
   const bool check_env = command == "check-env";
   if (command == "train" || check_env) args.erase(args.begin());
 
+  // Every collective waits for every rank, MPI_Init's own exchange included, with no deadline: a rank that
+  // hangs must end the job, not freeze it, so the watchdog starts before MPI does, with the config's
+  // comm.timeout_s (read first, on each rank alone). Ended by the watchdog before MPI_Init returns, a rank
+  // exits without MPI, and the launcher ends the job.
+  ddp::ConfigReadEarly early = check_env ? ddp::ConfigReadEarly{} : ddp::read_config_early(args);
+  auto watchdog = std::make_unique<ddp::engine::ProgressWatchdog>(early.timeout_s());
+  watchdog->enter("starting MPI (MPI_Init)");
   ddp::comm::set_mpi_transport_defaults();
   // MPI_THREAD_MULTIPLE lets the MPI backend's progress thread move gradient reductions during backward;
   // an MPI that offers less is used as it is (the backend then makes progress only in its own calls).
   int threading = MPI_THREAD_SINGLE;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &threading);
+  if (check_env) watchdog.reset();  // its node checks have no progress to report
   int status = ddp::kExitOk;
   {
     auto boot = ddp::comm::make_mpi_communicator(MPI_COMM_WORLD);
     try {
-      status = check_env ? ddp::engine::check_env_command(args) : ddp::train_command(args, *boot);
+      status = check_env ? ddp::engine::check_env_command(args)
+                         : ddp::train_command(args, std::move(early), *watchdog, *boot);
     } catch (const ddp::AgreedUserError& e) {
       // Every rank has it: one line, and all ranks leave together.
       if (boot->rank() == 0) std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
@@ -226,6 +260,7 @@ int main(int argc, char** argv) {
       ddp::fatal(std::string("unexpected error: ") + e.what(), __FILE__, __LINE__);
     }
   }
+  watchdog.reset();  // MPI_Finalize is not watched: MPI_Abort cannot end a job that is finalizing
   MPI_Finalize();
   return status;
 }

@@ -51,16 +51,33 @@ std::string host_name() {
   return host.substr(0, host.find('.'));
 }
 
+namespace {
+
+// This process's rank as its launcher numbered it (mpirun, srun, a PMIx launcher), for a message written
+// before MPI_Init returned; "?" if none says.
+std::string launcher_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    if (const char* value = std::getenv(name); value != nullptr && *value != '\0') return value;
+  }
+  return "?";
+}
+
+}  // namespace
+
 void fatal(const std::string& what, const char* file, int line, int exit_code) {
   if (throw_fatal_errors) throw FatalError(what + " (" + file + ":" + std::to_string(line) + ")");
   int initialized = 0;
   int finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  int rank = -1;
-  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  std::fprintf(stderr, "ddptrain: fatal: %s (%s:%d, host %s, rank %d)\n", what.c_str(), file, line,
-               host_name().c_str(), rank);
+  std::string rank = launcher_rank();
+  if (initialized && !finalized) {
+    int mpi_rank = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
+    rank = std::to_string(mpi_rank);
+  }
+  std::fprintf(stderr, "ddptrain: fatal: %s (%s:%d, host %s, rank %s)\n", what.c_str(), file, line,
+               host_name().c_str(), rank.c_str());
   std::fflush(stderr);
   if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);

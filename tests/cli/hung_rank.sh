@@ -29,6 +29,32 @@ cat frozen-err.txt
 grep -q "no progress for .* (comm.timeout_s 3) while reading data.path frozen.h5: a rank is hung" \
   frozen-err.txt || { echo "FAIL: no message names the phase"; exit 1; }
 
+# A rank stopped as soon as it exists, before MPI_Init returns (whose exchange has no deadline of its own):
+# the watchdog runs from before MPI_Init, so the other rank still ends the job. Most runs stop the rank inside
+# MPI_Init; one that loses the race stops it in a later start-up phase, which must end the same way.
+started=$(date +%s)
+timeout 60 mpirun -np 2 "$ddptrain" --data.path data.h5 --checkpoint.dir early-run --comm.timeout_s 3 \
+  >early-out.txt 2>early-err.txt &
+launcher=$!
+for _ in $(seq 2000); do
+  victim=$(pid_of_rank early-run 1)
+  [ -n "$victim" ] && break
+  sleep 0.005
+done
+[ -n "$victim" ] || { echo "FAIL: rank 1 not found"; exit 1; }
+kill -s STOP "$victim"
+status=0
+wait "$launcher" || status=$?
+elapsed=$(($(date +%s) - started))
+echo "stopped at once: the job ended after $elapsed s, exit status $status"
+grep "no progress" early-err.txt || true
+kill -9 "$victim" 2>/dev/null || true
+victim=""
+[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: exit status $status"; cat early-err.txt; exit 1; }
+[ "$elapsed" -le 18 ] || { echo "FAIL: took $elapsed s, bound 18 s (comm.timeout_s 3 + 15)"; exit 1; }
+grep -q "no progress for .* (comm.timeout_s 3) while .*: a rank is hung" early-err.txt ||
+  { echo "FAIL: no message says why"; cat early-err.txt; exit 1; }
+
 # Rank 0 blocks appending its second epoch to metrics.jsonl, a FIFO nobody reads, in a run it resumes. One
 # rank only: with two, the other rank's watchdog (waiting in the next collective) may end the job before rank
 # 0's prints.

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -1164,7 +1165,21 @@ namespace {
 
 TEST(FatalErrors, EndTheProcessWithTheMessage) {
   EXPECT_EXIT(DDP_CHECK(1 + 1 == 3), ::testing::ExitedWithCode(kExitInternalError),
-              "ddptrain: fatal: check failed: 1 \\+ 1 == 3 \\(.*engine_test.cpp:[0-9]+, host .*, rank -1\\)");
+              "ddptrain: fatal: check failed: 1 \\+ 1 == 3 \\(.*engine_test.cpp:[0-9]+, host .*, rank .*\\)");
+}
+
+TEST(FatalErrors, NameTheLaunchersRankBeforeMpiStarts) {
+  // The watchdog may end a rank that waits in MPI_Init: MPI cannot say its rank yet, its launcher can.
+  const char* saved = std::getenv("OMPI_COMM_WORLD_RANK");
+  const std::string previous = saved != nullptr ? saved : "";
+  ::setenv("OMPI_COMM_WORLD_RANK", "3", 1);
+  EXPECT_EXIT(DDP_FATAL("stalled"), ::testing::ExitedWithCode(kExitInternalError),
+              "ddptrain: fatal: stalled \\(.*, host .*, rank 3\\)");
+  if (saved != nullptr) {
+    ::setenv("OMPI_COMM_WORLD_RANK", previous.c_str(), 1);
+  } else {
+    ::unsetenv("OMPI_COMM_WORLD_RANK");
+  }
 }
 
 TEST(FatalErrors, ThrowWhileAScopeAsksForIt) {
