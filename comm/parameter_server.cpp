@@ -60,8 +60,8 @@ int message_bytes(std::size_t floats) {
   return static_cast<int>(bytes);
 }
 
-void write_header(std::vector<float>& buffer, int64_t step, PsKind kind) {
-  const PsHeader header{step, static_cast<int64_t>(kind)};
+void write_header(std::vector<float>& buffer, int64_t step, PsKind kind, int stop_signal = 0) {
+  const PsHeader header{step, static_cast<int64_t>(kind), stop_signal};
   std::memcpy(buffer.data(), &header, sizeof(header));
 }
 
@@ -325,7 +325,7 @@ class Server {
   void reply(int w, int64_t step) {
     wait_send(w);  // the previous reply may still be reading the buffer
     Worker& to = worker(w);
-    write_header(to.send, step, PsKind::kParams);
+    write_header(to.send, step, PsKind::kParams, options_.stop_signal ? options_.stop_signal() : 0);
     std::copy(shard_.begin(), shard_.end(), to.send.begin() + kHeaderFloats);
     DDP_CHECK_MPI(MPI_Isend(to.send.data(), message_bytes_, MPI_BYTE, w, tag_of(PsKind::kParams), replies_,
                             &to.send_request));
@@ -575,9 +575,12 @@ void ParameterClient::exchange(PsKind kind, std::span<const float> grads,
       DDP_CHECK_MPI(MPI_Test(&peer.receive_request, &done, &status));
       if (!done) continue;
       const std::size_t floats = received_floats(status, me);
-      const std::string error = ps_header_error(read_header(peer.receive), status.MPI_TAG, PsKind::kParams,
-                                                step_, peer.rank, rank_, false);
+      const PsHeader header = read_header(peer.receive);
+      const std::string error =
+          ps_header_error(header, status.MPI_TAG, PsKind::kParams, step_, peer.rank, rank_, false);
       if (!error.empty()) DDP_FATAL(error);
+      if (header.stop_signal > 0 && header.stop_signal < 1024)  // a signal number, else ignored
+        servers_stop_signal_ = std::max(servers_stop_signal_, static_cast<int>(header.stop_signal));
       DDP_CHECK(floats == peer.end - peer.begin);
       std::copy(peer.receive.begin() + kHeaderFloats, peer.receive.end(), params.begin() + peer.begin);
       --waiting;

@@ -70,6 +70,9 @@ struct PsOptions {
   // At most how many of those rows a training rank's step reads (its batch's tokens: batch x sequence
   // length); 0: unknown. The colocated layout moves rows instead of the region only where they are few.
   std::size_t rows_read_per_step = 0;
+  // A server's source for PsHeader::stop_signal: the stop signal its process has received, 0 if none (unset:
+  // never one).
+  std::function<int()> stop_signal;
 };
 
 // Which ranks serve and which shard each owns; the same on every rank. Dedicated: the last `servers` ranks
@@ -129,6 +132,9 @@ enum class PsKind : int64_t { kGrads = 1, kPull = 2, kDone = 3, kParams = 4, kSp
 struct PsHeader {
   int64_t step = 0;
   int64_t kind = 0;  // a PsKind
+  // kParams: the stop signal the server's process has received (0: none). A dedicated server is not among
+  // the training ranks that agree on a stop (engine/preemption.h), so its replies carry it to them.
+  int64_t stop_signal = 0;
 };
 
 // The check every receiver makes: empty when `got` is what `receiver` expected from `sender` (ranks), else
@@ -183,6 +189,8 @@ class ParameterClient {
   void finish();
   // Steps pushed so far.
   int64_t step() const { return step_; }
+  // The highest stop signal a server's reply has reported (PsHeader::stop_signal), 0 if none.
+  int servers_stop_signal() const { return servers_stop_signal_; }
 
  private:
   struct Peer {  // one server
@@ -209,6 +217,7 @@ class ParameterClient {
   std::size_t total_size_ = 0;
   std::vector<Peer> peers_;
   int64_t step_ = 0;
+  int servers_stop_signal_ = 0;
   bool finished_ = false;
 };
 

@@ -106,6 +106,10 @@ class ParameterService {
   virtual void visit_state(const StateBufferVisitor& visit) = 0;
   // No more steps: `params` (rank 0's) become the servers' final parameters.
   virtual void finish(std::span<const float> params) = 0;
+
+  // The highest stop signal a dedicated server has received, as its replies reported (PsHeader), 0 if none:
+  // the servers are not among the ranks that agree on a stop, so the training ranks act on it for them.
+  virtual int servers_stop_signal() const { return 0; }
 };
 
 // A dedicated server rank's whole run.

@@ -192,7 +192,10 @@ class DedicatedService final : public ParameterService {
                 std::span<float> params) override {
     timeline::Span span("push/pull");  // this worker's exchange with the servers, the update included
     client_->push_pull(grads, touched_rows, params);
+    servers_stop_signal_ = std::max(servers_stop_signal_, client_->servers_stop_signal());
   }
+
+  int servers_stop_signal() const override { return servers_stop_signal_; }
 
   void end_steps(std::span<float> params) override {
     client_->finish();
@@ -302,6 +305,7 @@ class DedicatedService final : public ParameterService {
   MPI_Comm workers_comm_ = MPI_COMM_NULL;
   std::unique_ptr<Communicator> workers_;
   std::unique_ptr<ParameterClient> client_;
+  int servers_stop_signal_ = 0;
   std::vector<std::string> lines_;  // rank 0: the servers' start-up lines
   OptimizerState whole_;            // rank 0: the servers' state at the end of the last run of steps
   bool finished_ = false;

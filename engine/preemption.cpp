@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 
@@ -71,6 +72,10 @@ std::string stop_signal_received() {
   return stop_signal_name(received_signal);
 }
 
+int stop_signal_number_received() {
+  return received_signal;
+}
+
 void clear_stop_signal() {
   received_signal = 0;
 }
@@ -97,10 +102,14 @@ void StopAgreement::complete_pending() {
   }
 }
 
+void StopAgreement::relay(int signal_number) {
+  relayed_ = std::max(relayed_, signal_number);
+}
+
 bool StopAgreement::poll() {
   complete_pending();
   if (stopped_) return true;
-  local_ = received_signal;
+  local_ = std::max(stop_signal_number_received(), relayed_);
   DDP_CHECK_MPI(MPI_Iallreduce(&local_, &max_, 1, MPI_INT, MPI_MAX, comm_, &pending_));
   return false;
 }
@@ -108,7 +117,7 @@ bool StopAgreement::poll() {
 bool StopAgreement::now() {
   complete_pending();
   if (stopped_) return true;
-  local_ = received_signal;
+  local_ = std::max(stop_signal_number_received(), relayed_);
   DDP_CHECK_MPI(MPI_Allreduce(&local_, &max_, 1, MPI_INT, MPI_MAX, comm_));
   if (max_ != 0) {
     stopped_ = true;

@@ -17,6 +17,8 @@ namespace ddp::engine {
 void install_stop_signal_handlers();
 // The signal this process received, "" if none ("SIGINT", "SIGTERM", "SIGUSR1").
 std::string stop_signal_received();
+// Its number, 0 if none.
+int stop_signal_number_received();
 // Forgets a received signal (for tests, which raise one and go on in the same process).
 void clear_stop_signal();
 // "SIGINT", "SIGTERM", "SIGUSR1", else "signal N"; "" for 0.
@@ -38,6 +40,9 @@ class StopAgreement {
   // At an epoch boundary: the answer for this moment (completes the pending question, then asks anew and
   // waits).
   bool now();
+  // A signal received on this rank's behalf by a process that is not among the ranks that agree (a dedicated
+  // parameter server): the next poll() or now() asks as if this rank had received it (0: none).
+  void relay(int signal_number);
   // Whether a poll() or now() said stop.
   bool stopped() const { return stopped_; }
   // The signal that stopped the ranks ("SIGTERM", ...), the same on every rank (the highest signal number
@@ -50,9 +55,10 @@ class StopAgreement {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Request pending_ = MPI_REQUEST_NULL;
-  int local_ = 0;   // the signal number this rank had received when it asked, 0 if none
-  int max_ = 0;     // the answer: the highest of them over the ranks
-  int agreed_ = 0;  // max_ of the answer that said stop
+  int local_ = 0;    // the signal number this rank had received (or relayed) when it asked, 0 if none
+  int relayed_ = 0;  // the highest signal relay() was given
+  int max_ = 0;      // the answer: the highest of them over the ranks
+  int agreed_ = 0;   // max_ of the answer that said stop
   bool stopped_ = false;
 };
 

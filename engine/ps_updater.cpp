@@ -87,6 +87,7 @@ class ParameterServerUpdater final : public Updater {
 
   std::string backend() const override { return "ps"; }
   std::vector<std::string> server_lines() const override { return service_->server_lines(); }
+  int servers_stop_signal() const override { return service_->servers_stop_signal(); }
 
  private:
   models::Replica& replica_;

@@ -287,6 +287,7 @@ class TrainingRun::Loop {
         updater_->step(*batch);
       }
       straggle();
+      stop_signal_.relay(updater_->servers_stop_signal());
       const bool signalled = stop_signal_.poll();  // every step on every rank, so the calls pair up
       ++step;
       ++progress_.global_step;

@@ -47,6 +47,7 @@ comm::PsOptions ps_options(const Config& config, const comm::BackendChoice& back
   options.max_staleness = config.comm.max_staleness;
   options.timeout_s = config.comm.timeout_s;
   options.clip_norm = config.train.clip_norm;
+  options.stop_signal = stop_signal_number_received;
   if (config.comm.sparse_embedding) exchange_embedding_rows(options, layout, config.train.batch_size, maxlen);
   return options;
 }

@@ -53,6 +53,9 @@ class Updater {
   virtual std::string backend() const = 0;
   // Rank 0, after distribute_start(): the start-up lines of the ranks that serve and do not train.
   virtual std::vector<std::string> server_lines() const { return {}; }
+  // The highest stop signal a rank that serves and does not train has received (it is not among the ranks
+  // that agree on a stop), 0 if none.
+  virtual int servers_stop_signal() const { return 0; }
 };
 
 }  // namespace ddp::engine

@@ -4,6 +4,7 @@
 #   1. all-reduce, 2 ranks: SIGTERM to rank 1 alone (the other rank learns it through the agreement)
 #   2. the colocated parameter server, 3 ranks: SIGUSR1 to mpirun, which forwards it to every rank
 #   3. a dedicated parameter server (rank 2), 3 ranks: SIGTERM to worker rank 1 alone
+#   4. the same with SIGTERM to the server alone (not among the ranks that agree: its replies tell them)
 #   bash tests/cli/preempt_and_resume.sh path/to/ddptrain source-dir
 # `A && B || fail` asserts both: the fail runs when either is false, as meant.
 # shellcheck disable=SC2015
@@ -22,14 +23,18 @@ fail() {
 
 last_val_loss() { json_field "$1/metrics.jsonl" val_loss "epoch=$epochs"; }
 
-run_case() {  # name, ranks, backend, signal, target, [comm.ps_servers]
+run_case() {  # name, ranks, backend, signal, target (mpirun or rankN), [comm.ps_servers]
   local name=$1 ranks=$2 backend=$3 signal=$4 target=$5 servers=${6:-0}
   local args=(--data.path data.h5 --comm.backend "$backend" --comm.ps_servers "$servers" --model.embedding_dim 16
     --model.hidden 16
     --train.epochs "$epochs" --train.straggle_ms 10 --log.progress lines --resume auto)
 
-  mpirun -np "$ranks" "$ddptrain" --checkpoint.dir "$name-ref" "${args[@]}" >"$name-ref.txt" 2>&1 ||
-    fail "$name: the uninterrupted run failed"
+  # One uninterrupted run per configuration serves every case of it.
+  local ref="ref-$ranks-$backend-$servers"
+  if [ ! -d "$ref" ]; then
+    mpirun -np "$ranks" "$ddptrain" --checkpoint.dir "$ref" "${args[@]}" >"$ref.txt" 2>&1 ||
+      fail "$name: the uninterrupted run failed"
+  fi
 
   mpirun -np "$ranks" "$ddptrain" --checkpoint.dir "$name" "${args[@]}" >"$name-1.txt" 2>&1 &
   local launcher=$!
@@ -39,8 +44,8 @@ run_case() {  # name, ranks, backend, signal, target, [comm.ps_servers]
     kill -s "$signal" "$launcher"
   else
     local victim
-    victim=$(pid_of_rank "$name" 1)
-    [ -n "$victim" ] || fail "$name: rank 1 not found"
+    victim=$(pid_of_rank "$name" "${target#rank}")
+    [ -n "$victim" ] || fail "$name: $target not found"
     kill -s "$signal" "$victim"
   fi
   local status=0
@@ -57,7 +62,7 @@ run_case() {  # name, ranks, backend, signal, target, [comm.ps_servers]
   grep -q "resumed from" "$name-2.txt" || fail "$name: --resume auto did not resume"
   [ "$(grep -c '"epoch"' "$name/metrics.jsonl")" -eq "$epochs" ] || fail "$name: metrics.jsonl lacks epochs"
   local expected actual
-  expected=$(last_val_loss "$name-ref")
+  expected=$(last_val_loss "$ref")
   actual=$(last_val_loss "$name")
   [ -n "$expected" ] && [ "$expected" = "$actual" ] ||
     fail "$name: final val_loss $actual differs from the uninterrupted run's $expected"
@@ -67,3 +72,4 @@ run_case() {  # name, ranks, backend, signal, target, [comm.ps_servers]
 run_case allreduce 2 mpi TERM rank1
 run_case ps-colocated 3 ps USR1 mpirun
 run_case ps-dedicated 3 ps TERM rank1 1
+run_case ps-dedicated-server 3 ps TERM rank2 1

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -293,6 +294,34 @@ INSTANTIATE_TEST_SUITE_P(ParameterServer, AsyncParameterServer, ::testing::Value
                          [](const auto& test) { return std::to_string(test.param) + "Servers"; });
 
 // (d) the shards cover [0, total) once, in order, as evenly as possible (larger shards first).
+// A dedicated server is not among the training ranks that agree on a stop: its replies carry the stop signal
+// its process received, and every worker's client reports it from the first reply that says so.
+TEST(ParameterServer, RepliesCarryTheServersStopSignal) {
+  if (world_size() < 2) GTEST_SKIP() << "a server and a worker need 2 ranks";
+  const PsRoles roles = PsRoles::make(world_size(), 1);
+  const int rank = world_rank();
+  constexpr std::size_t kSize = 64;
+  PsOptions options;
+  options.servers = 1;
+  options.timeout_s = 30;
+  std::vector<float> params = initial_params(kSize);
+  if (roles.is_server(rank)) {
+    int replies = 0;  // the signal "arrives" after step 1's replies
+    options.stop_signal = [&] { return ++replies > 2 * roles.workers() ? SIGTERM : 0; };
+    comm::run_parameter_server(MPI_COMM_WORLD, options, kSize, params, sgd);
+  } else {
+    comm::ParameterClient client(MPI_COMM_WORLD, options, kSize);
+    const std::vector<float> zeros(kSize, 0.0f);
+    std::vector<int> seen;
+    for (int t = 0; t < 4; ++t) {
+      client.push_pull(zeros, params);
+      seen.push_back(client.servers_stop_signal());
+    }
+    EXPECT_EQ(seen, (std::vector<int>{0, 0, SIGTERM, SIGTERM})) << "worker rank " << rank;
+    client.finish();
+  }
+}
+
 TEST(ParameterServer, ShardsCoverTheVectorOnce) {
   const std::pair<std::size_t, int> cases[] = {{0, 1}, {1, 1}, {10, 3},  {1001, 2},
                                                {3, 5}, {7, 7}, {100, 1}, {1000003, 4}};

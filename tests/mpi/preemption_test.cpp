@@ -68,6 +68,18 @@ TEST_F(StopAgreementTest, RanksWithDifferentSignalsAgreeOnOneName) {
   EXPECT_EQ(agreement.signal_name(), mine);
 }
 
+TEST_F(StopAgreementTest, ASignalRelayedForAnotherProcessStopsEveryRank) {
+  // The last rank relays a SIGUSR1 its dedicated parameter server received; no rank received one itself.
+  StopAgreement agreement(MPI_COMM_WORLD);
+  agreement.relay(0);  // nothing to relay
+  EXPECT_FALSE(agreement.now());
+  if (world_rank() == world_size() - 1) agreement.relay(SIGUSR1);
+  EXPECT_FALSE(agreement.poll());  // the answer to the question asked before the relay
+  EXPECT_TRUE(agreement.poll());
+  EXPECT_EQ(stop_signal_received(), "");
+  EXPECT_EQ(agreement.signal_name(), "SIGUSR1");
+}
+
 TEST(StopSignalName, NamesTheStopSignals) {
   EXPECT_EQ(stop_signal_name(0), "");
   EXPECT_EQ(stop_signal_name(SIGINT), "SIGINT");
