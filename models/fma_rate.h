@@ -19,10 +19,14 @@ int fma_lanes(FmaWidth width);
 float fma_rounds(FmaWidth width, long rounds);
 
 // Whether this core's 512-bit FMAs reach at least 1.4x the FLOP rate of its 256-bit ones (1.7-2x with two
-// 512-bit units, 1x on halves). Measured once per process, the first time it is asked (a few ms: the
-// best of several short runs of each width, which another process's load can only slow, never speed up),
-// and kept, so that every caller in the process gets the same answer. False without AVX-512.
+// 512-bit units, 1x on halves). Measured once per process, the first time it is asked (a few ms: pairs of
+// short runs of each width; the best rates and the pairs' median ratio must both say so), and kept, so that
+// every caller in the process gets the same answer. False without AVX-512.
 bool avx512_fma_outpaces_avx2();
+// Replaces this process's answer with the one its job agreed on (engine: the ranks' majority), so that one
+// rank whose measurement met another process's load does not run other kernels than the rest. No effect
+// without AVX-512.
+void settle_avx512_fma_outpaces_avx2(bool verdict);
 
 namespace detail {
 // The scalar kernel, which every architecture runs.

@@ -30,6 +30,7 @@
 #include "io/hdf5_util.h"
 #include "models/blas_threads.h"
 #include "models/cpu_threads.h"
+#include "models/fma_rate.h"
 #include "models/onednn_lstm.h"
 
 namespace ddp {
@@ -59,6 +60,16 @@ int usage_command(int rank) {
   std::fprintf(stderr, "%s\nddptrain --help lists every key, its default and meaning\n",
                help.substr(0, help.find("\n\n") + 1).c_str());
   return kExitUserError;
+}
+
+// model.cpu_kernels = auto picks kernels by measuring the core's FMA units (models/fma_rate.h), which another
+// process's load can disturb on one rank: the ranks that measure vote, the majority's answer holds on every
+// rank, and the job runs one kind of kernels. Collective over MPI_COMM_WORLD.
+void agree_on_fma_units(const engine::Config& config) {
+  const bool votes = config.model.cpu_kernels == "auto" && models::widest_fma() == models::FmaWidth::kAvx512;
+  int64_t ballot[2] = {votes && models::avx512_fma_outpaces_avx2() ? 1 : 0, votes ? 1 : 0};  // yes, voters
+  DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, ballot, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
+  if (votes) models::settle_avx512_fma_outpaces_avx2(2 * ballot[0] > ballot[1]);
 }
 
 // The training config as this rank read it before MPI started, or the error reading it gave (reported after
@@ -106,6 +117,7 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
   watchdog.enter("discovering the topology");
   engine::Topology topology;
   comm::agree_on_errors(boot, [&] { topology = engine::discover_topology(MPI_COMM_WORLD, config.device); });
+  agree_on_fma_units(config);
   const int compute_threads = engine::compute_threads_for(topology, config.train.threads);
   const models::CpuThreadPlan threads = models::plan_cpu_threads(
       compute_threads, models::parse_cpu_kernels(config.model.cpu_kernels, {}, {}, compute_threads));

@@ -334,6 +334,11 @@ TEST(FmaRate, MeasuresOnceAndRunsEveryWidthTheCpuHas) {
   if (widest_fma() != FmaWidth::kAvx512) {
     EXPECT_FALSE(first) << "no AVX-512, yet it outpaces AVX2";
   }
+  // The job's agreement replaces the measured answer (on AVX-512 only), and auto follows it.
+  for (const bool verdict : {!first, first}) {
+    settle_avx512_fma_outpaces_avx2(verdict);
+    EXPECT_EQ(avx512_fma_outpaces_avx2(), verdict && widest_fma() == FmaWidth::kAvx512) << verdict;
+  }
   std::vector<FmaWidth> widths{FmaWidth::kScalar};
   if (widest_fma() != FmaWidth::kScalar) widths.push_back(FmaWidth::kAvx2);
   if (widest_fma() == FmaWidth::kAvx512) widths.push_back(FmaWidth::kAvx512);
