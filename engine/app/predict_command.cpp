@@ -144,6 +144,8 @@ std::vector<std::string> read_lines(const std::string& input) {
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    // A UTF-8 byte order mark (Windows editors write one) is not part of the first document.
+    if (lines.empty() && line.starts_with("\xEF\xBB\xBF")) line.erase(0, 3);
     lines.push_back(std::move(line));
   }
   if (in.bad()) throw UserError(input + ": read error");

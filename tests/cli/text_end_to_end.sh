@@ -82,6 +82,11 @@ printf 'excellent superb\n\n   \nterrible dull\n?!\n' >docs_with_blanks.txt
 [ "$(head -2 alone.txt)" = "$(cat stdin.txt)" ] || fail "predict without --data scores differently" alone.txt stdin.txt
 [ "$(wc -l <alone.txt)" -eq 3 ] && grep -qP '^-\t\?! \(no words to score\)$' alone.txt ||
   fail "blank lines or a document without words" alone.txt
+# A file as Windows editors write it (a UTF-8 byte order mark, CRLF line ends) scores and echoes alike.
+printf '\xef\xbb\xbfexcellent superb\r\nterrible dull\r\n' >docs_windows.txt
+"$ddptrain" predict -c run/best.h5 --device "$device" --input docs_windows.txt >windows.txt 2>&1 ||
+  fail "predict of a Windows file failed" windows.txt
+cmp -s windows.txt stdin.txt || fail "a byte order mark or CRLF changed predict's output" windows.txt stdin.txt
 
 "$ddptrain" evaluate --checkpoint run/best.h5 --data data.h5 --device "$device" >evaluate.txt 2>&1 ||
   fail "evaluate failed" evaluate.txt
