@@ -123,7 +123,8 @@ class Server {
         shard_(shard),
         update_(update),
         requests_(channels.requests()),
-        replies_(channels.replies()) {
+        replies_(channels.replies()),
+        own_client_(&channels.client_waits()) {
     int size = 0;
     DDP_CHECK_MPI(MPI_Comm_size(requests_, &size));
     DDP_CHECK_MPI(MPI_Comm_rank(requests_, &rank_));
@@ -350,10 +351,22 @@ class Server {
           seconds_since(candidate.last_contact, now) > options_.timeout_s)
         silent.push_back(w);
     }
-    if (poller.confirm_overdue(!silent.empty())) {
-      DDP_FATAL(me_ + " heard nothing from worker " + rank_list(silent) + " for " +
-                format_seconds(options_.timeout_s) + " s: rank lost?");
+    if (!poller.confirm_overdue(!silent.empty())) return;
+    // Colocated, this rank's worker falls silent here while it waits for another server's reply: it is not
+    // the one to blame. If no other worker is silent, the server it waits for names whom that one waits
+    // for (async: a lost worker holds back replies), or this rank's client names the server.
+    std::string waits;
+    if (roles_.colocated && std::find(silent.begin(), silent.end(), rank_) != silent.end()) {
+      std::vector<int> blocking = own_client_->get();
+      std::erase(blocking, rank_);
+      if (!blocking.empty()) {
+        std::erase(silent, rank_);
+        if (silent.empty()) return;
+        waits = " (this rank's worker waits for parameter server " + rank_list(blocking) + ")";
+      }
     }
+    DDP_FATAL(me_ + " heard nothing from worker " + rank_list(silent) + " for " +
+              format_seconds(options_.timeout_s) + " s" + waits + ": rank lost?");
   }
 
   void record_gap() {
@@ -384,8 +397,9 @@ class Server {
   PsRoles roles_;
   int rank_ = 0;
   std::string me_;
-  MPI_Comm requests_;  // the workers' messages come here
-  MPI_Comm replies_;   // the parameters go back here
+  MPI_Comm requests_;              // the workers' messages come here
+  MPI_Comm replies_;               // the parameters go back here
+  const ClientWaits* own_client_;  // colocated: what this rank's worker waits for
   int message_bytes_ = 0;
   std::vector<Worker> workers_;
   std::vector<MPI_Request> receives_;  // one per worker, contiguous for MPI_Testany
@@ -436,6 +450,16 @@ std::string ps_header_error(const PsHeader& got, int tag, PsKind expected_kind, 
   return {};
 }
 
+void ClientWaits::set(std::vector<int> server_ranks) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  server_ranks_ = std::move(server_ranks);
+}
+
+std::vector<int> ClientWaits::get() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return server_ranks_;
+}
+
 PsChannels::PsChannels(MPI_Comm parent, bool colocated, double timeout_s, const std::string& who) {
   requests_ = duplicate(parent, timeout_s, who);
   if (colocated) replies_ = duplicate(parent, timeout_s, who);
@@ -476,7 +500,8 @@ ParameterClient::ParameterClient(MPI_Comm comm, const PsOptions& options, std::s
 }
 
 ParameterClient::ParameterClient(const PsChannels& channels, const PsOptions& options, std::size_t total_size)
-    : requests_(channels.requests()),
+    : waits_(&channels.client_waits()),
+      requests_(channels.requests()),
       replies_(channels.replies()),
       options_(options),
       total_size_(total_size) {
@@ -566,6 +591,7 @@ void ParameterClient::exchange(PsKind kind, std::span<const float> grads,
   const double limit = 2 * options_.timeout_s;
   const auto start = Clock::now();
   Poller poller;
+  std::size_t published = 0;  // how many replies were awaited when waits_ was last told (0: not told)
   for (std::size_t waiting = peers_.size(); waiting > 0;) {
     bool progressed = false;
     for (Peer& peer : peers_) {
@@ -591,18 +617,27 @@ void ParameterClient::exchange(PsKind kind, std::span<const float> grads,
       poller.progressed();
       continue;
     }
+    if (waits_ != nullptr && published != waiting) {  // a wait to tell the server beside this client
+      waits_->set(pending_servers());
+      published = waiting;
+    }
     if (poller.confirm_overdue(seconds_since(start, Clock::now()) > limit)) {
-      std::vector<int> silent;
-      for (const Peer& peer : peers_) {
-        if (peer.receive_request != MPI_REQUEST_NULL) silent.push_back(peer.rank);
-      }
-      DDP_FATAL(me + " heard nothing from parameter server " + rank_list(silent) + " for " +
+      DDP_FATAL(me + " heard nothing from parameter server " + rank_list(pending_servers()) + " for " +
                 format_seconds(limit) + " s (waiting for its " + kind_name(static_cast<int64_t>(kind)) +
                 " reply, step " + std::to_string(step_) + "): rank lost?");
     }
     poller.idle();
   }
+  if (published != 0) waits_->set({});
   wait_sends();  // a server that replied has received the request, so this returns at once
+}
+
+std::vector<int> ParameterClient::pending_servers() const {
+  std::vector<int> ranks;
+  for (const Peer& peer : peers_) {
+    if (peer.receive_request != MPI_REQUEST_NULL) ranks.push_back(peer.rank);
+  }
+  return ranks;
 }
 
 void ParameterClient::finish() {

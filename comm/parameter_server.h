@@ -48,6 +48,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -104,6 +105,19 @@ struct PsRoles {
 // servers' replies on another. Colocated, a rank's server (on its own thread) and its client both receive
 // from every rank: on one communicator the server's receive, which takes any tag, could take a reply meant
 // for the client. Dedicated, no rank is both, and one communicator serves both directions.
+// Colocated: the servers this rank's client waits for a reply from, as the server thread beside it reads
+// them. A server that hears nothing from its own rank's worker then blames the servers that worker waits for,
+// not the worker (the whole job waits on a lost rank; each server sees only who stopped pushing to it).
+class ClientWaits {
+ public:
+  void set(std::vector<int> server_ranks);  // empty: not waiting
+  std::vector<int> get() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<int> server_ranks_;
+};
+
 class PsChannels {
  public:
   // Collective over `parent`, each duplicate waited for with a deadline (a rank that never joins ends the
@@ -115,10 +129,13 @@ class PsChannels {
 
   MPI_Comm requests() const { return requests_; }
   MPI_Comm replies() const { return replies_ == MPI_COMM_NULL ? requests_ : replies_; }
+  // Shared by the rank's client (which writes it) and server (which reads it).
+  ClientWaits& client_waits() const { return client_waits_; }
 
  private:
   MPI_Comm requests_ = MPI_COMM_NULL;
   MPI_Comm replies_ = MPI_COMM_NULL;  // colocated only
+  mutable ClientWaits client_waits_;
 };
 
 // The server's update of its shard: params_shard -= f(grads_shard), a ShardOptimizer's step; the optimizer
@@ -207,8 +224,11 @@ class ParameterClient {
   void exchange(PsKind kind, std::span<const float> grads, const std::span<const int32_t>* touched_rows,
                 std::span<float> params);
   void wait_sends();
+  // The servers whose reply has not come yet.
+  std::vector<int> pending_servers() const;
 
   std::unique_ptr<PsChannels> own_channels_;  // made from a communicator
+  ClientWaits* waits_ = nullptr;              // the channels' board
   MPI_Comm requests_ = MPI_COMM_NULL;
   MPI_Comm replies_ = MPI_COMM_NULL;
   PsOptions options_;

@@ -80,7 +80,8 @@ void clear_stop_signal() {
   received_signal = 0;
 }
 
-StopAgreement::StopAgreement(MPI_Comm comm) {
+StopAgreement::StopAgreement(MPI_Comm comm, int every_polls) : every_polls_(every_polls) {
+  DDP_CHECK(every_polls >= 1);
   DDP_CHECK_MPI(MPI_Comm_dup(comm, &comm_));
 }
 
@@ -107,6 +108,7 @@ void StopAgreement::relay(int signal_number) {
 }
 
 bool StopAgreement::poll() {
+  if (++polls_ % every_polls_ != 0) return stopped_;
   complete_pending();
   if (stopped_) return true;
   local_ = std::max(stop_signal_number_received(), relayed_);

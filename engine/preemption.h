@@ -8,6 +8,7 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <string>
 
 namespace ddp::engine {
@@ -28,14 +29,18 @@ std::string stop_signal_name(int signal_number);
 // mix with the gradient exchange). Every rank makes the same sequence of calls.
 class StopAgreement {
  public:
-  explicit StopAgreement(MPI_Comm comm);
+  // Asks every `every_polls` polls: 1 where the ranks step together anyway; more where they run apart
+  // (the asynchronous parameter server, whose workers may be comm.max_staleness steps apart: asking each
+  // step would hold every rank within a step of the slowest).
+  explicit StopAgreement(MPI_Comm comm, int every_polls = 1);
   ~StopAgreement();
   StopAgreement(const StopAgreement&) = delete;
   StopAgreement& operator=(const StopAgreement&) = delete;
 
-  // After each step, without blocking the step: returns the answer to the question asked at the previous
-  // call (a non-blocking all-reduce that had a whole step to complete) and asks it again. True on every rank
-  // at the same call once some rank has received a signal.
+  // After each step, without blocking the step: every `every_polls` calls returns the answer to the question
+  // asked that many calls before (a non-blocking all-reduce that had as many steps to complete) and asks it
+  // again; the calls between return the last answer. True on every rank at the same call once some rank has
+  // received a signal.
   bool poll();
   // At an epoch boundary: the answer for this moment (completes the pending question, then asks anew and
   // waits).
@@ -54,6 +59,8 @@ class StopAgreement {
   void complete_pending();
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  const int every_polls_;
+  int64_t polls_ = 0;
   MPI_Request pending_ = MPI_REQUEST_NULL;
   int local_ = 0;    // the signal number this rank had received (or relayed) when it asked, 0 if none
   int relayed_ = 0;  // the highest signal relay() was given

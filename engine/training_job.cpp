@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <climits>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -139,7 +141,10 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
   // `ps` owns the service and outlives `run`: a throw from TrainingRun's constructor on one rank destroys the
   // updater, and the training ranks still agree on it over the service's communicator.
   comm::ParameterService& service = *ps.service;
-  StopAgreement stop_signal(service.trainers_comm());
+  // Async workers run up to comm.max_staleness steps apart: the stop question must not hold them closer.
+  StopAgreement stop_signal(
+      service.trainers_comm(),
+      config.comm.ps_mode == "async" ? std::min(config.comm.max_staleness, INT_MAX - 1) + 1 : 1);
   std::unique_ptr<TrainingRun> run;
   comm::agree_on_errors(service.trainers(), [&] {
     const std::string mode = service.describe();

@@ -5,6 +5,8 @@
 #   2. the colocated parameter server, 3 ranks: SIGUSR1 to mpirun, which forwards it to every rank
 #   3. a dedicated parameter server (rank 2), 3 ranks: SIGTERM to worker rank 1 alone
 #   4. the same with SIGTERM to the server alone (not among the ranks that agree: its replies tell them)
+#   5. the colocated parameter server in async mode, 2 ranks apart by up to comm.max_staleness steps: SIGTERM
+#      to rank 1 alone (async runs are not bit for bit reproducible: the resumed run must finish every epoch)
 #   bash tests/cli/preempt_and_resume.sh path/to/ddptrain source-dir
 # `A && B || fail` asserts both: the fail runs when either is false, as meant.
 # shellcheck disable=SC2015
@@ -23,15 +25,15 @@ fail() {
 
 last_val_loss() { json_field "$1/metrics.jsonl" val_loss "epoch=$epochs"; }
 
-run_case() {  # name, ranks, backend, signal, target (mpirun or rankN), [comm.ps_servers]
-  local name=$1 ranks=$2 backend=$3 signal=$4 target=$5 servers=${6:-0}
-  local args=(--data.path data.h5 --comm.backend "$backend" --comm.ps_servers "$servers" --model.embedding_dim 16
-    --model.hidden 16
+run_case() {  # name, ranks, backend, signal, target (mpirun or rankN), [comm.ps_servers], [comm.ps_mode]
+  local name=$1 ranks=$2 backend=$3 signal=$4 target=$5 servers=${6:-0} mode=${7:-sync}
+  local args=(--data.path data.h5 --comm.backend "$backend" --comm.ps_servers "$servers" --comm.ps_mode "$mode"
+    --model.embedding_dim 16 --model.hidden 16
     --train.epochs "$epochs" --train.straggle_ms 10 --log.progress lines --resume auto)
 
   # One uninterrupted run per configuration serves every case of it.
   local ref="ref-$ranks-$backend-$servers"
-  if [ ! -d "$ref" ]; then
+  if [ ! -d "$ref" ] && [ "$mode" = sync ]; then
     mpirun -np "$ranks" "$ddptrain" --checkpoint.dir "$ref" "${args[@]}" >"$ref.txt" 2>&1 ||
       fail "$name: the uninterrupted run failed"
   fi
@@ -61,6 +63,10 @@ run_case() {  # name, ranks, backend, signal, target (mpirun or rankN), [comm.ps
     fail "$name: the resumed run failed"
   grep -q "resumed from" "$name-2.txt" || fail "$name: --resume auto did not resume"
   [ "$(grep -c '"epoch"' "$name/metrics.jsonl")" -eq "$epochs" ] || fail "$name: metrics.jsonl lacks epochs"
+  if [ "$mode" = async ]; then
+    echo "$name: stopped after $done_epochs epoch(s) with exit 75, resumed, finished all $epochs epochs"
+    return
+  fi
   local expected actual
   expected=$(last_val_loss "$ref")
   actual=$(last_val_loss "$name")
@@ -73,3 +79,4 @@ run_case allreduce 2 mpi TERM rank1
 run_case ps-colocated 3 ps USR1 mpirun
 run_case ps-dedicated 3 ps TERM rank1 1
 run_case ps-dedicated-server 3 ps TERM rank2 1
+run_case ps-async 2 ps TERM rank1 0 async

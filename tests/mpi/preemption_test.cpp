@@ -80,6 +80,20 @@ TEST_F(StopAgreementTest, ASignalRelayedForAnotherProcessStopsEveryRank) {
   EXPECT_EQ(agreement.signal_name(), "SIGUSR1");
 }
 
+TEST_F(StopAgreementTest, AskingEveryFewPollsAnswersAtTheSamePollOnEveryRank) {
+  // Every third poll asks (and completes the question of three polls before); the polls between only repeat
+  // the last answer, so ranks may be up to three polls apart without waiting for each other.
+  StopAgreement agreement(MPI_COMM_WORLD, 3);
+  std::vector<int> answers;
+  for (int poll = 1; poll <= 9; ++poll) {
+    answers.push_back(agreement.poll() ? 1 : 0);
+    if (poll == 3 && world_rank() == world_size() - 1) std::raise(SIGTERM);  // after the third poll asked
+  }
+  // Poll 6 completes poll 3's question (asked before the signal); poll 9 completes poll 6's.
+  EXPECT_EQ(answers, (std::vector<int>{0, 0, 0, 0, 0, 0, 0, 0, 1}));
+  EXPECT_EQ(agreement.signal_name(), "SIGTERM");
+}
+
 TEST(StopSignalName, NamesTheStopSignals) {
   EXPECT_EQ(stop_signal_name(0), "");
   EXPECT_EQ(stop_signal_name(SIGINT), "SIGINT");
