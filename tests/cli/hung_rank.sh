@@ -94,4 +94,20 @@ for backend in mpi ps; do
   victim=""
   resume_to_the_end 8
 done
+
+# The colocated parameter server in async mode: its point-to-point waits have deadlines of their own, and a
+# server that hears nothing names the rank (rank 0's own worker, waiting on rank 1's server, is not blamed).
+echo "== comm.backend = ps, async"
+rm -rf run
+run=(mpirun -np 2 "$ddptrain" --data.path data.h5 --checkpoint.dir run --comm.backend ps --comm.ps_servers 0
+  --comm.ps_mode async --comm.timeout_s "$bound" --model.embedding_dim 16 --model.hidden 16 --train.epochs 8
+  --train.straggle_ms 20 --log.progress lines)
+signal_rank_and_wait STOP 1
+[ "$elapsed" -le $((2 * bound + 15)) ] || { echo "FAIL: async: took $elapsed s, bound 2 x $bound s"; exit 1; }
+cat err.txt
+grep -Eq "heard nothing from (worker|parameter server) ranks? ([0-9]+, )*1[ ,]" err.txt ||
+  { echo "FAIL: async: no message names rank 1"; exit 1; }
+kill -9 "$victim" 2>/dev/null || true
+victim=""
+resume_to_the_end 8
 echo "PASS"
