@@ -6,7 +6,10 @@
 //                      shard (if has_state)
 //   server -> rank 0   its start-up line
 //   per run of steps:
-//   rank 0 -> server   control {kRun}; then every rank runs parameter_server.h's protocol
+//   rank 0 -> server   control {kRun}
+//   server -> rank 0   an acknowledgement (a control message is sent at once even to a stopped rank: the
+//                      acknowledgement names a server that never starts); then every rank runs
+//                      parameter_server.h's protocol
 //   server -> rank 0   its update count, parameter shard and optimizer buffers' shards
 //   at the end:
 //   rank 0 -> server   control {kNoMore}, the final parameters (the whole vector)
@@ -45,6 +48,7 @@ constexpr int kTagLine = 3;
 constexpr int kTagIterations = 4;
 constexpr int kTagFinal = 5;
 constexpr int kTagSquares = 6;  // server to server: a sync step's shard of the squared gradient norm
+constexpr int kTagRunning = 7;  // server to rank 0: a run of steps begins
 constexpr int kTagBuffer = 16;
 
 constexpr int kMaxLine = 1024;  // bytes of a server's start-up line
@@ -184,7 +188,7 @@ class DedicatedService final : public ParameterService {
   std::vector<std::string> server_lines() const override { return lines_; }
 
   void begin_steps() override {
-    if (root_) tell_servers(Control::kRun);
+    if (root_) start_servers();
     client_ = std::make_unique<ParameterClient>(layout_->control_, layout_->options_, layout_->total_);
   }
 
@@ -237,6 +241,34 @@ class DedicatedService final : public ParameterService {
       layout_->send(message.data(), 3, MPI_INT64_T, roles.server_rank(j), kTagControl, requests);
     layout_->wait(requests,
                   "the parameter servers (" + server_ranks(roles) + ") to start the next run of steps");
+  }
+
+  // Rank 0: tells every server to start a run of steps and waits until each says it has, naming those that
+  // do not.
+  void start_servers() {
+    tell_servers(Control::kRun);
+    const PsRoles& roles = layout_->roles_;
+    std::vector<int64_t> running(static_cast<std::size_t>(roles.servers), 0);
+    std::vector<MPI_Request> requests;
+    for (int j = 0; j < roles.servers; ++j) {
+      layout_->receive(&running[static_cast<std::size_t>(j)], 1, MPI_INT64_T, roles.server_rank(j),
+                       kTagRunning, requests);
+    }
+    const double limit = layout_->options_.timeout_s;
+    wait_or_fatal(requests, Clock::now(), limit, [&] {
+      std::vector<int> silent;
+      for (int j = 0; j < roles.servers; ++j) {
+        int done = 0;
+        if (MPI_Test(&requests[static_cast<std::size_t>(j)], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
+            !done)
+          silent.push_back(roles.server_rank(j));
+      }
+      std::string ranks;
+      for (const int rank : silent) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
+      return fmt::format(
+          "{} waited {} s for parameter server {} {} to start the next run of steps: rank lost?",
+          layout_->me(), limit, silent.size() == 1 ? "rank" : "ranks", ranks);
+    });
   }
 
   // Rank 0: every server's update count, parameter shard (into `params`) and optimizer state shards.
@@ -341,6 +373,7 @@ class DedicatedServerRun final : public DedicatedServer {
       message = wait_for_control("rank 0 to start the next run of steps", 1);
       if (message[0] == static_cast<int64_t>(Control::kNoMore)) break;
       if (message[0] != static_cast<int64_t>(Control::kRun)) unexpected(message, "a run of steps");
+      acknowledge_run();
       const PsServerStats stats =
           run_parameter_server(layout_->control_, layout_->options_, layout_->total_, shard_, update);
       gradients_received_ += layout_->options_.async ? stats.steps : stats.steps * layout_->roles_.workers();
@@ -416,6 +449,13 @@ class DedicatedServerRun final : public DedicatedServer {
     if (!has_state) return;
     state.iterations = iterations;
     optimizer_->load_state(state);
+  }
+
+  void acknowledge_run() {
+    const int64_t running = 1;
+    std::vector<MPI_Request> requests;
+    layout_->send(&running, 1, MPI_INT64_T, 0, kTagRunning, requests);
+    layout_->wait(requests, "rank 0 to hear that a run of steps begins");
   }
 
   void send_state() {
