@@ -1,8 +1,10 @@
 #include "models/onednn_lstm.h"
 
 #include <omp.h>
+#include <pthread.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <map>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -17,6 +19,34 @@ namespace {
 
 using dnnl::memory;
 using tag = memory::format_tag;
+
+// oneDNN 2.6's JIT GEMM kernels (AVX2 and AVX-512, also inside its RNN primitives) point the stack pointer
+// into a heap buffer while they run (oneDNN issue 4845, fixed in 3.11): a signal handled in that moment
+// writes its frame, about 3 KB with the AVX-512 state, over the heap below, and the process dies later in
+// free() ("corrupted size vs. prev_size"). A preemption signal mid-step did that about once in a hundred
+// stops here. So a thread holds asynchronous signals back while it runs oneDNN: one sent to the process
+// goes to another thread (the stop handler only sets a flag), one sent to this thread waits until the call
+// returns. Synchronous fault signals stay unblocked, as blocking them would not stop them anyway.
+sigset_t asynchronous_signals() {
+  sigset_t set;
+  sigfillset(&set);
+  for (const int fault : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT}) sigdelset(&set, fault);
+  return set;
+}
+
+class AsynchronousSignalsHeldBack {
+ public:
+  AsynchronousSignalsHeldBack() {
+    static const sigset_t held = asynchronous_signals();
+    pthread_sigmask(SIG_BLOCK, &held, &previous_);
+  }
+  ~AsynchronousSignalsHeldBack() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+  AsynchronousSignalsHeldBack(const AsynchronousSignalsHeldBack&) = delete;
+  AsynchronousSignalsHeldBack& operator=(const AsynchronousSignalsHeldBack&) = delete;
+
+ private:
+  sigset_t previous_;
+};
 
 memory::desc f32(const memory::dims& dims, tag format) {
   return memory::desc(dims, memory::data_type::f32, format);
@@ -136,6 +166,7 @@ class Shape {
         from_diff_iter_(reorder(engine, backward_pd_.diff_weights_iter_desc(), user_w_iter_)) {}
 
   void forward(const dnnl::engine& engine, dnnl::stream& stream, const LstmLayerBuffers& in) {
+    const AsynchronousSignalsHeldBack held_back;
     memory x(src_layer_, engine, const_cast<float*>(in.x));
     memory y(dst_layer_, engine, in.h);
     set_bias(in);
@@ -146,6 +177,7 @@ class Shape {
 
   void backward(const dnnl::engine& engine, dnnl::stream& stream, const LstmLayerBuffers& in,
                 const LstmLayerGradients& out) {
+    const AsynchronousSignalsHeldBack held_back;
     memory x(src_layer_, engine, const_cast<float*>(in.x));
     memory y(dst_layer_, engine, in.h);
     memory dy(dst_layer_, engine, const_cast<float*>(out.dh));
@@ -348,11 +380,18 @@ bool onednn_runs_avx512() {
 }
 
 void set_onednn_threads(int threads) {
-  if (threads > 0) omp_set_num_threads(threads);
+  if (threads <= 0) return;
+  omp_set_num_threads(threads);
+  // OpenMP's other threads run oneDNN's kernels inside its parallel regions, where no guard of ours can
+  // reach: they hold asynchronous signals back for good (the calling thread and the others take them).
+  static const sigset_t held = asynchronous_signals();
+#pragma omp parallel num_threads(threads)
+  if (omp_get_thread_num() != 0) pthread_sigmask(SIG_BLOCK, &held, nullptr);
 }
 
 void onednn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
                   const float* b, int ldb, float beta, float* c, int ldc) {
+  const AsynchronousSignalsHeldBack held_back;
   const dnnl_status_t status =
       dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (status != dnnl_success) {
