@@ -67,7 +67,8 @@ std::unique_ptr<OnednnLstmLayer> make_onednn_layer(Cell cell, bool reverse = fal
 
 // C[m, n] = alpha * op(A)[m, k] * op(B)[k, n] + beta * C, row-major, on oneDNN's sgemm: on OpenMP's threads,
 // or on the calling thread alone inside a parallel region. Throws std::runtime_error in a build without
-// oneDNN, and where oneDNN refuses the arguments.
+// oneDNN, and where oneDNN refuses the arguments. Like the layers above, it holds asynchronous signals back
+// from the calling thread while oneDNN runs (onednn_lstm.cpp says why): every call into oneDNN must.
 void onednn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
                   const float* b, int ldb, float beta, float* c, int ldc);
 
