@@ -109,12 +109,6 @@ int rank_of(MPI_Comm comm) {
   return rank;
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
-  return text;
-}
-
 class Server {
  public:
   Server(const PsChannels& channels, const PsOptions& options, std::size_t total_size, std::span<float> shard,
@@ -448,6 +442,12 @@ std::string ps_header_error(const PsHeader& got, int tag, PsKind expected_kind, 
            " expected step " + std::to_string(expected_step) + ": workers and servers disagree on the step";
   }
   return {};
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
+  return text;
 }
 
 void ClientWaits::set(std::vector<int> server_ranks) {

@@ -105,6 +105,9 @@ struct PsRoles {
 // servers' replies on another. Colocated, a rank's server (on its own thread) and its client both receive
 // from every rank: on one communicator the server's receive, which takes any tag, could take a reply meant
 // for the client. Dedicated, no rank is both, and one communicator serves both directions.
+// "rank 3" or "ranks 1, 4", for messages that name the ranks waited for.
+std::string rank_list(const std::vector<int>& ranks);
+
 // Colocated: the servers this rank's client waits for a reply from, as the server thread beside it reads
 // them. A server that hears nothing from its own rank's worker then blames the servers that worker waits for,
 // not the worker (the whole job waits on a lost rank; each server sees only who stopped pushing to it).

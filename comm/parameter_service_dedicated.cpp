@@ -263,11 +263,8 @@ class DedicatedService final : public ParameterService {
             !done)
           silent.push_back(roles.server_rank(j));
       }
-      std::string ranks;
-      for (const int rank : silent) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
-      return fmt::format(
-          "{} waited {} s for parameter server {} {} to start the next run of steps: rank lost?",
-          layout_->me(), limit, silent.size() == 1 ? "rank" : "ranks", ranks);
+      return fmt::format("{} waited {} s for parameter server {} to start the next run of steps: rank lost?",
+                         layout_->me(), limit, rank_list(silent));
     });
   }
 

@@ -27,19 +27,20 @@ using tag = memory::format_tag;
 // stops here. So a thread holds asynchronous signals back while it runs oneDNN: one sent to the process
 // goes to another thread (the stop handler only sets a flag), one sent to this thread waits until the call
 // returns. Synchronous fault signals stay unblocked, as blocking them would not stop them anyway.
-sigset_t asynchronous_signals() {
-  sigset_t set;
-  sigfillset(&set);
-  for (const int fault : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT}) sigdelset(&set, fault);
+const sigset_t& asynchronous_signals() {
+  static const sigset_t set = [] {
+    sigset_t all;
+    sigfillset(&all);
+    for (const int fault : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT})
+      sigdelset(&all, fault);
+    return all;
+  }();
   return set;
 }
 
 class AsynchronousSignalsHeldBack {
  public:
-  AsynchronousSignalsHeldBack() {
-    static const sigset_t held = asynchronous_signals();
-    pthread_sigmask(SIG_BLOCK, &held, &previous_);
-  }
+  AsynchronousSignalsHeldBack() { pthread_sigmask(SIG_BLOCK, &asynchronous_signals(), &previous_); }
   ~AsynchronousSignalsHeldBack() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
   AsynchronousSignalsHeldBack(const AsynchronousSignalsHeldBack&) = delete;
   AsynchronousSignalsHeldBack& operator=(const AsynchronousSignalsHeldBack&) = delete;
@@ -384,9 +385,8 @@ void set_onednn_threads(int threads) {
   omp_set_num_threads(threads);
   // OpenMP's other threads run oneDNN's kernels inside its parallel regions, where no guard of ours can
   // reach: they hold asynchronous signals back for good (the calling thread and the others take them).
-  static const sigset_t held = asynchronous_signals();
 #pragma omp parallel num_threads(threads)
-  if (omp_get_thread_num() != 0) pthread_sigmask(SIG_BLOCK, &held, nullptr);
+  if (omp_get_thread_num() != 0) pthread_sigmask(SIG_BLOCK, &asynchronous_signals(), nullptr);
 }
 
 void onednn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
