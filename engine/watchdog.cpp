@@ -14,26 +14,30 @@ namespace {
 constexpr double kLongestTimeoutS = 365.0 * 24 * 3600;
 
 void end_the_job(const std::string& reason) {
-  DDP_FATAL(reason);
+  DDP_FATAL(reason + "; ending the job (the last checkpoint stays for --resume auto)");
 }
 
 }  // namespace
 
-ProgressWatchdog::ProgressWatchdog(double timeout_s, StallHandler on_stall, HealthCheck health)
-    : ProgressWatchdog(timeout_s, std::move(on_stall), std::move(health), Clock::now,
+ProgressWatchdog::ProgressWatchdog(double timeout_s, StallHandler on_stall, HealthCheck health,
+                                   std::string timeout_setting)
+    : ProgressWatchdog(timeout_s, std::move(on_stall), std::move(health), std::move(timeout_setting),
+                       Clock::now,
                        /*watch_in_thread=*/true) {}
 
 std::unique_ptr<ProgressWatchdog> ProgressWatchdog::without_thread(double timeout_s, Now now,
                                                                    StallHandler on_stall,
                                                                    HealthCheck health) {
-  return std::unique_ptr<ProgressWatchdog>(
-      new ProgressWatchdog(timeout_s, std::move(on_stall), std::move(health), std::move(now), false));
+  return std::unique_ptr<ProgressWatchdog>(new ProgressWatchdog(
+      timeout_s, std::move(on_stall), std::move(health), "comm.timeout_s", std::move(now),
+      /*watch_in_thread=*/false));
 }
 
-ProgressWatchdog::ProgressWatchdog(double timeout_s, StallHandler on_stall, HealthCheck health, Now now,
-                                   bool watch_in_thread)
+ProgressWatchdog::ProgressWatchdog(double timeout_s, StallHandler on_stall, HealthCheck health,
+                                   std::string timeout_setting, Now now, bool watch_in_thread)
     : timeout_(std::chrono::duration_cast<Clock::duration>(
           std::chrono::duration<double>(std::min(timeout_s, kLongestTimeoutS)))),
+      timeout_setting_(std::move(timeout_setting)),
       on_stall_(on_stall ? std::move(on_stall) : end_the_job),
       now_(std::move(now)),
       last_progress_(now_().time_since_epoch().count()),
@@ -77,6 +81,10 @@ void ProgressWatchdog::set_health_check(HealthCheck health) {
   health_ = std::move(health);
 }
 
+double ProgressWatchdog::timeout_s() const {
+  return std::chrono::duration<double>(timeout_).count();
+}
+
 bool ProgressWatchdog::check() {
   std::unique_lock<std::mutex> lock(mutex_);
   return check_locked(lock);
@@ -84,23 +92,21 @@ bool ProgressWatchdog::check() {
 
 bool ProgressWatchdog::check_locked(std::unique_lock<std::mutex>& lock) {
   if (stalled_) return false;
-  const char* const consequence = "; ending the job (the last checkpoint stays for --resume auto)";
   std::optional<std::string> reason;
-  if (health_) {
-    if (std::optional<std::string> error = health_()) reason = *error + consequence;
-  }
+  if (health_) reason = health_();
   if (!reason && !paused_) {
     const Clock::time_point last{Clock::duration(last_progress_.load(std::memory_order_relaxed))};
     const auto silent = now_() - last;
     if (silent >= timeout_) {
       std::ostringstream text;
       text << "no progress for " << std::fixed << std::setprecision(1)
-           << std::chrono::duration<double>(silent).count() << " s (comm.timeout_s " << std::defaultfloat
-           << std::setprecision(6) << std::chrono::duration<double>(timeout_).count() << ") while " << phase_;
+           << std::chrono::duration<double>(silent).count() << " s (" << timeout_setting_ << " "
+           << std::defaultfloat << std::setprecision(6) << std::chrono::duration<double>(timeout_).count()
+           << ") while " << phase_;
       if (const int64_t step = last_step_.load(std::memory_order_relaxed); step > 0) {
         text << " (steps done: " << step << ")";
       }
-      text << ": a rank is hung or lost, this one or one it waits for in a collective" << consequence;
+      text << ": a rank is hung or lost, this one or one it waits for in a collective";
       reason = text.str();
     }
   }

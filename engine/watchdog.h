@@ -26,7 +26,8 @@ namespace ddp::engine {
 
 class ProgressWatchdog {
  public:
-  // Receives the one-line reason. The default ends the job (fatal(): MPI_Abort) and does not return.
+  // Receives the one-line reason. The default ends the job (fatal(): MPI_Abort), saying that the last
+  // checkpoint stays, and does not return.
   using StallHandler = std::function<void(const std::string& reason)>;
   // Asked at every check: an error that dooms the run before the timeout would show it (NCCL's
   // asynchronous error); nothing while all is well.
@@ -37,8 +38,9 @@ class ProgressWatchdog {
 
   // Starts watching now, in the phase "starting", as if progress had just been made: a thread of its own
   // checks ten times per timeout (at most once a second, at least once a millisecond), so a stall is
-  // reported at most 10% late. `timeout_s` > 0.
-  ProgressWatchdog(double timeout_s, StallHandler on_stall = {}, HealthCheck health = {});
+  // reported at most 10% late. `timeout_s` > 0; `timeout_setting` names where it came from, for the message.
+  ProgressWatchdog(double timeout_s, StallHandler on_stall = {}, HealthCheck health = {},
+                   std::string timeout_setting = "comm.timeout_s");
   // The same judgement without the thread, on the time `now` gives: checks happen when check() is called.
   // For tests, which step their own clock.
   static std::unique_ptr<ProgressWatchdog> without_thread(double timeout_s, Now now, StallHandler on_stall,
@@ -65,15 +67,19 @@ class ProgressWatchdog {
   // in the watchdog's life.
   bool check();
 
+  double timeout_s() const;
+  const std::string& timeout_setting() const { return timeout_setting_; }
+
  private:
-  ProgressWatchdog(double timeout_s, StallHandler on_stall, HealthCheck health, Now now,
-                   bool watch_in_thread);
+  ProgressWatchdog(double timeout_s, StallHandler on_stall, HealthCheck health, std::string timeout_setting,
+                   Now now, bool watch_in_thread);
   void watch();
   // check() with mutex_ held by `lock`, which it releases while the handler runs.
   bool check_locked(std::unique_lock<std::mutex>& lock);
   void mark_progress();
 
   const Clock::duration timeout_;
+  const std::string timeout_setting_;
   const StallHandler on_stall_;
   const Now now_;
   std::atomic<Clock::rep> last_progress_;  // Clock ticks since its epoch

@@ -18,6 +18,7 @@
 #include "engine/app/rank_facts.h"
 #include "engine/base/errors.h"
 #include "engine/command_line.h"
+#include "engine/watchdog.h"
 
 namespace po = boost::program_options;
 
@@ -177,20 +178,35 @@ bool report(const std::vector<RankFacts>& all, const std::string& device_request
 
 }  // namespace
 
-int check_env_command(const std::vector<std::string>& args) {
+std::unique_ptr<ProgressWatchdog> check_env_watchdog(double timeout_s) {
+  return std::make_unique<ProgressWatchdog>(
+      timeout_s,
+      [](const std::string& reason) {
+        fatal(reason + "; ending check-env (the rank that did not finish is the one to look at)", __FILE__,
+              __LINE__, kExitEnvironmentProblem);
+      },
+      ProgressWatchdog::HealthCheck{}, "check-env --timeout");
+}
+
+int check_env_command(const std::vector<std::string>& args, std::unique_ptr<ProgressWatchdog>& watchdog) {
   // auto, as training's default: a CPU-only node is fine unless GPUs are asked for.
   std::string device = "auto";
   bool verbose = false;
+  double timeout_s = watchdog->timeout_s();
   po::options_description desc("ddptrain check-env (also under mpirun/srun: one report per node)");
   desc.add_options()("help,h", "print this help")(
       "device", po::value(&device)->default_value(device),
       "auto: GPUs where there are, else the CPU | cuda: this node must train on GPUs | cpu: a CPU-only node "
       "(no GPU probed)")("verbose,v", po::bool_switch(&verbose),
-                         "where a GPU is missing, CUDA's own words (always with --device cuda)");
+                         "where a GPU is missing, CUDA's own words (always with --device cuda)")(
+      "timeout", po::value(&timeout_s)->default_value(timeout_s),
+      "seconds a rank may wait for the others (a GPU probe that hangs, a rank that never comes) before "
+      "check-env ends the job and says where it waited");
   int rank = 0;
   DDP_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   const std::string usage =
-      "ddptrain check-env [--device auto|cuda|cpu] [--verbose]\nExit codes: 0 everything fine, 2 bad "
+      "ddptrain check-env [--device auto|cuda|cpu] [--verbose] [--timeout S]\nExit codes: 0 everything fine, "
+      "2 bad "
       "options, " +
       std::to_string(kExitEnvironmentProblem) + " a problem was found (the report says what to do).";
   auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
@@ -200,10 +216,20 @@ int check_env_command(const std::vector<std::string>& args) {
     if (run && device != "cuda" && device != "cpu" && device != "auto") {
       throw UserError("check-env: --device must be cuda, cpu or auto, got '" + device + "'");
     }
+    if (run && !(timeout_s >= 1)) {
+      throw UserError("check-env: --timeout must be at least 1 (seconds), got " +
+                      fmt::format("{}", timeout_s));
+    }
   });
   if (!run) return kExitOk;
 
+  // A node with a broken GPU may hang in the very probe meant to find it: a rank that waits past the timeout
+  // ends the job, naming what it was waiting in, rather than leave the report waiting forever.
+  watchdog.reset();
+  watchdog = check_env_watchdog(timeout_s);
+  watchdog->enter("checking this rank's node (GPUs, smoke test, self-checks, NCCL)");
   const RankFacts mine = gather_facts(device);
+  watchdog->enter("gathering every rank's report to rank 0, and its verdict");
   const std::vector<std::string> texts = comm->gather(facts_to_json(mine), 0);
   std::vector<double> problem{0};
   if (comm->rank() == 0) {

@@ -8,10 +8,13 @@
 //   ddptrain check-env                                         what this node has (also under mpirun)
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace ddp::engine {
+
+class ProgressWatchdog;
 
 // Without MPI: one process.
 int prepare_command(const std::vector<std::string>& args);
@@ -19,6 +22,9 @@ int predict_command(const std::vector<std::string>& args);
 int evaluate_command(const std::vector<std::string>& args);
 
 // After MPI_Init, on every rank of MPI_COMM_WORLD (training itself is main.cpp's train_command).
-int check_env_command(const std::vector<std::string>& args);
+// check-env watches its own collectives: it replaces `watchdog` with one on its --timeout.
+int check_env_command(const std::vector<std::string>& args, std::unique_ptr<ProgressWatchdog>& watchdog);
+// check-env's watchdog: on a stall it ends the job with kExitEnvironmentProblem, naming --timeout.
+std::unique_ptr<ProgressWatchdog> check_env_watchdog(double timeout_s);
 
 }  // namespace ddp::engine

@@ -224,6 +224,23 @@ int run_without_mpi(const std::string& command, const std::vector<std::string>& 
   }
 }
 
+// MPI_Finalize waits for every rank (Open MPI ends with a fence), with no deadline either, and MPI_Abort
+// cannot end a job that is finalizing: a rank that is still waiting after the timeout leaves without MPI, and
+// the launcher, seeing a rank end without finalizing, ends the job, the hung rank included. This rank's work
+// is done and saved by then; its exit status says the job did not end cleanly.
+void finalize_mpi_watched(std::unique_ptr<ddp::engine::ProgressWatchdog>& watchdog, int status) {
+  const double timeout_s = watchdog->timeout_s();
+  const std::string setting = watchdog->timeout_setting();
+  watchdog.reset();
+  const int exit_code = status != ddp::kExitOk ? status : ddp::kExitInternalError;
+  watchdog = std::make_unique<ddp::engine::ProgressWatchdog>(
+      timeout_s, [exit_code](const std::string& reason) { ddp::leave_without_finalizing(reason, exit_code); },
+      ddp::engine::ProgressWatchdog::HealthCheck{}, setting);
+  watchdog->enter("finalizing MPI (MPI_Finalize waits for every rank)");
+  MPI_Finalize();
+  watchdog.reset();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -241,19 +258,19 @@ int main(int argc, char** argv) {
   // comm.timeout_s (read first, on each rank alone). Ended by the watchdog before MPI_Init returns, a rank
   // exits without MPI, and the launcher ends the job.
   ddp::ConfigReadEarly early = check_env ? ddp::ConfigReadEarly{} : ddp::read_config_early(args);
-  auto watchdog = std::make_unique<ddp::engine::ProgressWatchdog>(early.timeout_s());
+  auto watchdog = check_env ? ddp::engine::check_env_watchdog(early.timeout_s())
+                            : std::make_unique<ddp::engine::ProgressWatchdog>(early.timeout_s());
   watchdog->enter("starting MPI (MPI_Init)");
   ddp::comm::set_mpi_transport_defaults();
   // MPI_THREAD_MULTIPLE lets the MPI backend's progress thread move gradient reductions during backward;
   // an MPI that offers less is used as it is (the backend then makes progress only in its own calls).
   int threading = MPI_THREAD_SINGLE;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &threading);
-  if (check_env) watchdog.reset();  // its node checks have no progress to report
   int status = ddp::kExitOk;
   {
     auto boot = ddp::comm::make_mpi_communicator(MPI_COMM_WORLD);
     try {
-      status = check_env ? ddp::engine::check_env_command(args)
+      status = check_env ? ddp::engine::check_env_command(args, watchdog)
                          : ddp::train_command(args, std::move(early), *watchdog, *boot);
     } catch (const ddp::AgreedUserError& e) {
       // Every rank has it: one line, and all ranks leave together.
@@ -272,7 +289,6 @@ int main(int argc, char** argv) {
       ddp::fatal(std::string("unexpected error: ") + e.what(), __FILE__, __LINE__);
     }
   }
-  watchdog.reset();  // MPI_Finalize is not watched: MPI_Abort cannot end a job that is finalizing
-  MPI_Finalize();
+  finalize_mpi_watched(watchdog, status);
   return status;
 }

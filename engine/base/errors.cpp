@@ -83,6 +83,16 @@ void fatal(const std::string& what, const char* file, int line, int exit_code) {
   std::_Exit(exit_code);
 }
 
+void leave_without_finalizing(const std::string& what, int exit_code) {
+  // The launcher's number: MPI's own calls are not to be made while MPI_Finalize runs.
+  std::fprintf(
+      stderr,
+      "ddptrain: error: %s; leaving without MPI, so that the launcher ends the job (host %s, rank %s)\n",
+      what.c_str(), host_name().c_str(), launcher_rank().c_str());
+  std::fflush(stderr);
+  std::_Exit(exit_code);
+}
+
 void end_job_with_user_error(const std::string& what) {
   int rank = -1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

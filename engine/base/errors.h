@@ -51,6 +51,11 @@ class AgreedUserError : public UserError {
 [[noreturn]] void fatal(const std::string& what, const char* file, int line,
                         int exit_code = kExitInternalError);
 
+// For a rank stuck in MPI_Finalize, which MPI_Abort cannot end: prints "ddptrain: error: <what>; leaving
+// without MPI, so that the launcher ends the job (host H, rank R)" and exits the process with `exit_code`.
+// The launcher sees a rank end without finalizing and ends the others, the stuck one included.
+[[noreturn]] void leave_without_finalizing(const std::string& what, int exit_code);
+
 // What fatal() throws under ThrowFatalErrors: "<what> (<file>:<line>)".
 class FatalError : public std::runtime_error {
  public:

@@ -189,4 +189,27 @@ run bad_device mpirun -np 2 "$ddptrain" check-env --device gpu
 expect_status bad_device 2
 grep -q "^ddptrain: error: check-env: --device .*'gpu'" bad_device.err || fail "bad_device: message does not name gpu"
 [ "$(grep -c '^ddptrain:' bad_device.err)" -eq 1 ] || fail "bad_device: expected one error line"
+run bad_timeout "$ddptrain" check-env --timeout 0
+expect_status bad_timeout 2
+grep -q "^ddptrain: error: check-env: --timeout must be at least 1 (seconds), got 0" bad_timeout.err ||
+  fail "bad_timeout: message does not name --timeout"
+
+# A rank that hangs in its checks (a GPU probe on a broken node), seen from the others: rank 1 stops itself on
+# entering the gather of the reports (tests/cli/lib/stop_in_mpi_call.cpp). Rank 0 must end the job after
+# --timeout, naming where it waited, and the launcher must end the stopped rank too.
+stopper=${DDPTRAIN_TEST_STOP_IN_MPI_CALL:?the path of the stop_in_mpi_call library, as ctest sets it}
+started=$(date +%s)
+run hung timeout 60 mpirun -np 2 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=MPI_Gather \
+  -x DDPTRAIN_TEST_STOP_RANK=1 "$ddptrain" check-env --device cpu --timeout 3
+elapsed=$(($(date +%s) - started))
+echo "hung rank: check-env ended after $elapsed s, exit status $status"
+leftover=$(pgrep -f "$ddptrain check-env --device cpu --timeout 3" || true)
+for pid in $leftover; do kill -9 "$pid"; done
+[ -z "$leftover" ] || fail "hung: the stopped rank outlived the job"
+expect_status hung 3
+# A hang, not a duration: the bound is --timeout plus a margin for a loaded machine.
+[ "$elapsed" -le 18 ] || fail "hung: took $elapsed s, bound 18 s (--timeout 3 + 15)"
+last=hung
+grep -q "no progress for .* (check-env --timeout 3) while gathering every rank's report to rank 0" hung.err ||
+  fail "hung: no message names the timeout and where rank 0 waited"
 echo "PASS"

@@ -55,6 +55,29 @@ victim=""
 grep -q "no progress for .* (comm.timeout_s 3) while .*: a rank is hung" early-err.txt ||
   { echo "FAIL: no message says why"; cat early-err.txt; exit 1; }
 
+# A rank stuck after its work is done: rank 1 stops itself on entering MPI_Finalize
+# (tests/cli/lib/stop_in_mpi_call.cpp), after the run wrote its checkpoints. Rank 0 then waits in MPI_Finalize,
+# which MPI_Abort cannot end: it must leave without MPI after comm.timeout_s, so that the launcher ends the job
+# and the stopped rank with it, and the run's files must be whole.
+stopper=${DDPTRAIN_TEST_STOP_IN_MPI_CALL:?the path of the stop_in_mpi_call library, as ctest sets it}
+started=$(date +%s)
+status=0
+timeout 60 mpirun -np 2 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=MPI_Finalize -x DDPTRAIN_TEST_STOP_RANK=1 \
+  "$ddptrain" --data.path data.h5 --checkpoint.dir finalize-run --comm.timeout_s 3 --model.embedding_dim 16 \
+  --model.hidden 16 --train.epochs 1 >finalize-out.txt 2>finalize-err.txt || status=$?
+elapsed=$(($(date +%s) - started))
+echo "stopped in MPI_Finalize: the job ended after $elapsed s, exit status $status"
+cat finalize-err.txt
+victim=$(pid_of_rank finalize-run 1)
+[ -z "$victim" ] || { echo "FAIL: the stopped rank outlived the job"; exit 1; }
+[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: exit status $status"; exit 1; }
+[ "$elapsed" -le 18 ] || { echo "FAIL: took $elapsed s, bound 18 s (comm.timeout_s 3 + 15)"; exit 1; }
+grep -q "no progress for .* (comm.timeout_s 3) while finalizing MPI .*leaving without MPI" finalize-err.txt ||
+  { echo "FAIL: no message says why rank 0 left"; exit 1; }
+grep -q "^Test (best.h5, epoch 1)" finalize-out.txt || { echo "FAIL: the run did not finish first"; exit 1; }
+"$ddptrain" evaluate --checkpoint finalize-run/best.h5 --data data.h5 >/dev/null ||
+  { echo "FAIL: the run's checkpoint does not load"; exit 1; }
+
 # Rank 0 blocks appending its second epoch to metrics.jsonl, a FIFO nobody reads, in a run it resumes. One
 # rank only: with two, the other rank's watchdog (waiting in the next collective) may end the job before rank
 # 0's prints.

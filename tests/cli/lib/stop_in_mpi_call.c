@@ -1,0 +1,32 @@
+// Preloaded into the ranks of a CLI test (LD_PRELOAD): the rank that DDPTRAIN_TEST_STOP_RANK names stops
+// itself (SIGSTOP) on entering the MPI call that DDPTRAIN_TEST_STOP_IN names, so the test can hang a rank at
+// an exact point, as a rank stuck in a driver or on a frozen file system looks to the others: alive, silent.
+// It wraps the calls through MPI's profiling interface (PMPI_*), so the rank goes on normally if it is ever
+// continued.
+#include <mpi.h>
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int stops_here(const char* call) {
+  const char* at = getenv("DDPTRAIN_TEST_STOP_IN");
+  const char* rank = getenv("DDPTRAIN_TEST_STOP_RANK");
+  const char* mine = getenv("OMPI_COMM_WORLD_RANK");
+  return at != NULL && rank != NULL && mine != NULL && strcmp(at, call) == 0 && strcmp(rank, mine) == 0;
+}
+
+static void stop_if_chosen(const char* call) {
+  if (stops_here(call)) raise(SIGSTOP);
+}
+
+int MPI_Finalize(void) {
+  stop_if_chosen("MPI_Finalize");
+  return PMPI_Finalize();
+}
+
+int MPI_Gather(const void* send, int send_count, MPI_Datatype send_type, void* receive, int receive_count,
+               MPI_Datatype receive_type, int root, MPI_Comm comm) {
+  stop_if_chosen("MPI_Gather");
+  return PMPI_Gather(send, send_count, send_type, receive, receive_count, receive_type, root, comm);
+}
