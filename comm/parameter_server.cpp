@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <csignal>
 #include <cstring>
 
 #include "comm/mpi_check.h"
@@ -346,9 +347,10 @@ class Server {
         silent.push_back(w);
     }
     if (!poller.confirm_overdue(!silent.empty())) return;
-    // Colocated, this rank's worker falls silent here while it waits for another server's reply: it is not
-    // the one to blame. If no other worker is silent, the server it waits for names whom that one waits
-    // for (async: a lost worker holds back replies), or this rank's client names the server.
+    // Colocated, this rank's worker falls silent here while it waits for another server's reply, or for
+    // the other ranks in a collective (the stop-signal agreement, an epoch's end): it is not the one to
+    // blame. If no other worker is silent, the server it waits for names whom that one waits for (async: a
+    // lost worker holds back replies), or this rank's client names the server.
     std::string waits;
     if (roles_.colocated && std::find(silent.begin(), silent.end(), rank_) != silent.end()) {
       std::vector<int> blocking = own_client_->get();
@@ -357,6 +359,8 @@ class Server {
         std::erase(silent, rank_);
         if (silent.empty()) return;
         waits = " (this rank's worker waits for parameter server " + rank_list(blocking) + ")";
+      } else if (silent.size() > 1) {
+        std::erase(silent, rank_);  // the others' silence explains its own
       }
     }
     DDP_FATAL(me_ + " heard nothing from worker " + rank_list(silent) + " for " +
@@ -440,6 +444,10 @@ std::string ps_header_error(const PsHeader& got, int tag, PsKind expected_kind, 
   if (got.step != expected_step) {
     return from + " sent " + kind_name(got.kind) + " for step " + std::to_string(got.step) + " but " + to +
            " expected step " + std::to_string(expected_step) + ": workers and servers disagree on the step";
+  }
+  if (got.stop_signal < 0 || got.stop_signal >= NSIG) {
+    return from + " sent " + kind_name(got.kind) + " with stop signal " + std::to_string(got.stop_signal) +
+           ", which is no signal number: corrupt or mismatched message";
   }
   return {};
 }
@@ -605,8 +613,7 @@ void ParameterClient::exchange(PsKind kind, std::span<const float> grads,
       const std::string error =
           ps_header_error(header, status.MPI_TAG, PsKind::kParams, step_, peer.rank, rank_, false);
       if (!error.empty()) DDP_FATAL(error);
-      if (header.stop_signal > 0 && header.stop_signal < 1024)  // a signal number, else ignored
-        servers_stop_signal_ = std::max(servers_stop_signal_, static_cast<int>(header.stop_signal));
+      servers_stop_signal_ = std::max(servers_stop_signal_, static_cast<int>(header.stop_signal));
       DDP_CHECK(floats == peer.end - peer.begin);
       std::copy(peer.receive.begin() + kHeaderFloats, peer.receive.end(), params.begin() + peer.begin);
       --waiting;

@@ -205,6 +205,14 @@ constexpr const char* kOutOfMemory =
     "out of memory (an allocation failed): a smaller model, train.batch_size or data.prefetch, fewer ranks "
     "on this node, or smaller inputs need less";
 
+// An error this rank met alone (a batch or a cuDNN shape after start-up, an allocation): the others may be
+// waiting for it in a collective, so with more than one rank it ends the job.
+int rank_alone_error(const ddp::comm::Communicator& boot, const char* what) {
+  if (boot.size() > 1) ddp::end_job_with_user_error(what);
+  std::fprintf(stderr, "ddptrain: error: %s\n", what);
+  return ddp::kExitUserError;
+}
+
 // The subcommands that run as one plain process, without MPI.
 int run_without_mpi(const std::string& command, const std::vector<std::string>& args) {
   try {
@@ -277,14 +285,9 @@ int main(int argc, char** argv) {
       if (boot->rank() == 0) std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
       status = ddp::kExitUserError;
     } catch (const ddp::UserError& e) {
-      // This rank's alone (a batch or a cuDNN shape after start-up): the others may be waiting for it.
-      if (boot->size() > 1) ddp::end_job_with_user_error(e.what());
-      std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
-      status = ddp::kExitUserError;
+      status = rank_alone_error(*boot, e.what());
     } catch (const std::bad_alloc&) {
-      if (boot->size() > 1) ddp::end_job_with_user_error(kOutOfMemory);
-      std::fprintf(stderr, "ddptrain: error: %s\n", kOutOfMemory);
-      status = ddp::kExitUserError;
+      status = rank_alone_error(*boot, kOutOfMemory);
     } catch (const std::exception& e) {
       ddp::fatal(std::string("unexpected error: ") + e.what(), __FILE__, __LINE__);
     }

@@ -374,6 +374,16 @@ TEST(ParameterServer, HeaderMismatchNamesStepsAndRanks) {
 
   const std::string kind = comm::ps_header_error({4, params}, grads_tag, PsKind::kGrads, 4, 1, 3, true);
   EXPECT_NE(kind.find("params header with tag grads"), std::string::npos) << kind;
+
+  // A reply's stop signal is a signal number or 0; anything else is a corrupt header, not a signal to relay.
+  EXPECT_EQ(comm::ps_header_error({6, params, SIGTERM}, params_tag, PsKind::kParams, 6, 2, 0, false), "");
+  for (const int64_t bad : {int64_t{-1}, int64_t{NSIG}, int64_t{1} << 40}) {
+    const std::string signal =
+        comm::ps_header_error({6, params, bad}, params_tag, PsKind::kParams, 6, 2, 0, false);
+    EXPECT_NE(signal.find("with stop signal " + std::to_string(bad) + ", which is no signal number"),
+              std::string::npos)
+        << signal;
+  }
 }
 
 }  // namespace
