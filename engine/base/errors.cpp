@@ -84,6 +84,7 @@ void fatal(const std::string& what, const char* file, int line, int exit_code) {
 }
 
 void leave_without_finalizing(const std::string& what, int exit_code) {
+  std::fflush(stdout);  // what the run printed last (its result) must not be lost with the process
   // The launcher's number: MPI's own calls are not to be made while MPI_Finalize runs.
   std::fprintf(
       stderr,

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -1180,6 +1181,28 @@ TEST(FatalErrors, NameTheLaunchersRankBeforeMpiStarts) {
   } else {
     ::unsetenv("OMPI_COMM_WORLD_RANK");
   }
+}
+
+// A rank stuck in MPI_Finalize leaves without MPI: its stdout (the run's last lines) is flushed, the reason
+// and the launcher's rank go to stderr, and the exit status is the one given.
+TEST(FatalErrors, LeavingWithoutFinalizingKeepsTheOutputAndTheStatus) {
+  const std::string output = ::testing::TempDir() + "leaving_without_finalizing.txt";
+  std::remove(output.c_str());
+  EXPECT_EXIT(
+      {
+        if (std::freopen(output.c_str(), "w", stdout) == nullptr) std::abort();
+        std::printf("the run's result\n");  // buffered: stdout is a file
+        leave_without_finalizing("waited in MPI_Finalize", kExitPreempted);
+      },
+      ::testing::ExitedWithCode(kExitPreempted),
+      "ddptrain: error: waited in MPI_Finalize; leaving without MPI, so that the launcher ends the job "
+      "\\(host "
+      ".*, rank .*\\)");
+  std::ifstream written(output);
+  std::string line;
+  std::getline(written, line);
+  EXPECT_EQ(line, "the run's result");
+  std::remove(output.c_str());
 }
 
 TEST(FatalErrors, ThrowWhileAScopeAsksForIt) {
