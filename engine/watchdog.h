@@ -2,13 +2,14 @@
 // end the job); a rank that hangs while alive (a GPU kernel or NCCL waiting on a peer that will never come,
 // a read from a frozen file system, a stopped process) leaves every other rank waiting in the next
 // collective, where MPI and NCCL wait forever. That holds during start-up too (the topology's
-// MPI_Comm_split_type, NCCL's ncclCommInitRank, the checkpoint's broadcast), so the watchdog is armed as soon
-// as the config is read. The ranks name what they are doing (enter: "reading data.path ...", "training");
-// while training they beat once per step and per evaluation batch. A thread of its own notices when no
-// progress came for the timeout and calls the stall handler, which ends the job (MPI_Abort from that thread:
-// the waiting thread may be blocked in MPI, CUDA, NCCL or a read and never return). The timeout
-// (comm.timeout_s) must therefore exceed the longest pause of a healthy rank between two signs of progress,
-// such as rank 0 writing a checkpoint while the others wait.
+// MPI_Comm_split_type, NCCL's ncclCommInitRank, the checkpoint's broadcast) and at the end (MPI_Finalize's
+// fence), so main() arms a watchdog before MPI_Init and keeps one until MPI_Finalize has returned. The ranks
+// name what they are doing (enter: "reading data.path ...", "training"); while training they beat once per
+// step and per evaluation batch. A thread of its own notices when no progress came for the timeout and calls
+// the stall handler, which ends the job (MPI_Abort from that thread: the waiting thread may be blocked in
+// MPI, CUDA, NCCL or a read and never return). The timeout (comm.timeout_s) must therefore exceed the longest
+// pause of a healthy rank between two signs of progress, such as rank 0 writing a checkpoint while the others
+// wait.
 #pragma once
 
 #include <atomic>
