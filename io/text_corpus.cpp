@@ -130,8 +130,9 @@ std::vector<std::string> class_folders(const fs::path& root, std::vector<std::st
   return classes;
 }
 
-// The documents of one folder, by name.
-std::vector<fs::path> list_documents(const fs::path& folder) {
+// The documents of one folder, by name; the entries that are no file (a folder, a broken link, a socket) go
+// to `not_files`, for the summary: a corpus that loses documents that way should say so.
+std::vector<fs::path> list_documents(const fs::path& folder, std::vector<fs::path>& not_files) {
   std::error_code error;
   if (!fs::is_directory(folder, error)) {
     throw UserError(folder.string() + ": no such folder (" + kLayout + ")");
@@ -141,12 +142,18 @@ std::vector<fs::path> list_documents(const fs::path& folder) {
   for (; !error && it != fs::directory_iterator(); it.increment(error)) {
     if (it->path().filename().string().starts_with('.')) continue;
     std::error_code type_error;
-    if (it->is_regular_file(type_error)) files.push_back(it->path());  // follows symbolic links
+    if (it->is_regular_file(type_error)) {  // follows symbolic links
+      files.push_back(it->path());
+    } else {
+      not_files.push_back(it->path());
+    }
   }
   if (error) throw UserError(folder.string() + ": cannot be listed (" + error.message() + ")");
-  std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
+  const auto by_name = [](const fs::path& a, const fs::path& b) {
     return a.filename().string() < b.filename().string();
-  });
+  };
+  std::sort(files.begin(), files.end(), by_name);
+  std::sort(not_files.begin(), not_files.end(), by_name);
   return files;
 }
 
@@ -342,15 +349,18 @@ std::string prepare_text(const TextCorpusOptions& options) {
   // the last to the first (aclImdb: pos, then neg), the order every earlier ddptrain wrote, so the same
   // corpus gives the same file.
   std::vector<InputFile> files;
+  std::vector<std::string> not_files;
   for (const int split : {kTrain, kTest}) {
     for (int label = class_count - 1; label >= 0; --label) {
       const std::string& class_name = classes[static_cast<std::size_t>(label)];
       const fs::path folder = root / kSplitNames[split] / class_name;
-      for (fs::path& path : list_documents(folder)) {
-        std::string name =
-            std::string(kSplitNames[split]) + "/" + class_name + "/" + path.filename().string();
+      const std::string prefix = std::string(kSplitNames[split]) + "/" + class_name + "/";
+      std::vector<fs::path> skipped;
+      for (fs::path& path : list_documents(folder, skipped)) {
+        std::string name = prefix + path.filename().string();
         files.push_back({std::move(path), std::move(name), split, label});
       }
+      for (const fs::path& path : skipped) not_files.push_back(prefix + path.filename().string());
     }
   }
 
@@ -484,6 +494,9 @@ std::string prepare_text(const TextCorpusOptions& options) {
                          read_seconds, static_cast<double>(files.size()) / std::max(read_seconds, 1e-9),
                          threads, threads == 1 ? "" : "s");
   summary += "\nempty files skipped (no words): " + count_and_names(empty_files);
+  if (!not_files.empty()) {
+    summary += "\nentries skipped, not files (folders, broken links, ...): " + count_and_names(not_files);
+  }
   summary += "\nfiles not valid UTF-8, decoded leniently (bad bytes read as Windows-1252): " +
              count_and_names(lenient_files);
   const double coverage =

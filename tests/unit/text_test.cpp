@@ -171,6 +171,9 @@ TEST(PrepareText, RowsVocabularyAndSummary) {
   write_text(corpus / "test/pos/t.txt", "good unknown");
   write_text(corpus / "test/neg/u.txt", "caf\xe9 bad?");
   write_text(corpus / "test/neg/v.txt", " ... ");
+  // No documents, and said so: a link to nothing and a folder inside a class.
+  std::filesystem::create_symlink(corpus / "missing.txt", corpus / "train/neg/gone.txt");
+  std::filesystem::create_directories(corpus / "test/pos/nested");
   const std::string summary = prepare_text(options_for(dir, "data.h5", 2));
 
   // Training counts: good 5, movie 3, a/acting/and/bad 1 each: vocab 7 keeps good, movie, then "a", "acting".
@@ -191,6 +194,10 @@ TEST(PrepareText, RowsVocabularyAndSummary) {
             std::string::npos)
       << summary;
   EXPECT_NE(summary.find("decoded leniently (bad bytes read as Windows-1252): 1 (test/neg/u.txt)"),
+            std::string::npos)
+      << summary;
+  EXPECT_NE(summary.find("entries skipped, not files (folders, broken links, ...): 2 (train/neg/gone.txt, "
+                         "test/pos/nested)"),
             std::string::npos)
       << summary;
   // good, movie, a and acting are 10 of the 12 training tokens.
