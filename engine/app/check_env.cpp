@@ -206,8 +206,7 @@ int check_env_command(const std::vector<std::string>& args, std::unique_ptr<Prog
   DDP_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   const std::string usage =
       "ddptrain check-env [--device auto|cuda|cpu] [--verbose] [--timeout S]\nExit codes: 0 everything fine, "
-      "2 bad "
-      "options, " +
+      "2 bad options, " +
       std::to_string(kExitEnvironmentProblem) + " a problem was found (the report says what to do).";
   auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
   bool run = false;
