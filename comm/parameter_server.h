@@ -101,10 +101,6 @@ struct PsRoles {
   std::size_t shard_end(int server_index, std::size_t total) const;
 };
 
-// The communicators a run of steps travels on: the workers' requests (gradients, pulls, done) on one, the
-// servers' replies on another. Colocated, a rank's server (on its own thread) and its client both receive
-// from every rank: on one communicator the server's receive, which takes any tag, could take a reply meant
-// for the client. Dedicated, no rank is both, and one communicator serves both directions.
 // "rank 3" or "ranks 1, 4", for messages that name the ranks waited for.
 std::string rank_list(const std::vector<int>& ranks);
 
@@ -121,6 +117,10 @@ class ClientWaits {
   std::vector<int> server_ranks_;
 };
 
+// The communicators a run of steps travels on: the workers' requests (gradients, pulls, done) on one, the
+// servers' replies on another. Colocated, a rank's server (on its own thread) and its client both receive
+// from every rank: on one communicator the server's receive, which takes any tag, could take a reply meant
+// for the client. Dedicated, no rank is both, and one communicator serves both directions.
 class PsChannels {
  public:
   // Collective over `parent`, each duplicate waited for with a deadline (a rank that never joins ends the
