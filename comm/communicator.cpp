@@ -48,6 +48,12 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
     return choice;
   }
 
+  // Said, not refused: the same config runs on GPU nodes (NCCL, compressed) and on CPU nodes.
+  const std::string uncompressed =
+      request.compression == "none"
+          ? ""
+          : "; comm.compression = " + request.compression + " is NCCL's: this backend sends float32";
+
   // What keeps auto from the parameter server, if anything.
   std::string no_server;
   if (size == 1) no_server = "a single rank trains alone (no rank to serve parameters)";
@@ -71,7 +77,7 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
                                        : " (auto: on CPU ranks every rank trains and serves, none idles)") +
                       "; colocated: " + count_of(size, "rank") + ", each training and serving 1/" +
                       std::to_string(size) + " of the parameters and their optimizer state" +
-                      (request.ps_async ? " (on a server thread)" : "");
+                      (request.ps_async ? " (on a server thread)" : "") + uncompressed;
       choice.parameter_server = true;
       return choice;
     }
@@ -88,12 +94,13 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
         "ps: " + census + (backend == "ps" ? " (comm.backend = ps)" : "") + "; " +
         count_of(workers, "worker") + " (" + rank_range(0, workers) + "), " +
         count_of(servers, "parameter server") + " (" + rank_range(workers, size) + ")" +
-        (why_dedicated.empty() ? "" : " (the colocated layout serves CPU ranks, not " + why_dedicated + ")");
+        (why_dedicated.empty() ? "" : " (the colocated layout serves CPU ranks, not " + why_dedicated + ")") +
+        uncompressed;
     return choice;
   }
   choice.reason = std::string("mpi: ") + census + (backend == "mpi" ? " (comm.backend = mpi)" : "") +
                   (gpu_ranks > 0 ? ", GPU gradients staged through host memory" : ", CPU all-reduce") +
-                  (backend == "auto" ? "; " + no_server : "");
+                  (backend == "auto" ? "; " + no_server : "") + uncompressed;
   choice.communicator = request.on_gpu ? make_staged_mpi_communicator(comm, request.compute_stream)
                                        : make_mpi_communicator(comm);
   return choice;

@@ -135,13 +135,16 @@ Hid write_vector(hid_t loc, const std::string& name, hid_t type, const void* dat
   Hid set(check_h5_id(H5Dcreate2(loc, name.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
                       name.c_str()),
           Hid::Kind::kDataset);
-  check_h5(H5Dwrite(set.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), name.c_str());
+  check_h5(H5Dwrite(set.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), ("H5Dwrite " + name).c_str());
   return set;
 }
 
+// Each dataset is closed checked: HDF5 keeps a small dataset's values in its sieve buffer until the close,
+// where a full disk shows up.
 void write_floats(hid_t loc, const std::string& name, std::span<const float> data) {
-  const Hid set = write_vector(loc, name, H5T_NATIVE_FLOAT, data.data(), data.size());
+  Hid set = write_vector(loc, name, H5T_NATIVE_FLOAT, data.data(), data.size());
   io::write_int_attribute(set.get(), kChecksum, std::bit_cast<int64_t>(checksum_of(data)));
+  set.close_checked(("H5Dclose " + name).c_str());
 }
 
 std::vector<float> read_floats(hid_t loc, const std::string& file, const std::string& name,
@@ -178,7 +181,8 @@ std::vector<float> read_floats(hid_t loc, const std::string& file, const std::st
 }
 
 void write_bytes(hid_t loc, const std::string& name, const std::string& bytes) {
-  write_vector(loc, name, H5T_NATIVE_UINT8, bytes.data(), bytes.size());
+  Hid set = write_vector(loc, name, H5T_NATIVE_UINT8, bytes.data(), bytes.size());
+  set.close_checked(("H5Dclose " + name).c_str());
 }
 
 // The replicas' random states: a state is small (cuDNN's are a few MB), so a larger one is damage.
@@ -211,17 +215,58 @@ std::vector<std::string> read_replica_rng_states(hid_t root, const std::string& 
   return states;
 }
 
-void fsync_path(const std::string& path, int flags) {
+// Copies the file `from` to a new file `to`: "" when it succeeded, else why not (with errno's words: the
+// standard library's copy_file can report a full disk as "Success").
+std::string copy_bytes(const std::string& from, const std::string& to) {
+  const int in = ::open(from.c_str(), O_RDONLY);
+  if (in < 0) return std::string("cannot open it: ") + std::strerror(errno);
+  const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (out < 0) {
+    const std::string why = std::strerror(errno);
+    ::close(in);
+    return why;
+  }
+  std::string why;
+  std::vector<char> buffer(1 << 20);
+  for (;;) {
+    const ssize_t got = ::read(in, buffer.data(), buffer.size());
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      if (got < 0) why = std::string("reading: ") + std::strerror(errno);
+      break;
+    }
+    for (ssize_t done = 0; done < got && why.empty();) {
+      const ssize_t put = ::write(out, buffer.data() + done, static_cast<std::size_t>(got - done));
+      if (put < 0 && errno == EINTR) continue;
+      if (put <= 0) why = put < 0 ? std::strerror(errno) : "a write wrote nothing";
+      if (put > 0) done += put;
+    }
+    if (!why.empty()) break;
+  }
+  ::close(in);
+  if (::close(out) != 0 && why.empty()) why = std::strerror(errno);
+  return why;
+}
+
+// fsync of `path`: "" when it succeeded, else why not.
+std::string fsync_path(const std::string& path, int flags) {
   const int fd = ::open(path.c_str(), flags);
-  if (fd < 0) return;
-  ::fsync(fd);
+  if (fd < 0) return std::strerror(errno);
+  const int status = ::fsync(fd);
+  const std::string why = status != 0 ? std::strerror(errno) : "";
   ::close(fd);
+  return why;
 }
 
 // Flushes `tmp` to disk and renames it over `path` (a link at `path` is replaced, never followed), so that a
-// reader sees the old file or the new one; on failure removes `tmp` and leaves `path` alone.
+// reader sees the old file or the new one; on failure (a full disk found at the flush, a rename refused)
+// removes `tmp` and leaves `path` alone.
 void move_into_place(const std::string& tmp, const std::string& path) {
-  fsync_path(tmp, O_RDONLY);
+  if (const std::string why = fsync_path(tmp, O_RDONLY); !why.empty()) {
+    std::remove(tmp.c_str());
+    throw UserError(tmp + ": cannot flush the new checkpoint to disk (" + why + "); " + path +
+                    " is unchanged");
+  }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string why = std::strerror(errno);
     std::remove(tmp.c_str());
@@ -229,7 +274,7 @@ void move_into_place(const std::string& tmp, const std::string& path) {
   }
   const std::filesystem::path final_path(path);
   const std::string dir = final_path.has_parent_path() ? final_path.parent_path().string() : ".";
-  fsync_path(dir, O_RDONLY | O_DIRECTORY);
+  fsync_path(dir, O_RDONLY | O_DIRECTORY);  // best effort: some file systems refuse a directory's fsync
 }
 
 }  // namespace
@@ -245,8 +290,9 @@ struct CheckpointWriter::Files {
 template <typename Write>
 void CheckpointWriter::writing(Write&& write) {
   const std::string tmp = files_->tmp;  // abandon() drops files_
+  const std::string unchanged = "; " + files_->path + " is unchanged";
   io::write_or_abandon(
-      tmp, write, [this] { abandon(); }, "; the last checkpoint is kept");
+      tmp, write, [this] { abandon(); }, unchanged.c_str());
 }
 
 void CheckpointWriter::abandon() {
@@ -340,12 +386,14 @@ void CheckpointWriter::commit() {
   DDP_CHECK(files_ != nullptr);
   const std::unique_ptr<Files> files = [&] {
     std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
+    // The close is checked as the flush is: it may be the file's last write, and a file whose close failed
+    // (a full disk) is removed, never renamed over the last good checkpoint.
     writing([&] {
       io::write_string_attribute(files_->optimizer.get(), "buffers", files_->buffer_names);
       check_h5(H5Fflush(files_->file.get(), H5F_SCOPE_GLOBAL), "H5Fflush");
+      files_->optimizer.close_checked("H5Gclose /optimizer");
+      files_->file.close_checked("H5Fclose");
     });
-    files_->optimizer = Hid();
-    files_->file = Hid();
     return std::move(files_);
   }();
   move_into_place(files->tmp, files->path);
@@ -355,10 +403,9 @@ void copy_checkpoint(const std::string& from, const std::string& to) {
   const std::string tmp = to + ".tmp";
   std::error_code ec;
   std::filesystem::remove(tmp, ec);  // a stale TO.tmp (a link would otherwise be followed)
-  std::filesystem::copy_file(from, tmp, std::filesystem::copy_options::overwrite_existing, ec);
-  if (ec) {
+  if (const std::string why = copy_bytes(from, tmp); !why.empty()) {
     std::filesystem::remove(tmp, ec);
-    throw UserError(tmp + ": cannot copy " + from + " here (" + ec.message() + "); " + to + " is unchanged");
+    throw UserError(tmp + ": cannot copy " + from + " here (" + why + "); " + to + " is unchanged");
   }
   move_into_place(tmp, to);
 }

@@ -73,12 +73,23 @@ std::string option_error_text(const po::error& e, const std::string& context) {
   return context + copy.what();
 }
 
-void refuse_negative_unsigned(const po::parsed_options& parsed, const po::options_description& options,
-                              const std::string& context, const std::string& key_prefix) {
+void refuse_misread_values(const po::parsed_options& parsed, const po::options_description& options,
+                           const std::string& context, const std::string& key_prefix) {
   for (const po::option& given : parsed.options) {
     const po::option_description* described = options.find_nothrow(given.string_key, false);
     if (described == nullptr) continue;
     const po::value_semantic* semantic = described->semantic().get();
+    // A flag (bool_switch) takes no value; a true/false key given one must say which.
+    if (dynamic_cast<const po::typed_value<bool>*>(semantic) != nullptr && semantic->max_tokens() > 0) {
+      for (const std::string& value : given.value) {
+        if (value.find_first_not_of(" \t") != std::string::npos) continue;
+        throw UserError(context + key_prefix + given.string_key +
+                        " must be true or false, got an empty value");
+      }
+      if (given.value.empty()) {
+        throw UserError(context + key_prefix + given.string_key + " must be true or false, got no value");
+      }
+    }
     const bool is_unsigned = dynamic_cast<const po::typed_value<unsigned long>*>(semantic) != nullptr ||
                              dynamic_cast<const po::typed_value<unsigned long long>*>(semantic) != nullptr ||
                              dynamic_cast<const po::typed_value<unsigned int>*>(semantic) != nullptr;
@@ -106,7 +117,7 @@ void store_command_line(const std::vector<std::string>& args, const po::options_
     const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
     const po::parsed_options parsed =
         po::command_line_parser(args).options(with_stray).positional(positional).style(style).run();
-    refuse_negative_unsigned(parsed, options, command + ": ", "--");
+    refuse_misread_values(parsed, options, command + ": ", "--");
     po::store(parsed, vm);
     if (vm.count("ddptrain-stray-words")) {
       throw UserError(command + ": unexpected argument '" +

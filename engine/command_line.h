@@ -14,11 +14,13 @@ namespace ddp::engine {
 // control bytes and bytes that are not UTF-8; a quoted value is cut after 160 characters.
 std::string option_error_text(const boost::program_options::error& e, const std::string& context);
 
-// Throws UserError, prefixed by `context`, where a value given for an unsigned option starts with '-': Boost
-// would read "-1" as the type's largest value. `key_prefix` is "--" on a command line, "" in a config file.
-void refuse_negative_unsigned(const boost::program_options::parsed_options& parsed,
-                              const boost::program_options::options_description& options,
-                              const std::string& context, const std::string& key_prefix);
+// Throws UserError, prefixed by `context`, for the values Boost would misread: one given for an unsigned
+// option that starts with '-' (Boost reads "-1" as the type's largest value), and an empty one for a
+// true/false option (Boost reads `overwrite =` as true). `key_prefix` is "--" on a command line, "" in a
+// config file.
+void refuse_misread_values(const boost::program_options::parsed_options& parsed,
+                           const boost::program_options::options_description& options,
+                           const std::string& context, const std::string& key_prefix);
 
 // Stores `args` into `vm` against `options`. A word that belongs to no option (a misspelt command, a value
 // whose key was forgotten) is an error naming it, never silently ignored. Throws UserError prefixed by

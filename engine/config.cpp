@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "engine/base/errors.h"
+#include "engine/base/file_kind.h"
 #include "engine/base/memory_limit.h"
 #include "engine/command_line.h"
 #include "models/cuda_replica.h"
@@ -82,7 +83,8 @@ void visit_keys(C& c, Visitor&& key) {
       "seed of the initial parameters and of the data order, shared by all ranks");
   key("train", "threads", c.train.threads,
       "compute threads per rank, one pool for the whole step (the recurrent kernels, the BLAS and the "
-      "optimizer); 0: the node's cores divided by its ranks");
+      "optimizer); 0: the cores the launcher bound the rank to, else the node's cores divided by its ranks "
+      "(mpirun binds a lone rank to one core: --bind-to none)");
   key("train", "max_steps_per_epoch", c.train.max_steps_per_epoch,
       "cap on steps per epoch; 0: the whole shard");
   key("train", "stop_after_steps", c.train.stop_after_steps,
@@ -126,8 +128,10 @@ void visit_keys(C& c, Visitor&& key) {
   key("comm", "selfcheck", c.comm.selfcheck,
       "GPU ranks check, before the first step, their cuDNN replica against the CPU replica (loss, every "
       "gradient, outputs, the parameter mapping, an optimizer step) and NCCL's averages against their "
-      "closed form; a failure ends the job naming the rank, GPU and check (on or off)");
-  key("checkpoint", "dir", c.checkpoint.dir, "run directory: config.ini, metrics.jsonl, last.h5, best.h5");
+      "closed form; a failure ends the job naming the rank, GPU and check (true or false; on and off read "
+      "too)");
+  key("checkpoint", "dir", c.checkpoint.dir,
+      "run directory: config.ini, metrics.jsonl, curves.svg, last.h5, best.h5");
   key("checkpoint", "every_steps", c.checkpoint.every_steps,
       "also write last.h5 every N steps; 0: per epoch");
   key("checkpoint", "overwrite", c.checkpoint.overwrite,
@@ -254,8 +258,9 @@ void check_values(const Config& c) {
           value_text(c.train.max_steps_per_epoch), "must be 0 (no cap) or more");
   require(c.train.stop_after_steps >= 0, "train.stop_after_steps", value_text(c.train.stop_after_steps),
           "must be 0 (never) or more");
-  require(c.train.straggle_ms >= 0, "train.straggle_ms", value_text(c.train.straggle_ms),
-          "must be 0 (never) or more");
+  // An hour at most: far past any straggler worth simulating, and within what a sleep can be given.
+  require(c.train.straggle_ms >= 0 && c.train.straggle_ms <= 3.6e6, "train.straggle_ms",
+          value_text(c.train.straggle_ms), "must be 0 (never) to 3600000 (an hour)");
   require(
       c.train.lr_schedule == "constant" || c.train.lr_schedule == "step" || c.train.lr_schedule == "cosine",
       "train.lr_schedule", c.train.lr_schedule, "expected constant, step or cosine");
@@ -331,7 +336,8 @@ ParsedConfig parse_config(const std::vector<std::string>& args) {
   std::ostringstream help;
   help << "Usage: ddptrain [train] --config FILE [--section.key VALUE ...]\n"
        << "       ddptrain prepare synthetic|imdb-npz|text ...   (ddptrain prepare --help)\n"
-       << "       ddptrain predict|evaluate --checkpoint FILE --data FILE ...\n"
+       << "       ddptrain predict --checkpoint FILE (--text TEXT | --input FILE) ...\n"
+       << "       ddptrain evaluate --checkpoint FILE --data FILE ...\n"
        << "       ddptrain check-env [--device cuda|cpu|auto]\n\n"
        << all;
   parsed.help = help.str();
@@ -350,8 +356,8 @@ ParsedConfig parse_config(const std::vector<std::string>& args) {
   if (vm.count("config")) {
     const std::string path = vm["config"].as<std::string>();
     std::error_code ignored;  // a path that cannot be examined is "not found" below
-    if (std::filesystem::is_directory(path, ignored))
-      throw UserError(path + ": is a directory, not a config file");
+    if (const std::string kind = special_file_kind(path, /*follow_links=*/true); !kind.empty())
+      throw UserError(path + ": is " + kind + ", not a config file");
     if (!std::filesystem::is_regular_file(path, ignored)) throw UserError(path + ": config file not found");
     std::ifstream file(path);
     if (!file) throw UserError(path + ": cannot read the config file");
@@ -363,7 +369,7 @@ ParsedConfig parse_config(const std::vector<std::string>& args) {
     }
     try {
       const po::parsed_options parsed_file = po::parse_config_file(file, keys, /*allow_unregistered=*/false);
-      refuse_negative_unsigned(parsed_file, keys, path + ": ", "");
+      refuse_misread_values(parsed_file, keys, path + ": ", "");
       po::store(parsed_file, vm);
     } catch (const po::error& e) {
       throw UserError(option_error_text(e, path + ": "));

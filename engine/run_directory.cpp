@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "engine/base/errors.h"
+#include "engine/base/file_kind.h"
 
 namespace fs = std::filesystem;
 
@@ -39,16 +40,18 @@ std::string present_results(const RunFiles& files) {
 }
 
 // What the run will write, checked before it trains rather than met after its first epoch: no file it
-// replaces or appends to may be a directory, metrics.jsonl must take appends (a named pipe to a live reader
-// does), and the directory must take new files (each checkpoint goes through PATH.tmp, renamed).
+// replaces may be anything but a plain file or a link (a rename over a named pipe or a device would replace
+// the node), metrics.jsonl must take appends (a named pipe to a live reader does, a directory does not), and
+// the directory must take new files (each checkpoint goes through PATH.tmp, renamed).
 void check_run_outputs(const RunFiles& files) {
   std::error_code ec;
   for (const std::string& path : files.results()) {
     for (const std::string& file : {path, path + ".tmp"}) {
-      if (!fs::is_directory(fs::symlink_status(file, ec))) continue;
-      throw UserError(file +
-                      ": not a plain file (a directory), where the run writes one: move it out of "
-                      "checkpoint.dir");
+      const std::string kind = special_file_kind(file, /*follow_links=*/false);
+      const bool appended = file == files.metrics();
+      if (kind.empty() || (appended && kind != "a directory")) continue;
+      throw UserError(file + ": not a plain file (" + kind +
+                      "), where the run writes one: move it out of checkpoint.dir");
     }
   }
   if (fs::exists(files.metrics(), ec) && access(files.metrics().c_str(), W_OK) != 0) {

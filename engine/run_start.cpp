@@ -44,10 +44,11 @@ RunRecord describe_run(const io::DatasetInfo& data, const io::DataPlan& plan) {
   return record;
 }
 
-// The checkpoint must continue on the data it was trained on, unless checkpoint.allow_data_change.
-void check_resumed_data(const Config& config, const RunFiles& files, const Checkpoint& c,
+// The checkpoint must continue on the data it was trained on, unless checkpoint.allow_data_change. True when
+// the data changed (and that was allowed).
+bool check_resumed_data(const Config& config, const RunFiles& files, const Checkpoint& c,
                         const RunRecord& now) {
-  if (c.run.data_fingerprint.empty() || c.run.data_fingerprint == now.data_fingerprint) return;
+  if (c.run.data_fingerprint.empty() || c.run.data_fingerprint == now.data_fingerprint) return false;
   const std::string what = files.last() + " was trained on " + c.run.data_path + " (" +
                            c.run.data_fingerprint + ") but data.path " + now.data_path + " is (" +
                            now.data_fingerprint + ")";
@@ -57,15 +58,31 @@ void check_resumed_data(const Config& config, const RunFiles& files, const Check
                     "training on this data");
   }
   std::printf("note: %s; continuing on the new data (checkpoint.allow_data_change)\n", what.c_str());
+  return true;
 }
 
-// Another data.validation or data.validation_split changes which rows train: said, not refused.
-void note_changed_data_plan(const RunFiles& files, const Checkpoint& c, const RunRecord& now) {
-  if (c.run.data_plan.empty() || c.run.data_plan == now.data_plan) return;
+// Another data.validation or data.validation_split changes which rows train: said, not refused. True when
+// they changed.
+bool note_changed_data_plan(const RunFiles& files, const Checkpoint& c, const RunRecord& now) {
+  if (c.run.data_plan.empty() || c.run.data_plan == now.data_plan) return false;
   std::printf(
       "warning: %s was trained on rows \"%s\"; this run's are \"%s\": the rows it trains on change from here "
       "on\n",
       files.last().c_str(), c.run.data_plan.c_str(), now.data_plan.c_str());
+  return true;
+}
+
+// A val_loss measured on other rows says nothing of the model on these: the best epoch is chosen afresh
+// among the epochs judged on this run's data (the first of them replaces best.h5), and early stopping's
+// patience counts from here.
+void choose_best_afresh(const RunFiles& files, TrainingProgress& p) {
+  if (p.epoch < 1) return;
+  std::printf(
+      "note: %s (epoch %lld, val_loss %.4f) was judged on other rows: the next epoch replaces it, and the "
+      "best epoch and early stopping count from there\n",
+      files.best().c_str(), static_cast<long long>(p.best_epoch), p.best_val_loss);
+  p.best_val_loss = std::numeric_limits<double>::infinity();
+  p.best_epoch = p.epoch;
 }
 
 // best.h5 lost after it was chosen (the job killed while copying it): where last.h5 was written at the end of
@@ -92,8 +109,8 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
                             const OptimizerSettings& optimizer, int trainers, int64_t steps_per_epoch,
                             RunStart& start, std::vector<std::string>& rng_states) {
   Checkpoint c = read_checkpoint(files.last());
-  check_resumed_data(config, files, c, start.record);
-  note_changed_data_plan(files, c, start.record);
+  const bool data_changed = check_resumed_data(config, files, c, start.record);
+  const bool rows_changed = note_changed_data_plan(files, c, start.record);
   if (!c.run.run_id.empty()) start.record.run_id = c.run.run_id;  // a resumed run keeps its id
   if (!(c.shape == layout.shape())) {
     // describe() names the layers and classes where they are not the defaults.
@@ -139,6 +156,7 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
     rng_states.clear();
   }
   restore_missing_best(files, p);
+  if (data_changed || rows_changed) choose_best_afresh(files, p);
   if (p.step_in_epoch >= steps_per_epoch)
     p.step_in_epoch = 0;  // the interrupted epoch had finished its steps
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -54,9 +55,13 @@ struct RunStartFacts {
 std::vector<std::string> start_log_lines(const RunStartFacts& facts,
                                          const std::vector<std::string>& rank_lines);
 
+// True when a shard's classes (`shard`, rows per class) differ from the whole training rows' (`all`) in some
+// class by more than 5 points and by more than a random draw of the shard's rows would (4 standard errors of
+// a share over that many rows): the mark of a file whose rows follow their labels, not of a small shard.
+bool shard_classes_skewed(std::span<const int64_t> shard, std::span<const double> all);
+
 // Collective over `trainers` (the training ranks): the training rows' classes summed over the ranks, on rank
-// 0's stdout, with a note naming each rank whose shard differs from them by more than 5 points in some class
-// (a file whose rows follow their labels).
+// 0's stdout, with a note naming each rank whose shard is skewed (shard_classes_skewed).
 void log_class_balance(comm::Communicator& trainers, const io::DatasetInfo& data,
                        const io::Shard& train_rows);
 

@@ -68,7 +68,7 @@ GpuGroup gpu_group(MPI_Comm node, const std::string& mine) {
 
 }  // namespace
 
-Topology discover_topology(MPI_Comm world, const std::string& device_request) {
+Topology discover_topology(MPI_Comm world, const std::string& device_request, bool refuse_unmet) {
   Topology t;
   DDP_CHECK_MPI(MPI_Comm_rank(world, &t.rank));
   DDP_CHECK_MPI(MPI_Comm_size(world, &t.size));
@@ -93,11 +93,13 @@ Topology discover_topology(MPI_Comm world, const std::string& device_request) {
   }
   const bool required = device_request == "cuda";
   const std::string request = required ? "device = cuda: " : "device = auto: ";
+  // What becomes of a rank left without a GPU.
+  const std::string fallback = required ? ", which a run refuses" : ", training on CPU";
   const std::string visible = visible_devices();
   const int count = static_cast<int>(inventory.gpus.size());
   if (count == 0) {
-    if (required) throw UserError(request + inventory.why_none + " (" + visible + ")");
-    t.device_reason = request + inventory.why_none + " (" + visible + "), training on CPU";
+    if (required && refuse_unmet) throw UserError(request + inventory.why_none + " (" + visible + ")");
+    t.device_reason = request + inventory.why_none + " (" + visible + ")" + fallback;
     if (inventory.why_none_brief != inventory.why_none) {
       // device = auto on a node without GPUs is a CPU node working as meant: a few words, not CUDA's error.
       t.device_detail = t.device_reason;
@@ -109,7 +111,7 @@ Topology discover_topology(MPI_Comm world, const std::string& device_request) {
   const std::string local_rank = std::to_string(t.local_rank);
   const std::string gpus = std::to_string(count);
   if (group.index >= count) {
-    if (required) {
+    if (required && refuse_unmet) {
       throw UserError(request + "host " + t.host + " runs " + std::to_string(group.members) +
                       " ranks but sees only " + gpus + " GPUs (" + visible + "): start at most " + gpus +
                       " ranks per node, or set device = auto to train the extra ranks on CPU");
@@ -118,7 +120,7 @@ Topology discover_topology(MPI_Comm world, const std::string& device_request) {
                                                          : " (" + std::to_string(group.index) +
                                                                " among the ranks that see the same GPUs)";
     t.device_reason = request + "local rank " + local_rank + slot + " >= " + gpus + " visible GPUs (" +
-                      visible + "), training on CPU";
+                      visible + ")" + fallback;
     return t;
   }
   const GpuInfo& gpu = inventory.gpus[static_cast<std::size_t>(group.index)];

@@ -29,8 +29,9 @@ struct Topology {
 // GPU binding: the ranks of a node that see the same GPUs (same visible boards, so the same
 // CUDA_VISIBLE_DEVICES) take them in local rank order, so local rank L of such a group trains on GPU L; a
 // launcher that gives each rank its own CUDA_VISIBLE_DEVICES makes each rank a group of one, on its GPU 0.
-// A rank left without a GPU is an error under cuda and trains on the CPU under auto.
-Topology discover_topology(MPI_Comm world, const std::string& device_request);
+// A rank left without a GPU is an error under cuda and trains on the CPU under auto. With `refuse_unmet`
+// false (check-env) an unmet cuda request is described in device_reason instead of thrown.
+Topology discover_topology(MPI_Comm world, const std::string& device_request, bool refuse_unmet = true);
 
 // Compute threads for this rank (train.threads): `requested` if positive, else the node's cores shared among
 // its ranks.

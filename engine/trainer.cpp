@@ -103,7 +103,7 @@ class TrainingRun::Loop {
     if (resumed_) restore_replica_rng(start.replica_rng_state);
     watchdog_.enter("gathering the start-up log");
     log_start();
-    log_class_balance(comm_, data_, plan_.train);
+    if (!finished_at_start_) log_class_balance(comm_, data_, plan_.train);  // the same on every rank
     start_gpu_monitor();
 
     try {
@@ -212,7 +212,14 @@ class TrainingRun::Loop {
     run.rnn = (shape_.bidirectional ? "bidirectional " : "") +
               std::string(shape_.cell == models::Cell::kGru ? "GRU" : "LSTM");
     if (config_.model.mask_padding) run.model_extras += ", masked";
-    if (config_.model.dropout > 0) run.model_extras += fmt::format(", dropout {}", config_.model.dropout);
+    if (config_.model.dropout > 0) {
+      // PyTorch warns alike: dropout acts between stacked layers, so one layer leaves it idle.
+      run.model_extras += shape_.layers > 1 ? fmt::format(", dropout {}", config_.model.dropout)
+                                            : fmt::format(
+                                                  ", dropout {} idle (it acts between stacked layers, "
+                                                  "and model.layers = 1)",
+                                                  config_.model.dropout);
+    }
     if (config_.model.embedding_dropout > 0)
       run.model_extras += fmt::format(", embedding dropout {}", config_.model.embedding_dropout);
     if (shape_.classes != 2) run.model_extras += fmt::format(", {} classes", shape_.classes);

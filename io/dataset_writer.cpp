@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <mutex>
@@ -9,6 +10,7 @@
 #include <system_error>
 
 #include "engine/base/errors.h"
+#include "engine/base/file_kind.h"
 
 namespace ddp::io {
 namespace {
@@ -50,7 +52,22 @@ std::string format_fraction(double value) {
   return fmt::format("{:g}", value);
 }
 
+// One writer at a time is what prepare runs; a second one (tests) leaves the slot to the first.
+char g_file_in_progress[4096];
+std::atomic<bool> g_slot_taken{false};
+
 }  // namespace
+
+const char* dataset_file_in_progress() {
+  return g_file_in_progress;
+}
+
+void DatasetWriter::release_progress_slot() {
+  if (!holds_progress_slot_) return;
+  g_file_in_progress[0] = '\0';
+  g_slot_taken.store(false);
+  holds_progress_slot_ = false;
+}
 
 template <typename Write>
 void DatasetWriter::writing(Write&& write) {
@@ -62,6 +79,7 @@ void DatasetWriter::abandon() {
   for (Hid* id : {&train_x_, &train_y_, &test_x_, &test_y_, &val_x_, &val_y_, &file_}) id->discard();
   std::error_code ignored;
   std::filesystem::remove(tmp_path_, ignored);
+  release_progress_slot();
 }
 
 DatasetWriter::DatasetWriter(std::string path, int vocab_size, int maxlen, int64_t training_rows,
@@ -72,6 +90,13 @@ DatasetWriter::DatasetWriter(std::string path, int vocab_size, int maxlen, int64
       train_rows_(training_rows - val_rows) {
   DDP_CHECK(val_rows >= 0 && train_rows_ >= 0 && test_rows >= 0);
   namespace fs = std::filesystem;
+  // The finished file is renamed over PATH: that must not replace a device (/dev/null) or a named pipe.
+  for (const std::string& file : {path_, tmp_path_}) {
+    if (const std::string kind = special_file_kind(file, /*follow_links=*/false); !kind.empty()) {
+      throw UserError(file + ": not a plain file (" + kind +
+                      "), which writing the dataset would replace: give --output a file's name");
+    }
+  }
   const fs::path output(path_);
   std::error_code error;
   if (output.has_parent_path()) {
@@ -79,6 +104,22 @@ DatasetWriter::DatasetWriter(std::string path, int vocab_size, int maxlen, int64
     if (error) {
       throw UserError(output.parent_path().string() + ": cannot create directory (" + error.message() + ")");
     }
+  }
+  // The datasets are contiguous, so the file's size is known now: a file that cannot fit is refused before
+  // hours of writing, not when the disk is full.
+  const double bytes = static_cast<double>(training_rows + test_rows) * (4.0 * maxlen + 1.0);
+  const fs::space_info space =
+      fs::space(output.has_parent_path() ? output.parent_path() : fs::path("."), error);
+  if (!error && bytes > static_cast<double>(space.available)) {
+    throw UserError(fmt::format(
+        "{}: the dataset needs {:.3g} GB ({} rows of {} tokens) and its file system has "
+        "{:.3g} GB free",
+        path_, bytes / 1e9, training_rows + test_rows, maxlen, static_cast<double>(space.available) / 1e9));
+  }
+  if (tmp_path_.size() < sizeof(g_file_in_progress) && !g_slot_taken.exchange(true)) {
+    tmp_path_.copy(g_file_in_progress, tmp_path_.size());
+    g_file_in_progress[tmp_path_.size()] = '\0';
+    holds_progress_slot_ = true;
   }
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   quiet_hdf5_errors();
@@ -88,6 +129,7 @@ DatasetWriter::DatasetWriter(std::string path, int vocab_size, int maxlen, int64
             Hid::Kind::kFile);
   } catch (const std::runtime_error& e) {
     // Usually permissions or a full disk: the user's to fix, so a UserError with HDF5's reason.
+    release_progress_slot();
     throw UserError(path_ + ": cannot create the dataset file (" + e.what() + ")");
   }
   writing([&] {
@@ -111,16 +153,6 @@ DatasetWriter::DatasetWriter(std::string path, int vocab_size, int maxlen, int64
       *g.y = create_dataset(group.get(), "y", H5T_STD_U8LE, 1, dims);
     }
   });
-}
-
-void DatasetWriter::close_file() {
-  train_x_.reset();
-  train_y_.reset();
-  test_x_.reset();
-  test_y_.reset();
-  val_x_.reset();
-  val_y_.reset();
-  file_.reset();
 }
 
 DatasetWriter::~DatasetWriter() {
@@ -178,14 +210,20 @@ void DatasetWriter::write_attribute(const std::string& name, const std::string& 
 void DatasetWriter::commit() {
   {
     std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
-    // Checked here: the close in Hid's destructor cannot report a failed final write.
-    writing([&] { check_h5(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), "H5Fflush"); });
-    close_file();
+    // Checked here: the close in Hid's destructor cannot report a failed final write, and a file whose flush
+    // or close failed is abandoned, never renamed into place.
+    writing([&] {
+      check_h5(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), "H5Fflush");
+      for (Hid* set : {&train_x_, &train_y_, &test_x_, &test_y_, &val_x_, &val_y_})
+        set->close_checked("H5Dclose");
+      file_.close_checked("H5Fclose");
+    });
   }
   std::error_code error;
   std::filesystem::rename(tmp_path_, path_, error);
   if (error) throw UserError(path_ + ": cannot move " + tmp_path_ + " into place (" + error.message() + ")");
   committed_ = true;
+  release_progress_slot();
 }
 
 void check_val_fraction(const std::string& command, double val_fraction) {

@@ -20,6 +20,12 @@
 
 namespace ddp::io {
 
+// The temporary file a DatasetWriter is filling ("" when none), for a signal handler to remove before the
+// process dies (a killed `prepare` would otherwise leave PATH.tmp, gigabytes of it, behind). Reading it is
+// async-signal-safe: a fixed buffer, set before the file is created and cleared once it is renamed or
+// removed.
+const char* dataset_file_in_progress();
+
 class DatasetWriter {
  public:
   // Creates PATH.tmp (and PATH's directory) with /train [training_rows - val_rows], /test [test_rows] and,
@@ -46,14 +52,14 @@ class DatasetWriter {
   void commit();
 
  private:
-  // Closes the datasets, then the file (HDF5's lock held by the caller).
-  void close_file();
   // Runs `write`, an HDF5 failure (a full disk, a file-size limit) becoming a UserError naming the file,
   // which is then abandoned.
   template <typename Write>
   void writing(Write&& write);
   // Closes the unfinished file without warnings (whatever failed was reported) and removes it.
   void abandon();
+  // Clears dataset_file_in_progress() if this writer set it.
+  void release_progress_slot();
   std::string path_;
   std::string tmp_path_;
   void write_group_rows(const std::string& group, int64_t first, const int32_t* tokens, const uint8_t* labels,
@@ -64,6 +70,7 @@ class DatasetWriter {
   Hid file_;
   Hid train_x_, train_y_, test_x_, test_y_, val_x_, val_y_;
   bool committed_ = false;
+  bool holds_progress_slot_ = false;
 };
 
 // Checks --val-fraction before any work: F in [0, 1). Throws UserError "COMMAND: --val-fraction ...".

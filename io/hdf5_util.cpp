@@ -7,6 +7,7 @@
 #include <system_error>
 
 #include "engine/base/errors.h"
+#include "engine/base/file_kind.h"
 
 namespace ddp::io {
 
@@ -127,6 +128,14 @@ void Hid::reset() {
   close(/*report_failure=*/true);
 }
 
+void Hid::close_checked(const char* what) {
+  if (id_ < 0) return;
+  std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  const herr_t status = close_by_kind(id_, kind_);
+  id_ = H5I_INVALID_HID;
+  if (status < 0) throw Hdf5Error(std::string(what) + " failed: " + hdf5_error_detail());
+}
+
 void Hid::close(bool report_failure) {
   if (id_ < 0) return;
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
@@ -158,8 +167,9 @@ Hid open_file_readonly(const std::string& path) {
   std::error_code error;
   const bool exists = std::filesystem::exists(path, error);
   if (error || !exists) throw UserError(path + ": no such file");
-  if (std::filesystem::is_directory(path, error)) {
-    throw UserError(path + ": is a directory, not an HDF5 file");
+  // A named pipe would block the open below until a writer came.
+  if (const std::string kind = special_file_kind(path, /*follow_links=*/true); !kind.empty()) {
+    throw UserError(path + ": is " + kind + ", not an HDF5 file");
   }
   if (!std::ifstream(path, std::ios::binary).is_open()) {
     throw UserError(path + ": cannot be read (permission denied?)");
@@ -291,9 +301,11 @@ void write_string_list(hid_t loc, const std::string& name, const std::vector<std
                H5Dcreate2(loc, name.c_str(), type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
                what.c_str()),
            Hid::Kind::kDataset);
-  if (strings.empty()) return;
-  check_h5(H5Dwrite(list.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, pointers.data()),
-           ("H5Dwrite /" + name).c_str());
+  if (!strings.empty()) {
+    check_h5(H5Dwrite(list.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, pointers.data()),
+             ("H5Dwrite /" + name).c_str());
+  }
+  list.close_checked(("H5Dclose /" + name).c_str());  // where buffered values meet a full disk
 }
 
 std::string read_string_attribute(hid_t loc, const std::string& name) {

@@ -44,6 +44,9 @@ class Hid {
   void reset();
   // Closes without a warning: for a file being abandoned after an error that was already reported.
   void discard();
+  // Closes and throws Hdf5Error naming `what` if that fails: for a file being written, whose close may be
+  // its last write (a full disk there leaves a damaged file that must not be renamed into place).
+  void close_checked(const char* what);
 
  private:
   void close(bool report_failure);

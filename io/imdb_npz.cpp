@@ -146,6 +146,12 @@ std::string prepare_imdb_npz(const ImdbNpzOptions& options) {
   if (options.maxlen < 1) {
     throw UserError(command + ": --maxlen must be positive, got " + std::to_string(options.maxlen));
   }
+  std::error_code same_error;
+  if (std::filesystem::equivalent(options.input, options.output, same_error)) {
+    throw UserError(command + ": --output " + options.output +
+                    " is the input file itself; write the dataset "
+                    "to another file");
+  }
   if (options.seed > static_cast<uint64_t>(kMaxSeed)) {
     throw UserError(command + ": --seed must be at most 4294967295 (numpy RandomState's range), got " +
                     std::to_string(options.seed));

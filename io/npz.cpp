@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "engine/base/errors.h"
+#include "engine/base/file_kind.h"
 #include "engine/base/memory_limit.h"
 
 namespace ddp::io {
@@ -147,8 +148,8 @@ std::vector<uint8_t> inflate_raw(const uint8_t* input, uint64_t input_size, uint
 }  // namespace
 
 ZipArchive ZipArchive::read_file(const std::string& path) {
-  std::error_code error;
-  if (std::filesystem::is_directory(path, error)) fail(path, "is a directory, not an .npz file");
+  if (const std::string kind = special_file_kind(path, /*follow_links=*/true); !kind.empty())
+    fail(path, "is " + kind + ", not an .npz file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, std::string("cannot open (") + std::strerror(errno) + ")");
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -94,26 +94,34 @@ std::vector<std::string> sub_folders(const fs::path& folder) {
   return names;
 }
 
-// The classes: the folders that both train/ and test/ hold, by name (class k is the k-th). A folder in one
-// split only (aclImdb's train/unsup, unlabelled reviews) is not a class: it goes to `ignored`.
-std::vector<std::string> class_folders(const fs::path& root, std::vector<std::string>& ignored) {
+// The classes: the folders that both train/ and test/ hold, by name (class k is the k-th). A folder named in
+// `not_classes` (aclImdb's train/unsup, unlabelled reviews) is none: it goes to `ignored`. Any other folder
+// in one split only is an error naming the folder the other split lacks: most likely a class misspelt or not
+// copied, whose documents would otherwise be left out without a word.
+std::vector<std::string> class_folders(const fs::path& root, const std::vector<std::string>& not_classes,
+                                       std::vector<std::string>& ignored) {
   for (const int split : {kTrain, kTest}) {
     std::error_code error;
     if (!fs::is_directory(root / kSplitNames[split], error)) {
       throw UserError((root / kSplitNames[split]).string() + ": no such folder (" + kLayout + ")");
     }
   }
+  const auto is_class = [&](const std::string& name) {
+    return std::find(not_classes.begin(), not_classes.end(), name) == not_classes.end();
+  };
   const std::vector<std::string> train = sub_folders(root / kSplitNames[kTrain]);
   const std::vector<std::string> test = sub_folders(root / kSplitNames[kTest]);
   std::vector<std::string> classes;
   std::set_intersection(train.begin(), train.end(), test.begin(), test.end(), std::back_inserter(classes));
+  std::erase_if(classes, [&](const std::string& name) { return !is_class(name); });
   for (const int split : {kTrain, kTest}) {
     for (const std::string& name : split == kTrain ? train : test) {
       if (std::binary_search(classes.begin(), classes.end(), name)) continue;
-      if (classes.size() < 2) {
-        // Most likely a class the other split lacks: name the missing folder.
-        throw UserError((root / kSplitNames[1 - split] / name).string() + ": no such folder (" + kLayout +
-                        ")");
+      if (is_class(name)) {
+        throw UserError((root / kSplitNames[1 - split] / name).string() + ": no such folder, though " +
+                        (root / kSplitNames[split] / name).string() +
+                        " is one: a class needs a folder in both splits (--not-classes " + name +
+                        " leaves it out)");
       }
       ignored.push_back(std::string(kSplitNames[split]) + "/" + name);
     }
@@ -159,7 +167,6 @@ std::vector<fs::path> list_documents(const fs::path& folder, std::vector<fs::pat
 
 // One file is one document: past this it is not one (a log, an archive, a disk image put in a class folder by
 // mistake), and reading it whole on every reader thread could exhaust the node's memory.
-constexpr size_t kMaxDocumentBytes = size_t{256} << 20;
 
 // The whole file into `bytes` (whose capacity is reused from file to file).
 void read_whole_file(const InputFile& file, std::string& bytes) {
@@ -341,8 +348,19 @@ std::string prepare_text(const TextCorpusOptions& options) {
   if (!fs::is_directory(root, error)) {
     throw UserError(options.input + ": no such folder (" + kLayout + ")");
   }
+  // An output among the documents would be read as one by the next prepare (and replace one now).
+  for (const int split : {kTrain, kTest}) {
+    const fs::path folder = fs::weakly_canonical(root / kSplitNames[split], error);
+    const fs::path output = fs::weakly_canonical(options.output, error);
+    const auto [end, unused] = std::mismatch(folder.begin(), folder.end(), output.begin(), output.end());
+    if (!error && end == folder.end()) {
+      throw UserError("prepare text: --output " + options.output + " lies inside " +
+                      (root / kSplitNames[split]).string() +
+                      ", among the documents: write the dataset outside the corpus's train/ and test/");
+    }
+  }
   std::vector<std::string> ignored_folders;
-  const std::vector<std::string> classes = class_folders(root, ignored_folders);
+  const std::vector<std::string> classes = class_folders(root, options.not_classes, ignored_folders);
   const int class_count = static_cast<int>(classes.size());
 
   // Every folder is listed before any file is read, so a missing one is reported at once. Classes go from
@@ -475,13 +493,13 @@ std::string prepare_text(const TextCorpusOptions& options) {
   writer.write_attribute("source", source);
   writer.commit();
 
-  // "train 109 (55 pos, 54 neg)" for each group of rows: the rows of each class, from the last class.
+  // "train 109 (54 neg, 55 pos)" for each group of rows: the rows of each class, by class id.
   const auto group_text = [&](const char* name, const std::vector<uint8_t>& y, int64_t begin, int64_t end) {
     std::string text = std::string(name) + " " + std::to_string(end - begin) + " (";
-    for (int label = class_count - 1; label >= 0; --label) {
+    for (int label = 0; label < class_count; ++label) {
       const auto rows = std::count(y.begin() + begin, y.begin() + end, static_cast<uint8_t>(label));
-      text +=
-          std::to_string(rows) + " " + classes[static_cast<std::size_t>(label)] + (label > 0 ? ", " : ")");
+      text += std::to_string(rows) + " " + classes[static_cast<std::size_t>(label)] +
+              (label + 1 < class_count ? ", " : ")");
     }
     return text;
   };
@@ -515,7 +533,7 @@ std::string prepare_text(const TextCorpusOptions& options) {
     }
   }
   if (!ignored_folders.empty()) {
-    summary += "\nfolders in one split only, not classes (ignored): " + count_and_names(ignored_folders);
+    summary += "\nfolders that are no class (--not-classes), left out: " + count_and_names(ignored_folders);
   }
   return summary;
 }

@@ -17,18 +17,27 @@
 // result depends on the corpus and the options, never on the thread count.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ddp::io {
 
+// The most one document may hold: a file of a corpus, a line of predict's --input.
+inline constexpr std::size_t kMaxDocumentBytes = std::size_t{256} << 20;
+
 struct TextCorpusOptions {
-  std::string input;           // the folder: train/<class>/, test/<class>/
-  std::string output;          // the HDF5 dataset file
-  int vocab = 20000;           // ids < vocab: 0 padding, 1 start, 2 out of vocabulary, 3.. words (>= 4)
-  int maxlen = 80;             // tokens per sample, padded and truncated 'pre' as Keras
-  int threads = 0;             // 0: every core
-  uint64_t seed = 1;           // the row order of each split
-  double val_fraction = 0;     // in [0, 1): the share of training rows that go to /val
+  std::string input;        // the folder: train/<class>/, test/<class>/
+  std::string output;       // the HDF5 dataset file
+  int vocab = 20000;        // ids < vocab: 0 padding, 1 start, 2 out of vocabulary, 3.. words (>= 4)
+  int maxlen = 80;          // tokens per sample, padded and truncated 'pre' as Keras
+  int threads = 0;          // 0: every core
+  uint64_t seed = 1;        // the row order of each split
+  double val_fraction = 0;  // in [0, 1): the share of training rows that go to /val
+  // Folder names that are no class wherever they stand (aclImdb's train/unsup holds unlabelled reviews).
+  // Any other folder that one split holds and the other lacks is an error: a class would be lost silently.
+  std::vector<std::string> not_classes = {"unsup"};
   bool show_progress = false;  // a live bar (files/s, ETA) on stderr
 };
 

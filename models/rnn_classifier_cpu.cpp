@@ -1179,7 +1179,7 @@ class CpuReplica final : public Replica {
     if (model_.uses_onednn_products()) {
       return cell + " cells over the sgemm of " + onednn_description() + weight_gradients;
     }
-    return "";
+    return cell + " cells over " + blas_description();
   }
 
   const ParamLayout& layout() const override { return model_.layout(); }

@@ -24,6 +24,7 @@
 #include "engine/device.h"
 #include "io/batch_source.h"
 #include "io/dataset.h"
+#include "io/text_corpus.h"
 #include "io/tokenizer.h"
 #include "models/cuda_replica.h"
 #include "models/replica.h"
@@ -142,13 +143,25 @@ std::vector<std::string> read_lines(const std::string& input) {
   }
   std::istream& in = input == "-" ? std::cin : file;
   std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) {
+  // Line by line, each at most one document's worth: an endless line (/dev/zero, a binary file) ends with an
+  // error instead of taking every byte of memory.
+  std::streambuf& bytes = *in.rdbuf();
+  for (int c = bytes.sbumpc(); c != std::char_traits<char>::eof(); c = bytes.sbumpc()) {
+    std::string line;
+    for (; c != std::char_traits<char>::eof() && c != '\n'; c = bytes.sbumpc()) {
+      if (line.size() == io::kMaxDocumentBytes) {
+        throw UserError(input + ": line " + std::to_string(lines.size() + 1) +
+                        " is longer than the 256 MiB one document may hold (one document per line)");
+      }
+      line.push_back(static_cast<char>(c));
+    }
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    // A UTF-8 byte order mark (Windows editors write one) is not part of the first document.
-    if (lines.empty() && line.starts_with("\xEF\xBB\xBF")) line.erase(0, 3);
+    // A UTF-8 byte order mark (Windows editors write one; files joined with cat keep theirs) is no part of
+    // a document.
+    if (line.starts_with("\xEF\xBB\xBF")) line.erase(0, 3);
     lines.push_back(std::move(line));
+    if (c == std::char_traits<char>::eof()) break;
   }
-  if (in.bad()) throw UserError(input + ": read error");
   if (lines.empty()) throw UserError(input + ": no documents in it (one document per line)");
   return lines;
 }
@@ -220,8 +233,10 @@ int predict_command(const std::vector<std::string>& args) {
     }
   } else if (!checkpoint.has_vocabulary || maxlen <= 0) {
     throw UserError(o.checkpoint +
-                    " carries no vocabulary (written by an older ddptrain, or trained on a dataset without "
-                    "/vocab): give the dataset it was trained on with --data FILE");
+                    " carries no vocabulary, so words cannot be turned into its token ids: it was trained on "
+                    "a dataset without /vocab (prepare synthetic and imdb-npz write ids only; prepare text "
+                    "writes the words), or written by an older ddptrain (then give its dataset with --data "
+                    "FILE)");
   }
   const io::Vocabulary vocabulary = io::read_vocabulary(vocabulary_file);
   // Blank lines of a file are not documents; a document without a single word gets no score.

@@ -1,5 +1,9 @@
 // `ddptrain prepare KIND`: option parsing for each dataset preparer; the work is in io/.
+#include <unistd.h>
+
+#include <algorithm>
 #include <boost/program_options.hpp>
+#include <csignal>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -12,18 +16,33 @@
 #include "io/imdb_npz.h"
 #include "io/synthetic.h"
 #include "io/text_corpus.h"
+#include "io/tokenizer.h"
 
 namespace po = boost::program_options;
 
 namespace ddp::engine {
 namespace {
 
+// A prepare killed by Ctrl-C, a job's time limit or a closed terminal takes its unfinished file with it.
+extern "C" void remove_unfinished_dataset_and_die(int signal_number) {
+  const char* unfinished = io::dataset_file_in_progress();
+  if (unfinished[0] != '\0') ::unlink(unfinished);
+  std::signal(signal_number, SIG_DFL);
+  std::raise(signal_number);
+}
+
+void remove_unfinished_dataset_on_signals() {
+  for (const int signal_number : {SIGINT, SIGTERM, SIGHUP}) {
+    std::signal(signal_number, remove_unfinished_dataset_and_die);
+  }
+}
+
 const char* kValFractionHelp = "share of the training rows that go to /val instead of /train, in [0, 1)";
 
-void require_in_range(int value, const char* option, const std::string& command, int most) {
-  if (value < 1 || value > most) {
-    throw UserError(command + ": " + option + " must be from 1 to " + std::to_string(most) + ", got " +
-                    std::to_string(value));
+void require_in_range(int value, const char* option, const std::string& command, int least, int most) {
+  if (value < least || value > most) {
+    throw UserError(command + ": " + option + " must be from " + std::to_string(least) + " to " +
+                    std::to_string(most) + ", got " + std::to_string(value));
   }
 }
 
@@ -44,7 +63,7 @@ int prepare_synthetic(const std::vector<std::string>& args) {
                         "ddptrain prepare synthetic --output FILE [options]"))
     return kExitOk;
   if (o.train < 1 || o.test < 1) throw UserError("prepare synthetic: --train and --test must be positive");
-  require_in_range(o.maxlen, "--maxlen", "prepare synthetic", io::kMaxSequenceLength);
+  require_in_range(o.maxlen, "--maxlen", "prepare synthetic", 1, io::kMaxSequenceLength);
   const int64_t val_rows = io::val_rows_of("prepare synthetic", o.val_fraction, o.train);
   io::write_synthetic(o);
   const std::string val_text = val_rows > 0 ? ", " + std::to_string(val_rows) + " val" : "";
@@ -70,8 +89,8 @@ int prepare_imdb_npz(const std::vector<std::string>& args) {
   if (!parse_subcommand(args, desc, "prepare imdb-npz",
                         "ddptrain prepare imdb-npz --input imdb.npz --output imdb.h5 [options]"))
     return kExitOk;
-  require_in_range(o.vocab, "--vocab", "prepare imdb-npz", io::kMaxVocabulary);
-  require_in_range(o.maxlen, "--maxlen", "prepare imdb-npz", io::kMaxSequenceLength);
+  require_in_range(o.vocab, "--vocab", "prepare imdb-npz", 3, io::kMaxVocabulary);  // ids 0-2 reserved
+  require_in_range(o.maxlen, "--maxlen", "prepare imdb-npz", 1, io::kMaxSequenceLength);
   std::printf("%s\n", io::prepare_imdb_npz(o).c_str());
   return kExitOk;
 }
@@ -79,6 +98,7 @@ int prepare_imdb_npz(const std::vector<std::string>& args) {
 int prepare_text(const std::vector<std::string>& args) {
   io::TextCorpusOptions o;
   std::string progress = "auto";
+  std::string not_classes = "unsup";
   po::options_description desc("ddptrain prepare text");
   desc.add_options()("help,h", "print this help")("input,i", po::value(&o.input)->required(),
                                                   "folder in the aclImdb layout (train/pos, train/neg, ...)")(
@@ -89,16 +109,25 @@ int prepare_text(const std::vector<std::string>& args) {
       "threads", po::value(&o.threads)->default_value(o.threads), "reader threads (0: every core)")(
       "seed", po::value(&o.seed)->default_value(o.seed), "seed of the random row order of each split")(
       "val-fraction", po::value(&o.val_fraction)->default_value(o.val_fraction, "0"), kValFractionHelp)(
-      "progress", po::value(&progress)->default_value(progress), "auto (bar on a terminal) | bar | none");
+      "not-classes", po::value(&not_classes)->default_value(not_classes),
+      "sub-folders that are no class, comma-separated (aclImdb's unlabelled train/unsup); any other folder "
+      "in one split only is an error")("progress", po::value(&progress)->default_value(progress),
+                                       "auto (bar on a terminal) | bar | none");
   if (!parse_subcommand(args, desc, "prepare text",
                         "ddptrain prepare text --input DIR --output FILE [options]"))
     return kExitOk;
-  require_in_range(o.vocab, "--vocab", "prepare text", io::kMaxVocabulary);
-  require_in_range(o.maxlen, "--maxlen", "prepare text", io::kMaxSequenceLength);
+  require_in_range(o.vocab, "--vocab", "prepare text", io::kFirstWordId + 1, io::kMaxVocabulary);
+  require_in_range(o.maxlen, "--maxlen", "prepare text", 1, io::kMaxSequenceLength);
   if (o.threads < 0) throw UserError("prepare text: --threads must be 0 or positive");
   if (progress != "auto" && progress != "bar" && progress != "none")
     throw UserError("prepare text: --progress must be auto, bar or none, got '" + progress + "'");
   o.show_progress = progress == "bar" || (progress == "auto" && stdout_is_terminal());
+  o.not_classes.clear();
+  for (std::size_t begin = 0; begin <= not_classes.size();) {
+    const std::size_t end = std::min(not_classes.find(',', begin), not_classes.size());
+    if (end > begin) o.not_classes.push_back(not_classes.substr(begin, end - begin));
+    begin = end + 1;
+  }
   std::printf("%s\n", io::prepare_text(o).c_str());
   return kExitOk;
 }
@@ -107,9 +136,11 @@ int prepare_text(const std::vector<std::string>& args) {
 
 int prepare_command(const std::vector<std::string>& args) {
   static const char* kUsage =
-      "Usage: ddptrain prepare synthetic --output FILE [--train N --test M --vocab V --maxlen T --seed S]\n"
+      "Usage: ddptrain prepare synthetic --output FILE [--train N --test M --vocab V --maxlen T --seed S "
+      "--classes K]\n"
       "       ddptrain prepare imdb-npz --input imdb.npz --output FILE [--vocab V --maxlen T]\n"
-      "       ddptrain prepare text --input DIR --output FILE [--vocab V --maxlen T --threads N --seed S]\n"
+      "       ddptrain prepare text --input DIR --output FILE [--vocab V --maxlen T --threads N --seed S "
+      "--not-classes unsup]\n"
       "Every KIND takes --val-fraction F: the last round(F * rows) training rows go to /val.\n"
       "Each KIND takes --help.\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
@@ -117,6 +148,7 @@ int prepare_command(const std::vector<std::string>& args) {
     return args.empty() ? kExitUserError : kExitOk;
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
+  remove_unfinished_dataset_on_signals();
   if (args[0] == "synthetic") return prepare_synthetic(rest);
   if (args[0] == "imdb-npz") return prepare_imdb_npz(rest);
   if (args[0] == "text") return prepare_text(rest);

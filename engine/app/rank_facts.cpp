@@ -68,8 +68,8 @@ std::vector<std::string> peer_matrix(const std::vector<GpuInfo>& gpus) {
 
 RankFacts gather_facts(const std::string& device_request) {
   RankFacts f;
-  // "auto" shows the GPU each rank would bind without failing where there is none; the verdict judges.
-  const Topology topology = discover_topology(MPI_COMM_WORLD, device_request == "cpu" ? "cpu" : "auto");
+  // The GPU each rank would bind, described without failing where there is none; the verdict judges.
+  const Topology topology = discover_topology(MPI_COMM_WORLD, device_request, /*refuse_unmet=*/false);
   f.rank = topology.rank;
   f.local_rank = topology.local_rank;
   f.host = topology.host;

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "engine/base/errors.h"
+#include "engine/base/file_kind.h"
 #include "engine/base/json.h"
 
 namespace ddp::timeline {
@@ -31,6 +32,28 @@ struct TrackName {
   std::string name;
 };
 
+// The trace goes to `path` at the end of the run, renamed over what is there: checked now, not after
+// training. Only a trace of an earlier run may be replaced (write_trace's files begin "[\n" and then an event
+// or the closing bracket), so a log.timeline that names the run's checkpoint, its dataset or its config
+// stops the run instead of destroying them; nor a directory, a named pipe or a device.
+void refuse_to_replace(const std::string& path) {
+  const std::string what = "log.timeline = " + path + ": ";
+  if (const std::string kind = special_file_kind(path, /*follow_links=*/false); !kind.empty())
+    throw UserError(what + "not a plain file (" + kind + "), where the run writes its trace file");
+  std::error_code error;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, error))) return;
+  std::ifstream in(path, std::ios::binary);
+  char head[3] = {};
+  in.read(head, sizeof(head));
+  const bool trace =
+      in.gcount() == 3 && head[0] == '[' && head[1] == '\n' && (head[2] == '{' || head[2] == '\n');
+  if (!trace) {
+    throw UserError(what +
+                    "exists and is no trace of an earlier run, which the run's trace would replace: name "
+                    "another file (a relative path lands in checkpoint.dir)");
+  }
+}
+
 class Recorder {
  public:
   std::atomic<bool> on{false};
@@ -38,10 +61,7 @@ class Recorder {
   void start(const std::string& path, int rank, const std::string& process_label) {
     std::lock_guard<std::mutex> lock(mutex_);
     DDP_CHECK(!on.load());
-    // The trace goes there at the end of the run: a directory in its way is said now, not after training.
-    std::error_code ec;
-    if (std::filesystem::is_directory(path, ec))
-      throw UserError("log.timeline = " + path + ": a directory, where the run writes its trace file");
+    refuse_to_replace(path);
     rank_ = rank;
     origin_ = Clock::now();
     part_path_ = path + ".rank" + std::to_string(rank) + ".part";

@@ -9,6 +9,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
 enter_scratch_dir
 
 "$ddptrain" prepare synthetic --output d.h5 --train 200 --test 50 --vocab 100 --maxlen 10 --seed 1 >/dev/null
+for split in train test; do
+  for class in neg pos; do
+    mkdir -p "corpus/$split/$class" && echo "a $class review" >"corpus/$split/$class/1.txt"
+  done
+done
+echo "keep me" >corpus/train/pos/9.txt
 small=(--data.path d.h5 --model.embedding_dim 8 --train.epochs 1)
 
 # Keys past any sensible bound, or not finite.
@@ -25,7 +31,7 @@ expect_user_error "a model too large for a rank" "parameters, more than" \
 expect_user_error "a directory as --config" "is a directory" "$ddptrain" --config .
 expect_user_error "prepare --maxlen" "--maxlen must be from 1 to" \
   "$ddptrain" prepare synthetic --output big.h5 --maxlen 2147483647
-expect_user_error "prepare imdb-npz --vocab" "--vocab must be from 1 to" \
+expect_user_error "prepare imdb-npz --vocab" "--vocab must be from 3 to" \
   "$ddptrain" prepare imdb-npz --input absent.npz --output big.h5 --vocab 2147483647
 expect_user_error "a negative seed" "--seed must be 0 or more, got '-1'" \
   "$ddptrain" prepare synthetic --output neg.h5 --seed -1
@@ -60,6 +66,69 @@ status=0
 grep -q "huge.h5.tmp: cannot write" huge_err.txt || fail "no line naming the file" huge_err.txt
 ls huge.h5* 2>/dev/null && fail "a partial file was left behind"
 
+# The same for a checkpoint: the resumed run cannot write its next one, says so in one line and exits 2, and
+# the last good last.h5 stays as it was (a failed write is never renamed over it). The checkpoint (24 MB)
+# is larger than the limit, which MPI's start-up files stay under.
+big=(--data.path d.h5 --model.embedding_dim 8 --model.hidden 700 --checkpoint.dir full)
+"$ddptrain" "${big[@]}" --train.epochs 1 >full.txt 2>&1 || fail "the first epoch" full.txt
+cp full/last.h5 last-good.h5
+status=0
+(
+  trap '' XFSZ
+  ulimit -f 16000
+  exec "$ddptrain" "${big[@]}" --train.epochs 2 --resume last
+) >full2.txt 2>full2_err.txt || status=$?
+[ "$status" -eq 2 ] || fail "a checkpoint past the file-size limit: exit $status, expected 2" full2.txt full2_err.txt
+[ "$(wc -l <full2_err.txt)" -eq 1 ] || fail "a failed checkpoint: not one line" full2_err.txt
+grep -q "full/last.h5.tmp: cannot write .*; full/last.h5 is unchanged" full2_err.txt || fail "no line naming the file" full2_err.txt
+cmp -s full/last.h5 last-good.h5 || fail "the failed checkpoint changed last.h5"
+ls full/*.tmp 2>/dev/null && fail "a partial checkpoint was left behind"
+
+# Files that are not plain files: a named pipe or a device as an input ends at once (a reader would block on
+# the pipe), and as an output is refused, never replaced by the rename that finishes the file.
+mkfifo pipe.h5
+expect_user_error "a named pipe as data.path" "pipe.h5: is a named pipe, not an HDF5 file" \
+  timeout 60 "$ddptrain" --data.path pipe.h5 --train.epochs 1
+expect_user_error "a named pipe as the checkpoint" "pipe.h5: is a named pipe" \
+  timeout 60 "$ddptrain" evaluate --checkpoint pipe.h5 --data d.h5
+expect_user_error "a named pipe as --input" "pipe.h5: is a named pipe" \
+  timeout 60 "$ddptrain" prepare imdb-npz --input pipe.h5 --output npz.h5
+expect_user_error "a named pipe as --output" "pipe.h5: not a plain file (a named pipe)" \
+  "$ddptrain" prepare synthetic --output pipe.h5 --train 20 --test 5
+[ -p pipe.h5 ] || fail "prepare replaced the named pipe it was given as --output"
+ln -s /dev/null null.h5
+"$ddptrain" prepare synthetic --output null.h5 --train 20 --test 5 >/dev/null 2>&1 || fail "a link as --output"
+[ -c /dev/null ] || fail "/dev/null is no longer a device"
+expect_user_error "a named pipe as log.timeline" "log.timeline = $PWD/pipe.h5: not a plain file (a named pipe)" \
+  "$ddptrain" "${small[@]}" --checkpoint.dir tl --log.timeline "$PWD/pipe.h5"
+# log.timeline naming the run's own checkpoint, its data or anything but an earlier trace is refused.
+cp d.h5 d-copy.h5
+expect_user_error "log.timeline over the dataset" "is no trace of an earlier run" \
+  "$ddptrain" "${small[@]}" --checkpoint.dir tl --log.timeline "$PWD/d.h5"
+cmp -s d.h5 d-copy.h5 || fail "log.timeline replaced the dataset"
+"$ddptrain" "${small[@]}" --checkpoint.dir tl --log.timeline trace.json >tl.txt 2>&1 || fail "a timeline" tl.txt
+"$ddptrain" "${small[@]}" --checkpoint.dir tl --log.timeline trace.json --checkpoint.overwrite true >tl2.txt 2>&1 ||
+  fail "a timeline over an earlier trace" tl2.txt
+expect_user_error "log.timeline over last.h5" "is no trace of an earlier run" \
+  "$ddptrain" "${small[@]}" --checkpoint.dir tl --log.timeline last.h5 --checkpoint.overwrite true
+
+# prepare never writes over its input.
+expect_user_error "prepare text writing among its documents" "among the documents" \
+  "$ddptrain" prepare text --input corpus --output corpus/train/pos/9.txt
+[ "$(cat corpus/train/pos/9.txt)" = "keep me" ] || fail "prepare text replaced a document"
+
+# A key the chosen backend does not use is said on the backend line, not ignored without a word.
+"$ddptrain" "${small[@]}" --checkpoint.dir fp16 --comm.compression fp16 >fp16.txt 2>&1 || fail "compression on CPU" fp16.txt
+grep -q "^backend mpi: .*; comm.compression = fp16 is NCCL's: this backend sends float32$" fp16.txt ||
+  fail "comm.compression on a CPU backend is not said" fp16.txt
+
+# An empty value of a true/false key is not true.
+printf '[checkpoint]\noverwrite =\n' >empty-bool.ini
+expect_user_error "an empty boolean in a config" "empty-bool.ini: checkpoint.overwrite must be true or false" \
+  "$ddptrain" --config empty-bool.ini "${small[@]}"
+expect_user_error "an empty boolean on the command line" "--model.mask_padding must be true or false" \
+  "$ddptrain" "${small[@]}" --model.mask_padding ""
+
 # A shard smaller than a batch under every backend, including the default on two ranks (the colocated
 # parameter server) and a dedicated server: the reason on one line, exit 2, no crash.
 for layout in "2 auto" "2 mpi" "3 ps --comm.ps_servers 1"; do
@@ -74,4 +143,4 @@ for layout in "2 auto" "2 mpi" "3 ps --comm.ps_servers 1"; do
     "$name.txt"
   grep -qi "segmentation\|signal" "$name.txt" && fail "$layout: a rank crashed" "$name.txt"
 done
-echo "PASS: bad keys, a byte order mark, a failed write and a small shard"
+echo "PASS: bad keys, a byte order mark, a failed write, files that are not plain, and a small shard"

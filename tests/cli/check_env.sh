@@ -108,6 +108,8 @@ else
   expect_text cuda "on CPU-only nodes use --device auto (the default) or cpu"
   grep -qE "^  GPUs +none: $full_reason" cuda.out ||
     fail "cuda: no full reason for the missing GPU although a GPU was asked for"
+  grep -qE "^    binding: device = cuda: .*, which a run refuses$" cuda.out ||
+    fail "cuda: the binding line does not describe the request that was made"
 
   run np2 mpirun -np 2 "$ddptrain" check-env
   expect_status np2 0

@@ -50,11 +50,21 @@ for split in train test; do
 done
 mkdir -p corpus/train/unsup && echo "unlabelled words" >corpus/train/unsup/1.txt
 
+# A class folder in one split only (misspelt, not copied) is an error naming it, not a class left out.
+mkdir -p corpus/test/Sports && echo "goal" >corpus/test/Sports/1.txt
+status=0
+"$ddptrain" prepare text --input corpus --output misspelt.h5 --vocab 80 --maxlen 24 >misspelt.txt 2>&1 || status=$?
+[ "$status" -eq 2 ] || fail "a class folder in one split only: exit $status, expected 2" misspelt.txt
+[ "$(wc -l <misspelt.txt)" -eq 1 ] && grep -q "corpus/train/Sports: no such folder, though" misspelt.txt ||
+  fail "a class folder in one split only is not named in one line" misspelt.txt
+[ ! -e misspelt.h5 ] || fail "a dataset was written despite the error"
+rm -r corpus/test/Sports
+
 "$ddptrain" prepare text --input corpus --output data.h5 --vocab 80 --maxlen 24 --threads 2 \
   >prepare.txt 2>&1 || fail "prepare text failed" prepare.txt
-grep -q "train 240 (80 sports, 80 science, 80 music), test 60 (20 sports, 20 science, 20 music)" prepare.txt ||
+grep -q "train 240 (80 music, 80 science, 80 sports), test 60 (20 music, 20 science, 20 sports)" prepare.txt ||
   fail "wrong row counts" prepare.txt
-grep -q "not classes (ignored): 1 (train/unsup)" prepare.txt || fail "train/unsup is not reported" prepare.txt
+grep -q "no class (--not-classes), left out: 1 (train/unsup)" prepare.txt || fail "train/unsup is not reported" prepare.txt
 /usr/bin/python3 - <<'PY' || fail "the dataset's classes" prepare.txt
 import h5py
 f = h5py.File("data.h5", "r")

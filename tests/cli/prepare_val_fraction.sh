@@ -39,7 +39,7 @@ for split in train test; do
 done
 "$ddptrain" prepare text --input corpus --output text.h5 --val-fraction 0.1 --seed 5 >text.txt 2>&1 ||
   fail "prepare text --val-fraction failed" text.txt
-grep -qE "wrote text.h5: train 36 \([0-9]+ pos, [0-9]+ neg\), val 4 \([0-9]+ pos, [0-9]+ neg\), test 40 \(20 pos, 20 neg\)" \
+grep -qE "wrote text.h5: train 36 \([0-9]+ neg, [0-9]+ pos\), val 4 \([0-9]+ neg, [0-9]+ pos\), test 40 \(20 neg, 20 pos\)" \
   text.txt || fail "text summary" text.txt
 [ "$(rows text.h5 val/x)" = 4 ] || fail "text: /val/x rows" text.txt
 

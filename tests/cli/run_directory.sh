@@ -2,7 +2,8 @@
 # A run directory belongs to one run, and --resume checks what it resumes:
 #   - a second run into a used checkpoint.dir is refused (exit 2, one line naming the ways out), and
 #     replaces it only with --checkpoint.overwrite true; every metrics.jsonl line names its run
-#   - --resume auto with other data is refused (exit 2, one line) unless checkpoint.allow_data_change
+#   - --resume auto with other data is refused (exit 2, one line) unless checkpoint.allow_data_change; then
+#     the best epoch is chosen afresh among those judged on the new data
 #   - --resume auto of a finished run says so, exits 0 and writes nothing
 #   - data.validation_split 0.1: epochs report val_*, best.h5 is the epoch of the lowest val_loss, and the
 #     test split is scored once at the end, on best.h5
@@ -63,6 +64,10 @@ grep -q "^Epoch" again.txt && fail "a finished run trained again" again.txt
 [ "$(wc -l <run/metrics.jsonl)" -eq 4 ] || fail "a finished run wrote metrics" run/metrics.jsonl
 "${train[@]}" --train.epochs 4 --data.path other.h5 --resume auto --checkpoint.allow_data_change true >tune.txt 2>&1 || fail "allowed data change" tune.txt
 grep -q "^Epoch 4/4" tune.txt || fail "the allowed data change did not train epoch 4" tune.txt
+# The old val_loss was measured on other rows: epoch 4, the first judged on other.h5, is best.h5 and the test
+# score is its, whatever the old epochs' val_loss was.
+grep -qF "was judged on other rows: the next epoch replaces it" tune.txt || fail "the best epoch is not chosen afresh" tune.txt
+grep -qF "Test (best.h5, epoch 4)" tune.txt || fail "best.h5 is not the first epoch on the new data" tune.txt
 # Other held-out rows change the training rows: said, and the run goes on.
 "${train[@]}" --train.epochs 5 --data.path other.h5 --data.validation_split 0.2 --resume auto >split.txt 2>&1 ||
   fail "resume with another validation split" split.txt

@@ -47,7 +47,7 @@ printf '\xff\xfe caf\xe9 great wonderful film, don\x92t miss it\n' >corpus/train
 
 "$ddptrain" prepare text --input corpus --output data.h5 --vocab 100 --maxlen 24 --threads 2 \
   >prepare.txt 2>&1 || fail "prepare text failed" prepare.txt
-grep -q "train 121 (61 pos, 60 neg), test 40 (20 pos, 20 neg)" prepare.txt || fail "wrong row counts" prepare.txt
+grep -q "train 121 (60 neg, 61 pos), test 40 (20 neg, 20 pos)" prepare.txt || fail "wrong row counts" prepare.txt
 grep -q "empty files skipped (no words): 1 (train/neg/empty_1.txt)" prepare.txt ||
   fail "the empty file is not reported" prepare.txt
 grep -q "files not valid UTF-8, decoded leniently.*: 1 (train/pos/latin1_10.txt)" prepare.txt ||

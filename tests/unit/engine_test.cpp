@@ -1120,6 +1120,11 @@ TEST(Metrics, ADivergedLossIsNullAndSaysWhy) {
   EXPECT_EQ(json::number_at(line, "val_loss"), std::numeric_limits<double>::infinity());
   EXPECT_EQ(json::number_at(line, "acc"), 0.0);
   EXPECT_TRUE(std::isnan(json::number_at(line, "no such key")));
+  // On the console too, a NaN with its sign bit set (as a diverged sum often is) reads "nan", not "-nan".
+  m.loss = -std::numeric_limits<double>::quiet_NaN();
+  const std::string console = format_epoch_line(m);
+  EXPECT_NE(console.find("- loss: nan -"), std::string::npos) << console;
+  EXPECT_EQ(console.find("-nan"), std::string::npos) << console;
 }
 
 TEST(Metrics, SayWhichRunWhenAndOnWhatRows) {

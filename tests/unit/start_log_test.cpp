@@ -79,5 +79,20 @@ TEST(StartLog, WhereTheRunStarts) {
       "nothing to train; raise train.epochs to train further");
 }
 
+// A shard is named only when its classes differ by more than 5 points and by more than random rows would:
+// 100 rows of a 50/50 file may well hold 58 of one class (1.6 standard errors), 10,000 may not.
+TEST(StartLog, SkewedShardsAreThoseChanceCannotExplain) {
+  const std::vector<double> half_and_half{50000, 50000};
+  EXPECT_FALSE(shard_classes_skewed(std::vector<int64_t>{58, 42}, half_and_half));
+  EXPECT_TRUE(shard_classes_skewed(std::vector<int64_t>{80, 20}, half_and_half));  // 6 standard errors
+  EXPECT_TRUE(shard_classes_skewed(std::vector<int64_t>{5800, 4200}, half_and_half));
+  EXPECT_FALSE(shard_classes_skewed(std::vector<int64_t>{5300, 4700}, half_and_half));  // 3 points
+  // A file in label order: rank 0 of two holds all of class 0.
+  EXPECT_TRUE(shard_classes_skewed(std::vector<int64_t>{25, 0}, std::vector<double>{25, 25}));
+  // A rare class: 20 of 1000 rows where 1% is the share is 3.2 standard errors but 1 point: chance.
+  EXPECT_FALSE(shard_classes_skewed(std::vector<int64_t>{980, 20}, std::vector<double>{99000, 1000}));
+  EXPECT_FALSE(shard_classes_skewed(std::vector<int64_t>{}, half_and_half));  // an empty shard
+}
+
 }  // namespace
 }  // namespace ddp::engine

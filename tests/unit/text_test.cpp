@@ -186,7 +186,7 @@ TEST(PrepareText, RowsVocabularyAndSummary) {
   EXPECT_EQ(sorted_rows(dir.file("data.h5"), "test", 5),
             (std::vector<Row>{{{0, 0, 1, 2, 2}, 0}, {{0, 0, 1, 3, 2}, 1}}));
 
-  EXPECT_NE(summary.find("train 3 (2 pos, 1 neg), test 2 (1 pos, 1 neg), vocab_size 7, maxlen 5"),
+  EXPECT_NE(summary.find("train 3 (1 neg, 2 pos), test 2 (1 neg, 1 pos), vocab_size 7, maxlen 5"),
             std::string::npos)
       << summary;
   EXPECT_NE(summary.find("read 7 files"), std::string::npos) << summary;
@@ -276,6 +276,42 @@ TEST(PrepareText, MissingFolderOrEmptySplitNamesTheFolder) {
   absent.input = dir.file("absent");
   message = user_error_of(absent);
   EXPECT_NE(message.find(dir.file("absent") + ": no such folder"), std::string::npos) << message;
+}
+
+// A class folder one split holds and the other lacks (misspelt, or not copied) ends the run naming it, even
+// when two classes remain; a folder named in not_classes (aclImdb's train/unsup) is left out and said so.
+TEST(PrepareText, ClassFolderInOneSplitOnlyIsAnErrorUnlessNamedNoClass) {
+  TempDir dir;
+  const std::filesystem::path corpus = dir.file("corpus");
+  for (const char* split : {"train", "test"}) {
+    write_text(corpus / split / "neg/a.txt", "bad");
+    write_text(corpus / split / "pos/b.txt", "good");
+  }
+  write_text(corpus / "train/sports/c.txt", "goal");
+  write_text(corpus / "test/Sports/d.txt", "goal");
+  write_text(corpus / "train/unsup/e.txt", "whatever");
+  TextCorpusOptions options = options_for(dir, "data.h5", 1);
+  std::string message = user_error_of(options);
+  EXPECT_NE(message.find((corpus / "test/sports").string() + ": no such folder, though " +
+                         (corpus / "train/sports").string() + " is one"),
+            std::string::npos)
+      << message;
+  EXPECT_FALSE(std::filesystem::exists(options.output));
+
+  options.not_classes = {"unsup", "sports", "Sports"};
+  const std::string summary = prepare_text(options);
+  EXPECT_NE(summary.find("train 2 (1 neg, 1 pos), test 2 (1 neg, 1 pos)"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("left out: 3 (train/sports, train/unsup, test/Sports)"), std::string::npos)
+      << summary;
+
+  // A name in not_classes is no class even where both splits hold it.
+  options.not_classes = {"unsup", "sports", "Sports", "neg"};
+  write_text(corpus / "test/sports/f.txt", "goal");
+  std::filesystem::remove(options.output);
+  message = user_error_of(options);
+  EXPECT_NE(message.find("class folder(s) in both train/ and test/, a classifier needs at least two"),
+            std::string::npos)
+      << message;
 }
 
 // A class-sorted corpus of documents made to be told apart: training document i (i < pos + neg, the first
@@ -427,9 +463,9 @@ TEST(PrepareText, ValFractionHoldsOutTheLastTrainingRows) {
   }
   EXPECT_EQ(vocabulary.size(), whole_vocabulary.size() - 48);
   EXPECT_NE(summary.find("train 432 ("), std::string::npos) << summary;
-  EXPECT_NE(summary.find(", val 48 (" + std::to_string(val_positives) + " pos, "), std::string::npos)
+  EXPECT_NE(summary.find(", val 48 (" + std::to_string(48 - val_positives) + " neg, "), std::string::npos)
       << summary;
-  EXPECT_NE(summary.find("test 20 (10 pos, 10 neg)"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("test 20 (10 neg, 10 pos)"), std::string::npos) << summary;
   EXPECT_NE(summary.find("distinct in train; they cover 100.0% of 1728 training tokens"), std::string::npos)
       << summary;
 
