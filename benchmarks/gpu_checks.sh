@@ -293,7 +293,7 @@ check_text() {
 }
 
 check_check_env() {
-  DDPTRAIN_TEST_STOP_IN_MPI_CALL=$build/tests/libstop_in_mpi_call.so bash tests/cli/check_env.sh "$ddptrain" "$PWD" | tee "$scratch/check_env.txt" || return 1
+  DDPTRAIN_TEST_STOP_IN_CALL=$build/tests/libstop_in_call.so bash tests/cli/check_env.sh "$ddptrain" "$PWD" | tee "$scratch/check_env.txt" || return 1
   grep -q '^GPU machine' "$scratch/check_env.txt" || { echo "check_env.sh saw no GPU: it took its CPU branch"; return 1; }
   note check_env "$(grep -m 1 -o 'GPU 0: .*' "$scratch/check_env.txt")"
 }

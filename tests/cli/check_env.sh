@@ -197,9 +197,9 @@ grep -q "^ddptrain: error: check-env: --timeout must be at least 1 (seconds), go
   fail "bad_timeout: message does not name --timeout"
 
 # A rank that hangs in its checks (a GPU probe on a broken node), seen from the others: rank 1 stops itself on
-# entering the gather of the reports (tests/cli/lib/stop_in_mpi_call.cpp). Rank 0 must end the job after
+# entering the gather of the reports (tests/cli/lib/stop_in_call.c). Rank 0 must end the job after
 # --timeout, naming where it waited, and the launcher must end the stopped rank too.
-stopper=${DDPTRAIN_TEST_STOP_IN_MPI_CALL:?the path of the stop_in_mpi_call library, as ctest sets it}
+stopper=${DDPTRAIN_TEST_STOP_IN_CALL:?the path of the stop_in_call library, as ctest sets it}
 started=$(date +%s)
 run hung timeout 60 mpirun -np 2 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=MPI_Gather \
   -x DDPTRAIN_TEST_STOP_RANK=1 "$ddptrain" check-env --device cpu --timeout 3

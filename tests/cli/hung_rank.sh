@@ -2,9 +2,9 @@
 # A rank of a 2-rank run hangs while alive (SIGSTOP: the launcher sees no death), under all-reduce and under the
 # colocated parameter server: the other rank must end the job within comm.timeout_s plus a margin, saying
 # why, and --resume must then finish the training.
-# Before that, the same where a file system freezes: during start-up (data.path is a FIFO nobody writes to,
-# so opening it blocks) and while rank 0 writes the run directory (metrics.jsonl is a FIFO nobody reads); the
-# job must end naming what the rank was doing.
+# Before that, the same where a file system freezes: during start-up (a rank stops in the open of data.path)
+# and while rank 0 writes the run directory (metrics.jsonl is a FIFO nobody reads); the job must end naming
+# what the rank was doing.
 #   bash tests/cli/hung_rank.sh path/to/ddptrain source-dir
 # `A && B || fail` asserts both: the fail runs when either is false, as meant.
 # shellcheck disable=SC2015
@@ -14,11 +14,14 @@ ddptrain=$1
 source "$(dirname "${BASH_SOURCE[0]}")/lib/background_run.sh"
 enter_scratch_dir_with_data "$ddptrain"
 
-# Start-up: every rank blocks opening the FIFO, for every backend (the data is read before one is chosen).
-mkfifo frozen.h5
+# Start-up: rank 1 stops itself in the open of data.path, as on a file system that stops answering
+# (tests/cli/lib/stop_in_call.c), for every backend (the data is read before one is chosen); rank 0 waits for
+# it and must end the job naming the phase.
+stopper=${DDPTRAIN_TEST_STOP_IN_CALL:?the path of the stop_in_call library, as ctest sets it}
 started=$(date +%s)
 status=0
-timeout 60 mpirun -np 2 "$ddptrain" --data.path frozen.h5 --checkpoint.dir frozen-run --comm.timeout_s 3 \
+timeout 60 mpirun -np 2 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=H5Fopen -x DDPTRAIN_TEST_STOP_RANK=1 \
+  "$ddptrain" --data.path data.h5 --checkpoint.dir frozen-run --comm.timeout_s 3 \
   >frozen-out.txt 2>frozen-err.txt || status=$?
 elapsed=$(($(date +%s) - started))
 echo "start-up: the job ended after $elapsed s, exit status $status"
@@ -26,8 +29,9 @@ cat frozen-err.txt
 [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: exit status $status"; exit 1; }
 # A hang, not a duration: the bound is comm.timeout_s plus a margin for a loaded machine.
 [ "$elapsed" -le 18 ] || { echo "FAIL: took $elapsed s, bound 18 s (comm.timeout_s 3 + 15)"; exit 1; }
-grep -q "no progress for .* (comm.timeout_s 3) while reading data.path frozen.h5: a rank is hung" \
+grep -q "no progress for .* (comm.timeout_s 3) while reading data.path data.h5: a rank is hung" \
   frozen-err.txt || { echo "FAIL: no message names the phase"; exit 1; }
+[ -z "$(pid_of_rank frozen-run 1)" ] || { echo "FAIL: the stopped rank outlived the job"; exit 1; }
 
 # A rank stopped as soon as it exists, before MPI_Init returns (whose exchange has no deadline of its own):
 # the watchdog runs from before MPI_Init, so the other rank still ends the job. Most runs stop the rank inside
@@ -56,10 +60,9 @@ grep -q "no progress for .* (comm.timeout_s 3) while .*: a rank is hung" early-e
   { echo "FAIL: no message says why"; cat early-err.txt; exit 1; }
 
 # A rank stuck after its work is done: rank 1 stops itself on entering MPI_Finalize
-# (tests/cli/lib/stop_in_mpi_call.cpp), after the run wrote its checkpoints. Rank 0 then waits in MPI_Finalize,
+# (tests/cli/lib/stop_in_call.c), after the run wrote its checkpoints. Rank 0 then waits in MPI_Finalize,
 # which MPI_Abort cannot end: it must leave without MPI after comm.timeout_s, so that the launcher ends the job
 # and the stopped rank with it, and the run's files must be whole.
-stopper=${DDPTRAIN_TEST_STOP_IN_MPI_CALL:?the path of the stop_in_mpi_call library, as ctest sets it}
 started=$(date +%s)
 status=0
 timeout 60 mpirun -np 2 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=MPI_Finalize -x DDPTRAIN_TEST_STOP_RANK=1 \

@@ -55,8 +55,9 @@ mkdir -p corpus/test/Sports && echo "goal" >corpus/test/Sports/1.txt
 status=0
 "$ddptrain" prepare text --input corpus --output misspelt.h5 --vocab 80 --maxlen 24 >misspelt.txt 2>&1 || status=$?
 [ "$status" -eq 2 ] || fail "a class folder in one split only: exit $status, expected 2" misspelt.txt
-[ "$(wc -l <misspelt.txt)" -eq 1 ] && grep -q "corpus/train/Sports: no such folder, though" misspelt.txt ||
-  fail "a class folder in one split only is not named in one line" misspelt.txt
+[ "$(wc -l <misspelt.txt)" -eq 1 ] || fail "a class folder in one split only: not one line" misspelt.txt
+grep -q "corpus/train/Sports: no such folder, though" misspelt.txt ||
+  fail "a class folder in one split only is not named" misspelt.txt
 [ ! -e misspelt.h5 ] || fail "a dataset was written despite the error"
 rm -r corpus/test/Sports
 

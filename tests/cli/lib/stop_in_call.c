@@ -1,11 +1,14 @@
 // Preloaded into the ranks of a CLI test (LD_PRELOAD): the rank that DDPTRAIN_TEST_STOP_RANK names stops
-// itself (SIGSTOP) on entering the MPI call that DDPTRAIN_TEST_STOP_IN names, so the test can hang a rank at
-// an exact point, as a rank stuck in a driver or on a frozen file system looks to the others: alive, silent.
-// It wraps the calls through MPI's profiling interface (PMPI_*), so the rank goes on normally if it is ever
-// continued.
+// itself (SIGSTOP) on entering the call that DDPTRAIN_TEST_STOP_IN names (an MPI call, or H5Fopen), so the
+// test can hang a rank at an exact point, as a rank stuck in a driver or on a frozen file system looks to the
+// others: alive, silent. It wraps the MPI calls through MPI's profiling interface (PMPI_*) and HDF5's open
+// through the next definition (dlsym), so the rank goes on normally if it is ever continued.
+#define _GNU_SOURCE
 #include <mpi.h>
 
+#include <dlfcn.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,4 +32,15 @@ int MPI_Gather(const void* send, int send_count, MPI_Datatype send_type, void* r
                MPI_Datatype receive_type, int root, MPI_Comm comm) {
   stop_if_chosen("MPI_Gather");
   return PMPI_Gather(send, send_count, send_type, receive, receive_count, receive_type, root, comm);
+}
+
+// HDF5's (1.10 and later: hid_t is 64 bits), declared here so that the module needs no HDF5 headers. A
+// file system that stops answering holds a rank in the open of data.path; every rank opens it.
+typedef int64_t hid_t;
+typedef hid_t (*H5FopenFunction)(const char*, unsigned, hid_t);
+
+hid_t H5Fopen(const char* name, unsigned flags, hid_t access) {
+  stop_if_chosen("H5Fopen");
+  const H5FopenFunction next = (H5FopenFunction)dlsym(RTLD_NEXT, "H5Fopen");
+  return next(name, flags, access);
 }
