@@ -98,7 +98,8 @@ MPI_Comm duplicate(MPI_Comm parent, double timeout_s, const std::string& who) {
   DDP_CHECK_MPI(MPI_Comm_idup(parent, &comm, &request));
   wait_or_fatal(std::span<MPI_Request>(&request, 1), Clock::now(), timeout_s, [&] {
     return who + " waited " + format_seconds(timeout_s) +
-           " s for the other ranks to set up the parameter server: rank lost?";
+           " s for every rank to join the parameter server's exchange (a collective, which cannot say which "
+           "rank is missing): rank lost?";
   });
   DDP_CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
   return comm;

@@ -367,7 +367,11 @@ class DedicatedServerRun final : public DedicatedServer {
       optimizer_->step(params, grads, scale);
     };
     for (;;) {
-      message = wait_for_control("rank 0 to start the next run of steps", 1);
+      // Rank 0 comes once every worker is through the epoch's sums, evaluation and checkpoint: the rank that
+      // is hung may be another worker, whom rank 0 waits for.
+      message = wait_for_control(
+          "rank 0 to start the next run of steps (rank 0, or a worker it waits for between runs of steps)",
+          1);
       if (message[0] == static_cast<int64_t>(Control::kNoMore)) break;
       if (message[0] != static_cast<int64_t>(Control::kRun)) unexpected(message, "a run of steps");
       acknowledge_run();

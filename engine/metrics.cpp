@@ -89,6 +89,16 @@ void append_line(const std::string& path, const std::string& line) {
   if (!out) throw UserError(path + ": cannot append to this file");
 }
 
+bool holds_test_score(const std::string& path, const std::string& run_id) {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json object = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (object.is_object() && object.value("event", "") == "test" && object.value("run_id", "") == run_id)
+      return true;
+  }
+  return false;
+}
+
 bool stdout_is_terminal() {
   if (isatty(STDOUT_FILENO) == 0) return false;
   if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return true;

@@ -59,6 +59,9 @@ std::string format_test_line(const TestMetrics& m);
 std::string to_json(const TestMetrics& m);
 // Appends `line` and a newline to `path`, creating it if needed. Throws UserError if it cannot.
 void append_line(const std::string& path, const std::string& line);
+// Whether the metrics.jsonl at `path` holds the test line (event "test") of run `run_id`: a run stopped while
+// scoring its test split has none, and its resume scores it. Lines that do not parse are passed over.
+bool holds_test_score(const std::string& path, const std::string& run_id);
 
 // Whether stdout reaches a person's terminal. Open MPI hands every rank a pseudo-terminal even when mpirun's
 // own output goes to a file, so under Open MPI the answer comes from the launcher's stdout (the parent

@@ -94,6 +94,13 @@ class TrainingRun::Loop {
                                steps_per_epoch_, comm_, watchdog_);
     resumed_ = start.resumed;
     finished_at_start_ = start.finished;
+    if (finished_at_start_ && plan_.test) {
+      // A run stopped while it scored its test split (the last thing it does) scores it on resuming.
+      std::vector<double> tested{is_root() && holds_test_score(files_.metrics(), start.record.run_id) ? 1.0
+                                                                                                      : 0.0};
+      comm_.broadcast(std::span<double>(tested), 0);
+      test_score_missing_ = tested[0] == 0.0;
+    }
     progress_ = start.progress;
     run_record_ = std::move(start.record);
     host_params_ = std::move(start.params);
@@ -139,9 +146,10 @@ class TrainingRun::Loop {
     pause_where_the_exchange_has_deadlines();
     result.params.resize(replica_->layout().total_size());
     updater_->finish(result.params);
-    // Only a run that trained its last epoch just now, or stopped early after training now (the same answer
-    // on every training rank).
-    if (plan_.test && !result.history.empty() && (progress_.epoch == config_.train.epochs || stopped_early)) {
+    // Only a run that trained its last epoch just now, or stopped early after training now, or a finished run
+    // resumed without its test score (the same answer on every training rank).
+    if (plan_.test && (!result.history.empty() || test_score_missing_) &&
+        (progress_.epoch == config_.train.epochs || stopped_early)) {
       watchdog_.enter("scoring best.h5 on the test split");
       score_best_on_test(*plan_.test);
     }
@@ -173,9 +181,19 @@ class TrainingRun::Loop {
   }
 
   // From here every step and evaluation batch beats the watchdog.
-  void enter_training() {
-    watchdog_.enter("training");
+  void enter_training() { watchdog_.enter("training"); }
+
+  // A run of steps. Where the exchange has deadlines of its own (the parameter server's protocol, which names
+  // the rank it waits for) the watchdog pauses for the run; outside it (the epoch's sums, the evaluation, a
+  // checkpoint) it judges every collective, which has no deadline of its own: a rank that stops there must
+  // end the job too.
+  void begin_steps() {
+    updater_->begin_steps();
     pause_where_the_exchange_has_deadlines();
+  }
+  void end_steps() {
+    updater_->end_steps();
+    watchdog_.enter("between runs of steps (the epoch's sums, evaluation or checkpoint)");
   }
 
   void pause_where_the_exchange_has_deadlines() {
@@ -285,7 +303,7 @@ class TrainingRun::Loop {
                        steps_per_epoch_);
     models::BatchStats local;
     int64_t step = first;
-    updater_->begin_steps();
+    begin_steps();
     while (const std::optional<BatchView> batch = next_batch(*source)) {
       {
         timeline::Span span("step", progress_.global_step);
@@ -311,18 +329,18 @@ class TrainingRun::Loop {
       if (stop_requested() || signalled) {
         if (progress) progress->finish();
         local += replica_->take_stats();
-        updater_->end_steps();
+        end_steps();
         save_mid_epoch(local);
         return std::nullopt;
       }
       if (config_.checkpoint.every_steps > 0 && step % config_.checkpoint.every_steps == 0) {
         local += replica_->take_stats();
-        updater_->end_steps();
+        end_steps();
         save_mid_epoch(local);
-        updater_->begin_steps();
+        begin_steps();
       }
     }
-    updater_->end_steps();
+    end_steps();
     if (progress) progress->finish();
     local += replica_->take_stats();
     const double train_time = seconds_since(epoch_start);
@@ -615,11 +633,12 @@ class TrainingRun::Loop {
   io::DataPlan plan_;                 // this rank's training, validation and test rows
   int64_t steps_per_epoch_ = 0;
   TrainingProgress progress_;
-  bool resumed_ = false;            // continues last.h5 (decided by rank 0, known to every training rank)
-  bool finished_at_start_ = false;  // the resumed run had already trained every epoch
-  RunRecord run_record_;            // rank 0: what its checkpoints say about the run
-  std::string self_check_summary_;  // a GPU rank's self-check, for its line of the start log
-  std::vector<float> host_params_;  // host copy of the parameters: initialization, broadcast, checkpoints
+  bool resumed_ = false;             // continues last.h5 (decided by rank 0, known to every training rank)
+  bool finished_at_start_ = false;   // the resumed run had already trained every epoch
+  bool test_score_missing_ = false;  // ... but had not scored its test split
+  RunRecord run_record_;             // rank 0: what its checkpoints say about the run
+  std::string self_check_summary_;   // a GPU rank's self-check, for its line of the start log
+  std::vector<float> host_params_;   // host copy of the parameters: initialization, broadcast, checkpoints
   StopAgreement& stop_signal_;
   ProgressWatchdog& watchdog_;
   const bool exchange_has_deadlines_;

@@ -95,9 +95,6 @@ ConfigReadEarly read_config_early(const std::vector<std::string>& args) {
 int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
                   engine::ProgressWatchdog& watchdog, comm::Communicator& boot) {
   if (args.empty()) return usage_command(boot.rank());
-  // First, so that a preemption signal during start-up is kept for the first step boundary rather than
-  // killing the rank.
-  engine::install_stop_signal_handlers();
   watchdog.enter("reading the config");
   engine::ParsedConfig parsed;
   comm::agree_on_errors(boot, [&] {
@@ -268,6 +265,10 @@ int main(int argc, char** argv) {
   ddp::ConfigReadEarly early = check_env ? ddp::ConfigReadEarly{} : ddp::read_config_early(args);
   auto watchdog = check_env ? ddp::engine::check_env_watchdog(early.timeout_s())
                             : std::make_unique<ddp::engine::ProgressWatchdog>(early.timeout_s());
+  // Before MPI_Init, whose exchange grows with the job: a preemption signal during start-up is kept for the
+  // first step boundary (a checkpoint and exit 75, which the batch scripts requeue) rather than killing the
+  // rank.
+  if (!check_env) ddp::engine::install_stop_signal_handlers();
   watchdog->enter("starting MPI (MPI_Init)");
   ddp::comm::set_mpi_transport_defaults();
   // MPI_THREAD_MULTIPLE lets the MPI backend's progress thread move gradient reductions during backward;

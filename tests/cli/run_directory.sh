@@ -62,6 +62,13 @@ grep -qF "was trained on data.h5" bad_err.txt || fail "the refusal does not name
 grep -qF "already finished its 3 epochs" again.txt || fail "a finished run is not said to be finished" again.txt
 grep -q "^Epoch" again.txt && fail "a finished run trained again" again.txt
 [ "$(wc -l <run/metrics.jsonl)" -eq 4 ] || fail "a finished run wrote metrics" run/metrics.jsonl
+# A run stopped while it scored its test split (the last thing it does) scores it when resumed, once.
+grep -vF '"event":"test"' run/metrics.jsonl >untested.jsonl && cp untested.jsonl run/metrics.jsonl
+"${train[@]}" --data.path data.h5 --train.epochs 3 --resume auto >retest.txt 2>&1 || fail "resume without a test score" retest.txt
+grep -q "^Test (best.h5, epoch $best_epoch)" retest.txt || fail "the missing test score was not made" retest.txt
+[ "$(json_field run/metrics.jsonl test_loss event=test | wc -l)" -eq 1 ] || fail "no single test line" run/metrics.jsonl
+"${train[@]}" --data.path data.h5 --train.epochs 3 --resume auto >again.txt 2>&1 || fail "resume of a finished run" again.txt
+grep -q "^Test" again.txt && fail "a finished run with its test score scored it again" again.txt
 "${train[@]}" --train.epochs 4 --data.path other.h5 --resume auto --checkpoint.allow_data_change true >tune.txt 2>&1 || fail "allowed data change" tune.txt
 grep -q "^Epoch 4/4" tune.txt || fail "the allowed data change did not train epoch 4" tune.txt
 # The old val_loss was measured on other rows: epoch 4, the first judged on other.h5, is best.h5 and the test
