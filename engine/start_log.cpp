@@ -34,8 +34,9 @@ std::vector<std::string> start_log_lines(const RunStartFacts& f, const std::vect
                       f.checkpoint, f.run_id, f.epochs_done, f.epochs));
       break;
     case RunStartFacts::Start::kResumed:
-      lines.push_back(fmt::format("resumed from {} (run {}): {} epochs and {} steps done", f.checkpoint,
-                                  f.run_id, f.epochs_done, f.steps_done));
+      lines.push_back(fmt::format("resumed from {} (run {}): {} epoch{} and {} step{} done", f.checkpoint,
+                                  f.run_id, f.epochs_done, f.epochs_done == 1 ? "" : "s", f.steps_done,
+                                  f.steps_done == 1 ? "" : "s"));
       break;
     case RunStartFacts::Start::kFresh:
       lines.push_back(fmt::format("run {} in {}", f.run_id, f.run_dir));

@@ -71,6 +71,10 @@ TEST(StartLog, WhereTheRunStarts) {
   run.steps_done = 120;
   EXPECT_EQ(start_log_lines(run, {}).back(),
             "resumed from runs/imdb/last.h5 (run 20261124T120000Z-ab12): 3 epochs and 120 steps done");
+  run.epochs_done = 1;
+  run.steps_done = 1;
+  EXPECT_EQ(start_log_lines(run, {}).back(),
+            "resumed from runs/imdb/last.h5 (run 20261124T120000Z-ab12): 1 epoch and 1 step done");
   run.start = RunStartFacts::Start::kAlreadyFinished;
   run.epochs_done = 15;
   EXPECT_EQ(
