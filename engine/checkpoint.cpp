@@ -170,8 +170,8 @@ std::vector<float> read_floats(hid_t loc, const std::string& file, const std::st
   if (H5Aexists(set.get(), kChecksum) > 0) {
     if (std::bit_cast<uint64_t>(read_int(set.get(), file, kChecksum)) != checksum_of(data)) {
       throw UserError(file + ": checkpoint dataset " + name +
-                      " is damaged (its values do not match the checksum written with them); resume from "
-                      "another checkpoint");
+                      " is damaged (its values do not match the checksum written with them): use another "
+                      "checkpoint (a run directory holds last.h5 and best.h5)");
     }
   } else if (!std::all_of(data.begin(), data.end(), [](float x) { return std::isfinite(x); })) {
     throw UserError(file + ": checkpoint dataset " + name +

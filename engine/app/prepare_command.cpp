@@ -143,9 +143,13 @@ int prepare_command(const std::vector<std::string>& args) {
       "--not-classes unsup]\n"
       "Every KIND takes --val-fraction F: the last round(F * rows) training rows go to /val.\n"
       "Each KIND takes --help.\n";
-  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+  if (args.empty()) {  // a mistake: the usage goes where errors go, as for ddptrain alone
+    std::fprintf(stderr, "%s", kUsage);
+    return kExitUserError;
+  }
+  if (args[0] == "--help" || args[0] == "-h") {
     std::printf("%s", kUsage);
-    return args.empty() ? kExitUserError : kExitOk;
+    return kExitOk;
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   remove_unfinished_dataset_on_signals();
