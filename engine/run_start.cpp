@@ -1,5 +1,6 @@
 #include "engine/run_start.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -147,6 +148,20 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
         "order from here on\n",
         files.last().c_str(), static_cast<long long>(p.world_size), static_cast<long long>(p.batch_size),
         trainers, config.train.batch_size);
+    // The interrupted epoch's samples, counted in this run's steps, so that the epoch still trains on about
+    // one pass of the data (its steps counted in the old ones would train more or less than that, or all
+    // again where they outnumber this run's steps per epoch); at least one step is left to train.
+    if (p.step_in_epoch > 0 && p.batch_size > 0) {
+      const int64_t samples = p.step_in_epoch * p.world_size * p.batch_size;
+      const int64_t steps =
+          std::min(steps_per_epoch - 1, samples / (int64_t{trainers} * config.train.batch_size));
+      std::printf(
+          "note: the interrupted epoch's %lld samples (%lld steps of %lld) are %lld steps of %lld now\n",
+          static_cast<long long>(samples), static_cast<long long>(p.step_in_epoch),
+          static_cast<long long>(p.world_size * p.batch_size), static_cast<long long>(steps),
+          static_cast<long long>(int64_t{trainers} * config.train.batch_size));
+      p.step_in_epoch = steps;
+    }
   }
   if (!rng_states.empty() && rng_states.size() != static_cast<std::size_t>(trainers)) {
     std::printf(

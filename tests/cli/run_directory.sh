@@ -82,6 +82,20 @@ grep -qF 'was trained on rows "train 1080, val 120' split.txt && grep -qF 'this 
   fail "another validation split is not said" split.txt
 grep -q "^Epoch 5/5" split.txt || fail "the resumed run did not train epoch 5" split.txt
 
+# Resumed in the middle of an epoch with another batch size: the epoch's samples done so far count in the new
+# steps (10 steps of 32 are 5 of 64), so the epoch still trains about one pass of its rows.
+geometry=("$ddptrain" --checkpoint.dir geometry --model.embedding_dim 16 --model.hidden 16 --log.progress lines
+  --data.path data.h5 --train.epochs 1)
+"${geometry[@]}" --train.stop_after_steps 10 >geo1.txt 2>&1 ||
+  fail "the first part of the epoch" geo1.txt
+"${geometry[@]}" --train.batch_size 64 --resume last >geo2.txt 2>&1 ||
+  fail "resume with another batch size" geo2.txt
+grep -qF "the interrupted epoch's 320 samples (10 steps of 32) are 5 steps of 64 now" geo2.txt ||
+  fail "the epoch's samples are not counted in the new steps" geo2.txt
+steps=$(grep -oP "^Epoch 1/1 - \K[0-9]+(?= steps \([0-9]+ after resuming\))" geo2.txt) || fail "no resumed epoch line" geo2.txt
+after=$(grep -oP "^Epoch 1/1 - [0-9]+ steps \(\K[0-9]+(?= after resuming\))" geo2.txt)
+[ "$((steps - after))" -eq 5 ] || fail "the resumed epoch ran $after of its $steps steps, not all but 5" geo2.txt
+
 # 4. Overwrite replaces the old run: a new id, only its own lines.
 "${train[@]}" --data.path data.h5 --checkpoint.overwrite true --train.epochs 1 >new.txt 2>&1 || fail "overwrite" new.txt
 new_id=$(grep -oP '^run \K\S+' new.txt)
