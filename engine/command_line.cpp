@@ -86,9 +86,6 @@ void refuse_misread_values(const po::parsed_options& parsed, const po::options_d
         throw UserError(context + key_prefix + given.string_key +
                         " must be true or false, got an empty value");
       }
-      if (given.value.empty()) {
-        throw UserError(context + key_prefix + given.string_key + " must be true or false, got no value");
-      }
     }
     const bool is_unsigned = dynamic_cast<const po::typed_value<unsigned long>*>(semantic) != nullptr ||
                              dynamic_cast<const po::typed_value<unsigned long long>*>(semantic) != nullptr ||

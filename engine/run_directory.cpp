@@ -48,8 +48,8 @@ void check_run_outputs(const RunFiles& files) {
   for (const std::string& path : files.results()) {
     for (const std::string& file : {path, path + ".tmp"}) {
       const std::string kind = special_file_kind(file, /*follow_links=*/false);
-      const bool appended = file == files.metrics();
-      if (kind.empty() || (appended && kind != "a directory")) continue;
+      const bool appended = file == files.metrics();  // appended to, never replaced
+      if (kind.empty() || (appended && !fs::is_directory(fs::symlink_status(file, ec)))) continue;
       throw UserError(file + ": not a plain file (" + kind +
                       "), where the run writes one: move it out of checkpoint.dir");
     }

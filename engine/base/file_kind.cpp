@@ -1,10 +1,12 @@
 #include "engine/base/file_kind.h"
 
+#include <filesystem>
 #include <system_error>
 
 namespace ddp {
+namespace {
 
-std::string special_file_kind(const std::filesystem::file_status& status) {
+std::string kind_name(const std::filesystem::file_status& status) {
   switch (status.type()) {
     case std::filesystem::file_type::directory:
       return "a directory";
@@ -22,11 +24,13 @@ std::string special_file_kind(const std::filesystem::file_status& status) {
   }
 }
 
+}  // namespace
+
 std::string special_file_kind(const std::string& path, bool follow_links) {
   std::error_code error;
   const std::filesystem::file_status status =
       follow_links ? std::filesystem::status(path, error) : std::filesystem::symlink_status(path, error);
-  return error ? "" : special_file_kind(status);
+  return error ? "" : kind_name(status);
 }
 
 }  // namespace ddp
