@@ -484,6 +484,10 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
   p.best_val_loss = read_double_attribute(root, path, "best_val_loss");
   // Absent in checkpoints of before: early stopping counts from the checkpoint's epoch.
   p.best_epoch = io::has_attribute(root, "best_epoch") ? read_count(root, path, "best_epoch", 0) : p.epoch;
+  if (p.best_epoch > p.epoch) {
+    throw UserError(fmt::format("{}: checkpoint attribute best_epoch = {} is after its epoch = {}", path,
+                                p.best_epoch, p.epoch));
+  }
   p.loss_sum = read_double_attribute(root, path, "loss_sum");
   p.correct = read_double_attribute(root, path, "correct");
   p.count = read_double_attribute(root, path, "count");

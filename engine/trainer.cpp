@@ -94,14 +94,15 @@ class TrainingRun::Loop {
                                steps_per_epoch_, comm_, watchdog_);
     resumed_ = start.resumed;
     finished_at_start_ = start.finished;
-    if (finished_at_start_ && plan_.test) {
-      // A run stopped while it scored its test split (the last thing it does) scores it on resuming.
+    progress_ = start.progress;
+    if ((finished_at_start_ || (resumed_ && patience_spent())) && plan_.test) {
+      // A run stopped while it scored its test split (the last thing it does, after its last epoch or its
+      // early stop) scores it on resuming.
       std::vector<double> tested{is_root() && holds_test_score(files_.metrics(), start.record.run_id) ? 1.0
                                                                                                       : 0.0};
       comm_.broadcast(std::span<double>(tested), 0);
       test_score_missing_ = tested[0] == 0.0;
     }
-    progress_ = start.progress;
     run_record_ = std::move(start.record);
     host_params_ = std::move(start.params);
     pause_where_the_exchange_has_deadlines();
@@ -401,9 +402,8 @@ class TrainingRun::Loop {
   // train.early_stopping_patience epochs without a lower val_loss: the same decision on every rank (the
   // losses are summed over them), said once, and the run goes on to its test score on best.h5.
   bool early_stop() {
+    if (!patience_spent()) return false;
     const int patience = config_.train.early_stopping_patience;
-    if (patience <= 0 || progress_.epoch == 0 || progress_.epoch - progress_.best_epoch < patience)
-      return false;
     if (is_root()) {
       std::printf(
           "early stopping: val_loss has not improved for %lld epoch(s) since epoch %lld "
@@ -414,6 +414,12 @@ class TrainingRun::Loop {
       std::fflush(stdout);
     }
     return true;
+  }
+
+  // Whether train.early_stopping_patience epochs have passed without a lower val_loss.
+  bool patience_spent() const {
+    const int patience = config_.train.early_stopping_patience;
+    return patience > 0 && progress_.epoch > 0 && progress_.epoch - progress_.best_epoch >= patience;
   }
 
   // The training shard's batches of `epoch` from its batch `first` on, in the epoch's shuffled order.
@@ -635,7 +641,7 @@ class TrainingRun::Loop {
   TrainingProgress progress_;
   bool resumed_ = false;             // continues last.h5 (decided by rank 0, known to every training rank)
   bool finished_at_start_ = false;   // the resumed run had already trained every epoch
-  bool test_score_missing_ = false;  // ... but had not scored its test split
+  bool test_score_missing_ = false;  // ... or had stopped early, but had not scored its test split
   RunRecord run_record_;             // rank 0: what its checkpoints say about the run
   std::string self_check_summary_;   // a GPU rank's self-check, for its line of the start log
   std::vector<float> host_params_;   // host copy of the parameters: initialization, broadcast, checkpoints

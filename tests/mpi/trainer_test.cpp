@@ -290,6 +290,34 @@ TEST_F(TrainerTest, EarlyStoppingEndsEveryRankAfterThePatience) {
     ASSERT_FALSE(lines.empty());
     EXPECT_NE(lines.back().find("\"event\":\"test\""), std::string::npos) << lines.back();
   }
+
+  // Stopped while scoring its test split (its test line not yet written): resuming trains nothing and
+  // scores it; resuming once more scores nothing again.
+  const auto test_lines = [&] {
+    int count = 0;
+    for (const std::string& line : read_lines(dir_.file("early/metrics.jsonl")))
+      count += line.find("\"event\":\"test\"") != std::string::npos ? 1 : 0;
+    return count;
+  };
+  if (world_rank() == 0) {
+    std::vector<std::string> lines = read_lines(dir_.file("early/metrics.jsonl"));
+    lines.pop_back();
+    std::ofstream out(dir_.file("early/metrics.jsonl"), std::ios::trunc);
+    for (const std::string& line : lines) out << line << "\n";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::vector<std::string> resumed_args{
+      "--train.optimizer", "sgd", "--train.learning_rate",           "1e-30",
+      "--train.epochs",    "8",   "--train.early_stopping_patience", "2",
+      "--resume",          "last"};
+  EXPECT_TRUE(run(dir_.file("early"), resumed_args).history.empty());
+  if (world_rank() == 0) {
+    EXPECT_EQ(test_lines(), 1);
+  }
+  EXPECT_TRUE(run(dir_.file("early"), resumed_args).history.empty());
+  if (world_rank() == 0) {
+    EXPECT_EQ(test_lines(), 1);
+  }
 }
 
 // A checkpoint is the canonical layout whichever LSTM kernels wrote it: a run stopped under oneDNN's

@@ -958,6 +958,16 @@ TEST(Checkpoint, DamagedCountersSumsFlagsAndClassNamesAreUserErrors) {
   write_checkpoint(path, shape, params, "adam", state, TrainingProgress{}, "");
   expect_refused("iterations = 9223372036854775807 is not 0 to 2^53");
 
+  // best.h5's epoch cannot come after the epochs the checkpoint has finished.
+  TrainingProgress later_best;
+  later_best.epoch = 2;
+  later_best.best_epoch = 3;
+  write_checkpoint(path, shape, params, "adam", {}, later_best, "");
+  expect_refused("best_epoch = 3 is after its epoch = 2");
+  later_best.best_epoch = 2;
+  write_checkpoint(path, shape, params, "adam", {}, later_best, "");
+  EXPECT_EQ(read_checkpoint(path).progress.best_epoch, 2);
+
   // The interrupted epoch's sums, the 0/1 attributes and the class names are checked as the counters are:
   // edited values printed an accuracy of 2.8e27 or named two classes with one name.
   const auto sums = [&](double loss_sum, double correct, double count) {
