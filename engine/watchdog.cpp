@@ -37,6 +37,8 @@ ProgressWatchdog::ProgressWatchdog(double timeout_s, StallHandler on_stall, Heal
                                    std::string timeout_setting, Now now, bool watch_in_thread)
     : timeout_(std::chrono::duration_cast<Clock::duration>(
           std::chrono::duration<double>(std::min(timeout_s, kLongestTimeoutS)))),
+      period_(
+          std::clamp<Clock::duration>(timeout_ / 10, std::chrono::milliseconds(1), std::chrono::seconds(1))),
       timeout_setting_(std::move(timeout_setting)),
       on_stall_(on_stall ? std::move(on_stall) : end_the_job),
       now_(std::move(now)),
@@ -81,6 +83,11 @@ void ProgressWatchdog::set_health_check(HealthCheck health) {
   health_ = std::move(health);
 }
 
+void ProgressWatchdog::set_stall_survey(StallSurvey survey) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  survey_ = std::move(survey);
+}
+
 double ProgressWatchdog::timeout_s() const {
   return std::chrono::duration<double>(timeout_).count();
 }
@@ -103,10 +110,22 @@ bool ProgressWatchdog::check_locked(std::unique_lock<std::mutex>& lock) {
            << std::chrono::duration<double>(silent).count() << " s (" << timeout_setting_ << " "
            << std::defaultfloat << std::setprecision(6) << std::chrono::duration<double>(timeout_).count()
            << ") while " << phase_;
-      if (const int64_t step = last_step_.load(std::memory_order_relaxed); step > 0) {
-        text << " (steps done: " << step << ")";
+      const int64_t step = last_step_.load(std::memory_order_relaxed);
+      if (step > 0) text << " (steps done: " << step << ")";
+      stalled_ = true;
+      std::string survey_words;
+      if (survey_) {
+        const StallSurvey survey = survey_;
+        const std::string phase = phase_;
+        lock.unlock();
+        // A check comes every period: later than that and half a second of slack, this rank was not running.
+        const bool ran_late = silent > timeout_ + period_ + std::chrono::milliseconds(500);
+        survey_words = survey(phase, step, ran_late);
+        lock.lock();
       }
-      text << ": a rank is hung or lost, this one or one it waits for in a collective";
+      text << ": "
+           << (survey_words.empty() ? "a rank is hung or lost, this one or one it waits for in a collective"
+                                    : survey_words);
       reason = text.str();
     }
   }
@@ -119,10 +138,8 @@ bool ProgressWatchdog::check_locked(std::unique_lock<std::mutex>& lock) {
 }
 
 void ProgressWatchdog::watch() {
-  const auto period =
-      std::clamp<Clock::duration>(timeout_ / 10, std::chrono::milliseconds(1), std::chrono::seconds(1));
   std::unique_lock<std::mutex> lock(mutex_);
-  while (!wake_.wait_for(lock, period, [this] { return stopping_; })) {
+  while (!wake_.wait_for(lock, period_, [this] { return stopping_; })) {
     if (check_locked(lock)) return;
   }
 }

@@ -33,6 +33,12 @@ class ProgressWatchdog {
   // Asked at every check: an error that dooms the run before the timeout would show it (NCCL's
   // asynchronous error); nothing while all is well.
   using HealthCheck = std::function<std::optional<std::string>()>;
+  // Asked once, on a stall found by silence, with this rank's phase and steps done: what the other ranks
+  // say about it (comm/stall_census.h), which replaces "a rank is hung or lost, ..." in the message; "" where
+  // they say nothing. May block (while another rank speaks for the job). `ran_late`: this watchdog noticed
+  // the silence well after the timeout, so this rank was itself stopped or starved (a stopped rank that the
+  // launcher continues to end it), and is the one the others waited for.
+  using StallSurvey = std::function<std::string(const std::string& phase, int64_t steps_done, bool ran_late)>;
   using Clock = std::chrono::steady_clock;
   // Where the watchdog reads the time.
   using Now = std::function<Clock::time_point()>;
@@ -62,6 +68,8 @@ class ProgressWatchdog {
   // Replaces the health check; once it returns, the previous one is not running and is not called again
   // (so it may refer to a communicator about to be destroyed).
   void set_health_check(HealthCheck health);
+  // Sets the survey, once MPI can carry it.
+  void set_stall_survey(StallSurvey survey);
 
   // One check, now: the health check, then (unless paused) the silence since the last progress against the
   // timeout. Calls the stall handler on the first problem found and returns true; it is called once at most
@@ -80,6 +88,7 @@ class ProgressWatchdog {
   void mark_progress();
 
   const Clock::duration timeout_;
+  const Clock::duration period_;  // between two checks of the watching thread
   const std::string timeout_setting_;
   const StallHandler on_stall_;
   const Now now_;
@@ -88,6 +97,7 @@ class ProgressWatchdog {
   std::mutex mutex_;  // guards the members below; held by the watching thread while it checks
   std::condition_variable wake_;
   HealthCheck health_;
+  StallSurvey survey_;
   std::string phase_ = "starting";
   bool paused_ = false;
   bool stopping_ = false;

@@ -3,6 +3,8 @@
 // preempted run have their own codes (errors.h).
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -15,6 +17,7 @@
 
 #include "comm/communicator.h"
 #include "comm/mpi_check.h"
+#include "comm/stall_census.h"
 #include "engine/app/commands.h"
 #include "engine/app/learning_curves.h"
 #include "engine/base/build_info.h"
@@ -275,6 +278,15 @@ int main(int argc, char** argv) {
   // an MPI that offers less is used as it is (the backend then makes progress only in its own calls).
   int threading = MPI_THREAD_SINGLE;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &threading);
+  // From here a stall's message names the ranks the others wait for (comm/stall_census.h). The ranks listen
+  // for each other a fifth of the timeout (1 to 10 s): their watchdogs fire that far apart at most, checking
+  // ten times per timeout, where they all wait in the same collective.
+  auto census = std::make_shared<ddp::comm::StallCensus>(MPI_COMM_WORLD);
+  const auto listen = std::chrono::milliseconds(
+      static_cast<int64_t>(1000 * std::clamp(watchdog->timeout_s() / 5, 1.0, 10.0)));
+  watchdog->set_stall_survey([census, listen](const std::string& phase, int64_t steps_done, bool ran_late) {
+    return census->survey(phase, steps_done, ran_late, listen);
+  });
   int status = ddp::kExitOk;
   {
     auto boot = ddp::comm::make_mpi_communicator(MPI_COMM_WORLD);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/stall_census.h"
 #include "engine/base/errors.h"
 
 namespace ddp::comm {
@@ -70,6 +71,36 @@ TEST(AbortOnUnwind, AbortsOnlyWhenAnExceptionLeavesTheScope) {
   }
   EXPECT_EQ(comm.aborts, 1);
   { const AbortOnUnwind no_communicator(nullptr); }
+}
+
+// The one message of a stalled job names the ranks that did not answer, with their hosts; where every rank
+// answered it says what each was doing.
+TEST(StallCensus, NamesTheRanksThatDidNotAnswer) {
+  StallFacts facts;
+  facts.world_size = 6;
+  facts.hosts = {"a", "a", "b", "b", "c", "c"};
+  facts.listened_s = 1.04;
+  facts.stalled = {{0, "training", 12}, {2, "training", 12}, {3, "training", 12}, {5, "training", 12}};
+  EXPECT_EQ(
+      describe_stall(facts, 0),
+      "ranks 1, 4 (hosts a, c) are hung, lost or slower than the timeout: they did not answer the stalled "
+      "ranks 0, 2-3, 5 within 1.0 s");
+  facts.stalled = {{0, "training", 12},
+                   {1, "reading data.path x.h5", 0},
+                   {2, "training", 12},
+                   {3, "training", 12},
+                   {4, "training", 12}};
+  EXPECT_EQ(
+      describe_stall(facts, 0),
+      "rank 5 (host c) is hung, lost or slower than the timeout: it did not answer the stalled ranks 0-4 "
+      "within 1.0 s; rank 1 was reading data.path x.h5");
+  facts.world_size = 2;
+  facts.stalled = {{0, "training", 12}, {1, "reading data.path x.h5", 0}};
+  EXPECT_EQ(describe_stall(facts, 0),
+            "every rank stalled (none failed to answer); rank 1 while reading data.path x.h5; rank 0 while "
+            "training (steps done: 12)");
+  facts.stalled = {{0, "training", 12}, {1, "training", 12}};
+  EXPECT_EQ(describe_stall(facts, 0), "every rank stalled (none failed to answer), all while the same thing");
 }
 
 }  // namespace

@@ -695,6 +695,31 @@ TEST(ProgressWatchdog, NamesThePhaseItStalledIn) {
   EXPECT_EQ(reason.find("steps done"), std::string::npos) << reason;
 }
 
+// The other ranks' words (comm/stall_census.h) replace the guess at the end of the message; a watchdog that
+// noticed the silence long after the timeout says so (its rank was stopped itself).
+TEST(ProgressWatchdog, TheSurveysWordsNameTheRank) {
+  for (const auto& [silence, late] : {std::pair{0.3, false}, std::pair{1.5, true}}) {
+    ManualClock clock;
+    std::string reason;
+    auto watchdog =
+        ProgressWatchdog::without_thread(0.2, clock.now(), [&](const std::string& why) { reason = why; });
+    bool asked_late = !late;
+    watchdog->set_stall_survey([&](const std::string& phase, int64_t steps_done, bool ran_late) {
+      asked_late = ran_late;
+      return phase + " after " + std::to_string(steps_done) + ": rank 9 is gone";
+    });
+    watchdog->enter("training");
+    watchdog->beat(7);
+    clock.advance(silence);
+    ASSERT_TRUE(watchdog->check());
+    EXPECT_NE(reason.find(" while training (steps done: 7): training after 7: rank 9 is gone"),
+              std::string::npos)
+        << reason;
+    EXPECT_EQ(reason.find("a rank is hung"), std::string::npos) << reason;
+    EXPECT_EQ(asked_late, late) << silence;
+  }
+}
+
 // Paused (the parameter server's deadlines hold), it lets any silence pass; the next phase arms it again,
 // with a fresh timeout.
 TEST(ProgressWatchdog, JudgesNothingWhilePausedAndWatchesAgainFromTheNextPhase) {

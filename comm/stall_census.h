@@ -1,0 +1,60 @@
+// Which rank the others wait for. When a rank's watchdog (engine/watchdog.h) finds no progress, MPI cannot
+// say which peer a collective waits on; Horovod names the missing ranks because its coordinator sees every
+// rank's requests. Here the ranks that stalled tell each other so, on a communicator of their own and from
+// the watchdog's thread, for a short while; the lowest of them then writes the one message of the job, which
+// names the ranks that did not answer (hung, lost, or slower than the timeout), and the others keep quiet
+// while it ends the job.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddp::comm {
+
+// What one rank learned in the census, for the message.
+struct StallFacts {
+  struct Report {
+    int rank = 0;
+    std::string phase;  // what it was doing when it stalled, as the watchdog names it
+    int64_t steps_done = 0;
+  };
+  int world_size = 1;
+  std::vector<std::string> hosts;  // by rank
+  std::vector<Report> stalled;     // the ranks heard from, this one included, in rank order
+  double listened_s = 0;
+};
+
+// The end of the watchdog's message ("no progress for ... while PHASE: <this>"), written by the lowest
+// stalled rank: the ranks that did not answer, or, where every rank stalled, what each was doing.
+std::string describe_stall(const StallFacts& facts, int speaker);
+
+class StallCensus {
+ public:
+  // Collective over `world`, at start-up: a communicator of its own and every rank's host name.
+  explicit StallCensus(MPI_Comm world);
+  StallCensus(const StallCensus&) = delete;
+  StallCensus& operator=(const StallCensus&) = delete;
+
+  // Called once, from the watchdog's thread, when this rank has stalled in `phase`: tells every rank and
+  // listens for theirs for `listen`. The lowest stalled rank returns describe_stall()'s words at once; any
+  // other, and one whose watchdog `ran_late` (it was stopped itself, and the job is ending it), waits a while
+  // for that rank to end the job and only then returns its own words. Without
+  // MPI_THREAD_MULTIPLE (the other thread is inside MPI) or when an MPI call fails it returns "" at once:
+  // the watchdog then says what it knows alone.
+  std::string survey(const std::string& phase, int64_t steps_done, bool ran_late,
+                     std::chrono::milliseconds listen);
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<std::string> hosts_;
+  std::vector<char> notice_;  // this rank's notice, alive while the sends are in flight
+  std::vector<MPI_Request> sends_;
+};
+
+}  // namespace ddp::comm
