@@ -1,6 +1,8 @@
 #include "engine/run_directory.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -64,6 +66,45 @@ void check_run_outputs(const RunFiles& files) {
 }
 
 }  // namespace
+
+RunDirectoryLock::RunDirectoryLock(const RunFiles& files) {
+  const std::string path = (files.dir / ".lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd_ < 0) {
+    throw UserError(
+        fmt::format("checkpoint.dir = {}: cannot open {} to claim the directory for this run ({})",
+                    files.dir.string(), path, std::strerror(errno)));
+  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    if (error == EWOULDBLOCK) {
+      char holder[256] = {};
+      const ssize_t got = ::pread(fd_, holder, sizeof(holder) - 1, 0);
+      std::string who = got > 0 ? std::string(holder, static_cast<std::size_t>(got)) : "";
+      while (!who.empty() && (who.back() == '\n' || who.back() == '\0')) who.pop_back();
+      ::close(fd_);
+      fd_ = -1;
+      throw UserError(fmt::format(
+          "checkpoint.dir = {}: another run is using this directory{}; wait for it to end (then --resume "
+          "continues it) or give this run another checkpoint.dir",
+          files.dir.string(), who.empty() ? "" : " (" + who + ")"));
+    }
+    std::printf(
+        "note: checkpoint.dir = %s: cannot lock %s (%s), so nothing stops another run from using the "
+        "directory at the same time\n",
+        files.dir.string().c_str(), path.c_str(), std::strerror(error));
+    return;
+  }
+  // Who holds it, for the message of a run that finds it held (the lock holds without the words too).
+  const std::string who = fmt::format("pid {} on host {}", ::getpid(), host_name());
+  if (::ftruncate(fd_, 0) == 0) {
+    [[maybe_unused]] const ssize_t written = ::pwrite(fd_, who.data(), who.size(), 0);
+  }
+}
+
+RunDirectoryLock::~RunDirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
 
 bool claim_run_directory(const RunFiles& files, const std::string& resume, bool overwrite) {
   check_run_outputs(files);

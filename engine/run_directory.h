@@ -22,6 +22,23 @@ struct RunFiles {
   std::vector<std::string> results() const { return {last(), best(), metrics(), curves()}; }
 };
 
+// One run at a time in a directory: an advisory lock (flock) on DIR/.lock, held from before the directory is
+// claimed until the run ends, so that a second run started in the same directory (a job submitted twice, a
+// resume while the run still trains) ends with one error instead of mixing its files with the first's. The
+// lock goes with the process, however it ends. Where the file system offers no locks the run goes on
+// unlocked, saying so.
+class RunDirectoryLock {
+ public:
+  // Throws UserError naming the directory and the run that holds it (its pid and host).
+  explicit RunDirectoryLock(const RunFiles& files);
+  ~RunDirectoryLock();
+  RunDirectoryLock(const RunDirectoryLock&) = delete;
+  RunDirectoryLock& operator=(const RunDirectoryLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // What a new run may do with the directory: `resume` is the --resume value (no, last or auto), `overwrite`
 // checkpoint.overwrite. Returns whether the run continues last.h5. Throws UserError (one line naming the
 // directory, what it holds and the ways out) when a fresh run would write over another run's results, or

@@ -19,13 +19,14 @@
 namespace ddp::engine {
 namespace {
 
-// Rank 0: makes the directory and claims it for this run; writes the effective config. Returns whether the
-// run continues last.h5.
-bool claim_directory(const Config& config, const RunFiles& files) {
+// Rank 0: makes the directory, locks it and claims it for this run; writes the effective config. Returns
+// whether the run continues last.h5.
+bool claim_directory(const Config& config, const RunFiles& files, std::shared_ptr<RunDirectoryLock>& lock) {
   std::error_code ec;
   std::filesystem::create_directories(files.dir, ec);
   if (ec)
     throw UserError("checkpoint.dir = " + files.dir.string() + ": cannot create it (" + ec.message() + ")");
+  lock = std::make_shared<RunDirectoryLock>(files);
   const bool resumed = claim_run_directory(files, config.resume, config.checkpoint.overwrite);
   std::ofstream out(files.config());
   out << config.to_ini();
@@ -208,7 +209,7 @@ RunStart start_run(const Config& config, const RunFiles& files, const io::Datase
   const bool root = trainers.rank() == 0;
   watchdog.enter("preparing checkpoint.dir " + files.dir.string());
   comm::agree_on_errors(trainers, [&] {
-    if (root) start.resumed = claim_directory(config, files);
+    if (root) start.resumed = claim_directory(config, files, start.directory_lock);
   });
   watchdog.enter("reading the starting point (seed or checkpoint) and broadcasting it");
   std::vector<std::string> rng_states;  // rank 0 of a resumed run: every training rank's, if saved

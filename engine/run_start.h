@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,6 +38,8 @@ struct RunStart {
   // A resumed run: this rank's replica random state from the checkpoint (models::Replica::rng_state), empty
   // where it saved none or the checkpoint was written by another number of training ranks.
   std::string replica_rng_state;
+  // Rank 0: the run directory's lock, to be held until the run ends.
+  std::shared_ptr<RunDirectoryLock> directory_lock;
 };
 
 // Collective over the training ranks: errors agreed on there, the progress broadcast; `watchdog` is told each

@@ -94,6 +94,7 @@ class TrainingRun::Loop {
                                steps_per_epoch_, comm_, watchdog_);
     resumed_ = start.resumed;
     finished_at_start_ = start.finished;
+    directory_lock_ = start.directory_lock;
     progress_ = start.progress;
     if ((finished_at_start_ || (resumed_ && patience_spent())) && plan_.test) {
       // A run stopped while it scored its test split (the last thing it does, after its last epoch or its
@@ -633,6 +634,7 @@ class TrainingRun::Loop {
   std::string backend_reason_;
   const io::DatasetInfo& data_;
   RunFiles files_;
+  std::shared_ptr<RunDirectoryLock> directory_lock_;  // rank 0: held while the run lasts
   models::ModelShape shape_;
   std::unique_ptr<models::Replica> replica_;
   std::unique_ptr<Updater> updater_;  // refers to *replica_, declared after it

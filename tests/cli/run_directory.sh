@@ -7,6 +7,7 @@
 #   - --resume auto of a finished run says so, exits 0 and writes nothing
 #   - data.validation_split 0.1: epochs report val_*, best.h5 is the epoch of the lowest val_loss, and the
 #     test split is scored once at the end, on best.h5
+#   - two runs at once in one directory: the second is refused while the first holds its lock
 #   - resume refuses another model.mask_padding; a directory where the run writes a file is refused before
 #     training; best.h5 that is a link is replaced, its target untouched; a lost best.h5 is restored
 #   bash tests/cli/run_directory.sh path/to/ddptrain source-dir
@@ -134,4 +135,20 @@ rm linked/best.h5
 grep -qF "linked/best.h5 (epoch " replaced.txt && grep -qF "is missing and linked/last.h5 holds a later model" replaced.txt ||
   fail "the lost best.h5 is not said" replaced.txt
 grep -q "^Test (best.h5, epoch 3)" replaced.txt || fail "epoch 3 did not take the lost best.h5's place" replaced.txt
+
+# Two runs in one directory at once (a job submitted twice): the second is refused while the first holds the
+# directory's lock, naming it; the first is not disturbed, and once it has ended the directory is free again.
+busy=("$ddptrain" --checkpoint.dir busy --model.embedding_dim 16 --model.hidden 16 --data.path data.h5)
+"${busy[@]}" --train.epochs 1 --train.straggle_ms 50 >busy.txt 2>&1 &
+busy_run=$!
+for _ in $(seq 600); do
+  [ -s busy/config.ini ] && break
+  sleep 0.05
+done
+expect_user_error "a second run in a busy directory" "checkpoint.dir = busy: another run is using this directory (pid $busy_run on host" \
+  "${busy[@]}" --train.epochs 1 --resume auto
+wait "$busy_run" || fail "the first run was disturbed" busy.txt
+grep -q "^Test (best.h5, epoch 1)" busy.txt || fail "the first run did not finish" busy.txt
+"${busy[@]}" --train.epochs 2 --resume auto >busy-next.txt 2>&1 ||
+  fail "the directory stayed locked after its run ended" busy-next.txt
 echo "PASS: one run per directory, resume checks its data, best.h5 on val (epoch $best_epoch), test once, outputs checked first"

@@ -2,6 +2,7 @@
 // copied the way last.h5 is written (never over a link's target, never half), messages kept to one line of
 // bounded length, and sizes from outside refused against the node's memory.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -48,6 +49,21 @@ TEST(RunOutputs, ADirectoryWhereTheRunWritesAFileIsRefusedBeforeTraining) {
   fs::create_directories(files.dir);
   write_bytes(files.last() + ".tmp", "a stale partial write");  // a plain stale file is overwritten later
   EXPECT_FALSE(claim_run_directory(files, "auto", false));
+}
+
+// A second run in a directory while the first still holds it is refused, naming the holder; once the first
+// lets go the directory can be taken again.
+TEST(RunOutputs, OneRunAtATimeHoldsTheDirectory) {
+  TempDir dir;
+  RunFiles files{dir.file("run")};
+  fs::create_directories(files.dir);
+  {
+    RunDirectoryLock first(files);
+    expect_user_error([&] { RunDirectoryLock second(files); },
+                      {"checkpoint.dir = " + files.dir.string(), "another run is using this directory",
+                       "(pid " + std::to_string(::getpid()) + " on host "});
+  }
+  RunDirectoryLock again(files);
 }
 
 TEST(RunOutputs, BestCheckpointIsCopiedThroughATemporaryFileAndNeverThroughALink) {
