@@ -67,11 +67,41 @@ struct LoadedModel {
   int gpu = -1;  // CUDA ordinal, -1 on the CPU
 };
 
+// The dataset's token ids must mean the words they meant in training: the same vocab_size, and where both
+// files carry their words (prepare text), the same word for every id (a corpus prepared again with more
+// documents keeps vocab_size and moves the words). A model with words scored on ids without them is the same
+// mistake. A model without words may be an older checkpoint of this dataset: that cannot be checked.
 void check_same_vocab(const ModelOptions& o, const Checkpoint& checkpoint, const io::DatasetInfo& data) {
+  const std::string fix = ": give the dataset the model was trained on, or one prepared with the same words";
   if (checkpoint.shape.vocab_size != data.vocab_size) {
     throw UserError(o.checkpoint + ": the model has vocab_size " +
                     std::to_string(checkpoint.shape.vocab_size) + " but " + o.data + " has vocab_size " +
-                    std::to_string(data.vocab_size) + ": give the dataset the model was trained on");
+                    std::to_string(data.vocab_size) + fix);
+  }
+  if (!checkpoint.has_vocabulary) return;
+  if (!data.has_vocab) {
+    throw UserError(o.checkpoint + ": the model reads words through its vocabulary, but " + o.data +
+                    " holds token ids without one (prepare synthetic or imdb-npz)" + fix);
+  }
+  const io::Vocabulary model_vocabulary = io::read_vocabulary(o.checkpoint);
+  const io::Vocabulary data_vocabulary = io::read_vocabulary(o.data);
+  const std::vector<std::string>& model_words = model_vocabulary.words();
+  const std::vector<std::string>& data_words = data_vocabulary.words();
+  const auto quoted = [](const std::string& word) {
+    constexpr std::size_t kShown = 40;
+    return "\"" + (word.size() > kShown ? word.substr(0, kShown) + "..." : word) + "\"";
+  };
+  // Ids below the first word's name the padding, the start and the unknown word in both.
+  for (std::size_t id = io::kOovId + 1; id < std::min(model_words.size(), data_words.size()); ++id) {
+    if (model_words[id] != data_words[id]) {
+      throw UserError(fmt::format("{}: token id {} is {} in the model's vocabulary but {} in {}{}",
+                                  o.checkpoint, id, quoted(model_words[id]), quoted(data_words[id]), o.data,
+                                  fix));
+    }
+  }
+  if (model_words.size() != data_words.size()) {
+    throw UserError(fmt::format("{}: the model's vocabulary has {} words but {}'s has {}{}", o.checkpoint,
+                                model_words.size(), o.data, data_words.size(), fix));
   }
 }
 

@@ -123,4 +123,16 @@ expect_user_error "a checkpoint without a vocabulary" "--data" "$ddptrain" predi
 expect_user_error "missing --input file" "absent.txt" "$ddptrain" predict -c run/best.h5 -d data.h5 --input absent.txt
 "$ddptrain" prepare text --input corpus --output other.h5 --vocab 10 --maxlen 24 >/dev/null
 expect_user_error "dataset of another vocabulary" "vocab_size" "$ddptrain" predict -c run/best.h5 -d other.h5 --text a
+# The same vocab_size with other words (an x after every word of 3 letters or more: the ids now name other
+# words) or with no words at all.
+cp -r corpus shifted
+find shifted -name '*.txt' -exec sed -i -E 's/\b([A-Za-z]{3,})\b/\1x/g' {} +
+"$ddptrain" prepare text --input shifted --output shifted.h5 --vocab 100 --maxlen 24 >shifted.txt
+[ "$(grep -oP 'vocab_size \K\d+' shifted.txt)" = "$vocab_size" ] || fail "the shifted corpus has another vocab_size" shifted.txt
+expect_user_error "evaluate on a dataset whose ids name other words" "in the model's vocabulary but" \
+  "$ddptrain" evaluate -c run/best.h5 -d shifted.h5
+expect_user_error "predict with a dataset whose ids name other words" "in the model's vocabulary but" \
+  "$ddptrain" predict -c run/best.h5 -d shifted.h5 --text great
+expect_user_error "evaluate on token ids without words" "holds token ids without one" \
+  "$ddptrain" evaluate -c run/best.h5 -d plain.h5
 echo "PASS: prepared, trained (test accuracy $accuracy), positive $p_pos > negative $p_neg"
