@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -318,6 +319,51 @@ std::string Config::to_ini() const {
     out << name << " = " << value_text(field) << "\n";
   });
   return out.str();
+}
+
+std::vector<std::string> changed_training_settings(const std::string& earlier_ini, const Config& now) {
+  // The keys that change what a step computes without changing the model's shape (the shape is checked
+  // apart; train.seed and train.batch_size have messages of their own).
+  static const std::set<std::string> kSettings{"model.dropout",
+                                               "model.embedding_dropout",
+                                               "train.learning_rate",
+                                               "train.momentum",
+                                               "train.embedding_update",
+                                               "train.beta1",
+                                               "train.beta2",
+                                               "train.epsilon",
+                                               "train.max_steps_per_epoch",
+                                               "train.lr_schedule",
+                                               "train.warmup_steps",
+                                               "train.lr_decay_steps",
+                                               "train.lr_decay_rate",
+                                               "train.weight_decay",
+                                               "train.clip_norm",
+                                               "train.early_stopping_patience",
+                                               "comm.compression",
+                                               "comm.ps_mode",
+                                               "comm.max_staleness"};
+  // to_ini()'s own lines: "[section]" and "name = value".
+  std::map<std::string, std::string> earlier;
+  std::istringstream lines(earlier_ini);
+  std::string in_section;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.size() > 2 && line.front() == '[' && line.back() == ']') {
+      in_section = line.substr(1, line.size() - 2);
+    } else if (const std::size_t eq = line.find(" = "); eq != std::string::npos && !in_section.empty()) {
+      earlier[in_section + "." + line.substr(0, eq)] = line.substr(eq + 3);
+    }
+  }
+  std::vector<std::string> changed;
+  visit_keys(now, [&](const char* section, const char* name, const auto& field, const char*) {
+    const std::string key = std::string(section) + "." + name;
+    const auto was = earlier.find(key);
+    // A key the earlier run did not record (an older ddptrain) cannot be compared.
+    if (kSettings.count(key) == 0 || was == earlier.end()) return;
+    if (const std::string value = value_text(field); value != was->second)
+      changed.push_back(fmt::format("{} = {} (was {})", key, value, was->second));
+  });
+  return changed;
 }
 
 ParsedConfig parse_config(const std::vector<std::string>& args) {

@@ -104,6 +104,12 @@ struct ParsedConfig {
 // Parses argv (without the program name and subcommand). Throws UserError.
 ParsedConfig parse_config(const std::vector<std::string>& args);
 
+// The settings of the training's arithmetic (dropout, the optimizer's and the schedule's keys, clipping,
+// early stopping, gradient compression, the parameter server's mode) that differ between the effective
+// config `earlier_ini` of an earlier run (Config::to_ini(), as a checkpoint keeps it) and `now`, as
+// "train.learning_rate = 0.1 (was 0.001)", in the order of --help.
+std::vector<std::string> changed_training_settings(const std::string& earlier_ini, const Config& now);
+
 // The model the config names, for a dataset of `vocab_size` tokens and `classes` classes, and what it does
 // beside its parameters (masking, dropout).
 models::ModelShape model_shape(const Config& c, int vocab_size, int classes);

@@ -139,6 +139,13 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
   rng_states = std::move(c.replica_rng_states);
   start.progress = c.progress;
   TrainingProgress& p = start.progress;
+  if (const std::vector<std::string> changed = changed_training_settings(c.config_ini, config);
+      !changed.empty()) {
+    std::string list;
+    for (const std::string& setting : changed) list += (list.empty() ? "" : ", ") + setting;
+    std::printf("note: %s was trained with other settings; from here on the run trains with %s\n",
+                files.last().c_str(), list.c_str());
+  }
   if (p.seed != config.train.seed) {
     std::printf("note: %s was trained with train.seed = %llu; its data order continues with that seed\n",
                 files.last().c_str(), static_cast<unsigned long long>(p.seed));

@@ -149,6 +149,9 @@ expect_user_error "a second run in a busy directory" "checkpoint.dir = busy: ano
   "${busy[@]}" --train.epochs 1 --resume auto
 wait "$busy_run" || fail "the first run was disturbed" busy.txt
 grep -q "^Test (best.h5, epoch 1)" busy.txt || fail "the first run did not finish" busy.txt
-"${busy[@]}" --train.epochs 2 --resume auto >busy-next.txt 2>&1 ||
+"${busy[@]}" --train.epochs 2 --resume auto --model.dropout 0.25 >busy-next.txt 2>&1 ||
   fail "the directory stayed locked after its run ended" busy-next.txt
+# A setting of the arithmetic changed on resuming is named (the run goes on with it).
+grep -qF "note: busy/last.h5 was trained with other settings; from here on the run trains with model.dropout = 0.25 (was 0)" \
+  busy-next.txt || fail "the changed model.dropout is not named" busy-next.txt
 echo "PASS: one run per directory, resume checks its data, best.h5 on val (epoch $best_epoch), test once, outputs checked first"

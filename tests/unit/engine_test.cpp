@@ -77,6 +77,22 @@ TEST(Config, ResumeAloneMeansLast) {
   EXPECT_NE(error_of({"--data.path", "x.h5", "--resume", "sometimes"}).find("--resume"), std::string::npos);
 }
 
+// A resume names the settings of the arithmetic that changed since the checkpoint's run, and only those:
+// more epochs, other threads or another run directory are no change of what a step computes.
+TEST(Config, ChangedTrainingSettingsAreNamed) {
+  const Config earlier = parse_config({"--data.path", "x.h5"}).config;
+  const Config now =
+      parse_config({"--data.path", "y.h5", "--model.dropout", "0.5", "--train.learning_rate", "0.1",
+                    "--train.epochs", "9", "--train.threads", "3", "--checkpoint.dir", "elsewhere"})
+          .config;
+  EXPECT_EQ(
+      changed_training_settings(earlier.to_ini(), now),
+      (std::vector<std::string>{"model.dropout = 0.5 (was 0)", "train.learning_rate = 0.1 (was 0.001)"}));
+  EXPECT_TRUE(changed_training_settings(earlier.to_ini(), earlier).empty());
+  // A key the earlier ddptrain did not write is not compared.
+  EXPECT_TRUE(changed_training_settings("[train]\nepochs = 2\n", now).empty());
+}
+
 TEST(Config, StrayWordsAreRefusedNotIgnored) {
   EXPECT_NE(error_of({"bogus"}).find("unexpected argument 'bogus'"), std::string::npos);
   // A value whose key was forgotten.
