@@ -419,6 +419,18 @@ void write_checkpoint(const std::string& path, const models::ModelShape& shape, 
   writer.commit();
 }
 
+std::string read_checkpoint_run_id(const std::string& path) try {
+  std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
+  io::quiet_hdf5_errors();
+  Hid file = io::open_file_readonly(path);
+  if (io::read_string_attribute(file.get(), "format") != kFormat) {
+    throw UserError(path + ": not a ddptrain checkpoint (attribute format != " + kFormat + ")");
+  }
+  return io::read_string_attribute(file.get(), "run_id");
+} catch (const io::Hdf5Error& e) {
+  io::throw_unreadable_file(path, e);
+}
+
 Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
   std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
   io::quiet_hdf5_errors();

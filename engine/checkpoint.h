@@ -119,4 +119,8 @@ enum class CheckpointParts { kAll, kModel };
 // Throws UserError naming the file for a missing, foreign or damaged checkpoint.
 Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts = CheckpointParts::kAll);
 
+// The id of the run that wrote the checkpoint at `path` ("" for checkpoints of before run ids). Throws
+// UserError as read_checkpoint() does for a file that is no checkpoint.
+std::string read_checkpoint_run_id(const std::string& path);
+
 }  // namespace ddp::engine

@@ -106,6 +106,26 @@ void restore_missing_best(const RunFiles& files, TrainingProgress& p) {
       files.best().c_str(), static_cast<long long>(p.best_epoch), files.last().c_str());
 }
 
+// best.h5 written by another run (a file copied in by hand) would be scored as this run's best and replaced
+// by its next better epoch: refused while it can still be moved away. One that cannot be read as a
+// checkpoint is left to be replaced, as before.
+void refuse_another_runs_best(const RunFiles& files, const std::string& run_id) {
+  std::error_code ec;
+  if (run_id.empty() || !std::filesystem::is_regular_file(files.best(), ec)) return;
+  std::string best_run;
+  try {
+    best_run = read_checkpoint_run_id(files.best());
+  } catch (const UserError&) {
+    return;
+  }
+  if (!best_run.empty() && best_run != run_id) {
+    throw UserError(files.best() + " was written by run " + best_run + ", not by run " + run_id + " that " +
+                    files.last() +
+                    " continues: move it out of the directory (the run then "
+                    "chooses its best epoch afresh)");
+  }
+}
+
 // Rank 0: last.h5's parameters, optimizer state and progress, checked against the run.
 void resume_from_checkpoint(const Config& config, const RunFiles& files, const models::ParamLayout& layout,
                             const OptimizerSettings& optimizer, int trainers, int64_t steps_per_epoch,
@@ -178,6 +198,7 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
         files.last().c_str(), rng_states.size(), trainers);
     rng_states.clear();
   }
+  refuse_another_runs_best(files, c.run.run_id);
   restore_missing_best(files, p);
   if (data_changed || rows_changed) choose_best_afresh(files, p);
   if (p.step_in_epoch >= steps_per_epoch)

@@ -154,4 +154,13 @@ grep -q "^Test (best.h5, epoch 1)" busy.txt || fail "the first run did not finis
 # A setting of the arithmetic changed on resuming is named (the run goes on with it).
 grep -qF "note: busy/last.h5 was trained with other settings; from here on the run trains with model.dropout = 0.25 (was 0)" \
   busy-next.txt || fail "the changed model.dropout is not named" busy-next.txt
+# Another run's best.h5 copied in is refused, not scored as this run's; moved away, the run goes on.
+mv busy/best.h5 busy-best.h5
+cp linked/best.h5 busy/best.h5
+expect_user_error "another run's best.h5" "not by run $(grep -oP '^run \K\S+' busy.txt) that busy/last.h5 continues" \
+  "${busy[@]}" --train.epochs 3 --resume auto --model.dropout 0.25
+rm busy/best.h5
+"${busy[@]}" --train.epochs 3 --resume auto --model.dropout 0.25 >busy-third.txt 2>&1 ||
+  fail "resume without the foreign best.h5" busy-third.txt
+grep -q "^Test (best.h5, epoch 3)" busy-third.txt || fail "the next epoch did not become best.h5" busy-third.txt
 echo "PASS: one run per directory, resume checks its data, best.h5 on val (epoch $best_epoch), test once, outputs checked first"
