@@ -1,5 +1,7 @@
 #include "engine/run_start.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -87,23 +89,36 @@ void choose_best_afresh(const RunFiles& files, TrainingProgress& p) {
   p.best_epoch = p.epoch;
 }
 
-// best.h5 lost after it was chosen (the job killed while copying it): where last.h5 was written at the end of
-// the best epoch it holds that epoch's model and is copied back; otherwise the next epoch takes the place of
-// the lost one, so the run still ends with a best.h5 to score on its test split.
-void restore_missing_best(const RunFiles& files, TrainingProgress& p) {
+// best.h5 lost or stale after it was chosen: the job killed while copying last.h5 to it leaves no best.h5 (a
+// first one) or the earlier best epoch's (the copy goes through best.h5.tmp). Where last.h5 was written at
+// the end of the best epoch it holds that epoch's model and is copied over; otherwise the next epoch takes
+// the place of the lost one, so the run still ends with its best model to score on its test split, never an
+// older one.
+void restore_best(const RunFiles& files, TrainingProgress& p) {
   std::error_code ec;
-  if (p.epoch < 1 || std::filesystem::exists(std::filesystem::symlink_status(files.best(), ec))) return;
+  if (p.epoch < 1) return;
+  std::string state = "is missing";
+  if (std::filesystem::exists(std::filesystem::symlink_status(files.best(), ec))) {
+    int64_t held = -1;
+    try {
+      held = read_checkpoint(files.best(), CheckpointParts::kModel).progress.epoch;
+    } catch (const UserError&) {
+      // Unreadable: replaced as a missing one is.
+    }
+    if (held == p.best_epoch) return;
+    state = held < 0 ? "cannot be read" : fmt::format("holds epoch {}, not the best one", held);
+  }
   if (p.best_epoch == p.epoch && p.step_in_epoch == 0) {
     copy_checkpoint(files.last(), files.best());
-    std::printf("note: %s was missing; restored from %s, which holds its epoch %lld\n", files.best().c_str(),
-                files.last().c_str(), static_cast<long long>(p.epoch));
+    std::printf("note: %s %s; restored from %s, which holds the best epoch %lld\n", files.best().c_str(),
+                state.c_str(), files.last().c_str(), static_cast<long long>(p.epoch));
     return;
   }
   p.best_val_loss = std::numeric_limits<double>::infinity();
   std::printf(
-      "warning: %s (epoch %lld) is missing and %s holds a later model: the next epoch becomes best.h5, and "
-      "the better epochs after it replace it as usual\n",
-      files.best().c_str(), static_cast<long long>(p.best_epoch), files.last().c_str());
+      "warning: %s %s (the best epoch %lld was lost) and %s holds a later model: the next epoch becomes "
+      "best.h5, and the better epochs after it replace it as usual\n",
+      files.best().c_str(), state.c_str(), static_cast<long long>(p.best_epoch), files.last().c_str());
 }
 
 // best.h5 written by another run (a file copied in by hand) would be scored as this run's best and replaced
@@ -199,7 +214,7 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
     rng_states.clear();
   }
   refuse_another_runs_best(files, c.run.run_id);
-  restore_missing_best(files, p);
+  restore_best(files, p);
   if (data_changed || rows_changed) choose_best_afresh(files, p);
   if (p.step_in_epoch >= steps_per_epoch)
     p.step_in_epoch = 0;  // the interrupted epoch had finished its steps

@@ -126,13 +126,13 @@ cmp -s other.h5 other-before.h5 || fail "best.h5 was written through its link in
 # model, else the next epoch takes its place; either way the run ends with a test score on best.h5.
 rm linked/best.h5
 "${linked[@]}" --train.epochs 2 --resume auto >restored.txt 2>&1 || fail "resume without best.h5" restored.txt
-grep -qF "linked/best.h5 was missing; restored from linked/last.h5, which holds its epoch 1" restored.txt ||
+grep -qF "linked/best.h5 is missing; restored from linked/last.h5, which holds the best epoch 1" restored.txt ||
   fail "best.h5 was not restored" restored.txt
 grep -q "^Test (best.h5, epoch [12])" restored.txt || fail "no test score on best.h5" restored.txt
 "${linked[@]}" --train.epochs 4 --train.stop_after_steps 80 --resume auto >mid.txt 2>&1 || fail "stop in epoch 3" mid.txt
 rm linked/best.h5
 "${linked[@]}" --train.epochs 3 --resume auto >replaced.txt 2>&1 || fail "resume mid-epoch without best.h5" replaced.txt
-grep -qF "linked/best.h5 (epoch " replaced.txt && grep -qF "is missing and linked/last.h5 holds a later model" replaced.txt ||
+grep -qF "linked/best.h5 is missing (the best epoch " replaced.txt && grep -qF "was lost) and linked/last.h5 holds a later model" replaced.txt ||
   fail "the lost best.h5 is not said" replaced.txt
 grep -q "^Test (best.h5, epoch 3)" replaced.txt || fail "epoch 3 did not take the lost best.h5's place" replaced.txt
 
@@ -163,4 +163,13 @@ rm busy/best.h5
 "${busy[@]}" --train.epochs 3 --resume auto --model.dropout 0.25 >busy-third.txt 2>&1 ||
   fail "resume without the foreign best.h5" busy-third.txt
 grep -q "^Test (best.h5, epoch 3)" busy-third.txt || fail "the next epoch did not become best.h5" busy-third.txt
+# A stale best.h5 of this run (the job killed while copying last.h5 over it: the earlier best stays whole)
+# is replaced from last.h5, which holds the best epoch, before the test split is scored.
+cp busy-best.h5 busy/best.h5
+sed -i '/"event":"test"/d' busy/metrics.jsonl
+"${busy[@]}" --train.epochs 3 --resume auto --model.dropout 0.25 >busy-stale.txt 2>&1 ||
+  fail "resume with a stale best.h5" busy-stale.txt
+grep -qP "^note: busy/best.h5 holds epoch [12], not the best one; restored from busy/last.h5, which holds the best epoch 3" \
+  busy-stale.txt || fail "the stale best.h5 is not said" busy-stale.txt
+grep -q "^Test (best.h5, epoch 3)" busy-stale.txt || fail "the test score is not of epoch 3" busy-stale.txt
 echo "PASS: one run per directory, resume checks its data, best.h5 on val (epoch $best_epoch), test once, outputs checked first"
