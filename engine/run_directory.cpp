@@ -117,10 +117,22 @@ bool claim_run_directory(const RunFiles& files, const std::string& resume, bool 
 
   const std::string present = present_results(files);
   if (present.empty()) return false;
+  // A run killed before its first checkpoint landed leaves its log alone: nothing to continue, and a batch
+  // job requeued with --resume auto must not be stuck on it. The new run's lines follow under its own run id
+  // (the curves draw the last run's).
+  if (resume == "auto" && !overwrite && !fs::exists(files.best(), ec)) {
+    std::printf(
+        "note: checkpoint.dir = %s holds the log of a run that ended before its first checkpoint (%s): "
+        "nothing to resume, so this run starts afresh and appends its own lines\n",
+        files.dir.string().c_str(), present.c_str());
+    return false;
+  }
   if (!overwrite) {
-    throw UserError("checkpoint.dir = " + files.dir.string() + " holds another run (" + present +
-                    "): continue it with --resume, give this run its own checkpoint.dir, or replace the old "
-                    "one with --checkpoint.overwrite true");
+    throw UserError(
+        "checkpoint.dir = " + files.dir.string() + " holds another run (" + present +
+        "): " + (has_last ? "continue it with --resume, " : "") +
+        "give this run its own checkpoint.dir, or replace the old one with --checkpoint.overwrite "
+        "true");
   }
   for (const std::string& path : files.results()) {
     fs::remove(path, ec);

@@ -51,6 +51,27 @@ TEST(RunOutputs, ADirectoryWhereTheRunWritesAFileIsRefusedBeforeTraining) {
   EXPECT_FALSE(claim_run_directory(files, "auto", false));
 }
 
+// A run killed before its first checkpoint leaves only its log: --resume auto (a requeued batch job) starts
+// afresh beside it; a plain new run is still refused, without advice to resume what cannot be resumed; with
+// best.h5 there the log is of a run worth keeping, refused as before.
+TEST(RunOutputs, ALogWithoutACheckpointIsNoRunToResume) {
+  TempDir dir;
+  RunFiles files{dir.file("run")};
+  fs::create_directories(files.dir);
+  write_bytes(files.metrics(), "{\"run_id\":\"a\",\"epoch\":1}\n");
+  write_bytes(files.curves(), "<svg/>");
+  EXPECT_FALSE(claim_run_directory(files, "auto", false));
+  EXPECT_EQ(bytes_of(files.metrics()), "{\"run_id\":\"a\",\"epoch\":1}\n");  // kept, to be appended to
+  try {
+    claim_run_directory(files, "no", false);
+    FAIL() << "a new run over another run's log";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()).find("--resume"), std::string::npos) << e.what();
+  }
+  write_bytes(files.best(), "a best model");
+  expect_user_error([&] { claim_run_directory(files, "auto", false); }, {"holds another run (best.h5"});
+}
+
 // A second run in a directory while the first still holds it is refused, naming the holder; once the first
 // lets go the directory can be taken again.
 TEST(RunOutputs, OneRunAtATimeHoldsTheDirectory) {
