@@ -82,6 +82,15 @@ std::string to_json(const TestMetrics& m) {
   return line.dump();
 }
 
+std::string to_json(const ResumeEvent& e) {
+  const json::Object line{{"run_id", e.run_id},
+                          {"time", e.time},
+                          {"event", "resume"},
+                          {"epochs_done", e.epochs_done},
+                          {"steps_done", e.steps_done}};
+  return line.dump();
+}
+
 void append_line(const std::string& path, const std::string& line) {
   std::ofstream out(path, std::ios::app);
   out << line << '\n';

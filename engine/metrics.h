@@ -57,6 +57,16 @@ struct TestMetrics {
 std::string format_test_line(const TestMetrics& m);
 // One JSON object on one line, with "event": "test" (and no "epoch", so curves skip it).
 std::string to_json(const TestMetrics& m);
+// A resumed run's first line: the epochs and steps its checkpoint holds. Lines of the run for later epochs
+// before it were written by a job stopped before their checkpoint landed; those epochs are trained again.
+struct ResumeEvent {
+  std::string run_id;
+  std::string time;
+  int64_t epochs_done = 0;
+  int64_t steps_done = 0;  // in the interrupted epoch
+};
+// One JSON object on one line, with "event": "resume" (and no "epoch", so curves read it as an event).
+std::string to_json(const ResumeEvent& e);
 // Appends `line` and a newline to `path`, creating it if needed. Throws UserError if it cannot.
 void append_line(const std::string& path, const std::string& line);
 // Whether the metrics.jsonl at `path` holds the test line (event "test") of run `run_id`: a run stopped while

@@ -112,6 +112,11 @@ class TrainingRun::Loop {
     if (resumed_) restore_replica_rng(start.replica_rng_state);
     watchdog_.enter("gathering the start-up log");
     log_start();
+    if (resumed_ && !finished_at_start_ && is_root()) {
+      watchdog_.enter("writing to checkpoint.dir " + files_.dir.string());
+      append_line(files_.metrics(), to_json(ResumeEvent{run_record_.run_id, utc_timestamp(), progress_.epoch,
+                                                        progress_.step_in_epoch}));
+    }
     if (!finished_at_start_) log_class_balance(comm_, data_, plan_.train);  // the same on every rank
     start_gpu_monitor();
 

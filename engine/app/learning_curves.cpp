@@ -218,6 +218,14 @@ std::vector<EpochCurvePoint> read_learning_curves(const std::string& metrics_jso
   for (std::string line; std::getline(in, line);) {
     const nlohmann::json members = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!members.is_object()) continue;  // a half-written last line, say
+    // A resume: this run's epochs after the checkpoint's were written by a job that stopped before their
+    // checkpoint, and are trained again.
+    if (members.value("event", "") == "resume" && members.value("run_id", "") == run_id) {
+      const auto done = members.find("epochs_done");
+      if (done != members.end() && done->is_number_integer())
+        by_epoch.erase(by_epoch.upper_bound(done->get<int64_t>()), by_epoch.end());
+      continue;
+    }
     const auto epoch = members.find("epoch");
     if (epoch == members.end() || !epoch->is_number_integer()) continue;  // the test line, or not ours
     const auto id = members.find("run_id");

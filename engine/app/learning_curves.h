@@ -18,8 +18,9 @@ struct EpochCurvePoint {
   double val_acc = 0;
 };
 
-// The epochs of a metrics.jsonl in increasing order. A resumed run may write an epoch twice: the last line
-// for an epoch wins. Only the last run's lines count (by "run_id"; a line of another run starts afresh).
+// The epochs of a metrics.jsonl in increasing order. A resumed run may write an epoch twice: its resume line
+// ({"event": "resume", "epochs_done": N}) drops the run's epochs after N written before it, and the last
+// line for an epoch wins. Only the last run's lines count (by "run_id"; a line of another run starts afresh).
 // Held-out numbers are val_loss/val_acc, or test_loss/test_acc in a run validated on its test split; a
 // value written as null for a diverged run (engine/base/json.h) reads as NaN or infinity. Lines that are
 // not a JSON object with an integer "epoch" (a half-written last line, the test line) are skipped. Throws

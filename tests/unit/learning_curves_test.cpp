@@ -196,6 +196,23 @@ TEST(LearningCurves, RepeatedEpochTakesTheLastLine) {
   EXPECT_NEAR(train[1].y, plot_area(svg, "loss").y, 0.01);  // epoch 2's 0.9 is now the highest loss
 }
 
+// A job stopped after writing epoch 3's line but before its checkpoint: the resume line from epoch 2's
+// checkpoint drops epoch 3 until it is trained again, even where the new run stops before it.
+TEST(LearningCurves, AResumeDropsTheEpochsItTrainsAgain) {
+  TempDir dir;
+  write_text(dir.file("metrics.jsonl"),
+             metrics_line(1, 0.7, 0.5, 0.7, 0.5) + "\n" + metrics_line(2, 0.6, 0.6, 0.6, 0.6) + "\n" +
+                 metrics_line(3, 0.5, 0.7, 0.5, 0.7) + "\n" + to_json(ResumeEvent{"", "t", 2, 0}) + "\n");
+  std::vector<EpochCurvePoint> points = read_learning_curves(dir.file("metrics.jsonl"));
+  ASSERT_EQ(points.size(), 2u);
+  EXPECT_EQ(points[1].epoch, 2);
+  // Another run's resume line says nothing of this run's epochs.
+  write_text(dir.file("metrics.jsonl"), metrics_line(1, 0.7, 0.5, 0.7, 0.5) + "\n" +
+                                            metrics_line(2, 0.6, 0.6, 0.6, 0.6) + "\n" +
+                                            to_json(ResumeEvent{"other", "t", 1, 0}) + "\n");
+  EXPECT_EQ(read_learning_curves(dir.file("metrics.jsonl")).size(), 2u);
+}
+
 std::string run_line(const std::string& run_id, int64_t epoch, double loss, const std::string& held_out) {
   EpochMetrics m;
   m.run_id = run_id;
