@@ -50,6 +50,8 @@ struct FileResult {
   std::vector<int32_t> tail;  // the last min(words, maxlen) words as ids of the worker's WordTable
   int worker = 0;
   bool valid_utf8 = true;
+  bool utf16 = false;      // converted from UTF-16 (io/tokenizer.h)
+  bool holds_nul = false;  // NUL bytes after that: a binary file, most likely
 };
 
 // The words one reader thread has seen, each with a local id, and their counts in the training split.
@@ -216,6 +218,8 @@ void read_files(int worker, const std::vector<InputFile>& files, int maxlen, Wor
       ids.clear();
       FileResult& result = results[i];
       result.worker = worker;
+      result.utf16 = !convert_utf16(bytes).empty();
+      result.holds_nul = bytes.find('\0') != std::string::npos;
       result.valid_utf8 = tokenize(bytes, [&](std::string_view word) { ids.push_back(table.intern(word)); });
       if (files[i].split == kTrain) {
         for (const int32_t id : ids) table.count(id);
@@ -397,8 +401,12 @@ std::string prepare_text(const TextCorpusOptions& options) {
                                                    std::vector<std::vector<size_t>>(classes.size())};
   std::vector<std::string> empty_files;
   std::vector<std::string> lenient_files;
+  std::vector<std::string> utf16_files;
+  std::vector<std::string> nul_files;
   for (size_t i = 0; i < files.size(); ++i) {
     if (!results[i].valid_utf8) lenient_files.push_back(files[i].name);
+    if (results[i].utf16) utf16_files.push_back(files[i].name);
+    if (results[i].holds_nul) nul_files.push_back(files[i].name);
     if (results[i].words == 0) {
       empty_files.push_back(files[i].name);
       continue;
@@ -517,6 +525,11 @@ std::string prepare_text(const TextCorpusOptions& options) {
   }
   summary += "\nfiles not valid UTF-8, decoded leniently (bad bytes read as Windows-1252): " +
              count_and_names(lenient_files);
+  if (!utf16_files.empty()) summary += "\nfiles in UTF-16, read as such: " + count_and_names(utf16_files);
+  if (!nul_files.empty()) {
+    summary += "\nfiles holding NUL bytes, not text (binary files?), their other bytes read as words: " +
+               count_and_names(nul_files);
+  }
   const double coverage =
       train_tokens > 0 ? 100.0 * static_cast<double>(covered_tokens) / static_cast<double>(train_tokens)
                        : 0.0;

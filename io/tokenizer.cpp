@@ -171,6 +171,54 @@ std::vector<std::string> tokenize(std::string_view text, bool* valid_utf8) {
   return words;
 }
 
+std::string convert_utf16(std::string& bytes) {
+  const auto byte_at = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
+  const bool marked_le = bytes.size() >= 2 && byte_at(0) == 0xFF && byte_at(1) == 0xFE;
+  const bool marked_be = bytes.size() >= 2 && byte_at(0) == 0xFE && byte_at(1) == 0xFF;
+  const size_t start = marked_le || marked_be ? 2 : 0;
+  // NULs in the first 4 KiB, in the high byte of a little-endian pair (odd offsets past the mark) and of a
+  // big-endian one: text of any script the tokenizer reads has them (a space is U+0020), UTF-8 and Latin-1
+  // text never, so a Latin-1 file that happens to start with "ÿþ" stays Latin-1.
+  const size_t pairs = (std::min<size_t>(bytes.size(), 4096 + start) - start) / 2;
+  size_t nul_high_le = 0;
+  size_t nul_high_be = 0;
+  for (size_t p = 0; p < pairs; ++p) {
+    nul_high_be += bytes[start + 2 * p] == '\0' ? 1 : 0;
+    nul_high_le += bytes[start + 2 * p + 1] == '\0' ? 1 : 0;
+  }
+  const auto most = [&](size_t n) { return n * 2 > pairs; };
+  const auto hardly_any = [&](size_t n) { return n * 10 < pairs; };
+  bool little_endian = false;
+  if (marked_le && nul_high_le > 0) {
+    little_endian = true;
+  } else if (marked_be && nul_high_be > 0) {
+    little_endian = false;
+  } else if (start == 0 && pairs >= 2 && most(nul_high_le) && hardly_any(nul_high_be)) {
+    little_endian = true;
+  } else if (!(start == 0 && pairs >= 2 && most(nul_high_be) && hardly_any(nul_high_le))) {
+    return "";
+  }
+  const auto unit = [&](size_t i) -> uint32_t {
+    return little_endian ? byte_at(i) | (byte_at(i + 1) << 8) : (byte_at(i) << 8) | byte_at(i + 1);
+  };
+  constexpr uint32_t kReplacement = 0xFFFD;
+  std::string out;
+  out.reserve(bytes.size());
+  for (size_t i = start; i + 1 < bytes.size(); i += 2) {
+    uint32_t code_point = unit(i);
+    if (code_point >= 0xD800 && code_point <= 0xDBFF && i + 3 < bytes.size() && unit(i + 2) >= 0xDC00 &&
+        unit(i + 2) <= 0xDFFF) {
+      code_point = 0x10000 + ((code_point - 0xD800) << 10) + (unit(i + 2) - 0xDC00);
+      i += 2;
+    } else if (code_point >= 0xD800 && code_point <= 0xDFFF) {
+      code_point = kReplacement;
+    }
+    append_utf8(out, code_point);
+  }
+  bytes = std::move(out);
+  return little_endian ? "UTF-16LE" : "UTF-16BE";
+}
+
 std::string to_utf8(std::string_view bytes) {
   std::string out;
   out.reserve(bytes.size());

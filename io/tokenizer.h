@@ -53,6 +53,14 @@ bool tokenize(std::string_view text, const std::function<void(std::string_view w
 // The words of `text`; `valid_utf8`, when given, says whether every byte was valid UTF-8.
 std::vector<std::string> tokenize(std::string_view text, bool* valid_utf8 = nullptr);
 
+// UTF-16 text (what Windows calls "Unicode"), which the lenient UTF-8 reading would take apart letter by
+// letter: a file that starts with a UTF-16 byte order mark and has a NUL high byte in its first 4 KiB (a
+// space is U+0020; a NUL is never part of UTF-8 or Latin-1 text), or one without a mark where NUL bytes
+// fill the high byte of most pairs of its first 4 KiB and hardly any low byte, is
+// rewritten in place as UTF-8 (the mark dropped, an unpaired surrogate as U+FFFD) and its encoding returned:
+// "UTF-16LE" or "UTF-16BE". Anything else is left as it is, and "" returned.
+std::string convert_utf16(std::string& bytes);
+
 // `bytes` decoded as above and written back as well-formed UTF-8 (for showing a document).
 std::string to_utf8(std::string_view bytes);
 

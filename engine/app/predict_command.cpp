@@ -175,10 +175,30 @@ std::vector<std::string> read_lines(const std::string& input) {
   std::vector<std::string> lines;
   // Line by line, each at most one document's worth: an endless line (/dev/zero, a binary file) ends with an
   // error instead of taking every byte of memory.
-  std::streambuf& bytes = *in.rdbuf();
-  for (int c = bytes.sbumpc(); c != std::char_traits<char>::eof(); c = bytes.sbumpc()) {
+  std::streambuf& stream = *in.rdbuf();
+  constexpr int kEnd = std::char_traits<char>::eof();
+  // A file in UTF-16 (its byte order mark) is read whole and turned into UTF-8 first (io/tokenizer.h).
+  std::string converted;
+  std::size_t converted_at = 0;
+  std::string head;
+  for (int i = 0, c = 0; i < 2 && (c = stream.sbumpc()) != kEnd; ++i) head += static_cast<char>(c);
+  if (head == "\xFF\xFE" || head == "\xFE\xFF") {
+    converted = head;
+    for (int c = stream.sbumpc(); c != kEnd; c = stream.sbumpc()) converted += static_cast<char>(c);
+    io::convert_utf16(converted);
+    head.clear();
+  }
+  std::size_t head_at = 0;
+  const bool whole = !converted.empty();
+  const auto next_byte = [&]() -> int {
+    if (whole)
+      return converted_at < converted.size() ? static_cast<unsigned char>(converted[converted_at++]) : kEnd;
+    if (head_at < head.size()) return static_cast<unsigned char>(head[head_at++]);
+    return stream.sbumpc();
+  };
+  for (int c = next_byte(); c != kEnd; c = next_byte()) {
     std::string line;
-    for (; c != std::char_traits<char>::eof() && c != '\n'; c = bytes.sbumpc()) {
+    for (; c != kEnd && c != '\n'; c = next_byte()) {
       if (line.size() == io::kMaxDocumentBytes) {
         throw UserError(input + ": line " + std::to_string(lines.size() + 1) +
                         " is longer than the 256 MiB one document may hold (one document per line)");
@@ -190,7 +210,7 @@ std::vector<std::string> read_lines(const std::string& input) {
     // a document.
     if (line.starts_with("\xEF\xBB\xBF")) line.erase(0, 3);
     lines.push_back(std::move(line));
-    if (c == std::char_traits<char>::eof()) break;
+    if (c == kEnd) break;
   }
   if (lines.empty()) throw UserError(input + ": no documents in it (one document per line)");
   return lines;

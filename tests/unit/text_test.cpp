@@ -160,6 +160,41 @@ TextCorpusOptions options_for(const TempDir& dir, const std::string& output, int
   return o;
 }
 
+// UTF-16 with its byte order mark in either order, or without one where NULs fill one byte of each pair,
+// becomes UTF-8 (a surrogate pair one character, a lone surrogate U+FFFD); UTF-8 and Latin-1 stay as they
+// are.
+TEST(Tokenizer, Utf16BecomesUtf8) {
+  const auto utf16 = [](std::u16string_view text, bool little_endian, bool mark) {
+    std::string bytes = mark ? (little_endian ? "\xFF\xFE" : "\xFE\xFF") : "";
+    for (const char16_t unit : text) {
+      const char low = static_cast<char>(unit & 0xFF);
+      const char high = static_cast<char>(unit >> 8);
+      bytes += little_endian ? std::string{low, high} : std::string{high, low};
+    }
+    return bytes;
+  };
+  for (const bool little_endian : {true, false}) {
+    for (const bool mark : {true, false}) {
+      std::string bytes = utf16(u"Caf\u00e9 don\u2019t \U0001F600 good", little_endian, mark);
+      EXPECT_EQ(convert_utf16(bytes), little_endian ? "UTF-16LE" : "UTF-16BE");
+      EXPECT_EQ(bytes, "Caf\xC3\xA9 don\xE2\x80\x99t \xF0\x9F\x98\x80 good");
+      EXPECT_EQ(tokenize(bytes), (Words{"café", "don't", "good"}));
+    }
+  }
+  std::string lone = utf16(std::u16string{u'a', char16_t{0xD800}, u'b'}, true, true);
+  convert_utf16(lone);
+  EXPECT_EQ(lone,
+            "a\xEF\xBF\xBD"
+            "b");
+  for (std::string other :
+       {std::string("plain text, caf\xC3\xA9"), std::string("caf\xe9"), std::string("x"),
+        std::string("a\0b\0c"), std::string("\xff\xfe caf\xe9 great")}) {  // the last: Latin-1 "ÿþ caf..."
+    const std::string before = other;
+    EXPECT_EQ(convert_utf16(other), "") << before;
+    EXPECT_EQ(other, before);
+  }
+}
+
 TEST(PrepareText, RowsVocabularyAndSummary) {
   TempDir dir;
   const std::filesystem::path corpus = dir.file("corpus");
@@ -171,6 +206,10 @@ TEST(PrepareText, RowsVocabularyAndSummary) {
   write_text(corpus / "test/pos/t.txt", "good unknown");
   write_text(corpus / "test/neg/u.txt", "caf\xe9 bad?");
   write_text(corpus / "test/neg/v.txt", " ... ");
+  write_text(corpus / "test/neg/w.txt", std::string("\xFF\xFE"
+                                                    "b\0a\0d\0",
+                                                    8));  // "bad", UTF-16LE
+  write_text(corpus / "test/pos/bin.dat", std::string("good\0\x01\x02\0\0\0\x7f", 11));
   // No documents, and said so: a link to nothing and a folder inside a class.
   std::filesystem::create_symlink(corpus / "missing.txt", corpus / "train/neg/gone.txt");
   std::filesystem::create_directories(corpus / "test/pos/nested");
@@ -184,12 +223,19 @@ TEST(PrepareText, RowsVocabularyAndSummary) {
   EXPECT_EQ(sorted_rows(dir.file("data.h5"), "train", 5),
             (std::vector<Row>{{{0, 0, 1, 2, 4}, 0}, {{0, 1, 3, 3, 4}, 1}, {{2, 5, 3, 4, 3}, 1}}));
   EXPECT_EQ(sorted_rows(dir.file("data.h5"), "test", 5),
-            (std::vector<Row>{{{0, 0, 1, 2, 2}, 0}, {{0, 0, 1, 3, 2}, 1}}));
+            (std::vector<Row>{
+                {{0, 0, 0, 1, 2}, 0}, {{0, 0, 0, 1, 3}, 1}, {{0, 0, 1, 2, 2}, 0}, {{0, 0, 1, 3, 2}, 1}}));
 
-  EXPECT_NE(summary.find("train 3 (1 neg, 2 pos), test 2 (1 neg, 1 pos), vocab_size 7, maxlen 5"),
+  EXPECT_NE(summary.find("train 3 (1 neg, 2 pos), test 4 (2 neg, 2 pos), vocab_size 7, maxlen 5"),
             std::string::npos)
       << summary;
-  EXPECT_NE(summary.find("read 7 files"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("read 9 files"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("files in UTF-16, read as such: 1 (test/neg/w.txt)"), std::string::npos) << summary;
+  EXPECT_NE(
+      summary.find("files holding NUL bytes, not text (binary files?), their other bytes read as words: 1 "
+                   "(test/pos/bin.dat)"),
+      std::string::npos)
+      << summary;
   EXPECT_NE(summary.find("empty files skipped (no words): 2 (train/neg/y.txt, test/neg/v.txt)"),
             std::string::npos)
       << summary;
