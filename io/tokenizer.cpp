@@ -124,7 +124,7 @@ bool tokenize(std::string_view text, const std::function<void(std::string_view w
   std::string word;
   const auto end_word = [&] {
     while (!word.empty() && word.back() == '\'') word.pop_back();
-    if (!word.empty()) on_word(word);
+    if (!word.empty() && word.size() <= kMaxWordBytes) on_word(word);
     word.clear();
   };
   size_t i = 0;

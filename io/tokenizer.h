@@ -23,7 +23,8 @@
 //     Leading and trailing apostrophes are stripped ("'quoted'" gives quoted, "dogs'" gives dogs), so a run
 //     of apostrophes alone is no word; inner ones stay (don't, rock'n'roll). Everything else separates words:
 //     spaces, punctuation, hyphens, symbols, and letters of other scripts (CJK, Arabic, ...), which are
-//     dropped.
+//     dropped. A run longer than kMaxWordBytes (an embedded image's base64, a hash) is no word either: it
+//     would take a place in the vocabulary, and its bytes in every file that holds it.
 //  Words come out as UTF-8.
 //
 // Token ids as Keras' IMDB: 0 padding, 1 start of the document, 2 a word out of the vocabulary, 3.. the
@@ -46,6 +47,8 @@ inline constexpr int32_t kPadId = 0;
 inline constexpr int32_t kStartId = 1;
 inline constexpr int32_t kOovId = 2;
 inline constexpr int32_t kFirstWordId = 3;
+// The longest word, in UTF-8 bytes: 128 Latin, 64 Greek or Cyrillic letters.
+inline constexpr std::size_t kMaxWordBytes = 128;
 
 // Calls on_word with each word of `text` (the view is valid during the call only). Returns false when some
 // byte was not valid UTF-8 and was read as Windows-1252.

@@ -67,6 +67,14 @@ TEST(Tokenizer, MultiByteLettersAndOtherScripts) {
   EXPECT_EQ(words_of("a×b c÷d"), (Words{"a", "b", "c", "d"}));
 }
 
+// A run of letters longer than a word can be (base64 of an embedded image) is left out, however it ends.
+TEST(Tokenizer, RunsLongerThanAWordAreNoWords) {
+  const std::string longest(kMaxWordBytes, 'a');
+  EXPECT_EQ(words_of("x " + longest + " y"), (Words{"x", longest, "y"}));
+  EXPECT_EQ(words_of("x " + longest + "b y"), (Words{"x", "y"}));
+  EXPECT_EQ(words_of("x " + std::string(40 << 20, 'q') + "' y"), (Words{"x", "y"}));
+}
+
 TEST(Tokenizer, InvalidUtf8BytesAreWindows1252) {
   EXPECT_EQ(words_of("caf\xe9 na\xefve", false), (Words{"café", "naïve"}));
   EXPECT_EQ(words_of("don\x92t \x93quoted\x94", false), (Words{"don't", "quoted"}));
