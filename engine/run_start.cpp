@@ -146,8 +146,6 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
                             const OptimizerSettings& optimizer, int trainers, int64_t steps_per_epoch,
                             RunStart& start, std::vector<std::string>& rng_states) {
   Checkpoint c = read_checkpoint(files.last());
-  const bool data_changed = check_resumed_data(config, files, c, start.record);
-  const bool rows_changed = note_changed_data_plan(files, c, start.record);
   if (!c.run.run_id.empty()) start.record.run_id = c.run.run_id;  // a resumed run keeps its id
   if (!(c.shape == layout.shape())) {
     // describe() names the layers and classes where they are not the defaults.
@@ -169,6 +167,9 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
                     ", the config asks for train.optimizer = " + optimizer.name);
   }
   check_optimizer_state(optimizer, layout.total_size(), c.optimizer, files.last());
+  // The notes on changed data come after the refusals above, so that a refused resume says one line.
+  const bool data_changed = check_resumed_data(config, files, c, start.record);
+  const bool rows_changed = note_changed_data_plan(files, c, start.record);
   start.params = std::move(c.params);
   start.optimizer = std::move(c.optimizer);
   rng_states = std::move(c.replica_rng_states);

@@ -11,6 +11,7 @@
 
 #include "engine/base/errors.h"
 #include "engine/base/file_kind.h"
+#include "engine/base/progress.h"
 
 namespace ddp::io {
 namespace {
@@ -111,10 +112,10 @@ DatasetWriter::DatasetWriter(std::string path, int vocab_size, int maxlen, int64
   const fs::space_info space =
       fs::space(output.has_parent_path() ? output.parent_path() : fs::path("."), error);
   if (!error && bytes > static_cast<double>(space.available)) {
-    throw UserError(fmt::format(
-        "{}: the dataset needs {:.3g} GB ({} rows of {} tokens) and its file system has "
-        "{:.3g} GB free",
-        path_, bytes / 1e9, training_rows + test_rows, maxlen, static_cast<double>(space.available) / 1e9));
+    throw UserError(
+        fmt::format("{}: the dataset needs {} ({} rows of {} tokens) and its file system has {} free", path_,
+                    progress::bytes_text(bytes), training_rows + test_rows, maxlen,
+                    progress::bytes_text(static_cast<double>(space.available))));
   }
   if (tmp_path_.size() < sizeof(g_file_in_progress) && !g_slot_taken.exchange(true)) {
     tmp_path_.copy(g_file_in_progress, tmp_path_.size());

@@ -82,6 +82,13 @@ const char* kLayout =
     "prepare text expects a folder per class in each split: DIR/train/<class>/, DIR/test/<class>/ (aclImdb: "
     "pos and neg)";
 
+// Why `path` is no folder to read: absent, or something else (a file given as --input).
+std::string no_folder(const fs::path& path) {
+  std::error_code error;
+  return path.string() + (fs::exists(path, error) ? ": is not a folder (" : ": no such folder (") + kLayout +
+         ")";
+}
+
 // The sub-folders of `folder` (not starting with '.'), by name; empty if it is not a folder.
 std::vector<std::string> sub_folders(const fs::path& folder) {
   std::vector<std::string> names;
@@ -105,7 +112,7 @@ std::vector<std::string> class_folders(const fs::path& root, const std::vector<s
   for (const int split : {kTrain, kTest}) {
     std::error_code error;
     if (!fs::is_directory(root / kSplitNames[split], error)) {
-      throw UserError((root / kSplitNames[split]).string() + ": no such folder (" + kLayout + ")");
+      throw UserError(no_folder(root / kSplitNames[split]));
     }
   }
   const auto is_class = [&](const std::string& name) {
@@ -145,7 +152,7 @@ std::vector<std::string> class_folders(const fs::path& root, const std::vector<s
 std::vector<fs::path> list_documents(const fs::path& folder, std::vector<fs::path>& not_files) {
   std::error_code error;
   if (!fs::is_directory(folder, error)) {
-    throw UserError(folder.string() + ": no such folder (" + kLayout + ")");
+    throw UserError(no_folder(folder));
   }
   std::vector<fs::path> files;
   fs::directory_iterator it(folder, error);
@@ -186,15 +193,22 @@ void read_whole_file(const InputFile& file, std::string& bytes) {
   std::error_code ec;
   const uintmax_t size = std::filesystem::file_size(file.path, ec);
   if (!ec && size > kMaxDocumentBytes) throw too_large(std::to_string(size));
+  int read_errno = 0;
   while (true) {
     if (used > kMaxDocumentBytes) throw too_large("over " + std::to_string(kMaxDocumentBytes));
     bytes.resize(used + kChunk);
+    errno = 0;
     const size_t got = std::fread(bytes.data() + used, 1, kChunk, handle.get());
+    read_errno = errno;
     used += got;
     if (got < kChunk) break;
   }
   bytes.resize(used);
-  if (std::ferror(handle.get()) != 0) throw UserError(file.path.string() + ": read error");
+  if (std::ferror(handle.get()) != 0) {
+    throw UserError(file.path.string() + ": read error (" +
+                    (read_errno != 0 ? std::generic_category().message(read_errno) : "no reason given") +
+                    ")");
+  }
 }
 
 // Shared by the reader threads and the thread that shows progress.
@@ -350,7 +364,7 @@ std::string prepare_text(const TextCorpusOptions& options) {
   const fs::path root(options.input);
   std::error_code error;
   if (!fs::is_directory(root, error)) {
-    throw UserError(options.input + ": no such folder (" + kLayout + ")");
+    throw UserError(no_folder(root));
   }
   // An output among the documents would be read as one by the next prepare (and replace one now).
   for (const int split : {kTrain, kTest}) {

@@ -18,4 +18,15 @@ std::string seconds_text(double seconds) {
   return seconds < 100 ? fmt::format("{:.1f}s", seconds) : fmt::format("{:.0f}s", seconds);
 }
 
+std::string bytes_text(double bytes) {
+  static const char* const kUnits[] = {"B", "kB", "MB", "GB", "TB", "PB"};
+  std::size_t unit = 0;
+  while (bytes >= 999.5 && unit + 1 < std::size(kUnits)) {
+    bytes /= 1000;
+    ++unit;
+  }
+  if (unit == 0) return fmt::format("{:.0f} B", bytes);
+  return fmt::format("{:.{}f} {}", bytes, bytes < 9.995 ? 2 : bytes < 99.95 ? 1 : 0, kUnits[unit]);
+}
+
 }  // namespace ddp::progress

@@ -25,6 +25,7 @@
 #include "engine/base/errors.h"
 #include "engine/base/json.h"
 #include "engine/base/parallel_loops.h"
+#include "engine/base/progress.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/metrics.h"
@@ -673,6 +674,17 @@ class ManualClock {
 
 // The stall handler is called once no beat came for the timeout, with the last step in its message, and
 // only once.
+// Sizes in messages: three digits and a unit, never 6.12e-05 GB.
+TEST(Progress, SizesForAPerson) {
+  EXPECT_EQ(progress::bytes_text(0), "0 B");
+  EXPECT_EQ(progress::bytes_text(812), "812 B");
+  EXPECT_EQ(progress::bytes_text(61240), "61.2 kB");
+  EXPECT_EQ(progress::bytes_text(999999), "1.00 MB");
+  EXPECT_EQ(progress::bytes_text(12.34e6), "12.3 MB");
+  EXPECT_EQ(progress::bytes_text(1.5e9), "1.50 GB");
+  EXPECT_EQ(progress::bytes_text(3e18), "3000 PB");
+}
+
 TEST(ProgressWatchdog, CallsTheHandlerWhenBeatsStop) {
   ManualClock clock;
   std::vector<std::string> reasons;
