@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
@@ -244,6 +245,17 @@ std::string class_label(const std::vector<std::string>& names, int k) {
   return static_cast<std::size_t>(k) < names.size() ? names[static_cast<std::size_t>(k)] : std::to_string(k);
 }
 
+// A class name as predict prints it: as it is, or in JSON's quotes and escapes where it holds what separates
+// the output's fields (a tab, a space, '=') or a quote, a backslash or a control character, so that every
+// line still splits into its fields.
+std::string printed_label(const std::vector<std::string>& names, int k) {
+  const std::string name = class_label(names, k);
+  const bool plain = !name.empty() && std::none_of(name.begin(), name.end(), [](char c) {
+    return c == ' ' || c == '=' || c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20 || c == 0x7F;
+  });
+  return plain ? name : nlohmann::json(name).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 }  // namespace
 
 int predict_command(const std::vector<std::string>& args) {
@@ -319,13 +331,13 @@ int predict_command(const std::vector<std::string>& args) {
       line = fmt::format("{:.4f}", row[0]);
     } else {
       const auto [best, p] = predicted_class(row);
-      line = fmt::format("{}\t{:.4f}", class_label(names, best), p);
+      line = fmt::format("{}\t{:.4f}", printed_label(names, best), p);
     }
     if (all_probabilities) {
       std::string all;
       for (int k = 0; k < classes; ++k) {
         const float pk = classes == 2 ? (k == 1 ? row[0] : 1.0f - row[0]) : row[static_cast<std::size_t>(k)];
-        all += fmt::format("{}{}={:.4f}", k == 0 ? "" : " ", class_label(names, k), pk);
+        all += fmt::format("{}{}={:.4f}", k == 0 ? "" : " ", printed_label(names, k), pk);
       }
       line += "\t" + all;
     }

@@ -101,6 +101,19 @@ awk '/^confusion matrix/ { m = 1; next } m && $2 ~ /^[0-9]+$/ { s += $2 + $3 + $
 grep -qP '^sports\t\d\.\d{4}\tmusic=\d\.\d{4} science=\d\.\d{4} sports=\d\.\d{4}\tThe striker' predict.txt ||
   fail "predict's first line" predict.txt
 grep -qP '^science\t' <(sed -n 2p predict.txt) || fail "a negated topic decided the class" predict.txt
+# Class names that hold what separates predict's fields (a space, '=', a tab) are printed quoted, so every
+# line still splits: the same checkpoint with its classes renamed.
+cp run/best.h5 renamed.h5
+/usr/bin/python3 - <<'PY' || fail "renaming the checkpoint's classes"
+import h5py
+with h5py.File("renamed.h5", "r+") as f:
+    del f["classes"]
+    f.create_dataset("classes", data=["music", "pure science", "sports=\tball"], dtype=h5py.string_dtype())
+PY
+"$ddptrain" predict -c renamed.h5 --text "Not concert news: the physics of the atom" -a >renamed.txt 2>&1 ||
+  fail "predict with renamed classes failed" renamed.txt
+grep -qP '^"pure science"\t\d\.\d{4}\tmusic=\d\.\d{4} "pure science"=\d\.\d{4} "sports=\\tball"=\d\.\d{4}\tNot concert' \
+  renamed.txt || fail "class names with separators are not quoted" renamed.txt
 
 # Bad values: one line naming the key.
 expect_user_error "bidirectional without masking" "model.bidirectional" \
