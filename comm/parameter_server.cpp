@@ -8,6 +8,7 @@
 #include <climits>
 #include <csignal>
 #include <cstring>
+#include <limits>
 
 #include "comm/mpi_check.h"
 #include "comm/poller.h"
@@ -341,11 +342,22 @@ class Server {
   void check_silence(Poller& poller) {
     const auto now = Clock::now();
     std::vector<int> silent;
+    double least_silence = std::numeric_limits<double>::infinity();
     for (int w = 0; w < roles_.workers(); ++w) {
       const Worker& candidate = worker(w);
-      if (candidate.active && !candidate.owed_reply &&
-          seconds_since(candidate.last_contact, now) > options_.timeout_s)
+      const double silence = seconds_since(candidate.last_contact, now);
+      if (candidate.active && !candidate.owed_reply && silence > options_.timeout_s) {
         silent.push_back(w);
+        least_silence = std::min(least_silence, silence);
+      }
+    }
+    // Dedicated servers: every active worker silent at once is, most likely, every worker waiting for
+    // another server, which the workers name when their own limit (twice the timeout) passes. This server
+    // blames them only past that, so that the message names the server.
+    const bool others_to_wait_for = !roles_.colocated && roles_.servers > 1;
+    if (others_to_wait_for && static_cast<int>(silent.size()) == active_ &&
+        least_silence <= 3 * options_.timeout_s) {
+      silent.clear();
     }
     if (!poller.confirm_overdue(!silent.empty())) return;
     // Colocated, this rank's worker falls silent here while it waits for another server's reply, or for

@@ -140,4 +140,19 @@ grep -Eq "heard nothing from (worker|parameter server) rank 1 " err.txt ||
 kill -9 "$victim" 2>/dev/null || true
 victim=""
 resume_to_the_end 8
+
+# Two dedicated servers (ranks 2 and 3), server rank 3 stopped: the workers wait for it and name it; the other
+# server, hearing from no worker, must not blame them first.
+echo "== comm.backend = ps, two dedicated servers"
+rm -rf run
+run=(mpirun -np 4 "$ddptrain" --data.path data.h5 --checkpoint.dir run --comm.backend ps --comm.ps_servers 2
+  --comm.timeout_s "$bound" --model.embedding_dim 16 --model.hidden 16 --train.epochs 8 --train.straggle_ms 20
+  --log.progress lines)
+signal_rank_and_wait STOP 3
+[ "$elapsed" -le $((2 * bound + 15)) ] || { echo "FAIL: servers: took $elapsed s, bound 2 x $bound s"; exit 1; }
+cat err.txt
+grep -q "heard nothing from parameter server rank 3 " err.txt || { echo "FAIL: servers: rank 3 is not named"; exit 1; }
+if grep -q "heard nothing from worker ranks 0, 1 " err.txt; then echo "FAIL: servers: the workers are blamed"; exit 1; fi
+kill -9 "$victim" 2>/dev/null || true
+victim=""
 echo "PASS"
