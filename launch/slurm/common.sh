@@ -51,15 +51,23 @@ ddp_checkpoint_stamp() {
 ddp_on_signal() {
   [ -n "$ddp_signal_received" ] || ddp_checkpoint_at_signal=$(ddp_checkpoint_stamp)
   ddp_signal_received=$1
+  # ddptrain first: the reason is needed only once it has stopped.
+  ddp_forward_signal
   if [ "$1" = TERM ] && [ -z "$ddp_term_received" ]; then
     ddp_term_received=1
-    # Slurm sets the reason before it signals: TimeLimit at the time limit, None after scancel.
-    ddp_term_reason=$(squeue -h -j "${SLURM_JOB_ID:-0}" -o %r 2>/dev/null || true)
+    # Slurm sets the reason before it signals: TimeLimit at the time limit, None after scancel. A busy
+    # controller (at a time limit many jobs end at once) may not answer at first: asked three times, 2 s
+    # apart, well within KillWait, so that a time limit is not taken for a cancellation.
+    local try
+    for try in 1 2 3; do
+      if ddp_term_reason=$(squeue -h -j "${SLURM_JOB_ID:-0}" -o %r 2>/dev/null); then break; fi
+      ddp_term_reason=""
+      [ "$try" -eq 3 ] || sleep 2
+    done
     ddp_log "batch shell received SIGTERM (Slurm's reason: ${ddp_term_reason:-unknown})"
   else
     ddp_log "batch shell received SIG$1"
   fi
-  ddp_forward_signal
 }
 
 # Whether a stopped run should come back: not when a user cancelled the job.

@@ -21,7 +21,13 @@ expect_command() {  # expected command line, then ddprun's arguments; CUDA_VISIB
 CUDA_VISIBLE_DEVICES=0,1,3 expect_command "mpirun -np 3 --bind-to none $ddptrain --config x.ini" -- --config x.ini
 CUDA_VISIBLE_DEVICES=2 expect_command "mpirun -np 1 --bind-to none $ddptrain --config x.ini" -- --config x.ini
 CUDA_VISIBLE_DEVICES=0,1 expect_command "mpirun -np 4 --bind-to none $ddptrain --config x.ini" --np 4 -- --config x.ini
-for none in "" NoDevFiles -1; do
+# CUDA reads the list up to its first entry that is no device.
+CUDA_VISIBLE_DEVICES=0,-1,2 expect_command "mpirun -np 1 --bind-to none $ddptrain --config x.ini" -- --config x.ini
+CUDA_VISIBLE_DEVICES="GPU-8a1f2c3d-0000-1111-2222-333344445555, 1" \
+  expect_command "mpirun -np 2 --bind-to none $ddptrain --config x.ini" -- --config x.ini
+# DDPTRAIN may be a command that runs ddptrain (a container's), split on blanks as the batch scripts split it.
+CUDA_VISIBLE_DEVICES=0 DDPTRAIN="env $ddptrain" expect_command "mpirun -np 1 --bind-to none env $ddptrain --a b" -- --a b
+for none in "" NoDevFiles -1 " " "x,0"; do
   CUDA_VISIBLE_DEVICES=$none expect_command "mpirun -np 2 --bind-to none $ddptrain --a b" -- --a b
   grep -q "no GPU visible" "$work/err.txt" ||
     { echo "FAIL: no CPU fallback message for CUDA_VISIBLE_DEVICES='$none'"; cat "$work/err.txt"; exit 1; }
@@ -33,6 +39,12 @@ status=0
 "$ddprun" --np 0 -- --config x.ini 2>"$work/err.txt" || status=$?
 if [ "$status" -ne 2 ] || ! grep -q -- "--np 0" "$work/err.txt"; then
   echo "FAIL: --np 0 gave exit $status, expected 2 with a message naming it"
+  exit 1
+fi
+status=0
+"$ddprun" --np= -- --config x.ini 2>"$work/err.txt" || status=$?
+if [ "$status" -ne 2 ] || ! grep -q -- "--np (empty)" "$work/err.txt"; then
+  echo "FAIL: an empty --np= gave exit $status, expected 2 with a message naming it"
   exit 1
 fi
 status=0
