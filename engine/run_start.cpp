@@ -199,11 +199,13 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
       const int64_t samples = p.step_in_epoch * p.world_size * p.batch_size;
       const int64_t steps =
           std::min(steps_per_epoch - 1, samples / (int64_t{trainers} * config.train.batch_size));
-      std::printf(
-          "note: the interrupted epoch's %lld samples (%lld steps of %lld) are %lld steps of %lld now\n",
-          static_cast<long long>(samples), static_cast<long long>(p.step_in_epoch),
-          static_cast<long long>(p.world_size * p.batch_size), static_cast<long long>(steps),
-          static_cast<long long>(int64_t{trainers} * config.train.batch_size));
+      const auto steps_text = [](int64_t count, int64_t samples_each) {
+        return fmt::format("{} step{} of {}", count, count == 1 ? "" : "s", samples_each);
+      };
+      std::printf("note: the interrupted epoch's %lld samples (%s) count as %s now\n",
+                  static_cast<long long>(samples),
+                  steps_text(p.step_in_epoch, p.world_size * p.batch_size).c_str(),
+                  steps_text(steps, int64_t{trainers} * config.train.batch_size).c_str());
       p.step_in_epoch = steps;
     }
   }

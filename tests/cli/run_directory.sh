@@ -91,7 +91,7 @@ geometry=("$ddptrain" --checkpoint.dir geometry --model.embedding_dim 16 --model
   fail "the first part of the epoch" geo1.txt
 "${geometry[@]}" --train.batch_size 64 --resume last >geo2.txt 2>&1 ||
   fail "resume with another batch size" geo2.txt
-grep -qF "the interrupted epoch's 320 samples (10 steps of 32) are 5 steps of 64 now" geo2.txt ||
+grep -qF "the interrupted epoch's 320 samples (10 steps of 32) count as 5 steps of 64 now" geo2.txt ||
   fail "the epoch's samples are not counted in the new steps" geo2.txt
 steps=$(grep -oP "^Epoch 1/1 - \K[0-9]+(?= steps \([0-9]+ after resuming\))" geo2.txt) || fail "no resumed epoch line" geo2.txt
 after=$(grep -oP "^Epoch 1/1 - [0-9]+ steps \(\K[0-9]+(?= after resuming\))" geo2.txt)
