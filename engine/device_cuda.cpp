@@ -61,14 +61,16 @@ GpuInventory probe_gpus() {
   const cudaError_t status = cudaGetDeviceCount(&count);
   // No driver (cudaErrorInsufficientDriver) and no device (cudaErrorNoDevice) both mean: no GPU here.
   if (status != cudaSuccess || count == 0) {
-    inventory.why_none = std::string("no GPU visible (") +
-                         (status != cudaSuccess ? cudaGetErrorString(status) : "the driver lists none") +
-                         "): check the driver, CUDA_VISIBLE_DEVICES or the job's --gres/--gpus";
     // Without a driver CUDA says "CUDA driver version is insufficient for CUDA runtime version": on a
-    // CPU-only node that is no problem, so say it plainly. A driver that is there but too old keeps the full
-    // text.
+    // CPU-only node that is no problem, so say it plainly (as check-env does). A driver that is there but
+    // too old keeps the full text.
     int driver = 0;
     const bool no_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0;
+    inventory.why_none = std::string("no GPU visible (") +
+                         (no_driver               ? "no NVIDIA driver is loaded"
+                          : status != cudaSuccess ? cudaGetErrorString(status)
+                                                  : "the driver lists none") +
+                         "): check the driver, CUDA_VISIBLE_DEVICES or the job's --gres/--gpus";
     if (no_driver) {
       inventory.why_none_brief = "no GPU driver";
     } else if (status == cudaErrorNoDevice || count == 0) {
