@@ -1,5 +1,6 @@
 #include "io/hdf5_util.h"
 
+#include <bit>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,9 @@
 namespace ddp::io {
 
 namespace {
+
+// The attribute of a string list (write_string_list) that holds string_list_checksum() of its strings.
+constexpr const char* kStringListChecksum = "checksum";
 
 // The most specific message on HDF5's error stack (the innermost function that failed), e.g. "file signature
 // not found". Must be called right after the failing call, before another HDF5 call clears the stack.
@@ -283,6 +287,18 @@ void write_string_attribute(hid_t loc, const std::string& name, const std::strin
   check_h5(H5Awrite(attr.get(), type.get(), value.c_str()), ("H5Awrite " + name).c_str());
 }
 
+uint64_t string_list_checksum(const std::vector<std::string>& strings) {
+  // FNV-1a over the strings' bytes, each followed by a NUL (which no string holds), so that moving bytes
+  // from one string to the next changes it too.
+  constexpr uint64_t kPrime = 0x100000001b3ull;
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (const std::string& text : strings) {
+    for (const char c : text) hash = (hash ^ static_cast<unsigned char>(c)) * kPrime;
+    hash *= kPrime;  // the NUL: hash ^ 0
+  }
+  return hash;
+}
+
 void write_string_list(hid_t loc, const std::string& name, const std::vector<std::string>& strings) {
   std::vector<const char*> pointers;
   pointers.reserve(strings.size());
@@ -305,6 +321,7 @@ void write_string_list(hid_t loc, const std::string& name, const std::vector<std
     check_h5(H5Dwrite(list.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, pointers.data()),
              ("H5Dwrite /" + name).c_str());
   }
+  write_int_attribute(list.get(), kStringListChecksum, std::bit_cast<int64_t>(string_list_checksum(strings)));
   list.close_checked(("H5Dclose /" + name).c_str());  // where buffered values meet a full disk
 }
 
@@ -364,7 +381,11 @@ std::vector<std::string> read_string_list(hid_t file, const std::string& file_pa
   if (H5Tget_class(file_type.get()) != H5T_STRING || dims.size() != 1) {
     throw UserError(file_path + ": " + name + " must be a list of strings");
   }
-  const auto count = static_cast<hsize_t>(std::min<int64_t>(dims[0], static_cast<int64_t>(max_count)));
+  // A list written with its checksum is read whole and checked: a damaged byte must not rename a class or
+  // move a word to another id unseen.
+  const bool checked = has_attribute(dataset.get(), kStringListChecksum);
+  const auto count =
+      static_cast<hsize_t>(checked ? dims[0] : std::min<int64_t>(dims[0], static_cast<int64_t>(max_count)));
   std::vector<std::string> strings;
   if (count == 0) return strings;
   Hid file_space(check_h5_id(H5Dget_space(dataset.get()), "H5Dget_space"), Hid::Kind::kDataspace);
@@ -405,6 +426,16 @@ std::vector<std::string> read_string_list(hid_t file, const std::string& file_pa
       if (padding == H5T_STR_SPACEPAD) text.erase(text.find_last_not_of(' ') + 1);
       strings.push_back(std::move(text));
     }
+  }
+  if (checked) {
+    const int64_t stored = read_int_attribute(dataset.get(), file_path, kStringListChecksum);
+    if (std::bit_cast<uint64_t>(stored) != string_list_checksum(strings)) {
+      throw UserError(
+          file_path + ": " + name +
+          " does not match its checksum: the file is damaged (or the list was edited in place; to "
+          "keep such an edit, delete the dataset's checksum attribute)");
+    }
+    if (strings.size() > max_count) strings.resize(max_count);
   }
   return strings;
 }

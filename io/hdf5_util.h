@@ -66,10 +66,13 @@ int64_t read_int_attribute(hid_t file, const std::string& file_path, const std::
 void write_int_attribute(hid_t loc, const std::string& name, int64_t value);
 void write_string_attribute(hid_t loc, const std::string& name, const std::string& value);
 std::string read_string_attribute(hid_t loc, const std::string& name);  // "" if absent
-// A 1-D dataset of variable-length UTF-8 strings (what h5py writes for a list of str), e.g. /vocab.
+// A 1-D dataset of variable-length UTF-8 strings (what h5py writes for a list of str), e.g. /vocab, with an
+// integer attribute "checksum": string_list_checksum() of the strings.
 void write_string_list(hid_t loc, const std::string& name, const std::vector<std::string>& strings);
+uint64_t string_list_checksum(const std::vector<std::string>& strings);
 // Reads the first `max_count` (or all, if fewer) strings of such a dataset, variable-length or fixed-length
-// (numpy's 'S' arrays); UserError naming file and dataset unless it is a 1-D dataset of strings.
+// (numpy's 'S' arrays); UserError naming file and dataset unless it is a 1-D dataset of strings, or when its
+// checksum attribute (absent in lists written by other tools or before it) does not match.
 std::vector<std::string> read_string_list(hid_t file, const std::string& file_path, const std::string& name,
                                           std::size_t max_count);
 bool has_attribute(hid_t loc, const std::string& name);
