@@ -14,6 +14,7 @@ namespace ddp::comm {
 namespace {
 
 constexpr int kNoticeTag = 1;
+constexpr int kErrorTag = 2;
 constexpr std::size_t kHostBytes = 256;
 constexpr std::size_t kPhaseBytes = 512;  // a phase names a file: longer ones are cut
 // How long a rank that does not speak waits for the one that does to end the job, past the listening.
@@ -154,6 +155,32 @@ std::string StallCensus::survey(const std::string& phase, int64_t steps_done, bo
   // Another rank speaks for the job and ends it; this one says its own words only if that never happens.
   if (speaker != rank_ || ran_late) std::this_thread::sleep_for(listen + kSpeakerGrace);
   return describe_stall(facts, speaker);
+}
+
+bool StallCensus::first_to_speak(std::chrono::milliseconds listen) {
+  if (size_ == 1 || !mpi_thread_multiple()) return true;
+  for (int rank = 0; rank < size_; ++rank) {
+    if (rank == rank_) continue;
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (MPI_Isend(&error_notice_, 1, MPI_INT, rank, kErrorTag, comm_, &request) != MPI_SUCCESS) return true;
+    sends_.push_back(request);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < listen) {
+    int arrived = 0;
+    MPI_Status status;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kErrorTag, comm_, &arrived, &status) != MPI_SUCCESS) return true;
+    if (arrived && status.MPI_SOURCE < rank_) return false;
+    if (arrived) {
+      int ignored = 0;
+      if (MPI_Recv(&ignored, 1, MPI_INT, status.MPI_SOURCE, kErrorTag, comm_, MPI_STATUS_IGNORE) !=
+          MPI_SUCCESS)
+        return true;
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
 }
 
 }  // namespace ddp::comm

@@ -48,12 +48,19 @@ class StallCensus {
   std::string survey(const std::string& phase, int64_t steps_done, bool ran_late,
                      std::chrono::milliseconds listen);
 
+  // Called once, by a rank about to end the job on an error it met alone (a bad token with data.validate
+  // false, met by every rank at its first step): tells every rank and listens for `listen`. True for the
+  // lowest rank that met one in that time, which writes the job's one line; the others wait to be ended.
+  // True at once without MPI_THREAD_MULTIPLE (another thread may be inside MPI) or when a call fails.
+  bool first_to_speak(std::chrono::milliseconds listen);
+
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
   std::vector<std::string> hosts_;
   std::vector<char> notice_;  // this rank's notice, alive while the sends are in flight
+  int error_notice_ = 0;
   std::vector<MPI_Request> sends_;
 };
 

@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <map>
+#include <mutex>
 #include <random>
 #include <system_error>
 
@@ -100,6 +102,23 @@ RunDirectoryLock::RunDirectoryLock(const RunFiles& files) {
   if (::ftruncate(fd_, 0) == 0) {
     [[maybe_unused]] const ssize_t written = ::pwrite(fd_, who.data(), who.size(), 0);
   }
+}
+
+std::shared_ptr<RunDirectoryLock> RunDirectoryLock::hold(const RunFiles& files) {
+  static std::mutex mutex;
+  static std::map<std::string, std::weak_ptr<RunDirectoryLock>> held;  // by the directory's canonical path
+  std::error_code ec;
+  fs::create_directories(files.dir, ec);
+  if (ec) {
+    throw UserError("checkpoint.dir = " + files.dir.string() + ": cannot create it (" + ec.message() + ")");
+  }
+  const fs::path canonical = fs::weakly_canonical(files.dir, ec);
+  const std::string key = ec ? files.dir.string() : canonical.string();
+  std::lock_guard<std::mutex> lock(mutex);
+  if (std::shared_ptr<RunDirectoryLock> existing = held[key].lock()) return existing;
+  auto taken = std::make_shared<RunDirectoryLock>(files);
+  held[key] = taken;
+  return taken;
 }
 
 RunDirectoryLock::~RunDirectoryLock() {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,10 @@ struct RunFiles {
 // unlocked, saying so.
 class RunDirectoryLock {
  public:
-  // Throws UserError naming the directory and the run that holds it (its pid and host).
+  // The directory's lock, taken (the directory made first) or, where this process holds it already (main()
+  // takes it before the timeline writes into the directory), shared. Throws UserError naming the directory
+  // and the run that holds it (its pid and host).
+  static std::shared_ptr<RunDirectoryLock> hold(const RunFiles& files);
   explicit RunDirectoryLock(const RunFiles& files);
   ~RunDirectoryLock();
   RunDirectoryLock(const RunDirectoryLock&) = delete;

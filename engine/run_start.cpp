@@ -24,11 +24,7 @@ namespace {
 // Rank 0: makes the directory, locks it and claims it for this run; writes the effective config. Returns
 // whether the run continues last.h5.
 bool claim_directory(const Config& config, const RunFiles& files, std::shared_ptr<RunDirectoryLock>& lock) {
-  std::error_code ec;
-  std::filesystem::create_directories(files.dir, ec);
-  if (ec)
-    throw UserError("checkpoint.dir = " + files.dir.string() + ": cannot create it (" + ec.message() + ")");
-  lock = std::make_shared<RunDirectoryLock>(files);
+  lock = RunDirectoryLock::hold(files);
   const bool resumed = claim_run_directory(files, config.resume, config.checkpoint.overwrite);
   std::ofstream out(files.config());
   out << config.to_ini();

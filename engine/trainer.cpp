@@ -196,6 +196,7 @@ class TrainingRun::Loop {
   // end the job too.
   void begin_steps() {
     updater_->begin_steps();
+    enter_training();  // every rank, so that a stall names the phase its ranks are in
     pause_where_the_exchange_has_deadlines();
   }
   void end_steps() {

@@ -186,16 +186,19 @@ std::string convert_utf16(std::string& bytes) {
     nul_high_be += bytes[start + 2 * p] == '\0' ? 1 : 0;
     nul_high_le += bytes[start + 2 * p + 1] == '\0' ? 1 : 0;
   }
-  const auto most = [&](size_t n) { return n * 2 > pairs; };
-  const auto hardly_any = [&](size_t n) { return n * 10 < pairs; };
+  // Unmarked: NULs in at least a tenth of the high bytes (Latin text has them in nearly all, Greek or
+  // Cyrillic in its spaces and punctuation) and ten times fewer in the low ones.
+  const auto one_sided = [&](size_t high, size_t low) {
+    return pairs >= 2 && high * 10 >= pairs && low * 10 < high;
+  };
   bool little_endian = false;
   if (marked_le && nul_high_le > 0) {
     little_endian = true;
   } else if (marked_be && nul_high_be > 0) {
     little_endian = false;
-  } else if (start == 0 && pairs >= 2 && most(nul_high_le) && hardly_any(nul_high_be)) {
+  } else if (start == 0 && one_sided(nul_high_le, nul_high_be)) {
     little_endian = true;
-  } else if (!(start == 0 && pairs >= 2 && most(nul_high_be) && hardly_any(nul_high_le))) {
+  } else if (!(start == 0 && one_sided(nul_high_be, nul_high_le))) {
     return "";
   }
   const auto unit = [&](size_t i) -> uint32_t {

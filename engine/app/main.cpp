@@ -13,6 +13,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -149,11 +150,18 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
     std::fflush(stdout);
   }
   const std::string timeline_path = engine::inside_run_directory(config.checkpoint.dir, config.log.timeline);
+  // The run directory is this run's before anything is written into it (the timeline's part files): a second
+  // run started there must not touch the first one's files (engine/run_directory.h).
+  std::shared_ptr<engine::RunDirectoryLock> directory_lock;
+  watchdog.enter("preparing checkpoint.dir " + config.checkpoint.dir);
+  comm::agree_on_errors(boot, [&] {
+    if (boot.rank() == 0) directory_lock = engine::RunDirectoryLock::hold({config.checkpoint.dir});
+  });
   if (!timeline_path.empty()) {
     watchdog.enter("starting the timeline");
     comm::agree_on_errors(boot, [&] {
       DDP_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));  // the ranks' time origins meet within the barrier's skew
-      if (timeline_path != config.log.timeline) {  // inside the run directory, which may not exist yet
+      if (timeline_path != config.log.timeline) {  // inside the run directory, made on rank 0 only
         std::error_code ignored;                   // if it cannot be made, timeline::start says so
         std::filesystem::create_directories(config.checkpoint.dir, ignored);
       }
@@ -207,8 +215,14 @@ constexpr const char* kOutOfMemory =
 
 // An error this rank met alone (a batch or a cuDNN shape after start-up, an allocation): the others may be
 // waiting for it in a collective, so with more than one rank it ends the job.
-int rank_alone_error(const ddp::comm::Communicator& boot, const char* what) {
-  if (boot.size() > 1) ddp::end_job_with_user_error(what);
+int rank_alone_error(const ddp::comm::Communicator& boot, ddp::comm::StallCensus& census, const char* what) {
+  if (boot.size() > 1) {
+    // Ranks that meet the same bad input at once print one line: the lowest of them; the others wait for
+    // its MPI_Abort, and speak only if it never comes.
+    if (!census.first_to_speak(std::chrono::milliseconds(500)))
+      std::this_thread::sleep_for(std::chrono::seconds(15));
+    ddp::end_job_with_user_error(what);
+  }
   std::fprintf(stderr, "ddptrain: error: %s\n", what);
   return ddp::kExitUserError;
 }
@@ -298,9 +312,9 @@ int main(int argc, char** argv) {
       if (boot->rank() == 0) std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
       status = ddp::kExitUserError;
     } catch (const ddp::UserError& e) {
-      status = rank_alone_error(*boot, e.what());
+      status = rank_alone_error(*boot, *census, e.what());
     } catch (const std::bad_alloc&) {
-      status = rank_alone_error(*boot, kOutOfMemory);
+      status = rank_alone_error(*boot, *census, kOutOfMemory);
     } catch (const std::exception& e) {
       ddp::fatal(std::string("unexpected error: ") + e.what(), __FILE__, __LINE__);
     }

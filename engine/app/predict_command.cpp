@@ -178,12 +178,14 @@ std::vector<std::string> read_lines(const std::string& input) {
   // error instead of taking every byte of memory.
   std::streambuf& stream = *in.rdbuf();
   constexpr int kEnd = std::char_traits<char>::eof();
-  // A file in UTF-16 (its byte order mark) is read whole and turned into UTF-8 first (io/tokenizer.h).
+  // A file in UTF-16 (as io/tokenizer.h tells it from its first 4 KiB) is read whole and turned into UTF-8
+  // first.
+  constexpr int kHeadBytes = 4096;
   std::string converted;
   std::size_t converted_at = 0;
   std::string head;
-  for (int i = 0, c = 0; i < 2 && (c = stream.sbumpc()) != kEnd; ++i) head += static_cast<char>(c);
-  if (head == "\xFF\xFE" || head == "\xFE\xFF") {
+  for (int i = 0, c = 0; i < kHeadBytes && (c = stream.sbumpc()) != kEnd; ++i) head += static_cast<char>(c);
+  if (std::string probe = head; !io::convert_utf16(probe).empty()) {
     converted = head;
     for (int c = stream.sbumpc(); c != kEnd; c = stream.sbumpc()) converted += static_cast<char>(c);
     io::convert_utf16(converted);
@@ -365,6 +367,19 @@ int evaluate_command(const std::vector<std::string>& args) {
   if (checkpoint.shape.classes != data.num_classes) {
     throw UserError(o.checkpoint + ": the model has " + std::to_string(checkpoint.shape.classes) +
                     " classes but " + o.data + " has num_classes = " + std::to_string(data.num_classes));
+  }
+  // The same class ids must name the same classes (a class folder renamed or added moves every id after it);
+  // a file without names cannot say.
+  const std::vector<std::string>& model_classes = checkpoint.run.class_names;
+  if (!model_classes.empty() && !data.class_names.empty()) {
+    for (std::size_t k = 0; k < model_classes.size() && k < data.class_names.size(); ++k) {
+      if (model_classes[k] != data.class_names[k]) {
+        throw UserError(fmt::format(
+            "{}: class {} is \"{}\" in the model but \"{}\" in {}: its labels mean other classes; give the "
+            "dataset the model was trained on, or one prepared with the same class folders",
+            o.checkpoint, k, model_classes[k], data.class_names[k], o.data));
+      }
+    }
   }
   const LoadedModel model = load_model(o, checkpoint, kCommand);
 

@@ -58,6 +58,21 @@ class Recorder {
  public:
   std::atomic<bool> on{false};
 
+  // A run that ends on an error leaves through main() without finish(): its writer thread stops here (a
+  // joinable thread destroyed at exit would abort the process) and its part file goes.
+  ~Recorder() {
+    if (!on.exchange(false)) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    writer_.join();
+    std::fclose(part_);
+    std::error_code ignored;
+    std::filesystem::remove(part_path_, ignored);
+  }
+
   void start(const std::string& path, int rank, const std::string& process_label) {
     std::lock_guard<std::mutex> lock(mutex_);
     DDP_CHECK(!on.load());

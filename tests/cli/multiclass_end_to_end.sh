@@ -114,6 +114,9 @@ PY
   fail "predict with renamed classes failed" renamed.txt
 grep -qP '^"pure science"\t\d\.\d{4}\tmusic=\d\.\d{4} "pure science"=\d\.\d{4} "sports=\\tball"=\d\.\d{4}\tNot concert' \
   renamed.txt || fail "class names with separators are not quoted" renamed.txt
+# evaluate on a dataset whose class ids name other classes than the model's is refused, naming the first.
+expect_user_error "evaluate with other class names" 'class 1 is "pure science" in the model but "science" in data.h5' \
+  "$ddptrain" evaluate -c renamed.h5 -d data.h5
 
 # Bad values: one line naming the key.
 expect_user_error "bidirectional without masking" "model.bidirectional" \

@@ -2,7 +2,8 @@
 # A bad input that one rank alone meets after start-up must end the whole job at once with that rank's own
 # message, not leave the other ranks waiting in a collective until the watchdog says "no progress". The case
 # here: data.validate = false and a token id outside the vocabulary in rows of /train that only rank 1 of 2
-# trains on; then in rows of /test that only rank 0 scores, at the end of the run.
+# trains on; then in rows of /test that only rank 0 scores, at the end of the run; then in every row, met by
+# every rank at once, which must still give one line.
 #   bash tests/cli/rank_error_mid_run.sh path/to/ddptrain source-dir
 set -euo pipefail
 ddptrain=$1
@@ -47,4 +48,16 @@ run train-error 1
 cp clean.h5 data.h5
 poison test 0 200
 run test-error 0
+
+# Every rank meets a bad token at its first step: still one line (the lowest such rank's), not one per rank.
+cp clean.h5 data.h5
+poison train 0 2000
+status=0
+timeout 120 mpirun -np 3 "$ddptrain" --data.path data.h5 --checkpoint.dir all-error --comm.backend mpi \
+  --comm.timeout_s 100 --data.validate false --model.embedding_dim 8 --model.hidden 8 --train.epochs 2 \
+  >all-error-out.txt 2>all-error-err.txt || status=$?
+cat all-error-err.txt
+[ "$status" -eq 2 ] || fail "all-error: exit status $status, expected 2" all-error-out.txt
+[ "$(grep -c "ddptrain: error: data.path data.h5: token 300" all-error-err.txt)" -eq 1 ] ||
+  fail "all-error: not one error line for the job"
 echo "PASS"

@@ -87,10 +87,14 @@ printf '\xef\xbb\xbfexcellent superb\r\nterrible dull\r\n' >docs_windows.txt
 "$ddptrain" predict -c run/best.h5 --device "$device" --input docs_windows.txt >windows.txt 2>&1 ||
   fail "predict of a Windows file failed" windows.txt
 cmp -s windows.txt stdin.txt || fail "a byte order mark or CRLF changed predict's output" windows.txt stdin.txt
-# And as Windows' "Unicode" files are: UTF-16 with a byte order mark, in either byte order.
-for order in UTF-16LE UTF-16BE; do
-  { [ "$order" = UTF-16LE ] && printf '\xff\xfe' || printf '\xfe\xff'; } >"docs_$order.txt"
-  printf 'excellent superb\r\nterrible dull\r\n' | iconv -f UTF-8 -t "$order" >>"docs_$order.txt"
+# And as Windows' "Unicode" files are: UTF-16 with a byte order mark, in either byte order, or without one.
+for order in UTF-16LE UTF-16BE UTF-16LE-unmarked; do
+  case $order in
+    UTF-16LE) printf '\xff\xfe' >"docs_$order.txt" ;;
+    UTF-16BE) printf '\xfe\xff' >"docs_$order.txt" ;;
+    *) : >"docs_$order.txt" ;;
+  esac
+  printf 'excellent superb\r\nterrible dull\r\n' | iconv -f UTF-8 -t "${order%-unmarked}" >>"docs_$order.txt"
   "$ddptrain" predict -c run/best.h5 --device "$device" --input "docs_$order.txt" >"$order.txt" 2>&1 ||
     fail "predict of a $order file failed" "$order.txt"
   cmp -s "$order.txt" stdin.txt || fail "$order changed predict's output" "$order.txt" stdin.txt

@@ -71,4 +71,31 @@ mpirun -np 2 "$ddptrain" "${common[@]}" --checkpoint.dir bad --log.timeline /non
   status=$?
 [ "$status" -eq 2 ] || { echo "FAIL: unwritable timeline gave exit $status"; cat bad.txt; exit 1; }
 grep -q "log.timeline = /nonexistent/dir/t.json" bad.txt || { echo "FAIL: no message naming the key"; cat bad.txt; exit 1; }
+
+# An error after the timeline started (a new run into a used directory) ends with its one line and exit 2,
+# not an abort, and leaves no part file.
+status=0
+"$ddptrain" "${common[@]}" --checkpoint.dir ar --log.timeline again.json >again.txt 2>&1 || status=$?
+[ "$status" -eq 2 ] || { echo "FAIL: an error with a timeline gave exit $status"; cat again.txt; exit 1; }
+grep -q "terminate called" again.txt && { echo "FAIL: the timeline's thread aborted the process"; cat again.txt; exit 1; }
+ls ar/*.part 2>/dev/null && { echo "FAIL: part files left behind by the error"; exit 1; }
+
+# A second run refused by the run directory's lock touches none of the first run's timeline files.
+mpirun -np 2 "$ddptrain" "${common[@]}" --comm.backend mpi --checkpoint.dir busy \
+  --train.straggle_ms 250 --log.timeline trace.json >busy.txt 2>&1 &
+first=$!
+for _ in $(seq 600); do
+  [ -s busy/config.ini ] && break
+  sleep 0.05
+done
+status=0
+mpirun -np 2 "$ddptrain" "${common[@]}" --checkpoint.dir busy --resume auto --log.timeline trace.json \
+  >second.txt 2>&1 || status=$?
+if [ "$status" -ne 2 ] || ! grep -q "another run is using this directory" second.txt; then
+  echo "FAIL: the second run was not refused by the lock (exit $status)"
+  cat second.txt
+  exit 1
+fi
+wait "$first" || { echo "FAIL: the first run failed"; cat busy.txt; exit 1; }
+check busy/trace.json 2 forward backward step
 echo PASS

@@ -189,6 +189,13 @@ TEST(Tokenizer, Utf16BecomesUtf8) {
       EXPECT_EQ(tokenize(bytes), (Words{"café", "don't", "good"}));
     }
   }
+  // Cyrillic without a mark: NULs in the high bytes of its spaces only.
+  std::string cyrillic = utf16(
+      u"\u043f\u0440\u0438\u0432\u0435\u0442 \u043c\u0438\u0440 \u044d\u0442\u043e "
+      u"\u0444\u0438\u043b\u044c\u043c",
+      true, false);
+  EXPECT_EQ(convert_utf16(cyrillic), "UTF-16LE");
+  EXPECT_EQ(tokenize(cyrillic), (Words{"привет", "мир", "это", "фильм"}));
   std::string lone = utf16(std::u16string{u'a', char16_t{0xD800}, u'b'}, true, true);
   convert_utf16(lone);
   EXPECT_EQ(lone,
