@@ -4,12 +4,14 @@
 #include <fmt/format.h>
 #include <sys/file.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -125,6 +127,30 @@ RunDirectoryLock::~RunDirectoryLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
+namespace {
+
+// Whether metrics.jsonl (absent, or the only result there besides curves.svg) is the log of a run that never
+// had a checkpoint: no test line, and at most the first epoch's line of its last run (written just before
+// that epoch's checkpoint; a second epoch's line means the first checkpoint had landed).
+bool log_of_a_run_without_checkpoint(const RunFiles& files) {
+  std::ifstream in(files.metrics());
+  std::string run_id;
+  int epochs = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json object = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!object.is_object()) continue;
+    if (object.value("event", "") == "test") return false;
+    if (!object.contains("epoch")) continue;
+    const std::string id = object.value("run_id", "");
+    if (id != run_id) epochs = 0;
+    run_id = id;
+    ++epochs;
+  }
+  return epochs <= 1;
+}
+
+}  // namespace
+
 bool claim_run_directory(const RunFiles& files, const std::string& resume, bool overwrite) {
   check_run_outputs(files);
   std::error_code ec;
@@ -139,7 +165,8 @@ bool claim_run_directory(const RunFiles& files, const std::string& resume, bool 
   // A run killed before its first checkpoint landed leaves its log alone: nothing to continue, and a batch
   // job requeued with --resume auto must not be stuck on it. The new run's lines follow under its own run id
   // (the curves draw the last run's).
-  if (resume == "auto" && !overwrite && !fs::exists(files.best(), ec)) {
+  if (resume == "auto" && !overwrite && !fs::exists(files.best(), ec) &&
+      log_of_a_run_without_checkpoint(files)) {
     std::printf(
         "note: checkpoint.dir = %s holds the log of a run that ended before its first checkpoint (%s): "
         "nothing to resume, so this run starts afresh and appends its own lines\n",

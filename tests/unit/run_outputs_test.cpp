@@ -68,6 +68,12 @@ TEST(RunOutputs, ALogWithoutACheckpointIsNoRunToResume) {
   } catch (const UserError& e) {
     EXPECT_EQ(std::string(e.what()).find("--resume"), std::string::npos) << e.what();
   }
+  // Two epochs' lines, or a test line: that run had checkpoints (deleted since): its log is not taken over.
+  write_bytes(files.metrics(), "{\"run_id\":\"a\",\"epoch\":1}\n{\"run_id\":\"a\",\"epoch\":2}\n");
+  expect_user_error([&] { claim_run_directory(files, "auto", false); }, {"holds another run (metrics.jsonl"});
+  write_bytes(files.metrics(), "{\"run_id\":\"a\",\"epoch\":1}\n{\"run_id\":\"a\",\"event\":\"test\"}\n");
+  expect_user_error([&] { claim_run_directory(files, "auto", false); }, {"holds another run (metrics.jsonl"});
+  write_bytes(files.metrics(), "{\"run_id\":\"a\",\"epoch\":1}\n");
   write_bytes(files.best(), "a best model");
   expect_user_error([&] { claim_run_directory(files, "auto", false); }, {"holds another run (best.h5"});
 }
