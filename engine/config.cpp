@@ -197,6 +197,37 @@ bool ini_safe(const std::string& value) {
   return value.empty() || (value.front() != ' ' && value.back() != ' ');
 }
 
+// An INI file reads '#' as the start of a comment wherever it stands, so "dir = runs/exp#3" would train in
+// runs/exp without a word (and a second config "exp#4" would continue the same run). A '#' right after
+// another character of a value is refused; "value  # a comment" (a blank before it) stays a comment.
+void refuse_cut_values(std::istream& file, const std::string& path) {
+  int number = 0;
+  std::string in_section;
+  for (std::string line; std::getline(file, line);) {
+    ++number;
+    const std::size_t start = line.find_first_not_of(" \t");
+    if (start == std::string::npos || line[start] == '#' || line[start] == ';') continue;
+    if (line[start] == '[') {
+      const std::size_t end = line.find(']', start);
+      in_section = end == std::string::npos ? "" : line.substr(start + 1, end - start - 1) + ".";
+      continue;
+    }
+    const std::size_t equals = line.find('=');
+    if (equals == std::string::npos) continue;
+    for (std::size_t at = line.find('#', equals); at != std::string::npos; at = line.find('#', at + 1)) {
+      const char before = line[at - 1];
+      if (before == ' ' || before == '\t' || before == '=') break;  // a comment, or an empty value's
+      std::string key = line.substr(start, equals - start);
+      key.erase(key.find_last_not_of(" \t") + 1);
+      key = in_section + key;
+      throw UserError(fmt::format(
+          "{}: line {}: {} = {}: an INI file reads '#' as the start of a comment, so the value would end "
+          "before it; ddptrain's paths and values cannot hold '#' (rename the file or folder)",
+          path, number, key, one_line(line.substr(line.find_first_not_of(" \t", equals + 1)))));
+    }
+  }
+}
+
 void check_values(const Config& c) {
   visit_keys(c, [](const char* section, const char* name, const auto& field, const char*) {
     if constexpr (std::is_same_v<std::decay_t<decltype(field)>, std::string>) {
@@ -413,6 +444,10 @@ ParsedConfig parse_config(const std::vector<std::string>& args) {
       file.clear();
       file.seekg(0);
     }
+    const std::streampos after_mark = file.tellg();
+    refuse_cut_values(file, path);
+    file.clear();
+    file.seekg(after_mark);
     try {
       const po::parsed_options parsed_file = po::parse_config_file(file, keys, /*allow_unregistered=*/false);
       refuse_misread_values(parsed_file, keys, path + ": ", "");

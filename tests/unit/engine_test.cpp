@@ -94,6 +94,22 @@ TEST(Config, ChangedTrainingSettingsAreNamed) {
   EXPECT_TRUE(changed_training_settings("[train]\nepochs = 2\n", now).empty());
 }
 
+// A '#' inside a value would cut it silently (an INI comment): refused naming the line and the key; a '#'
+// after a blank is a comment, as before.
+TEST(Config, AHashInsideAValueIsRefusedNotCut) {
+  TempDir dir;
+  const std::string cut = write_text(dir, "cut.ini", "[data]\npath = x.h5\n[checkpoint]\ndir = runs/exp#3\n");
+  EXPECT_NE(
+      error_of({"--config", cut}).find(cut + ": line 4: checkpoint.dir = runs/exp#3: an INI file reads '#'"),
+      std::string::npos)
+      << error_of({"--config", cut});
+  const std::string commented = write_text(
+      dir, "ok.ini", "# a run\n[data]\npath = x.h5  # the data\n[checkpoint]\ndir = runs/exp # 3\n");
+  const Config c = parse_config({"--config", commented}).config;
+  EXPECT_EQ(c.data.path, "x.h5");
+  EXPECT_EQ(c.checkpoint.dir, "runs/exp");
+}
+
 TEST(Config, StrayWordsAreRefusedNotIgnored) {
   EXPECT_NE(error_of({"bogus"}).find("unexpected argument 'bogus'"), std::string::npos);
   // A value whose key was forgotten.
