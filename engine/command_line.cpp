@@ -36,9 +36,8 @@ std::size_t utf8_length_at(const std::string& text, std::size_t at) {
   return length;
 }
 
-// A quoted value as one readable line: line breaks and tabs as \n, \r, \t; '%' (see option_error_text),
-// other control bytes and bytes that are not UTF-8 (a binary file given as a config) as \xNN; and no more
-// than kMostShown characters of it.
+}  // namespace
+
 std::string printable_value(const std::string& value) {
   constexpr std::size_t kMostShown = 160;
   std::string out;
@@ -62,8 +61,6 @@ std::string printable_value(const std::string& value) {
   if (at < value.size()) out += "...";
   return out;
 }
-
-}  // namespace
 
 std::string option_error_text(const po::error& e, const std::string& context) {
   const auto* named = dynamic_cast<const po::error_with_option_name*>(&e);

@@ -14,6 +14,10 @@ namespace ddp::engine {
 // control bytes and bytes that are not UTF-8; a quoted value is cut after 160 characters.
 std::string option_error_text(const boost::program_options::error& e, const std::string& context);
 
+// A value from outside quoted for a message: newlines, tabs, other control bytes, '%' and bytes that are not
+// UTF-8 (a binary file given as a config) escaped (\n, \xNN), cut after 160 characters.
+std::string printable_value(const std::string& value);
+
 // Throws UserError, prefixed by `context`, for the values Boost would misread: one given for an unsigned
 // option that starts with '-' (Boost reads "-1" as the type's largest value), and an empty one for a
 // true/false option (Boost reads `overwrite =` as true). `key_prefix` is "--" on a command line, "" in a

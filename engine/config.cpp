@@ -1,7 +1,9 @@
 #include "engine/config.h"
 
 #include <fmt/format.h>
+#include <algorithm>
 #include <boost/program_options.hpp>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -219,11 +221,15 @@ void refuse_cut_values(std::istream& file, const std::string& path) {
       if (before == ' ' || before == '\t' || before == '=') break;  // a comment, or an empty value's
       std::string key = line.substr(start, equals - start);
       key.erase(key.find_last_not_of(" \t") + 1);
+      // Not a key (a binary file's bytes): the parser names the line as it is.
+      const auto key_byte = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+      if (key.empty() || !std::all_of(key.begin(), key.end(), key_byte)) break;
       key = in_section + key;
       throw UserError(fmt::format(
           "{}: line {}: {} = {}: an INI file reads '#' as the start of a comment, so the value would end "
           "before it; ddptrain's paths and values cannot hold '#' (rename the file or folder)",
-          path, number, key, one_line(line.substr(line.find_first_not_of(" \t", equals + 1)))));
+          path, number, printable_value(key),
+          printable_value(line.substr(line.find_first_not_of(" \t", equals + 1)))));
     }
   }
 }
