@@ -12,8 +12,22 @@ double ratio(int64_t part, int64_t whole) {
   return whole > 0 ? static_cast<double>(part) / static_cast<double>(whole) : 0.0;
 }
 
+// The class's name as the table shows it: a tab or another control byte would break its columns, so they are
+// escaped (\t, \xNN), as messages escape what they quote.
 std::string name_of(const std::vector<std::string>& names, int k) {
-  return static_cast<std::size_t>(k) < names.size() ? names[static_cast<std::size_t>(k)] : std::to_string(k);
+  if (static_cast<std::size_t>(k) >= names.size()) return std::to_string(k);
+  std::string shown;
+  for (const char c : names[static_cast<std::size_t>(k)]) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '\t') {
+      shown += "\\t";
+    } else if (byte < 0x20 || byte == 0x7F) {
+      shown += fmt::format("\\x{:02X}", byte);
+    } else {
+      shown += c;
+    }
+  }
+  return shown;
 }
 
 }  // namespace

@@ -64,6 +64,12 @@ TEST(ClassificationReport, TextNamesTheClassesAndPrintsTheMatrix) {
       collapsed += c;
   }
   EXPECT_NE(collapsed.find("\nneg pos 2\nneg 5 1 0\npos 2 3 1\n2 0 0 0"), std::string::npos) << collapsed;
+  // A tab or a newline in a name (a class folder's) would break the columns: escaped.
+  const std::string odd = format_classification_report(r, kConfusion, {"tab\there", "line\nbreak", "50%"});
+  for (const char* part : {"tab\\there", "line\\x0Abreak", "50%"}) {
+    EXPECT_NE(odd.find(part), std::string::npos) << part << " in\n" << odd;
+  }
+  EXPECT_EQ(odd.find('\t'), std::string::npos) << odd;
 }
 
 }  // namespace
