@@ -103,6 +103,16 @@ StallCensus::StallCensus(MPI_Comm world) {
   for (int rank = 0; rank < size_; ++rank) hosts_.emplace_back(all.data() + kHostBytes * rank);
 }
 
+bool StallCensus::tell_every_rank(const void* data, int count, MPI_Datatype type, int tag) {
+  for (int rank = 0; rank < size_; ++rank) {
+    if (rank == rank_) continue;
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (MPI_Isend(data, count, type, rank, tag, comm_, &request) != MPI_SUCCESS) return false;
+    sends_.push_back(request);  // never waited for: the job ends before they matter
+  }
+  return true;
+}
+
 std::string StallCensus::survey(const std::string& phase, int64_t steps_done, bool ran_late,
                                 std::chrono::milliseconds listen) {
   if (size_ == 1 || !mpi_thread_multiple()) return "";
@@ -110,15 +120,7 @@ std::string StallCensus::survey(const std::string& phase, int64_t steps_done, bo
   notice_.assign(sizeof(int64_t), '\0');
   std::memcpy(notice_.data(), &steps_done, sizeof steps_done);
   notice_.insert(notice_.end(), phase.begin(), phase.begin() + std::min(phase.size(), kPhaseBytes));
-  for (int rank = 0; rank < size_; ++rank) {
-    if (rank == rank_) continue;
-    MPI_Request request = MPI_REQUEST_NULL;
-    if (MPI_Isend(notice_.data(), static_cast<int>(notice_.size()), MPI_CHAR, rank, kNoticeTag, comm_,
-                  &request) != MPI_SUCCESS) {
-      return "";
-    }
-    sends_.push_back(request);
-  }
+  if (!tell_every_rank(notice_.data(), static_cast<int>(notice_.size()), MPI_CHAR, kNoticeTag)) return "";
 
   StallFacts facts;
   facts.world_size = size_;
@@ -159,12 +161,7 @@ std::string StallCensus::survey(const std::string& phase, int64_t steps_done, bo
 
 bool StallCensus::first_to_speak(std::chrono::milliseconds listen) {
   if (size_ == 1 || !mpi_thread_multiple()) return true;
-  for (int rank = 0; rank < size_; ++rank) {
-    if (rank == rank_) continue;
-    MPI_Request request = MPI_REQUEST_NULL;
-    if (MPI_Isend(&error_notice_, 1, MPI_INT, rank, kErrorTag, comm_, &request) != MPI_SUCCESS) return true;
-    sends_.push_back(request);
-  }
+  if (!tell_every_rank(&error_notice_, 1, MPI_INT, kErrorTag)) return true;
   const auto start = std::chrono::steady_clock::now();
   while (std::chrono::steady_clock::now() - start < listen) {
     int arrived = 0;

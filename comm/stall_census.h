@@ -55,6 +55,9 @@ class StallCensus {
   bool first_to_speak(std::chrono::milliseconds listen);
 
  private:
+  // Sends `data` to every other rank without waiting (the buffer must outlive the sends); false if MPI fails.
+  bool tell_every_rank(const void* data, int count, MPI_Datatype type, int tag);
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
