@@ -19,6 +19,7 @@
 
 #include "engine/base/errors.h"
 #include "engine/base/memory_limit.h"
+#include "io/damaged_file_guard.h"
 #include "io/dataset.h"
 #include "io/hdf5_util.h"
 
@@ -420,6 +421,7 @@ void write_checkpoint(const std::string& path, const models::ModelShape& shape, 
 }
 
 std::string read_checkpoint_run_id(const std::string& path) try {
+  const io::DamagedFileGuard guard(path);
   std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
   io::quiet_hdf5_errors();
   Hid file = io::open_file_readonly(path);
@@ -432,6 +434,7 @@ std::string read_checkpoint_run_id(const std::string& path) try {
 }
 
 Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
+  const io::DamagedFileGuard guard(path);
   std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
   io::quiet_hdf5_errors();
   Hid file = io::open_file_readonly(path);

@@ -12,6 +12,7 @@
 
 #include "engine/base/errors.h"
 #include "engine/base/timeline.h"
+#include "io/damaged_file_guard.h"
 #include "io/hdf5_util.h"
 #include "io/mix.h"
 
@@ -167,6 +168,7 @@ BatchReader::BatchReader(const BatchReaderOptions& options) try
   const std::string y_name = "/" + options_.split + "/y";
   source_ = std::make_unique<Source>();
   {
+    const DamagedFileGuard guard(path);
     std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
     source_->file = open_file_readonly(path);
     source_->x = open_dataset(source_->file.get(), path, x_name);
@@ -205,6 +207,7 @@ bool BatchReader::reads_rows_directly() const {
 }
 
 void BatchReader::open_raw_reads(int64_t rows) {
+  const DamagedFileGuard guard(options_.path);
   Source& s = *source_;
   const haddr_t x_offset = raw_offset(s.file.get(), s.x.get(), H5T_NATIVE_INT32);
   const haddr_t y_offset = raw_offset(s.file.get(), s.y.get(), H5T_NATIVE_UINT8);
@@ -358,6 +361,7 @@ void BatchReader::read_rows_raw(Batch& out) {
 void BatchReader::read_rows_with_hdf5(Batch& out) {
   const std::vector<hsize_t>& rows = source_->rows;
   const auto count = static_cast<int64_t>(rows.size());
+  const DamagedFileGuard guard(options_.path);
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   const hsize_t columns = static_cast<hsize_t>(seq_);
   for (const hid_t space : {source_->x_space.get(), source_->y_space.get()}) {

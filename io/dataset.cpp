@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/base/errors.h"
+#include "io/damaged_file_guard.h"
 #include "io/hdf5_util.h"
 
 namespace ddp::io {
@@ -146,6 +147,7 @@ int64_t checked_rows(const char* function, const DatasetInfo& info, const std::s
 }  // namespace
 
 DatasetInfo inspect_dataset(const std::string& path) try {
+  const DamagedFileGuard guard(path);
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   Hid file = open_file_readonly(path);
   // Presence of all four first, so a file missing several names the first in schema order.
@@ -211,6 +213,7 @@ void validate_rows(const DatasetInfo& info, const std::string& split, int64_t be
   }
   const int64_t chunk_rows = std::clamp<int64_t>(kMaxValidateElements / columns, 1, kMaxValidateRows);
 
+  const DamagedFileGuard guard(info.path);
   Hid file;
   Hid x;
   Hid y;
@@ -276,6 +279,7 @@ void for_each_label_chunk(const char* function, const DatasetInfo& info, const s
   checked_rows(function, info, split, begin, end);
   if (begin == end) return;
   const std::string y_name = "/" + split + "/y";
+  const DamagedFileGuard guard(info.path);
   Hid file;
   Hid y;
   Hid y_space;

@@ -4,6 +4,7 @@
 #include <mutex>
 #include <vector>
 
+#include "io/damaged_file_guard.h"
 #include "io/hdf5_util.h"
 #include "io/mix.h"
 
@@ -55,6 +56,7 @@ uint64_t hash_split(hid_t file, const DatasetInfo& info, const std::string& spli
 }  // namespace
 
 std::string dataset_fingerprint(const DatasetInfo& info) try {
+  const DamagedFileGuard guard(info.path);
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   quiet_hdf5_errors();
   Hid file = open_file_readonly(info.path);

@@ -9,6 +9,7 @@
 
 #include "engine/base/errors.h"
 #include "engine/base/file_kind.h"
+#include "io/damaged_file_guard.h"
 
 namespace ddp::io {
 
@@ -181,6 +182,7 @@ Hid open_file_readonly(const std::string& path) {
   // Lock where the file system can, but do not fail where it cannot (NFS, Lustre): every rank opens the file.
   Hid access(check_h5_id(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"), Hid::Kind::kPropertyList);
   check_h5(H5Pset_file_locking(access.get(), true, true), "H5Pset_file_locking");
+  const DamagedFileGuard guard(path);
   const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, access.get());
   if (file < 0) throw UserError(path + ": not an HDF5 file (" + hdf5_error_detail() + ")");
   return Hid(file, Hid::Kind::kFile);

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "engine/base/errors.h"
+#include "io/damaged_file_guard.h"
 #include "io/hdf5_util.h"
 
 namespace ddp::io {
@@ -289,6 +290,7 @@ std::vector<int32_t> Vocabulary::encode(std::string_view text, int maxlen) const
 }
 
 Vocabulary read_vocabulary(const std::string& dataset_path) try {
+  const DamagedFileGuard guard(dataset_path);
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   quiet_hdf5_errors();
   Hid file = open_file_readonly(dataset_path);

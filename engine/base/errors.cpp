@@ -51,18 +51,12 @@ std::string host_name() {
   return host.substr(0, host.find('.'));
 }
 
-namespace {
-
-// This process's rank as its launcher numbered it (mpirun, srun, a PMIx launcher), for a message written
-// before MPI_Init returned; "?" if none says.
 std::string launcher_rank() {
   for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
     if (const char* value = std::getenv(name); value != nullptr && *value != '\0') return value;
   }
   return "?";
 }
-
-}  // namespace
 
 void fatal(const std::string& what, const char* file, int line, int exit_code) {
   if (throw_fatal_errors) throw FatalError(what + " (" + file + ":" + std::to_string(line) + ")");

@@ -79,6 +79,10 @@ class ThrowFatalErrors {
 // The short host name of this process, for log lines.
 std::string host_name();
 
+// This process's rank as its launcher numbered it (mpirun, srun, a PMIx launcher), for a message written
+// where MPI cannot be asked (before MPI_Init, during MPI_Finalize, in a signal handler); "?" if none says.
+std::string launcher_rank();
+
 }  // namespace ddp
 
 #define DDP_FATAL(what) ::ddp::fatal((what), __FILE__, __LINE__)

@@ -1,10 +1,12 @@
 // The HDF5 data layer: schema checks and their messages, the synthetic generator, sharding, and the
 // prefetching batch reader.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -16,6 +18,7 @@
 
 #include "engine/base/errors.h"
 #include "io/batch_reader.h"
+#include "io/damaged_file_guard.h"
 #include "io/data_plan.h"
 #include "io/dataset.h"
 #include "io/hdf5_util.h"
@@ -129,6 +132,36 @@ std::vector<int32_t> read_all(const std::string& path, const std::string& name,
   check_h5(H5Dread(set.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), "H5Dread");
   if (dims != nullptr) *dims = shape;
   return data;
+}
+
+// A fault inside a guarded read (libhdf5 reading out of bounds in a damaged file) is a bad input: one line
+// naming the innermost guard's file, exit status 2. Outside any guard, or once the guards are gone, a fault
+// reaches the handler that was there before.
+TEST(DamagedFileGuard, AFaultWhileReadingNamesTheFileAndExitsAsBadInput) {
+  EXPECT_EXIT(
+      {
+        const DamagedFileGuard outer("/data/outer.h5");
+        { const DamagedFileGuard inner("/data/inner.h5"); }
+        std::raise(SIGSEGV);
+      },
+      ::testing::ExitedWithCode(kExitUserError),
+      "^ddptrain: error: /data/outer.h5: the HDF5 library crashed reading this file \\(SIGSEGV\\): the file "
+      "is "
+      "damaged; h5dump /data/outer.h5 shows where \\(rank .* on host .*\\)\n$");
+  EXPECT_EXIT(
+      {
+        const DamagedFileGuard outer("/data/outer.h5");
+        const DamagedFileGuard inner("/data/inner\nline.h5");
+        std::raise(SIGBUS);
+      },
+      ::testing::ExitedWithCode(kExitUserError), "^ddptrain: error: /data/inner\\\\nline.h5: .*\\(SIGBUS\\)");
+  EXPECT_EXIT(
+      {
+        { const DamagedFileGuard done("/data/done.h5"); }
+        std::raise(SIGSEGV);
+      },
+      // Killed by the signal; under a sanitizer its own report and exit status.
+      [](int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != kExitUserError; }, "");
 }
 
 // ---------------------------------------------------------------------------------------------------------
