@@ -1,5 +1,6 @@
 #include "io/hdf5_util.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstdio>
 #include <filesystem>
@@ -38,6 +39,62 @@ std::string hdf5_error_detail() {
     if (end != std::string::npos) return detail.substr(begin + marker.size(), end - begin - marker.size());
   }
   return detail;
+}
+
+// Every description on HDF5's error stack, outermost first, joined by " / ".
+std::string hdf5_error_stack() {
+  std::vector<std::string> descriptions;
+  const auto take = [](unsigned, const H5E_error2_t* error, void* out) -> herr_t {
+    if (error->desc != nullptr) static_cast<std::vector<std::string>*>(out)->push_back(error->desc);
+    return 0;
+  };
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, take, &descriptions);
+  std::string text;
+  for (const std::string& description : descriptions) text += (text.empty() ? "" : " / ") + description;
+  return text;
+}
+
+// Whether the file holds HDF5's signature where the format puts it: at 0, 512, 1024, 2048 ... (after a
+// user block).
+bool has_hdf5_signature(const std::string& path) {
+  static constexpr char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
+  std::ifstream in(path, std::ios::binary);
+  for (std::streamoff offset = 0; in; offset = offset == 0 ? 512 : offset * 2) {
+    char bytes[8] = {};
+    in.seekg(offset);
+    if (!in.read(bytes, sizeof(bytes))) return false;
+    if (std::equal(bytes, bytes + 8, kSignature)) return true;
+  }
+  return false;
+}
+
+// The reason H5Fopen refused `path`, for the user: `stack` is HDF5's error stack (hdf5_error_stack()).
+std::string why_open_failed(const std::string& path, const std::string& stack) {
+  const auto number_after = [&](const std::string& key) -> std::string {
+    const std::size_t at = stack.find(key);
+    if (at == std::string::npos) return "";
+    const std::size_t begin = at + key.size();
+    return stack.substr(begin, stack.find_first_not_of("0123456789", begin) - begin);
+  };
+  if (stack.find("unable to lock file") != std::string::npos ||
+      stack.find("Resource temporarily unavailable") != std::string::npos) {
+    return "is open for writing in another process, whose HDF5 file lock keeps readers out: close it there "
+           "first (an h5py.File opened with 'w' or 'a', a prepare still running)";
+  }
+  if (stack.find("already open for write") != std::string::npos) {
+    return "is marked as open for writing: a writer still has it open, or one ended without closing it "
+           "(then `h5clear -s " +
+           path + "` clears the mark)";
+  }
+  if (const std::string eof = number_after("eof = "), stored = number_after("stored_eof = ");
+      stack.find("truncated file") != std::string::npos && !eof.empty() && !stored.empty()) {
+    return "is truncated: it has " + eof + " of the " + stored +
+           " bytes its header promises (a copy or download that did not finish?)";
+  }
+  if (!has_hdf5_signature(path)) return "not an HDF5 file (no HDF5 signature in it)";
+  const std::size_t innermost = stack.rfind(" / ");
+  return "a damaged HDF5 file (" + (innermost == std::string::npos ? stack : stack.substr(innermost + 3)) +
+         ")";
 }
 
 herr_t close_by_kind(hid_t id, Hid::Kind kind) {
@@ -184,7 +241,7 @@ Hid open_file_readonly(const std::string& path) {
   check_h5(H5Pset_file_locking(access.get(), true, true), "H5Pset_file_locking");
   const DamagedFileGuard guard(path);
   const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, access.get());
-  if (file < 0) throw UserError(path + ": not an HDF5 file (" + hdf5_error_detail() + ")");
+  if (file < 0) throw UserError(path + ": " + why_open_failed(path, hdf5_error_stack()));
   return Hid(file, Hid::Kind::kFile);
 }
 

@@ -1,7 +1,10 @@
 // The HDF5 data layer: schema checks and their messages, the synthetic generator, sharding, and the
 // prefetching batch reader.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -317,7 +320,31 @@ TEST_F(InspectTest, MissingFile) {
 
 TEST_F(InspectTest, NotAnHdf5File) {
   std::ofstream(path_) << "vocab_size = 20000\nthis is a text file\n";
-  expect_user_error([&] { inspect_dataset(path_); }, {path_, "not an HDF5 file ("});
+  expect_user_error([&] { inspect_dataset(path_); }, {path_, "not an HDF5 file (no HDF5 signature in it)"});
+}
+
+// Why a file that is there could not be opened, in the user's words rather than HDF5's stack.
+TEST_F(InspectTest, AnUnopenableFileSaysWhy) {
+  write(FileSpec{});
+  const auto size = static_cast<std::size_t>(std::filesystem::file_size(path_));
+  std::string bytes(size, '\0');
+  std::ifstream(path_, std::ios::binary).read(bytes.data(), static_cast<std::streamsize>(size));
+  {
+    // Another process writing it holds HDF5's lock: flock() locks conflict across open file descriptions.
+    const int writer = ::open(path_.c_str(), O_RDWR);
+    ASSERT_GE(writer, 0);
+    ASSERT_EQ(::flock(writer, LOCK_EX), 0);
+    expect_user_error([&] { inspect_dataset(path_); }, {path_, "is open for writing in another process"});
+    ::close(writer);
+  }
+  std::ofstream(path_, std::ios::binary | std::ios::trunc)
+      .write(bytes.data(), static_cast<std::streamsize>(size / 2));
+  expect_user_error([&] { inspect_dataset(path_); },
+                    {path_, "is truncated: it has " + std::to_string(size / 2) + " of the " +
+                                std::to_string(size) + " bytes its header promises"});
+  std::ofstream(path_, std::ios::binary | std::ios::trunc) << "\x89HDF\r\n\x1a\n" << std::string(200, 'x');
+  expect_user_error([&] { inspect_dataset(path_); },
+                    {path_, "a damaged HDF5 file (bad superblock version number)"});
 }
 
 TEST_F(InspectTest, MissingDataset) {
