@@ -21,6 +21,7 @@ RowSet rows_of(std::string name, std::string split, int64_t first, int64_t total
 
 DataPlan plan_data(const DatasetInfo& info, const std::string& validation, double validation_fraction,
                    int rank, int world) {
+  if (info.train_size == 0) throw UserError(info.path + ": /train has no rows to train on");
   std::string mode = validation;
   if (mode == "auto") mode = info.val_size > 0 ? "val" : "split";
   DataPlan plan;
@@ -28,7 +29,8 @@ DataPlan plan_data(const DatasetInfo& info, const std::string& validation, doubl
   if (mode == "val") {
     if (info.val_size == 0) {
       throw UserError("data.validation = val: " + info.path +
-                      " has no /val (make one with `ddptrain prepare ... --val-fraction F`, or set "
+                      (info.has_val ? ": /val has no rows" : " has no /val") +
+                      " (make one with `ddptrain prepare ... --val-fraction F`, or set "
                       "data.validation = split)");
     }
     plan.validation = rows_of("val", "val", 0, info.val_size, rank, world);

@@ -38,8 +38,13 @@ std::string describe_type(hid_t type) {
       return "string";
     case H5T_COMPOUND:
       return "compound";
-    case H5T_ENUM:
-      return "enum";
+    case H5T_ENUM: {
+      // h5py stores numpy's bool as an enum of FALSE and TRUE.
+      char* first = H5Tget_nmembers(type) == 2 ? H5Tget_member_name(type, 0) : nullptr;
+      const bool is_bool = first != nullptr && std::string(first) == "FALSE";
+      if (first != nullptr) H5free_memory(first);
+      return is_bool ? "bool" : "enum";
+    }
     case H5T_ARRAY:
       return "array";
     case H5T_VLEN:
@@ -80,6 +85,33 @@ Element element_of(hid_t dataset, const std::vector<int64_t>& dims) {
   return e;
 }
 
+// A dataset compressed with a filter this HDF5 library lacks (h5py's LZF, a plugin's Blosc or Zstandard)
+// cannot be read; say which filter and what to write instead, not "damaged file" at the first read.
+void require_available_filters(hid_t dataset, const std::string& path, const std::string& name) {
+  Hid plist(check_h5_id(H5Dget_create_plist(dataset), "H5Dget_create_plist"), Hid::Kind::kPropertyList);
+  const int filters = H5Pget_nfilters(plist.get());
+  check_h5(filters < 0 ? -1 : 0, "H5Pget_nfilters");
+  for (int i = 0; i < filters; ++i) {
+    unsigned flags = 0;
+    size_t values = 0;
+    char filter_name[128] = {};
+    unsigned config = 0;
+    const H5Z_filter_t id = H5Pget_filter2(plist.get(), static_cast<unsigned>(i), &flags, &values, nullptr,
+                                           sizeof(filter_name), filter_name, &config);
+    check_h5(id < 0 ? -1 : 0, "H5Pget_filter2");
+    const htri_t available = H5Zfilter_avail(id);
+    check_h5(available < 0 ? -1 : 0, "H5Zfilter_avail");
+    // Even an optional filter (h5py marks LZF so) was applied to every chunk it could compress.
+    if (available > 0) continue;
+    const std::string known = id == 32000 ? "lzf" : id == 32001 ? "blosc" : id == 32015 ? "zstd" : "";
+    const std::string shown = !known.empty() ? known : filter_name[0] != '\0' ? one_line(filter_name) : "";
+    throw UserError(path + ": dataset " + name + " is stored with the filter " +
+                    (shown.empty() ? "" : "'" + shown + "' ") + "(id " + std::to_string(id) +
+                    "), which this HDF5 library does not have: write it uncompressed or with "
+                    "compression='gzip'");
+  }
+}
+
 struct SplitShape {
   int64_t rows = 0;
   int64_t columns = 0;
@@ -95,12 +127,16 @@ SplitShape check_split(hid_t file, const std::string& path, const std::string& s
   const Element xe = element_of(x.get(), x_dims);
   const Element ye = element_of(y.get(), y_dims);
   if (x_dims.size() != 2 || xe.type_class != H5T_INTEGER || xe.size != 4 || xe.sign != H5T_SGN_2) {
-    throw UserError(path + ": dataset " + x_name + " must be int32 [N, maxlen], found " + xe.description);
+    throw UserError(path + ": dataset " + x_name + " must be int32 [N, maxlen], found " + xe.description +
+                    (x_dims.size() == 2 ? " (with numpy: x.astype(np.int32))" : ""));
   }
   // Any one-byte unsigned integer: h5py's uint8 and an enum-free bool-like u1 both qualify.
   if (y_dims.size() != 1 || ye.type_class != H5T_INTEGER || ye.size != 1 || ye.sign != H5T_SGN_NONE) {
-    throw UserError(path + ": dataset " + y_name + " must be uint8 [N], found " + ye.description);
+    throw UserError(path + ": dataset " + y_name + " must be uint8 [N], found " + ye.description +
+                    (y_dims.size() == 1 ? " (with numpy: y.astype(np.uint8))" : ""));
   }
+  require_available_filters(x.get(), path, x_name);
+  require_available_filters(y.get(), path, y_name);
   if (x_dims[0] != y_dims[0]) {
     throw UserError(path + ": " + x_name + " has " + std::to_string(x_dims[0]) + " rows but " + y_name +
                     " has " + std::to_string(y_dims[0]));
@@ -165,6 +201,7 @@ DatasetInfo inspect_dataset(const std::string& path) try {
   info.train_size = train.rows;
   info.test_size = test.rows;
   info.val_size = val.rows;
+  info.has_val = has_val;
   info.vocab_size = positive_int_attribute(file.get(), path, "vocab_size", kMaxVocabulary);
   info.maxlen = positive_int_attribute(file.get(), path, "maxlen", kMaxSequenceLength);
   for (const auto& [name, shape] :

@@ -32,7 +32,8 @@ struct DatasetInfo {
   std::string path;
   int64_t train_size = 0;
   int64_t test_size = 0;
-  int64_t val_size = 0;  // 0: the file has no /val
+  int64_t val_size = 0;  // 0: the file has no /val, or an empty one
+  bool has_val = false;
   int vocab_size = 0;
   int maxlen = 0;
   bool has_vocab = false;

@@ -143,4 +143,49 @@ for layout in "2 auto" "2 mpi" "3 ps --comm.ps_servers 1"; do
     "$name.txt"
   grep -qi "segmentation\|signal" "$name.txt" && fail "$layout: a rank crashed" "$name.txt"
 done
-echo "PASS: bad keys, a byte order mark, a failed write, files that are not plain, and a small shard"
+# Datasets a user writes with h5py: what is wrong, or cannot be read here, is said in their terms.
+tiny=(--model.embedding_dim 8 --train.epochs 1 --train.batch_size 4)
+if /usr/bin/python3 -c 'import h5py' 2>/dev/null; then
+  /usr/bin/python3 - <<'PY'
+import h5py, numpy as np
+rng = np.random.default_rng(1)
+def write(path, x_dtype="i4", y_dtype="u1", compression=None, val_rows=None, train_rows=40):
+    with h5py.File(path, "w") as f:
+        f.attrs["vocab_size"] = 50
+        f.attrs["maxlen"] = 6
+        for split, rows in (("train", train_rows), ("test", 10), ("val", val_rows)):
+            if rows is None:
+                continue
+            f.create_dataset(split + "/x", data=rng.integers(0, 50, (rows, 6)).astype(x_dtype),
+                             compression=compression, chunks=(max(rows, 1), 6) if compression else None)
+            f.create_dataset(split + "/y", data=(rng.integers(0, 2, rows)).astype(y_dtype))
+write("lzf.h5", compression="lzf")
+write("int64.h5", x_dtype="i8")
+write("bool.h5", y_dtype="bool")
+write("empty-val.h5", val_rows=0)
+write("empty-train.h5", train_rows=0)
+write("plain.h5")
+PY
+  expect_user_error "an LZF-compressed dataset" \
+    "lzf.h5: dataset /train/x is stored with the filter 'lzf' (id 32000), which this HDF5 library does not have" \
+    "$ddptrain" "${tiny[@]}" --data.path lzf.h5
+  expect_user_error "int64 tokens" "int64.h5: dataset /train/x must be int32 [N, maxlen], found int64 [40, 6] (with numpy: x.astype(np.int32))" \
+    "$ddptrain" "${tiny[@]}" --data.path int64.h5
+  expect_user_error "bool labels" "bool.h5: dataset /train/y must be uint8 [N], found bool [40]" \
+    "$ddptrain" "${tiny[@]}" --data.path bool.h5
+  expect_user_error "an empty /val" "empty-val.h5: /val has no rows" \
+    "$ddptrain" "${tiny[@]}" --data.path empty-val.h5 --data.validation val
+  expect_user_error "an empty /train" "empty-train.h5: /train has no rows to train on" \
+    "$ddptrain" "${tiny[@]}" --data.path empty-train.h5
+  # Held open for writing by another process (a notebook): its HDF5 lock keeps readers out.
+  /usr/bin/python3 -c 'import h5py, sys, time; f = h5py.File("plain.h5", "a"); print("open", flush=True); time.sleep(60)' >holder.txt &
+  holder=$!
+  for _ in $(seq 100); do grep -q open holder.txt && break; sleep 0.1; done
+  expect_user_error "a file open for writing elsewhere" "plain.h5: is open for writing in another process" \
+    "$ddptrain" "${tiny[@]}" --data.path plain.h5
+  kill "$holder"
+  wait "$holder" 2>/dev/null || true
+else
+  echo "SKIP: datasets written with h5py (python3-h5py is not installed)"
+fi
+echo "PASS: bad keys, a byte order mark, a failed write, files that are not plain, a small shard, h5py datasets"
