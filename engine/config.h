@@ -115,7 +115,7 @@ std::vector<std::string> changed_training_settings(const std::string& earlier_in
 models::ModelShape model_shape(const Config& c, int vocab_size, int classes);
 // Throws UserError naming the model's keys when `shape` (with the data's vocabulary) has more parameters than
 // a rank can hold.
-void require_model_fits(const Config& c, const models::ModelShape& shape);
+void require_model_fits(const Config& c, const models::ModelShape& shape, int ranks_on_node);
 models::ModelOptions model_options(const Config& c);
 
 }  // namespace ddp::engine

@@ -64,7 +64,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
   std::unique_ptr<models::Replica> replica;
   watchdog.enter("creating the model replica on " + topology.device);
   comm::agree_on_errors(*boot, [&] {
-    require_model_fits(config, shape);
+    require_model_fits(config, shape, topology.local_size);
     replica =
         topology.gpu >= 0
             ? models::make_cuda_replica(shape, topology.gpu,

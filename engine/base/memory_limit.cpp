@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <fstream>
+
 #include "engine/base/errors.h"
 
 namespace ddp {
@@ -12,6 +14,17 @@ double node_memory_bytes() {
   const long page_size = sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page_size <= 0) return 0;
   return static_cast<double>(pages) * static_cast<double>(page_size);
+}
+
+double available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kilobytes = 0;
+  std::string unit;
+  while (meminfo >> key >> kilobytes >> unit) {
+    if (key == "MemAvailable:") return kilobytes * 1024.0;
+  }
+  return node_memory_bytes();
 }
 
 void require_node_memory(double bytes, const std::string& what) {

@@ -28,6 +28,13 @@ expect_user_error "hidden" "model.hidden = 100000" "$ddptrain" "${small[@]}" --m
 expect_user_error "layers" "model.layers = 1000" "$ddptrain" "${small[@]}" --model.layers 1000
 expect_user_error "a model too large for a rank" "parameters, more than" \
   "$ddptrain" --data.path d.h5 --model.embedding_dim 30000 --model.hidden 30000 --train.epochs 1
+# Fewer parameters than a rank can index, more than this node can hold with Adam (2e9 x 37 bytes = 74 GB):
+# refused before anything is allocated, not killed by the kernel once the pages are touched.
+if [ "$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)" -lt 70000000 ]; then
+  "$ddptrain" prepare synthetic --output wide.h5 --train 20 --test 10 --vocab 10000000 --maxlen 8 >/dev/null
+  expect_user_error "a model larger than the node's memory" "2e+09 parameters need about 7" \
+    "$ddptrain" --data.path wide.h5 --model.embedding_dim 200 --train.epochs 1
+fi
 expect_user_error "a directory as --config" "is a directory" "$ddptrain" --config .
 expect_user_error "prepare --maxlen" "--maxlen must be from 1 to" \
   "$ddptrain" prepare synthetic --output big.h5 --maxlen 2147483647
