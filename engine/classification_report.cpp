@@ -55,13 +55,23 @@ ClassReport classification_report(std::span<const int64_t> confusion, int classe
       if (t == p) correct += n;
     }
   }
+  int occurring = 0;
   for (std::size_t c = 0; c < k; ++c) {
     const int64_t hits = confusion[c * k + c];
     r.precision[c] = ratio(hits, predicted[c]);
     r.recall[c] = ratio(hits, r.support[c]);
     const double sum = r.precision[c] + r.recall[c];
     r.f1[c] = sum > 0 ? 2 * r.precision[c] * r.recall[c] / sum : 0.0;
-    r.macro_f1 += r.f1[c] / static_cast<double>(k);
+    if (r.support[c] == 0 && predicted[c] == 0) continue;
+    ++occurring;
+    r.macro_precision += r.precision[c];
+    r.macro_recall += r.recall[c];
+    r.macro_f1 += r.f1[c];
+  }
+  if (occurring > 0) {
+    r.macro_precision /= occurring;
+    r.macro_recall /= occurring;
+    r.macro_f1 /= occurring;
   }
   r.accuracy = ratio(correct, r.total);
   return r;
@@ -77,13 +87,8 @@ std::string format_classification_report(const ClassReport& report, std::span<co
     text += fmt::format("{:<{}}  {:>9.4f}  {:>6.4f} {:>6.4f}  {:>7}\n", name_of(names, static_cast<int>(c)),
                         width, report.precision[c], report.recall[c], report.f1[c], report.support[c]);
   }
-  double macro_precision = 0, macro_recall = 0;
-  for (std::size_t c = 0; c < k; ++c) {
-    macro_precision += report.precision[c] / static_cast<double>(k);
-    macro_recall += report.recall[c] / static_cast<double>(k);
-  }
-  text += fmt::format("{:<{}}  {:>9.4f}  {:>6.4f} {:>6.4f}  {:>7}\n", "macro avg", width, macro_precision,
-                      macro_recall, report.macro_f1, report.total);
+  text += fmt::format("{:<{}}  {:>9.4f}  {:>6.4f} {:>6.4f}  {:>7}\n", "macro avg", width,
+                      report.macro_precision, report.macro_recall, report.macro_f1, report.total);
   text += "confusion matrix (rows: true class, columns: predicted class):\n";
   std::size_t cell = 1;
   for (const int64_t n : confusion) cell = std::max(cell, std::to_string(n).size());

@@ -15,7 +15,9 @@ struct ClassReport {
   std::vector<double> precision, recall, f1;  // per class; 0 where a class was never predicted (precision),
                                               // never present (recall), or both are 0 (F1), as scikit-learn
   std::vector<int64_t> support;               // rows whose true class it is
-  double macro_f1 = 0;                        // the unweighted mean of the classes' F1
+  // Unweighted means over the classes that occur among the true labels or the predictions (scikit-learn's
+  // default labels): a class the data never holds and the model never predicts does not count as F1 0.
+  double macro_precision = 0, macro_recall = 0, macro_f1 = 0;
   double accuracy = 0;
   int64_t total = 0;
 };

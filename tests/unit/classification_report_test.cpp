@@ -35,6 +35,21 @@ TEST(ClassificationReport, MatchesTheCountsWorkedOutByHand) {
   EXPECT_NEAR(r.macro_f1, (10.0 / 13.0 + 0.6) / 3.0, 1e-15);
 }
 
+// scikit-learn's macro averages run over the classes among the labels or the predictions: a fourth class that
+// neither holds (a dataset's num_classes larger than the classes it has) changes none of them.
+TEST(ClassificationReport, AClassNeitherPresentNorPredictedDoesNotCountInTheMacroAverages) {
+  const std::vector<int64_t> with_absent_class{5, 1, 0, 0,  //
+                                               2, 3, 1, 0,  //
+                                               0, 0, 0, 0,  //
+                                               0, 0, 0, 0};
+  const ClassReport three = classification_report(kConfusion, 3);
+  const ClassReport four = classification_report(with_absent_class, 4);
+  EXPECT_DOUBLE_EQ(four.macro_f1, three.macro_f1);
+  EXPECT_DOUBLE_EQ(four.macro_precision, (5.0 / 7.0 + 0.75 + 0.0) / 3.0);
+  EXPECT_DOUBLE_EQ(four.macro_recall, (5.0 / 6.0 + 0.5 + 0.0) / 3.0);
+  EXPECT_DOUBLE_EQ(four.f1[3], 0.0);
+}
+
 TEST(ClassificationReport, TwoClassesPerfectAndAllWrong) {
   const ClassReport perfect = classification_report(std::vector<int64_t>{4, 0, 0, 6}, 2);
   EXPECT_DOUBLE_EQ(perfect.accuracy, 1.0);
