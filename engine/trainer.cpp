@@ -611,6 +611,17 @@ class TrainingRun::Loop {
         progress_,
         [&] {
           std::printf("%s\n", format_epoch_line(m).c_str());
+          if ((!std::isfinite(m.loss) || !std::isfinite(m.val_loss)) && !warned_diverged_) {
+            // Every later step trains on weights that are no longer numbers: say so once, with the usual
+            // cure.
+            warned_diverged_ = true;
+            const double bad = std::isfinite(m.loss) ? m.val_loss : m.loss;
+            fmt::print(stdout,
+                       "warning: the {} loss is {} in epoch {}: the run diverged (lower train.learning_rate, "
+                       "or set train.clip_norm)\n",
+                       std::isfinite(m.loss) ? "held-out" : "training", std::isnan(bad) ? "NaN" : "infinite",
+                       m.epoch);
+          }
           std::fflush(stdout);
           EpochMetrics stamped = m;
           stamped.run_id = run_record_.run_id;
@@ -633,6 +644,7 @@ class TrainingRun::Loop {
         snapshot, [] {}, /*best=*/false);
   }
 
+  bool warned_diverged_ = false;
   const Config& config_;
   const Topology& topology_;
   const int job_size_;  // the training ranks and the dedicated parameter servers

@@ -47,6 +47,10 @@ done
 json_field diverged/metrics.jsonl not_finite epoch=2 | grep -q '"val_loss": "nan"' ||
   fail "no not_finite reason for val_loss" diverged/metrics.jsonl
 [ -s diverged/curves.svg ] || fail "no learning curves for the diverged run"
+# ... and the console says it once, with the cure.
+[ "$(grep -c '^warning: the .* loss is NaN in epoch .*: the run diverged (lower train.learning_rate' diverged.txt)" -eq 1 ] ||
+  fail "the diverged run is not warned of once" diverged.txt
+grep -q "^warning:" healthy.txt && fail "a healthy run warned" healthy.txt
 # The healthy run's numbers are numbers.
 json_field healthy/metrics.jsonl loss epoch=2 | grep -qE '^[0-9]+\.[0-9]+' || fail "epoch 2's loss" healthy/metrics.jsonl
 echo "ok: $written JSON files parse strictly; a NaN loss is null with its reason"
