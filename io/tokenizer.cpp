@@ -278,6 +278,16 @@ Vocabulary Vocabulary::from_counts(const WordCounts& counts, int size) {
   return Vocabulary(std::move(words));
 }
 
+std::size_t Vocabulary::unreachable_words(std::string* example) const {
+  std::size_t count = 0;
+  for (std::size_t i = kFirstWordId; i < words_.size(); ++i) {
+    const std::vector<std::string> yielded = tokenize(words_[i]);
+    if (yielded.size() == 1 && yielded[0] == words_[i]) continue;
+    if (count++ == 0 && example != nullptr) *example = words_[i];
+  }
+  return count;
+}
+
 int32_t Vocabulary::id(std::string_view word) const {
   const auto it = ids_.find(word);
   return it == ids_.end() ? kOovId : it->second;

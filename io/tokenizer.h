@@ -95,6 +95,10 @@ class Vocabulary {
   int32_t id(std::string_view word) const;
   // A document's padded token ids: tokenize, look up, pad_pre.
   std::vector<int32_t> encode(std::string_view text, int maxlen) const;
+  // How many words (past the reserved three) tokenize() can never yield, as it lower-cases and splits at
+  // spaces and punctuation: a vocabulary written by another tool ("Word", "New York"). `example` gets the
+  // first of them.
+  std::size_t unreachable_words(std::string* example) const;
 
  private:
   std::vector<std::string> words_;

@@ -303,6 +303,16 @@ int predict_command(const std::vector<std::string>& args) {
                     "FILE)");
   }
   const io::Vocabulary vocabulary = io::read_vocabulary(vocabulary_file);
+  // On stderr, as stdout holds the scores: a vocabulary from another tool may hold words no text turns into.
+  if (std::string example; const std::size_t unreachable = vocabulary.unreachable_words(&example)) {
+    std::fprintf(
+        stderr,
+        "warning: %zu of the %d words of %s's vocabulary (the first: \"%s\") can never match a document's "
+        "words, which are lower-cased and split at spaces and punctuation: documents score without "
+        "them (a vocabulary `prepare text` did not write)\n",
+        unreachable, vocabulary.size() - io::kFirstWordId, vocabulary_file.c_str(),
+        one_line(example).c_str());
+  }
   // Blank lines of a file are not documents; a document without a single word gets no score.
   std::vector<std::string> documents = input.empty() ? texts : read_lines(input);
   if (!input.empty()) std::erase_if(documents, [](const std::string& d) { return is_blank(d); });

@@ -104,6 +104,19 @@ TEST(Vocabulary, RanksByCountThenBytes) {
   EXPECT_EQ(all.size(), 9);
 }
 
+// Words of a vocabulary written by another tool that no document can ever turn into: upper case, a space,
+// punctuation, a word longer than the tokenizer keeps. The reserved three are not words.
+TEST(Vocabulary, CountsTheWordsTheTokenizerNeverYields) {
+  std::string example;
+  const Vocabulary own({"<pad>", "<start>", "<oov>", "good", "café", "don't"});
+  EXPECT_EQ(own.unreachable_words(&example), 0u);
+  EXPECT_EQ(example, "");
+  const Vocabulary other(
+      {"<PAD>", "<S>", "<UNK>", "good", "Great", "new york", "end.", std::string(200, 'a'), "fine"});
+  EXPECT_EQ(other.unreachable_words(&example), 4u);
+  EXPECT_EQ(example, "Great");
+}
+
 TEST(Vocabulary, EncodesAsKerasPadSequencesPre) {
   const std::vector<int32_t> ids{5, 6, 7};
   EXPECT_EQ(pad_pre(ids, 6), (std::vector<int32_t>{0, 0, 1, 5, 6, 7}));
