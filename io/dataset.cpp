@@ -234,13 +234,21 @@ DatasetInfo inspect_dataset(const std::string& path) try {
   throw_unreadable_file(path, e);
 }
 
+std::string rows_without_tokens_note(const DatasetInfo& info, const std::string& split, int64_t count,
+                                     int64_t rows) {
+  return "note: " + std::to_string(count) + " of the " + std::to_string(rows) + " rows of " + info.path +
+         " /" + split +
+         " hold no token (every id 0): empty documents, or rows a writer reserved and never filled, which "
+         "HDF5 reads as zeros with label 0";
+}
+
 std::string class_name(const DatasetInfo& info, int k) {
   if (k >= 0 && static_cast<std::size_t>(k) < info.class_names.size())
     return info.class_names[static_cast<std::size_t>(k)];
   return std::to_string(k);
 }
 
-void validate_rows(const DatasetInfo& info, const std::string& split, int64_t begin, int64_t end) try {
+int64_t validate_rows(const DatasetInfo& info, const std::string& split, int64_t begin, int64_t end) try {
   checked_rows("validate_rows", info, split, begin, end);
   const std::string x_name = "/" + split + "/x";
   const std::string y_name = "/" + split + "/y";
@@ -266,6 +274,7 @@ void validate_rows(const DatasetInfo& info, const std::string& split, int64_t be
   }
   std::vector<int32_t> tokens(static_cast<size_t>(chunk_rows * columns));
   std::vector<uint8_t> labels(static_cast<size_t>(chunk_rows));
+  int64_t rows_without_tokens = 0;
   for (int64_t first = begin; first < end; first += chunk_rows) {
     const int64_t count = std::min(chunk_rows, end - first);
     {
@@ -285,6 +294,7 @@ void validate_rows(const DatasetInfo& info, const std::string& split, int64_t be
     }
     for (int64_t r = 0; r < count; ++r) {
       const int32_t* row = tokens.data() + r * columns;
+      if (std::all_of(row, row + columns, [](int32_t id) { return id == 0; })) ++rows_without_tokens;
       for (int64_t c = 0; c < columns; ++c) {
         if (row[c] < 0 || row[c] >= info.vocab_size) {
           throw UserError(info.path + ": " + x_name + "[" + std::to_string(first + r) + ", " +
@@ -303,6 +313,7 @@ void validate_rows(const DatasetInfo& info, const std::string& split, int64_t be
       }
     }
   }
+  return rows_without_tokens;
 } catch (const Hdf5Error& e) {
   throw_unreadable_file(info.path, e);
 }

@@ -52,7 +52,12 @@ DatasetInfo inspect_dataset(const std::string& path);
 // Reads rows [begin, end) of split ("train", "test" or "val") in bounded chunks and checks 0 <= token <
 // vocab_size and 0 <= label < num_classes. Throws UserError naming file, dataset, row and value of the first
 // bad entry.
-void validate_rows(const DatasetInfo& info, const std::string& split, int64_t begin, int64_t end);
+// Returns how many of the rows hold no token at all (every id 0, padding): rows a writer reserved and never
+// filled read so (HDF5's fill value), with label 0, which the caller says.
+int64_t validate_rows(const DatasetInfo& info, const std::string& split, int64_t begin, int64_t end);
+// The note for `count` such rows of `rows` in split.
+std::string rows_without_tokens_note(const DatasetInfo& info, const std::string& split, int64_t count,
+                                     int64_t rows);
 
 // How many rows [begin, end) of split ("train", "test" or "val") have each label: counts[v] rows have
 // label v, counts.size() = max(2, largest label + 1). Reads only the split's y, in bounded chunks.

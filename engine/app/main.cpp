@@ -125,19 +125,21 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
 
   io::DatasetInfo data;
   watchdog.enter("reading data.path " + config.data.path);
+  std::vector<double> rows_without_tokens(3, 0.0);  // train, test, val
   comm::agree_on_errors(boot, [&] {
     data = io::inspect_dataset(config.data.path);
     if (!config.data.validate) return;
     // Each rank checks the rows it will read, so the file is scanned once in all.
-    const io::Shard train_rows = io::shard_of(data.train_size, boot.rank(), boot.size(), /*cover_all=*/true);
-    const io::Shard test_rows = io::shard_of(data.test_size, boot.rank(), boot.size(), /*cover_all=*/true);
-    io::validate_rows(data, "train", train_rows.begin, train_rows.end);
-    io::validate_rows(data, "test", test_rows.begin, test_rows.end);
-    if (data.val_size > 0) {
-      const io::Shard val_rows = io::shard_of(data.val_size, boot.rank(), boot.size(), /*cover_all=*/true);
-      io::validate_rows(data, "val", val_rows.begin, val_rows.end);
+    const std::pair<const char*, int64_t> splits[] = {
+        {"train", data.train_size}, {"test", data.test_size}, {"val", data.val_size}};
+    for (std::size_t i = 0; i < 3; ++i) {
+      if (splits[i].second == 0) continue;  // an empty or absent split
+      const io::Shard rows = io::shard_of(splits[i].second, boot.rank(), boot.size(), /*cover_all=*/true);
+      rows_without_tokens[i] =
+          static_cast<double>(io::validate_rows(data, splits[i].first, rows.begin, rows.end));
     }
   });
+  boot.sum(rows_without_tokens);
 
   if (boot.rank() == 0) {
     std::printf("ddptrain %s: %d rank(s)\n", DDPTRAIN_VERSION, boot.size());
@@ -147,6 +149,15 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
       std::printf("hint (rank 0): %s\n", hint.c_str());
     if (const std::string hint = models::blas_kernels_hint(); !hint.empty() && topology.gpu < 0)
       std::printf("hint (rank 0): %s\n", hint.c_str());
+    const std::pair<const char*, int64_t> splits[] = {
+        {"train", data.train_size}, {"test", data.test_size}, {"val", data.val_size}};
+    for (std::size_t i = 0; i < 3; ++i) {
+      if (rows_without_tokens[i] == 0) continue;
+      std::printf("%s\n",
+                  io::rows_without_tokens_note(data, splits[i].first,
+                                               static_cast<int64_t>(rows_without_tokens[i]), splits[i].second)
+                      .c_str());
+    }
     std::fflush(stdout);
   }
   const std::string timeline_path = engine::inside_run_directory(config.checkpoint.dir, config.log.timeline);

@@ -371,7 +371,9 @@ int evaluate_command(const std::vector<std::string>& args) {
 
   const io::DatasetInfo data = io::inspect_dataset(o.data);
   if (data.test_size == 0) throw UserError(o.data + ": /test is empty, nothing to evaluate");
-  io::validate_rows(data, "test", 0, data.test_size);
+  if (const int64_t empty = io::validate_rows(data, "test", 0, data.test_size); empty > 0) {
+    std::fprintf(stderr, "%s\n", io::rows_without_tokens_note(data, "test", empty, data.test_size).c_str());
+  }
   const Checkpoint checkpoint = read_checkpoint(o.checkpoint, CheckpointParts::kModel);
   check_same_vocab(o, checkpoint, data);
   if (checkpoint.shape.classes != data.num_classes) {

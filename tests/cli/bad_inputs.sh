@@ -172,7 +172,19 @@ write("bool.h5", y_dtype="bool")
 write("empty-val.h5", val_rows=0)
 write("empty-train.h5", train_rows=0)
 write("plain.h5")
+with h5py.File("unfilled.h5", "w") as f:  # created for 120 rows, 40 written
+    f.attrs["vocab_size"] = 50
+    f.attrs["maxlen"] = 6
+    for split in ("train", "test"):
+        x = f.create_dataset(split + "/x", shape=(120, 6), dtype="i4", chunks=(16, 6))
+        y = f.create_dataset(split + "/y", shape=(120,), dtype="u1", chunks=(16,))
+        x[:40] = rng.integers(1, 50, (40, 6))
+        y[:40] = rng.integers(0, 2, 40)
 PY
+  "$ddptrain" "${tiny[@]}" --data.path unfilled.h5 --checkpoint.dir unfilled >unfilled.txt 2>&1 ||
+    fail "a dataset with unfilled rows" unfilled.txt
+  grep -q "^note: 80 of the 120 rows of unfilled.h5 /train hold no token" unfilled.txt ||
+    fail "rows never written are not noted" unfilled.txt
   expect_user_error "an LZF-compressed dataset" \
     "lzf.h5: dataset /train/x is stored with the filter 'lzf' (id 32000), which this HDF5 library does not have" \
     "$ddptrain" "${tiny[@]}" --data.path lzf.h5
