@@ -182,16 +182,18 @@ int64_t checked_rows(const char* function, const DatasetInfo& info, const std::s
 
 }  // namespace
 
-DatasetInfo inspect_dataset(const std::string& path) try {
+DatasetInfo inspect_dataset(const std::string& path, SplitsNeeded needed) try {
   const DamagedFileGuard guard(path);
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   Hid file = open_file_readonly(path);
-  // Presence of all four first, so a file missing several names the first in schema order.
+  const bool reads_train = needed == SplitsNeeded::kTraining;
+  // Presence of all first, so a file missing several names the first in schema order.
   for (const char* name : {"/train/x", "/train/y", "/test/x", "/test/y"}) {
-    open_dataset(file.get(), path, name);
+    if (reads_train || std::string_view(name).starts_with("/test")) open_dataset(file.get(), path, name);
   }
-  const SplitShape train = check_split(file.get(), path, "train");
+  SplitShape train = reads_train ? check_split(file.get(), path, "train") : SplitShape{};
   const SplitShape test = check_split(file.get(), path, "test");
+  if (!reads_train) train.columns = test.columns;
   // /val is optional, but once there it must have the schema of /train.
   const bool has_val = link_exists(file.get(), "/val");
   const SplitShape val = has_val ? check_split(file.get(), path, "val") : SplitShape{0, train.columns};

@@ -44,10 +44,14 @@ struct DatasetInfo {
 // Class k's name: the file's /classes[k], else the number.
 std::string class_name(const DatasetInfo& info, int k);
 
+// Which splits a command reads: training reads /train and /test (and /val where present); scoring reads /test
+// alone, so a file that holds only /test (and the attributes) serves evaluate and predict.
+enum class SplitsNeeded { kTraining, kTestOnly };
+
 // Opens the file and checks the schema: datasets present, ranks, element types, matching lengths,
 // attributes; /val's too when the file has one. Throws UserError naming the file and the dataset or
 // attribute that is wrong.
-DatasetInfo inspect_dataset(const std::string& path);
+DatasetInfo inspect_dataset(const std::string& path, SplitsNeeded needed = SplitsNeeded::kTraining);
 
 // Reads rows [begin, end) of split ("train", "test" or "val") in bounded chunks and checks 0 <= token <
 // vocab_size and 0 <= label < num_classes. Throws UserError naming file, dataset, row and value of the first

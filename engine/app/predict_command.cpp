@@ -289,7 +289,7 @@ int predict_command(const std::vector<std::string>& args) {
   int maxlen = checkpoint.run.maxlen;
   std::string vocabulary_file = o.checkpoint;
   if (!o.data.empty()) {  // given: it must be the model's
-    const io::DatasetInfo data = io::inspect_dataset(o.data);
+    const io::DatasetInfo data = io::inspect_dataset(o.data, io::SplitsNeeded::kTestOnly);
     check_same_vocab(o, checkpoint, data);
     if (!checkpoint.has_vocabulary || maxlen <= 0) {
       maxlen = data.maxlen;
@@ -369,7 +369,7 @@ int evaluate_command(const std::vector<std::string>& args) {
   check_model_options(o, kCommand);
   if (o.data.empty()) throw UserError(std::string(kCommand) + ": give the dataset to score with --data FILE");
 
-  const io::DatasetInfo data = io::inspect_dataset(o.data);
+  const io::DatasetInfo data = io::inspect_dataset(o.data, io::SplitsNeeded::kTestOnly);
   if (data.test_size == 0) throw UserError(o.data + ": /test is empty, nothing to evaluate");
   if (const int64_t empty = io::validate_rows(data, "test", 0, data.test_size); empty > 0) {
     std::fprintf(stderr, "%s\n", io::rows_without_tokens_note(data, "test", empty, data.test_size).c_str());

@@ -314,6 +314,22 @@ TEST_F(InspectTest, AcceptsAWellFormedFile) {
   EXPECT_NO_THROW(validate_rows(info, "test", 0, 8));
 }
 
+// evaluate and predict read /test alone: a file holding only /test and the attributes serves them, and a
+// broken /train does not stop them; training still needs it.
+TEST_F(InspectTest, ScoringNeedsOnlyTheTestSplit) {
+  write(FileSpec{});
+  {
+    Hid file(H5Fopen(path_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), Hid::Kind::kFile);
+    ASSERT_GE(H5Ldelete(file.get(), "/train/y", H5P_DEFAULT), 0);
+  }
+  const DatasetInfo info = inspect_dataset(path_, SplitsNeeded::kTestOnly);
+  EXPECT_EQ(info.test_size, 8);
+  EXPECT_EQ(info.train_size, 0);
+  EXPECT_EQ(info.maxlen, 4);
+  EXPECT_NO_THROW(validate_rows(info, "test", 0, 8));
+  expect_user_error([&] { inspect_dataset(path_); }, {path_, "/train/y is missing"});
+}
+
 TEST_F(InspectTest, MissingFile) {
   expect_user_error([&] { inspect_dataset(path_); }, {path_, "no such file"});
 }
