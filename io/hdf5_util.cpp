@@ -284,7 +284,9 @@ Hid open_dataset(hid_t file, const std::string& file_path, const std::string& na
   if (!link_exists(file, name)) throw UserError(file_path + ": dataset " + name + " is missing");
   const hid_t dataset = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
   if (dataset < 0) {
-    throw UserError(file_path + ": " + name + " is not a dataset (" + hdf5_error_detail() + ")");
+    const std::string detail = hdf5_error_detail();
+    throw UserError(file_path + ": " + name + " is not a dataset" +
+                    (detail.find("not a dataset") == std::string::npos ? " (" + detail + ")" : ""));
   }
   return Hid(dataset, Hid::Kind::kDataset);
 }
