@@ -252,6 +252,8 @@ class TrainingRun::Loop {
     run.hidden = shape_.hidden;
     run.parameters = replica_->layout().total_size();
     run.optimizer = updater_->optimizer_name();
+    if (config_.train.optimizer != "sgd" && config_.train.momentum > 0)
+      run.optimizer += fmt::format(" (train.momentum = {} idle: it is sgd's)", config_.train.momentum);
     run.learning_rate = config_.train.learning_rate;
     run.batch_size = config_.train.batch_size;
     run.trainers = comm_.size();

@@ -699,6 +699,11 @@ class Unpickler {
       known = "_reconstruct";
     } else if (module == "numpy" && (name == "ndarray" || name == "dtype")) {
       known = name;
+    } else if (name == "scalar") {
+      // np.savez of lists built from numpy arrays (list(row)) pickles every token as a numpy scalar.
+      error(
+          "global " + printable(module + "." + name) +
+          " is not allowed: the sequences hold numpy integers, not Python ints (write each as row.tolist())");
     } else {
       error("global " + printable(module + "." + name) +
             " is not allowed (only numpy's ndarray reconstruction)");
@@ -753,7 +758,8 @@ class Unpickler {
     if (dtype.kind != Kind::kDtype) error("ndarray dtype is " + std::string(kind_name(dtype.kind)));
     if (dtype.node->text != "O8" && dtype.node->text != "O4" && dtype.node->text != "O") {
       error("pickled ndarray of dtype '" + printable(dtype.node->text) +
-            "' (only object arrays are pickled)");
+            "' (only object arrays are pickled: an object array must hold each sequence as a Python list, "
+            "row.tolist())");
     }
     if (data.kind != Kind::kList)
       error("ndarray data is " + std::string(kind_name(data.kind)) + ", not a list");
