@@ -215,8 +215,15 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
   refuse_another_runs_best(files, c.run.run_id);
   restore_best(files, p);
   if (data_changed || rows_changed) choose_best_afresh(files, p);
-  if (p.step_in_epoch >= steps_per_epoch)
-    p.step_in_epoch = 0;  // the interrupted epoch had finished its steps
+  // A smaller train.max_steps_per_epoch than the interrupted epoch's steps: that epoch has had its steps, so
+  // it ends after one more (as above, one step is left to train), its metrics over all it trained.
+  if (p.step_in_epoch >= steps_per_epoch) {
+    std::printf(
+        "note: the interrupted epoch had trained %lld steps, as many as or more than the %lld an epoch "
+        "has now: it ends after one more\n",
+        static_cast<long long>(p.step_in_epoch), static_cast<long long>(steps_per_epoch));
+    p.step_in_epoch = steps_per_epoch - 1;
+  }
 }
 
 // Rank 0's progress to every training rank, as doubles (the communicator's broadcast): integers below
