@@ -31,10 +31,11 @@ std::string format_epoch_line(const EpochMetrics& m) {
   const std::string resumed =
       m.steps_run > 0 && m.steps_run < m.steps ? fmt::format(" ({} after resuming)", m.steps_run) : "";
   return fmt::format(
-             "Epoch {}/{} - {} steps{} - {} - {:.2f}ms/step - loss: {:.4f} - acc: {:.4f} - {}_loss: {:.4f} - "
+             "Epoch {}/{} - {} step{}{} - {} - {:.2f}ms/step - loss: {:.4f} - acc: {:.4f} - {}_loss: {:.4f} "
+             "- "
              "{}_acc: {:.4f}",
-             m.epoch, m.epochs, m.steps, resumed, seconds_text(m.epoch_time_s), m.step_time_ms, shown(m.loss),
-             m.acc, m.held_out, shown(m.val_loss), m.held_out, m.val_acc) +
+             m.epoch, m.epochs, m.steps, m.steps == 1 ? "" : "s", resumed, seconds_text(m.epoch_time_s),
+             m.step_time_ms, shown(m.loss), m.acc, m.held_out, shown(m.val_loss), m.held_out, m.val_acc) +
          (m.val_macro_f1 >= 0 ? fmt::format(" - {}_macro_f1: {:.4f}", m.held_out, m.val_macro_f1) : "");
 }
 

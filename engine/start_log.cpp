@@ -21,10 +21,11 @@ std::vector<std::string> start_log_lines(const RunStartFacts& f, const std::vect
       lines.end(),
       {fmt::format("data {}: vocab {}, maxlen {}; {}", f.data_path, f.vocab_size, f.maxlen, f.data_plan),
        fmt::format(
-           "model: embedding {}, {} {} x {}{}, {} parameters; {} lr {}; batch {} per rank x {} {}; {} steps "
+           "model: embedding {}, {} {} x {}{}, {} parameters; {} lr {}; batch {} per rank x {} {}; {} step{} "
            "per epoch",
            f.embedding_dim, f.rnn, f.layers, f.hidden, f.model_extras, f.parameters, f.optimizer,
-           f.learning_rate, f.batch_size, f.trainers, f.trainers_name, f.steps_per_epoch)});
+           f.learning_rate, f.batch_size, f.trainers, f.trainers_name, f.steps_per_epoch,
+           f.steps_per_epoch == 1 ? "" : "s")});
   switch (f.start) {
     case RunStartFacts::Start::kAlreadyFinished:
       lines.push_back(
