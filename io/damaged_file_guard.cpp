@@ -73,7 +73,10 @@ void install_fault_handler() {
 }  // namespace
 
 DamagedFileGuard::DamagedFileGuard(const std::string& path) : outer_(innermost_guard) {
-  static const std::string where = " (rank " + launcher_rank() + " on host " + host_name() + ")";
+  // A command without a launcher (predict, evaluate) has no rank to name.
+  static const std::string where = launcher_rank() == "?"
+                                       ? " (host " + host_name() + ")"
+                                       : " (rank " + launcher_rank() + " on host " + host_name() + ")";
   const std::string shown = one_line(path);
   before_signal_ = "ddptrain: error: " + shown + ": the HDF5 library crashed reading this file (";
   after_signal_ = "): the file is damaged; h5dump " + shown + " shows where" + where + "\n";
