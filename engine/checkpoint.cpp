@@ -128,6 +128,46 @@ uint64_t checksum_of(std::span<const float> values) {
   return hash;
 }
 constexpr const char* kChecksum = "checksum";
+constexpr const char* kHeaderChecksum = "header_checksum";
+
+// Every attribute of the root but the checksum itself, name, kind and value, in name order: a flipped bit in
+// a counter or a model dimension, which no range check can tell from a real value, changes it.
+uint64_t header_checksum(hid_t root, const std::string& file) {
+  std::vector<std::string> names;
+  const auto collect = [](hid_t, const char* name, const H5A_info_t*, void* out) -> herr_t {
+    static_cast<std::vector<std::string>*>(out)->emplace_back(name);
+    return 0;
+  };
+  hsize_t index = 0;
+  check_h5(H5Aiterate2(root, H5_INDEX_NAME, H5_ITER_INC, &index, collect, &names), "H5Aiterate2");
+  std::vector<std::string> entries;
+  for (const std::string& name : names) {
+    if (name == kHeaderChecksum) continue;
+    Hid attr(check_h5_id(H5Aopen(root, name.c_str(), H5P_DEFAULT), "H5Aopen"), Hid::Kind::kAttribute);
+    Hid type(check_h5_id(H5Aget_type(attr.get()), "H5Aget_type"), Hid::Kind::kDatatype);
+    std::string entry = name + '\0';
+    switch (H5Tget_class(type.get())) {
+      case H5T_INTEGER: {
+        const int64_t value = read_int(root, file, name.c_str());
+        entry += 'i' + std::string(reinterpret_cast<const char*>(&value), sizeof(value));
+        break;
+      }
+      case H5T_FLOAT: {
+        const double value = read_double_attribute(root, file, name.c_str());
+        entry += 'f' + std::string(reinterpret_cast<const char*>(&value), sizeof(value));
+        break;
+      }
+      case H5T_STRING:
+        entry += 's' + io::read_string_attribute(root, name);
+        break;
+      default:
+        entry += 'o';
+        break;
+    }
+    entries.push_back(std::move(entry));
+  }
+  return io::string_list_checksum(entries);
+}
 
 // A one-dimensional dataset of `count` values of `type` (a native HDF5 type) from `data`.
 Hid write_vector(hid_t loc, const std::string& name, hid_t type, const void* data, std::size_t count) {
@@ -345,6 +385,8 @@ CheckpointWriter::CheckpointWriter(const std::string& path, const models::ModelS
     io::write_string_attribute(root, "data_fingerprint", run.data_fingerprint);
     io::write_string_attribute(root, "data_plan", run.data_plan);
     io::write_int_attribute(root, "maxlen", run.maxlen);
+    // Last of the root's attributes: it covers all of them.
+    io::write_int_attribute(root, kHeaderChecksum, std::bit_cast<int64_t>(header_checksum(root, tmp)));
     if (!run.vocabulary.empty()) io::write_string_list(root, "vocab", run.vocabulary);
     if (!run.class_names.empty()) io::write_string_list(root, "classes", run.class_names);
     write_floats(root, "params", params);
@@ -441,6 +483,16 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
   const hid_t root = file.get();
   if (io::read_string_attribute(root, "format") != kFormat) {
     throw UserError(path + ": not a ddptrain checkpoint (attribute format != " + kFormat + ")");
+  }
+  // Checkpoints written before the header checksum have none.
+  if (io::has_attribute(root, kHeaderChecksum) &&
+      std::bit_cast<uint64_t>(read_int(root, path, kHeaderChecksum)) != header_checksum(root, path)) {
+    throw UserError(
+        path +
+        ": the checkpoint's attributes (model dimensions, progress, run) do not match the checksum "
+        "written with them: the file is damaged (or was edited; to keep an edit, delete its "
+        "header_checksum attribute): use another checkpoint (a run directory holds last.h5 and "
+        "best.h5)");
   }
   Checkpoint c;
   c.shape.vocab_size = read_int_in_range(root, path, "vocab_size", 1, io::kMaxVocabulary);

@@ -1056,9 +1056,11 @@ TEST(Checkpoint, DamagedCountersSumsFlagsAndClassNamesAreUserErrors) {
     expect_refused("are not the sums of an epoch");
   }
 
-  const auto set_int = [&](const char* name, int64_t value) {
+  // An edit made on purpose drops the header's checksum, as the refusal of an edit says to.
+  const auto set_int = [&](const char* name, int64_t value, bool keep_checksum = false) {
     const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
     ASSERT_GE(file, 0);
+    if (!keep_checksum) H5Adelete(file, "header_checksum");
     H5Adelete(file, name);
     const hid_t space = H5Screate(H5S_SCALAR);
     const hid_t attr = H5Acreate2(file, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
@@ -1072,6 +1074,13 @@ TEST(Checkpoint, DamagedCountersSumsFlagsAndClassNamesAreUserErrors) {
     set_int(flag, 5);
     expect_refused(std::string(flag) + " = 5 is not 0 or 1");
   }
+  // A counter changed in a way no range check can see (a flipped bit: step 0 became 2^32) is caught by the
+  // checksum over the root's attributes; without that checksum (an edit, or a checkpoint of before) it reads.
+  write_checkpoint(path, shape, params, "adam", {}, TrainingProgress{}, "");
+  set_int("step_in_epoch", int64_t{1} << 32, /*keep_checksum=*/true);
+  expect_refused("attributes (model dimensions, progress, run) do not match the checksum written with them");
+  set_int("step_in_epoch", int64_t{1} << 32);
+  EXPECT_EQ(read_checkpoint(path).progress.step_in_epoch, int64_t{1} << 32);
 
   RunRecord run;
   run.class_names = {"neg", "pos"};
