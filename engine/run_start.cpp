@@ -103,6 +103,9 @@ void restore_best(const RunFiles& files, TrainingProgress& p) {
     }
     if (held == p.best_epoch) return;
     state = held < 0 ? "cannot be read" : fmt::format("holds epoch {}, not the best one", held);
+    // A damaged best.h5 is kept aside, not overwritten: what it held may still be recovered by hand.
+    const std::string aside = files.best() + ".damaged";
+    if (held < 0 && (std::filesystem::rename(files.best(), aside, ec), !ec)) state += ", kept as " + aside;
   }
   if (p.best_epoch == p.epoch && p.step_in_epoch == 0) {
     copy_checkpoint(files.last(), files.best());

@@ -10,6 +10,7 @@
 
 #include "engine/base/errors.h"
 #include "engine/base/file_kind.h"
+#include "engine/base/memory_limit.h"
 #include "io/damaged_file_guard.h"
 
 namespace ddp::io {
@@ -86,8 +87,10 @@ std::string why_open_failed(const std::string& path, const std::string& stack) {
            "(then `h5clear -s " +
            path + "` clears the mark)";
   }
+  // A stored end far past what any disk holds is a damaged header, not a copy cut short.
   if (const std::string eof = number_after("eof = "), stored = number_after("stored_eof = ");
-      stack.find("truncated file") != std::string::npos && !eof.empty() && !stored.empty()) {
+      stack.find("truncated file") != std::string::npos && !eof.empty() && !stored.empty() &&
+      stored.size() <= 15) {
     return "is truncated: it has " + eof + " of the " + stored +
            " bytes its header promises (a copy or download that did not finish?)";
   }
@@ -449,6 +452,10 @@ std::vector<std::string> read_string_list(hid_t file, const std::string& file_pa
       static_cast<hsize_t>(checked ? dims[0] : std::min<int64_t>(dims[0], static_cast<int64_t>(max_count)));
   std::vector<std::string> strings;
   if (count == 0) return strings;
+  // A damaged length (2.8e14 strings) is refused before HDF5 allocates for it: a pointer and a short string
+  // each at the least.
+  require_node_memory(static_cast<double>(count) * 48.0,
+                      file_path + ": " + name + " of " + std::to_string(count) + " strings");
   Hid file_space(check_h5_id(H5Dget_space(dataset.get()), "H5Dget_space"), Hid::Kind::kDataspace);
   const hsize_t start = 0;
   check_h5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr),

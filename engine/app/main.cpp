@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -278,6 +279,9 @@ void finalize_mpi_watched(std::unique_ptr<ddp::engine::ProgressWatchdog>& watchd
 
 int main(int argc, char** argv) {
   ddp::io::skip_hdf5_cleanup_at_exit();
+  // A file-size limit (ulimit -f) must fail the write (EFBIG), which every writer reports with the file it
+  // was writing and leaves the last checkpoint in place, not kill the process without a word.
+  std::signal(SIGXFSZ, SIG_IGN);
   std::vector<std::string> args(argv + 1, argv + argc);
   const std::string command = args.empty() ? "" : args[0];
   if (command == "prepare" || command == "predict" || command == "evaluate") {
