@@ -4,8 +4,8 @@
 
 #include <atomic>
 #include <csignal>
-#include <cstring>
 #include <mutex>
+#include <string_view>
 
 #include "engine/base/errors.h"
 
@@ -26,7 +26,8 @@ struct sigaction& previous_action(int signal_number) {
   return signal_number == SIGSEGV ? previous_segv : previous_bus;
 }
 
-void write_all(const std::string& text) {
+// No allocation: called from the signal handler.
+void write_all(std::string_view text) {
   const char* data = text.data();
   std::size_t left = text.size();
   while (left > 0) {
