@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -40,6 +41,11 @@
 
 namespace ddp {
 namespace {
+
+// The splits a run reads, in the order their counts travel: name and rows.
+std::array<std::pair<const char*, int64_t>, 3> splits_of(const ddp::io::DatasetInfo& data) {
+  return {{{"train", data.train_size}, {"test", data.test_size}, {"val", data.val_size}}};
+}
 
 // Where a stopped run stands and how to continue it, for the stop message.
 std::string stop_summary(int64_t epochs_done, int64_t steps_in_epoch, const std::string& dir) {
@@ -131,8 +137,7 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
     data = io::inspect_dataset(config.data.path);
     if (!config.data.validate) return;
     // Each rank checks the rows it will read, so the file is scanned once in all.
-    const std::pair<const char*, int64_t> splits[] = {
-        {"train", data.train_size}, {"test", data.test_size}, {"val", data.val_size}};
+    const auto splits = splits_of(data);
     for (std::size_t i = 0; i < 3; ++i) {
       if (splits[i].second == 0) continue;  // an empty or absent split
       const io::Shard rows = io::shard_of(splits[i].second, boot.rank(), boot.size(), /*cover_all=*/true);
@@ -150,8 +155,7 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
       std::printf("hint (rank 0): %s\n", hint.c_str());
     if (const std::string hint = models::blas_kernels_hint(); !hint.empty() && topology.gpu < 0)
       std::printf("hint (rank 0): %s\n", hint.c_str());
-    const std::pair<const char*, int64_t> splits[] = {
-        {"train", data.train_size}, {"test", data.test_size}, {"val", data.val_size}};
+    const auto splits = splits_of(data);
     for (std::size_t i = 0; i < 3; ++i) {
       if (rows_without_tokens[i] == 0) continue;
       std::printf("%s\n",
