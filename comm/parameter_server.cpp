@@ -48,6 +48,13 @@ std::string kind_name(int64_t kind) {
   return "kind " + std::to_string(kind);
 }
 
+// Server to server, on the requests' communicator (a worker's messages carry the PsKind tags): "are you
+// alive?" and its answer, both empty.
+constexpr int kAliveQuestionTag = 16;
+constexpr int kAliveAnswerTag = 17;
+// How long a server waits for the others' answers (less where comm.timeout_s is shorter).
+constexpr double kAliveListenSeconds = 2.0;
+
 int tag_of(PsKind kind) {
   return static_cast<int>(kind);
 }
@@ -171,6 +178,7 @@ class Server {
         poller.progressed();
         continue;
       }
+      if (other_servers()) answer_alive_questions();
       check_silence(poller);
       poller.idle();
     }
@@ -338,6 +346,60 @@ class Server {
     });
   }
 
+  // Dedicated servers, more than one: a worker silent here may be waiting for another server's reply (sync:
+  // that server replied to some workers, then stopped). The workers would name it only at their own limit,
+  // twice the timeout, after this server had blamed the wrong rank; so this server first asks the others
+  // whether they are alive, and names the ones that do not answer. Each server answers while it polls.
+  bool other_servers() const { return !roles_.colocated && roles_.servers > 1; }
+
+  void answer_alive_questions() {
+    for (;;) {
+      int arrived = 0;
+      MPI_Status status;
+      DDP_CHECK_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kAliveQuestionTag, requests_, &arrived, &status));
+      if (!arrived) return;
+      DDP_CHECK_MPI(MPI_Recv(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, kAliveQuestionTag, requests_,
+                             MPI_STATUS_IGNORE));  // empty, and already here: no wait
+      send_empty(status.MPI_SOURCE, kAliveAnswerTag);
+    }
+  }
+
+  // The other servers that do not answer within `listen`; the ones that do are not asked again for a while.
+  std::vector<int> servers_not_answering(std::chrono::duration<double> listen) {
+    std::vector<int> waiting;
+    for (int j = 0; j < roles_.servers; ++j) {
+      const int server = roles_.server_rank(j);
+      if (server == rank_) continue;
+      send_empty(server, kAliveQuestionTag);
+      waiting.push_back(server);
+    }
+    const auto start = Clock::now();
+    Poller poller;
+    while (!waiting.empty() && Clock::now() - start < listen) {
+      answer_alive_questions();  // another server may be asking at the same time
+      int arrived = 0;
+      MPI_Status status;
+      DDP_CHECK_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kAliveAnswerTag, requests_, &arrived, &status));
+      if (!arrived) {
+        poller.idle();
+        continue;
+      }
+      DDP_CHECK_MPI(
+          MPI_Recv(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, kAliveAnswerTag, requests_, MPI_STATUS_IGNORE));
+      std::erase(waiting, status.MPI_SOURCE);
+      poller.progressed();
+    }
+    if (waiting.empty()) servers_answered_ = Clock::now();
+    return waiting;
+  }
+
+  // An empty message that nobody waits for: MPI completes the send on its own (MPI_Request_free).
+  void send_empty(int to, int tag) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    DDP_CHECK_MPI(MPI_Isend(nullptr, 0, MPI_BYTE, to, tag, requests_, &request));
+    DDP_CHECK_MPI(MPI_Request_free(&request));
+  }
+
   // Ends the job if a worker the server waits for (active, no reply owed) has been silent too long.
   void check_silence(Poller& poller) {
     const auto now = Clock::now();
@@ -351,15 +413,23 @@ class Server {
         least_silence = std::min(least_silence, silence);
       }
     }
-    // Dedicated servers: every active worker silent at once is, most likely, every worker waiting for
-    // another server, which the workers name when their own limit (twice the timeout) passes. This server
-    // blames them only past that, so that the message names the server.
-    const bool others_to_wait_for = !roles_.colocated && roles_.servers > 1;
-    if (others_to_wait_for && static_cast<int>(silent.size()) == active_ &&
-        least_silence <= 3 * options_.timeout_s) {
-      silent.clear();
-    }
     if (!poller.confirm_overdue(!silent.empty())) return;
+    if (other_servers() && seconds_since(servers_answered_, now) > options_.timeout_s) {
+      const double listen_s = std::min(options_.timeout_s, kAliveListenSeconds);
+      const std::vector<int> lost = servers_not_answering(std::chrono::duration<double>(listen_s));
+      if (!lost.empty()) {
+        DDP_FATAL(me_ + " heard nothing from parameter server " + rank_list(lost) + " within " +
+                  format_seconds(listen_s) + " s of asking, while worker " + rank_list(silent) +
+                  " fell silent for " + format_seconds(options_.timeout_s) +
+                  " s (waiting for it, most likely): rank lost?");
+      }
+    }
+    // Dedicated servers that all answer: every active worker silent at once may still be every worker
+    // waiting for a server busy elsewhere, which the workers name when their own limit (twice the timeout)
+    // passes. This server blames them only past that, so that the message names the server.
+    if (other_servers() && static_cast<int>(silent.size()) == active_ &&
+        least_silence <= 3 * options_.timeout_s)
+      return;
     // Colocated, this rank's worker falls silent here while it waits for another server's reply, or for
     // the other ranks in a collective (the stop-signal agreement, an epoch's end): it is not the one to
     // blame. If no other worker is silent, the server it waits for names whom that one waits for (async: a
@@ -420,6 +490,7 @@ class Server {
   int done_rank_ = -1;                 // the first worker that said done, and after how many steps
   int64_t done_steps_ = 0;
   PsServerStats stats_;
+  Clock::time_point servers_answered_{};  // when the other servers last all answered
 };
 
 }  // namespace

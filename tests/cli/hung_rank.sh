@@ -155,4 +155,24 @@ grep -q "heard nothing from parameter server rank 3 " err.txt || { echo "FAIL: s
 if grep -q "heard nothing from worker ranks 0, 1 " err.txt; then echo "FAIL: servers: the workers are blamed"; exit 1; fi
 kill -9 "$victim" 2>/dev/null || true
 victim=""
+
+# The same, where rank 3 stops after replying to worker 0 and before worker 1 (its 30th reply to rank 1): worker
+# 0 then pushes its next step to server 2 and worker 1 does not, since it waits for rank 3. Server 2 must not
+# blame worker 1, but ask server 3 and name it.
+echo "== comm.backend = ps, two dedicated servers, one stopped between its replies"
+rm -rf run
+started=$(date +%s)
+status=0
+timeout 60 mpirun -np 4 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=MPI_Isend -x DDPTRAIN_TEST_STOP_RANK=3 \
+  -x DDPTRAIN_TEST_STOP_DEST=1 -x DDPTRAIN_TEST_STOP_AFTER=30 "$ddptrain" --data.path data.h5 --checkpoint.dir run \
+  --comm.backend ps --comm.ps_servers 2 --comm.timeout_s "$bound" --model.embedding_dim 16 --model.hidden 16 \
+  --train.epochs 8 >out.txt 2>err.txt || status=$?
+elapsed=$(($(date +%s) - started))
+echo "the job ended after $elapsed s, exit status $status"
+cat err.txt
+[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: between replies: exit status $status"; exit 1; }
+grep -q "parameter server (rank 2) heard nothing from parameter server rank 3 within .* s of asking, while worker rank 1 fell silent" \
+  err.txt || { echo "FAIL: between replies: server 2 does not name rank 3"; exit 1; }
+if grep -q "heard nothing from worker rank" err.txt; then echo "FAIL: between replies: a worker is blamed"; exit 1; fi
+[ -z "$(pid_of_rank run 3)" ] || { echo "FAIL: the stopped rank outlived the job"; exit 1; }
 echo "PASS"

@@ -28,6 +28,20 @@ int MPI_Finalize(void) {
   return PMPI_Finalize();
 }
 
+// MPI_Isend stops only on a send to DDPTRAIN_TEST_STOP_DEST (a rank), after DDPTRAIN_TEST_STOP_AFTER such
+// sends went out: a server that answers some workers of a step and stops before the next.
+int MPI_Isend(const void* buffer, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm,
+              MPI_Request* request) {
+  static long sends_to_dest = 0;
+  const char* chosen_dest = getenv("DDPTRAIN_TEST_STOP_DEST");
+  const char* after = getenv("DDPTRAIN_TEST_STOP_AFTER");
+  if (chosen_dest != NULL && dest == atoi(chosen_dest) && stops_here("MPI_Isend") &&
+      sends_to_dest++ == (after != NULL ? atol(after) : 0)) {
+    raise(SIGSTOP);
+  }
+  return PMPI_Isend(buffer, count, type, dest, tag, comm, request);
+}
+
 int MPI_Gather(const void* send, int send_count, MPI_Datatype send_type, void* receive, int receive_count,
                MPI_Datatype receive_type, int root, MPI_Comm comm) {
   stop_if_chosen("MPI_Gather");
