@@ -144,10 +144,14 @@ class TrainingRun::Loop {
       if (!metrics) break;  // stopped in the middle of the epoch, last.h5 written
       result.history.push_back(*metrics);
     }
-    if (stop_requested() && progress_.global_step > first_step && progress_.epoch < config_.train.epochs &&
-        comm_.rank() == 0) {
-      std::printf("stopped after %lld steps (train.stop_after_steps): %s holds them; --resume continues\n",
-                  static_cast<long long>(progress_.global_step), files_.last().c_str());
+    if (stop_requested() && progress_.epoch < config_.train.epochs && comm_.rank() == 0) {
+      // A resumed run that is already there trains nothing: say so, or the exit 0 looks like a finished run.
+      const char* what = progress_.global_step > first_step ? "stopped after" : "already at";
+      std::printf(
+          "%s %lld steps (train.stop_after_steps %lld): %s holds them; --resume with a larger "
+          "train.stop_after_steps, or 0, continues\n",
+          what, static_cast<long long>(progress_.global_step),
+          static_cast<long long>(config_.train.stop_after_steps), files_.last().c_str());
       std::fflush(stdout);
     }
     pause_where_the_exchange_has_deadlines();

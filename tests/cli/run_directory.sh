@@ -118,6 +118,10 @@ rmdir run/best.h5
 linked=("$ddptrain" --checkpoint.dir linked --data.path data.h5 --model.embedding_dim 16 --model.hidden 16)
 "${linked[@]}" --train.epochs 1 --train.stop_after_steps 5 >stopped.txt 2>&1 || fail "a run stopped after 5 steps" stopped.txt
 [ -f linked/last.h5 ] && [ ! -e linked/best.h5 ] || fail "the stopped run: last.h5 and no best.h5 expected"
+grep -qF "stopped after 5 steps (train.stop_after_steps 5)" stopped.txt || fail "the stop is not said" stopped.txt
+# Resumed with the same stop: nothing to train, which the run must say rather than end as if finished.
+"${linked[@]}" --train.epochs 1 --train.stop_after_steps 5 --resume auto >again.txt 2>&1 || fail "resume at the stop" again.txt
+grep -qF "already at 5 steps (train.stop_after_steps 5)" again.txt || fail "resuming at the stop is silent" again.txt
 cp other.h5 other-before.h5 && ln -s "$PWD/other.h5" linked/best.h5
 "${linked[@]}" --train.epochs 1 --resume auto >linked.txt 2>&1 || fail "resume with best.h5 a link" linked.txt
 cmp -s other.h5 other-before.h5 || fail "best.h5 was written through its link into other.h5"
