@@ -194,8 +194,15 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
     // Every rank's events go to rank 0, so the trace needs no shared file system.
     const std::vector<std::string> events = boot.gather(timeline::finish(), 0);
     if (boot.rank() == 0) {
+      // A resumed run's trace covers its own part; the earlier part's stays beside it. A replaced run's goes.
+      const std::string kept = config.checkpoint.overwrite ? "" : timeline::keep_earlier_trace(timeline_path);
       timeline::write_trace(timeline_path, events);
-      std::printf("timeline: %s\n", timeline_path.c_str());
+      if (kept.empty()) {
+        std::printf("timeline: %s\n", timeline_path.c_str());
+      } else {
+        std::printf("timeline: %s (the earlier trace there is now %s)\n", timeline_path.c_str(),
+                    kept.c_str());
+      }
     }
   }
   // Parameter servers do not see the workers' stop: the training ranks' values (the same on each) win over

@@ -248,6 +248,25 @@ void write_trace(const std::string& path, const std::vector<std::string>& ranks_
   }
 }
 
+std::string keep_earlier_trace(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (!fs::exists(fs::symlink_status(path, error))) return "";
+  const fs::path original(path);
+  for (int n = 1;; ++n) {
+    fs::path numbered = original;
+    numbered.replace_filename(original.stem().string() + "." + std::to_string(n) +
+                              original.extension().string());
+    if (fs::exists(fs::symlink_status(numbered, error))) continue;
+    fs::rename(original, numbered, error);
+    if (error) {
+      throw UserError("log.timeline = " + path + ": cannot keep the earlier trace as " + numbered.string() +
+                      " (" + error.message() + ")");
+    }
+    return numbered.string();
+  }
+}
+
 void name_this_thread(const char* name) {
   this_thread_track = recorder().track(name);
 }

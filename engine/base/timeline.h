@@ -31,6 +31,10 @@ void start(const std::string& path, int rank, const std::string& process_label);
 std::string finish();
 // Rank 0: writes the trace from every rank's finish() text, atomically. Throws UserError if it cannot.
 void write_trace(const std::string& path, const std::vector<std::string>& ranks_events);
+// Rank 0, before write_trace: an earlier trace at `path` (a resumed run's first part) is renamed to the first
+// free "STEM.N.EXT" (trace.1.json, trace.2.json, ...), so the new one does not destroy it. Returns the new
+// name, or "" where there was none. Throws UserError if it cannot be renamed.
+std::string keep_earlier_trace(const std::string& path);
 
 // The calling thread's track name ("main", "prefetch", ...); the first span of an unnamed thread names it
 // "thread N".

@@ -13,6 +13,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 cd "$work"
 "$ddptrain" prepare synthetic --output data.h5 --train 1000 --test 200 --vocab 300 --maxlen 20 --seed 3 >/dev/null
 common=(--data.path data.h5 --model.embedding_dim 16 --model.hidden 16 --train.epochs 2 --log.progress lines)
+[ "${common[6]}" = --train.epochs ] || { echo "FAIL: the resumed run below replaces common's 7th word"; exit 1; }
 
 check() {  # trace, ranks, expected span names...
   "$python" - "$@" <<'PY'
@@ -97,5 +98,14 @@ if [ "$status" -ne 2 ] || ! grep -q "another run is using this directory" second
   exit 1
 fi
 wait "$first" || { echo "FAIL: the first run failed"; cat busy.txt; exit 1; }
+check busy/trace.json 2 forward backward step
+cp busy/trace.json first-part.json
+
+# Resumed with the timeline on: the new part's trace takes the name, the first part's is kept beside it.
+mpirun -np 2 "$ddptrain" "${common[@]:0:6}" --train.epochs 3 "${common[@]:8}" --comm.backend mpi --checkpoint.dir busy --resume \
+  --log.timeline trace.json >resumed.txt 2>&1 || { echo "FAIL: the resumed run"; cat resumed.txt; exit 1; }
+grep -qF "timeline: busy/trace.json (the earlier trace there is now busy/trace.1.json)" resumed.txt ||
+  { echo "FAIL: the kept trace is not said"; cat resumed.txt; exit 1; }
+cmp -s busy/trace.1.json first-part.json || { echo "FAIL: the first part's trace was not kept as it was"; exit 1; }
 check busy/trace.json 2 forward backward step
 echo PASS
