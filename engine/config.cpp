@@ -344,6 +344,15 @@ void check_values(const Config& c) {
 
 }  // namespace
 
+std::vector<std::string> config_key_names() {
+  std::vector<std::string> names;
+  const Config defaults;
+  visit_keys(defaults, [&](const char* section, const char* name, const auto&, const char*) {
+    names.push_back(full_name(section, name));
+  });
+  return names;
+}
+
 std::string Config::to_ini() const {
   std::ostringstream out;
   std::string current = "";

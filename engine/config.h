@@ -104,6 +104,9 @@ struct ParsedConfig {
 // Parses argv (without the program name and subcommand). Throws UserError.
 ParsedConfig parse_config(const std::vector<std::string>& args);
 
+// Every config key as the command line spells it ("device", "data.path", ...), in the order of --help.
+std::vector<std::string> config_key_names();
+
 // The settings of the training's arithmetic (dropout, the optimizer's and the schedule's keys, clipping,
 // early stopping, gradient compression, the parameter server's mode) that differ between the effective
 // config `earlier_ini` of an earlier run (Config::to_ini(), as a checkpoint keeps it) and `now`, as

@@ -11,62 +11,16 @@
 
 namespace {
 
-// Keys and words the parser knows, so that the input reaches values, not only "unknown key".
-constexpr const char* kKeys[] = {"device",
-                                 "resume",
-                                 "config",
-                                 "help",
-                                 "version",
-                                 "data.path",
-                                 "data.prefetch",
-                                 "data.validate",
-                                 "data.validation",
-                                 "data.validation_split",
-                                 "model.embedding_dim",
-                                 "model.hidden",
-                                 "model.layers",
-                                 "model.cell",
-                                 "model.bidirectional",
-                                 "model.mask_padding",
-                                 "model.dropout",
-                                 "model.embedding_dropout",
-                                 "model.cpu_kernels",
-                                 "model.cudnn_rnn_algo",
-                                 "train.batch_size",
-                                 "train.epochs",
-                                 "train.learning_rate",
-                                 "train.optimizer",
-                                 "train.momentum",
-                                 "train.embedding_update",
-                                 "train.beta1",
-                                 "train.beta2",
-                                 "train.epsilon",
-                                 "train.seed",
-                                 "train.threads",
-                                 "train.max_steps_per_epoch",
-                                 "train.stop_after_steps",
-                                 "train.lr_schedule",
-                                 "train.warmup_steps",
-                                 "train.lr_decay_steps",
-                                 "train.lr_decay_rate",
-                                 "train.weight_decay",
-                                 "train.clip_norm",
-                                 "train.early_stopping_patience",
-                                 "comm.backend",
-                                 "comm.sparse_embedding",
-                                 "comm.compression",
-                                 "comm.ps_servers",
-                                 "comm.ps_mode",
-                                 "comm.max_staleness",
-                                 "comm.timeout_s",
-                                 "comm.selfcheck",
-                                 "checkpoint.dir",
-                                 "checkpoint.every_steps",
-                                 "checkpoint.overwrite",
-                                 "checkpoint.allow_data_change",
-                                 "log.progress",
-                                 "log.interval",
-                                 "log.timeline"};
+// Keys the parser knows (every config key, and the general options), so that the input reaches values, not
+// only "unknown key".
+const std::vector<std::string>& known_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> all = ddp::engine::config_key_names();
+    all.insert(all.end(), {"resume", "config", "help", "version"});
+    return all;
+  }();
+  return keys;
+}
 
 }  // namespace
 
@@ -79,7 +33,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int pairs = in.ConsumeIntegralInRange<int>(0, 4);
   for (int i = 0; i < pairs; ++i) {
     const int form = in.ConsumeIntegralInRange<int>(0, 3);
-    const std::string key = form == 3 ? in.ConsumeRandomLengthString(16) : in.PickValueInArray(kKeys);
+    const std::string key =
+        form == 3 ? in.ConsumeRandomLengthString(16)
+                  : known_keys()[in.ConsumeIntegralInRange<std::size_t>(0, known_keys().size() - 1)];
     std::string value = in.ConsumeRandomLengthString(16);
     if (form == 0) {
       args.push_back("--" + key + "=" + value);

@@ -206,6 +206,20 @@ TEST(Config, HelpListsEveryKeyWithDefault) {
   EXPECT_NE(parsed.help.find("(=32)"), std::string::npos);
 }
 
+TEST(Config, KeyNamesAreTheKeysTheCommandLineTakes) {
+  const std::vector<std::string> names = config_key_names();
+  ASSERT_GT(names.size(), 40u);
+  EXPECT_EQ(names.front(), "device");
+  const std::string help = parse_config({"--help"}).help;
+  const std::string ini = parse_config({"--data.path", "d.h5"}).config.to_ini();
+  for (const std::string& name : names) {
+    EXPECT_NE(help.find("--" + name + " "), std::string::npos) << name;
+    // The effective config writes each key under its section: "[train]" then "batch_size = 32".
+    const std::string key = name.substr(name.find('.') + 1);
+    EXPECT_NE(ini.find("\n" + key + " = "), std::string::npos) << name;
+  }
+}
+
 TEST(Config, EffectiveIniReadsBack) {
   TempDir dir;
   Config original = parse_config({"--data.path", "d.h5", "--train.learning_rate", "0.0025", "--model.layers",
