@@ -99,13 +99,17 @@ void validate(const PsOptions& options) {
     throw UserError("parameter server: timeout_s = " + format_seconds(options.timeout_s) + " must be > 0");
 }
 
-// MPI_Comm_dup without a blocking wait: a rank that never joins ends the job instead of hanging it.
+// MPI_Comm_dup without a blocking wait: a rank that never joins ends the job instead of hanging it. The
+// deadline is twice the timeout: where the rank's watchdog judges this phase (a training rank between runs
+// of steps) its stall census names the missing rank first, which this collective cannot; the deadline ends
+// the job where nothing else would (a dedicated server, whose watchdog is paused).
 MPI_Comm duplicate(MPI_Comm parent, double timeout_s, const std::string& who) {
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Request request = MPI_REQUEST_NULL;
   DDP_CHECK_MPI(MPI_Comm_idup(parent, &comm, &request));
-  wait_or_fatal(std::span<MPI_Request>(&request, 1), Clock::now(), timeout_s, [&] {
-    return who + " waited " + format_seconds(timeout_s) +
+  const double limit_s = 2 * timeout_s;
+  wait_or_fatal(std::span<MPI_Request>(&request, 1), Clock::now(), limit_s, [&] {
+    return who + " waited " + format_seconds(limit_s) +
            " s for every rank to join the parameter server's exchange (a collective, which cannot say which "
            "rank is missing): rank lost?";
   });

@@ -115,7 +115,8 @@ bool StallCensus::tell_every_rank(const void* data, int count, MPI_Datatype type
 
 std::string StallCensus::survey(const std::string& phase, int64_t steps_done, bool ran_late,
                                 std::chrono::milliseconds listen) {
-  if (size_ == 1 || !mpi_thread_multiple()) return "";
+  if (size_ == 1) return "this rank, the job's only one, is stuck";
+  if (!mpi_thread_multiple()) return "";
   // The notice: the steps done, then the phase.
   notice_.assign(sizeof(int64_t), '\0');
   std::memcpy(notice_.data(), &steps_done, sizeof steps_done);

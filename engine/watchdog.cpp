@@ -88,6 +88,11 @@ void ProgressWatchdog::set_stall_survey(StallSurvey survey) {
   survey_ = std::move(survey);
 }
 
+void ProgressWatchdog::set_stall_detail(StallDetail detail) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  detail_ = std::move(detail);
+}
+
 double ProgressWatchdog::timeout_s() const {
   return std::chrono::duration<double>(timeout_).count();
 }
@@ -113,6 +118,7 @@ bool ProgressWatchdog::check_locked(std::unique_lock<std::mutex>& lock) {
       const int64_t step = last_step_.load(std::memory_order_relaxed);
       if (step > 0) text << " (steps done: " << step << ")";
       stalled_ = true;
+      const std::string detail = detail_ ? detail_() : "";
       std::string survey_words;
       if (survey_) {
         const StallSurvey survey = survey_;
@@ -126,6 +132,7 @@ bool ProgressWatchdog::check_locked(std::unique_lock<std::mutex>& lock) {
       text << ": "
            << (survey_words.empty() ? "a rank is hung or lost, this one or one it waits for in a collective"
                                     : survey_words);
+      if (!detail.empty()) text << "; " << detail;
       reason = text.str();
     }
   }

@@ -39,6 +39,9 @@ class ProgressWatchdog {
   // the silence well after the timeout, so this rank was itself stopped or starved (a stopped rank that the
   // launcher continues to end it), and is the one the others waited for.
   using StallSurvey = std::function<std::string(const std::string& phase, int64_t steps_done, bool ran_late)>;
+  // Asked once, on a stall found by silence: what this rank is stuck in, if it knows (a file read that does
+  // not return); "" where nothing. Appended to the message.
+  using StallDetail = std::function<std::string()>;
   using Clock = std::chrono::steady_clock;
   // Where the watchdog reads the time.
   using Now = std::function<Clock::time_point()>;
@@ -70,6 +73,7 @@ class ProgressWatchdog {
   void set_health_check(HealthCheck health);
   // Sets the survey, once MPI can carry it.
   void set_stall_survey(StallSurvey survey);
+  void set_stall_detail(StallDetail detail);
 
   // One check, now: the health check, then (unless paused) the silence since the last progress against the
   // timeout. Calls the stall handler on the first problem found and returns true; it is called once at most
@@ -98,6 +102,7 @@ class ProgressWatchdog {
   std::condition_variable wake_;
   HealthCheck health_;
   StallSurvey survey_;
+  StallDetail detail_;
   std::string phase_ = "starting";
   bool paused_ = false;
   bool stopping_ = false;

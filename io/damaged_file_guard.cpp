@@ -6,6 +6,9 @@
 #include <csignal>
 #include <mutex>
 #include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "engine/base/errors.h"
 
@@ -17,6 +20,10 @@ constexpr int kFaultSignals[] = {SIGSEGV, SIGBUS};
 // Initial-exec thread-local storage (this code links into the executable), so reading it in a signal handler
 // allocates nothing.
 thread_local const DamagedFileGuard* innermost_guard = nullptr;
+
+// The outermost guard of every thread, for guarded_reads_note().
+std::mutex open_guards_mutex;
+std::vector<const DamagedFileGuard*> open_guards;
 
 std::mutex install_mutex;
 struct sigaction previous_segv {};
@@ -73,7 +80,8 @@ void install_fault_handler() {
 
 }  // namespace
 
-DamagedFileGuard::DamagedFileGuard(const std::string& path) : outer_(innermost_guard) {
+DamagedFileGuard::DamagedFileGuard(const std::string& path)
+    : outer_(innermost_guard), path_(path), since_(std::chrono::steady_clock::now()) {
   // A command without a launcher (predict, evaluate) has no rank to name.
   static const std::string where = launcher_rank() == "?"
                                        ? " (host " + host_name() + ")"
@@ -81,7 +89,11 @@ DamagedFileGuard::DamagedFileGuard(const std::string& path) : outer_(innermost_g
   const std::string shown = one_line(path);
   before_signal_ = "ddptrain: error: " + shown + ": the HDF5 library crashed reading this file (";
   after_signal_ = "): the file is damaged; h5dump " + shown + " shows where" + where + "\n";
-  if (outer_ == nullptr) install_fault_handler();
+  if (outer_ == nullptr) {
+    install_fault_handler();
+    const std::lock_guard<std::mutex> lock(open_guards_mutex);
+    open_guards.push_back(this);
+  }
   innermost_guard = this;
   std::atomic_signal_fence(std::memory_order_seq_cst);  // in place before the first HDF5 call
 }
@@ -89,6 +101,23 @@ DamagedFileGuard::DamagedFileGuard(const std::string& path) : outer_(innermost_g
 DamagedFileGuard::~DamagedFileGuard() {
   std::atomic_signal_fence(std::memory_order_seq_cst);  // after the last HDF5 call
   innermost_guard = outer_;
+  if (outer_ == nullptr) {
+    const std::lock_guard<std::mutex> lock(open_guards_mutex);
+    std::erase(open_guards, this);
+  }
+}
+
+std::string guarded_reads_note(std::chrono::steady_clock::time_point now) {
+  const std::lock_guard<std::mutex> lock(open_guards_mutex);
+  std::string note;
+  for (const DamagedFileGuard* guard : open_guards) {
+    const std::string shown = one_line(guard->path());
+    note += fmt::format(
+        "{}this rank has been inside the HDF5 library reading {} for {:.1f} s: a file system that stopped "
+        "answering, or a damaged file that HDF5 reads in a loop (h5dump {} tells which)",
+        note.empty() ? "" : "; ", shown, std::chrono::duration<double>(now - guard->since()).count(), shown);
+  }
+  return note;
 }
 
 }  // namespace ddp::io

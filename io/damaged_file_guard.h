@@ -6,6 +6,7 @@
 // MPI's), so our own bugs still crash loudly.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 namespace ddp::io {
@@ -21,11 +22,20 @@ class DamagedFileGuard {
   // Written by the fault handler around the signal's name: "<before>SIGSEGV<after>".
   const std::string& before_signal() const { return before_signal_; }
   const std::string& after_signal() const { return after_signal_; }
+  const std::string& path() const { return path_; }
+  std::chrono::steady_clock::time_point since() const { return since_; }
 
  private:
   std::string before_signal_;
   std::string after_signal_;
   const DamagedFileGuard* outer_;
+  std::string path_;
+  std::chrono::steady_clock::time_point since_;
 };
+
+// For a stall's message: how long this process's threads have been inside a guarded read, and of which file
+// (a file system that stopped answering, or a damaged file that libhdf5 reads in a loop, holds a thread
+// there); "" where no thread is.
+std::string guarded_reads_note(std::chrono::steady_clock::time_point now);
 
 }  // namespace ddp::io

@@ -32,6 +32,7 @@
 #include "engine/topology.h"
 #include "engine/training_job.h"
 #include "engine/watchdog.h"
+#include "io/damaged_file_guard.h"
 #include "io/dataset.h"
 #include "io/hdf5_util.h"
 #include "models/blas_threads.h"
@@ -327,6 +328,7 @@ int main(int argc, char** argv) {
   watchdog->set_stall_survey([census, listen](const std::string& phase, int64_t steps_done, bool ran_late) {
     return census->survey(phase, steps_done, ran_late, listen);
   });
+  watchdog->set_stall_detail([] { return ddp::io::guarded_reads_note(std::chrono::steady_clock::now()); });
   int status = ddp::kExitOk;
   {
     auto boot = ddp::comm::make_mpi_communicator(MPI_COMM_WORLD);

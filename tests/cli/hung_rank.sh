@@ -33,6 +33,21 @@ grep -q "no progress for .* (comm.timeout_s 3) while reading data.path data.h5: 
   frozen-err.txt || { echo "FAIL: no message names the phase and the rank"; exit 1; }
 [ -z "$(pid_of_rank frozen-run 1)" ] || { echo "FAIL: the stopped rank outlived the job"; exit 1; }
 
+# A job of one rank whose read of data.path never returns: its own watchdog ends it, naming the file and how
+# long the thread has been inside HDF5 (a frozen file system, or a damaged file that libhdf5 reads in a loop).
+started=$(date +%s)
+status=0
+timeout 60 mpirun -np 1 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=H5Fopen -x DDPTRAIN_TEST_STOP_RANK=0 \
+  -x DDPTRAIN_TEST_STOP_HOW=wait "$ddptrain" --data.path data.h5 --checkpoint.dir lone-run --comm.timeout_s 3 \
+  >lone-out.txt 2>lone-err.txt || status=$?
+elapsed=$(($(date +%s) - started))
+echo "a lone rank's read: the job ended after $elapsed s, exit status $status"
+cat lone-err.txt
+[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: exit status $status"; exit 1; }
+[ "$elapsed" -le 18 ] || { echo "FAIL: took $elapsed s, bound 18 s (comm.timeout_s 3 + 15)"; exit 1; }
+grep -q "while reading data.path data.h5: this rank, the job's only one, is stuck; this rank has been inside the HDF5 library reading data.h5 for [0-9.]* s" \
+  lone-err.txt || { echo "FAIL: the message does not name the read"; exit 1; }
+
 # A rank stopped as soon as it exists, before MPI_Init returns (whose exchange has no deadline of its own):
 # the watchdog runs from before MPI_Init, so the other rank still ends the job. Most runs stop the rank inside
 # MPI_Init; one that loses the race stops it in a later start-up phase, which must end the same way.
@@ -95,7 +110,7 @@ status=0
 timeout 60 "${frozen_run[@]}" --train.epochs 2 --resume >frozen-out.txt 2>frozen-err.txt || status=$?
 cat frozen-err.txt
 [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: exit status $status"; exit 1; }
-grep -Eq "\(comm.timeout_s 3\) while writing to checkpoint.dir frozen-dir( \(steps done: [0-9]*\))?: a rank is hung" \
+grep -Eq "\(comm.timeout_s 3\) while writing to checkpoint.dir frozen-dir( \(steps done: [0-9]*\))?: this rank, the job's only one, is stuck" \
   frozen-err.txt || { echo "FAIL: rank 0's message does not name the write"; exit 1; }
 
 bound=5
@@ -135,11 +150,33 @@ run=(mpirun -np 2 "$ddptrain" --data.path data.h5 --checkpoint.dir run --comm.ba
 signal_rank_and_wait STOP 1
 [ "$elapsed" -le $((2 * bound + 15)) ] || { echo "FAIL: async: took $elapsed s, bound 2 x $bound s"; exit 1; }
 cat err.txt
-grep -Eq "heard nothing from (worker|parameter server) rank 1 " err.txt ||
+# Stopped between two runs of steps, rank 1 leaves rank 0 in the collective that sets up the next run's
+# exchange: there the stall census names it.
+grep -Eq "heard nothing from (worker|parameter server) rank 1 |: rank 1 \(host .*\) is hung" err.txt ||
   { echo "FAIL: async: no message names rank 1, and rank 1 alone"; exit 1; }
 kill -9 "$victim" 2>/dev/null || true
 victim=""
 resume_to_the_end 8
+
+# Rank 1 stopped on entering the collective that sets up a run of steps' exchange (its third MPI_Comm_idup:
+# the second run's): that collective cannot say who is missing, so its deadline leaves the naming to the
+# stall census, which names rank 1.
+echo "== comm.backend = ps, async, a rank stopped as a run of steps begins"
+rm -rf run
+started=$(date +%s)
+status=0
+timeout 60 mpirun -np 2 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=MPI_Comm_idup -x DDPTRAIN_TEST_STOP_RANK=1 \
+  -x DDPTRAIN_TEST_STOP_AFTER=2 "$ddptrain" --data.path data.h5 --checkpoint.dir run --comm.backend ps \
+  --comm.ps_servers 0 --comm.ps_mode async --comm.timeout_s "$bound" --model.embedding_dim 16 --model.hidden 16 \
+  --train.epochs 8 >out.txt 2>err.txt || status=$?
+elapsed=$(($(date +%s) - started))
+echo "the job ended after $elapsed s, exit status $status"
+cat err.txt
+[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: run start: exit status $status"; exit 1; }
+[ "$elapsed" -le $((bound + 15)) ] || { echo "FAIL: run start: took $elapsed s, bound $bound s"; exit 1; }
+grep -q "rank 1 (host .*) is hung, lost or slower than the timeout" err.txt ||
+  { echo "FAIL: run start: rank 1 is not named"; exit 1; }
+[ -z "$(pid_of_rank run 1)" ] || { echo "FAIL: the stopped rank outlived the job"; exit 1; }
 
 # Two dedicated servers (ranks 2 and 3), server rank 3 stopped: the workers wait for it and name it; the other
 # server, hearing from no worker, must not blame them first.

@@ -778,6 +778,22 @@ TEST(ProgressWatchdog, TheSurveysWordsNameTheRank) {
   }
 }
 
+// What the rank knows it is stuck in (a file read that does not return) ends the message.
+TEST(ProgressWatchdog, TheRanksOwnDetailEndsTheMessage) {
+  ManualClock clock;
+  std::string reason;
+  auto watchdog =
+      ProgressWatchdog::without_thread(0.2, clock.now(), [&](const std::string& why) { reason = why; });
+  watchdog->set_stall_survey([](const std::string&, int64_t, bool) { return "rank 1 is hung"; });
+  watchdog->set_stall_detail([] { return "this rank has been reading /frozen/imdb.h5 for 0.5 s"; });
+  watchdog->enter("reading data.path /frozen/imdb.h5");
+  clock.advance(0.5);
+  ASSERT_TRUE(watchdog->check());
+  EXPECT_NE(reason.find(": rank 1 is hung; this rank has been reading /frozen/imdb.h5 for 0.5 s"),
+            std::string::npos)
+      << reason;
+}
+
 // Paused (the parameter server's deadlines hold), it lets any silence pass; the next phase arms it again,
 // with a fresh timeout.
 TEST(ProgressWatchdog, JudgesNothingWhilePausedAndWatchesAgainFromTheNextPhase) {

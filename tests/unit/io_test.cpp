@@ -167,6 +167,32 @@ TEST(DamagedFileGuard, AFaultWhileReadingNamesTheFileAndExitsAsBadInput) {
       [](int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != kExitUserError; }, "");
 }
 
+// A stall's message says which file a thread has been reading, and for how long: the outermost guard of each
+// thread, while it lives.
+TEST(DamagedFileGuard, TheReadsUnderWayAreNamedForAStall) {
+  using Clock = std::chrono::steady_clock;
+  EXPECT_EQ(guarded_reads_note(Clock::now()), "");
+  std::string note;
+  {
+    const DamagedFileGuard outer("/data/frozen.h5");
+    const DamagedFileGuard inner("/data/inner.h5");
+    note = guarded_reads_note(Clock::now() + std::chrono::seconds(30));
+  }
+  EXPECT_EQ(note.find("this rank has been inside the HDF5 library reading /data/frozen.h5 for 30.0 s"), 0u)
+      << note;
+  EXPECT_NE(note.find("(h5dump /data/frozen.h5 tells which)"), std::string::npos) << note;
+  EXPECT_EQ(note.find("inner.h5"), std::string::npos) << note;
+  EXPECT_EQ(guarded_reads_note(Clock::now()), "");
+  // Another thread's read is named too.
+  std::string other_thread;
+  std::thread reader([&] {
+    const DamagedFileGuard guard("/data/prefetched.h5");
+    other_thread = guarded_reads_note(Clock::now());
+  });
+  reader.join();
+  EXPECT_NE(other_thread.find("reading /data/prefetched.h5"), std::string::npos) << other_thread;
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // IndexPermutation
 
