@@ -129,9 +129,14 @@ DatasetWriter::DatasetWriter(std::string path, int vocab_size, int maxlen, int64
         Hid(check_h5_id(H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), "H5Fcreate"),
             Hid::Kind::kFile);
   } catch (const std::runtime_error& e) {
-    // Usually permissions or a full disk: the user's to fix, so a UserError with HDF5's reason.
+    // Usually permissions or a full disk: the user's to fix, so a UserError with HDF5's reason. A lock that
+    // another process holds (EAGAIN) is a second prepare of the same --output.
     release_progress_slot();
-    throw UserError(path_ + ": cannot create the dataset file (" + e.what() + ")");
+    const bool locked = std::string(e.what()).find("temporarily unavailable") != std::string::npos;
+    throw UserError(
+        path_ + ": cannot create the dataset file (" + e.what() + ")" +
+        (locked ? ": another process is writing " + tmp_path_ + " (a second prepare of this --output?)"
+                : ""));
   }
   writing([&] {
     write_int_attribute(file_.get(), "vocab_size", vocab_size);

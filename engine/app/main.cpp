@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <iostream>
@@ -251,12 +253,36 @@ int rank_alone_error(const ddp::comm::Communicator& boot, ddp::comm::StallCensus
   return ddp::kExitUserError;
 }
 
-// The subcommands that run as one plain process, without MPI.
+// After a command's output: a full disk or a closed stdout must not pass for success (the predictions, the
+// evaluation report would be lost without a word).
+int check_stdout_written(int status) {
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  if (flushed && !std::ferror(stdout)) return status;
+  const std::string why = errno != 0 ? std::strerror(errno) : "a write failed";
+  std::fprintf(stderr, "ddptrain: error: cannot write the output to stdout (%s): it is incomplete\n",
+               why.c_str());
+  return status != ddp::kExitOk ? status : ddp::kExitUserError;
+}
+
+// The subcommands that run as one plain process, without MPI. Started by a launcher as several processes
+// (the train command's mpirun prefix pasted), the first does the work and the others nothing, rather than
+// every one writing the same file or printing the same lines.
 int run_without_mpi(const std::string& command, const std::vector<std::string>& args) {
+  const int launched = ddp::launcher_world_size();
+  if (launched > 1) {
+    if (ddp::launcher_rank() != "0") return ddp::kExitOk;
+    const std::string others =
+        launched == 2 ? "rank 1 does" : "ranks 1-" + std::to_string(launched - 1) + " do";
+    std::fprintf(stderr,
+                 "note: ddptrain %s runs as one process; the launcher started %d, and %s nothing (run it "
+                 "without mpirun)\n",
+                 command.c_str(), launched, others.c_str());
+  }
   try {
-    if (command == "prepare") return ddp::engine::prepare_command(args);
-    if (command == "predict") return ddp::engine::predict_command(args);
-    return ddp::engine::evaluate_command(args);
+    if (command == "prepare") return check_stdout_written(ddp::engine::prepare_command(args));
+    if (command == "predict") return check_stdout_written(ddp::engine::predict_command(args));
+    return check_stdout_written(ddp::engine::evaluate_command(args));
   } catch (const ddp::UserError& e) {
     std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
     return ddp::kExitUserError;

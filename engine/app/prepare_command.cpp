@@ -46,6 +46,11 @@ void require_in_range(int value, const char* option, const std::string& command,
   }
 }
 
+// Before any work: an empty name would fail only at the end, after the whole corpus was read.
+void require_output_named(const std::string& output, const std::string& command) {
+  if (output.empty()) throw UserError(command + ": --output is empty: name the dataset file to write");
+}
+
 int prepare_synthetic(const std::vector<std::string>& args) {
   io::SyntheticOptions o;
   po::options_description desc("ddptrain prepare synthetic");
@@ -62,6 +67,7 @@ int prepare_synthetic(const std::vector<std::string>& args) {
   if (!parse_subcommand(args, desc, "prepare synthetic",
                         "ddptrain prepare synthetic --output FILE [options]"))
     return kExitOk;
+  require_output_named(o.output, "prepare synthetic");
   if (o.train < 1 || o.test < 1) throw UserError("prepare synthetic: --train and --test must be positive");
   require_in_range(o.maxlen, "--maxlen", "prepare synthetic", 1, io::kMaxSequenceLength);
   const int64_t val_rows = io::val_rows_of("prepare synthetic", o.val_fraction, o.train);
@@ -89,6 +95,7 @@ int prepare_imdb_npz(const std::vector<std::string>& args) {
   if (!parse_subcommand(args, desc, "prepare imdb-npz",
                         "ddptrain prepare imdb-npz --input imdb.npz --output imdb.h5 [options]"))
     return kExitOk;
+  require_output_named(o.output, "prepare imdb-npz");
   require_in_range(o.vocab, "--vocab", "prepare imdb-npz", 3, io::kMaxVocabulary);  // ids 0-2 reserved
   require_in_range(o.maxlen, "--maxlen", "prepare imdb-npz", 1, io::kMaxSequenceLength);
   std::printf("%s\n", io::prepare_imdb_npz(o).c_str());
@@ -116,6 +123,7 @@ int prepare_text(const std::vector<std::string>& args) {
   if (!parse_subcommand(args, desc, "prepare text",
                         "ddptrain prepare text --input DIR --output FILE [options]"))
     return kExitOk;
+  require_output_named(o.output, "prepare text");
   require_in_range(o.vocab, "--vocab", "prepare text", io::kFirstWordId + 1, io::kMaxVocabulary);
   require_in_range(o.maxlen, "--maxlen", "prepare text", 1, io::kMaxSequenceLength);
   if (o.threads < 0) throw UserError("prepare text: --threads must be 0 or positive");

@@ -58,6 +58,17 @@ std::string launcher_rank() {
   return "?";
 }
 
+int launcher_world_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') continue;
+    char* end = nullptr;
+    const long size = std::strtol(value, &end, 10);
+    if (*end == '\0' && size >= 1 && size <= 1 << 24) return static_cast<int>(size);
+  }
+  return 1;
+}
+
 void fatal(const std::string& what, const char* file, int line, int exit_code) {
   if (throw_fatal_errors) throw FatalError(what + " (" + file + ":" + std::to_string(line) + ")");
   int initialized = 0;

@@ -82,6 +82,8 @@ std::string host_name();
 // This process's rank as its launcher numbered it (mpirun, srun, a PMIx launcher), for a message written
 // where MPI cannot be asked (before MPI_Init, during MPI_Finalize, in a signal handler); "?" if none says.
 std::string launcher_rank();
+// How many processes the launcher started (mpirun: OMPI_COMM_WORLD_SIZE; MPICH's PMI_SIZE); 1 if none says.
+int launcher_world_size();
 
 }  // namespace ddp
 

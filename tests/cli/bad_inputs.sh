@@ -126,6 +126,30 @@ expect_user_error "prepare text writing among its documents" "among the document
   "$ddptrain" prepare text --input corpus --output corpus/train/pos/9.txt
 [ "$(cat corpus/train/pos/9.txt)" = "keep me" ] || fail "prepare text replaced a document"
 
+expect_user_error "prepare text with an empty --output" "prepare text: --output is empty" \
+  "$ddptrain" prepare text --input corpus --output ""
+
+# Output that cannot be written (a full disk, a closed stdout) is an error, not a success with the
+# predictions or the report lost.
+status=0
+"$ddptrain" evaluate --checkpoint bom/best.h5 --data d.h5 >/dev/full 2>full_out_err.txt || status=$?
+if [ "$status" -ne 2 ] || ! grep -qF "cannot write the output to stdout (No space left on device)" full_out_err.txt; then
+  fail "evaluate into /dev/full: exit $status" full_out_err.txt
+fi
+status=0
+"$ddptrain" prepare synthetic --output closed.h5 --train 50 --test 10 >&- 2>closed_err.txt || status=$?
+if [ "$status" -ne 2 ] || ! grep -qF "cannot write the output to stdout (Bad file descriptor)" closed_err.txt; then
+  fail "prepare with stdout closed: exit $status" closed_err.txt
+fi
+
+# The commands that run as one process, started as two by mpirun (the train command's prefix pasted): the
+# first does the work and says so; the second does nothing, rather than writing the same file at once.
+mpirun -np 2 "$ddptrain" prepare synthetic --output twice.h5 --train 50 --test 10 >twice.txt 2>twice_err.txt ||
+  fail "prepare under mpirun -np 2" twice.txt twice_err.txt
+[ "$(grep -c "^wrote twice.h5" twice.txt)" -eq 1 ] || fail "prepare under mpirun -np 2 did not run once" twice.txt
+grep -qF "note: ddptrain prepare runs as one process; the launcher started 2, and rank 1 does nothing" \
+  twice_err.txt || fail "prepare under mpirun -np 2: no note" twice_err.txt
+
 # A key the chosen backend does not use is said on the backend line, not ignored without a word.
 "$ddptrain" "${small[@]}" --checkpoint.dir fp16 --comm.compression fp16 >fp16.txt 2>&1 || fail "compression on CPU" fp16.txt
 grep -q "^backend mpi: .*; comm.compression = fp16 is NCCL's: this backend sends float32$" fp16.txt ||
