@@ -332,9 +332,13 @@ int predict_command(const std::vector<std::string>& args) {
   const int classes = checkpoint.shape.classes;
   const auto outputs = static_cast<std::size_t>(checkpoint.shape.outputs());
   const std::vector<std::string>& names = checkpoint.run.class_names;
+  // A document without a word gets '-' in every field a score would fill: every line splits the same way.
+  const std::string no_score = std::string(classes == 2 ? "-" : "-\t-") + (all_probabilities ? "\t-" : "");
+  int64_t unscored = 0;
   for (size_t i = 0; i < documents.size(); ++i) {
     if (!has_words[i]) {
-      std::printf("-\t%s (no words to score)\n", excerpt(documents[i]).c_str());
+      std::printf("%s\t%s\n", no_score.c_str(), excerpt(documents[i]).c_str());
+      ++unscored;
       continue;
     }
     const std::span<const float> row(probabilities.data() + i * outputs, outputs);
@@ -354,6 +358,12 @@ int predict_command(const std::vector<std::string>& args) {
       line += "\t" + all;
     }
     std::printf("%s\t%s\n", line.c_str(), excerpt(documents[i]).c_str());
+  }
+  if (unscored > 0) {
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "note: %s without a single word (only punctuation, digits or symbols): '-' for its score\n",
+                 unscored == 1 ? "1 document" : (std::to_string(unscored) + " documents").c_str());
   }
   return kExitOk;
 }

@@ -101,6 +101,12 @@ awk '/^confusion matrix/ { m = 1; next } m && $2 ~ /^[0-9]+$/ { s += $2 + $3 + $
 grep -qP '^sports\t\d\.\d{4}\tmusic=\d\.\d{4} science=\d\.\d{4} sports=\d\.\d{4}\tThe striker' predict.txt ||
   fail "predict's first line" predict.txt
 grep -qP '^science\t' <(sed -n 2p predict.txt) || fail "a negated topic decided the class" predict.txt
+# A document without a word has as many fields as the others, each score '-'.
+"$ddptrain" predict -c run/best.h5 --text "goal team" --text "?!" -a >unscored.txt 2>/dev/null ||
+  fail "predict of a document without words failed" unscored.txt
+if [ "$(awk -F'\t' '{print NF}' unscored.txt | sort -u)" != 4 ] || ! grep -qP '^-\t-\t-\t\?!$' unscored.txt; then
+  fail "a document without words does not split like the others" unscored.txt
+fi
 # Class names that hold what separates predict's fields (a space, '=', a tab) are printed quoted, so every
 # line still splits: the same checkpoint with its classes renamed.
 cp run/best.h5 renamed.h5
