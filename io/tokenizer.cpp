@@ -188,9 +188,10 @@ std::string convert_utf16(std::string& bytes) {
     nul_high_le += bytes[start + 2 * p + 1] == '\0' ? 1 : 0;
   }
   // Unmarked: NULs in at least a tenth of the high bytes (Latin text has them in nearly all, Greek or
-  // Cyrillic in its spaces and punctuation) and ten times fewer in the low ones.
+  // Cyrillic in its spaces and punctuation), two at least (one stray NUL in a short UTF-8 file is no
+  // encoding), and ten times fewer in the low ones.
   const auto one_sided = [&](size_t high, size_t low) {
-    return pairs >= 2 && high * 10 >= pairs && low * 10 < high;
+    return pairs >= 2 && high >= 2 && high * 10 >= pairs && low * 10 < high;
   };
   bool little_endian = false;
   if (marked_le && nul_high_le > 0) {

@@ -59,8 +59,8 @@ std::vector<std::string> tokenize(std::string_view text, bool* valid_utf8 = null
 // UTF-16 text (what Windows calls "Unicode"), which the lenient UTF-8 reading would take apart letter by
 // letter: a file that starts with a UTF-16 byte order mark and has a NUL high byte in its first 4 KiB (a
 // space is U+0020; a NUL is never part of UTF-8 or Latin-1 text), or one without a mark where NUL bytes
-// fill the high byte of at least a tenth of the pairs of its first 4 KiB (Latin text: nearly all; Greek or
-// Cyrillic: its spaces) and ten times fewer low bytes, is
+// fill the high byte of at least a tenth (and two) of the pairs of its first 4 KiB (Latin text: nearly all;
+// Greek or Cyrillic: its spaces) and ten times fewer low bytes, is
 // rewritten in place as UTF-8 (the mark dropped, an unpaired surrogate as U+FFFD) and its encoding returned:
 // "UTF-16LE" or "UTF-16BE". Anything else is left as it is, and "" returned.
 std::string convert_utf16(std::string& bytes);

@@ -188,8 +188,11 @@ std::vector<std::string> read_lines(const std::string& input) {
   if (std::string probe = head; !io::convert_utf16(probe).empty()) {
     converted = head;
     for (int c = stream.sbumpc(); c != kEnd; c = stream.sbumpc()) converted += static_cast<char>(c);
-    io::convert_utf16(converted);
+    const std::string encoding = io::convert_utf16(converted);
     head.clear();
+    // Said, since a guess from NUL bytes can be wrong (a UTF-8 file with stray NULs).
+    std::fprintf(stderr, "note: %s read as %s (NUL bytes in every other place)\n",
+                 input == "-" ? "stdin" : input.c_str(), encoding.c_str());
   }
   std::size_t head_at = 0;
   const bool whole = !converted.empty();
@@ -199,16 +202,25 @@ std::vector<std::string> read_lines(const std::string& input) {
     if (head_at < head.size()) return static_cast<unsigned char>(head[head_at++]);
     return stream.sbumpc();
   };
-  for (int c = next_byte(); c != kEnd; c = next_byte()) {
+  // Lines end in LF, CRLF or a lone CR (old Mac files): each is one document.
+  int pending = kEnd - 1;  // a byte read ahead past a CR, or none
+  const auto next = [&]() -> int {
+    if (pending != kEnd - 1) return std::exchange(pending, kEnd - 1);
+    return next_byte();
+  };
+  for (int c = next(); c != kEnd; c = next()) {
     std::string line;
-    for (; c != kEnd && c != '\n'; c = next_byte()) {
+    for (; c != kEnd && c != '\n' && c != '\r'; c = next()) {
       if (line.size() == io::kMaxDocumentBytes) {
         throw UserError(input + ": line " + std::to_string(lines.size() + 1) +
                         " is longer than the 256 MiB one document may hold (one document per line)");
       }
       line.push_back(static_cast<char>(c));
     }
-    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (c == '\r') {
+      const int after = next_byte();
+      if (after != '\n') pending = after;  // a lone CR; an end of input is read again, and ends the loop
+    }
     // A UTF-8 byte order mark (Windows editors write one; files joined with cat keep theirs) is no part of
     // a document.
     if (line.starts_with("\xEF\xBB\xBF")) line.erase(0, 3);

@@ -96,10 +96,22 @@ for order in UTF-16LE UTF-16BE UTF-16LE-unmarked; do
     *) : >"docs_$order.txt" ;;
   esac
   printf 'excellent superb\r\nterrible dull\r\n' | iconv -f UTF-8 -t "${order%-unmarked}" >>"docs_$order.txt"
-  "$ddptrain" predict -c run/best.h5 --device "$device" --input "docs_$order.txt" >"$order.txt" 2>&1 ||
-    fail "predict of a $order file failed" "$order.txt"
+  "$ddptrain" predict -c run/best.h5 --device "$device" --input "docs_$order.txt" >"$order.txt" 2>"$order-err.txt" ||
+    fail "predict of a $order file failed" "$order.txt" "$order-err.txt"
   cmp -s "$order.txt" stdin.txt || fail "$order changed predict's output" "$order.txt" stdin.txt
+  grep -qF "note: docs_$order.txt read as ${order%-unmarked}" "$order-err.txt" ||
+    fail "reading $order is not said" "$order-err.txt"
 done
+# Lines that end in a lone CR (old Mac files) are documents as any other; one stray NUL in a short UTF-8 file
+# does not make it UTF-16.
+printf 'excellent superb\rterrible dull\r' >docs_cr.txt
+"$ddptrain" predict -c run/best.h5 --device "$device" --input docs_cr.txt >cr.txt 2>&1 ||
+  fail "predict of a file with CR line ends failed" cr.txt
+cmp -s cr.txt stdin.txt || fail "CR line ends changed predict's output" cr.txt stdin.txt
+printf 'excellent\0superb\nterrible dull\n' >docs_nul.txt
+"$ddptrain" predict -c run/best.h5 --device "$device" --input docs_nul.txt >nul.txt 2>&1 ||
+  fail "predict of a file with a NUL failed" nul.txt
+[ "$(grep -c . nul.txt)" -eq 2 ] && ! grep -q "read as UTF-16" nul.txt || fail "one NUL made the file UTF-16" nul.txt
 
 "$ddptrain" evaluate --checkpoint run/best.h5 --data data.h5 --device "$device" >evaluate.txt 2>&1 ||
   fail "evaluate failed" evaluate.txt
