@@ -50,8 +50,9 @@ struct FileResult {
   std::vector<int32_t> tail;  // the last min(words, maxlen) words as ids of the worker's WordTable
   int worker = 0;
   bool valid_utf8 = true;
-  bool utf16 = false;      // converted from UTF-16 (io/tokenizer.h)
-  bool holds_nul = false;  // NUL bytes after that: a binary file, most likely
+  bool utf16 = false;          // converted from UTF-16 (io/tokenizer.h)
+  bool holds_nul = false;      // NUL bytes after that: a binary file, most likely
+  bool mostly_unread = false;  // more characters the tokenizer passes over than it reads (another script)
 };
 
 // The words one reader thread has seen, each with a local id, and their counts in the training split.
@@ -234,7 +235,10 @@ void read_files(int worker, const std::vector<InputFile>& files, int maxlen, Wor
       result.worker = worker;
       result.utf16 = !convert_utf16(bytes).empty();
       result.holds_nul = bytes.find('\0') != std::string::npos;
-      result.valid_utf8 = tokenize(bytes, [&](std::string_view word) { ids.push_back(table.intern(word)); });
+      CharacterCounts characters;
+      result.valid_utf8 = tokenize(
+          bytes, [&](std::string_view word) { ids.push_back(table.intern(word)); }, &characters);
+      result.mostly_unread = characters.unread > characters.in_words;
       if (files[i].split == kTrain) {
         for (const int32_t id : ids) table.count(id);
       }
@@ -417,7 +421,9 @@ std::string prepare_text(const TextCorpusOptions& options) {
   std::vector<std::string> lenient_files;
   std::vector<std::string> utf16_files;
   std::vector<std::string> nul_files;
+  std::vector<std::string> unread_files;
   for (size_t i = 0; i < files.size(); ++i) {
+    if (results[i].mostly_unread) unread_files.push_back(files[i].name);
     if (!results[i].valid_utf8) lenient_files.push_back(files[i].name);
     if (results[i].utf16) utf16_files.push_back(files[i].name);
     if (results[i].holds_nul) nul_files.push_back(files[i].name);
@@ -534,6 +540,13 @@ std::string prepare_text(const TextCorpusOptions& options) {
                          read_seconds, static_cast<double>(files.size()) / std::max(read_seconds, 1e-9),
                          threads, threads == 1 ? "" : "s");
   summary += "\nempty files skipped (no words): " + count_and_names(empty_files);
+  if (!unread_files.empty()) {
+    // Text in a script the tokenizer does not read would otherwise pass for empty files, or for a few digits.
+    summary +=
+        "\nwarning: files mostly in characters the tokenizer does not read (it reads Latin, Greek and "
+        "Cyrillic letters and digits; other scripts, symbols and emoji separate words): " +
+        count_and_names(unread_files);
+  }
   if (!not_files.empty()) {
     summary += "\nentries skipped, not files (folders, broken links, ...): " + count_and_names(not_files);
   }

@@ -118,9 +118,20 @@ size_t html_break_length(std::string_view text, size_t i) {
   return j < text.size() && text[j] == '>' ? j + 1 - i : 0;
 }
 
+// Non-ASCII separators the tokenizer knows: Latin-1's punctuation and symbols, general punctuation (dashes,
+// curly quotes, ellipsis), CJK punctuation and full-width ASCII punctuation.
+bool is_known_separator(uint32_t c) {
+  return (c >= 0xA0 && c <= 0xBF) || c == 0xD7 || c == 0xF7 || (c >= 0x2000 && c <= 0x206F) ||
+         (c >= 0x3000 && c <= 0x303F) || (c >= 0xFF01 && c <= 0xFF0F);
+}
+
 }  // namespace
 
-bool tokenize(std::string_view text, const std::function<void(std::string_view word)>& on_word) {
+bool tokenize(std::string_view text, const std::function<void(std::string_view word)>& on_word,
+              CharacterCounts* counts) {
+  int64_t ascii_in_words = 0;
+  int64_t non_ascii_in_words = 0;
+  int64_t unread = 0;
   bool valid = true;
   std::string word;
   const auto end_word = [&] {
@@ -135,10 +146,13 @@ bool tokenize(std::string_view text, const std::function<void(std::string_view w
       ++i;
       if (byte >= 'a' && byte <= 'z') {
         word += byte;
+        ++ascii_in_words;
       } else if (byte >= 'A' && byte <= 'Z') {
         word += static_cast<char>(byte - 'A' + 'a');
+        ++ascii_in_words;
       } else if (byte >= '0' && byte <= '9') {
         word += byte;
+        ++ascii_in_words;
       } else if (byte == '\'') {
         if (!word.empty()) word += byte;  // a leading apostrophe is stripped
       } else {
@@ -157,11 +171,17 @@ bool tokenize(std::string_view text, const std::function<void(std::string_view w
       if (!word.empty()) word += '\'';
     } else if (is_letter(decoded.code_point)) {
       append_utf8(word, to_lower(decoded.code_point));
+      ++non_ascii_in_words;
     } else {
+      if (!is_known_separator(decoded.code_point)) ++unread;
       end_word();
     }
   }
   end_word();
+  if (counts != nullptr) {
+    counts->in_words += ascii_in_words + non_ascii_in_words;
+    counts->unread += unread;
+  }
   return valid;
 }
 

@@ -50,9 +50,19 @@ inline constexpr int32_t kFirstWordId = 3;
 // The longest word, in UTF-8 bytes: 128 Latin, 64 Greek or Cyrillic letters.
 inline constexpr std::size_t kMaxWordBytes = 128;
 
+// What tokenize() read into words and what it passed over that is no separator it knows: letters of other
+// scripts (Arabic, Hebrew, Devanagari, CJK, ...), symbols, emoji. A corpus in another script is then said,
+// not taken for empty files.
+struct CharacterCounts {
+  int64_t in_words = 0;  // characters (code points) that went into words
+  int64_t unread = 0;    // non-ASCII characters that are neither letters of the table nor punctuation
+                         // (U+00A0-U+00BF, × ÷, U+2000-U+206F, U+3000-U+303F, U+FF01-U+FF0F)
+};
+
 // Calls on_word with each word of `text` (the view is valid during the call only). Returns false when some
-// byte was not valid UTF-8 and was read as Windows-1252.
-bool tokenize(std::string_view text, const std::function<void(std::string_view word)>& on_word);
+// byte was not valid UTF-8 and was read as Windows-1252. `counts`, when given, is added to.
+bool tokenize(std::string_view text, const std::function<void(std::string_view word)>& on_word,
+              CharacterCounts* counts = nullptr);
 // The words of `text`; `valid_utf8`, when given, says whether every byte was valid UTF-8.
 std::vector<std::string> tokenize(std::string_view text, bool* valid_utf8 = nullptr);
 

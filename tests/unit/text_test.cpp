@@ -67,6 +67,19 @@ TEST(Tokenizer, MultiByteLettersAndOtherScripts) {
   EXPECT_EQ(words_of("a×b c÷d"), (Words{"a", "b", "c", "d"}));
 }
 
+// What the tokenizer passes over is counted apart from known separators, so that a corpus in another script
+// is said rather than taken for empty files.
+TEST(Tokenizer, CountsTheCharactersItDoesNotRead) {
+  CharacterCounts counts;
+  tokenize(
+      "naïve 日本語film — “ok” 😀, مرحبا 1", [](std::string_view) {}, &counts);
+  EXPECT_EQ(counts.in_words, 5 + 4 + 2 + 1);  // naïve, film, ok, 1
+  EXPECT_EQ(counts.unread, 3 + 1 + 5);  // 日本語, the emoji, مرحبا; not — “ ” nor the spaces
+  tokenize(
+      "x", [](std::string_view) {}, &counts);  // added to
+  EXPECT_EQ(counts.in_words, 13);
+}
+
 // A run of letters longer than a word can be (base64 of an embedded image) is left out, however it ends.
 TEST(Tokenizer, RunsLongerThanAWordAreNoWords) {
   const std::string longest(kMaxWordBytes, 'a');
@@ -267,6 +280,7 @@ TEST(PrepareText, RowsVocabularyAndSummary) {
   EXPECT_NE(summary.find("empty files skipped (no words): 2 (train/neg/y.txt, test/neg/v.txt)"),
             std::string::npos)
       << summary;
+  EXPECT_EQ(summary.find("does not read"), std::string::npos) << summary;
   EXPECT_NE(summary.find("decoded leniently (bad bytes read as Windows-1252): 1 (test/neg/u.txt)"),
             std::string::npos)
       << summary;
@@ -276,6 +290,25 @@ TEST(PrepareText, RowsVocabularyAndSummary) {
       << summary;
   // good, movie, a and acting are 10 of the 12 training tokens.
   EXPECT_NE(summary.find("4 words of 6 distinct in train; they cover 83.3% of 12 training tokens"),
+            std::string::npos)
+      << summary;
+}
+
+// A corpus in a script the tokenizer does not read is said: a file with a word and mostly Chinese would
+// otherwise pass for a one-word document, one without any for an empty file.
+TEST(PrepareText, FilesMostlyInAnotherScriptAreNamed) {
+  TempDir dir;
+  const std::filesystem::path corpus = dir.file("corpus");
+  for (const char* split : {"train", "test"}) {
+    write_text(corpus / split / "pos/a.txt", "good movie");
+    write_text(corpus / split / "neg/b.txt", "bad movie");
+  }
+  write_text(corpus / "train/pos/zh.txt", "good 这部电影很好看");
+  write_text(corpus / "test/neg/ar.txt", "فيلم سيء");
+  const std::string summary = prepare_text(options_for(dir, "data.h5", 2));
+  EXPECT_NE(summary.find("warning: files mostly in characters the tokenizer does not read (it reads Latin, "
+                         "Greek and Cyrillic letters and digits; other scripts, symbols and emoji separate "
+                         "words): 2 (train/pos/zh.txt, test/neg/ar.txt)"),
             std::string::npos)
       << summary;
 }
