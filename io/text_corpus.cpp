@@ -90,17 +90,20 @@ std::string no_folder(const fs::path& path) {
          ")";
 }
 
-// The sub-folders of `folder` (not starting with '.'), by name; empty if it is not a folder.
-std::vector<std::string> sub_folders(const fs::path& folder) {
+// The sub-folders of `folder` (not starting with '.'), by name; empty if it is not a folder. Its other
+// entries (a document put beside the class folders) go to `others`, by name.
+std::vector<std::string> sub_folders(const fs::path& folder, std::vector<std::string>& others) {
   std::vector<std::string> names;
   std::error_code error;
   fs::directory_iterator it(folder, error);
   for (; !error && it != fs::directory_iterator(); it.increment(error)) {
     const std::string name = it->path().filename().string();
+    if (name.starts_with('.')) continue;
     std::error_code type_error;
-    if (!name.starts_with('.') && it->is_directory(type_error)) names.push_back(name);
+    (it->is_directory(type_error) ? names : others).push_back(name);
   }
   std::sort(names.begin(), names.end());
+  std::sort(others.begin(), others.end());
   return names;
 }
 
@@ -109,7 +112,7 @@ std::vector<std::string> sub_folders(const fs::path& folder) {
 // in one split only is an error naming the folder the other split lacks: most likely a class misspelt or not
 // copied, whose documents would otherwise be left out without a word.
 std::vector<std::string> class_folders(const fs::path& root, const std::vector<std::string>& not_classes,
-                                       std::vector<std::string>& ignored) {
+                                       std::vector<std::string>& ignored, std::vector<std::string>& outside) {
   for (const int split : {kTrain, kTest}) {
     std::error_code error;
     if (!fs::is_directory(root / kSplitNames[split], error)) {
@@ -119,8 +122,14 @@ std::vector<std::string> class_folders(const fs::path& root, const std::vector<s
   const auto is_class = [&](const std::string& name) {
     return std::find(not_classes.begin(), not_classes.end(), name) == not_classes.end();
   };
-  const std::vector<std::string> train = sub_folders(root / kSplitNames[kTrain]);
-  const std::vector<std::string> test = sub_folders(root / kSplitNames[kTest]);
+  std::vector<std::string> outside_train;
+  std::vector<std::string> outside_test;
+  const std::vector<std::string> train = sub_folders(root / kSplitNames[kTrain], outside_train);
+  const std::vector<std::string> test = sub_folders(root / kSplitNames[kTest], outside_test);
+  for (const std::string& name : outside_train)
+    outside.push_back(std::string(kSplitNames[kTrain]) + "/" + name);
+  for (const std::string& name : outside_test)
+    outside.push_back(std::string(kSplitNames[kTest]) + "/" + name);
   std::vector<std::string> classes;
   std::set_intersection(train.begin(), train.end(), test.begin(), test.end(), std::back_inserter(classes));
   std::erase_if(classes, [&](const std::string& name) { return !is_class(name); });
@@ -128,10 +137,12 @@ std::vector<std::string> class_folders(const fs::path& root, const std::vector<s
     for (const std::string& name : split == kTrain ? train : test) {
       if (std::binary_search(classes.begin(), classes.end(), name)) continue;
       if (is_class(name)) {
-        throw UserError((root / kSplitNames[1 - split] / name).string() + ": no such folder, though " +
-                        (root / kSplitNames[split] / name).string() +
-                        " is one: a class needs a folder in both splits (--not-classes " + name +
-                        " leaves it out)");
+        const fs::path missing = root / kSplitNames[1 - split] / name;
+        std::error_code error;
+        throw UserError(
+            missing.string() + (fs::exists(missing, error) ? ": is not a folder" : ": no such folder") +
+            ", though " + (root / kSplitNames[split] / name).string() +
+            " is one: a class needs a folder in both splits (--not-classes " + name + " leaves it out)");
       }
       ignored.push_back(std::string(kSplitNames[split]) + "/" + name);
     }
@@ -382,8 +393,23 @@ std::string prepare_text(const TextCorpusOptions& options) {
     }
   }
   std::vector<std::string> ignored_folders;
-  const std::vector<std::string> classes = class_folders(root, options.not_classes, ignored_folders);
+  std::vector<std::string> outside_classes;
+  const std::vector<std::string> classes =
+      class_folders(root, options.not_classes, ignored_folders, outside_classes);
   const int class_count = static_cast<int>(classes.size());
+  // The names as /classes stores them (UTF-8, as HDF5 is told): a folder name that is no UTF-8 (Latin-1
+  // "caf\xe9") decoded as documents are; the folders keep their bytes.
+  std::vector<std::string> class_names;
+  for (const std::string& folder : classes) {
+    class_names.push_back(to_utf8(folder));
+    const auto same = std::find(class_names.begin(), class_names.end() - 1, class_names.back());
+    if (same != class_names.end() - 1) {
+      throw UserError((root / kSplitNames[kTrain] / folder).string() + ": its name reads as " +
+                      class_names.back() + ", as the folder " +
+                      (root / kSplitNames[kTrain] / classes[same - class_names.begin()]).string() +
+                      "'s does: rename one");
+    }
+  }
 
   // Every folder is listed before any file is read, so a missing one is reported at once. Classes go from
   // the last to the first (aclImdb: pos, then neg), the order every earlier ddptrain wrote, so the same
@@ -514,7 +540,7 @@ std::string prepare_text(const TextCorpusOptions& options) {
   writer.write_rows("train", 0, tokens[kTrain], labels[kTrain]);
   writer.write_rows("test", 0, tokens[kTest], labels[kTest]);
   writer.write_vocab(vocabulary.words());
-  writer.write_classes(class_count, classes);
+  writer.write_classes(class_count, class_names);
   std::string source = "text " + options.input + " vocab=" + std::to_string(options.vocab) +
                        " maxlen=" + std::to_string(options.maxlen) + " seed=" + std::to_string(options.seed);
   if (val_rows > 0) source += " val_rows=" + std::to_string(val_rows);
@@ -526,7 +552,7 @@ std::string prepare_text(const TextCorpusOptions& options) {
     std::string text = std::string(name) + " " + std::to_string(end - begin) + " (";
     for (int label = 0; label < class_count; ++label) {
       const auto rows = std::count(y.begin() + begin, y.begin() + end, static_cast<uint8_t>(label));
-      text += std::to_string(rows) + " " + classes[static_cast<std::size_t>(label)] +
+      text += std::to_string(rows) + " " + class_names[static_cast<std::size_t>(label)] +
               (label + 1 < class_count ? ", " : ")");
     }
     return text;
@@ -571,6 +597,10 @@ std::string prepare_text(const TextCorpusOptions& options) {
             " has no usable documents: no " + kSplitNames[split] + " row has class " + std::to_string(label);
       }
     }
+  }
+  if (!outside_classes.empty()) {
+    summary += "\nentries beside the class folders, no class's documents, left out: " +
+               count_and_names(outside_classes);
   }
   if (!ignored_folders.empty()) {
     summary += "\nfolders that are no class (--not-classes), left out: " + count_and_names(ignored_folders);

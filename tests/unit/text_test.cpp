@@ -387,6 +387,36 @@ TEST(PrepareText, MissingFolderOrEmptySplitNamesTheFolder) {
 
 // A class folder one split holds and the other lacks (misspelt, or not copied) ends the run naming it, even
 // when two classes remain; a folder named in not_classes (aclImdb's train/unsup) is left out and said so.
+// A class folder whose name is no UTF-8 (Latin-1, as an old archive unpacks it) is stored decoded as the
+// documents are; a document beside the class folders is said to be left out; a class that is a file in one
+// split is named as such.
+TEST(PrepareText, FolderNamesStrayFilesAndAClassThatIsAFile) {
+  TempDir dir;
+  const std::filesystem::path corpus = dir.file("corpus");
+  for (const char* split : {"train", "test"}) {
+    write_text(corpus / split / "neg/a.txt", "bad");
+    write_text(corpus / split / "caf\xe9/b.txt", "coffee");
+  }
+  write_text(corpus / "train/stray.txt", "good");
+  TextCorpusOptions options = options_for(dir, "data.h5", 1);
+  const std::string summary = prepare_text(options);
+  EXPECT_EQ(inspect_dataset(options.output).class_names, (std::vector<std::string>{"café", "neg"}));
+  EXPECT_NE(summary.find("train 2 (1 café, 1 neg)"), std::string::npos) << summary;
+  EXPECT_NE(
+      summary.find("entries beside the class folders, no class's documents, left out: 1 (train/stray.txt)"),
+      std::string::npos)
+      << summary;
+
+  std::filesystem::remove_all(corpus / "test/neg");
+  write_text(corpus / "test/neg", "not a folder");
+  options.output = dir.file("other.h5");
+  const std::string message = user_error_of(options);
+  EXPECT_NE(message.find((corpus / "test/neg").string() + ": is not a folder, though " +
+                         (corpus / "train/neg").string() + " is one"),
+            std::string::npos)
+      << message;
+}
+
 TEST(PrepareText, ClassFolderInOneSplitOnlyIsAnErrorUnlessNamedNoClass) {
   TempDir dir;
   const std::filesystem::path corpus = dir.file("corpus");
