@@ -14,37 +14,37 @@ ddptrain=$1
 source "$(dirname "${BASH_SOURCE[0]}")/lib/background_run.sh"
 enter_scratch_dir_with_data "$ddptrain"
 
+stopper=${DDPTRAIN_TEST_STOP_IN_CALL:?the path of the stop_in_call library, as ctest sets it}
+
+# run_to_its_end NAME BOUND COMMAND...: runs the job that must end on its own, with a failure, within BOUND
+# seconds (not killed by the timeout); its output is left in NAME-out.txt and NAME-err.txt.
+run_to_its_end() {
+  local name=$1 bound=$2 started status=0 elapsed
+  shift 2
+  started=$(date +%s)
+  timeout 60 "$@" >"$name-out.txt" 2>"$name-err.txt" || status=$?
+  elapsed=$(($(date +%s) - started))
+  echo "$name: the job ended after $elapsed s, exit status $status"
+  cat "$name-err.txt"
+  if [ "$status" -eq 0 ] || [ "$status" -eq 124 ]; then echo "FAIL: $name: exit status $status"; exit 1; fi
+  [ "$elapsed" -le "$bound" ] || { echo "FAIL: $name: took $elapsed s, bound $bound s"; exit 1; }
+}
+
 # Start-up: rank 1 stops itself in the open of data.path, as on a file system that stops answering
 # (tests/cli/lib/stop_in_call.c), for every backend (the data is read before one is chosen); rank 0 waits for
 # it and must end the job naming the phase.
-stopper=${DDPTRAIN_TEST_STOP_IN_CALL:?the path of the stop_in_call library, as ctest sets it}
-started=$(date +%s)
-status=0
-timeout 60 mpirun -np 2 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=H5Fopen -x DDPTRAIN_TEST_STOP_RANK=1 \
-  "$ddptrain" --data.path data.h5 --checkpoint.dir frozen-run --comm.timeout_s 3 \
-  >frozen-out.txt 2>frozen-err.txt || status=$?
-elapsed=$(($(date +%s) - started))
-echo "start-up: the job ended after $elapsed s, exit status $status"
-cat frozen-err.txt
-[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: exit status $status"; exit 1; }
 # A hang, not a duration: the bound is comm.timeout_s plus a margin for a loaded machine.
-[ "$elapsed" -le 18 ] || { echo "FAIL: took $elapsed s, bound 18 s (comm.timeout_s 3 + 15)"; exit 1; }
+run_to_its_end frozen 18 mpirun -np 2 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=H5Fopen \
+  -x DDPTRAIN_TEST_STOP_RANK=1 "$ddptrain" --data.path data.h5 --checkpoint.dir frozen-run --comm.timeout_s 3
 grep -q "no progress for .* (comm.timeout_s 3) while reading data.path data.h5: rank 1 (host .*) is hung" \
   frozen-err.txt || { echo "FAIL: no message names the phase and the rank"; exit 1; }
 [ -z "$(pid_of_rank frozen-run 1)" ] || { echo "FAIL: the stopped rank outlived the job"; exit 1; }
 
 # A job of one rank whose read of data.path never returns: its own watchdog ends it, naming the file and how
 # long the thread has been inside HDF5 (a frozen file system, or a damaged file that libhdf5 reads in a loop).
-started=$(date +%s)
-status=0
-timeout 60 mpirun -np 1 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=H5Fopen -x DDPTRAIN_TEST_STOP_RANK=0 \
-  -x DDPTRAIN_TEST_STOP_HOW=wait "$ddptrain" --data.path data.h5 --checkpoint.dir lone-run --comm.timeout_s 3 \
-  >lone-out.txt 2>lone-err.txt || status=$?
-elapsed=$(($(date +%s) - started))
-echo "a lone rank's read: the job ended after $elapsed s, exit status $status"
-cat lone-err.txt
-[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: exit status $status"; exit 1; }
-[ "$elapsed" -le 18 ] || { echo "FAIL: took $elapsed s, bound 18 s (comm.timeout_s 3 + 15)"; exit 1; }
+run_to_its_end lone 18 mpirun -np 1 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=H5Fopen \
+  -x DDPTRAIN_TEST_STOP_RANK=0 -x DDPTRAIN_TEST_STOP_HOW=wait "$ddptrain" --data.path data.h5 \
+  --checkpoint.dir lone-run --comm.timeout_s 3
 grep -q "while reading data.path data.h5: this rank, the job's only one, is stuck; this rank has been inside the HDF5 library reading data.h5 for [0-9.]* s" \
   lone-err.txt || { echo "FAIL: the message does not name the read"; exit 1; }
 
@@ -79,18 +79,10 @@ grep -Eq "no progress for .* \(comm.timeout_s 3\) while .*: (a rank|rank 1 \(hos
 # (tests/cli/lib/stop_in_call.c), after the run wrote its checkpoints. Rank 0 then waits in MPI_Finalize,
 # which MPI_Abort cannot end: it must leave without MPI after comm.timeout_s, so that the launcher ends the job
 # and the stopped rank with it, and the run's files must be whole.
-started=$(date +%s)
-status=0
-timeout 60 mpirun -np 2 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=MPI_Finalize -x DDPTRAIN_TEST_STOP_RANK=1 \
-  "$ddptrain" --data.path data.h5 --checkpoint.dir finalize-run --comm.timeout_s 3 --model.embedding_dim 16 \
-  --model.hidden 16 --train.epochs 1 >finalize-out.txt 2>finalize-err.txt || status=$?
-elapsed=$(($(date +%s) - started))
-echo "stopped in MPI_Finalize: the job ended after $elapsed s, exit status $status"
-cat finalize-err.txt
-victim=$(pid_of_rank finalize-run 1)
-[ -z "$victim" ] || { echo "FAIL: the stopped rank outlived the job"; exit 1; }
-[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: exit status $status"; exit 1; }
-[ "$elapsed" -le 18 ] || { echo "FAIL: took $elapsed s, bound 18 s (comm.timeout_s 3 + 15)"; exit 1; }
+run_to_its_end finalize 18 mpirun -np 2 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=MPI_Finalize \
+  -x DDPTRAIN_TEST_STOP_RANK=1 "$ddptrain" --data.path data.h5 --checkpoint.dir finalize-run --comm.timeout_s 3 \
+  --model.embedding_dim 16 --model.hidden 16 --train.epochs 1
+[ -z "$(pid_of_rank finalize-run 1)" ] || { echo "FAIL: the stopped rank outlived the job"; exit 1; }
 grep -q "no progress for .* (comm.timeout_s 3) while finalizing MPI .*leaving without MPI" finalize-err.txt ||
   { echo "FAIL: no message says why rank 0 left"; exit 1; }
 grep -q "^Test (best.h5, epoch 1)" finalize-out.txt || { echo "FAIL: the run did not finish first"; exit 1; }
@@ -163,18 +155,11 @@ resume_to_the_end 8
 # stall census, which names rank 1.
 echo "== comm.backend = ps, async, a rank stopped as a run of steps begins"
 rm -rf run
-started=$(date +%s)
-status=0
-timeout 60 mpirun -np 2 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=MPI_Comm_idup -x DDPTRAIN_TEST_STOP_RANK=1 \
-  -x DDPTRAIN_TEST_STOP_AFTER=2 "$ddptrain" --data.path data.h5 --checkpoint.dir run --comm.backend ps \
-  --comm.ps_servers 0 --comm.ps_mode async --comm.timeout_s "$bound" --model.embedding_dim 16 --model.hidden 16 \
-  --train.epochs 8 >out.txt 2>err.txt || status=$?
-elapsed=$(($(date +%s) - started))
-echo "the job ended after $elapsed s, exit status $status"
-cat err.txt
-[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: run start: exit status $status"; exit 1; }
-[ "$elapsed" -le $((bound + 15)) ] || { echo "FAIL: run start: took $elapsed s, bound $bound s"; exit 1; }
-grep -q "rank 1 (host .*) is hung, lost or slower than the timeout" err.txt ||
+run_to_its_end run-start $((bound + 15)) mpirun -np 2 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=MPI_Comm_idup \
+  -x DDPTRAIN_TEST_STOP_RANK=1 -x DDPTRAIN_TEST_STOP_AFTER=2 "$ddptrain" --data.path data.h5 --checkpoint.dir run \
+  --comm.backend ps --comm.ps_servers 0 --comm.ps_mode async --comm.timeout_s "$bound" --model.embedding_dim 16 \
+  --model.hidden 16 --train.epochs 8
+grep -q "rank 1 (host .*) is hung, lost or slower than the timeout" run-start-err.txt ||
   { echo "FAIL: run start: rank 1 is not named"; exit 1; }
 [ -z "$(pid_of_rank run 1)" ] || { echo "FAIL: the stopped rank outlived the job"; exit 1; }
 
@@ -198,18 +183,12 @@ victim=""
 # blame worker 1, but ask server 3 and name it.
 echo "== comm.backend = ps, two dedicated servers, one stopped between its replies"
 rm -rf run
-started=$(date +%s)
-status=0
-timeout 60 mpirun -np 4 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=MPI_Isend -x DDPTRAIN_TEST_STOP_RANK=3 \
-  -x DDPTRAIN_TEST_STOP_DEST=1 -x DDPTRAIN_TEST_STOP_AFTER=30 "$ddptrain" --data.path data.h5 --checkpoint.dir run \
-  --comm.backend ps --comm.ps_servers 2 --comm.timeout_s "$bound" --model.embedding_dim 16 --model.hidden 16 \
-  --train.epochs 8 >out.txt 2>err.txt || status=$?
-elapsed=$(($(date +%s) - started))
-echo "the job ended after $elapsed s, exit status $status"
-cat err.txt
-[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || { echo "FAIL: between replies: exit status $status"; exit 1; }
+run_to_its_end between $((bound + 15)) mpirun -np 4 -x LD_PRELOAD="$stopper" -x DDPTRAIN_TEST_STOP_IN=MPI_Isend \
+  -x DDPTRAIN_TEST_STOP_RANK=3 -x DDPTRAIN_TEST_STOP_DEST=1 -x DDPTRAIN_TEST_STOP_AFTER=30 "$ddptrain" \
+  --data.path data.h5 --checkpoint.dir run --comm.backend ps --comm.ps_servers 2 --comm.timeout_s "$bound" \
+  --model.embedding_dim 16 --model.hidden 16 --train.epochs 8
 grep -q "parameter server (rank 2) heard nothing from parameter server rank 3 within .* s of asking, while worker rank 1 fell silent" \
-  err.txt || { echo "FAIL: between replies: server 2 does not name rank 3"; exit 1; }
-if grep -q "heard nothing from worker rank" err.txt; then echo "FAIL: between replies: a worker is blamed"; exit 1; fi
+  between-err.txt || { echo "FAIL: between replies: server 2 does not name rank 3"; exit 1; }
+if grep -q "heard nothing from worker rank" between-err.txt; then echo "FAIL: between replies: a worker is blamed"; exit 1; fi
 [ -z "$(pid_of_rank run 3)" ] || { echo "FAIL: the stopped rank outlived the job"; exit 1; }
 echo "PASS"
