@@ -294,15 +294,21 @@ TEST(PrepareText, RowsVocabularyAndSummary) {
       << summary;
 }
 
+// DIR/corpus with one document per class and split: neg/a.txt and pos/b.txt in train/ and test/.
+std::filesystem::path two_class_corpus(const TempDir& dir, const char* neg, const char* pos) {
+  const std::filesystem::path corpus = dir.file("corpus");
+  for (const char* split : {"train", "test"}) {
+    write_text(corpus / split / "neg/a.txt", neg);
+    write_text(corpus / split / "pos/b.txt", pos);
+  }
+  return corpus;
+}
+
 // A corpus in a script the tokenizer does not read is said: a file with a word and mostly Chinese would
 // otherwise pass for a one-word document, one without any for an empty file.
 TEST(PrepareText, FilesMostlyInAnotherScriptAreNamed) {
   TempDir dir;
-  const std::filesystem::path corpus = dir.file("corpus");
-  for (const char* split : {"train", "test"}) {
-    write_text(corpus / split / "pos/a.txt", "good movie");
-    write_text(corpus / split / "neg/b.txt", "bad movie");
-  }
+  const std::filesystem::path corpus = two_class_corpus(dir, "bad movie", "good movie");
   write_text(corpus / "train/pos/zh.txt", "good 这部电影很好看");
   write_text(corpus / "test/neg/ar.txt", "فيلم سيء");
   const std::string summary = prepare_text(options_for(dir, "data.h5", 2));
@@ -419,11 +425,7 @@ TEST(PrepareText, FolderNamesStrayFilesAndAClassThatIsAFile) {
 
 TEST(PrepareText, ClassFolderInOneSplitOnlyIsAnErrorUnlessNamedNoClass) {
   TempDir dir;
-  const std::filesystem::path corpus = dir.file("corpus");
-  for (const char* split : {"train", "test"}) {
-    write_text(corpus / split / "neg/a.txt", "bad");
-    write_text(corpus / split / "pos/b.txt", "good");
-  }
+  const std::filesystem::path corpus = two_class_corpus(dir, "bad", "good");
   write_text(corpus / "train/sports/c.txt", "goal");
   write_text(corpus / "test/Sports/d.txt", "goal");
   write_text(corpus / "train/unsup/e.txt", "whatever");
