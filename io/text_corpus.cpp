@@ -122,14 +122,14 @@ std::vector<std::string> class_folders(const fs::path& root, const std::vector<s
   const auto is_class = [&](const std::string& name) {
     return std::find(not_classes.begin(), not_classes.end(), name) == not_classes.end();
   };
-  std::vector<std::string> outside_train;
-  std::vector<std::string> outside_test;
-  const std::vector<std::string> train = sub_folders(root / kSplitNames[kTrain], outside_train);
-  const std::vector<std::string> test = sub_folders(root / kSplitNames[kTest], outside_test);
-  for (const std::string& name : outside_train)
-    outside.push_back(std::string(kSplitNames[kTrain]) + "/" + name);
-  for (const std::string& name : outside_test)
-    outside.push_back(std::string(kSplitNames[kTest]) + "/" + name);
+  std::vector<std::string> by_split[2];
+  for (const int split : {kTrain, kTest}) {
+    std::vector<std::string> others;
+    by_split[split] = sub_folders(root / kSplitNames[split], others);
+    for (const std::string& name : others) outside.push_back(std::string(kSplitNames[split]) + "/" + name);
+  }
+  const std::vector<std::string>& train = by_split[kTrain];
+  const std::vector<std::string>& test = by_split[kTest];
   std::vector<std::string> classes;
   std::set_intersection(train.begin(), train.end(), test.begin(), test.end(), std::back_inserter(classes));
   std::erase_if(classes, [&](const std::string& name) { return !is_class(name); });
