@@ -52,7 +52,7 @@ struct FileResult {
   bool valid_utf8 = true;
   bool utf16 = false;          // converted from UTF-16 (io/tokenizer.h)
   bool holds_nul = false;      // NUL bytes after that: a binary file, most likely
-  bool mostly_unread = false;  // more characters the tokenizer passes over than it reads (another script)
+  bool mostly_unread = false;  // more characters the tokenizer passes over than it reads (emoji, symbols)
 };
 
 // The words one reader thread has seen, each with a local id, and their counts in the training split.
@@ -567,10 +567,10 @@ std::string prepare_text(const TextCorpusOptions& options) {
                          threads, threads == 1 ? "" : "s");
   summary += "\nempty files skipped (no words): " + count_and_names(empty_files);
   if (!unread_files.empty()) {
-    // Text in a script the tokenizer does not read would otherwise pass for empty files, or for a few digits.
+    // Files of emoji or symbols would otherwise pass for empty files, or for a few words.
     summary +=
-        "\nwarning: files mostly in characters the tokenizer does not read (it reads Latin, Greek and "
-        "Cyrillic letters and digits; other scripts, symbols and emoji separate words): " +
+        "\nwarning: files mostly of characters the tokenizer does not read (symbols, emoji, private-use code "
+        "points; it reads letters and digits of every script): " +
         count_and_names(unread_files);
   }
   if (!not_files.empty()) {

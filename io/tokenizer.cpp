@@ -1,8 +1,16 @@
 #include "io/tokenizer.h"
 
+#include <unicode/ubrk.h>
+#include <unicode/uchar.h>
+#include <unicode/unorm2.h>
+#include <unicode/uscript.h>
+#include <unicode/ustring.h>
+#include <unicode/utf16.h>
+
 #include <algorithm>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 
 #include "engine/base/errors.h"
 #include "io/damaged_file_guard.h"
@@ -80,35 +88,6 @@ void append_utf8(std::string& out, uint32_t code_point) {
   }
 }
 
-// Non-ASCII letters (tokenizer.h lists the ranges).
-bool is_letter(uint32_t c) {
-  return (c >= 0xC0 && c <= 0x24F && c != 0xD7 && c != 0xF7) || (c >= 0x300 && c <= 0x36F) || c == 0x386 ||
-         (c >= 0x388 && c <= 0x481) || (c >= 0x48A && c <= 0x4FF);
-}
-
-// Lower case of a non-ASCII letter (tokenizer.h lists which are mapped).
-uint32_t to_lower(uint32_t c) {
-  if (c >= 0xC0 && c <= 0xDE && c != 0xD7) return c + 0x20;
-  if (c >= 0x100 && c <= 0x17E) {
-    if (c == 0x130) return 'i';
-    if (c == 0x178) return 0xFF;
-    // Latin Extended-A pairs each capital with the next code point: even capitals in U+0100-U+0137 and
-    // U+014A-U+0177, odd ones in U+0139-U+0148 and U+0179-U+017E.
-    const bool even_capitals = c <= 0x137 || (c >= 0x14A && c <= 0x177);
-    const bool odd_capitals = (c >= 0x139 && c <= 0x148) || c >= 0x179;
-    if ((even_capitals && c % 2 == 0) || (odd_capitals && c % 2 == 1)) return c + 1;
-    return c;
-  }
-  if (c >= 0x391 && c <= 0x3A9 && c != 0x3A2) return c + 0x20;
-  if (c == 0x386) return 0x3AC;
-  if (c >= 0x388 && c <= 0x38A) return c + 0x25;
-  if (c == 0x38C) return 0x3CC;
-  if (c == 0x38E || c == 0x38F) return c + 0x3F;
-  if (c >= 0x400 && c <= 0x40F) return c + 0x50;
-  if (c >= 0x410 && c <= 0x42F) return c + 0x20;
-  return c;
-}
-
 // Length of the HTML line break starting at text[i] ('<'): "<br", spaces, an optional "/", ">"; 0 if none.
 size_t html_break_length(std::string_view text, size_t i) {
   if (i + 3 >= text.size() || (text[i + 1] | 0x20) != 'b' || (text[i + 2] | 0x20) != 'r') return 0;
@@ -118,49 +97,256 @@ size_t html_break_length(std::string_view text, size_t i) {
   return j < text.size() && text[j] == '>' ? j + 1 - i : 0;
 }
 
-// Non-ASCII separators the tokenizer knows: Latin-1's punctuation and symbols, general punctuation (dashes,
-// curly quotes, ellipsis), CJK punctuation and full-width ASCII punctuation.
-bool is_known_separator(uint32_t c) {
-  return (c >= 0xA0 && c <= 0xBF) || c == 0xD7 || c == 0xF7 || (c >= 0x2000 && c <= 0x206F) ||
-         (c >= 0x3000 && c <= 0x303F) || (c >= 0xFF01 && c <= 0xFF0F);
+// What a non-ASCII character is to the tokenizer, by its Unicode general category and script.
+enum class CharRole {
+  kWordPart,       // a letter, combining mark or decimal digit of a script that spaces its words
+  kSegmentedPart,  // a letter or mark of a script written without spaces (Han, kana, Thai, Lao, Khmer,
+                   // Myanmar)
+  kEitherPart,  // a letter or mark shared by scripts (ー, combining marks): continues whatever run it follows
+  kIgnorable,   // a format character (soft hyphen, zero-width joiners, bidi marks): neither joins nor splits
+  kSeparator,   // punctuation, spaces, controls, numbers that are no digits, math and currency signs
+  kUnread,      // other symbols (emoji, dingbats), private-use and unassigned code points
+};
+
+bool is_segmented_script(UScriptCode script) {
+  switch (script) {
+    case USCRIPT_HAN:
+    case USCRIPT_HIRAGANA:
+    case USCRIPT_KATAKANA:
+    case USCRIPT_KATAKANA_OR_HIRAGANA:
+    case USCRIPT_THAI:
+    case USCRIPT_LAO:
+    case USCRIPT_KHMER:
+    case USCRIPT_MYANMAR:
+      return true;
+    default:
+      return false;
+  }
 }
+
+CharRole role_of(uint32_t c) {
+  const auto code_point = static_cast<UChar32>(c);
+  const uint32_t category = U_GET_GC_MASK(code_point);
+  if ((category & (U_GC_L_MASK | U_GC_M_MASK | U_GC_ND_MASK)) != 0) {
+    if ((category & U_GC_ND_MASK) != 0) return CharRole::kWordPart;
+    UErrorCode status = U_ZERO_ERROR;
+    const UScriptCode script = uscript_getScript(code_point, &status);
+    if (U_FAILURE(status) || script == USCRIPT_COMMON || script == USCRIPT_INHERITED)
+      return CharRole::kEitherPart;
+    return is_segmented_script(script) ? CharRole::kSegmentedPart : CharRole::kWordPart;
+  }
+  if ((category & U_GC_CF_MASK) != 0) return CharRole::kIgnorable;
+  if ((category & (U_GC_SO_MASK | U_GC_CO_MASK | U_GC_CN_MASK | U_GC_CS_MASK)) != 0) return CharRole::kUnread;
+  return CharRole::kSeparator;
+}
+
+// One thread's ICU objects: the dictionary word segmenter (UAX #29 with ICU's Chinese/Japanese, Thai, Lao,
+// Khmer and Burmese dictionaries) and the NFC normalizer. A break iterator is not thread-safe and costs
+// about a millisecond to open, so each thread opens its own once.
+class IcuText {
+ public:
+  IcuText() {
+    UErrorCode status = U_ZERO_ERROR;
+    words_ = ubrk_open(UBRK_WORD, "", nullptr, 0, &status);
+    check(status, "ubrk_open(UBRK_WORD)");
+    nfc_ = unorm2_getNFCInstance(&status);
+    check(status, "unorm2_getNFCInstance");
+  }
+  ~IcuText() { ubrk_close(words_); }
+  IcuText(const IcuText&) = delete;
+  IcuText& operator=(const IcuText&) = delete;
+
+  static IcuText& for_this_thread() {
+    thread_local IcuText icu;
+    return icu;
+  }
+
+  // Calls on_segment(begin, end) for each word ICU's dictionaries find in text (UTF-16), in order.
+  template <typename OnSegment>
+  void segment(std::u16string_view text, OnSegment&& on_segment) {
+    UErrorCode status = U_ZERO_ERROR;
+    ubrk_setText(words_, text.data(), static_cast<int32_t>(text.size()), &status);
+    check(status, "ubrk_setText");
+    int32_t begin = ubrk_first(words_);
+    for (int32_t end = ubrk_next(words_); end != UBRK_DONE; begin = end, end = ubrk_next(words_)) {
+      if (ubrk_getRuleStatus(words_) >= UBRK_WORD_NONE_LIMIT) {
+        on_segment(static_cast<size_t>(begin), static_cast<size_t>(end));
+      }
+    }
+    ubrk_setText(words_, nullptr, 0, &status);  // the text is the caller's: hold no pointer into it
+  }
+
+  // `word` (UTF-8) in Normalization Form C, so that a decomposed "é" (e + U+0301) is the word "é".
+  std::string nfc(std::string_view word) {
+    UErrorCode status = U_ZERO_ERROR;
+    utf16_.resize(word.size());
+    int32_t length = 0;
+    u_strFromUTF8(utf16_.data(), static_cast<int32_t>(utf16_.size()), &length, word.data(),
+                  static_cast<int32_t>(word.size()), &status);
+    check(status, "u_strFromUTF8");
+    // NFC can lengthen a string (a singleton decomposes and composes back differently) by at most 3x.
+    normalized_.resize(static_cast<size_t>(length) * 3 + 4);
+    const int32_t normalized_length = unorm2_normalize(nfc_, utf16_.data(), length, normalized_.data(),
+                                                       static_cast<int32_t>(normalized_.size()), &status);
+    check(status, "unorm2_normalize");
+    std::string out;
+    out.resize(static_cast<size_t>(normalized_length) * 3);
+    int32_t out_length = 0;
+    u_strToUTF8(out.data(), static_cast<int32_t>(out.size()), &out_length, normalized_.data(),
+                normalized_length, &status);
+    check(status, "u_strToUTF8");
+    out.resize(static_cast<size_t>(out_length));
+    return out;
+  }
+
+ private:
+  static void check(UErrorCode status, const char* call) {
+    if (U_FAILURE(status))
+      throw std::runtime_error(std::string("ICU: ") + call + " failed: " + u_errorName(status));
+  }
+
+  UBreakIterator* words_ = nullptr;
+  const UNormalizer2* nfc_ = nullptr;
+  std::u16string utf16_;
+  std::u16string normalized_;
+};
+
+// Splits text into words (the rules in tokenizer.h), one character at a time. Characters of spaced scripts
+// gather in word_ (UTF-8, lower-cased); those of scripts written without spaces in run_ (UTF-16, for ICU),
+// which is cut into words when the run ends.
+class WordSplitter {
+ public:
+  explicit WordSplitter(const std::function<void(std::string_view word)>& on_word) : on_word_(on_word) {}
+
+  void ascii_word_char(char c) {
+    end_run();
+    word_ += c;
+    ++in_words_;
+  }
+  void apostrophe() {
+    end_run();
+    if (!word_.empty()) word_ += '\'';  // a leading apostrophe is stripped
+  }
+  void separator() {
+    end_word();
+    end_run();
+  }
+
+  void non_ascii(uint32_t c, CharRole role) {
+    switch (role) {
+      case CharRole::kWordPart:
+        end_run();
+        add_to_word(c);
+        break;
+      case CharRole::kSegmentedPart:
+        end_word();
+        add_to_run(c);
+        break;
+      case CharRole::kEitherPart:
+        if (run_.empty()) {
+          add_to_word(c);
+        } else {
+          add_to_run(c);
+        }
+        break;
+      case CharRole::kIgnorable:
+        break;
+      case CharRole::kUnread:
+        ++unread_;
+        separator();
+        break;
+      case CharRole::kSeparator:
+        separator();
+        break;
+    }
+  }
+
+  void finish() { separator(); }
+  int64_t in_words() const { return in_words_; }
+  int64_t unread() const { return unread_; }
+
+ private:
+  void add_to_word(uint32_t c) {
+    const auto lower = static_cast<uint32_t>(u_tolower(static_cast<UChar32>(c)));
+    word_needs_nfc_ = word_needs_nfc_ ||
+                      u_getIntPropertyValue(static_cast<UChar32>(lower), UCHAR_NFC_QUICK_CHECK) != UNORM_YES;
+    append_utf8(word_, lower);
+    ++in_words_;
+  }
+
+  void add_to_run(uint32_t c) {
+    const auto lower = static_cast<UChar32>(u_tolower(static_cast<UChar32>(c)));
+    if (lower <= 0xFFFF) {
+      run_ += static_cast<char16_t>(lower);
+    } else {
+      run_ += static_cast<char16_t>(U16_LEAD(lower));
+      run_ += static_cast<char16_t>(U16_TRAIL(lower));
+    }
+    ++in_words_;
+  }
+
+  void end_word() {
+    while (!word_.empty() && word_.back() == '\'') word_.pop_back();
+    if (word_needs_nfc_ && !word_.empty() && word_.size() <= 4 * kMaxWordBytes) {
+      word_ = IcuText::for_this_thread().nfc(word_);
+    }
+    emit(word_);
+    word_.clear();
+    word_needs_nfc_ = false;
+  }
+
+  void end_run() {
+    if (run_.empty()) return;
+    std::string word;
+    IcuText::for_this_thread().segment(run_, [&](size_t begin, size_t end) {
+      word.clear();
+      for (size_t i = begin; i < end;) {
+        UChar32 c = 0;
+        U16_NEXT(run_.data(), i, end, c);
+        append_utf8(word, static_cast<uint32_t>(c));
+      }
+      emit(word);
+    });
+    run_.clear();
+  }
+
+  void emit(std::string_view word) {
+    if (!word.empty() && word.size() <= kMaxWordBytes) on_word_(word);
+  }
+
+  const std::function<void(std::string_view word)>& on_word_;
+  std::string word_;
+  bool word_needs_nfc_ = false;
+  std::u16string run_;
+  int64_t in_words_ = 0;
+  int64_t unread_ = 0;
+};
 
 }  // namespace
 
 bool tokenize(std::string_view text, const std::function<void(std::string_view word)>& on_word,
               CharacterCounts* counts) {
-  int64_t ascii_in_words = 0;
-  int64_t non_ascii_in_words = 0;
-  int64_t unread = 0;
+  WordSplitter words(on_word);
   bool valid = true;
-  std::string word;
-  const auto end_word = [&] {
-    while (!word.empty() && word.back() == '\'') word.pop_back();
-    if (!word.empty() && word.size() <= kMaxWordBytes) on_word(word);
-    word.clear();
-  };
   size_t i = 0;
   while (i < text.size()) {
     const char byte = text[i];
     if (static_cast<unsigned char>(byte) < 0x80) {
       ++i;
       if (byte >= 'a' && byte <= 'z') {
-        word += byte;
-        ++ascii_in_words;
+        words.ascii_word_char(byte);
       } else if (byte >= 'A' && byte <= 'Z') {
-        word += static_cast<char>(byte - 'A' + 'a');
-        ++ascii_in_words;
+        words.ascii_word_char(static_cast<char>(byte - 'A' + 'a'));
       } else if (byte >= '0' && byte <= '9') {
-        word += byte;
-        ++ascii_in_words;
+        words.ascii_word_char(byte);
       } else if (byte == '\'') {
-        if (!word.empty()) word += byte;  // a leading apostrophe is stripped
+        words.apostrophe();
       } else {
         if (byte == '<') {
           const size_t line_break = html_break_length(text, i - 1);
           if (line_break > 0) i += line_break - 1;
         }
-        end_word();
+        words.separator();
       }
       continue;
     }
@@ -168,19 +354,15 @@ bool tokenize(std::string_view text, const std::function<void(std::string_view w
     valid = valid && decoded.valid;
     i += decoded.length;
     if (decoded.code_point == kRightSingleQuote) {
-      if (!word.empty()) word += '\'';
-    } else if (is_letter(decoded.code_point)) {
-      append_utf8(word, to_lower(decoded.code_point));
-      ++non_ascii_in_words;
+      words.apostrophe();
     } else {
-      if (!is_known_separator(decoded.code_point)) ++unread;
-      end_word();
+      words.non_ascii(decoded.code_point, role_of(decoded.code_point));
     }
   }
-  end_word();
+  words.finish();
   if (counts != nullptr) {
-    counts->in_words += ascii_in_words + non_ascii_in_words;
-    counts->unread += unread;
+    counts->in_words += words.in_words();
+    counts->unread += words.unread();
   }
   return valid;
 }

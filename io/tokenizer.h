@@ -8,24 +8,28 @@
 // so a Latin-1 or Windows-1252 file still reads "café" and "don’t". The five bytes Windows-1252 leaves
 // undefined (0x81, 0x8D, 0x8F, 0x90, 0x9D) read as Latin-1 (the C1 control of the same value).
 //
-// Tokenizing, in this order:
+// Tokenizing, in this order (character classes from ICU's Unicode tables, so every script is read):
 //  1. HTML line breaks are replaced by a space: "<br", any spaces, tabs or newlines, an optional "/", then
 //     ">", in any case (<br>, <br/>, <br />, <BR >). Other markup is not special.
-//  2. Characters are lower-cased: A-Z; Latin-1 À-Þ (U+00C0-U+00DE, not ×); Latin Extended-A U+0100-U+017E
-//     by its upper/lower pairs (İ U+0130 becomes i, Ÿ U+0178 becomes ÿ); Greek Α-Ω (U+0391-U+03A9) and
-//     Ά Έ Ή Ί Ό Ύ Ώ; Cyrillic Ѐ-Я (U+0400-U+042F). Every other character stays as it is (ß, ı, ſ too).
+//  2. Characters are lower-cased by Unicode's simple case mapping (É becomes é, İ becomes i, Σ becomes σ;
+//     ß, ı, ſ and ς stay as they are).
 //  3. A word is a maximal run of word characters:
-//       letters     a-z, A-Z; U+00C0-U+00FF except × and ÷; U+0100-U+024F (Latin Extended-A and -B);
-//                   combining marks U+0300-U+036F (so a decomposed "é" stays inside its word);
-//                   Greek U+0386 and U+0388-U+03FF; Cyrillic U+0400-U+0481 and U+048A-U+04FF
-//       digits      0-9
-//       apostrophes ' (U+0027) and ’ (U+2019), both written as '
-//     Leading and trailing apostrophes are stripped ("'quoted'" gives quoted, "dogs'" gives dogs), so a run
-//     of apostrophes alone is no word; inner ones stay (don't, rock'n'roll). Everything else separates words:
-//     spaces, punctuation, hyphens, symbols, and letters of other scripts (CJK, Arabic, ...), which are
-//     dropped. A run longer than kMaxWordBytes (an embedded image's base64, a hash) is no word either: it
-//     would take a place in the vocabulary, and its bytes in every file that holds it.
-//  Words come out as UTF-8.
+//       letters and combining marks of any script (general categories L and M);
+//       decimal digits of any script (Nd: 0-9, ٣, ३, ...);
+//       apostrophes ' (U+0027) and ’ (U+2019), both written as '.
+//     Format characters (Cf: soft hyphen, zero-width joiner and non-joiner, bidi marks) are dropped without
+//     splitting a word. Leading and trailing apostrophes are stripped ("'quoted'" gives quoted, "dogs'" gives
+//     dogs), so a run of apostrophes alone is no word; inner ones stay (don't, rock'n'roll). Everything else
+//     separates words: spaces, punctuation, hyphens, symbols, emoji, numbers that are no digits (½, ²).
+//  4. Scripts written without spaces between words (Han, Hiragana, Katakana, Thai, Lao, Khmer, Myanmar) are
+//     cut into words by ICU's dictionary word segmenter (UAX #29 with its Chinese/Japanese and Southeast
+//     Asian dictionaries): "这部电影很好看" gives 这 部 电影 很好 看. A letter or mark that belongs to no one
+//     script (ー, a combining mark) continues the run before it.
+//  5. Words are in Unicode Normalization Form C (a decomposed "é", e + U+0301, is the word "é").
+//     A word longer than kMaxWordBytes (an embedded image's base64, a hash) is no word: it would take a
+//     place in the vocabulary, and its bytes in every file that holds it.
+//  Words come out as UTF-8. The dictionaries are ICU's: prepare a dataset and predict from it with the same
+//  ICU major version, or a word of those scripts may be cut differently.
 //
 // Token ids as Keras' IMDB: 0 padding, 1 start of the document, 2 a word out of the vocabulary, 3.. the
 // words by falling frequency in the training split (ties: the word's UTF-8 bytes in ascending order, so the
@@ -47,16 +51,16 @@ inline constexpr int32_t kPadId = 0;
 inline constexpr int32_t kStartId = 1;
 inline constexpr int32_t kOovId = 2;
 inline constexpr int32_t kFirstWordId = 3;
-// The longest word, in UTF-8 bytes: 128 Latin, 64 Greek or Cyrillic letters.
+// The longest word, in UTF-8 bytes: 128 Latin, 64 Greek or Cyrillic, 42 CJK letters.
 inline constexpr std::size_t kMaxWordBytes = 128;
 
-// What tokenize() read into words and what it passed over that is no separator it knows: letters of other
-// scripts (Arabic, Hebrew, Devanagari, CJK, ...), symbols, emoji. A corpus in another script is then said,
-// not taken for empty files.
+// What tokenize() read into words and what it passed over that is neither punctuation nor space: symbols,
+// emoji, private-use and unassigned code points. A corpus of such files is then said, not taken for empty
+// files.
 struct CharacterCounts {
   int64_t in_words = 0;  // characters (code points) that went into words
-  int64_t unread = 0;    // non-ASCII characters that are neither letters of the table nor punctuation
-                         // (U+00A0-U+00BF, × ÷, U+2000-U+206F, U+3000-U+303F, U+FF01-U+FF0F)
+  int64_t unread = 0;    // characters of general category So (other symbols: emoji, dingbats), Co
+                         // (private use), Cn (unassigned) or Cs (a lone surrogate)
 };
 
 // Calls on_word with each word of `text` (the view is valid during the call only). Returns false when some

@@ -22,7 +22,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 # debootstrap, podman, buildah and runc are for the package and container tests; clang with its runtime
 # (libFuzzer) for the fuzz targets; libxsmm-dev (a static library) for gemm_library_bench's libxsmm column.
 packages=(build-essential cmake clang-format git libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libboost-program-options-dev
-  libopenblas-dev libdnnl-dev libgtest-dev zlib1g-dev nlohmann-json3-dev libfmt-dev python3-numpy python3-h5py slurm-wlm
+  libopenblas-dev libdnnl-dev libgtest-dev zlib1g-dev nlohmann-json3-dev libfmt-dev libicu-dev python3-numpy python3-h5py slurm-wlm
   shellcheck dpkg-dev debootstrap podman buildah runc ocl-icd-opencl-dev clang-14 libclang-rt-14-dev
   libxsmm-dev)
 

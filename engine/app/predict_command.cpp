@@ -373,10 +373,9 @@ int predict_command(const std::vector<std::string>& args) {
   }
   if (unscored > 0) {
     std::fflush(stdout);
-    std::fprintf(
-        stderr,
-        "note: %s without a single word (only punctuation, symbols or another script): '-' for its score\n",
-        unscored == 1 ? "1 document" : (std::to_string(unscored) + " documents").c_str());
+    std::fprintf(stderr,
+                 "note: %s without a single word (only punctuation, symbols or emoji): '-' for its score\n",
+                 unscored == 1 ? "1 document" : (std::to_string(unscored) + " documents").c_str());
   }
   return kExitOk;
 }

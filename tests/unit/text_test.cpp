@@ -62,22 +62,46 @@ TEST(Tokenizer, DigitsJoinWordsAndPunctuationSeparates) {
 }
 
 TEST(Tokenizer, MultiByteLettersAndOtherScripts) {
-  // A decomposed é (e + U+0301) stays one word; CJK and Arabic are not letters here and separate words.
-  EXPECT_EQ(words_of("cafe\u0301 naïve 日本語film مرحبا ok"), (Words{"cafe\u0301", "naïve", "film", "ok"}));
+  // Letters and marks of every script are word characters; × and ÷ are symbols and separate.
+  EXPECT_EQ(words_of("naïve مرحبا שלום हिन्दी 한국어 영화 Tiếng Việt ok"),
+            (Words{"naïve", "مرحبا", "שלום", "हिन्दी", "한국어", "영화", "tiếng", "việt", "ok"}));
   EXPECT_EQ(words_of("a×b c÷d"), (Words{"a", "b", "c", "d"}));
+  // Decimal digits of other scripts join words; numbers that are no digits separate.
+  EXPECT_EQ(words_of("٢٠٢٣ ३ x½y a²"), (Words{"٢٠٢٣", "३", "x", "y", "a"}));
 }
 
-// What the tokenizer passes over is counted apart from known separators, so that a corpus in another script
-// is said rather than taken for empty files.
-TEST(Tokenizer, CountsTheCharactersItDoesNotRead) {
-  CharacterCounts counts;
-  tokenize(
-      "naïve 日本語film — “ok” 😀, مرحبا 1", [](std::string_view) {}, &counts);
-  EXPECT_EQ(counts.in_words, 5 + 4 + 2 + 1);  // naïve, film, ok, 1
-  EXPECT_EQ(counts.unread, 3 + 1 + 5);  // 日本語, the emoji, مرحبا; not — “ ” nor the spaces
-  tokenize(
-      "x", [](std::string_view) {}, &counts);  // added to
-  EXPECT_EQ(counts.in_words, 13);
+// Case is mapped for every script with one (Unicode's simple mapping), not only the Latin-1 range.
+TEST(Tokenizer, LowerCasesEveryScriptWithCase) {
+  EXPECT_EQ(words_of("ǄEMAL ƁOOK ҐАНОК ԱՐԵՎ ΣΟΦΟΣ"), (Words{"ǆemal", "ɓook", "ґанок", "արեվ", "σοφοσ"}));
+}
+
+// Format characters neither join nor split: a soft hyphen inside a word, a zero-width non-joiner in a
+// Persian word, a byte order mark at the start, a left-to-right mark.
+TEST(Tokenizer, FormatCharactersAreDropped) {
+  EXPECT_EQ(words_of("beau\u00ADtiful \uFEFFstart end\u200E"), (Words{"beautiful", "start", "end"}));
+  EXPECT_EQ(words_of("می\u200Cخواهم"), (Words{"میخواهم"}));
+}
+
+// A decomposed letter and its precomposed form are the same word (NFC).
+TEST(Tokenizer, WordsAreInNormalizationFormC) {
+  EXPECT_EQ(words_of("cafe\u0301 café Cafe\u0301"), (Words{"café", "café", "café"}));
+  EXPECT_EQ(words_of("\u212Bngstrom"), (Words{"ångstrom"}));  // the Ångström sign is Å
+}
+
+// Scripts written without spaces are cut into words by dictionary, and meet the other scripts' words at
+// the change of script.
+TEST(Tokenizer, ScriptsWithoutSpacesAreSegmented) {
+  EXPECT_EQ(words_of("这部电影很好看"), (Words{"这", "部", "电影", "很好", "看"}));
+  EXPECT_EQ(words_of("日本語film"), (Words{"日本語", "film"}));
+  // ー (U+30FC) belongs to no one script: it continues the katakana word.
+  EXPECT_EQ(words_of("ラーメン、2023年。"), (Words{"ラーメン", "2023", "年"}));
+  EXPECT_EQ(words_of("ภาษาไทยเป็นภาษาที่สวยงาม"), (Words{"ภาษา", "ไทย", "เป็น", "ภาษา", "ที่", "สวยงาม"}));
+  // A long unbroken run is cut into words, not dropped as one word longer than kMaxWordBytes.
+  std::string long_run;
+  for (int i = 0; i < 40; ++i) long_run += "电影";
+  const Words words = words_of(long_run);
+  ASSERT_EQ(words.size(), 40U);
+  EXPECT_EQ(words.front(), "电影");
 }
 
 // A run of letters longer than a word can be (base64 of an embedded image) is left out, however it ends.
@@ -304,19 +328,27 @@ std::filesystem::path two_class_corpus(const TempDir& dir, const char* neg, cons
   return corpus;
 }
 
-// A corpus in a script the tokenizer does not read is said: a file with a word and mostly Chinese would
-// otherwise pass for a one-word document, one without any for an empty file.
-TEST(PrepareText, FilesMostlyInAnotherScriptAreNamed) {
+// Files mostly of characters the tokenizer does not read (emoji, symbols) are named: one with a word would
+// otherwise pass for a one-word document, one without any for an empty file. Other scripts are read.
+TEST(PrepareText, FilesMostlyOfSymbolsAreNamed) {
   TempDir dir;
   const std::filesystem::path corpus = two_class_corpus(dir, "bad movie", "good movie");
   write_text(corpus / "train/pos/zh.txt", "good 这部电影很好看");
-  write_text(corpus / "test/neg/ar.txt", "فيلم سيء");
-  const std::string summary = prepare_text(options_for(dir, "data.h5", 2));
-  EXPECT_NE(summary.find("warning: files mostly in characters the tokenizer does not read (it reads Latin, "
-                         "Greek and Cyrillic letters and digits; other scripts, symbols and emoji separate "
-                         "words): 2 (train/pos/zh.txt, test/neg/ar.txt)"),
+  write_text(corpus / "train/neg/ar.txt", "فيلم سيء");
+  write_text(corpus / "train/pos/emoji.txt", "ok 😀😀😀👍");
+  write_text(corpus / "test/neg/symbols.txt", "★★☆☆☆");
+  TextCorpusOptions options = options_for(dir, "data.h5", 2);
+  options.vocab = 100;
+  const std::string summary = prepare_text(options);
+  EXPECT_NE(summary.find("warning: files mostly of characters the tokenizer does not read (symbols, emoji, "
+                         "private-use code points; it reads letters and digits of every script): 2 "
+                         "(train/pos/emoji.txt, test/neg/symbols.txt)"),
             std::string::npos)
       << summary;
+  const std::vector<std::string> words = read_vocabulary(dir.file("data.h5")).words();
+  for (const char* word : {"电影", "فيلم", "سيء"}) {
+    EXPECT_NE(std::find(words.begin(), words.end(), word), words.end()) << word;
+  }
 }
 
 TEST(PrepareText, ThreadCountDoesNotChangeTheFile) {
