@@ -286,6 +286,7 @@ class WordSplitter {
   }
 
   void end_word() {
+    if (word_.empty()) return;
     while (!word_.empty() && word_.back() == '\'') word_.pop_back();
     if (word_needs_nfc_ && !word_.empty() && word_.size() <= 4 * kMaxWordBytes) {
       word_ = IcuText::for_this_thread().nfc(word_);
@@ -296,7 +297,11 @@ class WordSplitter {
   }
 
   void end_run() {
-    if (run_.empty()) return;
+    if (!run_.empty()) cut_run();
+  }
+
+  // Out of line: the rare path, kept out of the per-character loop.
+  [[gnu::noinline]] void cut_run() {
     std::string word;
     IcuText::for_this_thread().segment(run_, [&](size_t begin, size_t end) {
       word.clear();
@@ -481,11 +486,34 @@ Vocabulary Vocabulary::from_counts(const WordCounts& counts, int size) {
   return Vocabulary(std::move(words));
 }
 
+namespace {
+
+// Whether `word` is written in scripts without spaces only, whose dictionary cut depends on the text around
+// a word: alone it may be cut differently than where a document held it.
+bool in_segmented_scripts_only(std::string_view word) {
+  bool segmented = false;
+  for (size_t i = 0; i < word.size();) {
+    if (static_cast<unsigned char>(word[i]) < 0x80) return false;
+    const Decoded decoded = decode_non_ascii(word, i);
+    i += decoded.length;
+    const CharRole role = role_of(decoded.code_point);
+    if (role != CharRole::kSegmentedPart && role != CharRole::kEitherPart) return false;
+    segmented = segmented || role == CharRole::kSegmentedPart;
+  }
+  return segmented;
+}
+
+}  // namespace
+
 std::size_t Vocabulary::unreachable_words(std::string* example) const {
   std::size_t count = 0;
   for (std::size_t i = kFirstWordId; i < words_.size(); ++i) {
     const std::vector<std::string> yielded = tokenize(words_[i]);
     if (yielded.size() == 1 && yielded[0] == words_[i]) continue;
+    // A word of Chinese, Japanese or Thai is reachable if the tokenizer keeps all of its characters.
+    std::string joined;
+    for (const std::string& part : yielded) joined += part;
+    if (joined == words_[i] && in_segmented_scripts_only(words_[i])) continue;
     if (count++ == 0 && example != nullptr) *example = words_[i];
   }
   return count;

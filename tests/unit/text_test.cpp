@@ -154,6 +154,19 @@ TEST(Vocabulary, CountsTheWordsTheTokenizerNeverYields) {
   EXPECT_EQ(example, "Great");
 }
 
+// Every word the tokenizer cut from text of scripts written without spaces is one a document can yield,
+// even where ICU would cut the word differently standing alone.
+TEST(Vocabulary, WordsOfSegmentedScriptsAreReachable) {
+  Words words{"<pad>", "<start>", "<oov>"};
+  for (const std::string& word : tokenize("这部电影很好看。東京タワーに行きました。ภาษาไทยเป็นภาษาที่สวยงาม")) {
+    words.push_back(word);
+  }
+  words.push_back("很好看");  // three characters ICU may cut into two
+  std::string example;
+  EXPECT_EQ(Vocabulary(words).unreachable_words(&example), 0u) << example;
+  EXPECT_EQ(Vocabulary({"<pad>", "<start>", "<oov>", "电影 好", "電影!"}).unreachable_words(&example), 2u);
+}
+
 TEST(Vocabulary, EncodesAsKerasPadSequencesPre) {
   const std::vector<int32_t> ids{5, 6, 7};
   EXPECT_EQ(pad_pre(ids, 6), (std::vector<int32_t>{0, 0, 1, 5, 6, 7}));
