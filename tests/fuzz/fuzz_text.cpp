@@ -30,14 +30,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   bool valid = true;
   const std::vector<std::string> words = io::tokenize(text, &valid);
   for (const std::string& word : words) {
-    // Words are well-formed UTF-8: decoding them again changes nothing.
-    if (word.empty() || io::to_utf8(word) != word) __builtin_trap();
+    // Words are well-formed UTF-8 (decoding them again changes nothing) and no longer than a word can be.
+    if (word.empty() || word.size() > io::kMaxWordBytes || io::to_utf8(word) != word) __builtin_trap();
   }
   const std::string utf8 = io::to_utf8(text);
   if (io::to_utf8(utf8) != utf8) __builtin_trap();
   io::WordCounts counts;
   for (const std::string& word : words) ++counts[word];
   const io::Vocabulary vocabulary = io::Vocabulary::from_counts(counts, 8);
+  // The tokenizer's own words are words a document can yield: predict would warn of them otherwise.
+  if (io::Vocabulary::from_counts(counts, 64).unreachable_words(nullptr) != 0) __builtin_trap();
   for (const int32_t id : vocabulary.encode(text, 6)) {
     if (id < 0 || id >= vocabulary.size()) __builtin_trap();
   }
