@@ -390,7 +390,7 @@ std::string class_balance_text(const std::vector<int64_t>& counts, const std::ve
   for (size_t label = 0; label < counts.size(); ++label) {
     text += fmt::format("{}{:.1f}% {}", label > 0 ? ", " : "",
                         100.0 * static_cast<double>(counts[label]) / static_cast<double>(total),
-                        label < names.size() ? names[label] : std::to_string(label));
+                        label < names.size() ? one_line(names[label]) : std::to_string(label));
   }
   return text;
 }

@@ -244,7 +244,7 @@ void read_files(int worker, const std::vector<InputFile>& files, int maxlen, Wor
       ids.clear();
       FileResult& result = results[i];
       result.worker = worker;
-      result.utf16 = !convert_utf16(bytes).empty();
+      result.utf16 = static_cast<bool>(convert_utf16(bytes));
       result.holds_nul = bytes.find('\0') != std::string::npos;
       CharacterCounts characters;
       result.valid_utf8 = tokenize(
@@ -320,7 +320,10 @@ std::string count_and_names(const std::vector<std::string>& names) {
   std::string text = std::to_string(names.size());
   if (names.empty()) return text;
   text += " (";
-  for (size_t i = 0; i < names.size() && i < kNamesShown; ++i) text += (i > 0 ? ", " : "") + names[i];
+  // A name with a line break or bytes that are no UTF-8 must not break the summary's lines.
+  for (size_t i = 0; i < names.size() && i < kNamesShown; ++i) {
+    text += (i > 0 ? ", " : "") + one_line(to_utf8(names[i]));
+  }
   return text + (names.size() > kNamesShown ? ", ...)" : ")");
 }
 
@@ -552,7 +555,7 @@ std::string prepare_text(const TextCorpusOptions& options) {
     std::string text = std::string(name) + " " + std::to_string(end - begin) + " (";
     for (int label = 0; label < class_count; ++label) {
       const auto rows = std::count(y.begin() + begin, y.begin() + end, static_cast<uint8_t>(label));
-      text += std::to_string(rows) + " " + class_names[static_cast<std::size_t>(label)] +
+      text += std::to_string(rows) + " " + one_line(class_names[static_cast<std::size_t>(label)]) +
               (label + 1 < class_count ? ", " : ")");
     }
     return text;
@@ -587,8 +590,9 @@ std::string prepare_text(const TextCorpusOptions& options) {
       train_tokens > 0 ? 100.0 * static_cast<double>(covered_tokens) / static_cast<double>(train_tokens)
                        : 0.0;
   summary +=
-      fmt::format("\nvocabulary: {} words of {} distinct in train; they cover {:.1f}% of {} training tokens",
-                  vocabulary.size() - kFirstWordId, counts.size(), coverage, format_count(train_tokens));
+      fmt::format("\nvocabulary: {} word{} of {} distinct in train; they cover {:.1f}% of {} training tokens",
+                  vocabulary.size() - kFirstWordId, vocabulary.size() - kFirstWordId == 1 ? "" : "s",
+                  counts.size(), coverage, format_count(train_tokens));
   for (const int split : {kTrain, kTest}) {
     for (int label = class_count - 1; label >= 0; --label) {
       if (documents[split][static_cast<std::size_t>(label)].empty()) {
@@ -604,6 +608,21 @@ std::string prepare_text(const TextCorpusOptions& options) {
   }
   if (!ignored_folders.empty()) {
     summary += "\nfolders that are no class (--not-classes), left out: " + count_and_names(ignored_folders);
+  }
+  if (options.warn_unmatched_not_classes) {
+    std::vector<std::string> unmatched;
+    for (const std::string& name : options.not_classes) {
+      const bool found =
+          std::any_of(ignored_folders.begin(), ignored_folders.end(), [&](const std::string& f) {
+            return f == std::string(kSplitNames[kTrain]) + "/" + name ||
+                   f == std::string(kSplitNames[kTest]) + "/" + name;
+          });
+      if (!found) unmatched.push_back(name);
+    }
+    if (!unmatched.empty()) {
+      summary += "\nwarning: --not-classes names no folder of train/ or test/ (misspelt?): " +
+                 count_and_names(unmatched);
+    }
   }
   return summary;
 }

@@ -38,6 +38,9 @@ struct TextCorpusOptions {
   // Folder names that are no class wherever they stand (aclImdb's train/unsup holds unlabelled reviews).
   // Any other folder that one split holds and the other lacks is an error: a class would be lost silently.
   std::vector<std::string> not_classes = {"unsup"};
+  // Whether the summary warns of a name of not_classes that no folder has (a misspelling): the user named
+  // them, rather than taking the default.
+  bool warn_unmatched_not_classes = false;
   bool show_progress = false;  // a live bar (files/s, ETA) on stderr
 };
 

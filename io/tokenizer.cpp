@@ -135,6 +135,10 @@ CharRole role_of(uint32_t c) {
       return CharRole::kEitherPart;
     return is_segmented_script(script) ? CharRole::kSegmentedPart : CharRole::kWordPart;
   }
+  // A zero-width space marks a word boundary (Khmer, Thai, Burmese texts and web pages carry them); the
+  // other format characters join or shape the letters around them.
+  constexpr uint32_t kZeroWidthSpace = 0x200B;
+  if (c == kZeroWidthSpace) return CharRole::kSeparator;
   if ((category & U_GC_CF_MASK) != 0) return CharRole::kIgnorable;
   if ((category & (U_GC_SO_MASK | U_GC_CO_MASK | U_GC_CN_MASK | U_GC_CS_MASK)) != 0) return CharRole::kUnread;
   return CharRole::kSeparator;
@@ -291,6 +295,7 @@ class WordSplitter {
     if (word_needs_nfc_ && !word_.empty() && word_.size() <= 4 * kMaxWordBytes) {
       word_ = IcuText::for_this_thread().nfc(word_);
     }
+    write_final_sigma(word_);
     emit(word_);
     word_.clear();
     word_needs_nfc_ = false;
@@ -313,6 +318,16 @@ class WordSplitter {
       emit(word);
     });
     run_.clear();
+  }
+
+  // Greek writes σ at the end of a word as ς, and Σ lower-cases to σ one letter at a time: so "ΟΔΟΣ" and
+  // "οδος" are one word, as Unicode's full lower-casing makes them. A lone σ stays.
+  static void write_final_sigma(std::string& word) {
+    constexpr std::string_view kSigma = "\xCF\x83";       // σ U+03C3
+    constexpr std::string_view kFinalSigma = "\xCF\x82";  // ς U+03C2
+    if (word.size() > kSigma.size() && word.ends_with(kSigma)) {
+      word.replace(word.size() - kSigma.size(), kSigma.size(), kFinalSigma);
+    }
   }
 
   void emit(std::string_view word) {
@@ -379,14 +394,14 @@ std::vector<std::string> tokenize(std::string_view text, bool* valid_utf8) {
   return words;
 }
 
-std::string convert_utf16(std::string& bytes) {
+Utf16Encoding convert_utf16(std::string& bytes) {
   const auto byte_at = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
   const bool marked_le = bytes.size() >= 2 && byte_at(0) == 0xFF && byte_at(1) == 0xFE;
   const bool marked_be = bytes.size() >= 2 && byte_at(0) == 0xFE && byte_at(1) == 0xFF;
   const size_t start = marked_le || marked_be ? 2 : 0;
   // NULs in the first 4 KiB, in the high byte of a little-endian pair (odd offsets past the mark) and of a
-  // big-endian one: text of any script the tokenizer reads has them (a space is U+0020), UTF-8 and Latin-1
-  // text never, so a Latin-1 file that happens to start with "ÿþ" stays Latin-1.
+  // big-endian one: text in a script that spaces its words has them (a space is U+0020), UTF-8 and Latin-1
+  // text never.
   const size_t pairs = (std::min<size_t>(bytes.size(), 4096 + start) - start) / 2;
   size_t nul_high_le = 0;
   size_t nul_high_be = 0;
@@ -400,15 +415,18 @@ std::string convert_utf16(std::string& bytes) {
   const auto one_sided = [&](size_t high, size_t low) {
     return pairs >= 2 && high >= 2 && high * 10 >= pairs && low * 10 < high;
   };
+  // Marked: the mark decides where the rest has whole pairs (Chinese or Thai text may hold no NUL at all) or
+  // NULs in its high bytes (a file cut short).
+  const bool pairs_whole = (bytes.size() - start) % 2 == 0;
   bool little_endian = false;
-  if (marked_le && nul_high_le > 0) {
+  if (marked_le && (pairs_whole || nul_high_le > 0)) {
     little_endian = true;
-  } else if (marked_be && nul_high_be > 0) {
+  } else if (marked_be && (pairs_whole || nul_high_be > 0)) {
     little_endian = false;
   } else if (start == 0 && one_sided(nul_high_le, nul_high_be)) {
     little_endian = true;
   } else if (!(start == 0 && one_sided(nul_high_be, nul_high_le))) {
-    return "";
+    return {};
   }
   const auto unit = [&](size_t i) -> uint32_t {
     return little_endian ? byte_at(i) | (byte_at(i + 1) << 8) : (byte_at(i) << 8) | byte_at(i + 1);
@@ -428,7 +446,7 @@ std::string convert_utf16(std::string& bytes) {
     append_utf8(out, code_point);
   }
   bytes = std::move(out);
-  return little_endian ? "UTF-16LE" : "UTF-16BE";
+  return {little_endian ? "UTF-16LE" : "UTF-16BE", start > 0};
 }
 
 std::string to_utf8(std::string_view bytes) {

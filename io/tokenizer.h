@@ -12,15 +12,17 @@
 //  1. HTML line breaks are replaced by a space: "<br", any spaces, tabs or newlines, an optional "/", then
 //     ">", in any case (<br>, <br/>, <br />, <BR >). Other markup is not special.
 //  2. Characters are lower-cased by Unicode's simple case mapping (É becomes é, İ becomes i, Σ becomes σ;
-//     ß, ı, ſ and ς stay as they are).
+//     ß, ı, ſ and ς stay as they are), and a σ that ends a word of two letters or more is written ς, so
+//     that ΟΔΟΣ and οδος are one word.
 //  3. A word is a maximal run of word characters:
 //       letters and combining marks of any script (general categories L and M);
 //       decimal digits of any script (Nd: 0-9, ٣, ३, ...);
 //       apostrophes ' (U+0027) and ’ (U+2019), both written as '.
 //     Format characters (Cf: soft hyphen, zero-width joiner and non-joiner, bidi marks) are dropped without
-//     splitting a word. Leading and trailing apostrophes are stripped ("'quoted'" gives quoted, "dogs'" gives
-//     dogs), so a run of apostrophes alone is no word; inner ones stay (don't, rock'n'roll). Everything else
-//     separates words: spaces, punctuation, hyphens, symbols, emoji, numbers that are no digits (½, ²).
+//     splitting a word; the zero-width space U+200B separates words, as a space does. Leading and trailing
+//     apostrophes are stripped ("'quoted'" gives quoted, "dogs'" gives dogs), so a run of apostrophes alone
+//     is no word; inner ones stay (don't, rock'n'roll). Everything else separates words: spaces, punctuation,
+//     hyphens, symbols, emoji, numbers that are no digits (½, ²).
 //  4. Scripts written without spaces between words (Han, Hiragana, Katakana, Thai, Lao, Khmer, Myanmar) are
 //     cut into words by ICU's dictionary word segmenter (UAX #29 with its Chinese/Japanese and Southeast
 //     Asian dictionaries): "这部电影很好看" gives 这 部 电影 很好 看. A letter or mark that belongs to no one
@@ -71,13 +73,19 @@ bool tokenize(std::string_view text, const std::function<void(std::string_view w
 std::vector<std::string> tokenize(std::string_view text, bool* valid_utf8 = nullptr);
 
 // UTF-16 text (what Windows calls "Unicode"), which the lenient UTF-8 reading would take apart letter by
-// letter: a file that starts with a UTF-16 byte order mark and has a NUL high byte in its first 4 KiB (a
-// space is U+0020; a NUL is never part of UTF-8 or Latin-1 text), or one without a mark where NUL bytes
-// fill the high byte of at least a tenth (and two) of the pairs of its first 4 KiB (Latin text: nearly all;
-// Greek or Cyrillic: its spaces) and ten times fewer low bytes, is
-// rewritten in place as UTF-8 (the mark dropped, an unpaired surrogate as U+FFFD) and its encoding returned:
-// "UTF-16LE" or "UTF-16BE". Anything else is left as it is, and "" returned.
-std::string convert_utf16(std::string& bytes);
+// letter: a file that starts with a UTF-16 byte order mark followed by whole pairs of bytes, or by a NUL high
+// byte in its first 4 KiB (a file cut short), or one without a mark where NUL bytes fill the high byte of at
+// least a tenth (and two) of the pairs of its first 4 KiB (Latin text: nearly all; Greek or Cyrillic: its
+// spaces; a NUL is never part of UTF-8 or Latin-1 text) and ten times fewer low bytes, is rewritten in place
+// as UTF-8 (the mark dropped, an unpaired surrogate as U+FFFD). Chinese, Japanese or Thai UTF-16 without a
+// mark has too few NULs to be told from other bytes: it is left as it is. A Latin-1 file that starts with
+// "ÿþ" and has an even length reads as UTF-16.
+struct Utf16Encoding {
+  std::string name;     // "UTF-16LE" or "UTF-16BE"; empty when the bytes were left as they are
+  bool marked = false;  // told by its byte order mark (else by its NUL bytes)
+  explicit operator bool() const { return !name.empty(); }
+};
+Utf16Encoding convert_utf16(std::string& bytes);
 
 // `bytes` decoded as above and written back as well-formed UTF-8 (for showing a document).
 std::string to_utf8(std::string_view bytes);

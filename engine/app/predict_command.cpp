@@ -185,14 +185,15 @@ std::vector<std::string> read_lines(const std::string& input) {
   std::size_t converted_at = 0;
   std::string head;
   for (int i = 0, c = 0; i < kHeadBytes && (c = stream.sbumpc()) != kEnd; ++i) head += static_cast<char>(c);
-  if (std::string probe = head; !io::convert_utf16(probe).empty()) {
+  if (std::string probe = head; io::convert_utf16(probe)) {
     converted = head;
     for (int c = stream.sbumpc(); c != kEnd; c = stream.sbumpc()) converted += static_cast<char>(c);
-    const std::string encoding = io::convert_utf16(converted);
+    const io::Utf16Encoding encoding = io::convert_utf16(converted);
     head.clear();
     // Said, since a guess from NUL bytes can be wrong (a UTF-8 file with stray NULs).
-    std::fprintf(stderr, "note: %s read as %s (NUL bytes in every other place)\n",
-                 input == "-" ? "stdin" : input.c_str(), encoding.c_str());
+    std::fprintf(stderr, "note: %s read as %s (%s)\n", input == "-" ? "stdin" : input.c_str(),
+                 encoding.name.c_str(),
+                 encoding.marked ? "its byte order mark" : "NUL bytes in every other place");
   }
   std::size_t head_at = 0;
   const bool whole = !converted.empty();
@@ -227,7 +228,10 @@ std::vector<std::string> read_lines(const std::string& input) {
     lines.push_back(std::move(line));
     if (c == kEnd) break;
   }
-  if (lines.empty()) throw UserError(input + ": no documents in it (one document per line)");
+  if (lines.empty()) {
+    throw UserError((input == "-" ? std::string("stdin") : input) +
+                    ": no documents in it (one document per line)");
+  }
   return lines;
 }
 
@@ -328,14 +332,19 @@ int predict_command(const std::vector<std::string>& args) {
   // Blank lines of a file are not documents; a document without a single word gets no score.
   std::vector<std::string> documents = input.empty() ? texts : read_lines(input);
   if (!input.empty()) std::erase_if(documents, [](const std::string& d) { return is_blank(d); });
-  if (documents.empty()) throw UserError(input + ": only blank lines, no documents");
+  if (documents.empty()) {
+    throw UserError((input == "-" ? std::string("stdin") : input) + ": only blank lines, no documents");
+  }
   const LoadedModel model = load_model(o, checkpoint, kCommand);
 
   std::vector<int32_t> tokens;
   std::vector<bool> has_words;
   tokens.reserve(documents.size() * static_cast<size_t>(maxlen));
+  int64_t not_utf8 = 0;
   for (const std::string& document : documents) {
-    has_words.push_back(!io::tokenize(document).empty());
+    bool valid_utf8 = true;
+    has_words.push_back(!io::tokenize(document, &valid_utf8).empty());
+    not_utf8 += valid_utf8 ? 0 : 1;
     const std::vector<int32_t> row = vocabulary.encode(document, maxlen);
     tokens.insert(tokens.end(), row.begin(), row.end());
   }
@@ -373,9 +382,18 @@ int predict_command(const std::vector<std::string>& args) {
   }
   if (unscored > 0) {
     std::fflush(stdout);
-    std::fprintf(stderr,
-                 "note: %s without a single word (only punctuation, symbols or emoji): '-' for its score\n",
-                 unscored == 1 ? "1 document" : (std::to_string(unscored) + " documents").c_str());
+    std::fprintf(
+        stderr,
+        "note: %s without a single word (only punctuation, symbols, emoji or runs of letters over %zu "
+        "bytes): '-' for %s\n",
+        unscored == 1 ? "1 document" : (std::to_string(unscored) + " documents").c_str(), io::kMaxWordBytes,
+        unscored == 1 ? "its score" : "their scores");
+  }
+  if (not_utf8 > 0) {
+    // As prepare text reads such files: said, since a file in another 8-bit encoding reads wrongly.
+    std::fflush(stdout);
+    std::fprintf(stderr, "note: %s not valid UTF-8: bytes that are no UTF-8 read as Windows-1252\n",
+                 not_utf8 == 1 ? "1 document" : (std::to_string(not_utf8) + " documents").c_str());
   }
   return kExitOk;
 }

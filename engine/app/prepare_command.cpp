@@ -105,7 +105,8 @@ int prepare_imdb_npz(const std::vector<std::string>& args) {
 int prepare_text(const std::vector<std::string>& args) {
   io::TextCorpusOptions o;
   std::string progress = "auto";
-  std::string not_classes = "unsup";
+  const std::string default_not_classes = "unsup";
+  std::string not_classes = default_not_classes;
   po::options_description desc("ddptrain prepare text");
   desc.add_options()("help,h", "print this help")("input,i", po::value(&o.input)->required(),
                                                   "folder in the aclImdb layout (train/pos, train/neg, ...)")(
@@ -136,6 +137,7 @@ int prepare_text(const std::vector<std::string>& args) {
     if (end > begin) o.not_classes.push_back(not_classes.substr(begin, end - begin));
     begin = end + 1;
   }
+  o.warn_unmatched_not_classes = not_classes != default_not_classes;
   std::printf("%s\n", io::prepare_text(o).c_str());
   return kExitOk;
 }

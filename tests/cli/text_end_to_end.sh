@@ -41,8 +41,9 @@ for split in train test; do
     review negative >"corpus/$split/neg/${i}_2.txt"
   done
 done
-# Latin-1 bytes (not UTF-8) in a positive review, and an empty file that must be skipped.
-printf '\xff\xfe caf\xe9 great wonderful film, don\x92t miss it\n' >corpus/train/pos/latin1_10.txt
+# Latin-1 bytes (not UTF-8) in a positive review, and an empty file that must be skipped. (A Latin-1 file that
+# starts with "ÿþ", a UTF-16 byte order mark, and has an even length reads as UTF-16: the mark decides.)
+printf 'caf\xe9 \xff\xfe great wonderful film, don\x92t miss it\n' >corpus/train/pos/latin1_10.txt
 : >corpus/train/neg/empty_1.txt
 
 "$ddptrain" prepare text --input corpus --output data.h5 --vocab 100 --maxlen 24 --threads 2 \
@@ -99,9 +100,26 @@ for order in UTF-16LE UTF-16BE UTF-16LE-unmarked; do
   "$ddptrain" predict -c run/best.h5 --device "$device" --input "docs_$order.txt" >"$order.txt" 2>"$order-err.txt" ||
     fail "predict of a $order file failed" "$order.txt" "$order-err.txt"
   cmp -s "$order.txt" stdin.txt || fail "$order changed predict's output" "$order.txt" stdin.txt
-  grep -qF "note: docs_$order.txt read as ${order%-unmarked}" "$order-err.txt" ||
+  case $order in
+    *-unmarked) why="NUL bytes in every other place" ;;
+    *) why="its byte order mark" ;;
+  esac
+  grep -qF "note: docs_$order.txt read as ${order%-unmarked} ($why)" "$order-err.txt" ||
     fail "reading $order is not said" "$order-err.txt"
 done
+# Marked UTF-16 without a single NUL (Chinese, no newline) is UTF-16 by its mark.
+printf '\xff\xfe\xd9\x8f\xe8\x90' >docs_zh.txt
+"$ddptrain" predict -c run/best.h5 --device "$device" --input docs_zh.txt >zh.txt 2>&1 ||
+  fail "predict of marked UTF-16 Chinese failed" zh.txt
+grep -qP '^0\.\d{4}\t这部$' zh.txt && grep -qF "read as UTF-16LE (its byte order mark)" zh.txt ||
+  fail "marked UTF-16 without NULs is not read as UTF-16" zh.txt
+# A document that is no UTF-8 (Latin-1) is scored, and said.
+printf 'excellent caf\xe9\n' >docs_latin1.txt
+"$ddptrain" predict -c run/best.h5 --device "$device" --input docs_latin1.txt >latin1.txt 2>&1 ||
+  fail "predict of a Latin-1 file failed" latin1.txt
+grep -qP '^0\.\d{4}\texcellent café$' latin1.txt &&
+  grep -qF "note: 1 document not valid UTF-8: bytes that are no UTF-8 read as Windows-1252" latin1.txt ||
+  fail "a Latin-1 document is not scored or not said" latin1.txt
 # Lines that end in a lone CR (old Mac files) are documents as any other; one stray NUL in a short UTF-8 file
 # does not make it UTF-16.
 printf 'excellent superb\rterrible dull\r' >docs_cr.txt

@@ -72,7 +72,9 @@ TEST(Tokenizer, MultiByteLettersAndOtherScripts) {
 
 // Case is mapped for every script with one (Unicode's simple mapping), not only the Latin-1 range.
 TEST(Tokenizer, LowerCasesEveryScriptWithCase) {
-  EXPECT_EQ(words_of("ǄEMAL ƁOOK ҐАНОК ԱՐԵՎ ΣΟΦΟΣ"), (Words{"ǆemal", "ɓook", "ґанок", "արեվ", "σοφοσ"}));
+  EXPECT_EQ(words_of("ǄEMAL ƁOOK ҐАНОК ԱՐԵՎ ΣΟΦΟΣ"), (Words{"ǆemal", "ɓook", "ґанок", "արեվ", "σοφος"}));
+  // A σ that ends a word is ς, however the word was cased: one word, not two. A lone Σ is σ.
+  EXPECT_EQ(words_of("ΟΔΟΣ οδος Σ σ"), (Words{"οδος", "οδος", "σ", "σ"}));
 }
 
 // Format characters neither join nor split: a soft hyphen inside a word, a zero-width non-joiner in a
@@ -80,6 +82,8 @@ TEST(Tokenizer, LowerCasesEveryScriptWithCase) {
 TEST(Tokenizer, FormatCharactersAreDropped) {
   EXPECT_EQ(words_of("beau\u00ADtiful \uFEFFstart end\u200E"), (Words{"beautiful", "start", "end"}));
   EXPECT_EQ(words_of("می\u200Cخواهم"), (Words{"میخواهم"}));
+  // The zero-width space is a word boundary, as a space is.
+  EXPECT_EQ(words_of("hello\u200Bworld"), (Words{"hello", "world"}));
 }
 
 // A decomposed letter and its precomposed form are the same word (NFC).
@@ -247,7 +251,9 @@ TEST(Tokenizer, Utf16BecomesUtf8) {
   for (const bool little_endian : {true, false}) {
     for (const bool mark : {true, false}) {
       std::string bytes = utf16(u"Caf\u00e9 don\u2019t \U0001F600 good", little_endian, mark);
-      EXPECT_EQ(convert_utf16(bytes), little_endian ? "UTF-16LE" : "UTF-16BE");
+      const Utf16Encoding encoding = convert_utf16(bytes);
+      EXPECT_EQ(encoding.name, little_endian ? "UTF-16LE" : "UTF-16BE");
+      EXPECT_EQ(encoding.marked, mark);
       EXPECT_EQ(bytes, "Caf\xC3\xA9 don\xE2\x80\x99t \xF0\x9F\x98\x80 good");
       EXPECT_EQ(tokenize(bytes), (Words{"café", "don't", "good"}));
     }
@@ -257,7 +263,7 @@ TEST(Tokenizer, Utf16BecomesUtf8) {
       u"\u043f\u0440\u0438\u0432\u0435\u0442 \u043c\u0438\u0440 \u044d\u0442\u043e "
       u"\u0444\u0438\u043b\u044c\u043c",
       true, false);
-  EXPECT_EQ(convert_utf16(cyrillic), "UTF-16LE");
+  EXPECT_EQ(convert_utf16(cyrillic).name, "UTF-16LE");
   EXPECT_EQ(tokenize(cyrillic), (Words{"привет", "мир", "это", "фильм"}));
   std::string lone = utf16(std::u16string{u'a', char16_t{0xD800}, u'b'}, true, true);
   convert_utf16(lone);
@@ -268,8 +274,18 @@ TEST(Tokenizer, Utf16BecomesUtf8) {
        {std::string("plain text, caf\xC3\xA9"), std::string("caf\xe9"), std::string("x"),
         std::string("a\0b\0c"), std::string("\xff\xfe caf\xe9 great")}) {  // the last: Latin-1 "ÿþ caf..."
     const std::string before = other;
-    EXPECT_EQ(convert_utf16(other), "") << before;
+    EXPECT_EQ(convert_utf16(other).name, "") << before;
     EXPECT_EQ(other, before);
+  }
+  // Marked Chinese without a single NUL (no space, no newline) is UTF-16 by its mark; a mark alone is an
+  // empty text.
+  for (const bool little_endian : {true, false}) {
+    std::string chinese = utf16(u"\u8fd9\u90e8\u7535\u5f71\u5f88\u597d\u770b", little_endian, true);
+    EXPECT_TRUE(convert_utf16(chinese).marked);
+    EXPECT_EQ(tokenize(chinese), (Words{"这", "部", "电影", "很好", "看"}));
+    std::string mark_only = little_endian ? "\xFF\xFE" : "\xFE\xFF";
+    EXPECT_TRUE(convert_utf16(mark_only));
+    EXPECT_EQ(mark_only, "");
   }
 }
 
@@ -468,6 +484,18 @@ TEST(PrepareText, FolderNamesStrayFilesAndAClassThatIsAFile) {
       << message;
 }
 
+// A class folder's or a file's name with a line break or bytes that are no UTF-8 keeps the summary's lines.
+TEST(PrepareText, NamesInTheSummaryStayOnTheirLine) {
+  TempDir dir;
+  const std::filesystem::path corpus = two_class_corpus(dir, "bad", "good");
+  for (const char* split : {"train", "test"}) write_text(corpus / split / "new\nline/a.txt", "fine");
+  write_text(corpus / "train/pos/caf\xe9\n.txt", "");
+  const std::string summary = prepare_text(options_for(dir, "data.h5", 1));
+  EXPECT_NE(summary.find("(1 neg, 1 new\\nline, 1 pos)"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("empty files skipped (no words): 1 (train/pos/café\\n.txt)"), std::string::npos)
+      << summary;
+}
+
 TEST(PrepareText, ClassFolderInOneSplitOnlyIsAnErrorUnlessNamedNoClass) {
   TempDir dir;
   const std::filesystem::path corpus = two_class_corpus(dir, "bad", "good");
@@ -487,6 +515,17 @@ TEST(PrepareText, ClassFolderInOneSplitOnlyIsAnErrorUnlessNamedNoClass) {
   EXPECT_NE(summary.find("train 2 (1 neg, 1 pos), test 2 (1 neg, 1 pos)"), std::string::npos) << summary;
   EXPECT_NE(summary.find("left out: 3 (train/sports, train/unsup, test/Sports)"), std::string::npos)
       << summary;
+  EXPECT_EQ(summary.find("--not-classes names no folder"), std::string::npos) << summary;
+
+  // A name the user gave that no folder has is said: most likely misspelt.
+  options.not_classes = {"unsup", "sports", "Sports", "sprots"};
+  options.warn_unmatched_not_classes = true;
+  std::filesystem::remove(options.output);
+  const std::string misspelt = prepare_text(options);
+  EXPECT_NE(
+      misspelt.find("\nwarning: --not-classes names no folder of train/ or test/ (misspelt?): 1 (sprots)"),
+      std::string::npos)
+      << misspelt;
 
   // A name in not_classes is no class even where both splits hold it.
   options.not_classes = {"unsup", "sports", "Sports", "neg"};
