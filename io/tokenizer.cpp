@@ -6,6 +6,7 @@
 #include <unicode/uscript.h>
 #include <unicode/ustring.h>
 #include <unicode/utf16.h>
+#include <unicode/uversion.h>
 
 #include <algorithm>
 #include <mutex>
@@ -447,6 +448,19 @@ Utf16Encoding convert_utf16(std::string& bytes) {
   }
   bytes = std::move(out);
   return {little_endian ? "UTF-16LE" : "UTF-16BE", start > 0};
+}
+
+std::string unicode_library_version() {
+  const auto text = [](const UVersionInfo version) {
+    char buffer[U_MAX_VERSION_STRING_LENGTH] = {};
+    u_versionToString(version, buffer);
+    return std::string(buffer);
+  };
+  UVersionInfo icu{};
+  u_getVersion(icu);
+  UVersionInfo unicode{};
+  u_getUnicodeVersion(unicode);
+  return "ICU " + text(icu) + ", Unicode " + text(unicode);
 }
 
 std::string to_utf8(std::string_view bytes) {

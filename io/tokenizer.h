@@ -87,6 +87,9 @@ struct Utf16Encoding {
 };
 Utf16Encoding convert_utf16(std::string& bytes);
 
+// The Unicode library whose tables and dictionaries the tokenizer reads: "ICU 72.1, Unicode 15.0".
+std::string unicode_library_version();
+
 // `bytes` decoded as above and written back as well-formed UTF-8 (for showing a document).
 std::string to_utf8(std::string_view bytes);
 

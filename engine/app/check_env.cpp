@@ -64,6 +64,7 @@ std::vector<std::string> report_node(const std::string& host, const std::vector<
   row("HDF5", first.hdf5);
   row("BLAS", first.blas);
   if (!first.blas_hint.empty()) std::printf("    hint: %s\n", first.blas_hint.c_str());
+  row("Unicode", first.unicode + " (the tokenizer's tables and word dictionaries)");
   if (!first.gpus_probed) {
     row("GPUs", "not checked (--device cpu)");
   } else if (widest->gpus.empty()) {

@@ -11,6 +11,7 @@
 
 #include "comm/mpi_check.h"
 #include "engine/base/errors.h"
+#include "io/tokenizer.h"
 #include "models/blas_threads.h"
 
 namespace ddp::engine {
@@ -23,8 +24,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CoreCount, online, allowed)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RankFacts, rank, local_rank, host, visible_devices, device, device_reason,
                                    device_detail, bound_gpu, cuda_built, gpus_probed, why_no_gpu,
                                    why_no_gpu_brief, gpus, peer_rows, versions, mpi, hdf5, blas, blas_hint,
-                                   cores, cores_hint, smoke, self_check_ran, self_check_ok, self_check,
-                                   nccl_check_ran, nccl_check_ok, nccl_check)
+                                   unicode, cores, cores_hint, smoke, self_check_ran, self_check_ok,
+                                   self_check, nccl_check_ran, nccl_check_ok, nccl_check)
 
 namespace {
 
@@ -93,6 +94,7 @@ RankFacts gather_facts(const std::string& device_request) {
   f.hdf5 = hdf5_version();
   f.blas = models::blas_description();
   f.blas_hint = models::blas_kernels_hint();
+  f.unicode = io::unicode_library_version();
   f.cores = core_count();
   f.cores_hint = idle_cores_hint(topology, /*requested_threads=*/0);
   models::set_blas_threads(1);  // a tiny step; ranks of a node must not fight over cores

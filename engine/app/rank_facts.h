@@ -32,6 +32,7 @@ struct RankFacts {
   std::string hdf5;
   std::string blas;
   std::string blas_hint;  // the BLAS runs kernels older than the CPU (models::blas_kernels_hint)
+  std::string unicode;    // the tokenizer's Unicode library (io::unicode_library_version)
   CoreCount cores;
   std::string cores_hint;  // a CPU rank that its binding leaves fewer cores than its share
   SmokeResult smoke;
