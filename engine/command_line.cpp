@@ -1,8 +1,11 @@
 #include "engine/command_line.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <string_view>
+#include <vector>
 
 #include "engine/base/errors.h"
 
@@ -70,6 +73,46 @@ std::string option_error_text(const po::error& e, const std::string& context) {
   return context + copy.what();
 }
 
+namespace {
+
+// Levenshtein's distance between a and b: the fewest insertions, deletions and substitutions.
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string did_you_mean(const po::error& e, const po::options_description& options,
+                         const std::string& prefix) {
+  const auto* unknown = dynamic_cast<const po::unknown_option*>(&e);
+  if (unknown == nullptr) return "";
+  std::string given = unknown->get_option_name();
+  given.erase(0, given.find_first_not_of('-'));
+  std::string closest;
+  std::size_t closest_distance = 3;  // two edits at most: further off is no typo of it
+  for (const auto& option : options.options()) {
+    const std::string& name = option->long_name();
+    if (name.empty()) continue;
+    const std::size_t distance = edit_distance(given, name);
+    if (distance < closest_distance) {
+      closest = name;
+      closest_distance = distance;
+    }
+  }
+  return closest.empty() ? "" : " (did you mean " + prefix + closest + "?)";
+}
+
 void refuse_misread_values(const po::parsed_options& parsed, const po::options_description& options,
                            const std::string& context, const std::string& key_prefix) {
   for (const po::option& given : parsed.options) {
@@ -119,7 +162,7 @@ void store_command_line(const std::vector<std::string>& args, const po::options_
                       "' (commands: train, prepare, predict, evaluate, check-env; options are --name VALUE)");
     }
   } catch (const po::error& e) {
-    throw UserError(option_error_text(e, command + ": "));
+    throw UserError(option_error_text(e, command + ": ") + did_you_mean(e, options, "--"));
   }
 }
 

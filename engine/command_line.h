@@ -14,6 +14,12 @@ namespace ddp::engine {
 // control bytes and bytes that are not UTF-8; a quoted value is cut after 160 characters.
 std::string option_error_text(const boost::program_options::error& e, const std::string& context);
 
+// For an unknown option within two edits of a known one (a typo: train.batch_sze, --vocb): " (did you mean
+// PREFIX + NAME?)"; otherwise "".
+std::string did_you_mean(const boost::program_options::error& e,
+                         const boost::program_options::options_description& options,
+                         const std::string& prefix);
+
 // A value from outside quoted for a message: newlines, tabs, other control bytes, '%' and bytes that are not
 // UTF-8 (a binary file given as a config) escaped (\n, \xNN), cut after 160 characters.
 std::string printable_value(const std::string& value);

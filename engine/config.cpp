@@ -409,6 +409,13 @@ std::vector<std::string> changed_training_settings(const std::string& earlier_in
     if (const std::string value = value_text(field); value != was->second)
       changed.push_back(fmt::format("{} = {} (was {})", key, value, was->second));
   });
+  // More (or fewer) epochs is how a run goes on, but a cosine schedule spans them all: its curve changes.
+  if (const auto was = earlier.find("train.epochs"); now.train.lr_schedule == "cosine" &&
+                                                     was != earlier.end() &&
+                                                     std::to_string(now.train.epochs) != was->second) {
+    changed.push_back(fmt::format("train.epochs = {} (was {}), over which the cosine learning rate falls",
+                                  now.train.epochs, was->second));
+  }
   return changed;
 }
 
@@ -459,16 +466,23 @@ ParsedConfig parse_config(const std::vector<std::string>& args) {
       file.clear();
       file.seekg(0);
     }
-    const std::streampos after_mark = file.tellg();
-    refuse_cut_values(file, path);
-    file.clear();
-    file.seekg(after_mark);
+    // Lines that start with ';' are comments in most INI dialects (Python's configparser, Windows'), not in
+    // the parser's: blanked, so that line numbers stay.
+    std::string text;
+    for (std::string line; std::getline(file, line);) {
+      const std::size_t start = line.find_first_not_of(" \t");
+      text += (start != std::string::npos && line[start] == ';' ? "" : line) + "\n";
+    }
+    std::istringstream lines(text);
+    refuse_cut_values(lines, path);
+    lines.clear();
+    lines.seekg(0);
     try {
-      const po::parsed_options parsed_file = po::parse_config_file(file, keys, /*allow_unregistered=*/false);
+      const po::parsed_options parsed_file = po::parse_config_file(lines, keys, /*allow_unregistered=*/false);
       refuse_misread_values(parsed_file, keys, path + ": ", "");
       po::store(parsed_file, vm);
     } catch (const po::error& e) {
-      throw UserError(option_error_text(e, path + ": "));
+      throw UserError(option_error_text(e, path + ": ") + did_you_mean(e, keys, ""));
     }
   }
   try {

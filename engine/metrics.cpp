@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -93,10 +94,13 @@ std::string to_json(const ResumeEvent& e) {
 }
 
 void append_line(const std::string& path, const std::string& line) {
+  errno = 0;
   std::ofstream out(path, std::ios::app);
   out << line << '\n';
   out.flush();
-  if (!out) throw UserError(path + ": cannot append to this file");
+  if (!out) {
+    throw UserError(path + ": cannot append to this file (" + write_error_reason() + ")");
+  }
 }
 
 bool holds_test_score(const std::string& path, const std::string& run_id) {

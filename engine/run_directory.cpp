@@ -51,7 +51,9 @@ std::string present_results(const RunFiles& files) {
 // the directory must take new files (each checkpoint goes through PATH.tmp, renamed).
 void check_run_outputs(const RunFiles& files) {
   std::error_code ec;
-  for (const std::string& path : files.results()) {
+  std::vector<std::string> written = files.results();
+  written.push_back(files.config());  // rewritten at every start
+  for (const std::string& path : written) {
     for (const std::string& file : {path, path + ".tmp"}) {
       const std::string kind = special_file_kind(file, /*follow_links=*/false);
       const bool appended = file == files.metrics();  // appended to, never replaced
@@ -158,7 +160,13 @@ bool claim_run_directory(const RunFiles& files, const std::string& resume, bool 
   if (resume == "last" && !has_last) {
     throw UserError(files.last() + ": --resume was given but there is no checkpoint to resume from");
   }
-  if (resume == "last" || (resume == "auto" && has_last)) return true;
+  if (resume == "last" || (resume == "auto" && has_last)) {
+    if (overwrite) {
+      std::printf("note: %s is resumed; checkpoint.overwrite = true is for starting afresh and has no say\n",
+                  files.last().c_str());
+    }
+    return true;
+  }
 
   const std::string present = present_results(files);
   if (present.empty()) return false;

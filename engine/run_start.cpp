@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -21,14 +22,22 @@
 namespace ddp::engine {
 namespace {
 
+void write_effective_config(const RunFiles& files, const std::string& config_ini) {
+  errno = 0;
+  std::ofstream out(files.config());
+  out << config_ini;
+  out.flush();
+  if (!out) {
+    throw UserError(files.config() + ": cannot write the effective config (" + write_error_reason() + ")");
+  }
+}
+
 // Rank 0: makes the directory, locks it and claims it for this run; writes the effective config. Returns
 // whether the run continues last.h5.
 bool claim_directory(const Config& config, const RunFiles& files, std::shared_ptr<RunDirectoryLock>& lock) {
   lock = RunDirectoryLock::hold(files);
   const bool resumed = claim_run_directory(files, config.resume, config.checkpoint.overwrite);
-  std::ofstream out(files.config());
-  out << config.to_ini();
-  if (!out) throw UserError(files.config() + ": cannot write the effective config");
+  write_effective_config(files, config.to_ini());
   return resumed;
 }
 
@@ -184,6 +193,10 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
   if (p.seed != config.train.seed) {
     std::printf("note: %s was trained with train.seed = %llu; its data order continues with that seed\n",
                 files.last().c_str(), static_cast<unsigned long long>(p.seed));
+    Config effective = config;
+    effective.train.seed = p.seed;
+    start.config_ini = effective.to_ini();
+    write_effective_config(files, start.config_ini);
   }
   if (p.world_size != trainers || p.batch_size != config.train.batch_size) {
     std::printf(
@@ -269,6 +282,7 @@ RunStart start_run(const Config& config, const RunFiles& files, const io::Datase
     if (!root) return;
     start.record = describe_run(data, plan);
     start.record.mask_padding = config.model.mask_padding;
+    start.config_ini = config.to_ini();
     if (start.resumed) {
       resume_from_checkpoint(config, files, layout, optimizer, trainers.size(), steps_per_epoch, start,
                              rng_states);

@@ -30,7 +30,10 @@ struct RunStart {
   // the batch size of this run. The running sums of an interrupted epoch are rank 0's alone (they are
   // global), so that the next sum over the ranks adds them once.
   TrainingProgress progress;
-  RunRecord record;           // rank 0: what the checkpoints record about the run and its data
+  RunRecord record;  // rank 0: what the checkpoints record about the run and its data
+  // Rank 0: the effective configuration, as config.ini and the checkpoints hold it: a resumed run's
+  // train.seed is the checkpoint's, since its data order continues with that seed.
+  std::string config_ini;
   std::vector<float> params;  // rank 0: the starting parameters (the others': zeros, to be overwritten)
   // Rank 0 of a resumed run: the checkpoint's optimizer state (checked against the config), else none: a
   // fresh run starts from the optimizer's zero state.

@@ -28,11 +28,16 @@ std::vector<std::string> start_log_lines(const RunStartFacts& f, const std::vect
            f.steps_per_epoch == 1 ? "" : "s")});
   switch (f.start) {
     case RunStartFacts::Start::kAlreadyFinished:
-      lines.push_back(
-          fmt::format("{}: run {} already finished its {} epochs (train.epochs = {}): nothing to train; "
-                      "raise train.epochs "
-                      "to train further",
-                      f.checkpoint, f.run_id, f.epochs_done, f.epochs));
+      // train.epochs lowered below what the run trained: it has more than its epochs, perhaps part of one.
+      lines.push_back(fmt::format(
+          "{}: run {} already {} {} epochs{} (train.epochs = {}): nothing to train; raise train.epochs to "
+          "train "
+          "further",
+          f.checkpoint, f.run_id, f.epochs_done == f.epochs ? "finished its" : "trained", f.epochs_done,
+          f.steps_done > 0
+              ? fmt::format(" and {} step{} of the next", f.steps_done, f.steps_done == 1 ? "" : "s")
+              : "",
+          f.epochs));
       break;
     case RunStartFacts::Start::kResumed:
       lines.push_back(fmt::format("resumed from {} (run {}): {} epoch{} and {} step{} done", f.checkpoint,

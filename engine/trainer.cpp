@@ -105,6 +105,7 @@ class TrainingRun::Loop {
       test_score_missing_ = tested[0] == 0.0;
     }
     run_record_ = std::move(start.record);
+    config_ini_ = std::move(start.config_ini);
     host_params_ = std::move(start.params);
     pause_where_the_exchange_has_deadlines();
     updater_->distribute_start(host_params_, start.optimizer ? &*start.optimizer : nullptr);
@@ -160,7 +161,7 @@ class TrainingRun::Loop {
     // Only a run that trained its last epoch just now, or stopped early after training now, or a finished run
     // resumed without its test score (the same answer on every training rank).
     if (plan_.test && (!result.history.empty() || test_score_missing_) &&
-        (progress_.epoch == config_.train.epochs || stopped_early)) {
+        (progress_.epoch >= config_.train.epochs || stopped_early)) {
       watchdog_.enter("scoring best.h5 on the test split");
       score_best_on_test(*plan_.test);
     }
@@ -600,7 +601,7 @@ class TrainingRun::Loop {
       replica_->copy_params_to_host(host_params_);
       writer = std::make_unique<CheckpointWriter>(
           files_.last(), shape_, host_params_, updater_->optimizer_name(), updater_->optimizer_iterations(),
-          progress, config_.to_ini(), run_record_);
+          progress, config_ini_, run_record_);
     });
     updater_->visit_optimizer_state([&](const std::string& name, std::span<const float> values) {
       on_root_or_abort([&] { writer->add_optimizer_buffer(name, values); });
@@ -652,6 +653,7 @@ class TrainingRun::Loop {
 
   bool warned_diverged_ = false;
   const Config& config_;
+  std::string config_ini_;  // rank 0: the effective configuration the checkpoints record (RunStart)
   const Topology& topology_;
   const int job_size_;  // the training ranks and the dedicated parameter servers
   comm::Communicator& comm_;

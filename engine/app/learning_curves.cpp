@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -313,13 +314,15 @@ void write_learning_curves(const std::string& metrics_jsonl, const std::string& 
 
   const std::string tmp_path = svg_path + ".tmp";
   {
+    errno = 0;
     std::ofstream out(tmp_path, std::ios::binary | std::ios::trunc);
     out << svg;
     out.flush();
     if (!out) {
+      const std::string why = write_error_reason();
       std::error_code ignored;
       std::filesystem::remove(tmp_path, ignored);
-      throw UserError(tmp_path + ": cannot write this file");
+      throw UserError(tmp_path + ": cannot write this file (" + why + ")");
     }
   }
   std::error_code ec;

@@ -67,6 +67,18 @@ std::string stop_summary(int64_t epochs_done, int64_t steps_in_epoch, const std:
   return where + ": " + last + " holds the progress; run again with --resume auto to continue";
 }
 
+// After a command's output: a full disk or a closed stdout must not pass for success (the predictions, the
+// evaluation report would be lost without a word).
+int check_stdout_written(int status) {
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  if (flushed && !std::ferror(stdout)) return status;
+  const std::string why = write_error_reason();
+  std::fprintf(stderr, "ddptrain: error: cannot write the output to stdout (%s): it is incomplete\n",
+               why.c_str());
+  return status != kExitOk ? status : kExitUserError;
+}
+
 // `ddptrain` alone: the first lines of --help (how to call it) instead of complaining about a missing key.
 int usage_command(int rank) {
   if (rank != 0) return kExitUserError;
@@ -116,12 +128,14 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
     parsed = std::move(early.parsed);
   });
   if (parsed.action == engine::ConfigAction::kHelp) {
-    if (boot.rank() == 0) std::cout << parsed.help;
-    return kExitOk;
+    if (boot.rank() != 0) return kExitOk;
+    std::cout << parsed.help;
+    return check_stdout_written(kExitOk);
   }
   if (parsed.action == engine::ConfigAction::kVersion) {
-    if (boot.rank() == 0) std::printf("ddptrain %s (commit %s)\n", DDPTRAIN_VERSION, build_commit());
-    return kExitOk;
+    if (boot.rank() != 0) return kExitOk;
+    std::printf("ddptrain %s (commit %s)\n", DDPTRAIN_VERSION, build_commit());
+    return check_stdout_written(kExitOk);
   }
   const engine::Config& config = parsed.config;
 
@@ -253,18 +267,6 @@ int rank_alone_error(const ddp::comm::Communicator& boot, ddp::comm::StallCensus
   return ddp::kExitUserError;
 }
 
-// After a command's output: a full disk or a closed stdout must not pass for success (the predictions, the
-// evaluation report would be lost without a word).
-int check_stdout_written(int status) {
-  errno = 0;
-  const bool flushed = std::fflush(stdout) == 0;
-  if (flushed && !std::ferror(stdout)) return status;
-  const std::string why = errno != 0 ? std::strerror(errno) : "a write failed";
-  std::fprintf(stderr, "ddptrain: error: cannot write the output to stdout (%s): it is incomplete\n",
-               why.c_str());
-  return status != ddp::kExitOk ? status : ddp::kExitUserError;
-}
-
 // The subcommands that run as one plain process, without MPI. Started by a launcher as several processes
 // (the train command's mpirun prefix pasted), the first does the work and the others nothing, rather than
 // every one writing the same file or printing the same lines.
@@ -280,9 +282,9 @@ int run_without_mpi(const std::string& command, const std::vector<std::string>& 
                  command.c_str(), launched, others.c_str());
   }
   try {
-    if (command == "prepare") return check_stdout_written(ddp::engine::prepare_command(args));
-    if (command == "predict") return check_stdout_written(ddp::engine::predict_command(args));
-    return check_stdout_written(ddp::engine::evaluate_command(args));
+    if (command == "prepare") return ddp::check_stdout_written(ddp::engine::prepare_command(args));
+    if (command == "predict") return ddp::check_stdout_written(ddp::engine::predict_command(args));
+    return ddp::check_stdout_written(ddp::engine::evaluate_command(args));
   } catch (const ddp::UserError& e) {
     std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
     return ddp::kExitUserError;

@@ -3,8 +3,10 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace ddp {
@@ -20,6 +22,10 @@ ThrowFatalErrors::ThrowFatalErrors() : previous_(throw_fatal_errors) {
 
 ThrowFatalErrors::~ThrowFatalErrors() {
   throw_fatal_errors = previous_;
+}
+
+std::string write_error_reason() {
+  return errno != 0 ? std::strerror(errno) : "a write failed";
 }
 
 std::string one_line(std::string_view text) {

@@ -28,6 +28,10 @@ constexpr int kExitPreempted = 75;
 // quoting what the user typed or a file held stays one line; past 2000 bytes cut, saying its whole length.
 std::string one_line(std::string_view text);
 
+// Why the last write through a stream failed: strerror(errno) ("No space left on device"), or "a write
+// failed" where the library left errno unset. Set errno to 0 before the write.
+std::string write_error_reason();
+
 class UserError : public std::runtime_error {
  public:
   explicit UserError(const std::string& what) : std::runtime_error(one_line(what)) {}

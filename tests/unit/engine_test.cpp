@@ -92,6 +92,12 @@ TEST(Config, ChangedTrainingSettingsAreNamed) {
   EXPECT_TRUE(changed_training_settings(earlier.to_ini(), earlier).empty());
   // A key the earlier ddptrain did not write is not compared.
   EXPECT_TRUE(changed_training_settings("[train]\nepochs = 2\n", now).empty());
+  // Under a cosine schedule, other epochs are another curve.
+  const Config cosine =
+      parse_config({"--data.path", "x.h5", "--train.lr_schedule", "cosine", "--train.epochs", "9"}).config;
+  EXPECT_EQ(
+      changed_training_settings("[train]\nepochs = 2\nlr_schedule = cosine\n", cosine),
+      (std::vector<std::string>{"train.epochs = 9 (was 2), over which the cosine learning rate falls"}));
 }
 
 // A '#' inside a value would cut it silently (an INI comment): refused naming the line and the key; a '#'
@@ -110,6 +116,16 @@ TEST(Config, AHashInsideAValueIsRefusedNotCut) {
   EXPECT_EQ(c.checkpoint.dir, "runs/exp");
 }
 
+// ';' starts a comment line, as in most INI dialects; the '#' check still names the right line.
+TEST(Config, SemicolonLinesAreComments) {
+  TempDir dir;
+  const std::string ini = write_text(dir, "semi.ini", "; a run\n[data]\n  ; the data\npath = x.h5\n");
+  EXPECT_EQ(parse_config({"--config", ini}).config.data.path, "x.h5");
+  const std::string cut = write_text(dir, "cut.ini", "; one\n; two\n[data]\npath = x#3.h5\n");
+  EXPECT_NE(error_of({"--config", cut}).find(cut + ": line 4: data.path"), std::string::npos)
+      << error_of({"--config", cut});
+}
+
 TEST(Config, StrayWordsAreRefusedNotIgnored) {
   EXPECT_NE(error_of({"bogus"}).find("unexpected argument 'bogus'"), std::string::npos);
   // A value whose key was forgotten.
@@ -123,6 +139,12 @@ TEST(Config, UnknownKeyInFileNamesFileAndKey) {
   const std::string error = error_of({"--config", ini});
   EXPECT_NE(error.find(ini), std::string::npos) << error;
   EXPECT_NE(error.find("train.batchsize"), std::string::npos) << error;
+  // Within two edits of a key: named as a likely typo, in the file and on the command line; further off,
+  // nothing is guessed.
+  EXPECT_NE(error.find("(did you mean train.batch_size?)"), std::string::npos) << error;
+  EXPECT_NE(error_of({"--train.learnig_rate", "1"}).find("(did you mean --train.learning_rate?)"),
+            std::string::npos);
+  EXPECT_EQ(error_of({"--zzz", "1"}).find("did you mean"), std::string::npos);
 }
 
 TEST(Config, UnknownOptionOnCommandLine) {

@@ -77,10 +77,17 @@ TEST(StartLog, WhereTheRunStarts) {
             "resumed from runs/imdb/last.h5 (run 20261124T120000Z-ab12): 1 epoch and 1 step done");
   run.start = RunStartFacts::Start::kAlreadyFinished;
   run.epochs_done = 15;
+  run.steps_done = 0;
   EXPECT_EQ(
       start_log_lines(run, {}).back(),
       "runs/imdb/last.h5: run 20261124T120000Z-ab12 already finished its 15 epochs (train.epochs = 15): "
       "nothing to train; raise train.epochs to train further");
+  // train.epochs lowered below what the run had trained, part of the next epoch included.
+  run.epochs_done = 17;
+  run.steps_done = 12;
+  EXPECT_EQ(start_log_lines(run, {}).back(),
+            "runs/imdb/last.h5: run 20261124T120000Z-ab12 already trained 17 epochs and 12 steps of the next "
+            "(train.epochs = 15): nothing to train; raise train.epochs to train further");
 }
 
 // A shard is named only when its classes differ by more than 5 points and by more than random rows would:
