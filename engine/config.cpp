@@ -248,7 +248,7 @@ void check_values(const Config& c) {
       require(std::isfinite(field) && magnitude <= std::numeric_limits<float>::max() &&
                   (magnitude == 0 || magnitude >= std::numeric_limits<float>::min()),
               full_name(section, name), value_text(field),
-              "must be 0 or a finite number of magnitude 1.2e-38 to 3.4e+38 (a float's range)");
+              "is no number a float holds (finite, of magnitude 1.2e-38 to 3.4e+38, or 0)");
     }
   });
   const std::set<std::string> devices{"cpu", "cuda", "auto"};

@@ -21,11 +21,6 @@ using progress::seconds_text;
 
 constexpr std::chrono::seconds kAutoLineInterval{10};
 
-// A diverged loss is NaN, often with its sign bit set, which would print as "-nan": "nan", as Keras says.
-double shown(double value) {
-  return std::isnan(value) ? std::fabs(value) : value;
-}
-
 }  // namespace
 
 std::string format_epoch_line(const EpochMetrics& m) {
@@ -36,7 +31,8 @@ std::string format_epoch_line(const EpochMetrics& m) {
              "- "
              "{}_acc: {:.4f}",
              m.epoch, m.epochs, m.steps, m.steps == 1 ? "" : "s", resumed, seconds_text(m.epoch_time_s),
-             m.step_time_ms, shown(m.loss), m.acc, m.held_out, shown(m.val_loss), m.held_out, m.val_acc) +
+             m.step_time_ms, nan_unsigned(m.loss), m.acc, m.held_out, nan_unsigned(m.val_loss), m.held_out,
+             m.val_acc) +
          (m.val_macro_f1 >= 0 ? fmt::format(" - {}_macro_f1: {:.4f}", m.held_out, m.val_macro_f1) : "");
 }
 
@@ -68,7 +64,7 @@ std::string to_json(const EpochMetrics& m) {
 std::string format_test_line(const TestMetrics& m) {
   const std::string f1 = m.test_macro_f1 >= 0 ? fmt::format(" - test_macro_f1: {:.4f}", m.test_macro_f1) : "";
   return fmt::format("Test (best.h5, epoch {}) - test_loss: {:.4f} - test_acc: {:.4f}{} ({} samples)",
-                     m.best_epoch, shown(m.test_loss), m.test_acc, f1, m.samples);
+                     m.best_epoch, nan_unsigned(m.test_loss), m.test_acc, f1, m.samples);
 }
 
 std::string to_json(const TestMetrics& m) {
@@ -113,6 +109,10 @@ bool holds_test_score(const std::string& path, const std::string& run_id) {
   return false;
 }
 
+double nan_unsigned(double value) {
+  return std::isnan(value) ? std::fabs(value) : value;
+}
+
 bool stdout_is_terminal() {
   if (isatty(STDOUT_FILENO) == 0) return false;
   if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return true;
@@ -149,13 +149,13 @@ void Progress::update(int64_t step, double loss, double acc) {
     const double eta =
         step > 0 ? elapsed * static_cast<double>(total_ - step) / static_cast<double>(step) : 0;
     fmt::print("\rEpoch {}/{} {}/{} {} - ETA: {} - loss: {:.4f} - acc: {:.4f}\033[K", epoch_, epochs_, step,
-               total_, progress::bar(done), seconds_text(eta), shown(loss), acc);
+               total_, progress::bar(done), seconds_text(eta), nan_unsigned(loss), acc);
     std::fflush(stdout);
     drawn_ = true;
   } else {
     last_draw_ = now;
     fmt::print("Epoch {}/{} - step {}/{} - {} - loss: {:.4f} - acc: {:.4f}\n", epoch_, epochs_, step, total_,
-               seconds_text(elapsed), shown(loss), acc);
+               seconds_text(elapsed), nan_unsigned(loss), acc);
     std::fflush(stdout);
   }
 }

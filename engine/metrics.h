@@ -78,6 +78,10 @@ bool holds_test_score(const std::string& path, const std::string& run_id);
 // process of a rank started by mpirun on the same node); a rank started elsewhere counts as not a terminal.
 bool stdout_is_terminal();
 
+// A diverged loss is NaN, often with its sign bit set, which printf writes as "-nan": the NaN without its
+// sign, written "nan" as Keras does.
+double nan_unsigned(double value);
+
 // Progress within an epoch. Live mode redraws one line with \r at most 10 times a second; line mode prints
 // a plain line every `interval` steps, or with interval 0 about every 10 seconds.
 class Progress {

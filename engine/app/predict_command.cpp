@@ -23,6 +23,7 @@
 #include "engine/classification_report.h"
 #include "engine/command_line.h"
 #include "engine/device.h"
+#include "engine/metrics.h"
 #include "io/batch_source.h"
 #include "io/dataset.h"
 #include "io/text_corpus.h"
@@ -459,7 +460,7 @@ int evaluate_command(const std::vector<std::string>& args) {
   if (stats.confusion.size() == confusion.size()) confusion = stats.confusion;
   const ClassReport report = classification_report(confusion, classes);
   std::printf("test: loss %.4f - accuracy %.4f - macro-F1 %.4f (%lld samples)\n",
-              stats.loss_sum / static_cast<double>(stats.count),
+              nan_unsigned(stats.loss_sum / static_cast<double>(stats.count)),
               static_cast<double>(stats.correct) / static_cast<double>(stats.count), report.macro_f1,
               static_cast<long long>(stats.count));
   const std::vector<std::string>& names =
