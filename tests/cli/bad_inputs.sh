@@ -20,7 +20,7 @@ small=(--data.path d.h5 --model.embedding_dim 8 --train.epochs 1)
 # Keys past any sensible bound, or not finite.
 expect_user_error "threads" "train.threads = 100000" "$ddptrain" "${small[@]}" --train.threads 100000
 expect_user_error "prefetch" "data.prefetch = 100000000" "$ddptrain" "${small[@]}" --data.prefetch 100000000
-expect_user_error "infinite learning rate" "train.learning_rate = inf: must be 0 or a finite number" \
+expect_user_error "infinite learning rate" "train.learning_rate = inf: is no number a float holds" \
   "$ddptrain" "${small[@]}" --train.learning_rate inf
 expect_user_error "learning rate past float" "train.learning_rate" "$ddptrain" "${small[@]}" --train.learning_rate 1e39
 expect_user_error "epsilon below float" "train.epsilon" "$ddptrain" "${small[@]}" --train.epsilon 1e-50
