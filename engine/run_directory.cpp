@@ -153,13 +153,22 @@ bool log_of_a_run_without_checkpoint(const RunFiles& files) {
 
 }  // namespace
 
+[[noreturn]] void throw_nothing_to_resume(const RunFiles& files, const std::string& why) {
+  throw UserError(files.last() + ": --resume was given but there is no checkpoint to resume from" + why);
+}
+
+void refuse_resume_of_missing_directory(const RunFiles& files, const std::string& resume) {
+  std::error_code ec;
+  if (resume == "last" && !fs::exists(files.dir, ec)) {
+    throw_nothing_to_resume(files, " (no folder " + files.dir.string() + ")");
+  }
+}
+
 bool claim_run_directory(const RunFiles& files, const std::string& resume, bool overwrite) {
   check_run_outputs(files);
   std::error_code ec;
   const bool has_last = fs::exists(files.last(), ec);
-  if (resume == "last" && !has_last) {
-    throw UserError(files.last() + ": --resume was given but there is no checkpoint to resume from");
-  }
+  if (resume == "last" && !has_last) throw_nothing_to_resume(files, "");
   if (resume == "last" || (resume == "auto" && has_last)) {
     if (overwrite) {
       std::printf("note: %s is resumed; checkpoint.overwrite = true is for starting afresh and has no say\n",

@@ -49,6 +49,10 @@ class RunDirectoryLock {
 // when --resume last finds nothing to resume. With `overwrite` the old results are removed first.
 bool claim_run_directory(const RunFiles& files, const std::string& resume, bool overwrite);
 
+// --resume last of a directory that does not exist: the same UserError, thrown before the directory's lock
+// makes it, so that a mistyped path leaves nothing behind.
+void refuse_resume_of_missing_directory(const RunFiles& files, const std::string& resume);
+
 // A new run's id: its UTC start time and a random suffix, "20261123T204512Z-3f9a".
 std::string new_run_id();
 // The current UTC time as ISO 8601, "2026-11-23T20:45:12Z".

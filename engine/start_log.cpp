@@ -7,6 +7,14 @@
 #include <numeric>
 
 namespace ddp::engine {
+namespace {
+
+// " and 12 steps of the next": the part of an epoch a run lowered below its epochs had trained.
+std::string steps_of_the_next(int64_t steps) {
+  return steps > 0 ? fmt::format(" and {} step{} of the next", steps, steps == 1 ? "" : "s") : "";
+}
+
+}  // namespace
 
 std::string rank_start_line(const RankStartFacts& f) {
   return fmt::format("rank {}/{} on {} (local rank {}/{}): {} [{}], train rows [{}, {})", f.rank, f.ranks,
@@ -29,15 +37,11 @@ std::vector<std::string> start_log_lines(const RunStartFacts& f, const std::vect
   switch (f.start) {
     case RunStartFacts::Start::kAlreadyFinished:
       // train.epochs lowered below what the run trained: it has more than its epochs, perhaps part of one.
-      lines.push_back(fmt::format(
-          "{}: run {} already {} {} epochs{} (train.epochs = {}): nothing to train; raise train.epochs to "
-          "train "
-          "further",
-          f.checkpoint, f.run_id, f.epochs_done == f.epochs ? "finished its" : "trained", f.epochs_done,
-          f.steps_done > 0
-              ? fmt::format(" and {} step{} of the next", f.steps_done, f.steps_done == 1 ? "" : "s")
-              : "",
-          f.epochs));
+      lines.push_back(
+          fmt::format("{}: run {} already {} {} epochs{} (train.epochs = {}): nothing to train; "
+                      "raise train.epochs to train further",
+                      f.checkpoint, f.run_id, f.epochs_done == f.epochs ? "finished its" : "trained",
+                      f.epochs_done, steps_of_the_next(f.steps_done), f.epochs));
       break;
     case RunStartFacts::Start::kResumed:
       lines.push_back(fmt::format("resumed from {} (run {}): {} epoch{} and {} step{} done", f.checkpoint,

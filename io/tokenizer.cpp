@@ -556,9 +556,12 @@ int32_t Vocabulary::id(std::string_view word) const {
   return it == ids_.end() ? kOovId : it->second;
 }
 
-std::vector<int32_t> Vocabulary::encode(std::string_view text, int maxlen) const {
+std::vector<int32_t> Vocabulary::encode(std::string_view text, int maxlen, std::size_t* words,
+                                        bool* valid_utf8) const {
   std::vector<int32_t> ids;
-  tokenize(text, [&](std::string_view word) { ids.push_back(id(word)); });
+  const bool valid = tokenize(text, [&](std::string_view word) { ids.push_back(id(word)); });
+  if (words != nullptr) *words = ids.size();
+  if (valid_utf8 != nullptr) *valid_utf8 = valid;
   return pad_pre(ids, maxlen);
 }
 

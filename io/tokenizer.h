@@ -118,8 +118,10 @@ class Vocabulary {
   const std::vector<std::string>& words() const { return words_; }
   // The word's id, or kOovId.
   int32_t id(std::string_view word) const;
-  // A document's padded token ids: tokenize, look up, pad_pre.
-  std::vector<int32_t> encode(std::string_view text, int maxlen) const;
+  // A document's padded token ids: tokenize, look up, pad_pre. `words` gets how many words the document
+  // has, `valid_utf8` whether every byte was valid UTF-8 (each when given).
+  std::vector<int32_t> encode(std::string_view text, int maxlen, std::size_t* words = nullptr,
+                              bool* valid_utf8 = nullptr) const;
   // How many words (past the reserved three) tokenize() can never yield, as it lower-cases and splits at
   // spaces and punctuation: a vocabulary written by another tool ("Word", "New York"). `example` gets the
   // first of them.

@@ -189,13 +189,7 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
   watchdog.enter("preparing checkpoint.dir " + config.checkpoint.dir);
   comm::agree_on_errors(boot, [&] {
     if (boot.rank() != 0) return;
-    // Refused before the lock makes the directory: a mistyped path to resume leaves nothing behind.
-    if (std::error_code ec; config.resume == "last" && !std::filesystem::exists(config.checkpoint.dir, ec)) {
-      throw UserError(config.checkpoint.dir +
-                      "/last.h5: --resume was given but there is no checkpoint to "
-                      "resume from (no folder " +
-                      config.checkpoint.dir + ")");
-    }
+    engine::refuse_resume_of_missing_directory({config.checkpoint.dir}, config.resume);
     directory_lock = engine::RunDirectoryLock::hold({config.checkpoint.dir});
   });
   if (!timeline_path.empty()) {

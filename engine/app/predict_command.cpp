@@ -163,6 +163,11 @@ std::vector<float> predict_rows(const LoadedModel& model, const std::vector<int3
   return probabilities;
 }
 
+// --input as messages name it: "-" is stdin.
+std::string input_name(const std::string& input) {
+  return input == "-" ? "stdin" : input;
+}
+
 // The documents of --input: one per line, "-" for stdin.
 std::vector<std::string> read_lines(const std::string& input) {
   std::ifstream file;
@@ -192,8 +197,7 @@ std::vector<std::string> read_lines(const std::string& input) {
     const io::Utf16Encoding encoding = io::convert_utf16(converted);
     head.clear();
     // Said, since a guess from NUL bytes can be wrong (a UTF-8 file with stray NULs).
-    std::fprintf(stderr, "note: %s read as %s (%s)\n", input == "-" ? "stdin" : input.c_str(),
-                 encoding.name.c_str(),
+    std::fprintf(stderr, "note: %s read as %s (%s)\n", input_name(input).c_str(), encoding.name.c_str(),
                  encoding.marked ? "its byte order mark" : "NUL bytes in every other place");
   }
   std::size_t head_at = 0;
@@ -230,8 +234,7 @@ std::vector<std::string> read_lines(const std::string& input) {
     if (c == kEnd) break;
   }
   if (lines.empty()) {
-    throw UserError((input == "-" ? std::string("stdin") : input) +
-                    ": no documents in it (one document per line)");
+    throw UserError(input_name(input) + ": no documents in it (one document per line)");
   }
   return lines;
 }
@@ -334,7 +337,7 @@ int predict_command(const std::vector<std::string>& args) {
   std::vector<std::string> documents = input.empty() ? texts : read_lines(input);
   if (!input.empty()) std::erase_if(documents, [](const std::string& d) { return is_blank(d); });
   if (documents.empty()) {
-    throw UserError((input == "-" ? std::string("stdin") : input) + ": only blank lines, no documents");
+    throw UserError(input_name(input) + ": only blank lines, no documents");
   }
   const LoadedModel model = load_model(o, checkpoint, kCommand);
 
@@ -343,10 +346,11 @@ int predict_command(const std::vector<std::string>& args) {
   tokens.reserve(documents.size() * static_cast<size_t>(maxlen));
   int64_t not_utf8 = 0;
   for (const std::string& document : documents) {
+    std::size_t words = 0;
     bool valid_utf8 = true;
-    has_words.push_back(!io::tokenize(document, &valid_utf8).empty());
+    const std::vector<int32_t> row = vocabulary.encode(document, maxlen, &words, &valid_utf8);
+    has_words.push_back(words > 0);
     not_utf8 += valid_utf8 ? 0 : 1;
-    const std::vector<int32_t> row = vocabulary.encode(document, maxlen);
     tokens.insert(tokens.end(), row.begin(), row.end());
   }
   const std::vector<float> probabilities = predict_rows(model, tokens, maxlen, o.batch_size);

@@ -181,6 +181,15 @@ TEST(Vocabulary, EncodesAsKerasPadSequencesPre) {
   const Vocabulary v(Words{"<pad>", "<start>", "<oov>", "good", "movie"});
   EXPECT_EQ(v.encode("A GOOD movie, good!", 7), (std::vector<int32_t>{0, 0, 1, 2, 3, 4, 3}));
   EXPECT_EQ(v.encode("A GOOD movie, good!", 3), (std::vector<int32_t>{3, 4, 3}));
+  // The document's word count (past what maxlen keeps) and whether it was UTF-8, for predict's notes.
+  std::size_t words = 0;
+  bool valid_utf8 = false;
+  v.encode("A GOOD movie, good!", 3, &words, &valid_utf8);
+  EXPECT_EQ(words, 4u);
+  EXPECT_TRUE(valid_utf8);
+  EXPECT_EQ(v.encode("?! \xe9", 3, &words, &valid_utf8), (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(words, 1u);
+  EXPECT_FALSE(valid_utf8);
 }
 
 // ---------------------------------------------------------------------------------------------------------
