@@ -44,6 +44,9 @@ struct TrainingProgress {
   double loss_sum = 0;       // running sums of the interrupted epoch, over all ranks
   double correct = 0;
   double count = 0;
+  // Not saved: steps the interrupted epoch trained beyond step_in_epoch, where a lowered
+  // train.max_steps_per_epoch (or a smaller batch) left it fewer steps than it had had. For the logs only.
+  int64_t steps_beyond = 0;
 };
 
 // Which run wrote the checkpoint, and on what data.

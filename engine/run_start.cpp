@@ -205,12 +205,10 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
         files.last().c_str(), static_cast<long long>(p.world_size), static_cast<long long>(p.batch_size),
         trainers, config.train.batch_size);
     // The interrupted epoch's samples, counted in this run's steps, so that the epoch still trains on about
-    // one pass of the data (its steps counted in the old ones would train more or less than that, or all
-    // again where they outnumber this run's steps per epoch); at least one step is left to train.
+    // one pass of the data (its steps counted in the old ones would train more or less than that).
     if (p.step_in_epoch > 0 && p.batch_size > 0) {
       const int64_t samples = p.step_in_epoch * p.world_size * p.batch_size;
-      const int64_t steps =
-          std::min(steps_per_epoch - 1, samples / (int64_t{trainers} * config.train.batch_size));
+      const int64_t steps = samples / (int64_t{trainers} * config.train.batch_size);
       const auto steps_text = [](int64_t count, int64_t samples_each) {
         return fmt::format("{} step{} of {}", count, count == 1 ? "" : "s", samples_each);
       };
@@ -231,13 +229,14 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
   refuse_another_runs_best(files, c.run.run_id);
   restore_best(files, p);
   if (data_changed || rows_changed) choose_best_afresh(files, p);
-  // A smaller train.max_steps_per_epoch than the interrupted epoch's steps: that epoch has had its steps, so
-  // it ends after one more (as above, one step is left to train), its metrics over all it trained.
+  // A smaller train.max_steps_per_epoch (or a larger batch) than the interrupted epoch's steps: that epoch
+  // has had its steps, so it ends after one more, its metrics over all it trained.
   if (p.step_in_epoch >= steps_per_epoch) {
     std::printf(
         "note: the interrupted epoch had trained %lld steps, as many as or more than the %lld an epoch "
         "has now: it ends after one more\n",
         static_cast<long long>(p.step_in_epoch), static_cast<long long>(steps_per_epoch));
+    p.steps_beyond = p.step_in_epoch - (steps_per_epoch - 1);
     p.step_in_epoch = steps_per_epoch - 1;
   }
 }
@@ -252,7 +251,8 @@ void broadcast_progress(comm::Communicator& trainers, TrainingProgress& p, bool&
                              resumed ? 1.0 : 0.0,
                              static_cast<double>(p.seed >> 32),
                              static_cast<double>(p.seed & 0xFFFFFFFFu),
-                             static_cast<double>(p.best_epoch)};
+                             static_cast<double>(p.best_epoch),
+                             static_cast<double>(p.steps_beyond)};
   trainers.broadcast(std::span<double>(values), 0);
   p.epoch = static_cast<int64_t>(values[0]);
   p.step_in_epoch = static_cast<int64_t>(values[1]);
@@ -261,6 +261,7 @@ void broadcast_progress(comm::Communicator& trainers, TrainingProgress& p, bool&
   resumed = values[4] != 0.0;
   p.seed = (static_cast<uint64_t>(values[5]) << 32) | static_cast<uint64_t>(values[6]);
   p.best_epoch = static_cast<int64_t>(values[7]);
+  p.steps_beyond = static_cast<int64_t>(values[8]);
 }
 
 }  // namespace

@@ -116,7 +116,7 @@ class TrainingRun::Loop {
     if (resumed_ && !finished_at_start_ && is_root()) {
       watchdog_.enter("writing to checkpoint.dir " + files_.dir.string());
       append_line(files_.metrics(), to_json(ResumeEvent{run_record_.run_id, utc_timestamp(), progress_.epoch,
-                                                        progress_.step_in_epoch}));
+                                                        steps_done_in_epoch()}));
     }
     if (!finished_at_start_) log_class_balance(comm_, data_, plan_.train);  // the same on every rank
     start_gpu_monitor();
@@ -271,7 +271,7 @@ class TrainingRun::Loop {
     run.run_dir = files_.dir.string();
     run.checkpoint = files_.last();
     run.epochs_done = progress_.epoch;
-    run.steps_done = progress_.step_in_epoch;
+    run.steps_done = steps_done_in_epoch();
     run.epochs = config_.train.epochs;
     for (const std::string& line : start_log_lines(run, rank_lines)) std::printf("%s\n", line.c_str());
     std::fflush(stdout);
@@ -379,7 +379,7 @@ class TrainingRun::Loop {
     EpochMetrics m;
     m.epoch = epoch + 1;
     m.epochs = config_.train.epochs;
-    m.steps = steps_per_epoch_;
+    m.steps = steps_per_epoch_ + progress_.steps_beyond;
     m.loss = sums[0] / sums[2];
     m.acc = sums[1] / sums[2];
     m.val_loss = val.loss_sum / static_cast<double>(val.count);
@@ -402,6 +402,7 @@ class TrainingRun::Loop {
 
     progress_.epoch = epoch + 1;
     progress_.step_in_epoch = 0;
+    progress_.steps_beyond = 0;
     const bool best = progress_.epoch == 1 || m.val_loss < progress_.best_val_loss;
     if (best) {
       progress_.best_val_loss = m.val_loss;
@@ -412,6 +413,8 @@ class TrainingRun::Loop {
   }
 
   void beat() { watchdog_.beat(progress_.global_step); }
+
+  int64_t steps_done_in_epoch() const { return progress_.step_in_epoch + progress_.steps_beyond; }
 
   // train.early_stopping_patience epochs without a lower val_loss: the same decision on every rank (the
   // losses are summed over them), said once, and the run goes on to its test score on best.h5.

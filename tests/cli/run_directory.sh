@@ -96,6 +96,19 @@ grep -qF "the interrupted epoch's 320 samples (10 steps of 32) count as 5 steps 
 steps=$(grep -oP "^Epoch 1/1 - \K[0-9]+(?= steps \([0-9]+ after resuming\))" geo2.txt) || fail "no resumed epoch line" geo2.txt
 after=$(grep -oP "^Epoch 1/1 - [0-9]+ steps \(\K[0-9]+(?= after resuming\))" geo2.txt)
 [ "$((steps - after))" -eq 5 ] || fail "the resumed epoch ran $after of its $steps steps, not all but 5" geo2.txt
+# Resumed with a lower train.max_steps_per_epoch than the steps the epoch has trained: it ends after one more
+# step, and the start log, the epoch line and metrics.jsonl count every step it trained.
+capped=("$ddptrain" --checkpoint.dir capped --model.embedding_dim 16 --model.hidden 16 --log.progress lines
+  --data.path data.h5 --train.epochs 1)
+"${capped[@]}" --train.stop_after_steps 10 >cap1.txt 2>&1 || fail "the first part of the epoch" cap1.txt
+"${capped[@]}" --train.max_steps_per_epoch 4 --resume last >cap2.txt 2>&1 ||
+  fail "resume with fewer steps per epoch" cap2.txt
+grep -qF "the interrupted epoch had trained 10 steps, as many as or more than the 4 an epoch has now" cap2.txt ||
+  fail "the lowered step cap is not said" cap2.txt
+grep -qF "0 epochs and 10 steps done" cap2.txt || fail "the start log miscounts the epoch's steps" cap2.txt
+grep -q "^Epoch 1/1 - 11 steps (1 after resuming)" cap2.txt || fail "the epoch line miscounts its steps" cap2.txt
+[ "$(json_field capped/metrics.jsonl steps epoch=1)" = 11 ] && [ "$(json_field capped/metrics.jsonl steps_done event=resume)" = 10 ] ||
+  fail "metrics.jsonl miscounts the resumed epoch's steps" capped/metrics.jsonl
 
 # 4. Overwrite replaces the old run: a new id, only its own lines.
 "${train[@]}" --data.path data.h5 --checkpoint.overwrite true --train.epochs 1 >new.txt 2>&1 || fail "overwrite" new.txt
