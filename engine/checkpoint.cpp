@@ -385,6 +385,7 @@ CheckpointWriter::CheckpointWriter(const std::string& path, const models::ModelS
     io::write_string_attribute(root, "data_fingerprint", run.data_fingerprint);
     io::write_string_attribute(root, "data_plan", run.data_plan);
     io::write_int_attribute(root, "maxlen", run.maxlen);
+    if (!run.tokenizer.empty()) io::write_string_attribute(root, "tokenizer", run.tokenizer);
     // Last of the root's attributes: it covers all of them.
     io::write_int_attribute(root, kHeaderChecksum, std::bit_cast<int64_t>(header_checksum(root, tmp)));
     if (!run.vocabulary.empty()) io::write_string_list(root, "vocab", run.vocabulary);
@@ -567,6 +568,7 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
   c.run.maxlen =
       H5Aexists(root, "maxlen") > 0 ? read_int_in_range(root, path, "maxlen", 0, io::kMaxSequenceLength) : 0;
   c.has_vocabulary = io::link_exists(root, "vocab");
+  c.run.tokenizer = io::read_string_attribute(root, "tokenizer");
 
   Hid group(H5Gopen2(root, "optimizer", H5P_DEFAULT), Hid::Kind::kGroup);
   if (!group.valid()) throw UserError(path + ": checkpoint group /optimizer is missing");

@@ -59,6 +59,7 @@ struct RunRecord {
   std::vector<std::string> vocabulary;   // empty when the dataset had none
   std::vector<std::string> class_names;  // empty when the dataset had none
   bool mask_padding = false;             // the model ran with model.mask_padding: predict must too
+  std::string tokenizer;                 // io::DatasetInfo::tokenizer of the data: "" when not recorded
 };
 
 struct Checkpoint {

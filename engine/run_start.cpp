@@ -50,6 +50,7 @@ RunRecord describe_run(const io::DatasetInfo& data, const io::DataPlan& plan) {
   record.maxlen = data.maxlen;
   if (data.has_vocab) record.vocabulary = io::read_vocabulary(data.path).words();
   record.class_names = data.class_names;
+  record.tokenizer = data.tokenizer;
   return record;
 }
 

@@ -214,6 +214,7 @@ DatasetInfo inspect_dataset(const std::string& path, SplitsNeeded needed) try {
     }
   }
   info.has_vocab = link_exists(file.get(), "/vocab");
+  info.tokenizer = read_string_attribute(file.get(), "tokenizer");
   if (has_attribute(file.get(), "num_classes")) {
     const int64_t classes = read_int_attribute(file.get(), path, "num_classes");
     // Labels are uint8: at most 256 classes.

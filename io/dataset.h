@@ -39,6 +39,7 @@ struct DatasetInfo {
   bool has_vocab = false;
   int num_classes = 2;
   std::vector<std::string> class_names;  // empty when the file has no /classes
+  std::string tokenizer;  // what split the words of /vocab (unicode_library_version()); "" if not recorded
 };
 
 // Class k's name: the file's /classes[k], else the number.

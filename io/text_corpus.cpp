@@ -548,6 +548,8 @@ std::string prepare_text(const TextCorpusOptions& options) {
                        " maxlen=" + std::to_string(options.maxlen) + " seed=" + std::to_string(options.seed);
   if (val_rows > 0) source += " val_rows=" + std::to_string(val_rows);
   writer.write_attribute("source", source);
+  // Another ICU's tables may split a rare character's words differently: predict compares.
+  writer.write_attribute("tokenizer", unicode_library_version());
   writer.commit();
 
   // "train 109 (54 neg, 55 pos)" for each group of rows: the rows of each class, by class id.

@@ -308,12 +308,14 @@ int predict_command(const std::vector<std::string>& args) {
   const Checkpoint checkpoint = read_checkpoint(o.checkpoint, CheckpointParts::kModel);
   int maxlen = checkpoint.run.maxlen;
   std::string vocabulary_file = o.checkpoint;
-  if (!o.data.empty()) {  // given: it must be the model's
+  std::string tokenizer = checkpoint.run.tokenizer;  // what split the vocabulary's words, if recorded
+  if (!o.data.empty()) {                             // given: it must be the model's
     const io::DatasetInfo data = io::inspect_dataset(o.data, io::SplitsNeeded::kTestOnly);
     check_same_vocab(o, checkpoint, data);
     if (!checkpoint.has_vocabulary || maxlen <= 0) {
       maxlen = data.maxlen;
       vocabulary_file = o.data;
+      tokenizer = data.tokenizer;
     }
   } else if (!checkpoint.has_vocabulary || maxlen <= 0) {
     throw UserError(o.checkpoint +
@@ -332,6 +334,13 @@ int predict_command(const std::vector<std::string>& args) {
         "them (a vocabulary `prepare text` did not write)\n",
         unreachable, vocabulary.size() - io::kFirstWordId, vocabulary_file.c_str(),
         one_line(example).c_str());
+  }
+  if (!tokenizer.empty() && tokenizer != io::unicode_library_version()) {
+    std::fprintf(
+        stderr,
+        "note: %s's vocabulary was made by a ddptrain whose words were split with %s; this one splits "
+        "them with %s: a word holding a character that only one of them knows may not match\n",
+        vocabulary_file.c_str(), one_line(tokenizer).c_str(), io::unicode_library_version().c_str());
   }
   // Blank lines of a file are not documents; a document without a single word gets no score.
   std::vector<std::string> documents = input.empty() ? texts : read_lines(input);

@@ -84,6 +84,22 @@ printf 'excellent superb\n\n   \nterrible dull\n?!\n' >docs_with_blanks.txt
 [ "$(grep -c . alone.txt)" -eq 4 ] && grep -qP '^-\t\?!$' alone.txt &&
   grep -qF "note: 1 document without a single word" alone.txt ||
   fail "blank lines or a document without words" alone.txt
+# The checkpoint records which Unicode tables split its vocabulary's words; a vocabulary another ICU split is
+# said on stderr, and the documents still score.
+/usr/bin/python3 - <<'EOF' || fail "the checkpoint does not record its tokenizer"
+import h5py, shutil
+shutil.copy("run/best.h5", "older_icu.h5")
+with h5py.File("older_icu.h5", "r+") as f:
+    recorded = f.attrs["tokenizer"]
+    assert (recorded.decode() if isinstance(recorded, bytes) else recorded).startswith("ICU "), recorded
+    del f.attrs["header_checksum"]  # an edited checkpoint: read without its checksum
+    f.attrs["tokenizer"] = "ICU 1.0, Unicode 1.0"
+EOF
+"$ddptrain" predict -c older_icu.h5 --device "$device" --input docs.txt >older.txt 2>older-err.txt ||
+  fail "predict with another ICU's vocabulary failed" older-err.txt
+cmp -s older.txt stdin.txt || fail "another ICU's vocabulary scored differently" older.txt stdin.txt
+grep -qF "older_icu.h5's vocabulary was made by a ddptrain whose words were split with ICU 1.0, Unicode 1.0" \
+  older-err.txt || fail "another ICU's vocabulary is not said" older-err.txt
 # A file as Windows editors write it (a UTF-8 byte order mark, CRLF line ends) scores and echoes alike.
 printf '\xef\xbb\xbfexcellent superb\r\nterrible dull\r\n' >docs_windows.txt
 "$ddptrain" predict -c run/best.h5 --device "$device" --input docs_windows.txt >windows.txt 2>&1 ||
