@@ -63,6 +63,19 @@ const char* dataset_file_in_progress() {
   return g_file_in_progress;
 }
 
+void check_output_replaceable(const std::string& path, const std::string& command) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) return;
+  try {
+    inspect_dataset(path, SplitsNeeded::kTestOnly);
+  } catch (const UserError& e) {
+    throw UserError(command + ": --output " + path +
+                    " is a file but no dataset, which writing one would replace (" + e.what() +
+                    "): give --output another name");
+  }
+  std::printf("note: %s holds a dataset: the one written now replaces it\n", path.c_str());
+}
+
 void DatasetWriter::release_progress_slot() {
   if (!holds_progress_slot_) return;
   g_file_in_progress[0] = '\0';

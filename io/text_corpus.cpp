@@ -395,6 +395,7 @@ std::string prepare_text(const TextCorpusOptions& options) {
                       ", among the documents: write the dataset outside the corpus's train/ and test/");
     }
   }
+  check_output_replaceable(options.output, "prepare text");
   std::vector<std::string> ignored_folders;
   std::vector<std::string> outside_classes;
   const std::vector<std::string> classes =

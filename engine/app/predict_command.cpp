@@ -2,6 +2,7 @@
 // split, as one process (no MPI) on the CPU or on one GPU.
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <boost/program_options.hpp>
@@ -369,6 +370,13 @@ int predict_command(const std::vector<std::string>& args) {
   const std::vector<std::string>& names = checkpoint.run.class_names;
   // A document without a word gets '-' in every field a score would fill: every line splits the same way.
   const std::string no_score = std::string(classes == 2 ? "-" : "-\t-") + (all_probabilities ? "\t-" : "");
+  // Which class a two-class score is the probability of, for a person reading: the number alone says nothing
+  // of it (class 1 is the second class folder in byte order: "pos" of aclImdb, but "negative" beside
+  // "Positive"). On stderr, so that the lines stay the same for scripts.
+  if (classes == 2 && names.size() == 2 && !all_probabilities && ::isatty(STDERR_FILENO) == 1) {
+    std::fprintf(stderr, "scores are the probability of class 1, %s (class 0: %s)\n",
+                 printed_label(names, 1).c_str(), printed_label(names, 0).c_str());
+  }
   int64_t unscored = 0;
   for (size_t i = 0; i < documents.size(); ++i) {
     if (!has_words[i]) {

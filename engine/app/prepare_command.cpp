@@ -5,6 +5,7 @@
 #include <boost/program_options.hpp>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -46,9 +47,14 @@ void require_in_range(int value, const char* option, const std::string& command,
   }
 }
 
-// Before any work: an empty name would fail only at the end, after the whole corpus was read.
+// Before any work, as each would fail only at the end, after the whole corpus was read: an empty name or a
+// folder's.
 void require_output_named(const std::string& output, const std::string& command) {
   if (output.empty()) throw UserError(command + ": --output is empty: name the dataset file to write");
+  if (output.back() == '/') {
+    throw UserError(command + ": --output " + output + " names a folder: name the dataset file to write (" +
+                    output + "data.h5)");
+  }
 }
 
 int prepare_synthetic(const std::vector<std::string>& args) {
@@ -68,6 +74,7 @@ int prepare_synthetic(const std::vector<std::string>& args) {
                         "ddptrain prepare synthetic --output FILE [options]"))
     return kExitOk;
   require_output_named(o.output, "prepare synthetic");
+  io::check_output_replaceable(o.output, "prepare synthetic");
   if (o.train < 1 || o.test < 1) throw UserError("prepare synthetic: --train and --test must be positive");
   require_in_range(o.maxlen, "--maxlen", "prepare synthetic", 1, io::kMaxSequenceLength);
   const int64_t val_rows = io::val_rows_of("prepare synthetic", o.val_fraction, o.train);
@@ -96,6 +103,7 @@ int prepare_imdb_npz(const std::vector<std::string>& args) {
                         "ddptrain prepare imdb-npz --input imdb.npz --output imdb.h5 [options]"))
     return kExitOk;
   require_output_named(o.output, "prepare imdb-npz");
+  io::check_output_replaceable(o.output, "prepare imdb-npz");
   require_in_range(o.vocab, "--vocab", "prepare imdb-npz", 3, io::kMaxVocabulary);  // ids 0-2 reserved
   require_in_range(o.maxlen, "--maxlen", "prepare imdb-npz", 1, io::kMaxSequenceLength);
   std::printf("%s\n", io::prepare_imdb_npz(o).c_str());

@@ -108,6 +108,19 @@ expect_user_error "a named pipe as --output" "pipe.h5: not a plain file (a named
 ln -s /dev/null null.h5
 "$ddptrain" prepare synthetic --output null.h5 --train 20 --test 5 >/dev/null 2>&1 || fail "a link as --output"
 [ -c /dev/null ] || fail "/dev/null is no longer a device"
+# --output replaces an earlier dataset only (and says so), never a file of another kind, and names a file.
+echo "my notes" >notes.txt
+expect_user_error "a text file as --output" "--output notes.txt is a file but no dataset" \
+  "$ddptrain" prepare synthetic --output notes.txt --train 20 --test 5
+[ "$(cat notes.txt)" = "my notes" ] || fail "prepare replaced a text file"
+cp d.h5 replaced.h5
+"$ddptrain" prepare synthetic --output replaced.h5 --train 20 --test 5 >replaced.txt 2>&1 ||
+  fail "prepare over an earlier dataset" replaced.txt
+grep -qF "note: replaced.h5 holds a dataset: the one written now replaces it" replaced.txt ||
+  fail "replacing a dataset is not said" replaced.txt
+expect_user_error "a folder's name as --output" "--output new_folder/ names a folder" \
+  "$ddptrain" prepare synthetic --output new_folder/ --train 20 --test 5
+[ -e new_folder ] && fail "a refused --output left a folder behind"
 expect_user_error "a named pipe as log.timeline" "log.timeline = $PWD/pipe.h5: not a plain file (a named pipe)" \
   "$ddptrain" "${small[@]}" --checkpoint.dir tl --log.timeline "$PWD/pipe.h5"
 # log.timeline naming the run's own checkpoint, its data or anything but an earlier trace is refused.

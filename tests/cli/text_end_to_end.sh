@@ -70,6 +70,16 @@ p_neg=$(sed -n 2p predict.txt | cut -f1)
 awk -v p="$p_pos" -v n="$p_neg" 'BEGIN { exit !(p > 0.5 && n < 0.5) }' ||
   fail "positive $p_pos, negative $p_neg: not told apart" predict.txt train.txt
 
+# On a terminal a two-class score says which class it is the probability of (on stderr, so never in a file).
+if command -v script >/dev/null; then
+  script -qec "'$ddptrain' predict -c run/best.h5 --device $device --text 'excellent superb'" /dev/null \
+    >terminal.txt 2>&1 || fail "predict on a terminal failed" terminal.txt
+  grep -qF "scores are the probability of class 1, pos (class 0: neg)" terminal.txt ||
+    fail "predict on a terminal does not name class 1" terminal.txt
+else
+  echo "skipped: no script(1) to give predict a terminal"
+fi
+
 # --input: one document per line, from a file or stdin.
 printf 'excellent superb\nterrible dull\n' >docs.txt
 "$ddptrain" predict -c run/best.h5 -d data.h5 --device "$device" --input - <docs.txt >stdin.txt 2>&1 ||

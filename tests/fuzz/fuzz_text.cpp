@@ -62,6 +62,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   io::TextCorpusOptions options;
   options.input = root;
   options.output = fuzz::scratch_dir() / "text.h5";
+  std::filesystem::remove(options.output);  // each input writes a new file, not over the last one's
   options.vocab = in.ConsumeIntegralInRange<int>(4, 12);
   options.maxlen = in.ConsumeIntegralInRange<int>(1, 8);
   options.threads = 1;
