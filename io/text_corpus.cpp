@@ -92,13 +92,17 @@ std::string no_folder(const fs::path& path) {
 
 // The sub-folders of `folder` (not starting with '.'), by name; empty if it is not a folder. Its other
 // entries (a document put beside the class folders) go to `others`, by name.
-std::vector<std::string> sub_folders(const fs::path& folder, std::vector<std::string>& others) {
+std::vector<std::string> sub_folders(const fs::path& folder, std::vector<std::string>& others,
+                                     std::vector<std::string>& hidden) {
   std::vector<std::string> names;
   std::error_code error;
   fs::directory_iterator it(folder, error);
   for (; !error && it != fs::directory_iterator(); it.increment(error)) {
     const std::string name = it->path().filename().string();
-    if (name.starts_with('.')) continue;
+    if (name.starts_with('.')) {
+      hidden.push_back(name);
+      continue;
+    }
     std::error_code type_error;
     (it->is_directory(type_error) ? names : others).push_back(name);
   }
@@ -112,7 +116,8 @@ std::vector<std::string> sub_folders(const fs::path& folder, std::vector<std::st
 // in one split only is an error naming the folder the other split lacks: most likely a class misspelt or not
 // copied, whose documents would otherwise be left out without a word.
 std::vector<std::string> class_folders(const fs::path& root, const std::vector<std::string>& not_classes,
-                                       std::vector<std::string>& ignored, std::vector<std::string>& outside) {
+                                       std::vector<std::string>& ignored, std::vector<std::string>& outside,
+                                       std::vector<std::string>& hidden) {
   for (const int split : {kTrain, kTest}) {
     std::error_code error;
     if (!fs::is_directory(root / kSplitNames[split], error)) {
@@ -125,8 +130,11 @@ std::vector<std::string> class_folders(const fs::path& root, const std::vector<s
   std::vector<std::string> by_split[2];
   for (const int split : {kTrain, kTest}) {
     std::vector<std::string> others;
-    by_split[split] = sub_folders(root / kSplitNames[split], others);
+    std::vector<std::string> hidden_here;
+    by_split[split] = sub_folders(root / kSplitNames[split], others, hidden_here);
     for (const std::string& name : others) outside.push_back(std::string(kSplitNames[split]) + "/" + name);
+    for (const std::string& name : hidden_here)
+      hidden.push_back(std::string(kSplitNames[split]) + "/" + name);
   }
   const std::vector<std::string>& train = by_split[kTrain];
   const std::vector<std::string>& test = by_split[kTest];
@@ -160,8 +168,10 @@ std::vector<std::string> class_folders(const fs::path& root, const std::vector<s
 }
 
 // The documents of one folder, by name; the entries that are no file (a folder, a broken link, a socket) go
-// to `not_files`, for the summary: a corpus that loses documents that way should say so.
-std::vector<fs::path> list_documents(const fs::path& folder, std::vector<fs::path>& not_files) {
+// to `not_files`, and those whose names start with '.' to `hidden`, for the summary: a corpus that loses
+// documents that way should say so.
+std::vector<fs::path> list_documents(const fs::path& folder, std::vector<fs::path>& not_files,
+                                     std::vector<fs::path>& hidden) {
   std::error_code error;
   if (!fs::is_directory(folder, error)) {
     throw UserError(no_folder(folder));
@@ -169,7 +179,10 @@ std::vector<fs::path> list_documents(const fs::path& folder, std::vector<fs::pat
   std::vector<fs::path> files;
   fs::directory_iterator it(folder, error);
   for (; !error && it != fs::directory_iterator(); it.increment(error)) {
-    if (it->path().filename().string().starts_with('.')) continue;
+    if (it->path().filename().string().starts_with('.')) {
+      hidden.push_back(it->path());
+      continue;
+    }
     std::error_code type_error;
     if (it->is_regular_file(type_error)) {  // follows symbolic links
       files.push_back(it->path());
@@ -183,6 +196,7 @@ std::vector<fs::path> list_documents(const fs::path& folder, std::vector<fs::pat
   };
   std::sort(files.begin(), files.end(), by_name);
   std::sort(not_files.begin(), not_files.end(), by_name);
+  std::sort(hidden.begin(), hidden.end(), by_name);
   return files;
 }
 
@@ -398,8 +412,9 @@ std::string prepare_text(const TextCorpusOptions& options) {
   check_output_replaceable(options.output, "prepare text");
   std::vector<std::string> ignored_folders;
   std::vector<std::string> outside_classes;
+  std::vector<std::string> hidden_entries;  // names starting with '.': .git, .DS_Store, a class named .NET
   const std::vector<std::string> classes =
-      class_folders(root, options.not_classes, ignored_folders, outside_classes);
+      class_folders(root, options.not_classes, ignored_folders, outside_classes, hidden_entries);
   const int class_count = static_cast<int>(classes.size());
   // The names as /classes stores them (UTF-8, as HDF5 is told): a folder name that is no UTF-8 (Latin-1
   // "caf\xe9") decoded as documents are; the folders keep their bytes.
@@ -426,11 +441,13 @@ std::string prepare_text(const TextCorpusOptions& options) {
       const fs::path folder = root / kSplitNames[split] / class_name;
       const std::string prefix = std::string(kSplitNames[split]) + "/" + class_name + "/";
       std::vector<fs::path> skipped;
-      for (fs::path& path : list_documents(folder, skipped)) {
+      std::vector<fs::path> hidden;
+      for (fs::path& path : list_documents(folder, skipped, hidden)) {
         std::string name = prefix + path.filename().string();
         files.push_back({std::move(path), std::move(name), split, label});
       }
       for (const fs::path& path : skipped) not_files.push_back(prefix + path.filename().string());
+      for (const fs::path& path : hidden) hidden_entries.push_back(prefix + path.filename().string());
     }
   }
 
@@ -605,12 +622,28 @@ std::string prepare_text(const TextCorpusOptions& options) {
       }
     }
   }
+  // --val-fraction takes random rows: a small class may lose every training row to /val.
+  for (int label = 0; val_rows > 0 && label < class_count; ++label) {
+    const std::size_t documents_of_class = documents[kTrain][static_cast<std::size_t>(label)].size();
+    if (documents_of_class > 0 && std::count(labels[kTrain].begin(), labels[kTrain].begin() + train_rows,
+                                             static_cast<uint8_t>(label)) == 0) {
+      summary += fmt::format(
+          "\nwarning: class {} has no /train row: --val-fraction put {} in /val, so the model cannot learn "
+          "it",
+          one_line(class_names[static_cast<std::size_t>(label)]),
+          documents_of_class == 1 ? std::string("its only training document")
+                                  : fmt::format("all {} of its training documents", documents_of_class));
+    }
+  }
   if (!outside_classes.empty()) {
     summary += "\nentries beside the class folders, no class's documents, left out: " +
                count_and_names(outside_classes);
   }
   if (!ignored_folders.empty()) {
     summary += "\nfolders that are no class (--not-classes), left out: " + count_and_names(ignored_folders);
+  }
+  if (!hidden_entries.empty()) {
+    summary += "\nhidden entries (names starting with '.'), left out: " + count_and_names(hidden_entries);
   }
   if (options.warn_unmatched_not_classes) {
     std::vector<std::string> unmatched;

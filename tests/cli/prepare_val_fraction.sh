@@ -42,6 +42,24 @@ done
 grep -qE "wrote text.h5: train 36 \([0-9]+ neg, [0-9]+ pos\), val 4 \([0-9]+ neg, [0-9]+ pos\), test 40 \(20 neg, 20 pos\)" \
   text.txt || fail "text summary" text.txt
 [ "$(rows text.h5 val/x)" = 4 ] || fail "text: /val/x rows" text.txt
+# A class of one training document loses it to /val with some seeds: exactly then a warning says so.
+mkdir corpus/train/rare corpus/test/rare
+echo "rare film" >corpus/train/rare/1.txt
+echo "rare film" >corpus/test/rare/1.txt
+warned=0
+for seed in 1 2 3 4 5 6 7 8; do
+  "$ddptrain" prepare text --input corpus --output rare.h5 --val-fraction 0.5 --seed $seed >rare.txt 2>&1 ||
+    fail "prepare text with a rare class failed" rare.txt
+  lost=0
+  grep -qE "^wrote rare.h5: train [0-9]+ \([^)]*, 0 rare\)" rare.txt && lost=1
+  said=0
+  grep -qF "warning: class rare has no /train row: --val-fraction put its only training document in /val" rare.txt &&
+    said=1
+  [ "$lost" = "$said" ] || fail "seed $seed: a class without /train rows ($lost) and its warning ($said) disagree" rare.txt
+  warned=$((warned + said))
+done
+[ "$warned" -gt 0 ] || fail "no seed of 8 put the rare class's document in /val: the warning was never tried"
+rm -r corpus/train/rare corpus/test/rare
 
 # Bad fractions: exit 2, one line naming the option, no file.
 bad_fraction() {  # MENTION ARGS...: exit 2 with one line holding MENTION, and no bad.h5

@@ -45,6 +45,11 @@ done
 # starts with "ÿþ", a UTF-16 byte order mark, and has an even length reads as UTF-16: the mark decides.)
 printf 'caf\xe9 \xff\xfe great wonderful film, don\x92t miss it\n' >corpus/train/pos/latin1_10.txt
 : >corpus/train/neg/empty_1.txt
+# Hidden entries (a class folder named .NET, a Finder's .DS_Store) are left out, and the summary says so.
+mkdir corpus/train/.NET corpus/test/.NET
+echo "great wonderful" >corpus/train/.NET/1.txt
+echo "great wonderful" >corpus/test/.NET/1.txt
+echo "great wonderful" >corpus/train/pos/.DS_Store
 
 "$ddptrain" prepare text --input corpus --output data.h5 --vocab 100 --maxlen 24 --threads 2 \
   >prepare.txt 2>&1 || fail "prepare text failed" prepare.txt
@@ -53,6 +58,8 @@ grep -q "empty files skipped (no words): 1 (train/neg/empty_1.txt)" prepare.txt 
   fail "the empty file is not reported" prepare.txt
 grep -q "files not valid UTF-8, decoded leniently.*: 1 (train/pos/latin1_10.txt)" prepare.txt ||
   fail "the Latin-1 file is not reported" prepare.txt
+grep -qF "hidden entries (names starting with '.'), left out: 3 (train/.NET, test/.NET, train/pos/.DS_Store)" \
+  prepare.txt || fail "the hidden entries are not reported" prepare.txt
 
 "$ddptrain" --device "$device" --data.path data.h5 --checkpoint.dir run --model.embedding_dim 16 --model.hidden 16 \
   --train.batch_size 16 --train.epochs 8 --train.learning_rate 0.02 --train.seed 1 --log.progress lines \
