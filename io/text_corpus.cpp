@@ -127,6 +127,12 @@ std::vector<std::string> class_folders(const fs::path& root, const std::vector<s
   const auto is_class = [&](const std::string& name) {
     return std::find(not_classes.begin(), not_classes.end(), name) == not_classes.end();
   };
+  // The list a user would give to leave `name` out as well: the one in force, not only `name`.
+  const auto not_classes_with = [&](const std::string& name) {
+    std::string list;
+    for (const std::string& other : not_classes) list += other + ",";
+    return list + name;
+  };
   std::vector<std::string> by_split[2];
   for (const int split : {kTrain, kTest}) {
     std::vector<std::string> others;
@@ -147,10 +153,11 @@ std::vector<std::string> class_folders(const fs::path& root, const std::vector<s
       if (is_class(name)) {
         const fs::path missing = root / kSplitNames[1 - split] / name;
         std::error_code error;
-        throw UserError(
-            missing.string() + (fs::exists(missing, error) ? ": is not a folder" : ": no such folder") +
-            ", though " + (root / kSplitNames[split] / name).string() +
-            " is one: a class needs a folder in both splits (--not-classes " + name + " leaves it out)");
+        throw UserError(missing.string() +
+                        (fs::exists(missing, error) ? ": is not a folder" : ": no such folder") +
+                        ", though " + (root / kSplitNames[split] / name).string() +
+                        " is one: a class needs a folder in both splits (--not-classes " +
+                        not_classes_with(name) + " leaves it out)");
       }
       ignored.push_back(std::string(kSplitNames[split]) + "/" + name);
     }

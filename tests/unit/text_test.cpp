@@ -518,6 +518,11 @@ TEST(PrepareText, ClassFolderInOneSplitOnlyIsAnErrorUnlessNamedNoClass) {
             std::string::npos)
       << message;
   EXPECT_FALSE(std::filesystem::exists(options.output));
+  // The hint extends the list in force: following it must not bring back a folder it left out.
+  options.not_classes = {"unlabelled", "unsup"};
+  message = user_error_of(options);
+  EXPECT_NE(message.find("(--not-classes unlabelled,unsup,sports leaves it out)"), std::string::npos)
+      << message;
 
   options.not_classes = {"unsup", "sports", "Sports"};
   const std::string summary = prepare_text(options);
