@@ -153,6 +153,17 @@ std::vector<std::string> class_folders(const fs::path& root, const std::vector<s
       if (is_class(name)) {
         const fs::path missing = root / kSplitNames[1 - split] / name;
         std::error_code error;
+        // The same name in other code points (macOS writes "é" as e + U+0301): alike on screen, not in bytes.
+        const std::vector<std::string>& other_split = split == kTrain ? test : train;
+        const auto look_alike =
+            std::find_if(other_split.begin(), other_split.end(),
+                         [&](const std::string& n) { return nfc_form(n) == nfc_form(name); });
+        if (look_alike != other_split.end()) {
+          throw UserError((root / kSplitNames[split] / name).string() + " and " +
+                          (root / kSplitNames[1 - split] / *look_alike).string() +
+                          " are one name written in other Unicode code points (composed and decomposed "
+                          "accents): rename one so that both are written alike");
+        }
         throw UserError(missing.string() +
                         (fs::exists(missing, error) ? ": is not a folder" : ": no such folder") +
                         ", though " + (root / kSplitNames[split] / name).string() +

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -181,14 +182,15 @@ class IcuText {
     ubrk_setText(words_, nullptr, 0, &status);  // the text is the caller's: hold no pointer into it
   }
 
-  // `word` (UTF-8) in Normalization Form C, so that a decomposed "é" (e + U+0301) is the word "é".
-  std::string nfc(std::string_view word) {
+  // `text` (UTF-8) in Normalization Form C, so that a decomposed "é" (e + U+0301) is the word "é"; nothing
+  // where it is not valid UTF-8.
+  std::optional<std::string> nfc(std::string_view text) {
     UErrorCode status = U_ZERO_ERROR;
-    utf16_.resize(word.size());
+    utf16_.resize(text.size());
     int32_t length = 0;
-    u_strFromUTF8(utf16_.data(), static_cast<int32_t>(utf16_.size()), &length, word.data(),
-                  static_cast<int32_t>(word.size()), &status);
-    check(status, "u_strFromUTF8");
+    u_strFromUTF8(utf16_.data(), static_cast<int32_t>(utf16_.size()), &length, text.data(),
+                  static_cast<int32_t>(text.size()), &status);
+    if (U_FAILURE(status)) return std::nullopt;
     // NFC can lengthen a string (a singleton decomposes and composes back differently) by at most 3x.
     normalized_.resize(static_cast<size_t>(length) * 3 + 4);
     const int32_t normalized_length = unorm2_normalize(nfc_, utf16_.data(), length, normalized_.data(),
@@ -294,7 +296,7 @@ class WordSplitter {
     if (word_.empty()) return;
     while (!word_.empty() && word_.back() == '\'') word_.pop_back();
     if (word_needs_nfc_ && !word_.empty() && word_.size() <= 4 * kMaxWordBytes) {
-      word_ = IcuText::for_this_thread().nfc(word_);
+      word_ = *IcuText::for_this_thread().nfc(word_);  // the decoder's words are valid UTF-8
     }
     write_final_sigma(word_);
     emit(word_);
@@ -448,6 +450,11 @@ Utf16Encoding convert_utf16(std::string& bytes) {
   }
   bytes = std::move(out);
   return {little_endian ? "UTF-16LE" : "UTF-16BE", start > 0};
+}
+
+std::string nfc_form(std::string_view text) {
+  std::optional<std::string> normalized = IcuText::for_this_thread().nfc(text);
+  return normalized ? std::move(*normalized) : std::string(text);
 }
 
 std::string unicode_library_version() {

@@ -87,6 +87,10 @@ struct Utf16Encoding {
 };
 Utf16Encoding convert_utf16(std::string& bytes);
 
+// `text` in Unicode's Normalization Form C (a decomposed "é", e + U+0301, composed); text that is not valid
+// UTF-8 comes back as it is.
+std::string nfc_form(std::string_view text);
+
 // The Unicode library whose tables and dictionaries the tokenizer reads: "ICU 72.1, Unicode 15.0".
 std::string unicode_library_version();
 

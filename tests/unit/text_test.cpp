@@ -518,6 +518,17 @@ TEST(PrepareText, ClassFolderInOneSplitOnlyIsAnErrorUnlessNamedNoClass) {
             std::string::npos)
       << message;
   EXPECT_FALSE(std::filesystem::exists(options.output));
+  // A class name written in other code points in the other split (decomposed "é") is said as such.
+  std::filesystem::remove_all(corpus / "train/sports");
+  std::filesystem::remove_all(corpus / "test/Sports");
+  write_text(corpus / "train/caf\xc3\xa9/c.txt", "coffee");
+  write_text(corpus / "test/cafe\xcc\x81/d.txt", "coffee");
+  message = user_error_of(options);
+  EXPECT_NE(message.find("are one name written in other Unicode code points"), std::string::npos) << message;
+  std::filesystem::remove_all(corpus / "train/caf\xc3\xa9");
+  std::filesystem::remove_all(corpus / "test/cafe\xcc\x81");
+  write_text(corpus / "train/sports/c.txt", "goal");
+  write_text(corpus / "test/Sports/d.txt", "goal");
   // The hint extends the list in force: following it must not bring back a folder it left out.
   options.not_classes = {"unlabelled", "unsup"};
   message = user_error_of(options);
