@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <set>
 #include <string_view>
 #include <vector>
 
@@ -140,6 +141,30 @@ void refuse_misread_values(const po::parsed_options& parsed, const po::options_d
   }
 }
 
+namespace {
+
+// A key given twice on the command line takes the later value, as in most tools: a launcher script's own
+// arguments come first and the user's (DDPTRAIN_EXTRA_ARGS) after them. Repeatable options (--text) and
+// words without an option keep every occurrence.
+void keep_the_last_of_each_key(po::parsed_options& parsed) {
+  std::vector<po::option>& given = parsed.options;
+  std::vector<bool> keep(given.size(), true);
+  std::set<std::string> seen;
+  for (std::size_t i = given.size(); i-- > 0;) {
+    const po::option& option = given[i];
+    if (option.position_key != -1 || option.unregistered) continue;
+    const po::option_description* described = parsed.description->find_nothrow(option.string_key, false);
+    if (described == nullptr || described->semantic()->is_composing()) continue;
+    keep[i] = seen.insert(option.string_key).second;
+  }
+  std::vector<po::option> kept;
+  for (std::size_t i = 0; i < given.size(); ++i)
+    if (keep[i]) kept.push_back(given[i]);
+  given = std::move(kept);
+}
+
+}  // namespace
+
 void store_command_line(const std::vector<std::string>& args, const po::options_description& options,
                         po::variables_map& vm, const std::string& command) {
   try {
@@ -152,8 +177,9 @@ void store_command_line(const std::vector<std::string>& args, const po::options_
     // No guessing: Boost would take --train.epoch for --train.epochs, and --train.learn for
     // --train.learning_rate, so a typo could silently set some other key.
     const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
-    const po::parsed_options parsed =
+    po::parsed_options parsed =
         po::command_line_parser(args).options(with_stray).positional(positional).style(style).run();
+    keep_the_last_of_each_key(parsed);
     refuse_misread_values(parsed, options, command + ": ", "--");
     po::store(parsed, vm);
     if (vm.count("ddptrain-stray-words")) {

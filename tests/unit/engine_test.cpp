@@ -72,6 +72,16 @@ TEST(Config, FileThenCommandLineWins) {
   EXPECT_EQ(c.resume, "no");
 }
 
+// A launcher script's own arguments come first, the user's after: a key given twice takes the later value.
+TEST(Config, KeyGivenTwiceOnTheCommandLineTakesTheLater) {
+  const Config c = parse_config({"--data.path", "x.h5", "--comm.backend", "ps", "--train.epochs", "2",
+                                 "--comm.backend", "mpi", "--device=cuda", "--device", "cpu"})
+                       .config;
+  EXPECT_EQ(c.comm.backend, "mpi");
+  EXPECT_EQ(c.device, "cpu");
+  EXPECT_EQ(c.train.epochs, 2);
+}
+
 TEST(Config, ResumeAloneMeansLast) {
   EXPECT_EQ(parse_config({"--data.path", "x.h5", "--resume"}).config.resume, "last");
   EXPECT_EQ(parse_config({"--data.path", "x.h5", "--resume", "auto"}).config.resume, "auto");
