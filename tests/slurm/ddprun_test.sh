@@ -35,6 +35,14 @@ done
 CUDA_VISIBLE_DEVICES='' MPIRUN_ARGS="--oversubscribe --tag-output" \
   expect_command "mpirun -np 2 --bind-to none --oversubscribe --tag-output $ddptrain --a b" -- --a b
 
+# --help: the usage and what ddprun does, on stdout, exit 0.
+"$ddprun" --help >"$work/help.txt" 2>&1 || { echo "FAIL: ddprun --help failed"; cat "$work/help.txt"; exit 1; }
+if ! grep -q "^usage: launch/ddprun" "$work/help.txt" || ! grep -q "MPIRUN_ARGS" "$work/help.txt"; then
+  echo "FAIL: ddprun --help"
+  cat "$work/help.txt"
+  exit 1
+fi
+
 status=0
 "$ddprun" --np 0 -- --config x.ini 2>"$work/err.txt" || status=$?
 if [ "$status" -ne 2 ] || ! grep -q -- "--np 0" "$work/err.txt"; then
