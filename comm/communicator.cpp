@@ -63,7 +63,8 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
     if (request.lazy_update) {
       throw UserError(
           "comm.backend = ps: train.embedding_update = lazy needs an all-reduce backend (mpi or "
-          "nccl); the parameter server exchanges dense gradients");
+          "nccl); the parameter server's optimizer updates every row of its shard, also where a step "
+          "pushed only the rows it touched");
     }
     // comm.ps_servers = 0: colocated where it can serve, else one dedicated server.
     std::string why_dedicated;

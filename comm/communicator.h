@@ -152,7 +152,7 @@ struct BackendRequest {
   int ps_servers = 0;
   bool ps_async = false;  // comm.ps_mode = async
   // The optimizer updates only the rows of a sparse matrix that a step touched (lazy embedding updates):
-  // it needs the all-reduce backends, since the parameter server exchanges dense gradients.
+  // it needs the all-reduce backends, since the parameter server's optimizer updates every row of its shard.
   bool lazy_update = false;
 };
 

@@ -416,16 +416,17 @@ class TrainingRun::Loop {
 
   int64_t steps_done_in_epoch() const { return progress_.step_in_epoch + progress_.steps_beyond; }
 
-  // train.early_stopping_patience epochs without a lower val_loss: the same decision on every rank (the
+  // train.early_stopping_patience epochs without a lower held-out loss (val_loss, or test_loss where
+  // data.validation = test): the same decision on every rank (the
   // losses are summed over them), said once, and the run goes on to its test score on best.h5.
   bool early_stop() {
     if (!patience_spent()) return false;
     const int patience = config_.train.early_stopping_patience;
     if (is_root()) {
       std::printf(
-          "early stopping: val_loss has not improved for %lld epoch(s) since epoch %lld "
+          "early stopping: %s_loss has not improved for %lld epoch(s) since epoch %lld "
           "(train.early_stopping_patience = %d); best.h5 holds epoch %lld\n",
-          static_cast<long long>(progress_.epoch - progress_.best_epoch),
+          plan_.validation.name.c_str(), static_cast<long long>(progress_.epoch - progress_.best_epoch),
           static_cast<long long>(progress_.best_epoch), patience,
           static_cast<long long>(progress_.best_epoch));
       std::fflush(stdout);
