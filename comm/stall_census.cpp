@@ -113,7 +113,7 @@ bool StallCensus::tell_every_rank(const void* data, int count, MPI_Datatype type
   return true;
 }
 
-std::string StallCensus::survey(const std::string& phase, int64_t steps_done, bool ran_late,
+std::string StallCensus::survey(const std::string& phase, int64_t steps_done,
                                 std::chrono::milliseconds listen) {
   if (size_ == 1) return "this rank, the job's only one, is stuck";
   if (!mpi_thread_multiple()) return "";
@@ -156,7 +156,7 @@ std::string StallCensus::survey(const std::string& phase, int64_t steps_done, bo
             [](const StallFacts::Report& a, const StallFacts::Report& b) { return a.rank < b.rank; });
   const int speaker = facts.stalled.front().rank;
   // Another rank speaks for the job and ends it; this one says its own words only if that never happens.
-  if (speaker != rank_ || ran_late) std::this_thread::sleep_for(listen + kSpeakerGrace);
+  if (speaker != rank_) std::this_thread::sleep_for(listen + kSpeakerGrace);
   return describe_stall(facts, speaker);
 }
 

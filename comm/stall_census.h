@@ -41,13 +41,11 @@ class StallCensus {
 
   // Called once, from the watchdog's thread, when this rank has stalled in `phase`: tells every rank and
   // listens for theirs for `listen`. The lowest stalled rank returns describe_stall()'s words at once; any
-  // other, and one whose watchdog `ran_late` (it was stopped itself, and the job is ending it), waits a while
-  // for that rank to end the job and only then returns its own words. In a job of one rank it says that this
-  // rank is stuck. Without
+  // other waits a while for that rank to end the job and only then returns its own words. In a job of one
+  // rank it says that this rank is stuck. Without
   // MPI_THREAD_MULTIPLE (the other thread is inside MPI) or when an MPI call fails it returns "" at once:
   // the watchdog then says what it knows alone.
-  std::string survey(const std::string& phase, int64_t steps_done, bool ran_late,
-                     std::chrono::milliseconds listen);
+  std::string survey(const std::string& phase, int64_t steps_done, std::chrono::milliseconds listen);
 
   // Called once, by a rank about to end the job on an error it met alone (a bad token with data.validate
   // false, met by every rank at its first step): tells every rank and listens for `listen`. True for the

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "engine/base/errors.h"
+#include "engine/base/running_clock.h"
 
 namespace ddp::engine {
 
@@ -21,9 +22,10 @@ void end_the_job(const std::string& reason) {
 
 ProgressWatchdog::ProgressWatchdog(double timeout_s, StallHandler on_stall, HealthCheck health,
                                    std::string timeout_setting)
-    : ProgressWatchdog(timeout_s, std::move(on_stall), std::move(health), std::move(timeout_setting),
-                       Clock::now,
-                       /*watch_in_thread=*/true) {}
+    : ProgressWatchdog(
+          timeout_s, std::move(on_stall), std::move(health), std::move(timeout_setting),
+          [] { return Clock::time_point(RunningClock::now().time_since_epoch()); },
+          /*watch_in_thread=*/true) {}
 
 std::unique_ptr<ProgressWatchdog> ProgressWatchdog::without_thread(double timeout_s, Now now,
                                                                    StallHandler on_stall,
@@ -124,9 +126,7 @@ bool ProgressWatchdog::check_locked(std::unique_lock<std::mutex>& lock) {
         const StallSurvey survey = survey_;
         const std::string phase = phase_;
         lock.unlock();
-        // A check comes every period: later than that and half a second of slack, this rank was not running.
-        const bool ran_late = silent > timeout_ + period_ + std::chrono::milliseconds(500);
-        survey_words = survey(phase, step, ran_late);
+        survey_words = survey(phase, step);
         lock.lock();
       }
       text << ": "
@@ -146,7 +146,11 @@ bool ProgressWatchdog::check_locked(std::unique_lock<std::mutex>& lock) {
 
 void ProgressWatchdog::watch() {
   std::unique_lock<std::mutex> lock(mutex_);
-  while (!wake_.wait_for(lock, period_, [this] { return stopping_; })) {
+  for (;;) {
+    const auto asleep = std::chrono::steady_clock::now();
+    if (wake_.wait_for(lock, period_, [this] { return stopping_; })) return;
+    // Woken far later than asked: this process was stopped meanwhile, and that time is no one's silence.
+    RunningClock::note_wake(period_, std::chrono::steady_clock::now() - asleep);
     if (check_locked(lock)) return;
   }
 }

@@ -35,10 +35,8 @@ class ProgressWatchdog {
   using HealthCheck = std::function<std::optional<std::string>()>;
   // Asked once, on a stall found by silence, with this rank's phase and steps done: what the other ranks
   // say about it (comm/stall_census.h), which replaces "a rank is hung or lost, ..." in the message; "" where
-  // they say nothing. May block (while another rank speaks for the job). `ran_late`: this watchdog noticed
-  // the silence well after the timeout, so this rank was itself stopped or starved (a stopped rank that the
-  // launcher continues to end it), and is the one the others waited for.
-  using StallSurvey = std::function<std::string(const std::string& phase, int64_t steps_done, bool ran_late)>;
+  // they say nothing. May block (while another rank speaks for the job).
+  using StallSurvey = std::function<std::string(const std::string& phase, int64_t steps_done)>;
   // Asked once, on a stall found by silence: what this rank is stuck in, if it knows (a file read that does
   // not return); "" where nothing. Appended to the message.
   using StallDetail = std::function<std::string()>;
@@ -48,7 +46,9 @@ class ProgressWatchdog {
 
   // Starts watching now, in the phase "starting", as if progress had just been made: a thread of its own
   // checks ten times per timeout (at most once a second, at least once a millisecond), so a stall is
-  // reported at most 10% late. `timeout_s` > 0; `timeout_setting` names where it came from, for the message.
+  // reported at most 10% late. Silence is measured on the RunningClock (engine/base/running_clock.h), whose
+  // stopped spells this thread notices: a job stopped and continued (Ctrl-Z, a suspended Slurm job) is no
+  // stall. `timeout_s` > 0; `timeout_setting` names where it came from, for the message.
   ProgressWatchdog(double timeout_s, StallHandler on_stall = {}, HealthCheck health = {},
                    std::string timeout_setting = "comm.timeout_s");
   // The same judgement without the thread, on the time `now` gives: checks happen when check() is called.

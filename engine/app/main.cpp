@@ -355,8 +355,8 @@ int main(int argc, char** argv) {
   auto census = std::make_shared<ddp::comm::StallCensus>(MPI_COMM_WORLD);
   const auto listen = std::chrono::milliseconds(
       static_cast<int64_t>(1000 * std::clamp(watchdog->timeout_s() / 5, 1.0, 10.0)));
-  watchdog->set_stall_survey([census, listen](const std::string& phase, int64_t steps_done, bool ran_late) {
-    return census->survey(phase, steps_done, ran_late, listen);
+  watchdog->set_stall_survey([census, listen](const std::string& phase, int64_t steps_done) {
+    return census->survey(phase, steps_done, listen);
   });
   watchdog->set_stall_detail([] { return ddp::io::guarded_reads_note(std::chrono::steady_clock::now()); });
   int status = ddp::kExitOk;

@@ -26,6 +26,7 @@
 #include "engine/base/json.h"
 #include "engine/base/parallel_loops.h"
 #include "engine/base/progress.h"
+#include "engine/base/running_clock.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/metrics.h"
@@ -785,29 +786,37 @@ TEST(ProgressWatchdog, NamesThePhaseItStalledIn) {
   EXPECT_EQ(reason.find("steps done"), std::string::npos) << reason;
 }
 
-// The other ranks' words (comm/stall_census.h) replace the guess at the end of the message; a watchdog that
-// noticed the silence long after the timeout says so (its rank was stopped itself).
+// The other ranks' words (comm/stall_census.h) replace the guess at the end of the message.
 TEST(ProgressWatchdog, TheSurveysWordsNameTheRank) {
-  for (const auto& [silence, late] : {std::pair{0.3, false}, std::pair{1.5, true}}) {
-    ManualClock clock;
-    std::string reason;
-    auto watchdog =
-        ProgressWatchdog::without_thread(0.2, clock.now(), [&](const std::string& why) { reason = why; });
-    bool asked_late = !late;
-    watchdog->set_stall_survey([&](const std::string& phase, int64_t steps_done, bool ran_late) {
-      asked_late = ran_late;
-      return phase + " after " + std::to_string(steps_done) + ": rank 9 is gone";
-    });
-    watchdog->enter("training");
-    watchdog->beat(7);
-    clock.advance(silence);
-    ASSERT_TRUE(watchdog->check());
-    EXPECT_NE(reason.find(" while training (steps done: 7): training after 7: rank 9 is gone"),
-              std::string::npos)
-        << reason;
-    EXPECT_EQ(reason.find("a rank is hung"), std::string::npos) << reason;
-    EXPECT_EQ(asked_late, late) << silence;
-  }
+  ManualClock clock;
+  std::string reason;
+  auto watchdog =
+      ProgressWatchdog::without_thread(0.2, clock.now(), [&](const std::string& why) { reason = why; });
+  watchdog->set_stall_survey([&](const std::string& phase, int64_t steps_done) {
+    return phase + " after " + std::to_string(steps_done) + ": rank 9 is gone";
+  });
+  watchdog->enter("training");
+  watchdog->beat(7);
+  clock.advance(0.3);
+  ASSERT_TRUE(watchdog->check());
+  EXPECT_NE(reason.find(" while training (steps done: 7): training after 7: rank 9 is gone"),
+            std::string::npos)
+      << reason;
+  EXPECT_EQ(reason.find("a rank is hung"), std::string::npos) << reason;
+}
+
+// A wake far later than the sleep asked for is time the process was stopped: the running clock leaves it
+// out, so a job stopped and continued finds no silence in it. A scheduler's delay is no stop.
+TEST(RunningClock, LeavesOutTheSpellsAProcessWasStopped) {
+  using std::chrono::milliseconds;
+  using std::chrono::seconds;
+  const RunningClock::duration before = RunningClock::stopped_total();
+  EXPECT_EQ(RunningClock::note_wake(seconds(1), milliseconds(1400)), RunningClock::duration::zero());
+  EXPECT_EQ(RunningClock::stopped_total(), before);
+  EXPECT_EQ(RunningClock::note_wake(seconds(1), seconds(4)), seconds(3));
+  EXPECT_EQ(RunningClock::stopped_total() - before, seconds(3));
+  const auto running = RunningClock::now().time_since_epoch();
+  EXPECT_GE(std::chrono::steady_clock::now().time_since_epoch() - running, seconds(3));
 }
 
 // What the rank knows it is stuck in (a file read that does not return) ends the message.
@@ -816,7 +825,7 @@ TEST(ProgressWatchdog, TheRanksOwnDetailEndsTheMessage) {
   std::string reason;
   auto watchdog =
       ProgressWatchdog::without_thread(0.2, clock.now(), [&](const std::string& why) { reason = why; });
-  watchdog->set_stall_survey([](const std::string&, int64_t, bool) { return "rank 1 is hung"; });
+  watchdog->set_stall_survey([](const std::string&, int64_t) { return "rank 1 is hung"; });
   watchdog->set_stall_detail([] { return "this rank has been reading /frozen/imdb.h5 for 0.5 s"; });
   watchdog->enter("reading data.path /frozen/imdb.h5");
   clock.advance(0.5);
