@@ -13,11 +13,13 @@
 #include "comm/mpi_check.h"
 #include "comm/poller.h"
 #include "engine/base/errors.h"
+#include "engine/base/running_clock.h"
 
 namespace ddp::comm {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+// Deadlines on the running clock: a job stopped and continued has no rank to blame for that time.
+using Clock = RunningClock;
 
 // The header rides in the first floats of every message buffer (copied with memcpy, sent as bytes).
 constexpr std::size_t kHeaderFloats = sizeof(PsHeader) / sizeof(float);

@@ -31,12 +31,14 @@
 #include "comm/poller.h"
 #include "engine/base/errors.h"
 #include "engine/base/gradient_clipping.h"
+#include "engine/base/running_clock.h"
 #include "engine/base/timeline.h"
 
 namespace ddp::comm {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+// Deadlines on the running clock: a job stopped and continued has no rank to blame for that time.
+using Clock = RunningClock;
 
 enum class Control : int64_t { kStart = 1, kRun = 2, kNoMore = 3, kAbandon = 4 };
 using ControlMessage = std::array<int64_t, 3>;  // {Control, has_state, iterations}

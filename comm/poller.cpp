@@ -24,7 +24,8 @@ void ask_for_fine_timer_slack() {
 
 }  // namespace
 
-Poller::Poller() : waiting_since_(Clock::now()) {
+Poller::Poller(std::chrono::milliseconds confirm_spell)
+    : waiting_since_(Clock::now()), confirm_spell_(confirm_spell) {
   ask_for_fine_timer_slack();
 }
 
@@ -46,18 +47,22 @@ void Poller::progressed() {
 }
 
 bool Poller::confirm_overdue(bool past_deadline) {
-  overdue_polls_ = past_deadline ? overdue_polls_ + 1 : 0;
-  return overdue_polls_ >= kConfirmPolls;
+  if (!past_deadline) {
+    overdue_polls_ = 0;
+    return false;
+  }
+  if (overdue_polls_++ == 0) overdue_since_ = Clock::now();
+  return overdue_polls_ >= kConfirmPolls && Clock::now() - overdue_since_ >= confirm_spell_;
 }
 
-void wait_or_fatal(std::span<MPI_Request> requests, std::chrono::steady_clock::time_point since,
-                   double timeout_s, const std::function<std::string()>& late_message) {
+void wait_or_fatal(std::span<MPI_Request> requests, RunningClock::time_point since, double timeout_s,
+                   const std::function<std::string()>& late_message) {
   Poller poller;
   for (int done = 0;;) {
     DDP_CHECK_MPI(
         MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
     if (done) return;
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+    const double waited = std::chrono::duration<double>(RunningClock::now() - since).count();
     if (poller.confirm_overdue(waited > timeout_s)) DDP_FATAL(late_message());
     poller.idle();
   }

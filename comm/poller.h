@@ -16,17 +16,21 @@
 #include <span>
 #include <string>
 
+#include "engine/base/running_clock.h"
+
 namespace ddp::comm {
 
 class Poller {
  public:
-  Poller();
+  // `confirm_spell`: how long a deadline must stay past before confirm_overdue() says so (tests shorten it).
+  explicit Poller(std::chrono::milliseconds confirm_spell = kConfirmSpell);
   // Nothing arrived: yield or sleep before the next poll.
   void idle();
   // Something arrived: the next waits start short again.
   void progressed();
-  // True once `past_deadline` has held on kConfirmPolls polls in a row: a rank that was itself stalled
-  // (descheduled, stopped) first drains what arrived meanwhile before it blames another.
+  // True once `past_deadline` has held on kConfirmPolls polls in a row and for the confirm spell: a rank that
+  // was itself stalled (descheduled, stopped) first drains what arrived meanwhile before it blames another,
+  // and a deadline on the RunningClock sees the stopped spell left out once the watchdog's thread noticed it.
   bool confirm_overdue(bool past_deadline);
 
  private:
@@ -36,16 +40,20 @@ class Poller {
   static constexpr std::chrono::microseconds kMaxSleep{50};
   static constexpr std::chrono::microseconds kMaxLongSleep{1000};
   static constexpr int kConfirmPolls = 8;
+  // The watchdog's longest sleep and the slack after which it notices that this process was stopped.
+  static constexpr std::chrono::milliseconds kConfirmSpell{1500};
 
   Clock::time_point waiting_since_;
   std::chrono::microseconds sleep_ = kMinSleep;
+  const std::chrono::milliseconds confirm_spell_;
   int overdue_polls_ = 0;
+  Clock::time_point overdue_since_{};
 };
 
 // Polls `requests` (MPI_Testall, paced by a Poller) until every one is complete. Once more than `timeout_s`
-// has passed since `since` (confirmed over several polls) it ends the job (ddp::fatal) with late_message(),
-// which names what was waited for: the lost rank is named instead of waited for forever.
-void wait_or_fatal(std::span<MPI_Request> requests, std::chrono::steady_clock::time_point since,
-                   double timeout_s, const std::function<std::string()>& late_message);
+// of running time has passed since `since` (confirmed over several polls) it ends the job (ddp::fatal) with
+// late_message(), which names what was waited for: the lost rank is named instead of waited for forever.
+void wait_or_fatal(std::span<MPI_Request> requests, RunningClock::time_point since, double timeout_s,
+                   const std::function<std::string()>& late_message);
 
 }  // namespace ddp::comm
