@@ -44,11 +44,13 @@ void install_stop_signal_handlers() {
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
-  for (int signal_number : {SIGINT, SIGTERM, SIGUSR1}) {
+  // SIGHUP: the terminal or ssh session that started a lone rank closed; its run is checkpointed, not lost.
+  for (int signal_number : {SIGINT, SIGTERM, SIGUSR1, SIGHUP}) {
     struct sigaction previous {};
     if (sigaction(signal_number, nullptr, &previous) != 0) DDP_FATAL("sigaction failed");
-    // A shell starts background jobs with SIGINT ignored so that Ctrl-C reaches only the foreground job.
-    if (signal_number == SIGINT && previous.sa_handler == SIG_IGN) continue;
+    // A shell starts background jobs with SIGINT ignored so that Ctrl-C reaches only the foreground job, and
+    // nohup ignores SIGHUP: what the user asked to ignore stays ignored.
+    if ((signal_number == SIGINT || signal_number == SIGHUP) && previous.sa_handler == SIG_IGN) continue;
     if (sigaction(signal_number, &action, nullptr) != 0) DDP_FATAL("sigaction failed");
   }
 }
@@ -63,6 +65,8 @@ std::string stop_signal_name(int signal_number) {
       return "SIGTERM";
     case SIGUSR1:
       return "SIGUSR1";
+    case SIGHUP:
+      return "SIGHUP";
     default:
       return "signal " + std::to_string(signal_number);
   }

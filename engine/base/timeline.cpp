@@ -54,6 +54,35 @@ void refuse_to_replace(const std::string& path) {
   }
 }
 
+// trace.json's n-th earlier name: trace.<n>.json.
+std::filesystem::path numbered_trace(const std::filesystem::path& path, int n) {
+  std::filesystem::path numbered = path;
+  numbered.replace_filename(path.stem().string() + "." + std::to_string(n) + path.extension().string());
+  return numbered;
+}
+
+// A run that crashed left this rank's part file (its events up to the crash); the resumed run keeps it as
+// trace.<n>.json.rank<R>.part, beside the trace.<n>.json an earlier run that finished leaves, instead of
+// writing over it.
+void keep_crashed_part(const std::string& path, int rank) {
+  namespace fs = std::filesystem;
+  const std::string part_name = ".rank" + std::to_string(rank) + ".part";
+  std::error_code error;
+  if (!fs::exists(fs::symlink_status(path + part_name, error))) return;
+  for (int n = 1;; ++n) {
+    const std::string kept = numbered_trace(path, n).string() + part_name;
+    if (fs::exists(fs::symlink_status(kept, error)) ||
+        fs::exists(fs::symlink_status(numbered_trace(path, n), error)))
+      continue;
+    fs::rename(path + part_name, kept, error);
+    if (error) {
+      throw UserError("log.timeline = " + path + ": cannot keep the crashed run's " + path + part_name +
+                      " as " + kept + " (" + error.message() + ")");
+    }
+    return;
+  }
+}
+
 class Recorder {
  public:
   std::atomic<bool> on{false};
@@ -77,6 +106,7 @@ class Recorder {
     std::lock_guard<std::mutex> lock(mutex_);
     DDP_CHECK(!on.load());
     refuse_to_replace(path);
+    keep_crashed_part(path, rank);
     rank_ = rank;
     origin_ = Clock::now();
     part_path_ = path + ".rank" + std::to_string(rank) + ".part";
@@ -254,10 +284,11 @@ std::string keep_earlier_trace(const std::string& path) {
   if (!fs::exists(fs::symlink_status(path, error))) return "";
   const fs::path original(path);
   for (int n = 1;; ++n) {
-    fs::path numbered = original;
-    numbered.replace_filename(original.stem().string() + "." + std::to_string(n) +
-                              original.extension().string());
-    if (fs::exists(fs::symlink_status(numbered, error))) continue;
+    const fs::path numbered = numbered_trace(original, n);
+    // A crashed run's parts may hold that number already (keep_crashed_part).
+    if (fs::exists(fs::symlink_status(numbered, error)) ||
+        fs::exists(fs::symlink_status(numbered.string() + ".rank0.part", error)))
+      continue;
     fs::rename(original, numbered, error);
     if (error) {
       throw UserError("log.timeline = " + path + ": cannot keep the earlier trace as " + numbered.string() +

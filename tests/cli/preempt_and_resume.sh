@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Preemption: a stop signal mid-run makes every rank stop at a step boundary with last.h5 written and exit
 # 75; `--resume auto` then finishes the run with the same result as a run never interrupted.
-#   1. all-reduce, 2 ranks: SIGTERM to rank 1 alone (the other rank learns it through the agreement)
+#   1. all-reduce, 2 ranks: SIGTERM to rank 1 alone (the other rank learns it through the agreement), and
+#      SIGHUP (a closed terminal) the same way
 #   2. the colocated parameter server, 3 ranks: SIGUSR1 to mpirun, which forwards it to every rank
 #   3. a dedicated parameter server (rank 2), 3 ranks: SIGTERM to worker rank 1 alone
 #   4. the same with SIGTERM to the server alone (not among the ranks that agree: its replies tell them)
@@ -76,6 +77,7 @@ run_case() {  # name, ranks, backend, signal, target (mpirun or rankN), [comm.ps
 }
 
 run_case allreduce 2 mpi TERM rank1
+run_case allreduce-hangup 2 mpi HUP rank1
 run_case ps-colocated 3 ps USR1 mpirun
 run_case ps-dedicated 3 ps TERM rank1 1
 run_case ps-dedicated-server 3 ps TERM rank2 1

@@ -108,4 +108,16 @@ grep -qF "timeline: busy/trace.json (the earlier trace there is now busy/trace.1
   { echo "FAIL: the kept trace is not said"; cat resumed.txt; exit 1; }
 cmp -s busy/trace.1.json first-part.json || { echo "FAIL: the first part's trace was not kept as it was"; exit 1; }
 check busy/trace.json 2 forward backward step
+
+# A run that crashed leaves its part files; the run that resumes keeps them under a number of their own.
+for rank in 0 1; do echo "events of a crashed rank $rank" >"busy/trace.json.rank$rank.part"; done
+mpirun -np 2 "$ddptrain" "${common[@]:0:6}" --train.epochs 4 "${common[@]:8}" --comm.backend mpi --checkpoint.dir busy --resume \
+  --log.timeline trace.json >after-crash.txt 2>&1 || { echo "FAIL: the run after a crash"; cat after-crash.txt; exit 1; }
+for rank in 0 1; do
+  [ "$(cat "busy/trace.2.json.rank$rank.part" 2>/dev/null)" = "events of a crashed rank $rank" ] ||
+    { echo "FAIL: the crashed run's part of rank $rank was not kept"; ls busy; exit 1; }
+done
+grep -qF "timeline: busy/trace.json (the earlier trace there is now busy/trace.3.json)" after-crash.txt ||
+  { echo "FAIL: the earlier trace took a crashed run's number"; cat after-crash.txt; ls busy; exit 1; }
+check busy/trace.json 2 forward backward step
 echo PASS
