@@ -226,10 +226,18 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
   }
   // Parameter servers do not see the workers' stop: the training ranks' values (the same on each) win over
   // the servers' zeros, so every rank exits alike and rank 0 can say where the run stopped and why.
-  int64_t stop[4] = {result.stopped_by_signal ? 1 : 0, result.epochs_done, result.steps_done_in_epoch,
-                     result.stop_signal};
-  DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, stop, 4, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
-  if (stop[0] == 0) return kExitOk;
+  // The last is a signal any rank received after the training ranks last agreed on one: during the last
+  // evaluation or the test score, after the last step, where nothing is left to stop.
+  int64_t stop[5] = {result.stopped_by_signal ? 1 : 0, result.epochs_done, result.steps_done_in_epoch,
+                     result.stop_signal, engine::stop_signal_number_received()};
+  DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, stop, 5, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+  if (stop[0] == 0) {
+    if (stop[4] != 0 && boot.rank() == 0) {
+      std::printf("%s came after the last step: the run had finished (nothing to stop or resume)\n",
+                  engine::stop_signal_name(static_cast<int>(stop[4])).c_str());
+    }
+    return kExitOk;
+  }
   const std::string by = engine::stop_signal_name(static_cast<int>(stop[3]));
   // A signal at the last epoch's last step waits for the epoch's end: then there is nothing left to resume.
   if (stop[1] >= config.train.epochs) {
