@@ -417,8 +417,8 @@ class TrainingRun::Loop {
   int64_t steps_done_in_epoch() const { return progress_.step_in_epoch + progress_.steps_beyond; }
 
   // train.early_stopping_patience epochs without a lower held-out loss (val_loss, or test_loss where
-  // data.validation = test): the same decision on every rank (the
-  // losses are summed over them), said once, and the run goes on to its test score on best.h5.
+  // data.validation = test): the same decision on every rank (the losses are summed over them), said once,
+  // and the run goes on to its test score on best.h5.
   bool early_stop() {
     if (!patience_spent()) return false;
     const int patience = config_.train.early_stopping_patience;
