@@ -109,6 +109,17 @@ bool holds_test_score(const std::string& path, const std::string& run_id) {
   return false;
 }
 
+std::string other_run_in_metrics(const std::string& path, const std::string& run_id) {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json object = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!object.is_object()) continue;
+    const std::string id = object.value("run_id", "");
+    if (!id.empty() && id != run_id) return id;
+  }
+  return "";
+}
+
 double nan_unsigned(double value) {
   return std::isnan(value) ? std::fabs(value) : value;
 }

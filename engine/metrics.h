@@ -72,6 +72,9 @@ void append_line(const std::string& path, const std::string& line);
 // Whether the metrics.jsonl at `path` holds the test line (event "test") of run `run_id`: a run stopped while
 // scoring its test split has none, and its resume scores it. Lines that do not parse are passed over.
 bool holds_test_score(const std::string& path, const std::string& run_id);
+// The first run id of a line of metrics.jsonl at `path` other than `run_id` ("" if none, or no file): a
+// checkpoint of another run put in the directory would otherwise add its lines to this one's.
+std::string other_run_in_metrics(const std::string& path, const std::string& run_id);
 
 // Whether stdout reaches a person's terminal. Open MPI hands every rank a pseudo-terminal even when mpirun's
 // own output goes to a file, so under Open MPI the answer comes from the launcher's stdout (the parent

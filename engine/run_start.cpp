@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/base/errors.h"
+#include "engine/metrics.h"
 #include "io/dataset_fingerprint.h"
 #include "io/tokenizer.h"
 #include "models/initializers.h"
@@ -228,6 +229,12 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
     rng_states.clear();
   }
   refuse_another_runs_best(files, c.run.run_id);
+  if (const std::string other = other_run_in_metrics(files.metrics(), c.run.run_id);
+      !c.run.run_id.empty() && !other.empty()) {
+    throw UserError(files.metrics() + " holds the lines of run " + other + ", not of run " + c.run.run_id +
+                    " that " + files.last() +
+                    " continues: move it out of the directory (the run then starts " + "a new one)");
+  }
   restore_best(files, p);
   if (data_changed || rows_changed) choose_best_afresh(files, p);
   // A smaller train.max_steps_per_epoch (or a larger batch) than the interrupted epoch's steps: that epoch

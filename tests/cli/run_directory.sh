@@ -177,6 +177,12 @@ cp linked/best.h5 busy/best.h5
 expect_user_error "another run's best.h5" "not by run $(grep -oP '^run \K\S+' busy.txt) that busy/last.h5 continues" \
   "${busy[@]}" --train.epochs 3 --resume auto --model.dropout 0.25
 rm busy/best.h5
+# So is another run's last.h5: its lines would join this run's in metrics.jsonl.
+cp busy/last.h5 busy-last.h5
+cp linked/last.h5 busy/last.h5
+expect_user_error "another run's last.h5" "busy/metrics.jsonl holds the lines of run $(grep -oP '^run \K\S+' busy.txt), not of run" \
+  "${busy[@]}" --train.epochs 3 --resume auto --model.dropout 0.25
+mv busy-last.h5 busy/last.h5
 "${busy[@]}" --train.epochs 3 --resume auto --model.dropout 0.25 >busy-third.txt 2>&1 ||
   fail "resume without the foreign best.h5" busy-third.txt
 grep -q "^Test (best.h5, epoch 3)" busy-third.txt || fail "the next epoch did not become best.h5" busy-third.txt
