@@ -44,9 +44,11 @@ struct TrainingProgress {
   double loss_sum = 0;       // running sums of the interrupted epoch, over all ranks
   double correct = 0;
   double count = 0;
-  // Not saved: steps the interrupted epoch trained beyond step_in_epoch, where a lowered
-  // train.max_steps_per_epoch (or a smaller batch) left it fewer steps than it had had. For the logs only.
+  // Not saved, for the logs: steps the interrupted epoch trained beyond step_in_epoch, where a lowered
+  // train.max_steps_per_epoch (or a larger batch) left it fewer steps than it had had; and on rank 0 its
+  // steps as the checkpoint counts them, before another batch size or number of ranks converts them.
   int64_t steps_beyond = 0;
+  int64_t checkpoint_step_in_epoch = 0;
 };
 
 // Which run wrote the checkpoint, and on what data.

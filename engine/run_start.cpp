@@ -185,6 +185,7 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
   rng_states = std::move(c.replica_rng_states);
   start.progress = c.progress;
   TrainingProgress& p = start.progress;
+  p.checkpoint_step_in_epoch = p.step_in_epoch;
   if (const std::vector<std::string> changed = changed_training_settings(c.config_ini, config);
       !changed.empty()) {
     std::string list;

@@ -414,7 +414,8 @@ class TrainingRun::Loop {
 
   void beat() { watchdog_.beat(progress_.global_step); }
 
-  int64_t steps_done_in_epoch() const { return progress_.step_in_epoch + progress_.steps_beyond; }
+  // What the checkpoint a run resumed from had done of its epoch (rank 0), in its own steps.
+  int64_t steps_done_in_epoch() const { return progress_.checkpoint_step_in_epoch; }
 
   // train.early_stopping_patience epochs without a lower held-out loss (val_loss, or test_loss where
   // data.validation = test): the same decision on every rank (the losses are summed over them), said once,

@@ -96,6 +96,9 @@ grep -qF "the interrupted epoch's 320 samples (10 steps of 32) count as 5 steps 
 steps=$(grep -oP "^Epoch 1/1 - \K[0-9]+(?= steps \([0-9]+ after resuming\))" geo2.txt) || fail "no resumed epoch line" geo2.txt
 after=$(grep -oP "^Epoch 1/1 - [0-9]+ steps \(\K[0-9]+(?= after resuming\))" geo2.txt)
 [ "$((steps - after))" -eq 5 ] || fail "the resumed epoch ran $after of its $steps steps, not all but 5" geo2.txt
+# The start log and the resume event say what the checkpoint holds, in its own steps.
+grep -qF "0 epochs and 10 steps done" geo2.txt && [ "$(json_field geometry/metrics.jsonl steps_done event=resume)" = 10 ] ||
+  fail "the resume does not say the checkpoint's 10 steps" geo2.txt geometry/metrics.jsonl
 # Resumed with a lower train.max_steps_per_epoch than the steps the epoch has trained: it ends after one more
 # step, and the start log, the epoch line and metrics.jsonl count every step it trained.
 capped=("$ddptrain" --checkpoint.dir capped --model.embedding_dim 16 --model.hidden 16 --log.progress lines
