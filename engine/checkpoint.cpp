@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <new>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "io/damaged_file_guard.h"
 #include "io/dataset.h"
 #include "io/hdf5_util.h"
+#include "models/fma_rate.h"
 
 namespace ddp::engine {
 namespace {
@@ -129,6 +131,7 @@ uint64_t checksum_of(std::span<const float> values) {
 }
 constexpr const char* kChecksum = "checksum";
 constexpr const char* kHeaderChecksum = "header_checksum";
+constexpr const char* kAvx512FmaWide = "avx512_fma_wide";
 
 // Every attribute of the root but the checksum itself, name, kind and value, in name order: a flipped bit in
 // a counter or a model dimension, which no range check can tell from a real value, changes it.
@@ -386,6 +389,9 @@ CheckpointWriter::CheckpointWriter(const std::string& path, const models::ModelS
     io::write_string_attribute(root, "data_plan", run.data_plan);
     io::write_int_attribute(root, "maxlen", run.maxlen);
     if (!run.tokenizer.empty()) io::write_string_attribute(root, "tokenizer", run.tokenizer);
+    // What model.cpu_kernels = auto measured of the core's FMA units: a resume chooses the same kernels.
+    if (const std::optional<bool> wide = models::known_avx512_fma_verdict())
+      io::write_int_attribute(root, kAvx512FmaWide, *wide ? 1 : 0);
     // Last of the root's attributes: it covers all of them.
     io::write_int_attribute(root, kHeaderChecksum, std::bit_cast<int64_t>(header_checksum(root, tmp)));
     if (!run.vocabulary.empty()) io::write_string_list(root, "vocab", run.vocabulary);
@@ -474,6 +480,21 @@ std::string read_checkpoint_run_id(const std::string& path) try {
   return io::read_string_attribute(file.get(), "run_id");
 } catch (const io::Hdf5Error& e) {
   io::throw_unreadable_file(path, e);
+}
+
+std::optional<bool> read_checkpoint_fma_verdict(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return std::nullopt;
+  try {
+    const io::DamagedFileGuard guard(path);
+    std::lock_guard<std::recursive_mutex> lock(io::hdf5_mutex());
+    io::quiet_hdf5_errors();
+    Hid file = io::open_file_readonly(path);
+    if (!io::has_attribute(file.get(), kAvx512FmaWide)) return std::nullopt;
+    return io::read_int_attribute(file.get(), path, kAvx512FmaWide) == 1;
+  } catch (const std::exception&) {
+    return std::nullopt;  // reading the whole checkpoint later says what is wrong with it
+  }
 }
 
 Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -127,6 +128,9 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts = Chec
 
 // The id of the run that wrote the checkpoint at `path` ("" for checkpoints of before run ids). Throws
 // UserError as read_checkpoint() does for a file that is no checkpoint.
+// What model.cpu_kernels = auto measured of the core's FMA units when the run wrote `path`
+// (models/fma_rate.h); nothing where the checkpoint does not say, is absent or cannot be read.
+std::optional<bool> read_checkpoint_fma_verdict(const std::string& path);
 std::string read_checkpoint_run_id(const std::string& path);
 
 }  // namespace ddp::engine

@@ -6,6 +6,8 @@
 // fma_rate_none.cpp (scalar only).
 #pragma once
 
+#include <optional>
+
 namespace ddp::models {
 
 enum class FmaWidth { kScalar, kAvx2, kAvx512 };
@@ -27,6 +29,9 @@ bool avx512_fma_outpaces_avx2();
 // rank whose measurement met another process's load does not run other kernels than the rest. No effect
 // without AVX-512.
 void settle_avx512_fma_outpaces_avx2(bool verdict);
+// The answer this process has, measured or settled, without measuring: nothing before either (and without
+// AVX-512). Checkpoints record it, so that a resumed run chooses the kernels the run it continues chose.
+std::optional<bool> known_avx512_fma_verdict();
 
 namespace detail {
 // The scalar kernel, which every architecture runs.

@@ -21,4 +21,8 @@ bool avx512_fma_outpaces_avx2() {
 
 void settle_avx512_fma_outpaces_avx2(bool /*verdict*/) {}
 
+std::optional<bool> known_avx512_fma_verdict() {
+  return std::nullopt;
+}
+
 }  // namespace ddp::models

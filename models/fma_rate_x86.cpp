@@ -114,6 +114,12 @@ bool avx512_fma_outpaces_avx2() {
   return avx512_verdict.load() == 1;
 }
 
+std::optional<bool> known_avx512_fma_verdict() {
+  const int verdict = avx512_verdict.load();
+  if (verdict < 0) return std::nullopt;
+  return verdict == 1;
+}
+
 void settle_avx512_fma_outpaces_avx2(bool verdict) {
   if (widest_fma() == FmaWidth::kAvx512) avx512_verdict.store(verdict ? 1 : 0);
 }

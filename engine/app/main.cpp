@@ -28,6 +28,7 @@
 #include "engine/base/build_info.h"
 #include "engine/base/errors.h"
 #include "engine/base/timeline.h"
+#include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/preemption.h"
 #include "engine/run_directory.h"
@@ -90,9 +91,22 @@ int usage_command(int rank) {
 
 // model.cpu_kernels = auto picks kernels by measuring the core's FMA units (models/fma_rate.h), which another
 // process's load can disturb on one rank: the ranks that measure vote, the majority's answer holds on every
-// rank, and the job runs one kind of kernels. Collective over MPI_COMM_WORLD.
-void agree_on_fma_units(const engine::Config& config) {
+// rank, and the job runs one kind of kernels. A resumed run takes the answer its checkpoint recorded instead,
+// so that it runs the kernels of the run it continues, and equals it, whatever load its start meets.
+// Collective over MPI_COMM_WORLD.
+void agree_on_fma_units(const engine::Config& config, int rank) {
   const bool votes = config.model.cpu_kernels == "auto" && models::widest_fma() == models::FmaWidth::kAvx512;
+  int64_t recorded = -1;  // rank 0's checkpoint's answer: 0, 1, or -1 for none
+  if (rank == 0 && votes && config.resume != "no") {
+    const engine::RunFiles files{config.checkpoint.dir};
+    if (const std::optional<bool> wide = engine::read_checkpoint_fma_verdict(files.last()))
+      recorded = *wide ? 1 : 0;
+  }
+  DDP_CHECK_MPI(MPI_Bcast(&recorded, 1, MPI_INT64_T, 0, MPI_COMM_WORLD));
+  if (recorded >= 0) {
+    if (votes) models::settle_avx512_fma_outpaces_avx2(recorded == 1);
+    return;
+  }
   int64_t ballot[2] = {votes && models::avx512_fma_outpaces_avx2() ? 1 : 0, votes ? 1 : 0};  // yes, voters
   DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, ballot, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
   if (votes) models::settle_avx512_fma_outpaces_avx2(2 * ballot[0] > ballot[1]);
@@ -142,7 +156,7 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
   watchdog.enter("discovering the topology");
   engine::Topology topology;
   comm::agree_on_errors(boot, [&] { topology = engine::discover_topology(MPI_COMM_WORLD, config.device); });
-  agree_on_fma_units(config);
+  agree_on_fma_units(config, boot.rank());
   const int compute_threads = engine::compute_threads_for(topology, config.train.threads);
   const models::CpuThreadPlan threads = models::plan_cpu_threads(
       compute_threads, models::parse_cpu_kernels(config.model.cpu_kernels, {}, {}, compute_threads));

@@ -6,7 +6,9 @@
 #     have): two runs are equal; for packed and builtin a run on train.threads 2 equals them (each thread's
 #     rows of the batch add up in the order one thread's would; oneDNN's sgemm under onednn_gemm picks its
 #     kernel by the rows each thread hands it, so there another thread count may move the last bit);
-#   - two ranks, the default backend: two runs are equal.
+#   - two ranks, the default backend: two runs are equal;
+#   - a run resumed under auto runs the kernels its checkpoint's run chose (the answer of the measurement of
+#     the core's FMA units that auto makes, recorded in the checkpoint), not what its own start measures.
 # Another kernel family or another number of ranks sums in another order: equal within rounding, not bits.
 #   bash tests/cli/reproducible_runs.sh path/to/ddptrain source-dir
 set -euo pipefail
@@ -69,3 +71,25 @@ for name in ranks-a ranks-b; do
 done
 cmp -s "$(params ranks-a)" "$(params ranks-b)" || fail "two 2-rank runs differ"
 echo "ok: 2 ranks ($(grep -m1 -o '^backend [a-z]*' ranks-a.log)), two runs equal"
+
+# The checkpoint records what auto measured (on AVX-512 cores, where it decides between oneDNN's LSTM and the
+# packed tiles on one thread): flipped there, the resumed run must run the other kernels.
+run auto-1 --train.threads 1
+if /usr/bin/python3 - <<'EOF'; then
+import h5py, shutil, sys
+shutil.copytree("auto-1", "auto-flipped")
+with h5py.File("auto-flipped/last.h5", "r+") as f:
+    if "avx512_fma_wide" not in f.attrs:
+        sys.exit(1)
+    f.attrs["avx512_fma_wide"] = 1 - int(f.attrs["avx512_fma_wide"])
+    del f.attrs["header_checksum"]  # an edited checkpoint: read without its checksum
+EOF
+  run auto-flipped --train.threads 1 --train.epochs 3 --resume
+  kernels_before=$(grep -m1 -o 'cpu, [^[]*' auto-1.log)
+  kernels_after=$(grep -m1 -o 'cpu, [^[]*' auto-flipped.log)
+  [ "$kernels_before" != "$kernels_after" ] ||
+    fail "the resumed run did not take the kernels its checkpoint recorded ($kernels_after both times)" auto-flipped.log
+  echo "ok: a resume takes auto's recorded choice ($kernels_before, then as recorded: $kernels_after)"
+else
+  echo "skip: the checkpoint records no measurement of auto (no AVX-512 here, or no h5py)"
+fi

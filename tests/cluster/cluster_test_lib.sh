@@ -22,14 +22,18 @@ cluster_test_setup() {  # ddptrain, nodes, [rate]
 }
 
 # The training run every cluster test makes (one thread per rank: the nodes share two cores).
+# Named kernels: runs compared with each other must not meet model.cpu_kernels = auto's choice, which measures
+# the core (models/fma_rate.h) and may choose others under another process's load.
 training_args() {  # source dir, run dir, [epochs]
   echo "--config $1/launch/configs/imdb.ini --data.path $shared/data.h5 --checkpoint.dir $2 --device cpu" \
-    "--model.embedding_dim 16 --model.hidden 16 --train.epochs ${3:-2} --train.threads 1 --log.progress lines"
+    "--model.embedding_dim 16 --model.hidden 16 --train.epochs ${3:-2} --train.threads 1 --log.progress lines" \
+    "--model.cpu_kernels builtin"
 }
 
-# The parameters of checkpoint FILE, one number a line.
+# The parameters of checkpoint FILE, one number a line: the dataset's DATA block, not its checksum
+# attribute's, which h5dump prints after it.
 params_of() {  # checkpoint
-  h5dump -m %.9g -y -d /params "$1" | sed -n '/DATA {/,/}/p' | tr -s ', ' '\n' | grep -E '^-?[0-9]'
+  h5dump -m %.9g -y -d /params "$1" | sed -n '/DATA {/,/}/{p;/}/q}' | tr -s ', ' '\n' | grep -E '^-?[0-9]'
 }
 
 # Prints the largest |a - b| between two checkpoints' parameters; fails if their counts differ.

@@ -99,7 +99,8 @@ TEST(StopSignalName, NamesTheStopSignals) {
   EXPECT_EQ(stop_signal_name(SIGINT), "SIGINT");
   EXPECT_EQ(stop_signal_name(SIGTERM), "SIGTERM");
   EXPECT_EQ(stop_signal_name(SIGUSR1), "SIGUSR1");
-  EXPECT_EQ(stop_signal_name(SIGHUP), "signal " + std::to_string(SIGHUP));
+  EXPECT_EQ(stop_signal_name(SIGHUP), "SIGHUP");
+  EXPECT_EQ(stop_signal_name(SIGQUIT), "signal " + std::to_string(SIGQUIT));
 }
 
 }  // namespace

@@ -24,7 +24,9 @@ local_slurm_test_setup
 epochs=4
 "$ddptrain" prepare synthetic --output "$work/data.h5" --train 2000 --test 400 --vocab 300 --maxlen 20 \
   --seed 3 >/dev/null
-args="--data.path $work/data.h5 --model.embedding_dim 16 --model.hidden 16 --train.epochs $epochs"
+# Named kernels: the reference and the preempted run are compared bit for bit, and model.cpu_kernels = auto
+# measures the core, which another job's load can sway.
+args="--data.path $work/data.h5 --model.embedding_dim 16 --model.hidden 16 --train.epochs $epochs --model.cpu_kernels builtin"
 
 # The same training without interruption (plain mpirun, no slowdown): its epochs and final parameters.
 read -r -a arg_list <<<"$args"

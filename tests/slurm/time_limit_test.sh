@@ -22,7 +22,9 @@ local_slurm_test_setup
 epochs=60
 "$ddptrain" prepare synthetic --output "$work/data.h5" --train 1000 --test 200 --vocab 300 --maxlen 20 \
   --seed 3 >/dev/null
-args="--data.path $work/data.h5 --data.validation test --model.embedding_dim 16 --model.hidden 16 --train.epochs $epochs"
+# Named kernels: the reference and the preempted run are compared bit for bit, and model.cpu_kernels = auto
+# measures the core, which another job's load can sway.
+args="--data.path $work/data.h5 --data.validation test --model.embedding_dim 16 --model.hidden 16 --train.epochs $epochs --model.cpu_kernels builtin"
 sed '/^#SBATCH --signal/d' "$src/launch/slurm/cpu_ps.sbatch" >"$work/no_signal.sbatch"
 
 read -r -a arg_list <<<"$args"
