@@ -110,6 +110,10 @@ bool holds_test_score(const std::string& path, const std::string& run_id) {
 }
 
 std::string other_run_in_metrics(const std::string& path, const std::string& run_id) {
+  // Only a plain file: a named pipe in its place would block the read (the run's first write says what is
+  // wrong with it, under the watchdog's phase for writes).
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return "";
   std::ifstream in(path);
   for (std::string line; std::getline(in, line);) {
     const nlohmann::json object = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
