@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "engine/base/errors.h"
 #include "engine/base/json.h"
@@ -99,29 +100,39 @@ void append_line(const std::string& path, const std::string& line) {
   }
 }
 
-bool holds_test_score(const std::string& path, const std::string& run_id) {
+namespace {
+
+// The first line of the metrics.jsonl at `path` that parses to an object and meets `wanted`, or nothing. Only
+// a plain file is read: a named pipe in its place would block (the run's first write says what is wrong with
+// it, under the watchdog's phase for writes). Lines that do not parse are passed over.
+template <typename Wanted>
+std::optional<nlohmann::json> first_metrics_line(const std::string& path, Wanted&& wanted) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return std::nullopt;
   std::ifstream in(path);
   for (std::string line; std::getline(in, line);) {
-    const nlohmann::json object = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (object.is_object() && object.value("event", "") == "test" && object.value("run_id", "") == run_id)
-      return true;
+    nlohmann::json object = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (object.is_object() && wanted(object)) return object;
   }
-  return false;
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool holds_test_score(const std::string& path, const std::string& run_id) {
+  return first_metrics_line(path,
+                            [&](const nlohmann::json& line) {
+                              return line.value("event", "") == "test" && line.value("run_id", "") == run_id;
+                            })
+      .has_value();
 }
 
 std::string other_run_in_metrics(const std::string& path, const std::string& run_id) {
-  // Only a plain file: a named pipe in its place would block the read (the run's first write says what is
-  // wrong with it, under the watchdog's phase for writes).
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return "";
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json object = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!object.is_object()) continue;
-    const std::string id = object.value("run_id", "");
-    if (!id.empty() && id != run_id) return id;
-  }
-  return "";
+  const std::optional<nlohmann::json> other = first_metrics_line(path, [&](const nlohmann::json& line) {
+    const std::string id = line.value("run_id", "");
+    return !id.empty() && id != run_id;
+  });
+  return other ? other->value("run_id", "") : "";
 }
 
 double nan_unsigned(double value) {
