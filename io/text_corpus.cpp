@@ -50,7 +50,7 @@ struct FileResult {
   std::vector<int32_t> tail;  // the last min(words, maxlen) words as ids of the worker's WordTable
   int worker = 0;
   bool valid_utf8 = true;
-  bool utf16 = false;          // converted from UTF-16 (io/tokenizer.h)
+  std::string wide_encoding;   // converted from UTF-16 or UTF-32 (io/tokenizer.h): its name
   bool holds_nul = false;      // NUL bytes after that: a binary file, most likely
   bool mostly_unread = false;  // more characters the tokenizer passes over than it reads (emoji, symbols)
 };
@@ -276,7 +276,7 @@ void read_files(int worker, const std::vector<InputFile>& files, int maxlen, Wor
       ids.clear();
       FileResult& result = results[i];
       result.worker = worker;
-      result.utf16 = static_cast<bool>(convert_utf16(bytes));
+      result.wide_encoding = convert_wide_unicode(bytes).name;
       result.holds_nul = bytes.find('\0') != std::string::npos;
       CharacterCounts characters;
       result.valid_utf8 = tokenize(
@@ -485,12 +485,14 @@ std::string prepare_text(const TextCorpusOptions& options) {
   std::vector<std::string> empty_files;
   std::vector<std::string> lenient_files;
   std::vector<std::string> utf16_files;
+  std::vector<std::string> utf32_files;
   std::vector<std::string> nul_files;
   std::vector<std::string> unread_files;
   for (size_t i = 0; i < files.size(); ++i) {
     if (results[i].mostly_unread) unread_files.push_back(files[i].name);
     if (!results[i].valid_utf8) lenient_files.push_back(files[i].name);
-    if (results[i].utf16) utf16_files.push_back(files[i].name);
+    if (results[i].wide_encoding.starts_with("UTF-16")) utf16_files.push_back(files[i].name);
+    if (results[i].wide_encoding.starts_with("UTF-32")) utf32_files.push_back(files[i].name);
     if (results[i].holds_nul) nul_files.push_back(files[i].name);
     if (results[i].words == 0) {
       empty_files.push_back(files[i].name);
@@ -620,6 +622,7 @@ std::string prepare_text(const TextCorpusOptions& options) {
   summary += "\nfiles not valid UTF-8, decoded leniently (bad bytes read as Windows-1252): " +
              count_and_names(lenient_files);
   if (!utf16_files.empty()) summary += "\nfiles in UTF-16, read as such: " + count_and_names(utf16_files);
+  if (!utf32_files.empty()) summary += "\nfiles in UTF-32, read as such: " + count_and_names(utf32_files);
   if (!nul_files.empty()) {
     summary += "\nfiles holding NUL bytes, not text (binary files?), their other bytes read as words: " +
                count_and_names(nul_files);

@@ -397,11 +397,48 @@ std::vector<std::string> tokenize(std::string_view text, bool* valid_utf8) {
   return words;
 }
 
-Utf16Encoding convert_utf16(std::string& bytes) {
+namespace {
+
+// UTF-32 in either byte order: a byte order mark (FF FE 00 00 or 00 00 FE FF) followed by whole units, or no
+// mark and every unit of the first 4 KiB a Unicode code point (its top byte NUL, the next at most 0x10), at
+// least two of them, and at least half of them holding a byte besides those. Latin UTF-16 fails the second
+// rule on its first letter pair, UTF-8 on any four bytes without two NULs in the right places.
+std::optional<bool> utf32_little_endian(const std::string& bytes, size_t& start) {
+  const auto byte_at = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
+  const bool whole_units = bytes.size() % 4 == 0;
+  if (bytes.size() >= 4 && whole_units && bytes.compare(0, 4, std::string("\xFF\xFE\0\0", 4)) == 0) {
+    start = 4;
+    return true;
+  }
+  if (bytes.size() >= 4 && whole_units && bytes.compare(0, 4, std::string("\0\0\xFE\xFF", 4)) == 0) {
+    start = 4;
+    return false;
+  }
+  start = 0;
+  const size_t units = std::min<size_t>(bytes.size(), 4096) / 4;
+  if (units < 2) return std::nullopt;
+  const auto all_code_points = [&](bool little_endian) {
+    size_t holding_more = 0;
+    for (size_t at = 0; at < 4 * units; at += 4) {
+      const unsigned top = little_endian ? byte_at(at + 3) : byte_at(at);
+      const unsigned plane = little_endian ? byte_at(at + 2) : byte_at(at + 1);
+      if (top != 0 || plane > 0x10) return false;
+      const unsigned rest = byte_at(at + 1) | byte_at(at + 2) | (little_endian ? byte_at(at) : byte_at(at + 3));
+      holding_more += rest != 0 ? 1 : 0;
+    }
+    return holding_more * 2 >= units;
+  };
+  if (all_code_points(true)) return true;
+  if (all_code_points(false)) return false;
+  return std::nullopt;
+}
+
+// UTF-16 by io/tokenizer.h's rules: whether little-endian, and where the text starts past a mark.
+std::optional<bool> utf16_little_endian(const std::string& bytes, size_t& start) {
   const auto byte_at = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
   const bool marked_le = bytes.size() >= 2 && byte_at(0) == 0xFF && byte_at(1) == 0xFE;
   const bool marked_be = bytes.size() >= 2 && byte_at(0) == 0xFE && byte_at(1) == 0xFF;
-  const size_t start = marked_le || marked_be ? 2 : 0;
+  start = marked_le || marked_be ? 2 : 0;
   // NULs in the first 4 KiB, in the high byte of a little-endian pair (odd offsets past the mark) and of a
   // big-endian one: text in a script that spaces its words has them (a space is U+0020), UTF-8 and Latin-1
   // text never.
@@ -421,20 +458,39 @@ Utf16Encoding convert_utf16(std::string& bytes) {
   // Marked: the mark decides where the rest has whole pairs (Chinese or Thai text may hold no NUL at all) or
   // NULs in its high bytes (a file cut short).
   const bool pairs_whole = (bytes.size() - start) % 2 == 0;
-  bool little_endian = false;
-  if (marked_le && (pairs_whole || nul_high_le > 0)) {
-    little_endian = true;
-  } else if (marked_be && (pairs_whole || nul_high_be > 0)) {
-    little_endian = false;
-  } else if (start == 0 && one_sided(nul_high_le, nul_high_be)) {
-    little_endian = true;
-  } else if (!(start == 0 && one_sided(nul_high_be, nul_high_le))) {
-    return {};
-  }
-  const auto unit = [&](size_t i) -> uint32_t {
-    return little_endian ? byte_at(i) | (byte_at(i + 1) << 8) : (byte_at(i) << 8) | byte_at(i + 1);
-  };
+  if (marked_le && (pairs_whole || nul_high_le > 0)) return true;
+  if (marked_be && (pairs_whole || nul_high_be > 0)) return false;
+  if (start == 0 && one_sided(nul_high_le, nul_high_be)) return true;
+  if (start == 0 && one_sided(nul_high_be, nul_high_le)) return false;
+  return std::nullopt;
+}
+
+}  // namespace
+
+WideEncoding convert_wide_unicode(std::string& bytes) {
   constexpr uint32_t kReplacement = 0xFFFD;
+  size_t start = 0;
+  if (const std::optional<bool> little_endian = utf32_little_endian(bytes, start)) {
+    std::string out;
+    out.reserve(bytes.size() / 2);
+    for (size_t i = start; i + 3 < bytes.size(); i += 4) {
+      uint32_t code_point = 0;
+      for (size_t b = 0; b < 4; ++b) {
+        code_point = code_point << 8 | static_cast<unsigned char>(bytes[i + (*little_endian ? 3 - b : b)]);
+      }
+      const bool valid = code_point <= 0x10FFFF && (code_point < 0xD800 || code_point > 0xDFFF);
+      append_utf8(out, valid ? code_point : kReplacement);
+    }
+    bytes = std::move(out);
+    return {*little_endian ? "UTF-32LE" : "UTF-32BE", start > 0};
+  }
+  const std::optional<bool> little_endian = utf16_little_endian(bytes, start);
+  if (!little_endian) return {};
+  const auto unit = [&](size_t i) -> uint32_t {
+    const uint32_t first = static_cast<unsigned char>(bytes[i]);
+    const uint32_t second = static_cast<unsigned char>(bytes[i + 1]);
+    return *little_endian ? first | (second << 8) : (first << 8) | second;
+  };
   std::string out;
   out.reserve(bytes.size());
   for (size_t i = start; i + 1 < bytes.size(); i += 2) {
@@ -449,7 +505,7 @@ Utf16Encoding convert_utf16(std::string& bytes) {
     append_utf8(out, code_point);
   }
   bytes = std::move(out);
-  return {little_endian ? "UTF-16LE" : "UTF-16BE", start > 0};
+  return {*little_endian ? "UTF-16LE" : "UTF-16BE", start > 0};
 }
 
 std::string nfc_form(std::string_view text) {

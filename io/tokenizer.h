@@ -72,20 +72,23 @@ bool tokenize(std::string_view text, const std::function<void(std::string_view w
 // The words of `text`; `valid_utf8`, when given, says whether every byte was valid UTF-8.
 std::vector<std::string> tokenize(std::string_view text, bool* valid_utf8 = nullptr);
 
-// UTF-16 text (what Windows calls "Unicode"), which the lenient UTF-8 reading would take apart letter by
-// letter: a file that starts with a UTF-16 byte order mark followed by whole pairs of bytes, or by a NUL high
-// byte in its first 4 KiB (a file cut short), or one without a mark where NUL bytes fill the high byte of at
-// least a tenth (and two) of the pairs of its first 4 KiB (Latin text: nearly all; Greek or Cyrillic: its
-// spaces; a NUL is never part of UTF-8 or Latin-1 text) and ten times fewer low bytes, is rewritten in place
-// as UTF-8 (the mark dropped, an unpaired surrogate as U+FFFD). Chinese, Japanese or Thai UTF-16 without a
-// mark has too few NULs to be told from other bytes: it is left as it is. A Latin-1 file that starts with
-// "ÿþ" and has an even length reads as UTF-16.
-struct Utf16Encoding {
-  std::string name;     // "UTF-16LE" or "UTF-16BE"; empty when the bytes were left as they are
+// UTF-16 text (what Windows calls "Unicode") and UTF-32, which the lenient UTF-8 reading would take apart
+// letter by letter, rewritten in place as UTF-8 (the mark dropped; an unpaired surrogate, or a UTF-32 unit
+// past U+10FFFF, as U+FFFD).
+// - UTF-32: a UTF-32 byte order mark followed by whole units of four bytes, or no mark where every unit of
+//   the first 4 KiB is a code point (its top byte NUL, the next at most 0x10).
+// - UTF-16: a file that starts with a UTF-16 byte order mark followed by whole pairs of bytes, or by a NUL high
+//   byte in its first 4 KiB (a file cut short), or one without a mark where NUL bytes fill the high byte of at
+//   least a tenth (and two) of the pairs of its first 4 KiB (Latin text: nearly all; Greek or Cyrillic: its
+//   spaces; a NUL is never part of UTF-8 or Latin-1 text) and ten times fewer low bytes. Chinese, Japanese or
+//   Thai UTF-16 without a mark has too few NULs to be told from other bytes: it is left as it is. A Latin-1
+//   file that starts with "ÿþ" and has an even length reads as UTF-16.
+struct WideEncoding {
+  std::string name;     // "UTF-16LE", "UTF-16BE", "UTF-32LE" or "UTF-32BE"; empty when left as they are
   bool marked = false;  // told by its byte order mark (else by its NUL bytes)
   explicit operator bool() const { return !name.empty(); }
 };
-Utf16Encoding convert_utf16(std::string& bytes);
+WideEncoding convert_wide_unicode(std::string& bytes);
 
 // `text` in Unicode's Normalization Form C (a decomposed "é", e + U+0301, composed); text that is not valid
 // UTF-8 comes back as it is.

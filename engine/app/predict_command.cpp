@@ -185,21 +185,21 @@ std::vector<std::string> read_lines(const std::string& input) {
   // error instead of taking every byte of memory.
   std::streambuf& stream = *in.rdbuf();
   constexpr int kEnd = std::char_traits<char>::eof();
-  // A file in UTF-16 (as io/tokenizer.h tells it from its first 4 KiB) is read whole and turned into UTF-8
+  // A file in UTF-16 or UTF-32 (as io/tokenizer.h tells it from its first 4 KiB) is read whole and turned into UTF-8
   // first.
   constexpr int kHeadBytes = 4096;
   std::string converted;
   std::size_t converted_at = 0;
   std::string head;
   for (int i = 0, c = 0; i < kHeadBytes && (c = stream.sbumpc()) != kEnd; ++i) head += static_cast<char>(c);
-  if (std::string probe = head; io::convert_utf16(probe)) {
+  if (std::string probe = head; io::convert_wide_unicode(probe)) {
     converted = head;
     for (int c = stream.sbumpc(); c != kEnd; c = stream.sbumpc()) converted += static_cast<char>(c);
-    const io::Utf16Encoding encoding = io::convert_utf16(converted);
+    const io::WideEncoding encoding = io::convert_wide_unicode(converted);
     head.clear();
     // Said, since a guess from NUL bytes can be wrong (a UTF-8 file with stray NULs).
     std::fprintf(stderr, "note: %s read as %s (%s)\n", input_name(input).c_str(), encoding.name.c_str(),
-                 encoding.marked ? "its byte order mark" : "NUL bytes in every other place");
+                 encoding.marked ? "its byte order mark" : "where its NUL bytes fall");
   }
   std::size_t head_at = 0;
   const bool whole = !converted.empty();

@@ -122,11 +122,14 @@ printf '\xef\xbb\xbfexcellent superb\r\nterrible dull\r\n' >docs_windows.txt
 "$ddptrain" predict -c run/best.h5 --device "$device" --input docs_windows.txt >windows.txt 2>&1 ||
   fail "predict of a Windows file failed" windows.txt
 cmp -s windows.txt stdin.txt || fail "a byte order mark or CRLF changed predict's output" windows.txt stdin.txt
-# And as Windows' "Unicode" files are: UTF-16 with a byte order mark, in either byte order, or without one.
-for order in UTF-16LE UTF-16BE UTF-16LE-unmarked; do
+# And as Windows' "Unicode" files are: UTF-16 with a byte order mark, in either byte order, or without one;
+# and UTF-32 likewise (whose little-endian mark starts with UTF-16LE's).
+for order in UTF-16LE UTF-16BE UTF-16LE-unmarked UTF-32LE UTF-32BE UTF-32LE-unmarked UTF-32BE-unmarked; do
   case $order in
     UTF-16LE) printf '\xff\xfe' >"docs_$order.txt" ;;
     UTF-16BE) printf '\xfe\xff' >"docs_$order.txt" ;;
+    UTF-32LE) printf '\xff\xfe\x00\x00' >"docs_$order.txt" ;;
+    UTF-32BE) printf '\x00\x00\xfe\xff' >"docs_$order.txt" ;;
     *) : >"docs_$order.txt" ;;
   esac
   printf 'excellent superb\r\nterrible dull\r\n' | iconv -f UTF-8 -t "${order%-unmarked}" >>"docs_$order.txt"
@@ -134,7 +137,7 @@ for order in UTF-16LE UTF-16BE UTF-16LE-unmarked; do
     fail "predict of a $order file failed" "$order.txt" "$order-err.txt"
   cmp -s "$order.txt" stdin.txt || fail "$order changed predict's output" "$order.txt" stdin.txt
   case $order in
-    *-unmarked) why="NUL bytes in every other place" ;;
+    *-unmarked) why="where its NUL bytes fall" ;;
     *) why="its byte order mark" ;;
   esac
   grep -qF "note: docs_$order.txt read as ${order%-unmarked} ($why)" "$order-err.txt" ||

@@ -260,7 +260,7 @@ TEST(Tokenizer, Utf16BecomesUtf8) {
   for (const bool little_endian : {true, false}) {
     for (const bool mark : {true, false}) {
       std::string bytes = utf16(u"Caf\u00e9 don\u2019t \U0001F600 good", little_endian, mark);
-      const Utf16Encoding encoding = convert_utf16(bytes);
+      const WideEncoding encoding = convert_wide_unicode(bytes);
       EXPECT_EQ(encoding.name, little_endian ? "UTF-16LE" : "UTF-16BE");
       EXPECT_EQ(encoding.marked, mark);
       EXPECT_EQ(bytes, "Caf\xC3\xA9 don\xE2\x80\x99t \xF0\x9F\x98\x80 good");
@@ -272,10 +272,10 @@ TEST(Tokenizer, Utf16BecomesUtf8) {
       u"\u043f\u0440\u0438\u0432\u0435\u0442 \u043c\u0438\u0440 \u044d\u0442\u043e "
       u"\u0444\u0438\u043b\u044c\u043c",
       true, false);
-  EXPECT_EQ(convert_utf16(cyrillic).name, "UTF-16LE");
+  EXPECT_EQ(convert_wide_unicode(cyrillic).name, "UTF-16LE");
   EXPECT_EQ(tokenize(cyrillic), (Words{"привет", "мир", "это", "фильм"}));
   std::string lone = utf16(std::u16string{u'a', char16_t{0xD800}, u'b'}, true, true);
-  convert_utf16(lone);
+  convert_wide_unicode(lone);
   EXPECT_EQ(lone,
             "a\xEF\xBF\xBD"
             "b");
@@ -283,19 +283,70 @@ TEST(Tokenizer, Utf16BecomesUtf8) {
        {std::string("plain text, caf\xC3\xA9"), std::string("caf\xe9"), std::string("x"),
         std::string("a\0b\0c"), std::string("\xff\xfe caf\xe9 great")}) {  // the last: Latin-1 "ÿþ caf..."
     const std::string before = other;
-    EXPECT_EQ(convert_utf16(other).name, "") << before;
+    EXPECT_EQ(convert_wide_unicode(other).name, "") << before;
     EXPECT_EQ(other, before);
   }
   // Marked Chinese without a single NUL (no space, no newline) is UTF-16 by its mark; a mark alone is an
   // empty text.
   for (const bool little_endian : {true, false}) {
     std::string chinese = utf16(u"\u8fd9\u90e8\u7535\u5f71\u5f88\u597d\u770b", little_endian, true);
-    EXPECT_TRUE(convert_utf16(chinese).marked);
+    EXPECT_TRUE(convert_wide_unicode(chinese).marked);
     EXPECT_EQ(tokenize(chinese), (Words{"这", "部", "电影", "很好", "看"}));
     std::string mark_only = little_endian ? "\xFF\xFE" : "\xFE\xFF";
-    EXPECT_TRUE(convert_utf16(mark_only));
+    EXPECT_TRUE(convert_wide_unicode(mark_only));
     EXPECT_EQ(mark_only, "");
   }
+}
+
+// UTF-32 in either byte order, with its mark (whose little-endian form starts with UTF-16LE's) or without,
+// becomes UTF-8 (a unit past U+10FFFF or a surrogate U+FFFD); Latin UTF-16 is not taken for it.
+TEST(Tokenizer, Utf32BecomesUtf8) {
+  const auto utf32 = [](std::u32string_view text, bool little_endian, bool mark) {
+    std::string bytes;
+    const auto append = [&](char32_t unit) {
+      for (int b = 0; b < 4; ++b) {
+        const int shift = 8 * (little_endian ? b : 3 - b);
+        bytes += static_cast<char>((static_cast<uint32_t>(unit) >> shift) & 0xFF);
+      }
+    };
+    if (mark) append(U'\uFEFF');
+    for (const char32_t unit : text) append(unit);
+    return bytes;
+  };
+  for (const bool little_endian : {true, false}) {
+    for (const bool mark : {true, false}) {
+      std::string bytes = utf32(U"Caf\u00e9 don\u2019t \U0001F600 good \u8fd9\u90e8", little_endian, mark);
+      const WideEncoding encoding = convert_wide_unicode(bytes);
+      EXPECT_EQ(encoding.name, little_endian ? "UTF-32LE" : "UTF-32BE");
+      EXPECT_EQ(encoding.marked, mark);
+      EXPECT_EQ(bytes, "Caf\xC3\xA9 don\xE2\x80\x99t \xF0\x9F\x98\x80 good \xE8\xBF\x99\xE9\x83\xA8");
+    }
+  }
+  std::string out_of_range = utf32(std::u32string{U'a', char32_t{0xD800}, U'b'}, true, true);
+  out_of_range.append("\x00\x00\x11\x00", 4);  // U+110000, past Unicode
+  convert_wide_unicode(out_of_range);
+  EXPECT_EQ(out_of_range, "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+  // Latin UTF-16 (NUL every other byte) stays UTF-16; four NULs are no text in either.
+  std::string latin16("g\0o\0o\0d\0", 8);
+  EXPECT_EQ(convert_wide_unicode(latin16).name, "UTF-16LE");
+  std::string nuls(8, '\0');
+  EXPECT_FALSE(convert_wide_unicode(nuls));
+}
+
+// A UTF-32 file is read as such and named in the summary apart from UTF-16 ones.
+TEST(PrepareText, Utf32FilesAreReadAndNamed) {
+  TempDir dir;
+  const std::filesystem::path corpus = dir.file("corpus");
+  write_text(corpus / "train/pos/a.txt", "good movie");
+  write_text(corpus / "train/neg/b.txt", std::string("\0\0\0b\0\0\0a\0\0\0d", 12));  // "bad", UTF-32BE
+  write_text(corpus / "test/pos/c.txt", "good");
+  write_text(corpus / "test/neg/d.txt", "bad");
+  const std::string summary = prepare_text(options_for(dir, "data.h5", 1));
+  EXPECT_NE(summary.find("files in UTF-32, read as such: 1 (train/neg/b.txt)"), std::string::npos) << summary;
+  EXPECT_EQ(summary.find("UTF-16"), std::string::npos) << summary;
+  EXPECT_EQ(summary.find("NUL"), std::string::npos) << summary;
+  const Words words = read_vocabulary(dir.file("data.h5")).words();
+  EXPECT_NE(std::find(words.begin(), words.end(), "bad"), words.end());
 }
 
 TEST(PrepareText, RowsVocabularyAndSummary) {
