@@ -423,7 +423,8 @@ std::optional<bool> utf32_little_endian(const std::string& bytes, size_t& start)
       const unsigned top = little_endian ? byte_at(at + 3) : byte_at(at);
       const unsigned plane = little_endian ? byte_at(at + 2) : byte_at(at + 1);
       if (top != 0 || plane > 0x10) return false;
-      const unsigned rest = byte_at(at + 1) | byte_at(at + 2) | (little_endian ? byte_at(at) : byte_at(at + 3));
+      const unsigned rest =
+          byte_at(at + 1) | byte_at(at + 2) | (little_endian ? byte_at(at) : byte_at(at + 3));
       holding_more += rest != 0 ? 1 : 0;
     }
     return holding_more * 2 >= units;

@@ -77,12 +77,13 @@ std::vector<std::string> tokenize(std::string_view text, bool* valid_utf8 = null
 // past U+10FFFF, as U+FFFD).
 // - UTF-32: a UTF-32 byte order mark followed by whole units of four bytes, or no mark where every unit of
 //   the first 4 KiB is a code point (its top byte NUL, the next at most 0x10).
-// - UTF-16: a file that starts with a UTF-16 byte order mark followed by whole pairs of bytes, or by a NUL high
-//   byte in its first 4 KiB (a file cut short), or one without a mark where NUL bytes fill the high byte of at
-//   least a tenth (and two) of the pairs of its first 4 KiB (Latin text: nearly all; Greek or Cyrillic: its
-//   spaces; a NUL is never part of UTF-8 or Latin-1 text) and ten times fewer low bytes. Chinese, Japanese or
-//   Thai UTF-16 without a mark has too few NULs to be told from other bytes: it is left as it is. A Latin-1
-//   file that starts with "ÿþ" and has an even length reads as UTF-16.
+// - UTF-16: a file that starts with a UTF-16 byte order mark followed by whole pairs of bytes, or by a NUL
+// high
+//   byte in its first 4 KiB (a file cut short), or one without a mark where NUL bytes fill the high byte of
+//   at least a tenth (and two) of the pairs of its first 4 KiB (Latin text: nearly all; Greek or Cyrillic:
+//   its spaces; a NUL is never part of UTF-8 or Latin-1 text) and ten times fewer low bytes. Chinese,
+//   Japanese or Thai UTF-16 without a mark has too few NULs to be told from other bytes: it is left as it is.
+//   A Latin-1 file that starts with "ÿþ" and has an even length reads as UTF-16.
 struct WideEncoding {
   std::string name;     // "UTF-16LE", "UTF-16BE", "UTF-32LE" or "UTF-32BE"; empty when left as they are
   bool marked = false;  // told by its byte order mark (else by its NUL bytes)
