@@ -174,14 +174,19 @@ void Progress::update(int64_t step, double loss, double acc) {
     const double done = total_ > 0 ? static_cast<double>(step) / static_cast<double>(total_) : 1.0;
     const double eta =
         step > 0 ? elapsed * static_cast<double>(total_ - step) / static_cast<double>(step) : 0;
-    fmt::print("\rEpoch {}/{} {}/{} {} - ETA: {} - loss: {:.4f} - acc: {:.4f}\033[K", epoch_, epochs_, step,
-               total_, progress::bar(done), seconds_text(eta), nan_unsigned(loss), acc);
+    std::fputs(
+        fmt::format("\rEpoch {}/{} {}/{} {} - ETA: {} - loss: {:.4f} - acc: {:.4f}\033[K", epoch_, epochs_,
+                    step, total_, progress::bar(done), seconds_text(eta), nan_unsigned(loss), acc)
+            .c_str(),
+        stdout);
     std::fflush(stdout);
     drawn_ = true;
   } else {
     last_draw_ = now;
-    fmt::print("Epoch {}/{} - step {}/{} - {} - loss: {:.4f} - acc: {:.4f}\n", epoch_, epochs_, step, total_,
-               seconds_text(elapsed), nan_unsigned(loss), acc);
+    std::fputs(fmt::format("Epoch {}/{} - step {}/{} - {} - loss: {:.4f} - acc: {:.4f}\n", epoch_, epochs_,
+                           step, total_, seconds_text(elapsed), nan_unsigned(loss), acc)
+                   .c_str(),
+               stdout);
     std::fflush(stdout);
   }
 }

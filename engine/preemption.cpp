@@ -45,12 +45,14 @@ void install_stop_signal_handlers() {
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
   // SIGHUP: the terminal or ssh session that started a lone rank closed; its run is checkpointed, not lost.
-  for (int signal_number : {SIGINT, SIGTERM, SIGUSR1, SIGHUP}) {
+  // SIGPIPE: what read a lone rank's output (`| head`, `| tee` in a closed session) went away; by default it
+  // would end the process at its next line, with no checkpoint.
+  for (int signal_number : {SIGINT, SIGTERM, SIGUSR1, SIGHUP, SIGPIPE}) {
     struct sigaction previous {};
     if (sigaction(signal_number, nullptr, &previous) != 0) DDP_FATAL("sigaction failed");
-    // A shell starts background jobs with SIGINT ignored so that Ctrl-C reaches only the foreground job, and
-    // nohup ignores SIGHUP: what the user asked to ignore stays ignored.
-    if ((signal_number == SIGINT || signal_number == SIGHUP) && previous.sa_handler == SIG_IGN) continue;
+    // A shell starts background jobs with SIGINT ignored so that Ctrl-C reaches only the foreground job,
+    // nohup ignores SIGHUP, and launchers may ignore SIGPIPE: what was set to be ignored stays ignored.
+    if (signal_number != SIGTERM && signal_number != SIGUSR1 && previous.sa_handler == SIG_IGN) continue;
     if (sigaction(signal_number, &action, nullptr) != 0) DDP_FATAL("sigaction failed");
   }
 }
@@ -67,6 +69,8 @@ std::string stop_signal_name(int signal_number) {
       return "SIGUSR1";
     case SIGHUP:
       return "SIGHUP";
+    case SIGPIPE:
+      return "SIGPIPE";
     default:
       return "signal " + std::to_string(signal_number);
   }

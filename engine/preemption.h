@@ -1,10 +1,10 @@
 // Stopping cleanly when asked: SIGINT (Ctrl-C), SIGTERM (the end of a time limit, scancel, mpirun passing on
-// a Ctrl-C), SIGUSR1 (Slurm's --signal=B:USR1@120, forwarded to the ranks) or SIGHUP (the terminal or ssh
-// session of a rank run alone closed). The handler only sets a flag;
-// the training ranks agree on it (and on which signal it was) at a step boundary, rank 0 writes last.h5, and
-// every rank exits with kExitPreempted, so no rank leaves while another waits in a collective. A second
-// SIGTERM, SIGUSR1 or SIGHUP changes nothing; a second SIGINT ends the process at once, as Ctrl-C twice does
-// elsewhere.
+// a Ctrl-C), SIGUSR1 (Slurm's --signal=B:USR1@120, forwarded to the ranks), SIGHUP (the terminal or ssh
+// session of a rank run alone closed) or SIGPIPE (what read its output went away). The handler only sets a
+// flag; the training ranks agree on it (and on which signal it was) at a step boundary, rank 0 writes
+// last.h5, and every rank exits with kExitPreempted, so no rank leaves while another waits in a collective. A
+// second SIGTERM, SIGUSR1, SIGHUP or SIGPIPE changes nothing; a second SIGINT ends the process at once, as
+// Ctrl-C twice does elsewhere.
 #pragma once
 
 #include <mpi.h>
@@ -14,17 +14,17 @@
 
 namespace ddp::engine {
 
-// Installs the handler for SIGINT, SIGTERM, SIGUSR1 and SIGHUP (SA_RESTART, so interrupted reads and writes
-// go on). A SIGINT or SIGHUP ignored by whoever started this process (a shell's background job, nohup) stays
-// ignored.
+// Installs the handler for SIGINT, SIGTERM, SIGUSR1, SIGHUP and SIGPIPE (SA_RESTART, so interrupted reads and
+// writes go on; a write to a closed pipe fails with EPIPE instead of ending the process). A SIGINT, SIGHUP or
+// SIGPIPE ignored by whoever started this process (a shell's background job, nohup) stays ignored.
 void install_stop_signal_handlers();
-// The signal this process received, "" if none ("SIGINT", "SIGTERM", "SIGUSR1", "SIGHUP").
+// The signal this process received, "" if none ("SIGINT", "SIGTERM", "SIGUSR1", "SIGHUP", "SIGPIPE").
 std::string stop_signal_received();
 // Its number, 0 if none.
 int stop_signal_number_received();
 // Forgets a received signal (for tests, which raise one and go on in the same process).
 void clear_stop_signal();
-// "SIGINT", "SIGTERM", "SIGUSR1", "SIGHUP", else "signal N"; "" for 0.
+// "SIGINT", "SIGTERM", "SIGUSR1", "SIGHUP", "SIGPIPE", else "signal N"; "" for 0.
 std::string stop_signal_name(int signal_number);
 
 // The training ranks' agreement on a stop signal, over its own duplicate of `comm` (so its collectives never

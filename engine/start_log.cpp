@@ -87,15 +87,19 @@ void log_class_balance(comm::Communicator& trainers, const io::DatasetInfo& data
     if (all[label] > 0) labels = std::max(labels, label + 1);
   }
   const std::vector<int64_t> counts(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(labels));
-  fmt::print("classes of the training rows: {}\n", io::class_balance_text(counts, data.class_names));
+  std::fputs(
+      fmt::format("classes of the training rows: {}\n", io::class_balance_text(counts, data.class_names))
+          .c_str(),
+      stdout);
   int differing = 0;
   for (const std::string& l : lines) {
     if (l.empty()) continue;
     if (differing++ == 0)
-      fmt::print(
+      std::fputs(
           "note: some shards' classes differ from the training rows' by more than 5 points, more than random "
-          "rows would (a file in label order? `ddptrain prepare` writes rows in random order):\n");
-    fmt::print("  {}\n", l);
+          "rows would (a file in label order? `ddptrain prepare` writes rows in random order):\n",
+          stdout);
+    std::fputs(fmt::format("  {}\n", l).c_str(), stdout);
   }
   std::fflush(stdout);
 }

@@ -628,11 +628,14 @@ class TrainingRun::Loop {
             // cure.
             warned_diverged_ = true;
             const double bad = std::isfinite(m.loss) ? m.val_loss : m.loss;
-            fmt::print(stdout,
-                       "warning: the {} loss is {} in epoch {}: the run diverged (lower train.learning_rate, "
-                       "or set train.clip_norm)\n",
-                       std::isfinite(m.loss) ? "held-out" : "training", std::isnan(bad) ? "NaN" : "infinite",
-                       m.epoch);
+            std::fputs(
+                fmt::format(
+                    "warning: the {} loss is {} in epoch {}: the run diverged (lower train.learning_rate, "
+                    "or set train.clip_norm)\n",
+                    std::isfinite(m.loss) ? "held-out" : "training", std::isnan(bad) ? "NaN" : "infinite",
+                    m.epoch)
+                    .c_str(),
+                stdout);
           }
           std::fflush(stdout);
           EpochMetrics stamped = m;

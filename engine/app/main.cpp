@@ -245,23 +245,26 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
   int64_t stop[5] = {result.stopped_by_signal ? 1 : 0, result.epochs_done, result.steps_done_in_epoch,
                      result.stop_signal, engine::stop_signal_number_received()};
   DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, stop, 5, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+  // After a SIGPIPE stdout leads nowhere: the last word goes to stderr.
+  std::FILE* const said_on = stop[3] == SIGPIPE || stop[4] == SIGPIPE ? stderr : stdout;
   if (stop[0] == 0) {
     if (stop[4] != 0 && boot.rank() == 0) {
-      std::printf("%s came after the last step: the run had finished (nothing to stop or resume)\n",
-                  engine::stop_signal_name(static_cast<int>(stop[4])).c_str());
+      std::fprintf(said_on, "%s came after the last step: the run had finished (nothing to stop or resume)\n",
+                   engine::stop_signal_name(static_cast<int>(stop[4])).c_str());
     }
     return kExitOk;
   }
   const std::string by = engine::stop_signal_name(static_cast<int>(stop[3]));
   // A signal at the last epoch's last step waits for the epoch's end: then there is nothing left to resume.
   if (stop[1] >= config.train.epochs) {
-    if (boot.rank() == 0) std::printf("%s came as the run ended: all epochs are done\n", by.c_str());
+    if (boot.rank() == 0)
+      std::fprintf(said_on, "%s came as the run ended: all epochs are done\n", by.c_str());
     return kExitOk;
   }
   if (boot.rank() == 0) {
-    std::printf("stopped by %s %s (exit code %d)\n", by.c_str(),
-                stop_summary(stop[1], stop[2], config.checkpoint.dir).c_str(), kExitPreempted);
-    std::fflush(stdout);
+    std::fprintf(said_on, "stopped by %s %s (exit code %d)\n", by.c_str(),
+                 stop_summary(stop[1], stop[2], config.checkpoint.dir).c_str(), kExitPreempted);
+    std::fflush(said_on);
   }
   return kExitPreempted;
 }
