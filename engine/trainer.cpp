@@ -456,6 +456,7 @@ class TrainingRun::Loop {
     options.max_batches = steps_per_epoch_ - first;
     options.prefetch = config_.data.prefetch;
     options.timeline_track = "prefetch (training)";
+    options.expected_stamp = data_.stamp;
     return options;
   }
 
@@ -498,6 +499,7 @@ class TrainingRun::Loop {
     options.drop_last = false;
     options.prefetch = config_.data.prefetch;
     options.timeline_track = "prefetch (evaluation)";
+    options.expected_stamp = data_.stamp;
     if (rows.shard.size() > 0) {
       std::unique_ptr<io::BatchSource> source = make_source(options);
       while (const std::optional<BatchView> batch = source->next()) {

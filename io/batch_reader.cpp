@@ -171,6 +171,14 @@ BatchReader::BatchReader(const BatchReaderOptions& options) try
     const DamagedFileGuard guard(path);
     std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
     source_->file = open_file_readonly(path);
+    // Stamped after the open: a file swapped in at any moment before is found.
+    if (!options_.expected_stamp.empty() && file_stamp(path) != options_.expected_stamp) {
+      throw UserError(
+          path +
+          ": the file changed during the run (replaced or rewritten since the run first read it): "
+          "stopping rather than train or score on other data (to go on with the new file: --resume "
+          "with checkpoint.allow_data_change = true)");
+    }
     source_->x = open_dataset(source_->file.get(), path, x_name);
     source_->y = open_dataset(source_->file.get(), path, y_name);
     const std::vector<int64_t> x_dims = dataset_dims(source_->x.get());

@@ -60,6 +60,9 @@ struct BatchReaderOptions {
   // The prefetch thread's track in the timeline: readers that may run at once (the next epoch's training
   // batches during an evaluation, which may read /train's last rows) need tracks of their own.
   std::string timeline_track = "prefetch";
+  // The data file as the run first read it (DatasetInfo::stamp): a reader that finds another file at the
+  // path, or this one rewritten, refuses it rather than train or score on other data. Empty: not checked.
+  FileStamp expected_stamp;
 };
 
 class BatchReader {

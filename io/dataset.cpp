@@ -1,5 +1,7 @@
 #include "io/dataset.h"
 
+#include <sys/stat.h>
+
 #include <fmt/format.h>
 #include <algorithm>
 #include <climits>
@@ -182,6 +184,14 @@ int64_t checked_rows(const char* function, const DatasetInfo& info, const std::s
 
 }  // namespace
 
+FileStamp file_stamp(const std::string& path) {
+  struct stat status {};
+  if (stat(path.c_str(), &status) != 0) return {};
+  return {static_cast<uint64_t>(status.st_dev), static_cast<uint64_t>(status.st_ino),
+          static_cast<int64_t>(status.st_size),
+          static_cast<int64_t>(status.st_mtim.tv_sec) * 1'000'000'000 + status.st_mtim.tv_nsec};
+}
+
 DatasetInfo inspect_dataset(const std::string& path, SplitsNeeded needed) try {
   const DamagedFileGuard guard(path);
   std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
@@ -200,6 +210,8 @@ DatasetInfo inspect_dataset(const std::string& path, SplitsNeeded needed) try {
 
   DatasetInfo info;
   info.path = path;
+  // Stamped once open, so that a file swapped in before the open stamps as the one read.
+  info.stamp = file_stamp(path);
   info.train_size = train.rows;
   info.test_size = test.rows;
   info.val_size = val.rows;
@@ -214,6 +226,16 @@ DatasetInfo inspect_dataset(const std::string& path, SplitsNeeded needed) try {
     }
   }
   info.has_vocab = link_exists(file.get(), "/vocab");
+  if (info.has_vocab) {
+    // A list of another length would give some ids no word, or words no id, without a word said.
+    const std::vector<int64_t> dims = dataset_dims(open_dataset(file.get(), path, "/vocab").get());
+    if (dims.size() != 1 || dims[0] != info.vocab_size) {
+      throw UserError(
+          fmt::format("{}: /vocab holds {} words but attribute vocab_size = {} (it names the word of "
+                      "each token id, 0 to vocab_size - 1)",
+                      path, dims.size() == 1 ? std::to_string(dims[0]) : "not a list of", info.vocab_size));
+    }
+  }
   info.tokenizer = read_string_attribute(file.get(), "tokenizer");
   if (has_attribute(file.get(), "num_classes")) {
     const int64_t classes = read_int_attribute(file.get(), path, "num_classes");

@@ -28,6 +28,19 @@ namespace ddp::io {
 constexpr int kMaxVocabulary = 10'000'000;
 constexpr int kMaxSequenceLength = 100'000;
 
+// Which file a path named when it was stamped, and its state then: a file replaced (a new file renamed over
+// it, as `ddptrain prepare --output` does) or rewritten in place stamps differently.
+struct FileStamp {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  int64_t size = -1;
+  int64_t modified_ns = 0;
+  bool empty() const { return size < 0; }
+  bool operator==(const FileStamp&) const = default;
+};
+// The stamp of the file `path` names now (links followed); an empty one if it cannot be examined.
+FileStamp file_stamp(const std::string& path);
+
 struct DatasetInfo {
   std::string path;
   int64_t train_size = 0;
@@ -40,6 +53,7 @@ struct DatasetInfo {
   int num_classes = 2;
   std::vector<std::string> class_names;  // empty when the file has no /classes
   std::string tokenizer;  // what split the words of /vocab (unicode_library_version()); "" if not recorded
+  FileStamp stamp;        // the file as inspected: readers of the run refuse another (BatchReaderOptions)
 };
 
 // Class k's name: the file's /classes[k], else the number.

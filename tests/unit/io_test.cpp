@@ -437,6 +437,28 @@ TEST_F(InspectTest, NonPositiveVocabSize) {
                     {path_, "vocab_size = 10000001 is more than 10000000"});
 }
 
+// /vocab names the word of each id: a list of another length is refused, naming both numbers.
+TEST_F(InspectTest, VocabOfAnotherLengthThanVocabSize) {
+  FileSpec spec;
+  spec.vocab_size = 50;
+  for (const int words : {13, 51, 50}) {
+    write(spec);
+    {
+      std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+      Hid file(check_h5_id(H5Fopen(path_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), "H5Fopen"), Hid::Kind::kFile);
+      std::vector<std::string> list(static_cast<size_t>(words));
+      for (int i = 0; i < words; ++i) list[static_cast<size_t>(i)] = std::to_string(i) + "w";
+      write_string_list(file.get(), "vocab", list);
+    }
+    if (words == 50) {
+      EXPECT_TRUE(inspect_dataset(path_).has_vocab);
+    } else {
+      expect_user_error([&] { inspect_dataset(path_); },
+                        {path_, "/vocab holds " + std::to_string(words) + " words", "vocab_size = 50"});
+    }
+  }
+}
+
 TEST_F(InspectTest, MaxlenDisagreesWithColumns) {
   FileSpec spec;
   spec.maxlen_attribute = 5;
@@ -1009,6 +1031,32 @@ TEST_F(BatchReaderTest, MissingDatasetIsAUserError) {
       {path, "/test/x"});
   o.path = dir_.file("absent.h5");
   expect_user_error([&] { BatchReader reader(o); }, {o.path, "no such file"});
+}
+
+// A reader given the stamp of the file as the run first read it refuses the file at that path once it is
+// another one (a new file renamed over it, as `prepare --output` replaces a dataset) or the same one
+// rewritten, instead of training on other rows.
+TEST_F(BatchReaderTest, AFileChangedSinceItWasStampedIsRefused) {
+  BatchReaderOptions o = base({0, 64});
+  o.expected_stamp = file_stamp(path_);
+  ASSERT_FALSE(o.expected_stamp.empty());
+  EXPECT_EQ(read_rows(o).size(), 2u);
+
+  FileSpec other;
+  other.train_rows = kRows;
+  other.maxlen = kSeq;
+  const std::string replacement = dir_.file("replacement.h5");
+  write_file(replacement, other);
+  std::filesystem::rename(replacement, path_);
+  expect_user_error([&] { BatchReader reader(o); }, {path_, "changed during the run"});
+
+  o.expected_stamp = file_stamp(path_);
+  EXPECT_EQ(read_rows(o).size(), 2u);
+  write_file(path_, other);  // rewritten in place: the same file, written anew
+  std::filesystem::last_write_time(path_, std::filesystem::last_write_time(path_) + std::chrono::seconds(1));
+  expect_user_error([&] { BatchReader reader(o); }, {path_, "changed during the run"});
+  o.expected_stamp = {};  // not checked
+  EXPECT_EQ(read_rows(o).size(), 2u);
 }
 
 // Batches are read past HDF5 where the datasets lie in the file as in memory, through HDF5 otherwise
