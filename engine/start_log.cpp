@@ -1,6 +1,7 @@
 #include "engine/start_log.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -82,7 +83,8 @@ void log_class_balance(comm::Communicator& trainers, const io::DatasetInfo& data
                                : "";
   const std::vector<std::string> lines = trainers.gather(line, 0);
   if (trainers.rank() != 0) return;
-  std::size_t labels = 2;
+  // Every class of the model, those without a training row too.
+  std::size_t labels = static_cast<std::size_t>(std::max(2, data.num_classes));
   for (std::size_t label = 0; label < all.size(); ++label) {
     if (all[label] > 0) labels = std::max(labels, label + 1);
   }
@@ -91,6 +93,18 @@ void log_class_balance(comm::Communicator& trainers, const io::DatasetInfo& data
       fmt::format("classes of the training rows: {}\n", io::class_balance_text(counts, data.class_names))
           .c_str(),
       stdout);
+  std::vector<std::string> unseen;
+  for (std::size_t label = 0; label < labels; ++label) {
+    if (counts[label] == 0) unseen.push_back(one_line(io::class_name(data, static_cast<int>(label))));
+  }
+  if (!unseen.empty()) {
+    std::fputs(
+        fmt::format("warning: no training row has class {} (of the data's {} classes): the model cannot "
+                    "learn to predict {}\n",
+                    fmt::join(unseen, ", "), labels, unseen.size() == 1 ? "it" : "them")
+            .c_str(),
+        stdout);
+  }
   int differing = 0;
   for (const std::string& l : lines) {
     if (l.empty()) continue;

@@ -237,7 +237,7 @@ class TrainingRun::Loop {
     run.data_path = data_.path;
     run.vocab_size = data_.vocab_size;
     run.maxlen = data_.maxlen;
-    run.data_plan = plan_.describe() + plan_.missing_test_note();
+    run.data_plan = plan_.describe() + plan_.notes();
     run.embedding_dim = shape_.embedding_dim;
     run.layers = shape_.layers;
     run.rnn = (shape_.bidirectional ? "bidirectional " : "") +

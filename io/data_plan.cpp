@@ -26,6 +26,7 @@ DataPlan plan_data(const DatasetInfo& info, const std::string& validation, doubl
   if (mode == "auto") mode = info.val_size > 0 ? "val" : "split";
   DataPlan plan;
   plan.train_rows = info.train_size;
+  plan.passed_over_empty_val = validation == "auto" && info.has_val && info.val_size == 0;
   if (mode == "val") {
     if (info.val_size == 0) {
       throw UserError("data.validation = val: " + info.path +
@@ -72,8 +73,10 @@ std::string DataPlan::describe() const {
   return text;
 }
 
-std::string DataPlan::missing_test_note() const {
-  return test || validation.split == "test" ? "" : ", no test score (/test has no rows)";
+std::string DataPlan::notes() const {
+  std::string text = test || validation.split == "test" ? "" : ", no test score (/test has no rows)";
+  if (passed_over_empty_val) text += ", /val is empty (so data.validation = auto took /train's last rows)";
+  return text;
 }
 
 }  // namespace ddp::io

@@ -32,11 +32,14 @@ struct DataPlan {
   int64_t train_rows = 0;  // rows of /train that are trained on (all ranks)
   Shard train;             // this rank's training rows (floor(train_rows / world) each)
   RowSet validation;
-  std::optional<RowSet> test;    // absent when validation is the test split, or /test has no rows
+  std::optional<RowSet> test;  // absent when validation is the test split, or /test has no rows
+  bool passed_over_empty_val =
+      false;                     // data.validation = auto held out /train rows: the file's /val is empty
   std::string describe() const;  // "train 22500, val 2500 (last 10% of /train), test 25000"
-  // ", no test score (/test has no rows)" where the run ends without one for want of test rows; else "".
-  // Apart from describe(), whose text checkpoints keep and a resume compares.
-  std::string missing_test_note() const;
+  // What the plan lacks or passed over: ", no test score (/test has no rows)" where the run ends without one
+  // for want of test rows, ", /val is empty (...)" where auto validates on /train's rows for want of /val
+  // rows; else "". Apart from describe(), whose text checkpoints keep and a resume compares.
+  std::string notes() const;
 };
 
 // Throws UserError naming data.validation or data.validation_split (and the file) when the file cannot give

@@ -467,6 +467,37 @@ TEST_F(TrainerTest, ShardsOfAFileInLabelOrderAreNamed) {
   EXPECT_NE(out.find("rank " + std::to_string(comm_->size() - 1) + "'s shard: 100.0% 0, 0.0% 1"),
             std::string::npos)
       << out;
+  EXPECT_EQ(out.find("warning: no training row"), std::string::npos) << out;
+}
+
+// Training rows of one class of three (a class folder emptied, a filter that kept one label): the start log
+// shows every class of the model and warns of those no row teaches.
+TEST_F(TrainerTest, ClassesWithoutTrainingRowsAreWarnedOf) {
+  const std::string one_class = dir_.file("one-class.h5");
+  if (comm_->rank() == 0) {
+    constexpr int64_t kRows = 240;
+    constexpr int kMaxlen = 16;
+    io::DatasetWriter writer(one_class, 300, kMaxlen, kRows, 40);
+    writer.write_classes(3, {});
+    std::vector<int32_t> tokens(kRows * kMaxlen, 5);
+    std::vector<uint8_t> labels(kRows, 1);
+    writer.write_rows("train", 0, tokens, labels);
+    labels[0] = 2;
+    writer.write_rows("test", 0, std::span(tokens).first(40 * kMaxlen), std::span(labels).first(40));
+    writer.commit();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  ::testing::internal::CaptureStdout();
+  run(dir_.file("one-class-run"),
+      {"--data.path", one_class, "--train.epochs", "1", "--data.validation", "test"});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  if (comm_->rank() != 0) return;
+  EXPECT_NE(out.find("classes of the training rows: 0.0% 0, 100.0% 1, 0.0% 2"), std::string::npos) << out;
+  EXPECT_NE(
+      out.find("warning: no training row has class 0, 2 (of the data's 3 classes): the model cannot learn "
+               "to predict them"),
+      std::string::npos)
+      << out;
 }
 
 }  // namespace
