@@ -73,7 +73,6 @@ void check_output_replaceable(const std::string& path, const std::string& comman
                     " is a file but no dataset, which writing one would replace (" + e.what() +
                     "): give --output another name");
   }
-  std::printf("note: %s holds a dataset: the one written now replaces it\n", path.c_str());
 }
 
 void DatasetWriter::release_progress_slot() {
@@ -239,9 +238,13 @@ void DatasetWriter::commit() {
     });
   }
   std::error_code error;
+  // Said once done (check_output_replaceable let only an earlier dataset be replaced): a run that fails
+  // before leaves it as it was.
+  const bool replaces = std::filesystem::is_regular_file(path_, error);
   std::filesystem::rename(tmp_path_, path_, error);
   if (error) throw UserError(path_ + ": cannot move " + tmp_path_ + " into place (" + error.message() + ")");
   committed_ = true;
+  if (replaces) std::printf("note: replaced the dataset %s held before\n", path_.c_str());
   release_progress_slot();
 }
 

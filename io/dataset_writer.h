@@ -26,9 +26,10 @@ namespace ddp::io {
 // removed.
 const char* dataset_file_in_progress();
 
-// The finished file replaces what `path` names, so that may be an earlier dataset only (said on stdout),
-// never a checkpoint, a metrics file or a user's notes: throws UserError naming `command` for a file that is
-// no dataset. Called before a preparer's long work; other kinds of node are the writer's to refuse.
+// The finished file replaces what `path` names, so that may be an earlier dataset only (commit() says so on
+// stdout once it has), never a checkpoint, a metrics file or a user's notes: throws UserError naming
+// `command` for a file that is no dataset. Called before a preparer's long work; other kinds of node are the
+// writer's to refuse.
 void check_output_replaceable(const std::string& path, const std::string& command);
 
 class DatasetWriter {

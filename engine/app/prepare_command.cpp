@@ -142,7 +142,11 @@ int prepare_text(const std::vector<std::string>& args) {
   o.not_classes.clear();
   for (std::size_t begin = 0; begin <= not_classes.size();) {
     const std::size_t end = std::min(not_classes.find(',', begin), not_classes.size());
-    if (end > begin) o.not_classes.push_back(not_classes.substr(begin, end - begin));
+    // "unsup, extra" as "unsup,extra": spaces around a name are no part of it.
+    const std::size_t first = not_classes.find_first_not_of(" \t", begin);
+    const std::size_t last = not_classes.find_last_not_of(" \t", end == 0 ? 0 : end - 1);
+    if (first < end && last != std::string::npos && last >= first)
+      o.not_classes.push_back(not_classes.substr(first, last - first + 1));
     begin = end + 1;
   }
   o.warn_unmatched_not_classes = not_classes != default_not_classes;

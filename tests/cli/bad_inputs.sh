@@ -116,8 +116,14 @@ expect_user_error "a text file as --output" "--output notes.txt is a file but no
 cp d.h5 replaced.h5
 "$ddptrain" prepare synthetic --output replaced.h5 --train 20 --test 5 >replaced.txt 2>&1 ||
   fail "prepare over an earlier dataset" replaced.txt
-grep -qF "note: replaced.h5 holds a dataset: the one written now replaces it" replaced.txt ||
+grep -qF "note: replaced the dataset replaced.h5 held before" replaced.txt ||
   fail "replacing a dataset is not said" replaced.txt
+# A preparer that fails leaves the earlier dataset as it was, and says nothing of replacing it.
+cp d.h5 kept.h5
+expect_user_error "a failing prepare over an earlier dataset" "--train and --test must be positive" \
+  "$ddptrain" prepare synthetic --output kept.h5 --train 0 --test 5
+cmp -s d.h5 kept.h5 || fail "a failed prepare changed the earlier dataset"
+! grep -q "replaced" bad_out.txt || fail "a failed prepare said it replaced the dataset" bad_out.txt
 expect_user_error "a folder's name as --output" "--output new_folder/ names a folder" \
   "$ddptrain" prepare synthetic --output new_folder/ --train 20 --test 5
 [ -e new_folder ] && fail "a refused --output left a folder behind"

@@ -66,6 +66,13 @@ rm -r corpus/test/Sports
 grep -q "train 240 (80 music, 80 science, 80 sports), test 60 (20 music, 20 science, 20 sports)" prepare.txt ||
   fail "wrong row counts" prepare.txt
 grep -q "no class (--not-classes), left out: 1 (train/unsup)" prepare.txt || fail "train/unsup is not reported" prepare.txt
+# The list may have spaces after its commas, as a list typed by hand does.
+mkdir -p corpus/train/extra && echo "more words" >corpus/train/extra/1.txt
+"$ddptrain" prepare text --input corpus --output spaced.h5 --vocab 80 --maxlen 24 --not-classes "unsup, extra" \
+  >spaced.txt 2>&1 || fail "--not-classes with a space after its comma" spaced.txt
+grep -q "no class (--not-classes), left out: 2 (train/extra, train/unsup)" spaced.txt ||
+  fail "--not-classes 'unsup, extra' did not leave both out" spaced.txt
+rm -r corpus/train/extra spaced.h5
 /usr/bin/python3 - <<'PY' || fail "the dataset's classes" prepare.txt
 import h5py
 f = h5py.File("data.h5", "r")
