@@ -55,6 +55,27 @@ RunRecord describe_run(const io::DatasetInfo& data, const io::DataPlan& plan) {
   return record;
 }
 
+// Fine-tuning on data whose vocabulary gives some ids other words: each such id's embedding row keeps what
+// it learned for its old word. Said with the count and the first one (ids 0-2 are reserved).
+void warn_of_moved_words(const RunFiles& files, const Checkpoint& c, const RunRecord& now) {
+  if (!c.has_vocabulary || now.vocabulary.empty()) return;
+  const std::vector<std::string> before = io::read_vocabulary(files.last()).words();
+  const std::size_t shared = std::min(before.size(), now.vocabulary.size());
+  const auto first_word = static_cast<std::size_t>(io::kFirstWordId);
+  std::size_t moved = 0;
+  std::size_t first = 0;
+  for (std::size_t id = first_word; id < shared; ++id) {
+    if (before[id] == now.vocabulary[id]) continue;
+    if (moved++ == 0) first = id;
+  }
+  if (moved == 0) return;
+  std::printf(
+      "warning: %zu of the %zu word ids name other words in %s than in the checkpoint's vocabulary (id %zu: "
+      "\"%s\", now \"%s\"): their embedding rows start from what they learned for the old words\n",
+      moved, shared - first_word, now.data_path.c_str(), first, one_line(before[first]).c_str(),
+      one_line(now.vocabulary[first]).c_str());
+}
+
 // The checkpoint must continue on the data it was trained on, unless checkpoint.allow_data_change. True when
 // the data changed (and that was allowed).
 bool check_resumed_data(const Config& config, const RunFiles& files, const Checkpoint& c,
@@ -69,6 +90,7 @@ bool check_resumed_data(const Config& config, const RunFiles& files, const Check
                     "training on this data");
   }
   std::printf("note: %s; continuing on the new data (checkpoint.allow_data_change)\n", what.c_str());
+  warn_of_moved_words(files, c, now);
   return true;
 }
 

@@ -66,6 +66,28 @@ grep -qF "hidden entries (names starting with '.'), left out: 3 (train/.NET, tes
   >train.txt 2>&1 || fail "training failed" train.txt
 [ -f run/best.h5 ] || fail "no run/best.h5" train.txt
 
+# Fine-tuning on data whose vocabulary gives ids other words is said: their embedding rows keep what they
+# learned for the old words (here two words swap ids, and a label changes so that the data is other data).
+/usr/bin/python3 - <<'EOF' || fail "could not write the retokenized copy"
+import h5py, shutil
+shutil.copy("data.h5", "swapped.h5")
+with h5py.File("swapped.h5", "r+") as f:
+    words = list(f["vocab"][()])
+    words[3], words[4] = words[4], words[3]
+    del f["vocab"]
+    f["vocab"] = words
+    y = f["train/y"][()]
+    y[0] = 1 - y[0]
+    f["train/y"][...] = y
+EOF
+cp -r run tuned
+"$ddptrain" --device "$device" --data.path swapped.h5 --checkpoint.dir tuned --model.embedding_dim 16 \
+  --model.hidden 16 --train.batch_size 16 --train.epochs 9 --train.learning_rate 0.02 --train.seed 1 \
+  --log.progress lines --resume --checkpoint.allow_data_change true >tuned.txt 2>&1 ||
+  fail "fine-tuning failed" tuned.txt
+grep -qP '^warning: 2 of the [0-9]+ word ids name other words in swapped.h5 than in the checkpoint.s vocabulary \(id 3: ' \
+  tuned.txt || fail "the moved words are not said" tuned.txt
+
 "$ddptrain" predict --checkpoint run/best.h5 --data data.h5 --device "$device" \
   --text "A wonderful, excellent film: I loved it." --text "An awful, boring film: I hated it." \
   >predict.txt 2>&1 || fail "predict failed" predict.txt
