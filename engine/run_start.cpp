@@ -308,7 +308,9 @@ RunStart start_run(const Config& config, const RunFiles& files, const io::Datase
   comm::agree_on_errors(trainers, [&] {
     if (root) start.resumed = claim_directory(config, files, start.directory_lock);
   });
-  watchdog.enter("reading the starting point (seed or checkpoint) and broadcasting it");
+  watchdog.enter(
+      "reading the checkpoint to resume, or drawing the initial parameters from the seed, and broadcasting "
+      "them");
   std::vector<std::string> rng_states;  // rank 0 of a resumed run: every training rank's, if saved
   comm::agree_on_errors(trainers, [&] {
     if (!root) return;

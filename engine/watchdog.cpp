@@ -15,7 +15,7 @@ namespace {
 constexpr double kLongestTimeoutS = 365.0 * 24 * 3600;
 
 void end_the_job(const std::string& reason) {
-  DDP_FATAL(reason + "; ending the job (the last checkpoint stays for --resume auto)");
+  DDP_FATAL(reason + "; ending the job (a checkpoint written before stays for --resume auto)");
 }
 
 }  // namespace

@@ -1,11 +1,15 @@
 #include "models/initializers.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "models/fast_math.h"
 
 namespace ddp::models {
 namespace {
@@ -55,35 +59,13 @@ void fill_uniform(Draws& draws, float* out, std::size_t n, double limit) {
 }
 
 // Keras's Orthogonal for the recurrent kernel [H, 4H]: QR of a normal (4H, H) matrix with q's columns
-// multiplied by sign(diag(r)), then transposed. Our w_hh [4H, H] is that q itself. Gram-Schmidt yields the
-// QR with a positive diagonal of r, which is exactly the sign-corrected q. Modified Gram-Schmidt run twice
-// keeps the columns orthonormal to double precision.
+// multiplied by sign(diag(r)), then transposed. Our w_hh [4H, H] is that q itself: orthonormal_columns of
+// the draws.
 void fill_orthogonal(Draws& draws, float* out, std::size_t rows, std::size_t cols) {
-  std::vector<double> drawn(rows * cols);
-  for (double& v : drawn) v = draws.normal();  // row-major (rows, cols), as Keras draws it
-  // Column-major copy so that every column is contiguous.
   std::vector<double> q(rows * cols);
-  for (std::size_t r = 0; r < rows; ++r) {
-    for (std::size_t c = 0; c < cols; ++c) q[c * rows + r] = drawn[r * cols + c];
-  }
-  for (std::size_t c = 0; c < cols; ++c) {
-    double* v = &q[c * rows];
-    for (int pass = 0; pass < 2; ++pass) {
-      for (std::size_t k = 0; k < c; ++k) {
-        const double* u = &q[k * rows];
-        double dot = 0;
-        for (std::size_t r = 0; r < rows; ++r) dot += u[r] * v[r];
-        for (std::size_t r = 0; r < rows; ++r) v[r] -= dot * u[r];
-      }
-    }
-    double norm = 0;
-    for (std::size_t r = 0; r < rows; ++r) norm += v[r] * v[r];
-    norm = std::sqrt(norm);
-    for (std::size_t r = 0; r < rows; ++r) v[r] /= norm;
-  }
-  for (std::size_t r = 0; r < rows; ++r) {
-    for (std::size_t c = 0; c < cols; ++c) out[r * cols + c] = static_cast<float>(q[c * rows + r]);
-  }
+  for (double& v : q) v = draws.normal();  // row-major (rows, cols), as Keras draws it
+  orthonormal_columns(q, rows, cols);
+  for (std::size_t i = 0; i < q.size(); ++i) out[i] = static_cast<float>(q[i]);
 }
 
 double glorot_limit(int64_t fan_in, int64_t fan_out) {
@@ -91,6 +73,131 @@ double glorot_limit(int64_t fan_in, int64_t fan_out) {
 }
 
 }  // namespace
+
+namespace {
+
+// Eight doubles that GCC keeps in one AVX-512 register, two AVX2 ones or four SSE2 ones: the same arithmetic
+// lane by lane on each.
+using Lanes = double __attribute__((vector_size(64)));
+constexpr std::size_t kLanes = sizeof(Lanes) / sizeof(double);
+
+// Adds x . y[c] over n doubles to sums[c] for four y at once, each dot product in eight lanes (element i in
+// lane i % 8, a tail in lane 0) added up in one fixed order. This file is compiled without contracting a
+// multiply and an add into one FMA (CMakeLists.txt), so every clone gives the same bits.
+DDP_VECTOR_CLONES void add_dot4(const double* x, const double* const y[4], std::size_t n, double sums[4]) {
+  Lanes lanes[4] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    Lanes xi;
+    std::memcpy(&xi, x + i, sizeof(xi));
+    for (int c = 0; c < 4; ++c) {
+      Lanes yi;
+      std::memcpy(&yi, y[c] + i, sizeof(yi));
+      lanes[c] += xi * yi;
+    }
+  }
+  for (; i < n; ++i) {
+    for (int c = 0; c < 4; ++c) lanes[c][0] += x[i] * y[c][i];
+  }
+  for (int c = 0; c < 4; ++c) {
+    const Lanes& l = lanes[c];
+    sums[c] += ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+  }
+}
+
+double dot(const double* x, const double* y, std::size_t n) {
+  const double* const ys[4] = {y, y, y, y};
+  double sums[4] = {};
+  add_dot4(x, ys, n, sums);
+  return sums[0];
+}
+
+// v -= c * u over n doubles.
+DDP_VECTOR_CLONES void subtract_scaled(double* v, double c, const double* u, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) v[i] -= c * u[i];
+}
+
+// v -= (c[0] u[0] + c[1] u[1]) + (c[2] u[2] + c[3] u[3]) over n doubles: v is read and written once for four
+// columns.
+DDP_VECTOR_CLONES void subtract_scaled4(double* v, const double c[4], const double* const u[4],
+                                        std::size_t n) {
+  const double* u0 = u[0];
+  const double* u1 = u[1];
+  const double* u2 = u[2];
+  const double* u3 = u[3];
+  for (std::size_t i = 0; i < n; ++i) v[i] -= (c[0] * u0[i] + c[1] * u1[i]) + (c[2] * u2[i] + c[3] * u3[i]);
+}
+
+}  // namespace
+
+// Classical Gram-Schmidt run twice (each column's projection on the columns before it taken twice, which
+// keeps them orthonormal to double precision) on a column-major copy, a block of columns at a time, over
+// slices of rows that stay in the L1 cache: the block's coefficients on every earlier column (each earlier
+// column read from memory once a pass), their subtraction, then the block's columns on each other. Column by
+// column, with dot products that waited on one add each, hidden 2000 took over a minute. Every sum runs in
+// an order fixed by the code, so the result is the same on every x86-64 CPU.
+void orthonormal_columns(std::vector<double>& a, std::size_t rows, std::size_t cols) {
+  if (a.size() != rows * cols)
+    throw std::invalid_argument("orthonormal_columns: the matrix is not rows x cols");
+  constexpr std::size_t kBlock = 32;
+  constexpr std::size_t kRowSlice = 256;
+  std::vector<double> q(rows * cols);  // column-major: column j at q[j * rows]
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t j = 0; j < cols; ++j) q[j * rows + r] = a[r * cols + j];
+  }
+  const auto column = [&](std::size_t j) { return &q[j * rows]; };
+  std::vector<double> coefficients;  // [earlier column][block column]
+  for (std::size_t first = 0; first < cols; first += kBlock) {
+    const std::size_t width = std::min(kBlock, cols - first);
+    for (int pass = 0; pass < 2 && first > 0; ++pass) {
+      coefficients.assign(first * kBlock, 0.0);
+      for (std::size_t begin = 0; begin < rows; begin += kRowSlice) {
+        const std::size_t n = std::min(kRowSlice, rows - begin);
+        for (std::size_t k = 0; k < first; ++k) {
+          for (std::size_t j = 0; j < width; j += 4) {
+            // A block narrower than four repeats its last column, whose sum is not kept.
+            const double* const block[4] = {column(first + std::min(j, width - 1)) + begin,
+                                            column(first + std::min(j + 1, width - 1)) + begin,
+                                            column(first + std::min(j + 2, width - 1)) + begin,
+                                            column(first + std::min(j + 3, width - 1)) + begin};
+            double sums[4] = {};
+            add_dot4(column(k) + begin, block, n, sums);
+            for (std::size_t c = 0; c < 4 && j + c < width; ++c) coefficients[k * kBlock + j + c] += sums[c];
+          }
+        }
+      }
+      for (std::size_t begin = 0; begin < rows; begin += kRowSlice) {
+        const std::size_t n = std::min(kRowSlice, rows - begin);
+        std::size_t k = 0;
+        for (; k + 4 <= first; k += 4) {
+          const double* const u[4] = {column(k) + begin, column(k + 1) + begin, column(k + 2) + begin,
+                                      column(k + 3) + begin};
+          for (std::size_t j = 0; j < width; ++j) {
+            const double c[4] = {coefficients[k * kBlock + j], coefficients[(k + 1) * kBlock + j],
+                                 coefficients[(k + 2) * kBlock + j], coefficients[(k + 3) * kBlock + j]};
+            subtract_scaled4(column(first + j) + begin, c, u, n);
+          }
+        }
+        for (; k < first; ++k) {
+          for (std::size_t j = 0; j < width; ++j)
+            subtract_scaled(column(first + j) + begin, coefficients[k * kBlock + j], column(k) + begin, n);
+        }
+      }
+    }
+    for (std::size_t j = 0; j < width; ++j) {
+      double* v = column(first + j);
+      for (int pass = 0; pass < 2; ++pass) {
+        for (std::size_t k = first; k < first + j; ++k)
+          subtract_scaled(v, dot(column(k), v, rows), column(k), rows);
+      }
+      const double norm = std::sqrt(dot(v, v, rows));
+      for (std::size_t r = 0; r < rows; ++r) v[r] /= norm;
+    }
+  }
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t j = 0; j < cols; ++j) a[r * cols + j] = q[j * rows + r];
+  }
+}
 
 void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64_t seed) {
   if (params.size() != layout.total_size()) {

@@ -7,13 +7,19 @@
 // Deterministic from the seed and independent of the BLAS or the number of threads.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "models/param_layout.h"
 
 namespace ddp::models {
 
 void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64_t seed);
+
+// `a` (row-major, rows >= cols) becomes the q of its QR with a positive diagonal of r: orthonormal columns,
+// column j in the span of a's first j + 1 columns, on the side of a's column j. Deterministic, as above.
+void orthonormal_columns(std::vector<double>& a, std::size_t rows, std::size_t cols);
 
 }  // namespace ddp::models

@@ -349,6 +349,40 @@ TEST(FmaRate, MeasuresOnceAndRunsEveryWidthTheCpuHas) {
   }
 }
 
+// orthonormal_columns gives the q of a's QR with a positive diagonal of r (the only such q): q^T q = I, and
+// r = q^T a upper triangular with a positive diagonal; for widths that are and are not whole blocks.
+TEST(Initializers, OrthonormalColumnsAreTheQOfQr) {
+  for (const auto& [rows, cols] :
+       {std::pair<std::size_t, std::size_t>{8, 2}, {111, 37}, {280, 70}, {400, 100}}) {
+    std::mt19937_64 engine(rows);
+    std::vector<double> a(rows * cols);
+    for (double& x : a) x = static_cast<double>(engine() >> 11) * 0x1.0p-53 - 0.5;
+    std::vector<double> q = a;
+    orthonormal_columns(q, rows, cols);
+    double worst_orthonormal = 0;
+    double worst_lower = 0;
+    double smallest_diagonal = 1e300;
+    for (std::size_t i = 0; i < cols; ++i) {
+      for (std::size_t j = 0; j < cols; ++j) {
+        double qq = 0;
+        double qa = 0;
+        for (std::size_t r = 0; r < rows; ++r) {
+          qq += q[r * cols + i] * q[r * cols + j];
+          qa += q[r * cols + i] * a[r * cols + j];
+        }
+        worst_orthonormal = std::max(worst_orthonormal, std::abs(qq - (i == j ? 1.0 : 0.0)));
+        if (i > j) worst_lower = std::max(worst_lower, std::abs(qa));
+        if (i == j) smallest_diagonal = std::min(smallest_diagonal, qa);
+      }
+    }
+    EXPECT_LT(worst_orthonormal, 1e-13) << rows << " x " << cols;
+    EXPECT_LT(worst_lower, 1e-12) << rows << " x " << cols;
+    EXPECT_GT(smallest_diagonal, 0.0) << rows << " x " << cols;
+  }
+  std::vector<double> wrong(5);
+  EXPECT_THROW(orthonormal_columns(wrong, 3, 2), std::invalid_argument);
+}
+
 TEST(Initializers, KerasDistributions) {
   const ModelShape shape{300, 24, 16, 2};
   const ParamLayout layout(shape);
