@@ -62,6 +62,22 @@ if [ "$status" -ne 2 ] || ! grep -q "$work/missing" "$work/err.txt"; then
   exit 1
 fi
 
+# A word with a space is printed quoted, so that the dry run's line runs as printed.
+CUDA_VISIBLE_DEVICES=0 expect_command "mpirun -np 1 --bind-to none $ddptrain --config my\\ cfg.ini" -- --config "my cfg.ini"
+# A rank command that is no program (mpirun's 127), or no mpirun at all, is a failure, never exit 0.
+status=0
+CUDA_VISIBLE_DEVICES='' DDPTRAIN="env $work/missing" "$ddprun" -- --config x.ini >"$work/out.txt" 2>&1 || status=$?
+[ "$status" -ne 0 ] || { echo "FAIL: ddprun returned 0 when the ranks' command was no program"; cat "$work/out.txt"; exit 1; }
+mkdir "$work/no-mpirun"
+ln -s "$(command -v bash)" "$work/no-mpirun/bash"
+status=0
+PATH=$work/no-mpirun "$(command -v bash)" "$ddprun" -- --config x.ini >"$work/out.txt" 2>&1 || status=$?
+if [ "$status" -ne 2 ] || ! grep -q "no mpirun in PATH" "$work/out.txt"; then
+  echo "FAIL: without mpirun ddprun gave exit $status, expected 2 with a message"
+  cat "$work/out.txt"
+  exit 1
+fi
+
 # A real run on this machine's CPUs.
 cd "$work"
 "$ddptrain" prepare synthetic --output data.h5 --train 1000 --test 200 --vocab 200 --maxlen 16 --seed 5 >/dev/null
