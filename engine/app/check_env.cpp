@@ -8,6 +8,7 @@
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "engine/app/rank_facts.h"
 #include "engine/base/errors.h"
 #include "engine/command_line.h"
+#include "engine/config.h"
 #include "engine/watchdog.h"
 
 namespace po = boost::program_options;
@@ -187,6 +189,24 @@ std::unique_ptr<ProgressWatchdog> check_env_watchdog(double timeout_s) {
               __LINE__, kExitEnvironmentProblem);
       },
       ProgressWatchdog::HealthCheck{}, "check-env --timeout");
+}
+
+double check_env_timeout_early(const std::vector<std::string>& args) {
+  double timeout_s = Config{}.comm.timeout_s;  // training's default
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string value;
+    if (args[i] == "--timeout" && i + 1 < args.size()) {
+      value = args[i + 1];
+    } else if (args[i].starts_with("--timeout=")) {
+      value = args[i].substr(std::string("--timeout=").size());
+    } else {
+      continue;
+    }
+    char* end = nullptr;
+    const double parsed = std::strtod(value.c_str(), &end);
+    if (end != value.c_str() && *end == '\0' && parsed >= 1) timeout_s = parsed;
+  }
+  return timeout_s;
 }
 
 int check_env_command(const std::vector<std::string>& args, std::unique_ptr<ProgressWatchdog>& watchdog) {

@@ -26,5 +26,9 @@ int evaluate_command(const std::vector<std::string>& args);
 int check_env_command(const std::vector<std::string>& args, std::unique_ptr<ProgressWatchdog>& watchdog);
 // check-env's watchdog: on a stall it ends the job with kExitEnvironmentProblem, naming --timeout.
 std::unique_ptr<ProgressWatchdog> check_env_watchdog(double timeout_s);
+// check-env's --timeout as given on the command line (at least 1 s), read before MPI starts so that a rank
+// that never joins MPI_Init is waited for that long; the default where it is absent or no number (the full
+// parse after MPI_Init reports it).
+double check_env_timeout_early(const std::vector<std::string>& args);
 
 }  // namespace ddp::engine

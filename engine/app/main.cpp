@@ -362,7 +362,7 @@ int main(int argc, char** argv) {
   // comm.timeout_s (read first, on each rank alone). Ended by the watchdog before MPI_Init returns, a rank
   // exits without MPI, and the launcher ends the job.
   ddp::ConfigReadEarly early = check_env ? ddp::ConfigReadEarly{} : ddp::read_config_early(args);
-  auto watchdog = check_env ? ddp::engine::check_env_watchdog(early.timeout_s())
+  auto watchdog = check_env ? ddp::engine::check_env_watchdog(ddp::engine::check_env_timeout_early(args))
                             : std::make_unique<ddp::engine::ProgressWatchdog>(early.timeout_s());
   // Before MPI_Init, whose exchange grows with the job: a preemption signal during start-up is kept for the
   // first step boundary (a checkpoint and exit 75, which the batch scripts requeue) rather than killing the

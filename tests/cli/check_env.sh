@@ -214,4 +214,18 @@ expect_status hung 3
 last=hung
 grep -q "no progress for .* (check-env --timeout 3) while gathering every rank's report to rank 0" hung.err ||
   fail "hung: no message names the timeout and where rank 0 waited"
+
+# A rank that never comes (its node's start-up stuck before ddptrain runs): the others wait --timeout in
+# MPI_Init, not training's 120 s, and say so.
+started=$(date +%s)
+# shellcheck disable=SC2016  # expanded by each rank's shell
+run late timeout 60 mpirun -np 2 bash -c \
+  'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then sleep 40; fi; exec "$0" check-env --device cpu --timeout 3' "$ddptrain"
+elapsed=$(($(date +%s) - started))
+echo "late rank: check-env ended after $elapsed s, exit status $status"
+expect_status late 3
+[ "$elapsed" -le 18 ] || fail "late: took $elapsed s, bound 18 s (--timeout 3 + 15)"
+last=late
+grep -q "no progress for .* (check-env --timeout 3) while starting MPI (MPI_Init)" late.err ||
+  fail "late: no message names the timeout and MPI_Init"
 echo "PASS"
