@@ -184,7 +184,7 @@ class Server {
         poller.progressed();
         continue;
       }
-      if (other_servers()) answer_alive_questions();
+      if (servers_elsewhere()) answer_alive_questions();
       check_silence(poller);
       poller.idle();
     }
@@ -357,6 +357,9 @@ class Server {
   // twice the timeout, after this server had blamed the wrong rank; so this server first asks the others
   // whether they are alive, and names the ones that do not answer. Each server answers while it polls.
   bool other_servers() const { return !roles_.colocated && roles_.servers > 1; }
+  // Servers on other ranks, dedicated or colocated: a silent worker may be waiting for one that is lost,
+  // which the alive question finds (colocated, a rank whose whole process is lost answers nothing either).
+  bool servers_elsewhere() const { return roles_.servers > 1; }
 
   void answer_alive_questions() {
     for (;;) {
@@ -420,7 +423,7 @@ class Server {
       }
     }
     if (!poller.confirm_overdue(!silent.empty())) return;
-    if (other_servers() && seconds_since(servers_answered_, now) > options_.timeout_s) {
+    if (servers_elsewhere() && seconds_since(servers_answered_, now) > options_.timeout_s) {
       const double listen_s = std::min(options_.timeout_s, kAliveListenSeconds);
       const std::vector<int> lost = servers_not_answering(std::chrono::duration<double>(listen_s));
       if (!lost.empty()) {

@@ -150,6 +150,23 @@ kill -9 "$victim" 2>/dev/null || true
 victim=""
 resume_to_the_end 8
 
+# Three ranks, the last one a straggler (async mode's use): stopped rank 1 holds the straggler's worker waiting
+# for its server while the fast worker 0 waits for a held reply. The servers ask each other and name rank 1,
+# not the straggler whose worker fell silent waiting for it.
+echo "== comm.backend = ps, async, 3 ranks, a straggler waiting for a stopped rank"
+rm -rf run
+run=(mpirun -np 3 "$ddptrain" --data.path data.h5 --checkpoint.dir run --comm.backend ps --comm.ps_servers 0
+  --comm.ps_mode async --comm.timeout_s "$bound" --model.embedding_dim 16 --model.hidden 16 --train.epochs 8
+  --train.straggle_ms 20 --log.progress lines)
+signal_rank_and_wait STOP 1
+[ "$elapsed" -le $((2 * bound + 15)) ] || { echo "FAIL: straggler: took $elapsed s, bound 2 x $bound s"; exit 1; }
+cat err.txt
+grep -Eq "heard nothing from parameter server ranks? ([0-9]+, )*1[ ,]|: rank 1 \(host .*\) is hung" err.txt ||
+  { echo "FAIL: straggler: no message names rank 1"; exit 1; }
+if grep -q "heard nothing from worker rank 2 " err.txt; then echo "FAIL: straggler: the straggler is blamed"; exit 1; fi
+kill -9 "$victim" 2>/dev/null || true
+victim=""
+
 # Rank 1 stopped on entering the collective that sets up a run of steps' exchange (its third MPI_Comm_idup:
 # the second run's): that collective cannot say who is missing, so its deadline leaves the naming to the
 # stall census, which names rank 1.
