@@ -283,12 +283,13 @@ void check_values(const Config& c) {
   require(c.comm.sparse_embedding || c.train.embedding_update == "dense", "train.embedding_update",
           c.train.embedding_update,
           "lazy needs comm.sparse_embedding = true (the rows come from the exchange)");
-  require(c.train.momentum >= 0 && c.train.momentum < 1, "train.momentum", value_text(c.train.momentum),
-          "must be in [0, 1)");
-  require(c.train.beta1 >= 0 && c.train.beta1 < 1, "train.beta1", value_text(c.train.beta1),
-          "must be in [0, 1)");
-  require(c.train.beta2 >= 0 && c.train.beta2 < 1, "train.beta2", value_text(c.train.beta2),
-          "must be in [0, 1)");
+  require(c.train.momentum >= 0 && static_cast<float>(c.train.momentum) < 1, "train.momentum",
+          value_text(c.train.momentum), "must be in [0, 1) as a float (at most 0.99999994)");
+  // Checked as the float the optimizer computes with: 0.99999999 is 1.0 there, and Adam would not move.
+  require(c.train.beta1 >= 0 && static_cast<float>(c.train.beta1) < 1, "train.beta1",
+          value_text(c.train.beta1), "must be in [0, 1) as a float (at most 0.99999994)");
+  require(c.train.beta2 >= 0 && static_cast<float>(c.train.beta2) < 1, "train.beta2",
+          value_text(c.train.beta2), "must be in [0, 1) as a float (at most 0.99999994)");
   require(c.train.epsilon > 0, "train.epsilon", value_text(c.train.epsilon), "must be positive");
   require(c.train.threads >= 0 && c.train.threads <= kMaxThreads, "train.threads",
           value_text(c.train.threads), "must be 0 (auto) or at most " + std::to_string(kMaxThreads));

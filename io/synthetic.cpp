@@ -19,7 +19,6 @@ constexpr int32_t kStart = 1;
 constexpr int32_t kNegation = 3;
 constexpr int32_t kFirstWord = 4;
 constexpr int kMinFillerWords = 16;
-constexpr int kMinMaxlen = 8;
 constexpr uint64_t kNegationPercent = 35;
 constexpr int kMaxPerPolarity = 50;
 constexpr int64_t kMaxBlockRows = 65536;
@@ -187,9 +186,9 @@ void validate(const SyntheticOptions& o) {
   if (o.output.empty()) throw UserError("--output is empty: name the dataset file to write");
   if (o.train < 1) throw UserError("--train " + std::to_string(o.train) + " must be at least 1");
   if (o.test < 1) throw UserError("--test " + std::to_string(o.test) + " must be at least 1");
-  if (o.maxlen < kMinMaxlen) {
+  if (o.maxlen < kSyntheticMinMaxlen) {
     throw UserError("--maxlen " + std::to_string(o.maxlen) + " is too small: need at least " +
-                    std::to_string(kMinMaxlen));
+                    std::to_string(kSyntheticMinMaxlen));
   }
   if (o.classes < 2 || o.classes > 256) {
     throw UserError("--classes " + std::to_string(o.classes) + " must be 2 to 256 (labels are one byte)");

@@ -18,6 +18,9 @@
 
 namespace ddp::io {
 
+// The shortest rows the generator writes: a start token, sentiment words, negations and filler.
+constexpr int kSyntheticMinMaxlen = 8;
+
 struct SyntheticOptions {
   std::string output;
   int64_t train = 25000;

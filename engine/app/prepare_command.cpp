@@ -76,7 +76,8 @@ int prepare_synthetic(const std::vector<std::string>& args) {
   require_output_named(o.output, "prepare synthetic");
   io::check_output_replaceable(o.output, "prepare synthetic");
   if (o.train < 1 || o.test < 1) throw UserError("prepare synthetic: --train and --test must be positive");
-  require_in_range(o.maxlen, "--maxlen", "prepare synthetic", 1, io::kMaxSequenceLength);
+  require_in_range(o.maxlen, "--maxlen", "prepare synthetic", io::kSyntheticMinMaxlen,
+                   io::kMaxSequenceLength);
   const int64_t val_rows = io::val_rows_of("prepare synthetic", o.val_fraction, o.train);
   io::write_synthetic(o);
   const std::string val_text = val_rows > 0 ? ", " + std::to_string(val_rows) + " val" : "";

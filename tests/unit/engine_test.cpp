@@ -173,6 +173,11 @@ TEST(Config, BadValuesNameTheKey) {
   EXPECT_NE(error_of({"--data.path", "x", "--train.optimizer", "rmsprop"}).find("train.optimizer"),
             std::string::npos);
   EXPECT_NE(error_of({}).find("data.path"), std::string::npos);
+  // Decays are checked as the floats the optimizer uses: 0.99999999 rounds to 1 there.
+  for (const char* key : {"--train.beta1", "--train.beta2", "--train.momentum"}) {
+    EXPECT_NE(error_of({"--data.path", "x", key, "0.99999999"}).find("as a float"), std::string::npos) << key;
+    EXPECT_EQ(error_of({"--data.path", "x", key, "0.99999994"}), "") << key;
+  }
 }
 
 TEST(Config, ParameterServerKeys) {
