@@ -229,6 +229,10 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
     if (boot.rank() == 0) {
       // A resumed run's trace covers its own part; the earlier part's stays beside it. A replaced run's goes.
       const std::string kept = config.checkpoint.overwrite ? "" : timeline::keep_earlier_trace(timeline_path);
+      // The replaced run's earlier traces went with its checkpoints (inside the run directory only: a trace
+      // path elsewhere may sit beside other runs' traces).
+      if (config.checkpoint.overwrite && timeline_path != config.log.timeline)
+        timeline::remove_earlier_traces(timeline_path);
       timeline::write_trace(timeline_path, events);
       if (kept.empty()) {
         std::printf("timeline: %s\n", timeline_path.c_str());

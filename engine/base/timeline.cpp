@@ -298,6 +298,33 @@ std::string keep_earlier_trace(const std::string& path) {
   }
 }
 
+int remove_earlier_traces(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path original(path);
+  const std::string stem = original.stem().string() + ".";
+  const std::string extension = original.extension().string();
+  const auto numbered_name = [&](std::string name) {
+    if (const std::size_t part = name.find(".rank"); part != std::string::npos && name.ends_with(".part")) {
+      const std::string rank = name.substr(part + 5, name.size() - part - 5 - 5);
+      if (rank.empty() || rank.find_first_not_of("0123456789") != std::string::npos) return false;
+      name.resize(part);
+    }
+    if (!name.starts_with(stem) || !name.ends_with(extension) ||
+        name.size() <= stem.size() + extension.size())
+      return false;
+    const std::string number = name.substr(stem.size(), name.size() - stem.size() - extension.size());
+    return number.find_first_not_of("0123456789") == std::string::npos;
+  };
+  std::error_code error;
+  int removed = 0;
+  const fs::path folder = original.has_parent_path() ? original.parent_path() : fs::path(".");
+  for (const fs::directory_entry& entry : fs::directory_iterator(folder, error)) {
+    if (!entry.is_regular_file(error) || !numbered_name(entry.path().filename().string())) continue;
+    if (fs::remove(entry.path(), error)) ++removed;
+  }
+  return removed;
+}
+
 void name_this_thread(const char* name) {
   this_thread_track = recorder().track(name);
 }

@@ -35,6 +35,10 @@ void write_trace(const std::string& path, const std::vector<std::string>& ranks_
 // free "STEM.N.EXT" (trace.1.json, trace.2.json, ...), so the new one does not destroy it. Returns the new
 // name, or "" where there was none. Throws UserError if it cannot be renamed.
 std::string keep_earlier_trace(const std::string& path);
+// Rank 0 of a run that replaces the one before (checkpoint.overwrite), its trace inside the run directory:
+// the earlier runs' numbered traces and part files beside `path` (STEM.N.EXT, STEM.N.EXT.rankR.part) go, as
+// their last.h5 did. Returns how many files it removed.
+int remove_earlier_traces(const std::string& path);
 
 // The calling thread's track name ("main", "prefetch", ...); the first span of an unnamed thread names it
 // "thread N".
