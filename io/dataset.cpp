@@ -253,6 +253,16 @@ DatasetInfo inspect_dataset(const std::string& path, SplitsNeeded needed) try {
       throw UserError(path + ": /classes names " + std::to_string(info.class_names.size()) +
                       " classes but num_classes = " + std::to_string(info.num_classes));
     }
+    // Reports, predictions and the class balance name classes by these: two alike could not be told apart.
+    for (std::size_t k = 0; k < info.class_names.size(); ++k) {
+      for (std::size_t j = 0; j < k; ++j) {
+        if (info.class_names[j] != info.class_names[k]) continue;
+        throw UserError(
+            fmt::format("{}: /classes names classes {} and {} alike (\"{}\"): give each class a name "
+                        "of its own",
+                        path, j, k, one_line(info.class_names[k])));
+      }
+    }
   }
   return info;
 } catch (const Hdf5Error& e) {

@@ -467,6 +467,19 @@ TEST_F(InspectTest, VocabOfAnotherLengthThanVocabSize) {
   }
 }
 
+// Two classes of one name could not be told apart in a report: refused, naming both.
+TEST_F(InspectTest, ClassesNamedAlike) {
+  write(FileSpec{});
+  {
+    std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+    Hid file(check_h5_id(H5Fopen(path_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), "H5Fopen"), Hid::Kind::kFile);
+    write_int_attribute(file.get(), "num_classes", 3);
+    write_string_list(file.get(), "classes", {"pos", "neg", "pos"});
+  }
+  expect_user_error([&] { inspect_dataset(path_); },
+                    {path_, "/classes names classes 0 and 2 alike (\"pos\")"});
+}
+
 TEST_F(InspectTest, MaxlenDisagreesWithColumns) {
   FileSpec spec;
   spec.maxlen_attribute = 5;
