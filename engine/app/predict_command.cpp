@@ -185,8 +185,8 @@ std::vector<std::string> read_lines(const std::string& input) {
   // error instead of taking every byte of memory.
   std::streambuf& stream = *in.rdbuf();
   constexpr int kEnd = std::char_traits<char>::eof();
-  // A file in UTF-16 or UTF-32 (as io/tokenizer.h tells it from its first 4 KiB) is read whole and turned into UTF-8
-  // first.
+  // A file in UTF-16 or UTF-32 (as io/tokenizer.h tells it from its first 4 KiB) is read whole and turned
+  // into UTF-8 first.
   constexpr int kHeadBytes = 4096;
   std::string converted;
   std::size_t converted_at = 0;
