@@ -325,7 +325,9 @@ TEST(Tokenizer, Utf32BecomesUtf8) {
   std::string out_of_range = utf32(std::u32string{U'a', char32_t{0xD800}, U'b'}, true, true);
   out_of_range.append("\x00\x00\x11\x00", 4);  // U+110000, past Unicode
   convert_wide_unicode(out_of_range);
-  EXPECT_EQ(out_of_range, "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+  EXPECT_EQ(out_of_range,
+            "a\xEF\xBF\xBD"
+            "b\xEF\xBF\xBD");
   // Latin UTF-16 (NUL every other byte) stays UTF-16; four NULs are no text in either.
   std::string latin16("g\0o\0o\0d\0", 8);
   EXPECT_EQ(convert_wide_unicode(latin16).name, "UTF-16LE");
