@@ -50,8 +50,8 @@ std::string kind_name(int64_t kind) {
   return "kind " + std::to_string(kind);
 }
 
-// Server to server, on the requests' communicator (a worker's messages carry the PsKind tags): "are you
-// alive?" and its answer, both empty.
+// Server to server, on PsChannels::alive() (a worker's messages carry the PsKind tags): "are you alive?" and
+// its answer, both empty.
 constexpr int kAliveQuestionTag = 16;
 constexpr int kAliveAnswerTag = 17;
 // How long a server waits for the others' answers (less where comm.timeout_s is shorter).
@@ -134,6 +134,7 @@ class Server {
         update_(update),
         requests_(channels.requests()),
         replies_(channels.replies()),
+        alive_(channels.alive()),
         own_client_(&channels.client_waits()) {
     int size = 0;
     DDP_CHECK_MPI(MPI_Comm_size(requests_, &size));
@@ -365,9 +366,9 @@ class Server {
     for (;;) {
       int arrived = 0;
       MPI_Status status;
-      DDP_CHECK_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kAliveQuestionTag, requests_, &arrived, &status));
+      DDP_CHECK_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kAliveQuestionTag, alive_, &arrived, &status));
       if (!arrived) return;
-      DDP_CHECK_MPI(MPI_Recv(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, kAliveQuestionTag, requests_,
+      DDP_CHECK_MPI(MPI_Recv(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, kAliveQuestionTag, alive_,
                              MPI_STATUS_IGNORE));  // empty, and already here: no wait
       send_empty(status.MPI_SOURCE, kAliveAnswerTag);
     }
@@ -388,13 +389,13 @@ class Server {
       answer_alive_questions();  // another server may be asking at the same time
       int arrived = 0;
       MPI_Status status;
-      DDP_CHECK_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kAliveAnswerTag, requests_, &arrived, &status));
+      DDP_CHECK_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kAliveAnswerTag, alive_, &arrived, &status));
       if (!arrived) {
         poller.idle();
         continue;
       }
       DDP_CHECK_MPI(
-          MPI_Recv(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, kAliveAnswerTag, requests_, MPI_STATUS_IGNORE));
+          MPI_Recv(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, kAliveAnswerTag, alive_, MPI_STATUS_IGNORE));
       std::erase(waiting, status.MPI_SOURCE);
       poller.progressed();
     }
@@ -405,7 +406,7 @@ class Server {
   // An empty message that nobody waits for: MPI completes the send on its own (MPI_Request_free).
   void send_empty(int to, int tag) {
     MPI_Request request = MPI_REQUEST_NULL;
-    DDP_CHECK_MPI(MPI_Isend(nullptr, 0, MPI_BYTE, to, tag, requests_, &request));
+    DDP_CHECK_MPI(MPI_Isend(nullptr, 0, MPI_BYTE, to, tag, alive_, &request));
     DDP_CHECK_MPI(MPI_Request_free(&request));
   }
 
@@ -489,6 +490,7 @@ class Server {
   std::string me_;
   MPI_Comm requests_;              // the workers' messages come here
   MPI_Comm replies_;               // the parameters go back here
+  MPI_Comm alive_;                 // the servers' questions whether each other is alive (PsChannels::alive)
   const ClientWaits* own_client_;  // colocated: what this rank's worker waits for
   int message_bytes_ = 0;
   std::vector<Worker> workers_;
@@ -563,7 +565,10 @@ std::vector<int> ClientWaits::get() const {
 
 PsChannels::PsChannels(MPI_Comm parent, bool colocated, double timeout_s, const std::string& who) {
   requests_ = duplicate(parent, timeout_s, who);
-  if (colocated) replies_ = duplicate(parent, timeout_s, who);
+  if (colocated) {
+    replies_ = duplicate(parent, timeout_s, who);
+    alive_ = duplicate(parent, timeout_s, who);
+  }
 }
 
 PsChannels::~PsChannels() {
@@ -572,6 +577,7 @@ PsChannels::~PsChannels() {
   if (finalized) return;
   MPI_Comm_free(&requests_);
   if (replies_ != MPI_COMM_NULL) MPI_Comm_free(&replies_);
+  if (alive_ != MPI_COMM_NULL) MPI_Comm_free(&alive_);
 }
 
 PsServerStats run_parameter_server(const PsChannels& channels, const PsOptions& options,

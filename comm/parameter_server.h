@@ -132,12 +132,16 @@ class PsChannels {
 
   MPI_Comm requests() const { return requests_; }
   MPI_Comm replies() const { return replies_ == MPI_COMM_NULL ? requests_ : replies_; }
+  // The servers' "are you alive?" and its answer: colocated, a server's rank is also a worker whose pushes
+  // the others receive from it with any tag on requests(), so the questions travel apart.
+  MPI_Comm alive() const { return alive_ == MPI_COMM_NULL ? requests_ : alive_; }
   // Shared by the rank's client (which writes it) and server (which reads it).
   ClientWaits& client_waits() const { return client_waits_; }
 
  private:
   MPI_Comm requests_ = MPI_COMM_NULL;
   MPI_Comm replies_ = MPI_COMM_NULL;  // colocated only
+  MPI_Comm alive_ = MPI_COMM_NULL;    // colocated only
   mutable ClientWaits client_waits_;
 };
 

@@ -97,7 +97,11 @@ class ParameterService {
   // PsOptions::sparse_exchange_rows outside which the gradients are zero.
   virtual void exchange(std::span<const float> grads, const std::span<const int32_t>* touched_rows,
                         std::span<float> params) = 0;
-  // On return `params` holds the parameters the servers hold, the same on every training rank.
+  // The run's last pushes and replies, whose waits have deadlines of their own (the servers done with it).
+  // end_steps does it first where it was not called.
+  virtual void finish_pushes() = 0;
+  // On return `params` holds the parameters the servers hold, the same on every training rank: collectives
+  // among the training ranks, which the caller watches (a colocated layout's have no deadline of their own).
   virtual void end_steps(std::span<float> params) = 0;
 
   // Between runs of steps: the shards' update count (the same on every shard; rank 0's), and each buffer of

@@ -169,6 +169,8 @@ class ColocatedService final : public ParameterService {
     return squares;
   }
 
+  void finish_pushes() override {}  // every exchange was a collective, done by now
+
   void end_steps(std::span<float> params) override {
     if (rows_stale_) exchange_.all_gather(params);
     rows_stale_ = false;
@@ -249,12 +251,17 @@ class AsyncColocatedService final : public ParameterService {
     client_->push_pull(grads, touched_rows, params);
   }
 
-  // Every rank continues from the servers' shards, gathered.
-  void end_steps(std::span<float> params) override {
+  void finish_pushes() override {
+    if (!client_) return;
     client_->finish();
     client_.reset();
     server_.join();
     channels_.reset();
+  }
+
+  // Every rank continues from the servers' shards, gathered.
+  void end_steps(std::span<float> params) override {
+    finish_pushes();
     std::copy(shard_.begin(), shard_.end(), params.begin() + static_cast<std::ptrdiff_t>(exchange_.begin()));
     exchange_.all_gather(params);
   }

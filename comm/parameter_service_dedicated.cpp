@@ -203,9 +203,14 @@ class DedicatedService final : public ParameterService {
 
   int servers_stop_signal() const override { return servers_stop_signal_; }
 
-  void end_steps(std::span<float> params) override {
+  void finish_pushes() override {
+    if (!client_) return;
     client_->finish();
     client_.reset();
+  }
+
+  void end_steps(std::span<float> params) override {
+    finish_pushes();
     if (root_) receive_state(params);
     // The workers continue from (and evaluate) what the servers hold.
     broadcast_among_workers(params, "rank 0 to hand out the parameters");

@@ -68,6 +68,8 @@ class ParameterServerUpdater final : public Updater {
     replica_.copy_params_from_host(host_params_);
   }
 
+  void finish_pushes() override { service_->finish_pushes(); }
+
   void end_steps() override {
     if (on_host_) {
       service_->end_steps(replica_.params());

@@ -205,6 +205,10 @@ class TrainingRun::Loop {
     pause_where_the_exchange_has_deadlines();
   }
   void end_steps() {
+    updater_->finish_pushes();
+    // Watched again past the exchange's own deadlines (the parameter server's last pushes): the collectives
+    // that follow have none, and a rank stopped at the epoch's end would otherwise hold the others forever.
+    watchdog_.enter("ending the run of steps (the parameters gathered on every rank)");
     updater_->end_steps();
     watchdog_.enter("between runs of steps (the epoch's sums, evaluation or checkpoint)");
   }

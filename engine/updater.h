@@ -36,8 +36,11 @@ class Updater {
   virtual void begin_steps() = 0;
   // Forward, backward and the update on one batch; its loss and accuracy go to the replica's running stats.
   virtual void step(const BatchView& batch) = 0;
-  // The run of steps ends: afterwards every training rank's replica holds the same parameters, as a
+  // The run of steps ends in two parts: first the exchange's last messages, waited for with deadlines of
+  // their own where the exchange has them (exchange_has_deadlines: the watchdog is paused), then collectives
+  // that the watchdog watches. Afterwards every training rank's replica holds the same parameters, as a
   // checkpoint written now must hold them.
+  virtual void finish_pushes() {}
   virtual void end_steps() = 0;
   // Between runs of steps, the optimizer state a checkpoint written now holds, in the canonical layout: its
   // update count (rank 0's; no communication), and, collective over the training ranks, each buffer of the

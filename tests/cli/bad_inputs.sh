@@ -36,7 +36,7 @@ if [ "$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)" -lt 70000000 ]; then
     "$ddptrain" --data.path wide.h5 --model.embedding_dim 200 --train.epochs 1
 fi
 expect_user_error "a directory as --config" "is a directory" "$ddptrain" --config .
-expect_user_error "prepare --maxlen" "--maxlen must be from 1 to" \
+expect_user_error "prepare --maxlen" "--maxlen must be from 8 to" \
   "$ddptrain" prepare synthetic --output big.h5 --maxlen 2147483647
 expect_user_error "prepare imdb-npz --vocab" "--vocab must be from 3 to" \
   "$ddptrain" prepare imdb-npz --input absent.npz --output big.h5 --vocab 2147483647
