@@ -127,7 +127,7 @@ echo "not a trace" >busy/trace.notes
 mpirun -np 2 "$ddptrain" "${common[@]:0:6}" --train.epochs 1 "${common[@]:8}" --comm.backend mpi --checkpoint.dir busy \
   --checkpoint.overwrite true --log.timeline trace.json >overwrite.txt 2>&1 ||
   { echo "FAIL: the run that replaces the run"; cat overwrite.txt; exit 1; }
-leftover=$(cd busy && ls trace.[0-9]*.json* 2>/dev/null || true)
+leftover=$(find busy -maxdepth 1 -name 'trace.[0-9]*.json*')
 [ -z "$leftover" ] || { echo "FAIL: the replaced run's traces stayed: $leftover"; ls busy; exit 1; }
 [ -f busy/trace.notes ] || { echo "FAIL: a file of another name was removed"; exit 1; }
 check busy/trace.json 2 forward backward step
