@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -16,7 +17,6 @@
 #include "comm/average_check.h"
 #include "engine/base/errors.h"
 #include "engine/device.h"
-#include "models/initializers.h"
 #include "models/rnn_classifier_cpu.h"
 
 namespace ddp::engine {
@@ -57,6 +57,40 @@ GeneratedBatch generate_batch(int vocab, int batch, int seq, uint64_t seed) {
   for (std::size_t b = 0; b < out.labels.size(); ++b) {
     out.labels[b] = static_cast<float>(rng() % 2);
     out.labels_double[b] = out.labels[b];
+  }
+  return out;
+}
+
+// The parameters the check runs on: every tensor uniform in [-limit, limit], biases too (a mapping that drops
+// or swaps a bias shows only where biases are not zero), with PyTorch's limit 1/sqrt(hidden) for the
+// recurrent layers and the dense one, so that the recurrence neither explodes nor dies over a long sequence,
+// and embeddings of about PyTorch's unit scale, so that rows of other tokens end in clearly other states.
+// Not Keras's initializers: their orthogonal matrices cost seconds at large hidden sizes, and the check
+// needs only values of a realistic size.
+std::vector<float> generate_params(const models::ParamLayout& layout, uint64_t seed) {
+  std::vector<float> params(layout.total_size());
+  std::mt19937_64 rng(seed ^ 0x5e1fc4ecULL);
+  const double recurrent = 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(layout.shape().hidden, 1)));
+  for (const models::ParamTensor& tensor : layout.tensors()) {
+    std::uniform_real_distribution<float> draw(
+        static_cast<float>(-(tensor.name == "embedding" ? 1.0 : recurrent)),
+        static_cast<float>(tensor.name == "embedding" ? 1.0 : recurrent));
+    for (std::size_t i = tensor.offset; i < tensor.offset + tensor.size(); ++i) params[i] = draw(rng);
+  }
+  return params;
+}
+
+// `rows` rows of `data` (a batch of `seq` steps): those from `first` on, or, with `repeat`, row i taken from
+// row i % data's rows (a batch whose mean gradient is known from the rows' own).
+GeneratedBatch rows_of(const GeneratedBatch& data, int seq, int first, int rows, bool repeat = false) {
+  GeneratedBatch out;
+  const int have = static_cast<int>(data.labels.size());
+  for (int r = 0; r < rows; ++r) {
+    const int from = repeat ? r % have : first + r;
+    const auto begin = data.tokens.begin() + static_cast<std::ptrdiff_t>(to_size(from) * to_size(seq));
+    out.tokens.insert(out.tokens.end(), begin, begin + seq);
+    out.labels.push_back(data.labels[to_size(from)]);
+    out.labels_double.push_back(data.labels_double[to_size(from)]);
   }
   return out;
 }
@@ -111,8 +145,12 @@ class OnReplica {
   std::optional<DeviceBuffer> copy_;
 };
 
-void compare_shape(models::Replica& gpu, int device, models::Replica& cpu,
-                   models::CpuRnnClassifier<double>& reference, int batch, int seq, uint64_t seed) {
+// The slice: one train_step and predict of the replica against the CPU replicas (float and double) on the
+// same parameters and generated batch, comparing the loss, every parameter tensor's gradient and the
+// probabilities. Each batch the references run is added to `reference_batches`.
+void compare_slice(models::Replica& gpu, int device, models::Replica& cpu,
+                   models::CpuRnnClassifier<double>& reference, int batch, int seq, uint64_t seed,
+                   std::vector<std::pair<int, int>>& reference_batches) {
   const models::ParamLayout& layout = gpu.layout();
   const GeneratedBatch data = generate_batch(layout.shape().vocab_size, batch, seq, seed);
   const OnReplica tokens(gpu, device, data.tokens.data(), data.tokens.size() * sizeof(int32_t));
@@ -129,6 +167,7 @@ void compare_shape(models::Replica& gpu, int device, models::Replica& cpu,
   const models::BatchStats cpu_stats = cpu.take_stats();
   const models::BatchStats ref_stats =
       reference.train_step(data.tokens.data(), data.labels_double.data(), batch, seq, {});
+  reference_batches.insert(reference_batches.end(), 2, {batch, seq});
   const double g_loss[] = {gpu_stats.loss_sum};
   const double c_loss[] = {cpu_stats.loss_sum};
   const double r_loss[] = {ref_stats.loss_sum};
@@ -150,7 +189,122 @@ void compare_shape(models::Replica& gpu, int device, models::Replica& cpu,
   gpu.predict(on_gpu, gpu_p);
   cpu.predict(on_host, cpu_p);
   reference.evaluate(data.tokens.data(), data.labels_double.data(), batch, seq, ref_p);
+  reference_batches.insert(reference_batches.end(), 2, {batch, seq});
   compare("probabilities" + at, gpu_p, cpu_p, ref_p, 0, gpu_p.size());
+}
+
+// `got` against `expected`, both from the replica: norm-wise, |got - expected| <= tolerance x
+// |expected - center| (at least tolerance x 1e-2, for values near the center). `center` (per element; empty:
+// zero) measures probabilities from the batch's mean, near which an untrained model's all sit: what tells
+// rows apart is how far each is from it.
+void compare_consistent(const std::string& what, std::span<const float> got, std::span<const double> expected,
+                        double tolerance, std::span<const double> center = {}) {
+  double difference = 0;
+  double size = 0;
+  std::size_t where = 0;
+  double largest = -1;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - expected[i];
+    if (!std::isfinite(d) || std::abs(d) > largest) {
+      largest = std::isfinite(d) ? std::abs(d) : INFINITY;
+      where = i;
+    }
+    difference += d * d;
+    const double from_center = expected[i] - (center.empty() ? 0.0 : center[i]);
+    size += from_center * from_center;
+  }
+  difference = std::sqrt(difference);
+  const double bound = tolerance * std::max(std::sqrt(size), 1e-2);
+  if (std::isfinite(difference) && difference <= bound) return;
+  throw CheckFailed{what + ": differs by " + number(difference) + " (bound " + number(bound) +
+                    "), largest at element " + std::to_string(where) + ": " +
+                    number(static_cast<double>(got[where])) + " instead of " + number(expected[where])};
+}
+
+std::vector<double> widened(std::span<const float> values) {
+  return {values.begin(), values.end()};
+}
+
+// The replica's probabilities for `data` (`rows` x `seq`).
+std::vector<float> predict_rows(models::Replica& gpu, int device, const GeneratedBatch& data, int rows,
+                                int seq) {
+  const OnReplica tokens(gpu, device, data.tokens.data(), data.tokens.size() * sizeof(int32_t));
+  const OnReplica labels(gpu, device, data.labels.data(), data.labels.size() * sizeof(float));
+  std::vector<float> probabilities(to_size(rows) * to_size(gpu.layout().shape().outputs()));
+  gpu.predict({tokens.get<int32_t>(), labels.get<float>(), rows, seq, data.tokens.data()}, probabilities);
+  gpu.take_stats();
+  return probabilities;
+}
+
+// One training step of the replica on `data` (`rows` x `seq`): its loss sum and gradients (mean over rows).
+std::pair<double, std::vector<float>> train_rows(models::Replica& gpu, int device, const GeneratedBatch& data,
+                                                 int rows, int seq) {
+  const OnReplica tokens(gpu, device, data.tokens.data(), data.tokens.size() * sizeof(int32_t));
+  const OnReplica labels(gpu, device, data.labels.data(), data.labels.size() * sizeof(float));
+  gpu.take_stats();
+  gpu.train_step({tokens.get<int32_t>(), labels.get<float>(), rows, seq, data.tokens.data()}, {});
+  std::vector<float> grads(gpu.layout().total_size());
+  gpu.copy_grads_to_host(grads);
+  return {gpu.take_stats().loss_sum, std::move(grads)};
+}
+
+// One of the run's shapes, on the replica alone: its rows against the same rows run as a small batch. The
+// forward pass on distinct rows (the first and the last `small`); with `train`, a training step on a batch
+// that repeats `small` distinct rows, q times over and then the first m of them (batch = q small + m), whose
+// loss sum and mean gradient follow exactly from those of the small batches:
+// (q small G_small + m G_m) / batch. Nothing here grows the CPU's work with the shape.
+void check_consistency(models::Replica& gpu, int device, int batch, int seq, bool train, uint64_t seed,
+                       double tolerance) {
+  const models::ParamLayout& layout = gpu.layout();
+  const int outputs = layout.shape().outputs();
+  const int small = std::min(kSliceRows, batch - 1);
+  const std::string shape = "batch " + std::to_string(batch) + " x " + std::to_string(seq);
+  const GeneratedBatch data = generate_batch(layout.shape().vocab_size, batch, seq, seed);
+  const std::vector<float> full = predict_rows(gpu, device, data, batch, seq);
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    if (!std::isfinite(full[i]))
+      throw CheckFailed{"probabilities (" + shape + "): element " + std::to_string(i) + " is not finite"};
+  }
+  if (small > 0) {
+    // Each output's mean over the batch, for every row of a small batch.
+    std::vector<double> mean(to_size(small) * to_size(outputs), 0.0);
+    for (std::size_t i = 0; i < full.size(); ++i) mean[i % to_size(outputs)] += double(full[i]) / batch;
+    for (std::size_t i = to_size(outputs); i < mean.size(); ++i) mean[i] = mean[i % to_size(outputs)];
+    for (const int first : {0, batch - small}) {
+      const std::vector<float> part = predict_rows(gpu, device, rows_of(data, seq, first, small), small, seq);
+      const auto offset = static_cast<std::ptrdiff_t>(to_size(first) * to_size(outputs));
+      compare_consistent("probabilities of rows " + std::to_string(first) + ".." +
+                             std::to_string(first + small - 1) + " (" + shape + ", against those rows alone)",
+                         {full.data() + offset, part.size()}, widened(part), tolerance, mean);
+    }
+  }
+  if (!train) return;
+  const GeneratedBatch distinct = rows_of(data, seq, 0, std::max(small, 1));
+  const auto [loss, grads] = train_rows(gpu, device, rows_of(distinct, seq, 0, batch, true), batch, seq);
+  if (!std::isfinite(loss)) throw CheckFailed{"loss (" + shape + ") is not finite"};
+  if (small == 0) return;
+  const int repeats = batch / small;
+  const int rest = batch % small;
+  const auto [small_loss, small_grads] = train_rows(gpu, device, distinct, small, seq);
+  double expected_loss = repeats * small_loss;
+  std::vector<double> expected(small_grads.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) expected[i] = double(repeats) * small * small_grads[i];
+  if (rest > 0) {
+    const auto [rest_loss, rest_grads] = train_rows(gpu, device, rows_of(distinct, seq, 0, rest), rest, seq);
+    expected_loss += rest_loss;
+    for (std::size_t i = 0; i < expected.size(); ++i) expected[i] += double(rest) * rest_grads[i];
+  }
+  for (double& g : expected) g /= batch;
+  const std::string against =
+      " (" + shape + " of " + std::to_string(small) + " rows repeated, against those rows alone)";
+  const float got_loss[] = {static_cast<float>(loss)};
+  const double want_loss[] = {expected_loss};
+  compare_consistent("loss" + against, got_loss, want_loss, tolerance);
+  for (const models::ParamTensor& tensor : layout.tensors()) {
+    compare_consistent("gradient of " + tensor.name + against,
+                       std::span<const float>(grads).subspan(tensor.offset, tensor.size()),
+                       std::span<const double>(expected).subspan(tensor.offset, tensor.size()), tolerance);
+  }
 }
 
 // One optimizer step on the GPU and on the host from the same parameters and gradients: the kernels round
@@ -256,6 +410,8 @@ SelfCheckReport check_gpu_communicator(comm::Communicator& comm, int device,
 
 void SelfCheckReport::add(const SelfCheckReport& next) {
   passed.insert(passed.end(), next.passed.begin(), next.passed.end());
+  reference_batches.insert(reference_batches.end(), next.reference_batches.begin(),
+                           next.reference_batches.end());
   if (ok && !next.ok) failure = next.failure;
   ok = ok && next.ok;
   seconds += next.seconds;
@@ -270,14 +426,24 @@ std::string SelfCheckReport::summary() const {
 
 SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
                                   std::span<const std::pair<int, int>> shapes, OptimizerSettings settings,
-                                  uint64_t seed, const models::ModelOptions& options) {
+                                  uint64_t seed, const models::ModelOptions& options,
+                                  const std::function<void()>& progress) {
   const auto start = Clock::now();
+  const auto proceed = [&] {
+    if (progress) progress();
+  };
   SelfCheckReport report;
   const models::ParamLayout& layout = replica.layout();
   try {
     const ThrowFatalErrors report_instead_of_abort;
-    std::vector<float> params(layout.total_size());
-    models::initialize_keras(layout, params, seed);
+    const std::vector<float> params = generate_params(layout, seed);
+    replica.copy_params_from_host(params);
+
+    // The slice: every layer and direction of the model, on a few rows and a few dozen steps, whatever the
+    // run's shapes.
+    int longest = shapes.empty() ? kSliceSteps : 1;
+    for (const auto& [batch, seq] : shapes) longest = std::max(longest, seq);
+    const int slice_steps = std::min(kSliceSteps, longest);
     models::ModelOptions deterministic = options;
     deterministic.dropout = 0;
     deterministic.embedding_dropout = 0;
@@ -285,20 +451,27 @@ SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
     models::CpuRnnClassifier<double> reference(layout.shape(), deterministic);
     cpu->copy_params_from_host(params);
     std::copy(params.begin(), params.end(), reference.params().begin());
-    replica.copy_params_from_host(params);
+    compare_slice(replica, device, *cpu, reference, kSliceRows, slice_steps, seed + 1,
+                  report.reference_batches);
+    report.passed.push_back("loss, gradients and outputs = CPU's on " + std::to_string(kSliceRows) + "x" +
+                            std::to_string(slice_steps));
+    proceed();
 
     std::string shapes_text;
     for (std::size_t i = 0; i < shapes.size(); ++i) {
       const auto [batch, seq] = shapes[i];
-      compare_shape(replica, device, *cpu, reference, batch, seq, seed + 1 + i);
+      // The first shape is the training batch's; the others are evaluated only.
+      check_consistency(replica, device, batch, seq, /*train=*/i == 0, seed + 2 + i, kConsistencyTolerance);
       shapes_text += (i == 0 ? "" : ", ") + std::to_string(batch) + "x" + std::to_string(seq);
+      proceed();
     }
-    report.passed.push_back("loss, gradients and outputs = CPU's on " + shapes_text);
+    if (!shapes.empty()) report.passed.push_back(shapes_text + " = their rows in small batches");
 
     if (const std::string problem = replica.check_parameter_mapping(); !problem.empty()) {
       throw CheckFailed{"parameter mapping: " + problem};
     }
     report.passed.push_back("parameter mapping exact");
+    proceed();
 
     settings.lazy_update = false;  // GPU ranks update the embedding densely
     const std::span<const float> grads = cpu->grads();
@@ -306,6 +479,7 @@ SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
     report.passed.push_back(settings.name + (settings.clip_norm > 0 ? " clipped" : "") +
                             " step = host's bit for bit");
     replica.take_stats();
+    proceed();
   } catch (const CheckFailed& failed) {
     report.ok = false;
     report.failure = failed.what;

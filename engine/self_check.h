@@ -1,16 +1,26 @@
 // The check a GPU rank runs before its first step, and `ddptrain check-env` on every GPU: the device's
-// replica against the CPU replica on the same parameters and batches, the parameter mapping round trip, and
-// one optimizer step; with several ranks, the communicator's averages against their closed form. Nothing
-// about the GPU path has been trusted before it ran there, so it proves itself where it first runs. The
-// trainer, check-env and tests/gpu call these same functions, so they cannot drift apart.
+// replica against the CPU replica, the run's batch shapes against themselves, the parameter mapping round
+// trip, and one optimizer step; with several ranks, the communicator's averages against their closed form.
+// Nothing about the GPU path has been trusted before it ran there, so it proves itself where it first runs.
+// The trainer, check-env and tests/gpu call these same functions, so they cannot drift apart.
 //
-// Tolerances come from the float32 CPU replica itself: the GPU's error against the float64 reference may be
-// at most kErrorFactor times the CPU's own (both round in float; cuDNN sums in another order), or a floor
-// for values the CPU happens to hit almost exactly. A wrong weight mapping, gate order or kernel gives
-// errors of the size of the values themselves, orders of magnitude above either bound.
+// Its cost must not grow with the run. The CPU's part (float and float64 replicas, which are slow at large
+// hidden sizes) therefore runs on one small slice of the model: kSliceRows rows of at most kSliceSteps
+// steps, through every layer and direction, with padded rows among them. That proves the arithmetic: weight
+// mapping, gate order, kernels, masking. What the slice cannot show is whether cuDNN takes the run's own
+// shapes and computes them alike (a persistent algorithm at a large batch, a long sequence): each of those
+// runs on the GPU alone, against its own rows run as a small batch, which costs a few GPU steps whatever the
+// shape. A wrong result there differs by the size of the values; float rounding in another order, by
+// parts per million.
+//
+// Tolerances of the slice come from the float32 CPU replica itself: the GPU's error against the float64
+// reference may be at most kErrorFactor times the CPU's own (both round in float; cuDNN sums in another
+// order), or a floor for values the CPU happens to hit almost exactly. A wrong weight mapping, gate order
+// or kernel gives errors of the size of the values themselves, orders of magnitude above either bound.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <utility>
@@ -29,6 +39,8 @@ struct SelfCheckReport {
   // What passed, for the start log: "replica = CPU on 32x80, 7x80; mapping exact; adam step exact".
   std::vector<std::string> passed;
   double seconds = 0;
+  // Every (rows, steps) batch the CPU references ran, float and float64: the check's CPU work.
+  std::vector<std::pair<int, int>> reference_batches;
 
   // "passed in 0.41 s (...)" or "FAILED: <failure>".
   std::string summary() const;
@@ -41,18 +53,34 @@ struct SelfCheckReport {
 constexpr double kErrorFactor = 16;
 constexpr double kRelativeFloor = 1e-4;
 
+// The slice the CPU references run on: enough rows for padded and unpadded ones, enough steps for the
+// recurrence to matter, few enough that the float64 reference of a large model takes well under a second.
+constexpr int kSliceRows = 4;
+constexpr int kSliceSteps = 24;
+// A shape's rows run in a batch of their own and in the full batch, both on the GPU in float32: norm-wise
+// relative difference allowed. Another summation order moves a float32 LSTM's outputs and gradients by
+// about 1e-6 relative (more over long sequences); a wrong result, by about 1.
+constexpr double kConsistencyTolerance = 1e-3;
+
 // `replica` runs on GPU `device` (or on the CPU: how the check itself is tested); its parameters and
-// running stats are overwritten (load the real ones afterwards). For each (batch, seq) of `shapes`, the
-// shapes the run will meet: one train_step and predict on generated data against the CPU replicas (float and
-// double) on the same parameters, comparing the loss, every parameter tensor's gradient and the
-// probabilities; then check_parameter_mapping(), and one step of the optimizer `settings` names on the GPU
-// against the host optimizer, on the same gradients: bit for bit. CUDA failures on the way are reported as
-// the check's failure (a check-env on a broken node must say so); call it only where no other rank waits for
-// this one in a collective meanwhile, or agree on the result. `options` are the replica's (masking; the
-// CPU replicas run them without dropout, which the GPU replica does not run).
+// running stats are overwritten (load the real ones afterwards). On parameters drawn from `seed`:
+// - the slice (kSliceRows x min(kSliceSteps, longest seq of `shapes`)): one train_step and predict on
+//   generated data against the CPU replicas (float and double), comparing the loss, every parameter
+//   tensor's gradient and the probabilities;
+// - each (batch, seq) of `shapes`, the shapes the run will meet, the first the training batch's (trained
+//   and evaluated) and the others evaluated only: the replica's outputs, and for the first its loss and
+//   gradients, against its own rows run as a small batch, within kConsistencyTolerance;
+// - check_parameter_mapping(), and one step of the optimizer `settings` names on the GPU against the host
+//   optimizer, on the same gradients: bit for bit.
+// `progress` is called after each of these (start-up work that proceeds is no hang: trainer.cpp's
+// watchdog). CUDA failures on the way are reported as the check's failure (a check-env on a broken node
+// must say so); call it only where no other rank waits for this one in a collective meanwhile, or agree on
+// the result. `options` are the replica's (masking; the CPU replicas run them without dropout, which the
+// GPU replica does not run).
 SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
                                   std::span<const std::pair<int, int>> shapes, OptimizerSettings settings,
-                                  uint64_t seed, const models::ModelOptions& options = {});
+                                  uint64_t seed, const models::ModelOptions& options = {},
+                                  const std::function<void()>& progress = {});
 
 // Collective over `comm`, whose averages run in the memory of GPU `device` (NCCL): comm::check_average over
 // a buffer on that GPU, in the run's segments (`segment_sizes`, as the replica hands them to

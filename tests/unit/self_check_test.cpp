@@ -32,14 +32,17 @@ class FaultyReplica final : public ddp::testing::ForwardingReplica {
   std::function<void(const models::ParamLayout&, std::span<float>)> after_step;  // on the gradients
   std::function<void(std::span<float>)> after_predict;                           // on the probabilities
   std::string mapping_problem;
+  // Where not 0, the faults act on batches of this many rows only: a kernel wrong at one batch size alone.
+  int faulty_batch = 0;
+  bool faulty(const BatchView& batch) const { return faulty_batch == 0 || batch.batch == faulty_batch; }
 
   void train_step(const BatchView& batch, const models::GradientReadyFn& on_ready) override {
     inner().train_step(batch, on_ready);
-    if (after_step) after_step(layout(), inner().grads());
+    if (after_step && faulty(batch)) after_step(layout(), inner().grads());
   }
   void predict(const BatchView& batch, std::span<float> probabilities) override {
     inner().predict(batch, probabilities);
-    if (after_predict) after_predict(probabilities);
+    if (after_predict && faulty(batch)) after_predict(probabilities);
   }
   std::string check_parameter_mapping() override { return mapping_problem; }
 };
@@ -57,9 +60,104 @@ TEST(SelfCheck, TheCpuReplicaPasses) {
   auto replica = models::make_cpu_replica(kShape);
   const SelfCheckReport report = check(*replica);
   EXPECT_TRUE(report.ok) << report.failure;
-  EXPECT_EQ(report.passed.size(), 3u);
+  EXPECT_EQ(report.passed.size(), 4u);
   EXPECT_NE(report.summary().find("passed in"), std::string::npos) << report.summary();
-  EXPECT_NE(report.summary().find("8x12, 3x12"), std::string::npos) << report.summary();
+  EXPECT_NE(report.summary().find("CPU's on 4x12"), std::string::npos) << report.summary();
+  EXPECT_NE(report.summary().find("8x12, 3x12 = their rows in small batches"), std::string::npos)
+      << report.summary();
+}
+
+// The CPU references (float and float64, slow at large hidden sizes) run on the same small slice whatever
+// the run's batch size and sequence length: their work is counted, not timed.
+TEST(SelfCheck, TheCpuWorkDoesNotGrowWithTheRunsShapes) {
+  const auto reference_batches = [](const std::vector<std::pair<int, int>>& shapes) {
+    auto replica = models::make_cpu_replica(kShape);
+    const SelfCheckReport report = check_gpu_replica(*replica, 0, shapes, OptimizerSettings{}, 5);
+    EXPECT_TRUE(report.ok) << report.failure;
+    return report.reference_batches;
+  };
+  const std::vector<std::pair<int, int>> imdb = reference_batches({{32, 80}, {7, 80}});
+  const std::vector<std::pair<int, int>> large = reference_batches({{1024, 400}, {1000, 400}, {3, 400}});
+  ASSERT_FALSE(imdb.empty());
+  EXPECT_EQ(imdb, large);
+  for (const auto& [rows, steps] : large) {
+    EXPECT_LE(rows, kSliceRows);
+    EXPECT_LE(steps, kSliceSteps);
+  }
+  // Shorter runs than the slice's steps take their own length.
+  for (const auto& [rows, steps] : reference_batches({{8, 12}})) EXPECT_EQ(steps, 12);
+}
+
+// What the slice cannot see, a kernel wrong only at the run's own large batch, shows against the batch's rows
+// run alone: in the outputs, and in the gradients.
+TEST(SelfCheck, AFaultAtTheRunsBatchSizeAloneFails) {
+  const std::vector<std::pair<int, int>> shapes{{64, 30}, {17, 30}};
+  {
+    FaultyReplica replica(kShape);
+    replica.faulty_batch = 64;
+    replica.after_predict = [](std::span<float> p) { std::swap(p[0], p[1]); };  // two rows mixed up
+    const SelfCheckReport report = check_gpu_replica(replica, 0, shapes, OptimizerSettings{}, 5);
+    ASSERT_FALSE(report.ok);
+    EXPECT_NE(report.failure.find("probabilities of rows 0..3 (batch 64 x 30, against those rows alone)"),
+              std::string::npos)
+        << report.failure;
+  }
+  {
+    FaultyReplica replica(kShape);
+    replica.faulty_batch = 17;  // the evaluation batch's shape, forward only
+    replica.after_predict = [](std::span<float> p) { p.back() *= 0.99f; };
+    const SelfCheckReport report = check_gpu_replica(replica, 0, shapes, OptimizerSettings{}, 5);
+    ASSERT_FALSE(report.ok);
+    EXPECT_NE(report.failure.find("probabilities of rows 13..16 (batch 17 x 30"), std::string::npos)
+        << report.failure;
+  }
+  {
+    FaultyReplica replica(kShape);
+    replica.faulty_batch = 64;
+    // A gradient that misses a percent, as one dropped row of a hundred would.
+    replica.after_step = [](const models::ParamLayout& layout, std::span<float> grads) {
+      const models::ParamTensor& w_ih = layout.tensor("lstm.l0.w_ih");
+      for (std::size_t i = w_ih.offset; i < w_ih.offset + w_ih.size(); ++i) grads[i] *= 0.99f;
+    };
+    const SelfCheckReport report = check_gpu_replica(replica, 0, shapes, OptimizerSettings{}, 5);
+    ASSERT_FALSE(report.ok);
+    EXPECT_NE(report.failure.find("gradient of lstm.l0.w_ih (batch 64 x 30 of 4 rows repeated"),
+              std::string::npos)
+        << report.failure;
+  }
+  {
+    // Rounding of another summation order at the large batch passes.
+    FaultyReplica replica(kShape);
+    replica.faulty_batch = 64;
+    replica.after_step = [](const models::ParamLayout&, std::span<float> grads) {
+      for (float& g : grads) g *= 1.0f + 3e-7f;
+    };
+    replica.after_predict = [](std::span<float> p) {
+      for (float& v : p) v *= 1.0f + 3e-7f;
+    };
+    const SelfCheckReport report = check_gpu_replica(replica, 0, shapes, OptimizerSettings{}, 5);
+    EXPECT_TRUE(report.ok) << report.failure;
+  }
+}
+
+// Batches of every size down to one row, and batches not a multiple of the small one, are checked.
+TEST(SelfCheck, EveryBatchSizePasses) {
+  for (const int batch : {1, 2, 3, 4, 5, 7, 9, 33}) {
+    auto replica = models::make_cpu_replica(kShape);
+    const std::vector<std::pair<int, int>> shapes{{batch, 10}};
+    const SelfCheckReport report = check_gpu_replica(*replica, 0, shapes, OptimizerSettings{}, 5);
+    EXPECT_TRUE(report.ok) << "batch " << batch << ": " << report.failure;
+  }
+}
+
+// Each part of the check tells the caller that the work proceeds (the trainer beats its watchdog with it).
+TEST(SelfCheck, ProgressIsToldAfterEachPart) {
+  auto replica = models::make_cpu_replica(kShape);
+  int told = 0;
+  const SelfCheckReport report =
+      check_gpu_replica(*replica, 0, kShapes, OptimizerSettings{}, 5, {}, [&told] { ++told; });
+  EXPECT_TRUE(report.ok) << report.failure;
+  EXPECT_EQ(told, 1 + static_cast<int>(kShapes.size()) + 2);  // slice, each shape, mapping, optimizer
 }
 
 // A masked bidirectional GRU passes when the check is told the replica's options (its CPU references then
@@ -115,7 +213,7 @@ TEST(SelfCheck, GatesInTheWrongOrderFail) {
   };
   const SelfCheckReport report = check(replica);
   ASSERT_FALSE(report.ok);
-  EXPECT_NE(report.failure.find("gradient of lstm.l1.w_hh (batch 8 x 12)"), std::string::npos)
+  EXPECT_NE(report.failure.find("gradient of lstm.l1.w_hh (batch 4 x 12)"), std::string::npos)
       << report.failure;
   EXPECT_NE(report.summary().find("FAILED: "), std::string::npos);
 }
@@ -125,8 +223,8 @@ TEST(SelfCheck, AnOutputOffByAThousandthFails) {
   replica.after_predict = [](std::span<float> p) { p.back() += 1e-3f; };
   const SelfCheckReport report = check(replica);
   ASSERT_FALSE(report.ok);
-  EXPECT_NE(report.failure.find("probabilities (batch 8 x 12)"), std::string::npos) << report.failure;
-  EXPECT_NE(report.failure.find("largest at element 7"), std::string::npos) << report.failure;
+  EXPECT_NE(report.failure.find("probabilities (batch 4 x 12)"), std::string::npos) << report.failure;
+  EXPECT_NE(report.failure.find("largest at element 3"), std::string::npos) << report.failure;
 }
 
 TEST(SelfCheck, AMappingProblemFails) {
