@@ -1,6 +1,7 @@
 #include "engine/device_preparation.h"
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -29,7 +30,8 @@ std::string self_check_failure(const SelfCheckReport& report, const Topology& to
 // between layers the GPU's are not: a model with dropout is checked on a twin without it (same shape, masking
 // and algorithm).
 SelfCheckReport check_gpu_replica_of(models::Replica& replica, const Config& config, const Topology& topology,
-                                     const std::vector<std::pair<int, int>>& shapes) {
+                                     const std::vector<std::pair<int, int>>& shapes,
+                                     const std::function<void()>& progress) {
   const models::ModelOptions options = model_options(config);
   std::unique_ptr<models::Replica> twin;
   if (options.dropout > 0 || options.embedding_dropout > 0) {
@@ -41,7 +43,7 @@ SelfCheckReport check_gpu_replica_of(models::Replica& replica, const Config& con
                                   models::parse_rnn_algorithm(config.model.cudnn_rnn_algo), without_dropout);
   }
   return check_gpu_replica(twin ? *twin : replica, topology.gpu, shapes, optimizer_settings(config),
-                           config.train.seed, options);
+                           config.train.seed, options, progress);
 }
 
 }  // namespace
@@ -74,8 +76,12 @@ std::vector<std::pair<int, int>> every_ranks_batch_shapes(comm::Communicator& tr
 }
 
 std::string prepare_device(models::Replica& replica, const std::vector<std::pair<int, int>>& shapes,
-                           const Config& config, const Topology& topology, comm::Communicator& trainers) {
+                           const Config& config, const Topology& topology, comm::Communicator& trainers,
+                           const std::function<void()>& progress) {
   std::string summary;
+  const auto proceed = [&] {
+    if (progress) progress();
+  };
   const auto on_this_rank = [&](const UserError& e) {
     return "rank " + std::to_string(trainers.rank()) + " (" + topology.host + ", " + topology.device +
            "): " + e.what();
@@ -86,6 +92,7 @@ std::string prepare_device(models::Replica& replica, const std::vector<std::pair
     try {
       for (std::size_t i = 0; i < shapes.size(); ++i) {
         if (!replica.try_shape(shapes[i].first, shapes[i].second)) refused[i] = 1;
+        proceed();
       }
     } catch (const UserError& e) {
       error = on_this_rank(e);
@@ -94,6 +101,7 @@ std::string prepare_device(models::Replica& replica, const std::vector<std::pair
     trainers.sum(refused);
     for (std::size_t i = 0; i < shapes.size(); ++i) {
       replica.settle_shape(shapes[i].first, shapes[i].second, refused[i] == 0);
+      proceed();
     }
     // Only GPU ranks check themselves, but every training rank takes part in the verdict (a CPU rank of a
     // mixed job that skipped this collective would leave the GPU ranks waiting in it), and an error on one
@@ -101,7 +109,7 @@ std::string prepare_device(models::Replica& replica, const std::vector<std::pair
     std::optional<SelfCheckReport> report;
     if (replica.device() == models::DeviceKind::kCuda && config.comm.selfcheck) {
       try {
-        report = check_gpu_replica_of(replica, config, topology, shapes);
+        report = check_gpu_replica_of(replica, config, topology, shapes, progress);
         if (!report->ok) error = self_check_failure(*report, topology, trainers.rank());
       } catch (const UserError& e) {
         error = on_this_rank(e);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,8 +35,10 @@ std::vector<std::pair<int, int>> every_ranks_batch_shapes(comm::Communicator& tr
 // self-check of the replica and, with NCCL, of the communicator's averages. Errors throw the first failing
 // rank's line as a UserError on every rank. The self-check overwrites the replica's parameters: call this
 // before the starting point is loaded. Returns the self-check's summary for the start log ("" where it did
-// not run).
+// not run). `progress` is called as each piece of the work is done (a shape tried or settled, a part of the
+// self-check), for the watchdog.
 std::string prepare_device(models::Replica& replica, const std::vector<std::pair<int, int>>& shapes,
-                           const Config& config, const Topology& topology, comm::Communicator& trainers);
+                           const Config& config, const Topology& topology, comm::Communicator& trainers,
+                           const std::function<void()>& progress = {});
 
 }  // namespace ddp::engine

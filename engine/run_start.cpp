@@ -308,12 +308,22 @@ RunStart start_run(const Config& config, const RunFiles& files, const io::Datase
   comm::agree_on_errors(trainers, [&] {
     if (root) start.resumed = claim_directory(config, files, start.directory_lock);
   });
+  // A fresh run's parameters are drawn on every rank, not on rank 0 alone while the others wait: at a large
+  // hidden size the orthogonal matrices take a while, and a rank waiting in a collective cannot tell that
+  // work it does not see proceeds, while one that draws them itself beats its watchdog as it goes. Rank 0's
+  // draw is the one distributed (the same bits, from the same seed).
+  std::vector<double> fresh{start.resumed ? 0.0 : 1.0};
+  trainers.broadcast(std::span<double>(fresh), 0);
+  const auto proceed = [&watchdog] { watchdog.proceed(); };
   watchdog.enter(
       "reading the checkpoint to resume, or drawing the initial parameters from the seed, and broadcasting "
       "them");
   std::vector<std::string> rng_states;  // rank 0 of a resumed run: every training rank's, if saved
   comm::agree_on_errors(trainers, [&] {
-    if (!root) return;
+    if (!root) {
+      if (fresh[0] != 0.0) models::initialize_keras(layout, start.params, config.train.seed, proceed);
+      return;
+    }
     start.record = describe_run(data, plan);
     start.record.mask_padding = config.model.mask_padding;
     start.config_ini = config.to_ini();
@@ -321,7 +331,7 @@ RunStart start_run(const Config& config, const RunFiles& files, const io::Datase
       resume_from_checkpoint(config, files, layout, optimizer, trainers.size(), steps_per_epoch, start,
                              rng_states);
     } else {
-      models::initialize_keras(layout, start.params, config.train.seed);
+      models::initialize_keras(layout, start.params, config.train.seed, proceed);
       start.progress.seed = config.train.seed;
     }
   });

@@ -189,7 +189,7 @@ class TrainingRun::Loop {
         engine::prepare_device(*replica_,
                                every_ranks_batch_shapes(comm_, config_.train.batch_size, data_.maxlen,
                                                         plan_.validation.shard.size(), test_rows),
-                               config_, topology_, comm_);
+                               config_, topology_, comm_, [this] { watchdog_.proceed(); });
   }
 
   // From here every step and evaluation batch beats the watchdog.

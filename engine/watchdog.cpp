@@ -71,6 +71,10 @@ void ProgressWatchdog::beat(int64_t global_step) {
   mark_progress();
 }
 
+void ProgressWatchdog::proceed() {
+  mark_progress();
+}
+
 void ProgressWatchdog::mark_progress() {
   last_progress_.store(now_().time_since_epoch().count(), std::memory_order_relaxed);
 }

@@ -65,6 +65,9 @@ class ProgressWatchdog {
   // Progress was made within the phase; `global_step` (the steps trained so far) goes into the message.
   // Costs a clock read and two relaxed stores.
   void beat(int64_t global_step);
+  // A piece of the phase's work was done (a tensor initialised, a shape tried, a chunk of the data file
+  // checked): start-up work that proceeds is no stall, however long it takes in all. Leaves a pause as it is.
+  void proceed();
   // Stops judging until the next enter(), while code with deadlines of its own waits (the parameter
   // server's protocol names the rank it waits for). The health check still runs.
   void pause();

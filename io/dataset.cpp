@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <functional>
 #include <span>
 #include <stdexcept>
 #include <vector>
@@ -283,7 +284,8 @@ std::string class_name(const DatasetInfo& info, int k) {
   return std::to_string(k);
 }
 
-int64_t validate_rows(const DatasetInfo& info, const std::string& split, int64_t begin, int64_t end) try {
+int64_t validate_rows(const DatasetInfo& info, const std::string& split, int64_t begin, int64_t end,
+                      const std::function<void()>& progress) try {
   checked_rows("validate_rows", info, split, begin, end);
   const std::string x_name = "/" + split + "/x";
   const std::string y_name = "/" + split + "/y";
@@ -347,6 +349,7 @@ int64_t validate_rows(const DatasetInfo& info, const std::string& split, int64_t
                         ")");
       }
     }
+    if (progress) progress();
   }
   return rows_without_tokens;
 } catch (const Hdf5Error& e) {

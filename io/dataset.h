@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -73,7 +74,9 @@ DatasetInfo inspect_dataset(const std::string& path, SplitsNeeded needed = Split
 // bad entry.
 // Returns how many of the rows hold no token at all (every id 0, padding): rows a writer reserved and never
 // filled read so (HDF5's fill value), with label 0, which the caller says.
-int64_t validate_rows(const DatasetInfo& info, const std::string& split, int64_t begin, int64_t end);
+// `progress` is called after each chunk (a large shard takes a while).
+int64_t validate_rows(const DatasetInfo& info, const std::string& split, int64_t begin, int64_t end,
+                      const std::function<void()>& progress = {});
 // The note for `count` such rows of `rows` in split.
 std::string rows_without_tokens_note(const DatasetInfo& info, const std::string& split, int64_t count,
                                      int64_t rows);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numbers>
 #include <random>
 #include <stdexcept>
@@ -61,10 +62,11 @@ void fill_uniform(Draws& draws, float* out, std::size_t n, double limit) {
 // Keras's Orthogonal for the recurrent kernel [H, 4H]: QR of a normal (4H, H) matrix with q's columns
 // multiplied by sign(diag(r)), then transposed. Our w_hh [4H, H] is that q itself: orthonormal_columns of
 // the draws.
-void fill_orthogonal(Draws& draws, float* out, std::size_t rows, std::size_t cols) {
+void fill_orthogonal(Draws& draws, float* out, std::size_t rows, std::size_t cols,
+                     const std::function<void()>& progress) {
   std::vector<double> q(rows * cols);
   for (double& v : q) v = draws.normal();  // row-major (rows, cols), as Keras draws it
-  orthonormal_columns(q, rows, cols);
+  orthonormal_columns(q, rows, cols, progress);
   for (std::size_t i = 0; i < q.size(); ++i) out[i] = static_cast<float>(q[i]);
 }
 
@@ -136,7 +138,8 @@ DDP_VECTOR_CLONES void subtract_scaled4(double* v, const double c[4], const doub
 // column read from memory once a pass), their subtraction, then the block's columns on each other. Column by
 // column, with dot products that waited on one add each, hidden 2000 took over a minute. Every sum runs in
 // an order fixed by the code, so the result is the same on every x86-64 CPU.
-void orthonormal_columns(std::vector<double>& a, std::size_t rows, std::size_t cols) {
+void orthonormal_columns(std::vector<double>& a, std::size_t rows, std::size_t cols,
+                         const std::function<void()>& progress) {
   if (a.size() != rows * cols)
     throw std::invalid_argument("orthonormal_columns: the matrix is not rows x cols");
   constexpr std::size_t kBlock = 32;
@@ -193,13 +196,15 @@ void orthonormal_columns(std::vector<double>& a, std::size_t rows, std::size_t c
       const double norm = std::sqrt(dot(v, v, rows));
       for (std::size_t r = 0; r < rows; ++r) v[r] /= norm;
     }
+    if (progress) progress();
   }
   for (std::size_t r = 0; r < rows; ++r) {
     for (std::size_t j = 0; j < cols; ++j) a[r * cols + j] = q[j * rows + r];
   }
 }
 
-void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64_t seed) {
+void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64_t seed,
+                      const std::function<void()>& progress) {
   if (params.size() != layout.total_size()) {
     throw std::invalid_argument("initialize_keras: the buffer holds " + std::to_string(params.size()) +
                                 " floats, the layout " + std::to_string(layout.total_size()));
@@ -219,7 +224,7 @@ void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64
       fill_uniform(draws, out, n, glorot_limit(tensor.shape[1], tensor.shape[0]));
     } else if (name.ends_with(".w_hh")) {
       fill_orthogonal(draws, out, static_cast<std::size_t>(tensor.shape[0]),
-                      static_cast<std::size_t>(tensor.shape[1]));
+                      static_cast<std::size_t>(tensor.shape[1]), progress);
     } else if (name.ends_with(".b_ih")) {
       // LSTM's unit_forget_bias: gate block 1 (f) starts at 1 so that early training does not forget. Keras's
       // GRU starts every bias at 0.
@@ -237,6 +242,7 @@ void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64
     } else {
       throw std::logic_error("initialize_keras: no initializer for tensor '" + name + "'");
     }
+    if (progress) progress();
   }
 }
 

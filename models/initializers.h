@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -16,10 +17,14 @@
 
 namespace ddp::models {
 
-void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64_t seed);
+// `progress` is called as the work proceeds (after each tensor, and within an orthogonal matrix after each
+// block of columns): a large hidden size takes seconds.
+void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64_t seed,
+                      const std::function<void()>& progress = {});
 
 // `a` (row-major, rows >= cols) becomes the q of its QR with a positive diagonal of r: orthonormal columns,
 // column j in the span of a's first j + 1 columns, on the side of a's column j. Deterministic, as above.
-void orthonormal_columns(std::vector<double>& a, std::size_t rows, std::size_t cols);
+void orthonormal_columns(std::vector<double>& a, std::size_t rows, std::size_t cols,
+                         const std::function<void()>& progress = {});
 
 }  // namespace ddp::models

@@ -172,8 +172,8 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
     for (std::size_t i = 0; i < 3; ++i) {
       if (splits[i].second == 0) continue;  // an empty or absent split
       const io::Shard rows = io::shard_of(splits[i].second, boot.rank(), boot.size(), /*cover_all=*/true);
-      rows_without_tokens[i] =
-          static_cast<double>(io::validate_rows(data, splits[i].first, rows.begin, rows.end));
+      rows_without_tokens[i] = static_cast<double>(io::validate_rows(
+          data, splits[i].first, rows.begin, rows.end, [&watchdog] { watchdog.proceed(); }));
     }
   });
   boot.sum(rows_without_tokens);

@@ -31,9 +31,12 @@
 #include "engine/config.h"
 #include "engine/metrics.h"
 #include "engine/optimizer.h"
+#include "engine/self_check.h"
 #include "engine/topology.h"
 #include "engine/watchdog.h"
 #include "models/cuda_replica.h"
+#include "models/initializers.h"
+#include "models/replica.h"
 #include "tests/test_util.h"
 
 namespace ddp::engine {
@@ -774,6 +777,50 @@ TEST(ProgressWatchdog, CallsTheHandlerWhenBeatsStop) {
                       "is hung or lost"),
       0u)
       << reasons[0];
+}
+
+// Start-up work that proceeds is no stall, however long it takes in all: the initial parameters (orthogonal
+// matrices take seconds at large hidden sizes) and the GPU self-check tell the watchdog as each piece is
+// done. Here each piece takes 0.4 of the timeout on the watchdog's clock, the pieces many timeouts together,
+// and the watchdog stays quiet; the same silence without a word of the work is a stall.
+TEST(ProgressWatchdog, StartUpWorkThatProceedsIsNoStall) {
+  ManualClock clock;
+  int stalls = 0;
+  auto watchdog = ProgressWatchdog::without_thread(1.0, clock.now(), [&](const std::string&) { ++stalls; });
+  int pieces = 0;
+  const auto piece_done = [&] {
+    clock.advance(0.4);
+    watchdog->proceed();
+    ++pieces;
+    EXPECT_FALSE(watchdog->check()) << "after piece " << pieces;
+  };
+  watchdog->enter("drawing the initial parameters");
+  const models::ParamLayout layout({100, 16, 320, 2});
+  std::vector<float> params(layout.total_size());
+  models::initialize_keras(layout, params, 1, piece_done);
+  EXPECT_GE(pieces, 2 * (320 / 32) + static_cast<int>(layout.tensors().size()));  // a block of columns each
+  watchdog->enter("preparing the batch shapes and the GPU self-check");
+  const int before = pieces;
+  auto replica = models::make_cpu_replica({100, 8, 8, 2});
+  const std::vector<std::pair<int, int>> shapes{{16, 20}, {5, 20}};
+  EXPECT_TRUE(check_gpu_replica(*replica, 0, shapes, OptimizerSettings{}, 1, {}, piece_done).ok);
+  EXPECT_EQ(pieces - before, 5);
+  EXPECT_EQ(stalls, 0);
+  clock.advance(1.0);
+  EXPECT_TRUE(watchdog->check());
+  EXPECT_EQ(stalls, 1);
+}
+
+// A pause (the exchange's own deadlines) outlives work done within it: proceed() does not end it.
+TEST(ProgressWatchdog, ProceedLeavesAPauseAsItIs) {
+  ManualClock clock;
+  int stalls = 0;
+  auto watchdog = ProgressWatchdog::without_thread(1.0, clock.now(), [&](const std::string&) { ++stalls; });
+  watchdog->pause();
+  watchdog->proceed();
+  clock.advance(5.0);
+  EXPECT_FALSE(watchdog->check());
+  EXPECT_EQ(stalls, 0);
 }
 
 // Before the first step (a collective of start-up waiting for a hung rank) the message names the phase.
