@@ -8,6 +8,7 @@ set -euo pipefail
 ddptrain=$1
 # shellcheck source=tests/cli/lib/cli_test.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
+use_python_with h5py "read and edit the dataset and checkpoint"
 enter_scratch_dir
 
 # Documents of filler words; the class is carried by two topic words, and a negated word of another topic
@@ -73,7 +74,7 @@ mkdir -p corpus/train/extra && echo "more words" >corpus/train/extra/1.txt
 grep -q "no class (--not-classes), left out: 2 (train/extra, train/unsup)" spaced.txt ||
   fail "--not-classes 'unsup, extra' did not leave both out" spaced.txt
 rm -r corpus/train/extra spaced.h5
-/usr/bin/python3 - <<'PY' || fail "the dataset's classes" prepare.txt
+"$python" - <<'PY' || fail "the dataset's classes" prepare.txt
 import h5py
 f = h5py.File("data.h5", "r")
 assert f.attrs["num_classes"] == 3, dict(f.attrs)
@@ -117,7 +118,7 @@ fi
 # Class names that hold what separates predict's fields (a space, '=', a tab) are printed quoted, so every
 # line still splits: the same checkpoint with its classes renamed.
 cp run/best.h5 renamed.h5
-/usr/bin/python3 - <<'PY' || fail "renaming the checkpoint's classes"
+"$python" - <<'PY' || fail "renaming the checkpoint's classes"
 import h5py
 with h5py.File("renamed.h5", "r+") as f:
     del f["classes"]
@@ -139,7 +140,7 @@ expect_user_error "dropout of 1" "model.dropout = 1" "$ddptrain" --data.path dat
 expect_user_error "a step schedule without its interval" "train.lr_decay_steps" \
   "$ddptrain" --data.path data.h5 --train.lr_schedule step
 expect_user_error "a negative clip norm" "train.clip_norm = -1" "$ddptrain" --data.path data.h5 --train.clip_norm -1
-/usr/bin/python3 - <<'PY'
+"$python" - <<'PY'
 import h5py, shutil
 shutil.copy("data.h5", "one_class.h5")
 with h5py.File("one_class.h5", "a") as f:

@@ -9,13 +9,13 @@ set -euo pipefail
 ddptrain=$1
 # shellcheck source=tests/cli/lib/cli_test.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
-/usr/bin/python3 -c 'import h5py' 2>/dev/null || { echo "SKIP: needs python3-h5py to edit a dataset"; exit 77; }
+use_python_with h5py "edit a dataset"
 enter_scratch_dir
 
 "$ddptrain" prepare synthetic --output data.h5 --train 2000 --test 400 --vocab 300 --maxlen 20 --seed 3 >/dev/null
 # poison SPLIT FIRST LAST: token 300 (vocab 300) in rows [FIRST, LAST).
 poison() {
-  /usr/bin/python3 - "$@" <<'PY'
+  "$python" - "$@" <<'PY'
 import sys, h5py
 with h5py.File("data.h5", "r+") as f:
     f[sys.argv[1] + "/x"][int(sys.argv[2]):int(sys.argv[3]), 5] = 300

@@ -12,6 +12,7 @@ ddptrain=$1
 device=${DDPTRAIN_TEST_DEVICE:-cpu}
 # shellcheck source=tests/cli/lib/cli_test.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
+use_python_with h5py "edit a dataset and a checkpoint"
 enter_scratch_dir
 
 # Reviews of neutral filler words; the label is carried by two sentiment words placed at random.
@@ -68,7 +69,7 @@ grep -qF "hidden entries (names starting with '.'), left out: 3 (train/.NET, tes
 
 # Fine-tuning on data whose vocabulary gives ids other words is said: their embedding rows keep what they
 # learned for the old words (here two words swap ids, and a label changes so that the data is other data).
-/usr/bin/python3 - <<'EOF' || fail "could not write the retokenized copy"
+"$python" - <<'EOF' || fail "could not write the retokenized copy"
 import h5py, shutil
 shutil.copy("data.h5", "swapped.h5")
 with h5py.File("swapped.h5", "r+") as f:
@@ -125,7 +126,7 @@ printf 'excellent superb\n\n   \nterrible dull\n?!\n' >docs_with_blanks.txt
   fail "blank lines or a document without words" alone.txt
 # The checkpoint records which Unicode tables split its vocabulary's words; a vocabulary another ICU split is
 # said on stderr, and the documents still score.
-/usr/bin/python3 - <<'EOF' || fail "the checkpoint does not record its tokenizer"
+"$python" - <<'EOF' || fail "the checkpoint does not record its tokenizer"
 import h5py, shutil
 shutil.copy("run/best.h5", "older_icu.h5")
 with h5py.File("older_icu.h5", "r+") as f:

@@ -5,7 +5,7 @@
 #   bash tests/cli/timeline.sh path/to/ddptrain source-dir
 set -euo pipefail
 ddptrain=$1
-python=/usr/bin/python3
+python=python3
 "$python" -c 'import json' || { echo "FAIL: $python is missing"; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -35,3 +35,22 @@ expect_user_error() {
   [ "$(wc -l <bad_err.txt)" -eq 1 ] || fail "$what: not one line on stderr" bad_err.txt
   grep -qF -- "$mention" bad_err.txt || fail "$what: '$mention' not in the message" bad_err.txt
 }
+
+# use_python_with MODULE WHY: sets $python to a Python 3 that imports MODULE: the python3 on PATH (a GPU node's
+# h5py may live in another Python than the system's), else Debian's /usr/bin/python3 (where python3-h5py
+# installs it); else the test is skipped, saying which Pythons lacked it and what needed it.
+use_python_with() {
+  local module=$1 why=$2 candidate
+  local without_module=()
+  for candidate in "$(command -v python3 || true)" /usr/bin/python3; do
+    if [ -z "$candidate" ] || [ ! -x "$candidate" ]; then continue; fi
+    if "$candidate" -c "import $module" 2>/dev/null; then
+      # shellcheck disable=SC2034  # read by the sourcing test
+      python=$candidate
+      return 0
+    fi
+    without_module+=("$candidate")
+  done
+  echo "SKIP: no Python with $module (tried: ${without_module[*]:-none found}) to $why (Debian: python3-$module)"
+  exit 77
+}
