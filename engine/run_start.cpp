@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <limits>
 #include <span>
 #include <string>
@@ -297,10 +298,36 @@ void broadcast_progress(comm::Communicator& trainers, TrainingProgress& p, bool&
 
 }  // namespace
 
+InitialParameters::InitialParameters(const models::ParamLayout& layout, uint64_t seed,
+                                     ProgressWatchdog& watchdog)
+    : size_(layout.total_size()) {
+  draw_ = std::async(std::launch::async, [this, &layout, seed, &watchdog] {
+    std::vector<float> params(size_);
+    models::initialize_keras(layout, params, seed, [this, &watchdog] {
+      if (dropped_.load(std::memory_order_relaxed)) throw Dropped{};
+      watchdog.proceed();
+    });
+    return params;
+  });
+}
+
+InitialParameters::~InitialParameters() {
+  drop();
+  if (draw_.valid()) draw_.wait();
+}
+
+void InitialParameters::drop() {
+  dropped_.store(true, std::memory_order_relaxed);
+}
+
+std::vector<float> InitialParameters::take() {
+  return draw_.get();
+}
+
 RunStart start_run(const Config& config, const RunFiles& files, const io::DatasetInfo& data,
                    const io::DataPlan& plan, const models::ParamLayout& layout,
                    const OptimizerSettings& optimizer, int64_t steps_per_epoch, comm::Communicator& trainers,
-                   ProgressWatchdog& watchdog) {
+                   ProgressWatchdog& watchdog, InitialParameters& initial) {
   RunStart start;
   start.params.resize(layout.total_size());
   const bool root = trainers.rank() == 0;
@@ -308,20 +335,18 @@ RunStart start_run(const Config& config, const RunFiles& files, const io::Datase
   comm::agree_on_errors(trainers, [&] {
     if (root) start.resumed = claim_directory(config, files, start.directory_lock);
   });
-  // A fresh run's parameters are drawn on every rank, not on rank 0 alone while the others wait: at a large
-  // hidden size the orthogonal matrices take a while, and a rank waiting in a collective cannot tell that
-  // work it does not see proceeds, while one that draws them itself beats its watchdog as it goes. Rank 0's
-  // draw is the one distributed (the same bits, from the same seed).
+  // Every rank learns whether the run starts afresh: then each waits for its own draw (InitialParameters),
+  // so that none waits silently for rank 0's.
   std::vector<double> fresh{start.resumed ? 0.0 : 1.0};
   trainers.broadcast(std::span<double>(fresh), 0);
-  const auto proceed = [&watchdog] { watchdog.proceed(); };
+  if (fresh[0] == 0.0) initial.drop();
   watchdog.enter(
       "reading the checkpoint to resume, or drawing the initial parameters from the seed, and broadcasting "
       "them");
   std::vector<std::string> rng_states;  // rank 0 of a resumed run: every training rank's, if saved
   comm::agree_on_errors(trainers, [&] {
     if (!root) {
-      if (fresh[0] != 0.0) models::initialize_keras(layout, start.params, config.train.seed, proceed);
+      if (fresh[0] != 0.0) initial.take();  // rank 0's are distributed
       return;
     }
     start.record = describe_run(data, plan);
@@ -331,7 +356,7 @@ RunStart start_run(const Config& config, const RunFiles& files, const io::Datase
       resume_from_checkpoint(config, files, layout, optimizer, trainers.size(), steps_per_epoch, start,
                              rng_states);
     } else {
-      models::initialize_keras(layout, start.params, config.train.seed, proceed);
+      start.params = initial.take();
       start.progress.seed = config.train.seed;
     }
   });

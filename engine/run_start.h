@@ -5,7 +5,9 @@
 // distribute_start().
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,13 +47,37 @@ struct RunStart {
   std::shared_ptr<RunDirectoryLock> directory_lock;
 };
 
+// A fresh run's initial parameters (models::initialize_keras from train.seed), drawn in a thread of their
+// own from construction on, so that the draw runs beside the device's preparation (the GPU self-check's CPU
+// side): at a large hidden size both take seconds, and a rank's start-up takes the longer of the two instead
+// of their sum. Every training rank draws them, so that each beats its watchdog (proceed) while rank 0 draws
+// the ones it distributes, instead of waiting for them in silence. A resumed run drops them.
+class InitialParameters {
+ public:
+  InitialParameters(const models::ParamLayout& layout, uint64_t seed, ProgressWatchdog& watchdog);
+  ~InitialParameters();  // drops the draw and waits for its thread
+  InitialParameters(const InitialParameters&) = delete;
+  InitialParameters& operator=(const InitialParameters&) = delete;
+
+  // Waits for the parameters (rethrowing the draw's failure); once.
+  std::vector<float> take();
+  // Ends the draw at its next block of work; take() then throws.
+  void drop();
+
+ private:
+  struct Dropped {};
+  const std::size_t size_;
+  std::atomic<bool> dropped_{false};
+  std::future<std::vector<float>> draw_;
+};
+
 // Collective over the training ranks: errors agreed on there, the progress broadcast; `watchdog` is told each
-// phase. Throws UserError, the same on every rank, when the directory holds another run's results, the
-// checkpoint was trained on other data (unless checkpoint.allow_data_change) or for another model or
-// optimizer.
+// phase; `initial` gives a fresh run's parameters. Throws UserError, the same on every rank, when the
+// directory holds another run's results, the checkpoint was trained on other data (unless
+// checkpoint.allow_data_change) or for another model or optimizer.
 RunStart start_run(const Config& config, const RunFiles& files, const io::DatasetInfo& data,
                    const io::DataPlan& plan, const models::ParamLayout& layout,
                    const OptimizerSettings& optimizer, int64_t steps_per_epoch, comm::Communicator& trainers,
-                   ProgressWatchdog& watchdog);
+                   ProgressWatchdog& watchdog, InitialParameters& initial);
 
 }  // namespace ddp::engine

@@ -89,9 +89,10 @@ class TrainingRun::Loop {
   }
 
   TrainResult run() {
+    InitialParameters initial(replica_->layout(), config_.train.seed, watchdog_);  // drawn meanwhile
     prepare_device();
     RunStart start = start_run(config_, files_, data_, plan_, replica_->layout(), optimizer_settings(config_),
-                               steps_per_epoch_, comm_, watchdog_);
+                               steps_per_epoch_, comm_, watchdog_, initial);
     resumed_ = start.resumed;
     finished_at_start_ = start.finished;
     directory_lock_ = start.directory_lock;
