@@ -31,15 +31,16 @@ void AllReduceStep::run(const BatchView& batch) {
   const models::ParamLayout& layout = replica_.layout();
   const models::ParamSegment& embedding = layout.segments().front();
   const auto width = static_cast<std::size_t>(layout.shape().embedding_dim);
-  // The reductions start in one order on every rank, the layout's from its end (dense first, embedding
-  // last), whatever order this rank's replica finishes the segments in: collectives pair up by order, and a
-  // GPU rank and a CPU rank of one job differ (the CPU replica hands the embedding over before the first
-  // layer's weights, cuDNN computes every layer's weights in one call). A segment that finishes early waits
-  // for the ones before it. The embedding's rows (all-CPU jobs only, whose replicas all report alike) start
-  // as soon as it is ready.
+  // The reductions start in one order on every rank (ParamLayout::reduction_order: dense, embedding, the
+  // layers from the top), whatever order this rank's replica finishes the segments in: collectives pair up
+  // by order, and a GPU rank and a CPU rank of one job differ (the CPU replica hands the embedding over
+  // before the first layer's weights, cuDNN computes every layer's weights in one call). A segment that
+  // finishes early waits for the ones before it. The embedding's rows (all-CPU jobs only, whose replicas all
+  // report alike) start as soon as it is ready.
   const std::vector<models::ParamSegment>& segments = layout.segments();
+  const std::vector<std::size_t> order = layout.reduction_order();
   finished_.assign(segments.size(), false);
-  std::size_t next = segments.size();  // segments[next - 1] is the next to start
+  std::size_t next = 0;  // segments[order[next]] is the next to start
   replica_.train_step(batch, [&](const models::ParamSegment& segment) {
     if (sparse_exchange_ && segment.offset == embedding.offset) {
       // By rows, in the background like the other segments: the CPU replica hands the embedding over
@@ -49,14 +50,14 @@ void AllReduceStep::run(const BatchView& batch) {
                                                  replica_.touched_embedding_rows());
     }
     finished_[layout.segment_index(segment.offset)] = true;
-    for (; next > 0 && finished_[next - 1]; --next) {
-      const models::ParamSegment& ready = segments[next - 1];
+    for (; next < order.size() && finished_[order[next]]; ++next) {
+      const models::ParamSegment& ready = segments[order[next]];
       if (sparse_exchange_ && ready.offset == embedding.offset) continue;  // its rows are on their way
       comm_.start_average(grads.subspan(ready.offset, ready.size));
     }
   });
-  if (next != 0) {
-    throw std::logic_error("the replica's train_step left the gradient of " + segments[next - 1].name +
+  if (next != order.size()) {
+    throw std::logic_error("the replica's train_step left the gradient of " + segments[order[next]].name +
                            " unreported");
   }
   const auto computed = Clock::now();

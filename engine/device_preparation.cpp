@@ -13,10 +13,11 @@
 namespace ddp::engine {
 namespace {
 
-// The sizes of the segments the replica hands to the communicator, in order.
+// The sizes of the segments a step hands to the communicator, in the order it starts them.
 std::vector<std::size_t> segment_sizes(const models::Replica& replica) {
   std::vector<std::size_t> sizes;
-  for (const models::ParamSegment& segment : replica.layout().segments()) sizes.push_back(segment.size);
+  for (const std::size_t index : replica.layout().reduction_order())
+    sizes.push_back(replica.layout().segments()[index].size);
   return sizes;
 }
 

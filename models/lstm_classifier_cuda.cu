@@ -289,20 +289,15 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
     DDP_CUDA_CHECK_LAUNCH("scatter_final_states");
   }
 
-  // cuDNN: dx (for the embedding) first, then the weight gradients of every layer at once, added into a
-  // zeroed space.
+  // cuDNN's dx first; from it the embedding's gradient, whose reduction (as a rule the largest) then
+  // travels while cuDNN computes the weight gradients of every layer at once, added into a zeroed space
+  // (ParamLayout::reduction_order). The embedding's kernels touch neither the workspace nor the reserve
+  // space, which the weight backward reads as the data backward left them.
   DDP_CUDNN_CHECK(cudnnRNNBackwardData_v8(
       cudnn_.get(), plan.rnn.get(), shape.seq_lengths.get(), shape.y.get(), y_.get(), dy_.get(),
       shape.x.get(), dx_.get(), shape.state.get(), nullptr, dhy, nullptr, shape.state.get(), nullptr, nullptr,
       nullptr, plan.weight_space_bytes, plan.weight_space.get(), workspace_.bytes(), workspace_.get(),
       reserve_.bytes(), reserve_.get()));
-  DDP_CUDA_CHECK(cudaMemsetAsync(plan.weight_grads.get(), 0, plan.weight_space_bytes, stream));
-  DDP_CUDNN_CHECK(cudnnRNNBackwardWeights_v8(
-      cudnn_.get(), plan.rnn.get(), CUDNN_WGRAD_MODE_ADD, shape.seq_lengths.get(), shape.x.get(), x_.get(),
-      shape.state.get(), nullptr, shape.y.get(), y_.get(), plan.weight_space_bytes, plan.weight_grads.get(),
-      workspace_.bytes(), workspace_.get(), reserve_.bytes(), reserve_.get()));
-  copy_weights(plan, plan.weight_grads.get(), grads_.get(), false, "copy_weight_runs (scatter)");
-  for (int l = model.layers - 1; l >= 0; --l) ready(to_size(l) + 1);
 
   const ParamSegment& embedding = segments.front();
   DDP_CUDA_CHECK(cudaMemsetAsync(grads_.get() + embedding.offset, 0, embedding.size * sizeof(float), stream));
@@ -318,8 +313,16 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
       batch.tokens, masked_ ? starts_.get() : nullptr, dx_.get(), grads_.get() + embedding_offset_,
       batch.batch, batch.seq, model.embedding_dim, model.vocab_size);
   DDP_CUDA_CHECK_LAUNCH("embedding_backward");
-  gpu_spans_->end(gpu_backward, "backward");
   ready(0);
+
+  DDP_CUDA_CHECK(cudaMemsetAsync(plan.weight_grads.get(), 0, plan.weight_space_bytes, stream));
+  DDP_CUDNN_CHECK(cudnnRNNBackwardWeights_v8(
+      cudnn_.get(), plan.rnn.get(), CUDNN_WGRAD_MODE_ADD, shape.seq_lengths.get(), shape.x.get(), x_.get(),
+      shape.state.get(), nullptr, shape.y.get(), y_.get(), plan.weight_space_bytes, plan.weight_grads.get(),
+      workspace_.bytes(), workspace_.get(), reserve_.bytes(), reserve_.get()));
+  copy_weights(plan, plan.weight_grads.get(), grads_.get(), false, "copy_weight_runs (scatter)");
+  gpu_spans_->end(gpu_backward, "backward");
+  for (int l = model.layers - 1; l >= 0; --l) ready(to_size(l) + 1);
 }
 
 void CudaReplica::evaluate(const BatchView& batch) {

@@ -94,6 +94,12 @@ const ParamTensor& ParamLayout::tensor(const std::string& name) const {
   throw std::out_of_range("no parameter tensor named '" + name + "'");
 }
 
+std::vector<std::size_t> ParamLayout::reduction_order() const {
+  std::vector<std::size_t> order{segments_.size() - 1, 0};
+  for (std::size_t layer = segments_.size() - 2; layer >= 1; --layer) order.push_back(layer);
+  return order;
+}
+
 std::size_t ParamLayout::segment_index(std::size_t offset) const {
   for (std::size_t i = 0; i < segments_.size(); ++i) {
     if (segments_[i].offset == offset) return i;

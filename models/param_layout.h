@@ -97,6 +97,11 @@ class ParamLayout {
   const ParamTensor& tensor(const std::string& name) const;
   // The position in segments() of the segment that starts at `offset`; throws std::out_of_range for none.
   std::size_t segment_index(std::size_t offset) const;
+  // The order the gradient reductions of a step start in, the same on every rank (collectives pair up by
+  // order), as positions in segments(): the dense layer (backward's first), the embedding (as a rule the
+  // largest bucket: the GPU replica finishes it right after cuDNN's data backward, so that it travels while
+  // the weight gradients are computed), then the recurrent layers from the top.
+  std::vector<std::size_t> reduction_order() const;
 
  private:
   ModelShape shape_;

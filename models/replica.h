@@ -52,9 +52,10 @@ struct ModelOptions {
 };
 
 // Called during backward as each ParamSegment's gradient is final, once per segment, so that its reduction
-// can start while the rest of backward runs. The order is the replica's: the GPU's goes back to front (dense
-// first, embedding last); the CPU's hands the embedding over before its first layer's weights. Collectives
-// pair up by order, so AllReduceStep starts the reductions in one order on every rank.
+// can start while the rest of backward runs. The order is the replica's: the GPU's hands over the dense
+// layer, the embedding (right after cuDNN's data backward), then every layer at once; the CPU's the dense
+// layer and the layers from the top, with the embedding before the first layer's weights. Collectives pair up
+// by order, so AllReduceStep starts the reductions in one order on every rank (ParamLayout::reduction_order).
 using GradientReadyFn = std::function<void(const ParamSegment&)>;
 
 enum class DeviceKind { kCpu, kCuda };

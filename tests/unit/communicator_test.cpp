@@ -10,7 +10,11 @@
 
 #include "comm/communicator.h"
 #include "comm/stall_census.h"
+#include "engine/all_reduce_step.h"
 #include "engine/base/errors.h"
+#include "engine/optimizer.h"
+#include "models/param_layout.h"
+#include "models/replica.h"
 
 namespace ddp::comm {
 namespace {
@@ -105,3 +109,61 @@ TEST(StallCensus, NamesTheRanksThatDidNotAnswer) {
 
 }  // namespace
 }  // namespace ddp::comm
+
+// --- The order a step starts its reductions in
+// ----------------------------------------------------------------
+
+namespace ddp::engine {
+namespace {
+
+// Two ranks as far as a step can tell; records which segment each start_average was for.
+class RecordingCommunicator final : public comm::Communicator {
+ public:
+  explicit RecordingCommunicator(const float* base) : base_(base) {}
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string backend() const override { return "recording"; }
+  void broadcast(std::span<float>, int) override {}
+  void broadcast(std::span<double>, int) override {}
+  void start_average(std::span<float> values) override {
+    started.push_back(static_cast<std::size_t>(values.data() - base_));
+  }
+  void finish_average() override {}
+  std::vector<int32_t> start_average_rows(std::span<float>, std::size_t, std::span<const int32_t>) override {
+    return {};
+  }
+  void sum(std::span<double>) override {}
+  void barrier() override {}
+  std::vector<std::string> gather(const std::string& text, int) override { return {text}; }
+  std::string scatter(const std::vector<std::string>& texts, int) override { return texts.at(0); }
+  std::optional<std::string> first_error(const std::optional<std::string>& mine) override { return mine; }
+  void abort() override {}
+
+  std::vector<std::size_t> started;  // offsets of the segments, in the order their reductions started
+
+ private:
+  const float* base_;
+};
+
+// The dense layer first, then the embedding (the largest bucket as a rule, which the GPU replica finishes
+// right after cuDNN's data backward), then the layers from the top: whatever order the replica reports in.
+TEST(AllReduceStep, StartsTheReductionsDenseEmbeddingThenLayersFromTheTop) {
+  const models::ModelShape shape{40, 6, 5, 3};
+  const models::ParamLayout layout(shape);
+  const std::vector<std::size_t> order = layout.reduction_order();
+  ASSERT_EQ(order, (std::vector<std::size_t>{4, 0, 3, 2, 1}));
+  auto replica = models::make_cpu_replica(shape);
+  RecordingCommunicator comm(replica->grads().data());
+  auto sgd = make_optimizer(OptimizerSettings{}, layout.total_size());
+  AllReduceStep step(*replica, comm, *sgd, /*sparse_exchange=*/false);
+  std::vector<int32_t> tokens(4 * 7);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 40);
+  const std::vector<float> labels{0, 1, 1, 0};
+  step.run({tokens.data(), labels.data(), 4, 7, tokens.data()});
+  std::vector<std::size_t> expected;
+  for (const std::size_t index : order) expected.push_back(layout.segments()[index].offset);
+  EXPECT_EQ(comm.started, expected);
+}
+
+}  // namespace
+}  // namespace ddp::engine
