@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <future>
+#include <mutex>
 #include <numbers>
 #include <random>
 #include <stdexcept>
@@ -211,6 +213,16 @@ void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64
   }
   const int64_t hidden = layout.shape().hidden;
   const auto& tensors = layout.tensors();
+  // The orthogonal matrices (seconds each at large hidden sizes) are drawn side by side, one thread each:
+  // every tensor has a stream of draws of its own, so the bits do not depend on it. `progress` is called by
+  // one thread at a time.
+  std::mutex progress_mutex;
+  const std::function<void()> told = [&] {
+    if (!progress) return;
+    const std::lock_guard<std::mutex> lock(progress_mutex);
+    progress();
+  };
+  std::vector<std::future<void>> orthogonal;
   for (std::size_t index = 0; index < tensors.size(); ++index) {
     const ParamTensor& tensor = tensors[index];
     float* out = params.data() + tensor.offset;
@@ -223,8 +235,11 @@ void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64
       // Keras's kernel is [in, 4H]: fan_in = in, fan_out = 4H.
       fill_uniform(draws, out, n, glorot_limit(tensor.shape[1], tensor.shape[0]));
     } else if (name.ends_with(".w_hh")) {
-      fill_orthogonal(draws, out, static_cast<std::size_t>(tensor.shape[0]),
-                      static_cast<std::size_t>(tensor.shape[1]), progress);
+      orthogonal.push_back(std::async(std::launch::async, [draws, out, &tensor, &told]() mutable {
+        fill_orthogonal(draws, out, static_cast<std::size_t>(tensor.shape[0]),
+                        static_cast<std::size_t>(tensor.shape[1]), told);
+      }));
+      continue;
     } else if (name.ends_with(".b_ih")) {
       // LSTM's unit_forget_bias: gate block 1 (f) starts at 1 so that early training does not forget. Keras's
       // GRU starts every bias at 0.
@@ -242,8 +257,11 @@ void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64
     } else {
       throw std::logic_error("initialize_keras: no initializer for tensor '" + name + "'");
     }
-    if (progress) progress();
+    told();
   }
+  // Every thread ends before a failure (a progress callback's, ending the draw) is passed on.
+  for (std::future<void>& matrix : orthogonal) matrix.wait();
+  for (std::future<void>& matrix : orthogonal) matrix.get();
 }
 
 }  // namespace ddp::models
