@@ -8,6 +8,9 @@
 # not a failure). Also written: LOG_DIR/summary.txt, LOG_DIR/gpu_checks.log (everything), LOG_DIR/out/NAME.txt
 # (each check's output). CHECKS="name ..." runs only those (the build always runs first):
 #   self_check     check-env --device cuda and the trainer's start log both say "self-check passed"
+#   startup        with the self-check on, E256 H512 L2 T200 batch 128 and E128 H128 T200 batch 1024 print
+#                  their first step within 5 s of the process start (the data made beforehand); and
+#                  self_check_bench --device cuda's table (the check and the parameter draw by model)
 #   gpu_tests      the GPU tests (CPU/GPU parity, layout round trip, NCCL, the input pipeline); none may skip
 #   quickstart     the quickstart on the GPU reaches val_acc >= 0.90; NVML's gpu_util is in metrics.jsonl
 #   variants       a 2-layer masked bidirectional GRU over 4 classes with dropout and clipping trains on the
@@ -64,7 +67,7 @@ check_timeout=${CHECK_TIMEOUT:-900}
 { command -v nvcc && command -v compute-sanitizer; } >/dev/null || PATH=$PATH:/usr/local/cuda/bin
 
 # The acceptance checks first, the slow sanitizers last: a run cut short by a time limit keeps what matters.
-all_checks=(self_check gpu_tests quickstart variants resume_cpu evaluate text check_env timeline mixed epoch_bench
+all_checks=(self_check startup gpu_tests quickstart variants resume_cpu evaluate text check_env timeline mixed epoch_bench
   sanitizer_memcheck sanitizer_racecheck sanitizer_synccheck)
 selected=()
 for name in ${CHECKS:-${all_checks[*]}}; do
@@ -170,6 +173,41 @@ check_self_check() {
     note self_check "trainer start log: no 'self-check passed in' line"
     ok=1
   fi
+  return "$ok"
+}
+
+# first_step_seconds COMMAND...: runs COMMAND (a one-rank training with --log.progress lines --log.interval 1)
+# and prints, last, the seconds from its start to its first "step 1/" line.
+first_step_seconds() {
+  local start line first=""
+  start=$(date +%s.%N)
+  while IFS= read -r line; do
+    [ -z "$first" ] && [[ $line == *"step 1/"* ]] && first=$(date +%s.%N)
+    echo "$line" >&2
+  done < <("$@" 2>&1)
+  [ -n "$first" ] || return 1
+  awk -v a="$start" -v b="$first" 'BEGIN { printf "%.1f\n", b - a }'
+}
+
+check_startup() {
+  local data_t200=$scratch/startup_t200.h5 ok=0 shape e h l b seconds
+  [ -f "$data_t200" ] || "$ddptrain" prepare synthetic --output "$data_t200" --train 4096 --test 512 \
+    --vocab 20000 --maxlen 200 --seed 5 || return 1
+  for shape in "256 512 2 128" "128 128 1 1024"; do
+    read -r e h l b <<<"$shape"
+    seconds=$(first_step_seconds "$ddptrain" --data.path "$data_t200" --device cuda \
+      --checkpoint.dir "$scratch/run-startup" --checkpoint.overwrite true --model.embedding_dim "$e" \
+      --model.hidden "$h" --model.layers "$l" --train.batch_size "$b" --train.epochs 1 \
+      --train.max_steps_per_epoch 3 --log.progress lines --log.interval 1)
+    if [ -z "$seconds" ]; then
+      note startup "E$e H$h L$l T200 batch $b: no first step line"
+      ok=1
+      continue
+    fi
+    note startup "E$e H$h L$l T200 batch $b: first step after $seconds s"
+    awk -v s="$seconds" 'BEGIN { exit !(s <= 5) }' || { echo "first step after $seconds s > 5 s"; ok=1; }
+  done
+  "$build"/benchmarks/self_check_bench --device cuda | tee "$scratch/self_check_bench.txt" || ok=1
   return "$ok"
 }
 
