@@ -224,7 +224,7 @@ check_gpu_tests() {
     note gpu_tests "NCCL contract at 2 ranks not run: $gpus GPU(s)"
     return 0
   fi
-  mpirun -np 2 "$build"/tests/ddptrain_mpi_tests --gtest_color=no --gtest_filter='CommunicatorContract.*-*SelfCheckAgreesOnAFailureToStart' |
+  mpirun -np 2 "$build"/tests/ddptrain_mpi_tests --gtest_color=no --gtest_filter='CommunicatorContract.*:Communicators/*-*SelfCheckAgreesOnAFailureToStart' |
     tee "$scratch/contract_tests.txt"
   rc=${PIPESTATUS[0]}
   note gpu_tests "NCCL contract at 2 ranks: $(gtest_counts "$scratch/contract_tests.txt")"
