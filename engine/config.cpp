@@ -368,6 +368,31 @@ std::string Config::to_ini() const {
   return out.str();
 }
 
+std::vector<std::string> job_wide_settings(const Config& c) {
+  static const std::set<std::string> kPerNode{"device",
+                                              "data.path",
+                                              "data.prefetch",
+                                              "data.validate",
+                                              "model.cpu_kernels",
+                                              "model.cudnn_rnn_algo",
+                                              "train.threads",
+                                              "train.straggle_ms",
+                                              "comm.timeout_s",
+                                              "comm.selfcheck",
+                                              "checkpoint.dir",
+                                              "checkpoint.overwrite",
+                                              "checkpoint.allow_data_change",
+                                              "log.progress",
+                                              "log.interval",
+                                              "log.timeline"};
+  std::vector<std::string> lines;
+  visit_keys(c, [&](const char* section, const char* name, const auto& field, const char*) {
+    const std::string key = full_name(section, name);
+    if (!kPerNode.contains(key)) lines.push_back(key + " = " + value_text(field));
+  });
+  return lines;
+}
+
 std::vector<std::string> changed_training_settings(const std::string& earlier_ini, const Config& now) {
   // The keys that change what a step computes without changing the model's shape (the shape is checked
   // apart; train.seed and train.batch_size have messages of their own).

@@ -30,6 +30,7 @@
 #include "engine/base/timeline.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "engine/job_agreement.h"
 #include "engine/preemption.h"
 #include "engine/run_directory.h"
 #include "engine/topology.h"
@@ -37,6 +38,7 @@
 #include "engine/watchdog.h"
 #include "io/damaged_file_guard.h"
 #include "io/dataset.h"
+#include "io/dataset_fingerprint.h"
 #include "io/hdf5_util.h"
 #include "models/blas_threads.h"
 #include "models/cpu_threads.h"
@@ -177,6 +179,12 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
     }
   });
   boot.sum(rows_without_tokens);
+
+  watchdog.enter("checking that every rank was given one job (ddptrain, settings and data)");
+  engine::JobDescription job;
+  comm::agree_on_errors(
+      boot, [&] { job = engine::describe_job(config, topology.host, io::dataset_fingerprint(data)); });
+  engine::require_one_job(boot, job);
 
   if (boot.rank() == 0) {
     std::printf("ddptrain %s: %d rank(s)\n", DDPTRAIN_VERSION, boot.size());
