@@ -1,5 +1,10 @@
 #include "comm/communicator.h"
 
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "comm/mpi_check.h"
 #include "engine/base/errors.h"
 
@@ -16,7 +21,41 @@ std::string rank_range(int begin, int end) {
                           : "ranks " + std::to_string(begin) + "-" + std::to_string(end - 1);
 }
 
+// Every rank's `mine`, in rank order (collective over `comm`).
+std::vector<std::string> all_gather(const std::string& mine, MPI_Comm comm) {
+  int size = 1;
+  DDP_CHECK_MPI(MPI_Comm_size(comm, &size));
+  const int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(static_cast<std::size_t>(size));
+  DDP_CHECK_MPI(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm));
+  std::vector<int> offsets(lengths.size());
+  int total = 0;
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    offsets[r] = total;
+    total += lengths[r];
+  }
+  std::string all(static_cast<std::size_t>(total), '\0');
+  DDP_CHECK_MPI(MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
+                               MPI_CHAR, comm));
+  std::vector<std::string> texts;
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    texts.push_back(all.substr(static_cast<std::size_t>(offsets[r]), static_cast<std::size_t>(lengths[r])));
+  }
+  return texts;
+}
+
 }  // namespace
+
+std::optional<std::pair<int, int>> first_shared_board(const std::vector<std::string>& boards) {
+  for (std::size_t second = 1; second < boards.size(); ++second) {
+    if (boards[second].empty()) continue;
+    for (std::size_t first = 0; first < second; ++first) {
+      if (boards[first] == boards[second])
+        return std::pair{static_cast<int>(first), static_cast<int>(second)};
+    }
+  }
+  return std::nullopt;
+}
 
 BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
   const std::string& backend = request.backend;
@@ -41,7 +80,22 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
     throw UserError("comm.backend = nccl needs every rank on a GPU, but " + census +
                     " (use comm.backend = auto, ps or mpi)");
   }
-  if (backend == "nccl" || (backend == "auto" && all_on_gpu)) {
+  // NCCL takes one board per rank: two ranks on one (overlapping CUDA_VISIBLE_DEVICES, MIG slices) would end
+  // in its init's "Duplicate GPU detected", inside an abort.
+  std::string shared_board;
+  if (all_on_gpu && (backend == "nccl" || backend == "auto")) {
+    const std::vector<std::string> boards = all_gather(request.gpu_board, comm);
+    if (const auto pair = first_shared_board(boards)) {
+      shared_board = "ranks " + std::to_string(pair->first) + " and " + std::to_string(pair->second) +
+                     " share the GPU at " + boards[static_cast<std::size_t>(pair->first)] +
+                     " (overlapping CUDA_VISIBLE_DEVICES, or MIG slices of one GPU)";
+    }
+  }
+  if (backend == "nccl" && !shared_board.empty()) {
+    throw UserError("comm.backend = nccl needs a GPU of its own for every rank, but " + shared_board +
+                    ", which NCCL refuses: give each rank its own GPU, or use comm.backend = auto or mpi");
+  }
+  if (backend == "nccl" || (backend == "auto" && all_on_gpu && shared_board.empty())) {
     choice.reason =
         "nccl: " + census + (request.compression == "none" ? "" : ", gradients as " + request.compression);
     choice.communicator = make_nccl_communicator(comm, request.compute_stream, request.compression);
@@ -59,6 +113,7 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
   if (size == 1) no_server = "a single rank trains alone (no rank to serve parameters)";
   if (request.lazy_update)
     no_server = "lazy embedding updates (train.embedding_update = lazy) need the all-reduce";
+  if (!shared_board.empty()) no_server = shared_board + ", which NCCL refuses; every rank still trains";
   if (backend == "ps" || (backend == "auto" && no_server.empty())) {
     if (request.lazy_update) {
       throw UserError(

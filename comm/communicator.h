@@ -146,6 +146,9 @@ struct BackendRequest {
   std::string compression = "none";  // NCCL gradients on the wire: none | fp16 | bf16
   bool on_gpu = false;               // this rank's replica is on a GPU
   void* compute_stream = nullptr;    // that replica's cudaStream_t
+  // That GPU's board as NCCL tells boards apart, "<host> PCI <bus id>" (MIG slices of one board share it); ""
+  // where unknown.
+  std::string gpu_board;
   // ps: the last K ranks serve (dedicated); 0: every rank trains and serves a shard (colocated) where every
   // rank is on a CPU (async mode also needs MPI_THREAD_MULTIPLE, for the server's thread), else one
   // dedicated server.
@@ -169,11 +172,17 @@ struct BackendChoice {
   bool colocated = false;
 };
 
-// Collective over `comm`. auto picks NCCL when every rank has a GPU; otherwise (CPU-only or mixed jobs) the
-// parameter server, except on a job of one rank (no rank to serve: the single replica uses MPI) or with
-// lazy_update (MPI, GPU ranks of a mixed job staging their gradients through host memory). mpi, nccl and
-// ps force one. Throws UserError (the same on every rank) for an unknown backend or one the job cannot use:
-// nccl with a CPU rank, ps with no rank left to work or with lazy_update.
+// The first two ranks (in rank order) whose non-empty `boards` are equal: NCCL refuses a board to two ranks
+// ("Duplicate GPU detected"), as overlapping CUDA_VISIBLE_DEVICES ("0,1" and "0") or two MIG slices of one
+// GPU give. nullopt where every rank has a board of its own.
+std::optional<std::pair<int, int>> first_shared_board(const std::vector<std::string>& boards);
+
+// Collective over `comm`. auto picks NCCL when every rank has a GPU, a board of its own (first_shared_board);
+// otherwise (CPU-only or mixed jobs) the parameter server, except on a job of one rank (no rank to serve: the
+// single replica uses MPI) or with lazy_update (MPI, GPU ranks of a mixed job staging their gradients through
+// host memory; also GPU ranks that share a board). mpi, nccl and ps force one. Throws UserError (the same on
+// every rank) for an unknown backend or one the job cannot use: nccl with a CPU rank or two ranks on one
+// board, ps with no rank left to work or with lazy_update.
 BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm);
 
 }  // namespace ddp::comm

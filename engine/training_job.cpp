@@ -82,6 +82,8 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     request.backend = config.comm.backend;
     request.compression = config.comm.compression;
     request.on_gpu = replica->device() == models::DeviceKind::kCuda;
+    if (request.on_gpu && !topology.gpu_bus_id.empty())
+      request.gpu_board = topology.host + " PCI " + topology.gpu_bus_id;
     request.compute_stream = replica->stream();
     request.ps_servers = config.comm.ps_servers;
     request.ps_async = config.comm.ps_mode == "async";

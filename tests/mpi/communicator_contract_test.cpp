@@ -17,6 +17,7 @@
 #include "comm/average_check.h"
 #include "comm/communicator.h"
 #include "comm/sharded_exchange.h"
+#include "engine/base/errors.h"
 #include "engine/device.h"
 #include "engine/self_check.h"
 #include "engine/topology.h"
@@ -309,6 +310,40 @@ TEST(CommunicatorContract, ShardedExchangeMovesRowsOnly) {
   for (const comm::RowRegion region : {comm::RowRegion{5, 37, 7}, comm::RowRegion{200, 3, 7}}) {
     expect_row_exchange(region);
   }
+}
+
+}  // namespace
+}  // namespace ddp
+
+namespace ddp {
+namespace {
+
+// Two ranks on one GPU board (overlapping CUDA_VISIBLE_DEVICES, MIG slices of one GPU) are refused before
+// NCCL's init, which would end the job in its "Duplicate GPU detected" from inside an abort: one UserError
+// on every rank, naming both ranks and the board.
+TEST(ChooseBackend, RefusesNcclForRanksThatShareAGpuBoard) {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size < 2) GTEST_SKIP() << "needs 2 ranks";
+  comm::BackendRequest request;
+  request.backend = "nccl";
+  request.on_gpu = true;
+  request.gpu_board = "node7 PCI 0000:3b:00.0";  // every rank names the same board
+  try {
+    comm::choose_backend(request, MPI_COMM_WORLD);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("ranks 0 and 1 share the GPU at node7 PCI 0000:3b:00.0"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ChooseBackend, FindsTheFirstTwoRanksOnOneBoard) {
+  EXPECT_EQ(comm::first_shared_board({"a PCI 1", "a PCI 2", "b PCI 1"}), std::nullopt);
+  EXPECT_EQ(comm::first_shared_board({"a PCI 1", "a PCI 2", "a PCI 2", "a PCI 1"}), (std::pair{1, 2}));
+  EXPECT_EQ(comm::first_shared_board({"", ""}), std::nullopt) << "unknown boards are no evidence";
+  EXPECT_EQ(comm::first_shared_board({}), std::nullopt);
 }
 
 }  // namespace
