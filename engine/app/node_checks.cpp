@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -159,7 +160,7 @@ SelfCheckReport imdb_self_check(int gpu) {
   }
 }
 
-SelfCheckReport nccl_check(int gpu, bool ready, bool& ran) {
+SelfCheckReport nccl_check(int gpu, const std::string& board, bool ready, bool& ran) {
   ran = false;
   MPI_Comm gpus = MPI_COMM_NULL;
   DDP_CHECK_MPI(MPI_Comm_split(MPI_COMM_WORLD, ready ? 0 : MPI_UNDEFINED, 0, &gpus));
@@ -169,11 +170,45 @@ SelfCheckReport nccl_check(int gpu, bool ready, bool& ran) {
   DDP_CHECK_MPI(MPI_Comm_size(gpus, &size));
   if (size >= 2) {
     ran = true;
+    const auto failed = [&report](const std::string& why) {
+      report.ok = false;
+      report.failure = why;
+    };
+    // A new multi-GPU node's likeliest failure is NCCL's set-up: it is reported, as every other check's
+    // failure is, rather than ending the job. Two ranks on one board NCCL refuses outright, so that is not
+    // even tried.
+    const std::unique_ptr<comm::Communicator> host = comm::make_mpi_communicator(gpus);
+    const std::vector<std::string> boards = host->gather(board, 0);
+    std::optional<std::string> shared;
+    if (host->rank() == 0) {
+      if (const auto pair = comm::first_shared_board(boards)) {
+        shared = "not run: ranks " + std::to_string(pair->first) + " and " + std::to_string(pair->second) +
+                 " of the GPU ranks share the GPU at " + boards[static_cast<std::size_t>(pair->first)] +
+                 " (overlapping CUDA_VISIBLE_DEVICES, or MIG slices of one GPU), which NCCL refuses";
+      }
+    }
+    if (const auto problem = host->first_error(shared)) failed(*problem);
     const models::ParamLayout imdb(kImdbShape);
     std::vector<std::size_t> sizes;
-    for (const models::ParamSegment& s : imdb.segments()) sizes.push_back(s.size);
+    for (const std::size_t index : imdb.reduction_order()) sizes.push_back(imdb.segments()[index].size);
     for (const std::string compression : {"none", "fp16", "bf16"}) {
-      auto nccl = comm::make_nccl_communicator(gpus, nullptr, compression);
+      if (!report.ok) break;
+      std::unique_ptr<comm::Communicator> nccl;
+      std::optional<std::string> error;
+      try {
+        const ThrowFatalErrors report_instead_of_abort;
+        nccl = comm::make_nccl_communicator(gpus, nullptr, compression);
+      } catch (const std::exception& e) {
+        error =
+            "rank " + std::to_string(host->rank()) + " of the GPU ranks: NCCL's set-up failed: " + e.what();
+      }
+      // Every rank learns whether all have a communicator before the first average; one that has it while
+      // another failed drops it by abort (a finalize would wait for the failed rank).
+      if (const auto problem = host->first_error(error)) {
+        if (nccl) nccl->abort();
+        failed(*problem);
+        break;
+      }
       report.add(check_gpu_communicator(*nccl, gpu, sizes, compression));
     }
   }

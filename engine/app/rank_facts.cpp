@@ -105,7 +105,9 @@ RankFacts gather_facts(const std::string& device_request) {
     f.self_check_ok = report.ok;
     f.self_check = report.summary();
   }
-  const SelfCheckReport nccl = nccl_check(topology.gpu, f.self_check_ok, f.nccl_check_ran);
+  const std::string board =
+      topology.gpu >= 0 && !topology.gpu_bus_id.empty() ? topology.host + " PCI " + topology.gpu_bus_id : "";
+  const SelfCheckReport nccl = nccl_check(topology.gpu, board, f.self_check_ok, f.nccl_check_ran);
   f.nccl_check_ok = nccl.ok;
   if (f.nccl_check_ran) f.nccl_check = nccl.summary();
   return f;
