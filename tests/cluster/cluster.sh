@@ -151,8 +151,13 @@ case \$node in
   $holders
   *) echo "cluster-on: no node \$node in $CLUSTER_DIR" >&2; exit 255 ;;
 esac
+# What a site's sshd accepts and its login profile sets alike on every node (SendEnv LC_*, and the BLAS's and
+# OpenMP's settings a site exports cluster-wide): forwarded, so that every node runs the BLAS kernels the
+# caller's environment picks (OPENBLAS_CORETYPE on some machines), and replicas on two nodes compute alike.
+forwarded=()
+while IFS= read -r setting; do forwarded+=("\$setting"); done < <(env | grep -E '^(LC_[A-Z_]*|OPENBLAS_[A-Z_]*|OMP_[A-Z_]*)=')
 exec nsenter -t "\$holder" --net --uts --mount -- env -i PATH="$PATH" HOME="\${HOME:-/root}" LANG=C.UTF-8 \\
-  TMPDIR="$CLUSTER_DIR/\$node/tmp" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \\
+  "\${forwarded[@]}" TMPDIR="$CLUSTER_DIR/\$node/tmp" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \\
   OPENBLAS_NUM_THREADS=1 bash -c "\$*"
 EOF
   # mpirun keeps the caller's environment (as on a login node); the MCA settings keep Open MPI on the

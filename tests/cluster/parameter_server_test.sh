@@ -4,10 +4,17 @@
 # log places the server on node3; the final parameters equal those of the same 3 ranks on one node (sync
 # mode is exact); the server's link carried every worker's pull of the whole parameter vector each step; and
 # nothing of the cluster is left.
-#   bash tests/cluster/parameter_server_test.sh path/to/ddptrain source-dir   (as root; else exit 77, skipped)
+#   bash tests/cluster/parameter_server_test.sh path/to/ddptrain source-dir [foreign-blas-kernels]
+# (as root; else exit 77, skipped). With foreign-blas-kernels the caller's environment picks OpenBLAS
+# kernels other than this CPU's own (OPENBLAS_CORETYPE=Haswell where the CPU has AVX2, else Prescott), as
+# some machines' environments do: every node must run the caller's kernels for the comparison to hold.
 set -euo pipefail
 ddptrain=$(realpath "$1")
 src=$(realpath "$2")
+if [ "${3:-}" = foreign-blas-kernels ]; then
+  if grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; else export OPENBLAS_CORETYPE=Prescott; fi
+  echo "OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE in the caller's environment"
+fi
 # shellcheck source=tests/cluster/cluster_test_lib.sh
 source "$src/tests/cluster/cluster_test_lib.sh"
 cluster_test_setup "$ddptrain" 3 1gbit
