@@ -76,7 +76,13 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
                   options);
   });
   comm::BackendChoice backend;
-  watchdog.enter("setting up the communication backend (comm.backend = " + config.comm.backend + ")");
+  // A GPU job's NCCL set-up waits on every node's network: where it hangs, the likeliest cause is an
+  // interface the other nodes cannot reach, which these variables name.
+  watchdog.enter("setting up the communication backend (comm.backend = " + config.comm.backend + ")" +
+                 (topology.gpu >= 0
+                      ? "; if NCCL's set-up is what waits: NCCL_SOCKET_IFNAME (the interface the "
+                        "nodes share), NCCL_IB_HCA and NCCL_DEBUG=WARN tell it where and why"
+                      : ""));
   comm::agree_on_errors(*boot, [&] {
     comm::BackendRequest request;
     request.backend = config.comm.backend;
