@@ -59,7 +59,25 @@ std::string to_json(const EpochMetrics& m) {
     json::put_number(line, "gpu_util", m.gpu_util);
     json::put_number(line, "gpu_mem_mib", m.gpu_mem_mib);
   }
+  if (!m.parameters_checksum.empty()) line["parameters_checksum"] = m.parameters_checksum;
   return line.dump();
+}
+
+std::string parameters_checksum(std::span<const float> params) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(params.data());
+  for (std::size_t i = 0; i < params.size_bytes(); ++i) {
+    hash ^= bytes[i];
+    hash *= 0x100000001b3ULL;
+  }
+  return fmt::format("{:016x}", hash);
+}
+
+std::optional<std::size_t> first_other_checksum(const std::vector<std::string>& checksums) {
+  for (std::size_t rank = 1; rank < checksums.size(); ++rank) {
+    if (checksums[rank] != checksums[0]) return rank;
+  }
+  return std::nullopt;
 }
 
 std::string format_test_line(const TestMetrics& m) {

@@ -4,7 +4,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 namespace ddp::engine {
 
@@ -36,7 +39,14 @@ struct EpochMetrics {
   // GPU ranks through NVML (engine/gpu_monitor.h), averaged over the ranks that report; -1 when none does.
   double gpu_util = -1;     // mean utilization over the epoch, %
   double gpu_mem_mib = -1;  // peak memory used during the epoch
+  // parameters_checksum() of the parameters at the epoch's end, the same on every training rank (checked).
+  std::string parameters_checksum;
 };
+
+// 16 hex digits of FNV-1a over the parameters' bytes: equal parameters, equal checksums, whatever machine.
+std::string parameters_checksum(std::span<const float> params);
+// The first rank whose checksum differs from rank 0's (the first entry), if any.
+std::optional<std::size_t> first_other_checksum(const std::vector<std::string>& checksums);
 
 // "Epoch 3/15 - 782 steps - 18.2s - 0.73ms/step - loss: 0.2127 - acc: 0.9186 - val_loss: ... - val_acc: ..."
 std::string format_epoch_line(const EpochMetrics& m);

@@ -364,6 +364,7 @@ class TrainingRun::Loop {
     if (progress) progress->finish();
     local += replica_->take_stats();
     const double train_time = seconds_since(epoch_start);
+    const std::string checksum = parameters_agree(epoch + 1);
     // The next epoch's batches start coming now, while this one is evaluated and saved: their first reads
     // and, on a GPU, the pinned buffers, device ring and first copies are off the next epoch's clock.
     if (epoch + 1 < config_.train.epochs && !stop_requested()) {
@@ -401,6 +402,7 @@ class TrainingRun::Loop {
     m.data_wait_s = source->input_wait_seconds();
     m.world_size = job_size_;
     m.workers = comm_.size();
+    m.parameters_checksum = checksum;
     m.backend = updater_->backend();
     m.device = topology_.device;
     add_gpu_sample(m);
@@ -418,6 +420,27 @@ class TrainingRun::Loop {
   }
 
   void beat() { watchdog_.beat(progress_.global_step); }
+
+  // Collective over the training ranks, after a run of steps: data parallelism keeps every replica's
+  // parameters equal bit for bit (Updater::end_steps). A rank whose parameters differ from rank 0's (a
+  // reduction that is not the same on every rank, a faulty device or memory) ends the job here, naming it,
+  // instead of training on as a silently different model; the checkpoints of earlier epochs stay. Returns
+  // the checksum every rank agreed on, for metrics.jsonl.
+  std::string parameters_agree(int64_t epoch) {
+    timeline::Span span("parameter checksum");
+    replica_->copy_params_to_host(host_params_);
+    const std::vector<std::string> checksums = comm_.gather(parameters_checksum(host_params_), 0);
+    if (!is_root()) return "";
+    if (const std::optional<std::size_t> rank = first_other_checksum(checksums)) {
+      DDP_FATAL(fmt::format(
+          "after epoch {} the parameters of {} {} differ from rank 0's (checksum {} against {}): the "
+          "replicas "
+          "diverged, which data parallelism must not let happen (a reduction that is not the same on every "
+          "rank, or a faulty device or memory on that rank's node)",
+          epoch, trainers() == "workers" ? "worker" : "rank", *rank, checksums[*rank], checksums[0]));
+    }
+    return checksums[0];
+  }
 
   // What the checkpoint a run resumed from had done of its epoch (rank 0), in its own steps.
   int64_t steps_done_in_epoch() const { return progress_.checkpoint_step_in_epoch; }
@@ -687,7 +710,8 @@ class TrainingRun::Loop {
   bool test_score_missing_ = false;  // ... or had stopped early, but had not scored its test split
   RunRecord run_record_;             // rank 0: what its checkpoints say about the run
   std::string self_check_summary_;   // a GPU rank's self-check, for its line of the start log
-  std::vector<float> host_params_;   // host copy of the parameters: initialization, broadcast, checkpoints
+  std::vector<float> host_params_;   // host copy of the parameters: initialization, broadcast, checkpoints,
+                                     // the epoch's checksum
   StopAgreement& stop_signal_;
   ProgressWatchdog& watchdog_;
   const bool exchange_has_deadlines_;

@@ -54,4 +54,7 @@ refused data "rank 1 (host $(hostname)) reads other data than rank 0 (host $(hos
 two_ranks per_node "--data.path data1.h5" "--data.path copy1.h5 --comm.timeout_s 30 --train.threads 2"
 [ "$(cat per_node.status)" -eq 0 ] || fail "per-node settings: exit status $(cat per_node.status)" per_node.out per_node.err
 grep -q "^Epoch 1/1" per_node.out || fail "per-node settings: no epoch line" per_node.out
+# Both replicas ended the epoch with the same parameters, which the run checked and recorded.
+grep -q '"parameters_checksum":"[0-9a-f]\{16\}"' run-per_node/metrics.jsonl ||
+  fail "per-node settings: no parameters_checksum in metrics.jsonl" run-per_node/metrics.jsonl
 echo "one job: other settings and data refused, per-node settings train"

@@ -1511,3 +1511,27 @@ TEST(JobAgreement, NamesTheFirstRankAndKeyThatDiffer) {
 
 }  // namespace
 }  // namespace ddp::engine
+
+namespace ddp::engine {
+namespace {
+
+// The epoch's parameter checksum tells replicas apart by a single bit (0.0 and -0.0 too), and names the
+// first rank that differs from rank 0.
+TEST(ParametersChecksum, DiffersInOneBitAndNamesTheFirstOtherRank) {
+  std::vector<float> params{0.5f, -1.25f, 0.0f, 3e-8f};
+  const std::string checksum = parameters_checksum(params);
+  EXPECT_EQ(checksum.size(), 16u);
+  EXPECT_EQ(parameters_checksum(std::vector<float>(params)), checksum);
+  std::vector<float> other = params;
+  other[2] = -0.0f;
+  EXPECT_NE(parameters_checksum(other), checksum);
+  other = params;
+  other[3] = std::nextafter(other[3], 1.0f);
+  EXPECT_NE(parameters_checksum(other), checksum);
+  EXPECT_EQ(first_other_checksum({checksum, checksum, checksum}), std::nullopt);
+  EXPECT_EQ(first_other_checksum({checksum, checksum, "x", "y"}), std::optional<std::size_t>(2));
+  EXPECT_EQ(first_other_checksum({checksum}), std::nullopt);
+}
+
+}  // namespace
+}  // namespace ddp::engine
