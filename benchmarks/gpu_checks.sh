@@ -23,6 +23,11 @@
 #   mixed          one GPU worker, one CPU worker and a parameter server (comm.backend auto) train together;
 #                  then a GPU rank and a CPU rank with the MPI all-reduce (comm.backend mpi)
 #   epoch_bench    the side-by-side epoch against PyTorch and the cuDNN floor (SKIP without PyTorch)
+#   multi_gpu      (two or more GPUs; SKIP saying so on one) the quickstart on every GPU with comm.backend
+#                  nccl, once per comm.compression (none, bf16, fp16): every rank's self-check and NCCL
+#                  average check pass, val_acc >= 0.90, every epoch's replicas agree bit for bit (the run
+#                  checks it: parameters_checksum), NCCL buckets run while backward runs (timeline); then
+#                  once more with one GPU per rank through CUDA_VISIBLE_DEVICES, as --gpus-per-task gives
 #   sanitizer_memcheck, sanitizer_racecheck, sanitizer_synccheck
 #                  compute-sanitizer over the replica, optimizer and pipeline tests ("sanitizer": all three;
 #                  each is cut off after SANITIZER_TIMEOUT seconds, 540 by default)
@@ -67,7 +72,8 @@ check_timeout=${CHECK_TIMEOUT:-900}
 { command -v nvcc && command -v compute-sanitizer; } >/dev/null || PATH=$PATH:/usr/local/cuda/bin
 
 # The acceptance checks first, the slow sanitizers last: a run cut short by a time limit keeps what matters.
-all_checks=(self_check startup gpu_tests quickstart variants resume_cpu evaluate text check_env timeline mixed epoch_bench
+all_checks=(self_check startup gpu_tests quickstart variants resume_cpu evaluate text check_env timeline mixed
+  multi_gpu epoch_bench
   sanitizer_memcheck sanitizer_racecheck sanitizer_synccheck)
 selected=()
 for name in ${CHECKS:-${all_checks[*]}}; do
@@ -391,6 +397,72 @@ check_mixed() {
   tail -n 1 "$metrics"
   note mixed "mpi all-reduce, GPU and CPU rank: val_acc $(metric "$metrics" val_acc) after epoch $(metric "$metrics" epoch)"
   at_least "$(metric "$metrics" val_acc)" 0.90 || ok=1
+  return "$ok"
+}
+
+# multi_gpu_run NAME RANKS [ddptrain ARGS...]: the quickstart on RANKS GPU ranks with NCCL and a timeline; checks
+# the start log, val_acc, the agreed checksum and the overlap of NCCL buckets with backward. Returns 1 on a
+# failed check.
+multi_gpu_run() {
+  local name=$1 ranks=$2 run=$scratch/run-multi-$1 ok=0 metrics passed averaged
+  shift 2
+  rm -rf "$run"
+  mpirun -np "$ranks" "$@" --config launch/configs/quickstart.ini --data.path "$data" --device cuda \
+    --comm.backend nccl --checkpoint.dir "$run" --train.epochs 3 --log.progress lines \
+    --log.timeline "$run/trace.json" | tee "$scratch/multi-$name.txt" || { note multi_gpu "$name: the run failed"; return 1; }
+  passed=$(grep -c 'self-check passed' "$scratch/multi-$name.txt")
+  averaged=$(grep -c 'nccl averages = closed form' "$scratch/multi-$name.txt")
+  if [ "$passed" != "$ranks" ] || [ "$averaged" != "$ranks" ]; then
+    echo "$name: $passed of $ranks self-checks and $averaged NCCL average checks passed"
+    ok=1
+  fi
+  metrics=$run/metrics.jsonl
+  at_least "$(metric "$metrics" val_acc)" 0.90 || { echo "$name: val_acc below 0.90"; ok=1; }
+  [ -n "$(metric "$metrics" parameters_checksum)" ] || { echo "$name: no parameters_checksum"; ok=1; }
+  python3 - "$run/trace.json" <<'PY' | tee "$scratch/multi-$name-overlap.txt" || ok=1
+import collections, json, sys
+events = json.load(open(sys.argv[1]))
+tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
+spans = collections.defaultdict(list)  # (rank, kind) -> [(start, end)]
+for e in events:
+    if e.get("ph") != "X":
+        continue
+    track = tracks.get((e["pid"], e["tid"]), "")
+    if e["name"] == "backward" and track.startswith("GPU"):
+        spans[(e["pid"], "backward")].append((e["ts"], e["ts"] + e["dur"]))
+    if e["name"] == "all-reduce bucket" and track.startswith("NCCL"):
+        spans[(e["pid"], "bucket")].append((e["ts"], e["ts"] + e["dur"]))
+buckets = overlapping = 0
+for (rank, kind), intervals in spans.items():
+    if kind != "bucket":
+        continue
+    backward = sorted(spans.get((rank, "backward"), []))
+    for start, end in intervals:
+        buckets += 1
+        overlapping += any(b0 < end and start < b1 for b0, b1 in backward)
+print(f"NCCL buckets overlapping backward: {overlapping} of {buckets}")
+sys.exit(0 if overlapping > 0 else "no NCCL bucket ran while backward ran")
+PY
+  note multi_gpu "$name: $passed/$ranks self-checks, val_acc $(metric "$metrics" val_acc)," \
+    "checksum $(metric "$metrics" parameters_checksum), $(tail -n 1 "$scratch/multi-$name-overlap.txt")"
+  return "$ok"
+}
+
+check_multi_gpu() {
+  local gpus ok=0 compression
+  gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+  if [ "$gpus" -lt 2 ]; then
+    echo "multi_gpu needs two or more GPUs; this node has $gpus"
+    note multi_gpu "not run: needs two or more GPUs, this node has $gpus"
+    return 77
+  fi
+  for compression in none bf16 fp16; do
+    multi_gpu_run "$compression" "$gpus" "$ddptrain" --comm.compression "$compression" || ok=1
+  done
+  # One GPU per rank, as Slurm's --gpus-per-task or a site's wrapper gives it: each rank sees GPU 0 only.
+  # shellcheck disable=SC2016  # expanded by each rank's own shell
+  multi_gpu_run visible-devices "$gpus" bash -c \
+    'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec "$0" "$@"' "$ddptrain" || ok=1
   return "$ok"
 }
 
