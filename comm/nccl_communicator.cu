@@ -72,19 +72,56 @@ Wire parse_compression(const std::string& compression) {
 }
 
 // The casts of wire_cast.h, tested on the host.
-template <Wire kWire>
-__global__ void to_wire(const float* __restrict__ in, uint16_t* __restrict__ out, std::size_t n) {
+// bfloat16 keeps float's range: cast as it is, averaged by NCCL in bfloat16.
+__global__ void to_bfloat16_wire(const float* __restrict__ in, uint16_t* __restrict__ out, std::size_t n) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    out[i] = kWire == Wire::kHalf ? float_to_half(in[i]) : float_to_bfloat16(in[i]);
+    out[i] = float_to_bfloat16(in[i]);
   }
 }
 
-template <Wire kWire>
-__global__ void from_wire(const uint16_t* __restrict__ in, float* __restrict__ out, std::size_t n) {
+__global__ void from_bfloat16_wire(const uint16_t* __restrict__ in, float* __restrict__ out, std::size_t n) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    out[i] = kWire == Wire::kHalf ? half_to_float(in[i]) : bfloat16_to_float(in[i]);
+    out[i] = bfloat16_to_float(in[i]);
+  }
+}
+
+// fp16's scaled wire (wire_cast.h: half_wire_scale). The bucket's largest magnitude as float bits, which for
+// non-negative floats order as the floats do (a NaN above every number, so that it passes unscaled): one
+// atomicMax per block into `largest_bits`, zeroed before.
+__global__ void largest_magnitude_bits(const float* __restrict__ in, std::size_t n, unsigned* largest_bits) {
+  __shared__ unsigned block_largest;
+  if (threadIdx.x == 0) block_largest = 0;
+  __syncthreads();
+  unsigned mine = 0;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const unsigned bits = bits_of(in[i]) & 0x7fffffffu;
+    mine = bits > mine ? bits : mine;
+  }
+  atomicMax(&block_largest, mine);
+  __syncthreads();
+  if (threadIdx.x == 0) atomicMax(largest_bits, block_largest);
+}
+
+__global__ void to_half_wire_scaled(const float* __restrict__ in, uint16_t* __restrict__ out, std::size_t n,
+                                    const unsigned* __restrict__ largest_bits, int ranks) {
+  const float scale = half_wire_scale(float_of(*largest_bits), ranks);
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    out[i] = float_to_half(in[i] * scale);
+  }
+}
+
+// The scale undone exactly (a power of two), then one rounding of the sum x (1 / ranks), as fp32 averages.
+__global__ void from_half_wire_scaled(const uint16_t* __restrict__ in, float* __restrict__ out, std::size_t n,
+                                      const unsigned* __restrict__ largest_bits, int ranks) {
+  const float unscale = 1.0f / half_wire_scale(float_of(*largest_bits), ranks);
+  const float inverse_ranks = 1.0f / static_cast<float>(ranks);
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    out[i] = (half_to_float(in[i]) * unscale) * inverse_ranks;
   }
 }
 
@@ -160,10 +197,10 @@ class NcclCommunicator final : public Communicator {
                                             stream_.get()));
         break;
       case Wire::kHalf:
-        reduce_on_wire<Wire::kHalf>(segment, ncclHalf);
+        reduce_on_half_wire(segment);
         break;
       case Wire::kBfloat16:
-        reduce_on_wire<Wire::kBfloat16>(segment, ncclBfloat16);
+        reduce_on_bfloat16_wire(segment);
         break;
     }
     spans_->end(span, "all-reduce bucket");
@@ -225,16 +262,38 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  // Cast to the wire type, average, cast back; all on the communication stream, which runs them in order,
-  // so one staging buffer serves every segment however many are pending.
-  template <Wire kWire>
-  void reduce_on_wire(std::span<float> segment, ncclDataType_t type) {
+  // Cast to bfloat16, average, cast back; all on the communication stream, which runs them in order, so one
+  // staging buffer serves every segment however many are pending.
+  void reduce_on_bfloat16_wire(std::span<float> segment) {
     const std::size_t n = segment.size();
     auto* wire = static_cast<uint16_t*>(wire_buffer(n * sizeof(uint16_t)));
-    to_wire<kWire><<<cast_blocks(n), kCastThreads, 0, stream_.get()>>>(segment.data(), wire, n);
+    to_bfloat16_wire<<<cast_blocks(n), kCastThreads, 0, stream_.get()>>>(segment.data(), wire, n);
     DDP_CUDA_CHECK(cudaGetLastError());
-    NCCL_COMM_NCCL(nccl_, ncclAllReduce(wire, wire, n, type, ncclAvg, nccl_, stream_.get()));
-    from_wire<kWire><<<cast_blocks(n), kCastThreads, 0, stream_.get()>>>(wire, segment.data(), n);
+    NCCL_COMM_NCCL(nccl_, ncclAllReduce(wire, wire, n, ncclBfloat16, ncclAvg, nccl_, stream_.get()));
+    from_bfloat16_wire<<<cast_blocks(n), kCastThreads, 0, stream_.get()>>>(wire, segment.data(), n);
+    DDP_CUDA_CHECK(cudaGetLastError());
+  }
+
+  // fp16, scaled by a power of two from the bucket's largest magnitude over every rank (wire_cast.h:
+  // half_wire_scale): the largest found on the device, agreed with NCCL's max, then cast, summed in fp16, and
+  // cast back with the scale and 1/ranks undone in float. All on the communication stream, without the host.
+  void reduce_on_half_wire(std::span<float> segment) {
+    const std::size_t n = segment.size();
+    // The staging buffer holds the wire values and, after them (aligned), the largest magnitude's bits.
+    const std::size_t wire_bytes = (n * sizeof(uint16_t) + 255) / 256 * 256;
+    auto* wire = static_cast<uint16_t*>(wire_buffer(wire_bytes + sizeof(unsigned)));
+    auto* largest = reinterpret_cast<unsigned*>(reinterpret_cast<char*>(wire) + wire_bytes);
+    cudaStream_t stream = stream_.get();
+    DDP_CUDA_CHECK(cudaMemsetAsync(largest, 0, sizeof(unsigned), stream));
+    largest_magnitude_bits<<<cast_blocks(n), kCastThreads, 0, stream>>>(segment.data(), n, largest);
+    DDP_CUDA_CHECK(cudaGetLastError());
+    NCCL_COMM_NCCL(nccl_, ncclAllReduce(largest, largest, 1, ncclUint32, ncclMax, nccl_, stream));
+    const int ranks = host_->size();
+    to_half_wire_scaled<<<cast_blocks(n), kCastThreads, 0, stream>>>(segment.data(), wire, n, largest, ranks);
+    DDP_CUDA_CHECK(cudaGetLastError());
+    NCCL_COMM_NCCL(nccl_, ncclAllReduce(wire, wire, n, ncclHalf, ncclSum, nccl_, stream));
+    from_half_wire_scaled<<<cast_blocks(n), kCastThreads, 0, stream>>>(wire, segment.data(), n, largest,
+                                                                       ranks);
     DDP_CUDA_CHECK(cudaGetLastError());
   }
 

@@ -4,6 +4,7 @@
 // compiler's _Float16 and a reference in double, so the casts a run's gradients go through are tested here.
 #pragma once
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -75,6 +76,24 @@ DDP_HOST_DEVICE float half_to_float(uint16_t value) {
   if (exponent != 0) return float_of(sign | ((exponent + 112u) << 23) | (mantissa << 13));
   // Zero or subnormal: mantissa x 2^-24, exact in float.
   return float_of(sign | bits_of(static_cast<float>(mantissa) * 5.9604644775390625e-8f));
+}
+
+// fp16 on the wire is scaled: every rank multiplies its gradients by the power of two this returns for the
+// bucket's largest magnitude over every rank (`largest`) and the rank count, the wire type sums them, and the
+// receiver undoes the scale and the 1/ranks in float. The scaled sum of `ranks` values stays below 2^15
+// (fp16's largest finite is 65504), and the largest gradient lands in [2^14, 2^15) / ranks, so a gradient
+// keeps fp16's 11 bits relative to the bucket's largest: the average's error is a few units of 2^-11 x
+// largest, where an unscaled cast turned values above 65504 into infinities and values below about ranks x
+// 3e-8 into zeros. 1 where `largest` is 0 or not finite (a NaN or an infinity passes as it is).
+DDP_HOST_DEVICE float half_wire_scale(float largest, int ranks) {
+  if (!(largest > 0.0f) || !(largest <= 3.4028234663852886e38f)) return 1.0f;
+  int largest_exponent = 0;  // largest < 2^largest_exponent
+  ::frexpf(largest, &largest_exponent);
+  int rank_bits = 0;  // ranks <= 2^rank_bits
+  while ((1LL << rank_bits) < static_cast<long long>(ranks)) ++rank_bits;
+  int exponent = 15 - largest_exponent - rank_bits;
+  exponent = exponent < -126 ? -126 : (exponent > 127 ? 127 : exponent);
+  return ::ldexpf(1.0f, exponent);
 }
 
 }  // namespace ddp::comm

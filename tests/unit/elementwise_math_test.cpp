@@ -220,5 +220,92 @@ TEST(ElementwiseMath, FloatToBfloat16RoundsToNearestEven) {
   EXPECT_EQ(bfloat16_to_float(0x3f80), 1.0f);
 }
 
+// --- fp16 gradients on the wire, scaled (comm.compression = fp16)
+// -------------------------------------------
+
+// The scale is a power of two that puts the sum of `ranks` values of the bucket's largest magnitude in
+// [2^13, 2^15): no overflow, and as many of fp16's bits as the largest allows.
+TEST(HalfWire, TheScaleIsAPowerOfTwoThatKeepsTheSumBelow2To15) {
+  for (const float largest : {1e-12f, 1e-8f, 3e-5f, 1.0f, 56.0f, 1e4f, 65504.0f, 2e5f, 1e30f}) {
+    for (const int ranks : {1, 2, 3, 8, 64, 1000}) {
+      const float scale = comm::half_wire_scale(largest, ranks);
+      int exponent = 0;
+      EXPECT_EQ(std::frexp(scale, &exponent), 0.5f) << largest << " " << ranks;
+      const double sum = static_cast<double>(largest) * scale * ranks;
+      EXPECT_LT(sum, 32768.0) << largest << " " << ranks;
+      EXPECT_GE(sum, 8192.0) << largest << " " << ranks;
+    }
+  }
+  EXPECT_EQ(comm::half_wire_scale(0.0f, 4), 1.0f);
+  EXPECT_EQ(comm::half_wire_scale(std::numeric_limits<float>::infinity(), 4), 1.0f);
+  EXPECT_EQ(comm::half_wire_scale(std::numeric_limits<float>::quiet_NaN(), 4), 1.0f);
+}
+
+// A ring's fp16 sum: each hop adds its value to the partial sum and rounds to fp16.
+float ring_sum_in_half(const std::vector<uint16_t>& wire) {
+  uint16_t partial = wire[0];
+  for (std::size_t r = 1; r < wire.size(); ++r)
+    partial = float_to_half(half_to_float(partial) + half_to_float(wire[r]));
+  return half_to_float(partial);
+}
+
+// Gradients of realistic magnitudes, 12 decades below a bucket's largest with mixed signs, averaged over
+// `ranks` the way the NCCL backend does, scaled (the kernels' math: half_wire_scale, the cast, a ring's fp16
+// sum, the scale and 1/ranks undone in float) and, for comparison, as it did before (each value cast, scaled
+// by 1/ranks in fp16, summed): the largest error of the average, in units of the bucket's largest magnitude.
+struct WireErrors {
+  double scaled = 0;
+  double unscaled = 0;
+};
+WireErrors half_wire_errors(float largest, int ranks) {
+  std::mt19937_64 rng(static_cast<uint64_t>(ranks) * 1000 + static_cast<uint64_t>(std::log10(largest) + 20));
+  std::uniform_real_distribution<double> decades(-12.0, 0.0);
+  constexpr std::size_t kCount = 2048;
+  std::vector<std::vector<float>> grads(static_cast<std::size_t>(ranks), std::vector<float>(kCount));
+  float found = 0;
+  for (auto& rank : grads) {
+    for (float& g : rank) {
+      g = static_cast<float>(largest * std::pow(10.0, decades(rng)) * ((rng() & 1) ? 1 : -1));
+      found = std::max(found, std::abs(g));
+    }
+  }
+  const float scale = comm::half_wire_scale(found, ranks);
+  WireErrors errors;
+  for (std::size_t i = 0; i < kCount; ++i) {
+    double exact = 0;
+    std::vector<uint16_t> scaled;
+    std::vector<uint16_t> unscaled;
+    for (const auto& rank : grads) {
+      exact += rank[i];
+      scaled.push_back(float_to_half(rank[i] * scale));
+      unscaled.push_back(
+          float_to_half(half_to_float(float_to_half(rank[i])) * (1.0f / static_cast<float>(ranks))));
+    }
+    exact /= ranks;
+    const float average = (ring_sum_in_half(scaled) * (1.0f / scale)) * (1.0f / static_cast<float>(ranks));
+    const auto error = [&](double got) {
+      return std::isfinite(got) ? std::abs(got - exact) / found : INFINITY;
+    };
+    errors.scaled = std::max(errors.scaled, error(average));
+    errors.unscaled = std::max(errors.unscaled, error(ring_sum_in_half(unscaled)));
+  }
+  return errors;
+}
+
+// Scaled, the average's error stays within (ranks + 1) units of 2^-11 of the bucket's largest magnitude at
+// every scale; unscaled, a bucket of small gradients lost its bits to fp16's subnormals and one of large
+// gradients overflowed.
+TEST(HalfWire, TheScaledAverageKeepsElevenBitsOfTheLargestGradient) {
+  for (const int ranks : {1, 2, 4, 8}) {
+    for (const float largest : {1e-5f, 1e-2f, 1.0f, 1e4f, 2e5f}) {
+      const WireErrors errors = half_wire_errors(largest, ranks);
+      EXPECT_LE(errors.scaled, (ranks + 1) * std::ldexp(1.0, -11))
+          << "largest " << largest << ", ranks " << ranks;
+    }
+  }
+  EXPECT_GT(half_wire_errors(1e-5f, 8).unscaled, 9 * std::ldexp(1.0, -11)) << "subnormals";
+  EXPECT_TRUE(std::isinf(half_wire_errors(2e5f, 2).unscaled)) << "overflow";
+}
+
 }  // namespace
 }  // namespace ddp
