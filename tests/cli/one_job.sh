@@ -3,7 +3,8 @@
 # DDPTRAIN_EXTRA_ARGS) or other data end the job at start-up with one line naming the rank, its host, the key
 # and both values, exit 2. Before, another learning rate trained replicas that silently diverged (exit 0),
 # another model.hidden died in MPI_ERR_TRUNCATE under comm.backend mpi and in SIGABRT under the parameter
-# server, and another data file of the same shapes trained each rank on other rows (exit 0). Settings a node
+# server, and another data file of the same shapes trained each rank on other rows (exit 0); another backend is
+# refused alike. Settings a node
 # may set for itself (train.threads, comm.timeout_s, data.path to a copy of the same file) still train.
 #   bash tests/cli/one_job.sh path/to/ddptrain
 set -euo pipefail
@@ -47,6 +48,9 @@ refused rate "the ranks were not given one job: rank 1 (host $(hostname)) has tr
 two_ranks hidden_ps "--data.path data1.h5 --comm.backend ps --comm.ps_servers 0" \
   "--data.path data1.h5 --comm.backend ps --comm.ps_servers 0 --model.hidden 16"
 refused hidden_ps "has model.hidden = 16, rank 0"
+
+two_ranks backend "--data.path data1.h5 --comm.backend mpi" "--data.path data1.h5 --comm.backend ps"
+refused backend "has comm.backend = ps, rank 0"
 
 two_ranks data "--data.path data1.h5" "--data.path data2.h5"
 refused data "rank 1 (host $(hostname)) reads other data than rank 0 (host $(hostname)): data.path data2.h5"
