@@ -3,9 +3,9 @@
 # DDPTRAIN_EXTRA_ARGS) or other data end the job at start-up with one line naming the rank, its host, the key
 # and both values, exit 2. Before, another learning rate trained replicas that silently diverged (exit 0),
 # another model.hidden died in MPI_ERR_TRUNCATE under comm.backend mpi and in SIGABRT under the parameter
-# server, and another data file of the same shapes trained each rank on other rows (exit 0); another backend is
-# refused alike. Settings a node
-# may set for itself (train.threads, comm.timeout_s, data.path to a copy of the same file) still train.
+# server, and another data file of the same shapes trained each rank on other rows (exit 0); another backend
+# is refused alike. Settings a node may set for itself (train.threads, comm.timeout_s, data.path to a copy of
+# the same file) still train.
 #   bash tests/cli/one_job.sh path/to/ddptrain
 set -euo pipefail
 ddptrain=$1
