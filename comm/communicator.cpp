@@ -80,6 +80,11 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
     throw UserError("comm.backend = nccl needs every rank on a GPU, but " + census +
                     " (use comm.backend = auto, ps or mpi)");
   }
+  if (request.delayed_exchange && (backend == "ps" || backend == "nccl" || gpu_ranks > 0)) {
+    throw UserError("comm.overlap = delayed runs with the MPI all-reduce on CPU ranks, but " +
+                    (gpu_ranks > 0 ? census : "comm.backend = " + backend) +
+                    " (the parameter server lets workers run ahead with comm.ps_mode = async instead)");
+  }
   // NCCL takes one board per rank: two ranks on one (overlapping CUDA_VISIBLE_DEVICES, MIG slices) would end
   // in its init's "Duplicate GPU detected", inside an abort.
   std::string shared_board;
@@ -114,6 +119,7 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
   if (request.lazy_update)
     no_server = "lazy embedding updates (train.embedding_update = lazy) need the all-reduce";
   if (!shared_board.empty()) no_server = shared_board + ", which NCCL refuses; every rank still trains";
+  if (request.delayed_exchange) no_server = "comm.overlap = delayed needs the all-reduce";
   if (backend == "ps" || (backend == "auto" && no_server.empty())) {
     if (request.lazy_update) {
       throw UserError(

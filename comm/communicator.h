@@ -157,6 +157,9 @@ struct BackendRequest {
   // The optimizer updates only the rows of a sparse matrix that a step touched (lazy embedding updates):
   // it needs the all-reduce backends, since the parameter server's optimizer updates every row of its shard.
   bool lazy_update = false;
+  // comm.overlap = delayed: the all-reduce, whose steps apply the last step's average (the parameter server
+  // has its own way to let workers run ahead: ps_async); on CPU ranks only, for now.
+  bool delayed_exchange = false;
 };
 
 struct BackendChoice {

@@ -1,5 +1,6 @@
 #include "engine/all_reduce_step.h"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 
@@ -18,14 +19,23 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 }  // namespace
 
 AllReduceStep::AllReduceStep(models::Replica& replica, comm::Communicator& comm, Optimizer& optimizer,
-                             bool sparse_exchange, double clip_norm)
+                             bool sparse_exchange, double clip_norm, bool delayed)
     : replica_(replica),
       comm_(comm),
       optimizer_(optimizer),
       sparse_exchange_(sparse_exchange),
-      clip_norm_(clip_norm) {}
+      clip_norm_(clip_norm),
+      delayed_(delayed) {
+  if (delayed_ && replica_.device() != models::DeviceKind::kCpu) {
+    throw std::invalid_argument("AllReduceStep: the delayed exchange runs on CPU replicas");
+  }
+}
 
 void AllReduceStep::run(const BatchView& batch) {
+  if (delayed_) {
+    run_delayed(batch);
+    return;
+  }
   const auto start = Clock::now();
   std::span<float> grads = replica_.grads();
   const models::ParamLayout& layout = replica_.layout();
@@ -68,17 +78,7 @@ void AllReduceStep::run(const BatchView& batch) {
   }
   const auto reduced = Clock::now();
 
-  const TouchedRows rows{embedding.offset, width, static_cast<std::size_t>(layout.shape().vocab_size),
-                         embedding_rows_};
-  {
-    timeline::Span span("optimizer");
-    const TouchedRows* sparse = sparse_exchange_ ? &rows : nullptr;
-    if (clip_norm_ > 0) {
-      optimizer_.step_clipped(replica_.params(), grads, sparse, clip_norm_);
-    } else {
-      optimizer_.step(replica_.params(), grads, sparse);
-    }
-  }
+  apply(grads);
 
   // The exchange wrote other ranks' rows into this rank's embedding gradient. Clear them, so that the
   // replica's promise (rows it did not touch are zero) holds at the next step.
@@ -90,6 +90,84 @@ void AllReduceStep::run(const BatchView& batch) {
   const auto done = Clock::now();
   timing_ = {seconds_between(start, computed), seconds_between(computed, reduced),
              seconds_between(reduced, done)};
+}
+
+void AllReduceStep::apply(std::span<const float> grads) {
+  const models::ParamLayout& layout = replica_.layout();
+  const models::ParamSegment& embedding = layout.segments().front();
+  const TouchedRows rows{embedding.offset, static_cast<std::size_t>(layout.shape().embedding_dim),
+                         static_cast<std::size_t>(layout.shape().vocab_size), embedding_rows_};
+  timeline::Span span("optimizer");
+  const TouchedRows* sparse = sparse_exchange_ ? &rows : nullptr;
+  if (clip_norm_ > 0) {
+    optimizer_.step_clipped(replica_.params(), grads, sparse, clip_norm_);
+  } else {
+    optimizer_.step(replica_.params(), grads, sparse);
+  }
+}
+
+void AllReduceStep::run_delayed(const BatchView& batch) {
+  const auto start = Clock::now();
+  // Backward runs while the last step's average travels; nothing starts during it.
+  replica_.train_step(batch, {});
+  const auto computed = Clock::now();
+  flush();
+  const auto reduced = Clock::now();
+
+  // This step's gradient, copied aside for its exchange: in_flight_ is zero but where the last exchange
+  // wrote (cleared in flush), so the sparse copy needs only the rows this rank touched.
+  const std::span<const float> grads = replica_.grads();
+  const models::ParamLayout& layout = replica_.layout();
+  const models::ParamSegment& embedding = layout.segments().front();
+  const auto width = static_cast<std::size_t>(layout.shape().embedding_dim);
+  in_flight_.resize(grads.size(), 0.0f);
+  if (sparse_exchange_) {
+    const std::span<const int32_t> touched = replica_.touched_embedding_rows();
+    for (const int32_t row : touched) {
+      const std::size_t at = embedding.offset + static_cast<std::size_t>(row) * width;
+      std::copy_n(grads.begin() + static_cast<std::ptrdiff_t>(at), width,
+                  in_flight_.begin() + static_cast<std::ptrdiff_t>(at));
+    }
+    std::copy(grads.begin() + static_cast<std::ptrdiff_t>(embedding.offset + embedding.size), grads.end(),
+              in_flight_.begin() + static_cast<std::ptrdiff_t>(embedding.offset + embedding.size));
+  } else {
+    std::copy(grads.begin(), grads.end(), in_flight_.begin());
+  }
+  const std::span<float> staged(in_flight_);
+  for (const std::size_t index : layout.reduction_order()) {
+    const models::ParamSegment& segment = layout.segments()[index];
+    if (sparse_exchange_ && segment.offset == embedding.offset) {
+      embedding_rows_ = comm_.start_average_rows(staged.subspan(embedding.offset, embedding.size), width,
+                                                 replica_.touched_embedding_rows());
+    } else {
+      comm_.start_average(staged.subspan(segment.offset, segment.size));
+    }
+  }
+  pending_ = true;
+  // The replica's own gradient was not touched by any exchange: its promise (rows it did not touch are
+  // zero) holds as it is.
+  timing_ = {seconds_between(start, computed), seconds_between(computed, reduced),
+             seconds_between(reduced, Clock::now())};
+}
+
+void AllReduceStep::flush() {
+  if (!pending_) return;
+  {
+    timeline::Span span("reduction wait");
+    comm_.finish_average();
+  }
+  apply(in_flight_);
+  pending_ = false;
+  // Ready for the next step's copy: zero where this exchange wrote other ranks' values.
+  const models::ParamLayout& layout = replica_.layout();
+  const models::ParamSegment& embedding = layout.segments().front();
+  if (!sparse_exchange_) return;
+  const auto width = static_cast<std::size_t>(layout.shape().embedding_dim);
+  for (const int32_t row : embedding_rows_) {
+    std::fill_n(in_flight_.begin() +
+                    static_cast<std::ptrdiff_t>(embedding.offset + static_cast<std::size_t>(row) * width),
+                width, 0.0f);
+  }
 }
 
 }  // namespace ddp::engine

@@ -1,6 +1,12 @@
 // One synchronous all-reduce step, shared by the trainer and the benchmarks: forward and backward on the
 // replica, gradients averaged over ranks (each segment's reduction starts as soon as backward finishes it;
 // the embedding's rows travel sparsely), then the optimizer on the flat buffer.
+//
+// Delayed (comm.overlap = delayed, CPU replicas): the classic pipelined SGD. Step k's gradient is copied
+// aside and its average travels during step k + 1's forward and backward, and is applied after them: each
+// update uses a gradient computed one update earlier, and the exchange overlaps a whole step instead of the
+// end of backward. flush() applies the gradient still in flight, at the end of every run of steps, so that a
+// checkpoint holds every step's update.
 #pragma once
 
 #include <vector>
@@ -16,11 +22,14 @@ class AllReduceStep {
   // `sparse_exchange`: exchange only the embedding rows some rank touched (comm.sparse_embedding).
   // `clip_norm` > 0: the averaged gradient's global norm is clipped to it (train.clip_norm), computed by the
   // optimizer where the gradient is, the same on every rank (Optimizer::step_clipped).
+  // `delayed`: comm.overlap = delayed (above); the replica must be on the CPU.
   AllReduceStep(models::Replica& replica, comm::Communicator& comm, Optimizer& optimizer,
-                bool sparse_exchange, double clip_norm = 0);
+                bool sparse_exchange, double clip_norm = 0, bool delayed = false);
 
   // The batch's loss and accuracy go to the replica's running stats (Replica::take_stats).
   void run(const BatchView& batch);
+  // Delayed: waits for the last run's average and applies it. Otherwise (and with nothing in flight) nothing.
+  void flush();
 
   // Time of the last run() split in its parts, for benchmarks.
   struct Timing {
@@ -36,9 +45,16 @@ class AllReduceStep {
   Optimizer& optimizer_;
   bool sparse_exchange_;
   double clip_norm_;
+  // The optimizer on `grads`, averaged (with the embedding rows of embedding_rows_ where sparse).
+  void apply(std::span<const float> grads);
+  void run_delayed(const BatchView& batch);
+
   std::vector<int32_t> embedding_rows_;  // rows averaged in the last step
   std::vector<bool> finished_;           // per segment: the replica has reported its gradient this step
   Timing timing_;
+  const bool delayed_;
+  std::vector<float> in_flight_;  // delayed: the last step's gradient, being averaged (zero elsewhere)
+  bool pending_ = false;          // delayed: in_flight_ holds a gradient not yet applied
 };
 
 }  // namespace ddp::engine

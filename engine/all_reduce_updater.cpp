@@ -12,11 +12,11 @@ namespace {
 class AllReduceUpdater final : public Updater {
  public:
   AllReduceUpdater(models::Replica& replica, comm::Communicator& comm, std::unique_ptr<Optimizer> optimizer,
-                   bool sparse_exchange, double clip_norm)
+                   bool sparse_exchange, double clip_norm, bool delayed)
       : replica_(replica),
         comm_(comm),
         optimizer_(std::move(optimizer)),
-        step_(replica, comm, *optimizer_, sparse_exchange, clip_norm) {}
+        step_(replica, comm, *optimizer_, sparse_exchange, clip_norm, delayed) {}
 
   std::string optimizer_name() const override { return optimizer_->name(); }
 
@@ -34,7 +34,7 @@ class AllReduceUpdater final : public Updater {
 
   void begin_steps() override {}
   void step(const BatchView& batch) override { step_.run(batch); }
-  void end_steps() override {}
+  void end_steps() override { step_.flush(); }  // the delayed exchange's last gradient
   int64_t optimizer_iterations() const override { return optimizer_->iterations(); }
   void visit_optimizer_state(const StateBufferVisitor& visit) override {
     if (comm_.rank() == 0) optimizer_->visit_state(visit);
@@ -59,9 +59,10 @@ std::unique_ptr<Optimizer> make_optimizer_for(models::Replica& replica, int gpu,
 }  // namespace
 
 std::unique_ptr<Updater> make_all_reduce_updater(models::Replica& replica, int gpu, comm::Communicator& comm,
-                                                 const OptimizerSettings& settings, bool sparse_exchange) {
+                                                 const OptimizerSettings& settings, bool sparse_exchange,
+                                                 bool delayed) {
   return std::make_unique<AllReduceUpdater>(replica, comm, make_optimizer_for(replica, gpu, settings),
-                                            sparse_exchange, settings.clip_norm);
+                                            sparse_exchange, settings.clip_norm, delayed);
 }
 
 }  // namespace ddp::engine

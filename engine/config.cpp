@@ -115,7 +115,11 @@ void visit_keys(C& c, Visitor&& key) {
       "parameter server takes pushes of them and, colocated, sends rows as batches read them (same result, "
       "less traffic)");
   key("comm", "compression", c.comm.compression,
-      "gradients on the wire with NCCL: none, fp16 or bf16 (bf16 keeps fp32's range; fp16 is unscaled)");
+      "gradients on the wire with NCCL: none, fp16 or bf16 (bf16 keeps fp32's range; fp16 is scaled per "
+      "bucket by a power of two)");
+  key("comm", "overlap", c.comm.overlap,
+      "none, or delayed: each step's averaged gradient is applied at the next step, so that the exchange "
+      "overlaps a whole step (pipelined SGD: every update one step stale); CPU ranks with the all-reduce");
   key("comm", "ps_servers", c.comm.ps_servers,
       "ps: 0 (colocated): every rank trains and serves a shard of the parameters and their optimizer state, "
       "where every rank is on a CPU (async: on a server thread, with MPI_THREAD_MULTIPLE), else one "
@@ -334,6 +338,8 @@ void check_values(const Config& c) {
           "must be at least 1 (second)");
   require(c.comm.compression == "none" || c.comm.compression == "fp16" || c.comm.compression == "bf16",
           "comm.compression", c.comm.compression, "expected none, fp16 or bf16");
+  require(c.comm.overlap == "none" || c.comm.overlap == "delayed", "comm.overlap", c.comm.overlap,
+          "expected none or delayed");
   require(c.log.progress == "auto" || c.log.progress == "bar" || c.log.progress == "lines", "log.progress",
           c.log.progress, "expected auto, bar or lines");
   require(c.log.interval >= 0, "log.interval", value_text(c.log.interval), "must be 0 or more");
@@ -413,6 +419,7 @@ std::vector<std::string> changed_training_settings(const std::string& earlier_in
                                                "train.clip_norm",
                                                "train.early_stopping_patience",
                                                "comm.compression",
+                                               "comm.overlap",
                                                "comm.ps_mode",
                                                "comm.max_staleness"};
   // to_ini()'s own lines: "[section]" and "name = value".

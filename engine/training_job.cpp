@@ -94,6 +94,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     request.ps_servers = config.comm.ps_servers;
     request.ps_async = config.comm.ps_mode == "async";
     request.lazy_update = config.train.embedding_update == "lazy";
+    request.delayed_exchange = config.comm.overlap == "delayed";
     backend = comm::choose_backend(request, world);
   });
 
@@ -115,9 +116,9 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     comm::agree_on_errors(*boot, [&] {
       comm::Communicator& comm = *backend.communicator;
       const int64_t steps = planned_steps(config, data, comm.size());
-      std::unique_ptr<Updater> updater =
-          make_all_reduce_updater(*replica, topology.gpu, comm, optimizer_settings(config, steps),
-                                  config.comm.sparse_embedding && backend.all_on_cpu);
+      std::unique_ptr<Updater> updater = make_all_reduce_updater(
+          *replica, topology.gpu, comm, optimizer_settings(config, steps),
+          config.comm.sparse_embedding && backend.all_on_cpu, config.comm.overlap == "delayed");
       run = std::make_unique<TrainingRun>(config, topology, boot->size(), comm, stop_signal, backend.reason,
                                           std::move(replica), std::move(updater), data, watchdog,
                                           /*exchange_has_deadlines=*/false, epoch_written);

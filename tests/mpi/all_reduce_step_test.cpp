@@ -110,9 +110,14 @@ TEST(Communicator, FirstErrorIsSharedByAllRanks) {
   EXPECT_EQ(*first, "bad input on rank 1");
 }
 
-// Each rank trains on its own data (through the trainer's step, sparse embedding exchange included); after N
-// steps all replicas hold bit-identical parameters.
-TEST(DataParallel, ReplicasStayBitIdentical) {
+// Each rank trains on its own data (through the trainer's step, sparse or dense embedding exchange, and with
+// the delayed exchange of comm.overlap = delayed); after N steps (and the delayed one's flush) all replicas
+// hold bit-identical parameters.
+class ReplicasStayBitIdentical : public ::testing::TestWithParam<std::tuple<bool, bool>> {
+};  // sparse, delayed
+
+TEST_P(ReplicasStayBitIdentical, AfterTwelveSteps) {
+  const auto [sparse, delayed] = GetParam();
   auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
   const models::ModelShape shape{97, 12, 10, 2};
   auto replica = models::make_cpu_replica(shape);
@@ -121,17 +126,25 @@ TEST(DataParallel, ReplicasStayBitIdentical) {
   comm->broadcast(initial, 0);
   replica->copy_params_from_host(initial);
   auto adam = engine::make_optimizer(engine::OptimizerSettings{}, replica->layout().total_size());
-  engine::AllReduceStep step(*replica, *comm, *adam, /*sparse_exchange=*/true);
+  engine::AllReduceStep step(*replica, *comm, *adam, sparse, 0, delayed);
   for (int i = 0; i < 12; ++i) {
     const TokenBatch b =
         random_batch(8, 15, shape.vocab_size, 1000 * static_cast<uint64_t>(comm->rank()) + i);
     step.run(b.view(0, b.batch));
   }
+  step.flush();
+  EXPECT_EQ(adam->iterations(), 12) << "every step's gradient applied";
   std::vector<float> reference(replica->params().begin(), replica->params().end());
   comm->broadcast(reference, 0);
   EXPECT_EQ(std::memcmp(reference.data(), replica->params().data(), reference.size() * sizeof(float)), 0)
       << "rank " << comm->rank() << " diverged from rank 0";
 }
+
+INSTANTIATE_TEST_SUITE_P(DataParallel, ReplicasStayBitIdentical,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()), [](const auto& test) {
+                           return std::string(std::get<0>(test.param) ? "Sparse" : "Dense") +
+                                  (std::get<1>(test.param) ? "Delayed" : "");
+                         });
 
 // A replica that finishes its segments front to back (embedding first, dense last): the opposite of the order
 // the step starts their reductions in, and not the CPU replica's own.

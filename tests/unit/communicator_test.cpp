@@ -2,6 +2,7 @@
 // and AbortOnUnwind aborts a communicator only when an exception leaves its scope.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -15,6 +16,7 @@
 #include "engine/optimizer.h"
 #include "models/param_layout.h"
 #include "models/replica.h"
+#include "tests/forwarding_replica.h"
 
 namespace ddp::comm {
 namespace {
@@ -163,6 +165,59 @@ TEST(AllReduceStep, StartsTheReductionsDenseEmbeddingThenLayersFromTheTop) {
   std::vector<std::size_t> expected;
   for (const std::size_t index : order) expected.push_back(layout.segments()[index].offset);
   EXPECT_EQ(comm.started, expected);
+}
+
+}  // namespace
+}  // namespace ddp::engine
+
+namespace ddp::engine {
+namespace {
+
+// The CPU replica whose gradient at its k-th step (from 0) is k + 1 everywhere.
+class CountingGradients final : public ddp::testing::ForwardingReplica {
+ public:
+  using ForwardingReplica::ForwardingReplica;
+  void train_step(const BatchView& batch, const models::GradientReadyFn& on_ready) override {
+    inner().train_step(batch, on_ready);
+    ++steps;
+    for (float& g : inner().grads()) g = static_cast<float>(steps);
+  }
+  int steps = 0;
+};
+
+// comm.overlap = delayed: step k's gradient is applied at step k + 1, and flush() applies the last one; the
+// default applies each step's own. Plain SGD with learning rate 1 from zero parameters shows which.
+TEST(AllReduceStep, TheDelayedExchangeAppliesGradientKAtStepKPlusOne) {
+  const models::ModelShape shape{30, 4, 3, 1};
+  std::vector<int32_t> tokens(2 * 5, 3);
+  const std::vector<float> labels{0, 1};
+  const BatchView batch{tokens.data(), labels.data(), 2, 5, tokens.data()};
+  OptimizerSettings sgd;
+  sgd.name = "sgd";
+  sgd.learning_rate = 1;
+  for (const bool delayed : {false, true}) {
+    CountingGradients replica(models::make_cpu_replica(shape));
+    const std::vector<float> zeros(replica.layout().total_size(), 0.0f);
+    replica.copy_params_from_host(zeros);
+    RecordingCommunicator comm(replica.grads().data());  // two ranks that agree: the average is our own
+    auto optimizer = make_optimizer(sgd, replica.layout().total_size());
+    AllReduceStep step(replica, comm, *optimizer, /*sparse_exchange=*/false, 0, delayed);
+    // After each step: the parameters' value (all alike).
+    std::vector<float> after;
+    for (int k = 0; k < 3; ++k) {
+      step.run(batch);
+      after.push_back(replica.params()[0]);
+      EXPECT_EQ(std::count(replica.params().begin(), replica.params().end(), after.back()),
+                static_cast<std::ptrdiff_t>(replica.params().size()));
+    }
+    step.flush();
+    after.push_back(replica.params()[0]);
+    if (delayed) {
+      EXPECT_EQ(after, (std::vector<float>{0, -1, -3, -6})) << "gradient k at step k + 1, the last at flush";
+    } else {
+      EXPECT_EQ(after, (std::vector<float>{-1, -3, -6, -6})) << "each step's own gradient";
+    }
+  }
 }
 
 }  // namespace
