@@ -6,6 +6,8 @@
 #   once dense);
 # - the gradients crossed the links: each node received at least the dense gradient's bytes per step (a node
 #   must learn the other node's contribution to every element of every step's average);
+# - the delayed exchange (comm.overlap = delayed) across the nodes: every epoch's replicas agree bit for bit
+#   (the run compares every rank's parameter checksum with rank 0's and records it);
 # - nothing of the cluster is left afterwards.
 #   bash tests/cluster/allreduce_test.sh path/to/ddptrain source-dir        (as root; else exit 77, skipped)
 set -euo pipefail
@@ -65,5 +67,13 @@ for sparse in true false; do
       fail "node$node received $received bytes: less than $steps steps x $dense_bytes: the gradients did not cross the link"
   done
 done
+
+args=$(training_args "$src" "$shared/two-nodes-delayed")
+read -r -a delayed <<<"$args --comm.backend mpi --comm.overlap delayed"
+cluster_mpirun -H node1:2,node2:2 -np 4 "$ddptrain" "${delayed[@]}" >"$shared/two-nodes-delayed.txt" 2>&1 ||
+  { cat "$shared/two-nodes-delayed.txt"; fail "the 2-node run with the delayed exchange failed"; }
+agreed=$(grep -c '"parameters_checksum":"[0-9a-f]\{16\}"' "$shared/two-nodes-delayed/metrics.jsonl")
+[ "$agreed" -eq 2 ] || fail "the delayed exchange: $agreed of 2 epochs with agreed replicas"
+echo "ok: the delayed exchange across 2 nodes x 2 ranks: every epoch's replicas bit-identical"
 
 expect_no_leftovers
