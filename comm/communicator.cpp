@@ -107,11 +107,13 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
     return choice;
   }
 
-  // Said, not refused: the same config runs on GPU nodes (NCCL, compressed) and on CPU nodes.
+  // Said, not refused: the same config runs on GPU nodes (NCCL, compressed) and on CPU nodes. The MPI
+  // all-reduce takes bf16; fp16 needs NCCL's scaled wire, and the parameter server sends float.
   const std::string uncompressed =
       request.compression == "none"
           ? ""
           : "; comm.compression = " + request.compression + " is NCCL's: this backend sends float32";
+  const std::string mpi_wire = request.compression == "bf16" ? "bf16" : "none";
 
   // What keeps auto from the parameter server, if anything.
   std::string no_server;
@@ -162,9 +164,10 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
   }
   choice.reason = std::string("mpi: ") + census + (backend == "mpi" ? " (comm.backend = mpi)" : "") +
                   (gpu_ranks > 0 ? ", GPU gradients staged through host memory" : ", CPU all-reduce") +
-                  (backend == "auto" ? "; " + no_server : "") + uncompressed;
-  choice.communicator = request.on_gpu ? make_staged_mpi_communicator(comm, request.compute_stream)
-                                       : make_mpi_communicator(comm);
+                  (backend == "auto" ? "; " + no_server : "") +
+                  (mpi_wire == "bf16" ? ", gradients as bf16 (averaged in float)" : uncompressed);
+  choice.communicator = request.on_gpu ? make_staged_mpi_communicator(comm, request.compute_stream, mpi_wire)
+                                       : make_mpi_communicator(comm, mpi_wire);
   return choice;
 }
 

@@ -111,8 +111,10 @@ void agree_on_errors(Communicator& comm, Work&& work) {
   if (auto first = comm.first_error(error)) throw AgreedUserError(*first);
 }
 
-// The MPI backend over `comm` (duplicated, so its traffic never mixes with other users of `comm`).
-std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
+// The MPI backend over `comm` (duplicated, so its traffic never mixes with other users of `comm`). Gradients
+// travel as float, or with `compression` bf16 as bfloat16, averaged in float (mpi_communicator.cpp); another
+// compression is a UserError.
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& compression = "none");
 
 // Call before MPI_Init: Open MPI defaults for gradient exchange across nodes (benchmarks/RESULTS.md,
 // "Across nodes"). Sets only parameters the user has not set; other MPIs ignore them.
@@ -137,8 +139,10 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, void* comput
 
 // MPI for a GPU replica: segments in device memory are staged through pinned host buffers (copied after the
 // compute stream's work, all-reduced over MPI, copied back). Interoperates with CPU ranks using the MPI
-// backend in the same job. In a build without CUDA it throws a UserError.
-std::unique_ptr<Communicator> make_staged_mpi_communicator(MPI_Comm comm, void* compute_stream);
+// backend in the same job, on the same wire (`compression`: make_mpi_communicator's). In a build without CUDA
+// it throws a UserError.
+std::unique_ptr<Communicator> make_staged_mpi_communicator(MPI_Comm comm, void* compute_stream,
+                                                           const std::string& compression = "none");
 
 // The backend for a job, chosen collectively from `comm.backend` and where the replicas run.
 struct BackendRequest {

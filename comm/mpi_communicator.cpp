@@ -9,19 +9,33 @@
 // 4.1's TCP transport can lose a connection handshake when two threads call MPI while it wires up peers
 // (a job across two nodes hung in its first steps about one run in thirty when the row all-gathers went on
 // beside the progress thread's tests).
+//
+// comm.compression = bf16 halves the bytes: a segment travels as bfloat16 in two collectives instead of one
+// float all-reduce. An all-to-all hands rank r every rank's r-th chunk; rank r adds them in float, in rank
+// order, scales by 1/size and rounds its chunk's average to bfloat16 once; an all-gather hands every rank
+// every chunk's average. The averaging stays in float and every rank ends with the same bits. Each collective
+// moves (size - 1) / size of the segment in 16 bits, where the float ring's two phases move it in 32; the
+// progress thread (or the next test) starts the second once the first completes. Non-blocking collectives
+// pair up by the order each rank starts them on a communicator, and a segment's first half may complete
+// earlier on one rank than on another, after the next segment's all-to-all started there: so the all-gathers
+// run on a communicator of their own, started in the segments' order on every rank.
 #include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "comm/mpi_check.h"
+#include "comm/wire_cast.h"
+#include "engine/base/errors.h"
 #include "engine/base/timeline.h"
 
 namespace ddp::comm {
@@ -29,7 +43,7 @@ namespace {
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(MPI_Comm parent) {
+  MpiCommunicator(MPI_Comm parent, bool bfloat16_wire) : bfloat16_wire_(bfloat16_wire) {
     DDP_CHECK_MPI(MPI_Comm_dup(parent, &comm_));
     // Errors come back as codes and end the job through fatal(), with a message naming the call.
     DDP_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
@@ -38,6 +52,10 @@ class MpiCommunicator final : public Communicator {
     int threading = MPI_THREAD_SINGLE;
     DDP_CHECK_MPI(MPI_Query_thread(&threading));
     progress_thread_allowed_ = threading == MPI_THREAD_MULTIPLE && spans_several_nodes();
+    if (bfloat16_wire_) {
+      DDP_CHECK_MPI(MPI_Comm_dup(comm_, &gather_comm_));
+      DDP_CHECK_MPI(MPI_Comm_set_errhandler(gather_comm_, MPI_ERRORS_RETURN));
+    }
   }
   ~MpiCommunicator() override {
     if (progress_.joinable()) {
@@ -50,7 +68,10 @@ class MpiCommunicator final : public Communicator {
     }
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
+    if (!finalized) {
+      if (gather_comm_ != MPI_COMM_NULL) MPI_Comm_free(&gather_comm_);
+      MPI_Comm_free(&comm_);
+    }
   }
 
   int rank() const override { return rank_; }
@@ -69,10 +90,14 @@ class MpiCommunicator final : public Communicator {
     if (progress_thread_allowed_ && !progress_.joinable())
       progress_ = std::thread([this] { make_progress(); });
     std::lock_guard lock(mutex_);
-    MPI_Request request = MPI_REQUEST_NULL;
-    DDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, segment.data(), checked_count(segment.size()), MPI_FLOAT,
-                                 MPI_SUM, comm_, &request));
-    pending_.push_back(Pending{segment, request, timeline::Clock::now(), {}});
+    Pending pending{segment, MPI_REQUEST_NULL, timeline::Clock::now(), {}, nullptr};
+    if (bfloat16_wire_) {
+      pending.wire = start_bfloat16_exchange(segment, pending.request);
+    } else {
+      DDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, segment.data(), checked_count(segment.size()), MPI_FLOAT,
+                                   MPI_SUM, comm_, &pending.request));
+    }
+    pending_.push_back(std::move(pending));
     // Poke MPI once now: without a progress thread, nothing moves the reduction until the next MPI call.
     complete_some(/*wait=*/false);
     work_.notify_one();
@@ -85,10 +110,16 @@ class MpiCommunicator final : public Communicator {
     }
     const float scale = 1.0f / static_cast<float>(size_);
     for (const Pending& p : pending_) {
+      // The bfloat16 wire's averages are final: back to float, unscaled.
+      if (p.wire) {
+        for (std::size_t i = 0; i < p.segment.size(); ++i)
+          p.segment[i] = bfloat16_to_float(p.wire->values[i]);
+      }
+      const float factor = p.wire ? 1.0f : scale;
       if (p.rows_target) {
-        unpack_rows(*p.rows_target, scale);
-      } else {
-        for (float& x : p.segment) x *= scale;
+        unpack_rows(*p.rows_target, factor);
+      } else if (!p.wire) {
+        for (float& x : p.segment) x *= factor;
       }
     }
     pending_.clear();
@@ -216,12 +247,82 @@ class MpiCommunicator final : public Communicator {
     std::size_t width = 0;
     std::vector<int32_t> rows;
   };
+  // A segment on the bfloat16 wire: its chunks (chunk r is rank r's to average), in 16 bits.
+  struct BfloatExchange {
+    std::vector<uint16_t> values;    // the segment: this rank's, then every chunk's average
+    std::vector<uint16_t> received;  // every rank's values of this rank's chunk, rank after rank
+    std::vector<uint16_t> averages;  // this rank's chunk, averaged
+    std::vector<int> counts;         // per rank: its chunk's length
+    std::vector<int> offsets;        // per rank: its chunk's start
+    std::vector<int> received_counts;
+    std::vector<int> received_offsets;
+    bool exchanged = false;  // the all-to-all completed
+    bool gathering = false;  // the all-gather of the averages was started
+  };
   struct Pending {
     std::span<float> segment;
     MPI_Request request;
     timeline::Clock::time_point started;  // for the timeline's bucket track
     std::optional<RowsTarget> rows_target;
+    std::unique_ptr<BfloatExchange> wire;  // bfloat16 on the wire; null for float
   };
+
+  // The first half of the bfloat16 exchange of `segment`: its values to bfloat16 and the all-to-all of the
+  // chunks. Called with mutex_ held.
+  std::unique_ptr<BfloatExchange> start_bfloat16_exchange(std::span<const float> segment,
+                                                          MPI_Request& request) {
+    auto wire = std::make_unique<BfloatExchange>();
+    const std::size_t n = segment.size();
+    const auto ranks = static_cast<std::size_t>(size_);
+    wire->values.resize(n);
+    for (std::size_t i = 0; i < n; ++i) wire->values[i] = float_to_bfloat16(segment[i]);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const std::size_t begin = n * r / ranks;
+      wire->offsets.push_back(checked_count(begin));
+      wire->counts.push_back(checked_count(n * (r + 1) / ranks - begin));
+    }
+    const int mine = wire->counts[static_cast<std::size_t>(rank_)];
+    wire->received.resize(ranks * static_cast<std::size_t>(mine));
+    for (std::size_t r = 0; r < ranks; ++r) {
+      wire->received_counts.push_back(mine);
+      wire->received_offsets.push_back(checked_count(r * static_cast<std::size_t>(mine)));
+    }
+    DDP_CHECK_MPI(MPI_Ialltoallv(wire->values.data(), wire->counts.data(), wire->offsets.data(), MPI_UINT16_T,
+                                 wire->received.data(), wire->received_counts.data(),
+                                 wire->received_offsets.data(), MPI_UINT16_T, comm_, &request));
+    return wire;
+  }
+
+  // The second half, once the all-to-all completed: this rank's chunk averaged in float, in rank order, and
+  // rounded to bfloat16 once, then the all-gather of every chunk's average. Called with mutex_ held.
+  void start_bfloat16_gather(BfloatExchange& wire, MPI_Request& request) {
+    const auto me = static_cast<std::size_t>(rank_);
+    const auto mine = static_cast<std::size_t>(wire.counts[me]);
+    const float scale = 1.0f / static_cast<float>(size_);
+    wire.averages.resize(mine);
+    for (std::size_t i = 0; i < mine; ++i) {
+      float sum = 0.0f;
+      for (std::size_t r = 0; r < static_cast<std::size_t>(size_); ++r)
+        sum += bfloat16_to_float(wire.received[r * mine + i]);
+      wire.averages[i] = float_to_bfloat16(sum * scale);
+    }
+    wire.gathering = true;
+    // From a buffer of its own, not MPI_IN_PLACE: Open MPI 4.1's non-blocking all-gatherv in place failed
+    // with MPI_ERR_TRUNCATE and corrupted the heap at three ranks.
+    DDP_CHECK_MPI(MPI_Iallgatherv(wire.averages.data(), wire.counts[me], MPI_UINT16_T, wire.values.data(),
+                                  wire.counts.data(), wire.offsets.data(), MPI_UINT16_T, gather_comm_,
+                                  &request));
+  }
+
+  // The all-gathers whose all-to-all completed, in the segments' order: up to the first segment still in
+  // its all-to-all. Called with mutex_ held.
+  void start_ready_gathers() {
+    for (Pending& p : pending_) {
+      if (!p.wire || p.wire->gathering) continue;
+      if (!p.wire->exchanged) return;
+      start_bfloat16_gather(*p.wire, p.request);
+    }
+  }
 
   void unpack_rows(const RowsTarget& target, float scale) const {
     for (std::size_t i = 0; i < target.rows.size(); ++i) {
@@ -288,12 +389,17 @@ class MpiCommunicator final : public Communicator {
     for (int i = 0; i < completed; ++i) {
       const auto bucket = static_cast<std::size_t>(indices_[static_cast<std::size_t>(i)]);
       pending_[bucket].request = MPI_REQUEST_NULL;
+      if (pending_[bucket].wire && !pending_[bucket].wire->gathering) {
+        pending_[bucket].wire->exchanged = true;
+        continue;
+      }
       if (timeline::enabled()) {
         timeline::record("all-reduce bucket", pending_[bucket].started, now,
                          timeline::track("all-reduce bucket", static_cast<int>(bucket)),
                          static_cast<int64_t>(pending_[bucket].segment.size()));
       }
     }
+    start_ready_gathers();
     return true;
   }
 
@@ -301,9 +407,11 @@ class MpiCommunicator final : public Communicator {
   static constexpr std::chrono::microseconds kProgressPeriod{200};
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm gather_comm_ = MPI_COMM_NULL;  // bf16: the all-gathers' own (top of the file)
   int rank_ = 0;
   int size_ = 1;
   bool progress_thread_allowed_ = false;
+  const bool bfloat16_wire_;  // comm.compression = bf16
   std::thread progress_;
   std::mutex mutex_;  // pending_, and every MPI call on comm_ (see the top of the file)
   std::condition_variable work_;
@@ -316,8 +424,12 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
-  return std::make_unique<MpiCommunicator>(comm);
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& compression) {
+  if (compression != "none" && compression != "bf16") {
+    throw UserError("comm.compression = " + compression +
+                    ": the MPI all-reduce takes none or bf16 (fp16 is NCCL's, scaled per bucket there)");
+  }
+  return std::make_unique<MpiCommunicator>(comm, compression == "bf16");
 }
 
 void set_mpi_transport_defaults() {

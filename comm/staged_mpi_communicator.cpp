@@ -24,8 +24,9 @@ namespace {
 
 class StagedMpiCommunicator final : public Communicator {
  public:
-  StagedMpiCommunicator(MPI_Comm comm, void* compute_stream)
-      : inner_(make_mpi_communicator(comm)), compute_(static_cast<cudaStream_t>(compute_stream)) {
+  StagedMpiCommunicator(MPI_Comm comm, void* compute_stream, const std::string& compression)
+      : inner_(make_mpi_communicator(comm, compression)),
+        compute_(static_cast<cudaStream_t>(compute_stream)) {
     DDP_CUDA_CHECK(cudaStreamCreateWithFlags(copy_.out(), cudaStreamNonBlocking));
     DDP_CUDA_CHECK(cudaEventCreateWithFlags(computed_.out(), cudaEventDisableTiming));
     DDP_CUDA_CHECK(cudaEventCreateWithFlags(copied_back_.out(), cudaEventDisableTiming));
@@ -144,8 +145,9 @@ class StagedMpiCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_staged_mpi_communicator(MPI_Comm comm, void* compute_stream) {
-  return std::make_unique<StagedMpiCommunicator>(comm, compute_stream);
+std::unique_ptr<Communicator> make_staged_mpi_communicator(MPI_Comm comm, void* compute_stream,
+                                                           const std::string& compression) {
+  return std::make_unique<StagedMpiCommunicator>(comm, compute_stream, compression);
 }
 
 }  // namespace ddp::comm

@@ -3,7 +3,7 @@
 
 namespace ddp::comm {
 
-std::unique_ptr<Communicator> make_staged_mpi_communicator(MPI_Comm, void*) {
+std::unique_ptr<Communicator> make_staged_mpi_communicator(MPI_Comm, void*, const std::string&) {
   throw UserError("device = cuda: this ddptrain was built without CUDA");
 }
 

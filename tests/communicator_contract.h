@@ -103,8 +103,10 @@ inline void expect_host_collectives(comm::Communicator& comm) {
 
 // start_average_rows on a host communicator: rank r touches rows {r, r + n, ...} below `touched_below` and
 // row `rows - 1`; the union comes back, its rows averaged in closed form, every other row exactly zero.
-// With touched_below close to `rows` the union covers most of the matrix (the dense path).
-inline void expect_row_averages(comm::Communicator& comm, std::size_t rows, std::size_t touched_below) {
+// With touched_below close to `rows` the union covers most of the matrix (the dense path). `tolerance` is
+// relative, as the communicator's wire allows (comm::average_tolerance).
+inline void expect_row_averages(comm::Communicator& comm, std::size_t rows, std::size_t touched_below,
+                                double tolerance = 1e-6) {
   constexpr std::size_t kWidth = 3;
   const int n = comm.size();
   const auto rank = static_cast<std::size_t>(comm.rank());
@@ -138,7 +140,7 @@ inline void expect_row_averages(comm::Communicator& comm, std::size_t rows, std:
     }
     for (std::size_t j = 0; j < kWidth; ++j) {
       const double expected = sum_of_factors * static_cast<double>(j + 1) / n;
-      EXPECT_NEAR(matrix[row * kWidth + j], expected, 1e-6 * std::max(1.0, expected))
+      EXPECT_NEAR(matrix[row * kWidth + j], expected, tolerance * std::max(1.0, expected))
           << comm.backend() << ": row " << row << ", column " << j;
     }
   }

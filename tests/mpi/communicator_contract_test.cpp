@@ -129,6 +129,15 @@ struct MpiKind {
   static double tolerance(int) { return comm::kAverageTolerance; }
 };
 
+// The MPI all-reduce with gradients as bfloat16 (an all-to-all, float sums, an all-gather).
+struct MpiBf16Kind {
+  static constexpr bool kDeviceMemory = false;
+  static std::unique_ptr<comm::Communicator> make() {
+    return comm::make_mpi_communicator(MPI_COMM_WORLD, "bf16");
+  }
+  static double tolerance(int size) { return comm::average_tolerance("bf16", size); }
+};
+
 struct StagedMpiKind {
   static constexpr bool kDeviceMemory = true;
   static std::unique_ptr<comm::Communicator> make() {
@@ -151,11 +160,11 @@ constexpr char kFp16[] = "fp16";
 constexpr char kBf16[] = "bf16";
 
 using CommunicatorKinds =
-    ::testing::Types<MpiKind, StagedMpiKind, NcclKind<kNone>, NcclKind<kFp16>, NcclKind<kBf16>>;
+    ::testing::Types<MpiKind, MpiBf16Kind, StagedMpiKind, NcclKind<kNone>, NcclKind<kFp16>, NcclKind<kBf16>>;
 struct KindName {
   template <typename Kind>
   static std::string GetName(int index) {
-    return std::vector<std::string>{"mpi", "staged_mpi", "nccl", "nccl_fp16", "nccl_bf16"}.at(
+    return std::vector<std::string>{"mpi", "mpi_bf16", "staged_mpi", "nccl", "nccl_fp16", "nccl_bf16"}.at(
         static_cast<std::size_t>(index));
   }
 };
@@ -172,9 +181,10 @@ TYPED_TEST(Communicators, HostCollectives) {
 // Rows of a matrix in host memory: the backends whose gradients live there.
 TYPED_TEST(Communicators, RowAverages) {
   if (TypeParam::kDeviceMemory) GTEST_SKIP() << "the row exchange is tested on host memory";
-  testing::expect_row_averages(*this->comm_, 100, 9);  // a few rows: the sparse path
-  testing::expect_row_averages(*this->comm_, 20, 19);  // nearly every row: the whole matrix is averaged
-  testing::expect_row_averages(*this->comm_, 50, 1);   // fewer rows than ranks
+  const double tolerance = std::max(1e-6, TypeParam::tolerance(this->comm_->size()));
+  testing::expect_row_averages(*this->comm_, 100, 9, tolerance);  // a few rows: the sparse path
+  testing::expect_row_averages(*this->comm_, 20, 19, tolerance);  // nearly every row: the whole matrix
+  testing::expect_row_averages(*this->comm_, 50, 1, tolerance);   // fewer rows than ranks
 }
 
 // The GPU self-check of the communicator (engine/self_check.h) on the segments of the IMDB model.
