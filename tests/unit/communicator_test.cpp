@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -14,6 +15,7 @@
 #include "engine/all_reduce_step.h"
 #include "engine/base/errors.h"
 #include "engine/optimizer.h"
+#include "models/initializers.h"
 #include "models/param_layout.h"
 #include "models/replica.h"
 #include "tests/forwarding_replica.h"
@@ -218,6 +220,48 @@ TEST(AllReduceStep, TheDelayedExchangeAppliesGradientKAtStepKPlusOne) {
       EXPECT_EQ(after, (std::vector<float>{-1, -3, -6, -6})) << "each step's own gradient";
     }
   }
+}
+
+}  // namespace
+}  // namespace ddp::engine
+
+namespace ddp::engine {
+namespace {
+
+// With the CPU replica's real gradients and Adam, the delayed step is exactly its definition: the optimizer
+// applied to the previous step's gradient after this step's backward, bit for bit.
+TEST(AllReduceStep, TheDelayedExchangeIsThePreviousGradientAppliedAfterBackward) {
+  const models::ModelShape shape{40, 6, 5, 2};
+  const models::ParamLayout layout(shape);
+  std::vector<float> initial(layout.total_size());
+  models::initialize_keras(layout, initial, 3);
+  std::mt19937 rng(5);
+  std::vector<std::vector<int32_t>> batches(6, std::vector<int32_t>(4 * 7));
+  for (auto& tokens : batches)
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 40);
+  const std::vector<float> labels{0, 1, 1, 0};
+
+  auto delayed_replica = models::make_cpu_replica(shape);
+  delayed_replica->copy_params_from_host(initial);
+  RecordingCommunicator comm(delayed_replica->grads().data());
+  auto adam = make_optimizer(OptimizerSettings{}, layout.total_size());
+  AllReduceStep delayed(*delayed_replica, comm, *adam, /*sparse_exchange=*/false, 0, /*delayed=*/true);
+
+  auto reference = models::make_cpu_replica(shape);
+  reference->copy_params_from_host(initial);
+  auto reference_adam = make_optimizer(OptimizerSettings{}, layout.total_size());
+  std::vector<float> previous;
+  for (auto& tokens : batches) {
+    const BatchView batch{tokens.data(), labels.data(), 4, 7, tokens.data()};
+    delayed.run(batch);
+    reference->train_step(batch, {});
+    if (!previous.empty()) reference_adam->step(reference->params(), previous);
+    previous.assign(reference->grads().begin(), reference->grads().end());
+  }
+  delayed.flush();
+  reference_adam->step(reference->params(), previous);
+  EXPECT_EQ(std::vector<float>(delayed_replica->params().begin(), delayed_replica->params().end()),
+            std::vector<float>(reference->params().begin(), reference->params().end()));
 }
 
 }  // namespace
