@@ -7,14 +7,16 @@
 #   ps_dedicated       comm.backend ps: workers on nodes 1..N-1, the server alone on node N
 #   ps_colocated       comm.backend ps, comm.ps_servers 0: every rank trains and serves a shard (reported in
 #                      log.txt only: the scaling model does not describe it)
+#   LAYOUT_bf16        an allreduce layout with comm.compression bf16 (and _delayed: comm.overlap delayed;
+#                      _bf16_delayed both), reported in log.txt and variants.csv only
 # against the same ranks on one node (plain mpirun, shared memory). Bytes per step per rank come from the
 # nodes' interface counters, as the difference between a run of S2 and one of S1 steps (which removes
 # start-up, evaluation and checkpoint traffic), divided by S2 - S1 and by the ranks; the step time is the
 # mean of the S2 run's epoch (metrics.jsonl). Writes OUT/points.csv (the scaling model's input: compute_ms
 # is the same ranks' step on one node; plus that step again and the ratio), OUT/rows.csv (distinct embedding rows per global batch) and OUT/log.txt.
 #   bash benchmarks/cluster_bench.sh build/ddptrain OUT [nodes...]      (as root; default nodes: 2 3)
-# CLUSTER_BENCH_RATES (default "none 1gbit 100mbit") and CLUSTER_BENCH_LAYOUTS (default: the four above) pick
-# a part.
+# CLUSTER_BENCH_RATES (default "none 1gbit 100mbit"; 10gbit too) and CLUSTER_BENCH_LAYOUTS (default: the four
+# above) pick a part.
 set -euo pipefail
 ddptrain=$(realpath "$1")
 out=$(realpath -m "$2")
@@ -77,8 +79,10 @@ run_args() {  # layout, run dir, steps
   local args="--config $src/launch/configs/imdb.ini --data.path $data --checkpoint.dir $2 --device cpu"
   args+=" --train.epochs 1 --train.max_steps_per_epoch $3 --train.threads 1 --log.progress lines"
   case $layout in
-    allreduce_sparse) args+=" --comm.backend mpi --comm.sparse_embedding true" ;;
-    allreduce_dense) args+=" --comm.backend mpi --comm.sparse_embedding false" ;;
+    *_bf16 | *_bf16_delayed) args+=" --comm.compression bf16" ;;&
+    *_delayed) args+=" --comm.overlap delayed" ;;&
+    allreduce_sparse*) args+=" --comm.backend mpi --comm.sparse_embedding true" ;;
+    allreduce_dense*) args+=" --comm.backend mpi --comm.sparse_embedding false" ;;
     ps_dedicated) args+=" --comm.backend ps --comm.ps_servers 1" ;;
     ps_colocated) args+=" --comm.backend ps --comm.ps_servers 0" ;;
     *) echo "unknown layout $layout" >&2; return 1 ;;
@@ -122,13 +126,14 @@ one_node_step_ms() {  # layout, ranks
 
 echo "layout,nodes,ranks_per_node,link_mbit,step_ms,compute_ms,bytes_per_step_rank,fit,one_node_step_ms,ratio" \
   >"$out/points.csv"
+echo "layout,nodes,link_mbit,step_ms,one_node_step_ms,ratio,bytes_per_step_rank" >"$out/variants.csv"
 unshaped=$(stream_mbit)
 echo "unshaped link: one TCP stream reaches $unshaped Mbit/s"
 read -r -a rates <<<"${CLUSTER_BENCH_RATES:-none 1gbit 100mbit}"
 read -r -a layouts <<<"${CLUSTER_BENCH_LAYOUTS:-allreduce_sparse allreduce_dense ps_dedicated ps_colocated}"
 for rate in "${rates[@]}"; do
   cluster_set_rate "$rate"
-  case $rate in none) mbit=$unshaped ;; 1gbit) mbit=1000 ;; 100mbit) mbit=100 ;; esac
+  case $rate in none) mbit=$unshaped ;; 10gbit) mbit=10000 ;; 1gbit) mbit=1000 ;; 100mbit) mbit=100 ;; esac
   for nodes in "${node_counts[@]}"; do
     for layout in "${layouts[@]}"; do
       s1=10 s2=40
@@ -144,8 +149,12 @@ for rate in "${rates[@]}"; do
       [ "$layout" = ps_dedicated ] && busy=$((nodes - 1))
       fit=1
       [ "$busy" -le "$(nproc)" ] || fit=0
-      [ "$layout" = ps_colocated ] ||
-        echo "$layout,$nodes,1,$mbit,$step,$one,$bytes,$fit,$one,$ratio" >>"$out/points.csv"
+      case $layout in
+        allreduce_sparse | allreduce_dense | ps_dedicated)
+          echo "$layout,$nodes,1,$mbit,$step,$one,$bytes,$fit,$one,$ratio" >>"$out/points.csv" ;;
+        ps_colocated) ;;
+        *) echo "$layout,$nodes,$mbit,$step,$one,$ratio,$bytes" >>"$out/variants.csv" ;;
+      esac
       echo "$rate $layout nodes=$nodes: step $step ms (one node $one ms, ${ratio}x), $bytes bytes/step/rank"
     done
   done
