@@ -21,8 +21,9 @@ std::string rank_range(int begin, int end) {
                           : "ranks " + std::to_string(begin) + "-" + std::to_string(end - 1);
 }
 
-// Every rank's `mine`, in rank order (collective over `comm`).
-std::vector<std::string> all_gather(const std::string& mine, MPI_Comm comm) {
+}  // namespace
+
+std::vector<std::string> all_gather_strings(const std::string& mine, MPI_Comm comm) {
   int size = 1;
   DDP_CHECK_MPI(MPI_Comm_size(comm, &size));
   const int length = static_cast<int>(mine.size());
@@ -43,8 +44,6 @@ std::vector<std::string> all_gather(const std::string& mine, MPI_Comm comm) {
   }
   return texts;
 }
-
-}  // namespace
 
 std::optional<std::pair<int, int>> first_shared_board(const std::vector<std::string>& boards) {
   for (std::size_t second = 1; second < boards.size(); ++second) {
@@ -89,7 +88,7 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
   // in its init's "Duplicate GPU detected", inside an abort.
   std::string shared_board;
   if (all_on_gpu && (backend == "nccl" || backend == "auto")) {
-    const std::vector<std::string> boards = all_gather(request.gpu_board, comm);
+    const std::vector<std::string> boards = all_gather_strings(request.gpu_board, comm);
     if (const auto pair = first_shared_board(boards)) {
       shared_board = "ranks " + std::to_string(pair->first) + " and " + std::to_string(pair->second) +
                      " share the GPU at " + boards[static_cast<std::size_t>(pair->first)] +

@@ -179,6 +179,10 @@ struct BackendChoice {
   bool colocated = false;
 };
 
+// Collective over `comm`, before any Communicator exists (topology, the backend's choice): every rank's
+// `mine`, in rank order.
+std::vector<std::string> all_gather_strings(const std::string& mine, MPI_Comm comm);
+
 // The first two ranks (in rank order) whose non-empty `boards` are equal: NCCL refuses a board to two ranks
 // ("Duplicate GPU detected"), as overlapping CUDA_VISIBLE_DEVICES ("0,1" and "0") or two MIG slices of one
 // GPU give. nullopt where every rank has a board of its own.

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "comm/mpi_check.h"
 #include "engine/base/errors.h"
 #include "engine/device.h"
@@ -39,29 +40,13 @@ struct GpuGroup {
 // rank) or each rank its own CUDA_VISIBLE_DEVICES (groups of one, index 0).
 GpuGroup gpu_group(MPI_Comm node, const std::string& mine) {
   int local_rank = 0;
-  int local_size = 1;
   DDP_CHECK_MPI(MPI_Comm_rank(node, &local_rank));
-  DDP_CHECK_MPI(MPI_Comm_size(node, &local_size));
-  const int length = static_cast<int>(mine.size());
-  std::vector<int> lengths(static_cast<std::size_t>(local_size));
-  DDP_CHECK_MPI(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, node));
-  std::vector<int> offsets(lengths.size());
-  int total = 0;
-  for (std::size_t r = 0; r < lengths.size(); ++r) {
-    offsets[r] = total;
-    total += lengths[r];
-  }
-  std::string all(static_cast<std::size_t>(total), '\0');
-  DDP_CHECK_MPI(MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
-                               MPI_CHAR, node));
+  const std::vector<std::string> keys = comm::all_gather_strings(mine, node);
   GpuGroup group{0, 0};
-  for (int r = 0; r < local_size; ++r) {
-    const auto i = static_cast<std::size_t>(r);
-    if (all.compare(static_cast<std::size_t>(offsets[i]), static_cast<std::size_t>(lengths[i]), mine) != 0) {
-      continue;
-    }
+  for (std::size_t r = 0; r < keys.size(); ++r) {
+    if (keys[r] != mine) continue;
     ++group.members;
-    if (r < local_rank) ++group.index;
+    if (static_cast<int>(r) < local_rank) ++group.index;
   }
   return group;
 }

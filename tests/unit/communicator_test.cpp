@@ -23,15 +23,20 @@
 namespace ddp::comm {
 namespace {
 
-// One rank on its own; counts abort() calls.
-class LoneCommunicator final : public Communicator {
+// A communicator without peers: `size` ranks as far as its users can tell, every collective this rank's own
+// values (an average over ranks that all agree); it counts abort() calls and records where each
+// start_average's values start, as offsets from `base`.
+class FakeCommunicator final : public Communicator {
  public:
+  explicit FakeCommunicator(int size = 1, const float* base = nullptr) : size_(size), base_(base) {}
   int rank() const override { return 0; }
-  int size() const override { return 1; }
-  std::string backend() const override { return "lone"; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "fake"; }
   void broadcast(std::span<float>, int) override {}
   void broadcast(std::span<double>, int) override {}
-  void start_average(std::span<float>) override {}
+  void start_average(std::span<float> values) override {
+    if (base_ != nullptr) started.push_back(static_cast<std::size_t>(values.data() - base_));
+  }
   void finish_average() override {}
   std::vector<int32_t> start_average_rows(std::span<float>, std::size_t, std::span<const int32_t>) override {
     return {};
@@ -44,10 +49,15 @@ class LoneCommunicator final : public Communicator {
   void abort() override { ++aborts; }
 
   int aborts = 0;
+  std::vector<std::size_t> started;  // offsets of the segments, in the order their reductions started
+
+ private:
+  int size_;
+  const float* base_;
 };
 
 TEST(AgreeOnErrors, ThrowsTheAgreedErrorAsSuch) {
-  LoneCommunicator comm;
+  FakeCommunicator comm;
   try {
     agree_on_errors(comm, [] { throw UserError("bad key"); });
     FAIL() << "no error";
@@ -58,7 +68,7 @@ TEST(AgreeOnErrors, ThrowsTheAgreedErrorAsSuch) {
 }
 
 TEST(AbortOnUnwind, AbortsOnlyWhenAnExceptionLeavesTheScope) {
-  LoneCommunicator comm;
+  FakeCommunicator comm;
   { const AbortOnUnwind guard(&comm); }
   EXPECT_EQ(comm.aborts, 0);
   try {
@@ -69,7 +79,7 @@ TEST(AbortOnUnwind, AbortsOnlyWhenAnExceptionLeavesTheScope) {
   EXPECT_EQ(comm.aborts, 1);
   // A guard made while another exception is already unwinding (in a destructor) counts from there.
   struct UnwindingDestructor {
-    LoneCommunicator& comm;
+    FakeCommunicator& comm;
     ~UnwindingDestructor() { const AbortOnUnwind guard(&comm); }
   };
   try {
@@ -120,35 +130,6 @@ TEST(StallCensus, NamesTheRanksThatDidNotAnswer) {
 namespace ddp::engine {
 namespace {
 
-// Two ranks as far as a step can tell; records which segment each start_average was for.
-class RecordingCommunicator final : public comm::Communicator {
- public:
-  explicit RecordingCommunicator(const float* base) : base_(base) {}
-  int rank() const override { return 0; }
-  int size() const override { return 2; }
-  std::string backend() const override { return "recording"; }
-  void broadcast(std::span<float>, int) override {}
-  void broadcast(std::span<double>, int) override {}
-  void start_average(std::span<float> values) override {
-    started.push_back(static_cast<std::size_t>(values.data() - base_));
-  }
-  void finish_average() override {}
-  std::vector<int32_t> start_average_rows(std::span<float>, std::size_t, std::span<const int32_t>) override {
-    return {};
-  }
-  void sum(std::span<double>) override {}
-  void barrier() override {}
-  std::vector<std::string> gather(const std::string& text, int) override { return {text}; }
-  std::string scatter(const std::vector<std::string>& texts, int) override { return texts.at(0); }
-  std::optional<std::string> first_error(const std::optional<std::string>& mine) override { return mine; }
-  void abort() override {}
-
-  std::vector<std::size_t> started;  // offsets of the segments, in the order their reductions started
-
- private:
-  const float* base_;
-};
-
 // The dense layer first, then the embedding (the largest bucket as a rule, which the GPU replica finishes
 // right after cuDNN's data backward), then the layers from the top: whatever order the replica reports in.
 TEST(AllReduceStep, StartsTheReductionsDenseEmbeddingThenLayersFromTheTop) {
@@ -157,7 +138,7 @@ TEST(AllReduceStep, StartsTheReductionsDenseEmbeddingThenLayersFromTheTop) {
   const std::vector<std::size_t> order = layout.reduction_order();
   ASSERT_EQ(order, (std::vector<std::size_t>{4, 0, 3, 2, 1}));
   auto replica = models::make_cpu_replica(shape);
-  RecordingCommunicator comm(replica->grads().data());
+  comm::FakeCommunicator comm(2, replica->grads().data());
   auto sgd = make_optimizer(OptimizerSettings{}, layout.total_size());
   AllReduceStep step(*replica, comm, *sgd, /*sparse_exchange=*/false);
   std::vector<int32_t> tokens(4 * 7);
@@ -201,7 +182,7 @@ TEST(AllReduceStep, TheDelayedExchangeAppliesGradientKAtStepKPlusOne) {
     CountingGradients replica(models::make_cpu_replica(shape));
     const std::vector<float> zeros(replica.layout().total_size(), 0.0f);
     replica.copy_params_from_host(zeros);
-    RecordingCommunicator comm(replica.grads().data());  // two ranks that agree: the average is our own
+    comm::FakeCommunicator comm(2, replica.grads().data());  // two ranks that agree: the average is our own
     auto optimizer = make_optimizer(sgd, replica.layout().total_size());
     AllReduceStep step(replica, comm, *optimizer, /*sparse_exchange=*/false, 0, delayed);
     // After each step: the parameters' value (all alike).
@@ -243,7 +224,7 @@ TEST(AllReduceStep, TheDelayedExchangeIsThePreviousGradientAppliedAfterBackward)
 
   auto delayed_replica = models::make_cpu_replica(shape);
   delayed_replica->copy_params_from_host(initial);
-  RecordingCommunicator comm(delayed_replica->grads().data());
+  comm::FakeCommunicator comm(2, delayed_replica->grads().data());
   auto adam = make_optimizer(OptimizerSettings{}, layout.total_size());
   AllReduceStep delayed(*delayed_replica, comm, *adam, /*sparse_exchange=*/false, 0, /*delayed=*/true);
 
