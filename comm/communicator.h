@@ -120,11 +120,11 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::st
 // "Across nodes"). Sets only parameters the user has not set; other MPIs ignore them.
 // - Its TCP transport sends a message above 64 KiB by rendezvous: a first fragment, then a wait for the
 //   receiver's answer before the rest. Across a link whose queue holds milliseconds of data that answer
-//   waits behind the gradients going the other way, which halved the throughput of a 1.3 MB all-reduce at
-//   1 Gbit/s. Gradient buckets are sent eagerly up to 4 MiB instead.
+//   waits behind the gradients going the other way, which cut the throughput of an all-reduce across a slow
+//   link by half. Gradient buckets are sent eagerly up to 4 MiB instead.
 // - Its non-blocking all-reduce (libnbc) takes a binomial tree below 4 ranks: a reduce to one rank, then a
 //   broadcast back, so each direction of a link idles half the time. Rabenseifner's reduce-scatter and
-//   all-gather keep both directions busy (a step at 1 Gbit/s on 2 nodes: 38.6 -> 34.5 ms).
+//   all-gather keep both directions busy (the step across two nodes: benchmarks/RESULTS.md).
 void set_mpi_transport_defaults();
 
 // NCCL over one GPU per rank: one communicator for the job (its unique id travels by MPI_Bcast). Gradient

@@ -333,8 +333,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   // Within one node, shared-memory reductions complete inside the MPI calls the step makes anyway, and the
-  // progress thread's polls only took cores from the replicas (the quickstart's 1.2 ms step on 2 ranks: 12%
-  // slower with it). Collective.
+  // progress thread's polls only took cores from the replicas (the quickstart's step on 2 ranks was slower
+  // with it). Collective.
   bool spans_several_nodes() const {
     MPI_Comm node = MPI_COMM_NULL;
     DDP_CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));

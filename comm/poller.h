@@ -5,8 +5,8 @@
 // oversubscribed node the yield lets the ranks that compute run. After that it sleeps, from kMinSleep
 // doubling up to the larger of kMaxSleep and 1% of the time waited so far (never above kMaxLongSleep): the
 // delay a sleep adds to a wait stays near 1% of it, and a rank idle for long (a server while workers
-// evaluate) wakes rarely. Measured on the quickstart (benchmarks/RESULTS.md): a parameter-server step went
-// from 1.5 ms with plain 10-250 us sleeps to about 1.0 ms.
+// evaluate) wakes rarely. On the quickstart it made a parameter-server step a third shorter than plain
+// sleeps (benchmarks/RESULTS.md, "Poll pacing").
 #pragma once
 
 #include <mpi.h>

@@ -11,8 +11,8 @@ bool set_blas_threads(int threads);
 std::string blas_description();
 
 // Advice where the BLAS runs kernels without the CPU's AVX2 and FMA units (OpenBLAS's run-time dispatch falls
-// back to its oldest x86-64 kernels on a virtual CPU whose model it does not recognise: 17 GFLOP/s against
-// 95-135 for oneDNN's sgemm on one core of such a VM, gemm_library_bench), naming the setting that fixes it;
+// back to its oldest x86-64 kernels on a virtual CPU whose model it does not recognise, several times slower
+// than oneDNN's sgemm on one core of such a VM: gemm_library_bench), naming the setting that fixes it;
 // empty where the kernels fit the CPU or the BLAS is not OpenBLAS.
 std::string blas_kernels_hint();
 // The rule alone: `core` as OpenBLAS names its kernels (openblas_get_corename), what the CPU supports, and

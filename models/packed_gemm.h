@@ -3,8 +3,8 @@
 // column panels in the tiles' order, packed once and kept for the many products that reuse it (the recurrent
 // weights, for every time step of a pass). The libraries' general sgemm pack the weights again on each of
 // those calls, which weighs most where the products are thinnest: at 16 rows per thread (a batch of 32 on two
-// threads) the tiles ran the recurrent products 1.1-1.3x faster than oneDNN's sgemm (benchmarks/RESULTS.md,
-// "Our own tiles"). CMake compiles packed_gemm_x86.cpp for x86-64 with OpenMP, else packed_gemm_none.cpp; the
+// threads) the tiles ran the recurrent products faster than oneDNN's sgemm (benchmarks/RESULTS.md, "Our own
+// tiles"). CMake compiles packed_gemm_x86.cpp for x86-64 with OpenMP, else packed_gemm_none.cpp; the
 // kernels also need the CPU to have AVX2 and FMA (packed_gemm_missing).
 #pragma once
 
