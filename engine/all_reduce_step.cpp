@@ -19,13 +19,14 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 }  // namespace
 
 AllReduceStep::AllReduceStep(models::Replica& replica, comm::Communicator& comm, Optimizer& optimizer,
-                             bool sparse_exchange, double clip_norm, bool delayed)
+                             bool sparse_exchange, double clip_norm, bool delayed, bool gpu_job)
     : replica_(replica),
       comm_(comm),
       optimizer_(optimizer),
       sparse_exchange_(sparse_exchange),
       clip_norm_(clip_norm),
-      delayed_(delayed) {
+      delayed_(delayed),
+      order_(replica.layout().reduction_order(gpu_job)) {
   if (delayed_ && replica_.device() != models::DeviceKind::kCpu) {
     throw std::invalid_argument("AllReduceStep: the delayed exchange runs on CPU replicas");
   }
@@ -41,14 +42,13 @@ void AllReduceStep::run(const BatchView& batch) {
   const models::ParamLayout& layout = replica_.layout();
   const models::ParamSegment& embedding = layout.segments().front();
   const auto width = static_cast<std::size_t>(layout.shape().embedding_dim);
-  // The reductions start in one order on every rank (ParamLayout::reduction_order: dense, embedding, the
-  // layers from the top), whatever order this rank's replica finishes the segments in: collectives pair up
-  // by order, and a GPU rank and a CPU rank of one job differ (the CPU replica hands the embedding over
-  // before the first layer's weights, cuDNN computes every layer's weights in one call). A segment that
-  // finishes early waits for the ones before it. The embedding's rows (all-CPU jobs only, whose replicas all
-  // report alike) start as soon as it is ready.
+  // The reductions start in one order on every rank (ParamLayout::reduction_order), whatever order this
+  // rank's replica finishes the segments in: collectives pair up by order, and a GPU rank and a CPU rank of
+  // one job differ (the CPU replica hands the embedding over before the first layer's weights, cuDNN computes
+  // every layer's weights in one call). A segment that finishes early waits for the ones before it. The
+  // embedding's rows (all-CPU jobs only, whose replicas all report alike) start as soon as it is ready.
   const std::vector<models::ParamSegment>& segments = layout.segments();
-  const std::vector<std::size_t> order = layout.reduction_order();
+  const std::vector<std::size_t>& order = order_;
   finished_.assign(segments.size(), false);
   std::size_t next = 0;  // segments[order[next]] is the next to start
   replica_.train_step(batch, [&](const models::ParamSegment& segment) {
@@ -134,7 +134,7 @@ void AllReduceStep::run_delayed(const BatchView& batch) {
     std::copy(grads.begin(), grads.end(), in_flight_.begin());
   }
   const std::span<float> staged(in_flight_);
-  for (const std::size_t index : layout.reduction_order()) {
+  for (const std::size_t index : order_) {
     const models::ParamSegment& segment = layout.segments()[index];
     if (sparse_exchange_ && segment.offset == embedding.offset) {
       embedding_rows_ = comm_.start_average_rows(staged.subspan(embedding.offset, embedding.size), width,

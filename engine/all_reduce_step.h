@@ -22,9 +22,10 @@ class AllReduceStep {
   // `sparse_exchange`: exchange only the embedding rows some rank touched (comm.sparse_embedding).
   // `clip_norm` > 0: the averaged gradient's global norm is clipped to it (train.clip_norm), computed by the
   // optimizer where the gradient is, the same on every rank (Optimizer::step_clipped).
-  // `delayed`: comm.overlap = delayed (above); the replica must be on the CPU.
+  // `delayed`: comm.overlap = delayed (above); the replica must be on the CPU. `gpu_job`: some rank of the
+  // job runs on a GPU, which picks the order of the reductions (ParamLayout::reduction_order).
   AllReduceStep(models::Replica& replica, comm::Communicator& comm, Optimizer& optimizer,
-                bool sparse_exchange, double clip_norm = 0, bool delayed = false);
+                bool sparse_exchange, double clip_norm = 0, bool delayed = false, bool gpu_job = false);
 
   // The batch's loss and accuracy go to the replica's running stats (Replica::take_stats).
   void run(const BatchView& batch);
@@ -53,6 +54,7 @@ class AllReduceStep {
   std::vector<bool> finished_;           // per segment: the replica has reported its gradient this step
   Timing timing_;
   const bool delayed_;
+  const std::vector<std::size_t> order_;  // the reductions' start order
   std::vector<float> in_flight_;  // delayed: the last step's gradient, being averaged (zero elsewhere)
   bool pending_ = false;          // delayed: in_flight_ holds a gradient not yet applied
 };

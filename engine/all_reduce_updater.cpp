@@ -12,11 +12,11 @@ namespace {
 class AllReduceUpdater final : public Updater {
  public:
   AllReduceUpdater(models::Replica& replica, comm::Communicator& comm, std::unique_ptr<Optimizer> optimizer,
-                   bool sparse_exchange, double clip_norm, bool delayed)
+                   bool sparse_exchange, double clip_norm, bool delayed, bool gpu_job)
       : replica_(replica),
         comm_(comm),
         optimizer_(std::move(optimizer)),
-        step_(replica, comm, *optimizer_, sparse_exchange, clip_norm, delayed) {}
+        step_(replica, comm, *optimizer_, sparse_exchange, clip_norm, delayed, gpu_job) {}
 
   std::string optimizer_name() const override { return optimizer_->name(); }
 
@@ -60,9 +60,9 @@ std::unique_ptr<Optimizer> make_optimizer_for(models::Replica& replica, int gpu,
 
 std::unique_ptr<Updater> make_all_reduce_updater(models::Replica& replica, int gpu, comm::Communicator& comm,
                                                  const OptimizerSettings& settings, bool sparse_exchange,
-                                                 bool delayed) {
+                                                 bool delayed, bool gpu_job) {
   return std::make_unique<AllReduceUpdater>(replica, comm, make_optimizer_for(replica, gpu, settings),
-                                            sparse_exchange, settings.clip_norm, delayed);
+                                            sparse_exchange, settings.clip_norm, delayed, gpu_job);
 }
 
 }  // namespace ddp::engine

@@ -13,9 +13,10 @@ namespace ddp::engine {
 
 // `replica` runs on GPU `gpu` (or on the CPU: gpu -1), which picks the optimizer's memory. With
 // `sparse_exchange` only the embedding rows some rank touched travel (comm.sparse_embedding); `delayed`:
-// comm.overlap = delayed (all_reduce_step.h), each run of steps ending with the last gradient applied.
+// comm.overlap = delayed (all_reduce_step.h), each run of steps ending with the last gradient applied;
+// `gpu_job`: some rank of the job runs on a GPU (the reductions' order).
 std::unique_ptr<Updater> make_all_reduce_updater(models::Replica& replica, int gpu, comm::Communicator& comm,
                                                  const OptimizerSettings& settings, bool sparse_exchange,
-                                                 bool delayed = false);
+                                                 bool delayed = false, bool gpu_job = false);
 
 }  // namespace ddp::engine

@@ -384,13 +384,11 @@ std::vector<std::string> job_wide_settings(const Config& c) {
                                               "train.threads",
                                               "train.straggle_ms",
                                               "comm.timeout_s",
-                                              "comm.selfcheck",
                                               "checkpoint.dir",
                                               "checkpoint.overwrite",
                                               "checkpoint.allow_data_change",
                                               "log.progress",
-                                              "log.interval",
-                                              "log.timeline"};
+                                              "log.interval"};
   std::vector<std::string> lines;
   visit_keys(c, [&](const char* section, const char* name, const auto& field, const char*) {
     const std::string key = full_name(section, name);

@@ -95,8 +95,10 @@ struct Config {
 
 // The settings every rank of a job must share, as "key = value" lines in the order of --help: every key but
 // those a node may set for itself (device, data.path and data.prefetch, data.validate, model.cpu_kernels,
-// model.cudnn_rnn_algo, train.threads, train.straggle_ms, comm.timeout_s, comm.selfcheck) and those rank 0
-// alone acts on (checkpoint.dir, checkpoint.overwrite, checkpoint.allow_data_change, log.*).
+// model.cudnn_rnn_algo, train.threads, train.straggle_ms, comm.timeout_s) and those rank 0 alone acts on
+// (checkpoint.dir, checkpoint.overwrite, checkpoint.allow_data_change, log.progress, log.interval). Keys that
+// decide whether a rank takes part in a collective (comm.selfcheck: the NCCL average check; log.timeline:
+// the timeline's barrier and gather) are job-wide.
 std::vector<std::string> job_wide_settings(const Config& c);
 
 // What the command line asked for.

@@ -16,7 +16,7 @@ namespace {
 // The sizes of the segments a step hands to the communicator, in the order it starts them.
 std::vector<std::size_t> segment_sizes(const models::Replica& replica) {
   std::vector<std::size_t> sizes;
-  for (const std::size_t index : replica.layout().reduction_order())
+  for (const std::size_t index : replica.layout().reduction_order(/*embedding_early=*/true))
     sizes.push_back(replica.layout().segments()[index].size);
   return sizes;
 }

@@ -75,8 +75,8 @@ std::string first_disagreement(const std::vector<JobDescription>& ranks) {
       return "the ranks were not given one job: " + what +
              "; every rank must run the same ddptrain with the same settings on the same data (only device, "
              "data.path, data.prefetch, data.validate, model.cpu_kernels, model.cudnn_rnn_algo, "
-             "train.threads, train.straggle_ms, comm.timeout_s, comm.selfcheck, checkpoint.* but "
-             "checkpoint.every_steps, and log.* may differ between ranks)";
+             "train.threads, train.straggle_ms, comm.timeout_s, checkpoint.* but checkpoint.every_steps, "
+             "log.progress and log.interval may differ between ranks)";
     }
   }
   return "";

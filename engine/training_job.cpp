@@ -118,7 +118,8 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
       const int64_t steps = planned_steps(config, data, comm.size());
       std::unique_ptr<Updater> updater = make_all_reduce_updater(
           *replica, topology.gpu, comm, optimizer_settings(config, steps),
-          config.comm.sparse_embedding && backend.all_on_cpu, config.comm.overlap == "delayed");
+          config.comm.sparse_embedding && backend.all_on_cpu, config.comm.overlap == "delayed",
+          /*gpu_job=*/!backend.all_on_cpu);
       run = std::make_unique<TrainingRun>(config, topology, boot->size(), comm, stop_signal, backend.reason,
                                           std::move(replica), std::move(updater), data, watchdog,
                                           /*exchange_has_deadlines=*/false, epoch_written);

@@ -94,9 +94,12 @@ const ParamTensor& ParamLayout::tensor(const std::string& name) const {
   throw std::out_of_range("no parameter tensor named '" + name + "'");
 }
 
-std::vector<std::size_t> ParamLayout::reduction_order() const {
-  std::vector<std::size_t> order{segments_.size() - 1, 0};
-  for (std::size_t layer = segments_.size() - 2; layer >= 1; --layer) order.push_back(layer);
+std::vector<std::size_t> ParamLayout::reduction_order(bool embedding_early) const {
+  std::vector<std::size_t> order{segments_.size() - 1};  // dense
+  if (embedding_early) order.push_back(0);
+  for (std::size_t layer = segments_.size() - 2; layer >= 2; --layer) order.push_back(layer);
+  if (!embedding_early) order.push_back(0);
+  order.push_back(1);  // the first layer
   return order;
 }
 

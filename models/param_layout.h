@@ -97,11 +97,13 @@ class ParamLayout {
   const ParamTensor& tensor(const std::string& name) const;
   // The position in segments() of the segment that starts at `offset`; throws std::out_of_range for none.
   std::size_t segment_index(std::size_t offset) const;
-  // The order the gradient reductions of a step start in, the same on every rank (collectives pair up by
-  // order), as positions in segments(): the dense layer (backward's first), the embedding (as a rule the
-  // largest bucket: the GPU replica finishes it right after cuDNN's data backward, so that it travels while
-  // the weight gradients are computed), then the recurrent layers from the top.
-  std::vector<std::size_t> reduction_order() const;
+  // The order the gradient reductions of a step start in, the same on every rank of a job (collectives pair
+  // up by order), as positions in segments(); both start with the dense layer (backward's first). A job with
+  // a GPU rank (`embedding_early`) then takes the embedding, as a rule the largest bucket, which the cuDNN
+  // replica finishes right after cuDNN's data backward so that it travels while the weight gradients are
+  // computed, then the recurrent layers from the top. An all-CPU job takes them as the CPU replica finishes
+  // them: the layers from the top down to the second, the embedding, the first layer.
+  std::vector<std::size_t> reduction_order(bool embedding_early) const;
 
  private:
   ModelShape shape_;

@@ -190,7 +190,8 @@ SelfCheckReport nccl_check(int gpu, const std::string& board, bool ready, bool& 
     if (const auto problem = host->first_error(shared)) failed(*problem);
     const models::ParamLayout imdb(kImdbShape);
     std::vector<std::size_t> sizes;
-    for (const std::size_t index : imdb.reduction_order()) sizes.push_back(imdb.segments()[index].size);
+    for (const std::size_t index : imdb.reduction_order(/*embedding_early=*/true))
+      sizes.push_back(imdb.segments()[index].size);
     for (const std::string compression : {"none", "fp16", "bf16"}) {
       if (!report.ok) break;
       std::unique_ptr<comm::Communicator> nccl;

@@ -52,6 +52,10 @@ refused hidden_ps "has model.hidden = 16, rank 0"
 two_ranks backend "--data.path data1.h5 --comm.backend mpi" "--data.path data1.h5 --comm.backend ps"
 refused backend "has comm.backend = ps, rank 0"
 
+# A timeline on one rank only: its barrier and gather would wait for the other (hung until the watchdog).
+two_ranks timeline "--data.path data1.h5 --log.timeline trace.json" "--data.path data1.h5"
+refused timeline "has log.timeline = , rank 0"
+
 two_ranks data "--data.path data1.h5" "--data.path data2.h5"
 refused data "rank 1 (host $(hostname)) reads other data than rank 0 (host $(hostname)): data.path data2.h5"
 

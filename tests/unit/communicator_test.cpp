@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <random>
 #include <span>
@@ -28,14 +29,17 @@ namespace {
 // start_average's values start, as offsets from `base`.
 class FakeCommunicator final : public Communicator {
  public:
-  explicit FakeCommunicator(int size = 1, const float* base = nullptr) : size_(size), base_(base) {}
+  explicit FakeCommunicator(int size = 1, std::span<const float> base = {}) : size_(size), base_(base) {}
   int rank() const override { return 0; }
   int size() const override { return size_; }
   std::string backend() const override { return "fake"; }
   void broadcast(std::span<float>, int) override {}
   void broadcast(std::span<double>, int) override {}
   void start_average(std::span<float> values) override {
-    if (base_ != nullptr) started.push_back(static_cast<std::size_t>(values.data() - base_));
+    // std::less: a total order on pointers, also into another buffer (the delayed exchange's copy).
+    const std::less<const float*> before;
+    if (!before(values.data(), base_.data()) && before(values.data(), base_.data() + base_.size()))
+      started.push_back(static_cast<std::size_t>(values.data() - base_.data()));
   }
   void finish_average() override {}
   std::vector<int32_t> start_average_rows(std::span<float>, std::size_t, std::span<const int32_t>) override {
@@ -53,7 +57,7 @@ class FakeCommunicator final : public Communicator {
 
  private:
   int size_;
-  const float* base_;
+  std::span<const float> base_;
 };
 
 TEST(AgreeOnErrors, ThrowsTheAgreedErrorAsSuch) {
@@ -130,24 +134,32 @@ TEST(StallCensus, NamesTheRanksThatDidNotAnswer) {
 namespace ddp::engine {
 namespace {
 
-// The dense layer first, then the embedding (the largest bucket as a rule, which the GPU replica finishes
-// right after cuDNN's data backward), then the layers from the top: whatever order the replica reports in.
-TEST(AllReduceStep, StartsTheReductionsDenseEmbeddingThenLayersFromTheTop) {
+// A job with a GPU rank starts the dense layer, the embedding (the largest bucket as a rule, which the GPU
+// replica finishes right after cuDNN's data backward), then the layers from the top; an all-CPU job follows
+// the CPU replica (the layers from the top down to the second, the embedding, the first layer). Whatever
+// order the replica reports in.
+TEST(AllReduceStep, StartsTheReductionsInTheJobsOrder) {
   const models::ModelShape shape{40, 6, 5, 3};
   const models::ParamLayout layout(shape);
-  const std::vector<std::size_t> order = layout.reduction_order();
-  ASSERT_EQ(order, (std::vector<std::size_t>{4, 0, 3, 2, 1}));
-  auto replica = models::make_cpu_replica(shape);
-  comm::FakeCommunicator comm(2, replica->grads().data());
-  auto sgd = make_optimizer(OptimizerSettings{}, layout.total_size());
-  AllReduceStep step(*replica, comm, *sgd, /*sparse_exchange=*/false);
-  std::vector<int32_t> tokens(4 * 7);
-  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 40);
-  const std::vector<float> labels{0, 1, 1, 0};
-  step.run({tokens.data(), labels.data(), 4, 7, tokens.data()});
-  std::vector<std::size_t> expected;
-  for (const std::size_t index : order) expected.push_back(layout.segments()[index].offset);
-  EXPECT_EQ(comm.started, expected);
+  EXPECT_EQ(layout.reduction_order(/*embedding_early=*/true), (std::vector<std::size_t>{4, 0, 3, 2, 1}));
+  EXPECT_EQ(layout.reduction_order(/*embedding_early=*/false), (std::vector<std::size_t>{4, 3, 2, 0, 1}));
+  const models::ModelShape one_layer{40, 6, 5, 1};
+  EXPECT_EQ(models::ParamLayout(one_layer).reduction_order(true), (std::vector<std::size_t>{2, 0, 1}));
+  EXPECT_EQ(models::ParamLayout(one_layer).reduction_order(false), (std::vector<std::size_t>{2, 0, 1}));
+  for (const bool gpu_job : {true, false}) {
+    auto replica = models::make_cpu_replica(shape);
+    comm::FakeCommunicator comm(2, replica->grads());
+    auto sgd = make_optimizer(OptimizerSettings{}, layout.total_size());
+    AllReduceStep step(*replica, comm, *sgd, /*sparse_exchange=*/false, 0, false, gpu_job);
+    std::vector<int32_t> tokens(4 * 7);
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 40);
+    const std::vector<float> labels{0, 1, 1, 0};
+    step.run({tokens.data(), labels.data(), 4, 7, tokens.data()});
+    std::vector<std::size_t> expected;
+    for (const std::size_t index : layout.reduction_order(gpu_job))
+      expected.push_back(layout.segments()[index].offset);
+    EXPECT_EQ(comm.started, expected) << (gpu_job ? "GPU job" : "CPU job");
+  }
 }
 
 }  // namespace
@@ -182,7 +194,7 @@ TEST(AllReduceStep, TheDelayedExchangeAppliesGradientKAtStepKPlusOne) {
     CountingGradients replica(models::make_cpu_replica(shape));
     const std::vector<float> zeros(replica.layout().total_size(), 0.0f);
     replica.copy_params_from_host(zeros);
-    comm::FakeCommunicator comm(2, replica.grads().data());  // two ranks that agree: the average is our own
+    comm::FakeCommunicator comm(2, replica.grads());  // two ranks that agree: the average is our own
     auto optimizer = make_optimizer(sgd, replica.layout().total_size());
     AllReduceStep step(replica, comm, *optimizer, /*sparse_exchange=*/false, 0, delayed);
     // After each step: the parameters' value (all alike).
@@ -224,7 +236,7 @@ TEST(AllReduceStep, TheDelayedExchangeIsThePreviousGradientAppliedAfterBackward)
 
   auto delayed_replica = models::make_cpu_replica(shape);
   delayed_replica->copy_params_from_host(initial);
-  comm::FakeCommunicator comm(2, delayed_replica->grads().data());
+  comm::FakeCommunicator comm(2, delayed_replica->grads());
   auto adam = make_optimizer(OptimizerSettings{}, layout.total_size());
   AllReduceStep delayed(*delayed_replica, comm, *adam, /*sparse_exchange=*/false, 0, /*delayed=*/true);
 

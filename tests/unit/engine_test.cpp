@@ -1459,11 +1459,16 @@ TEST(JobAgreement, TheJobWideSettingsLeaveOutWhatANodeMaySetForItself) {
     return std::any_of(lines.begin(), lines.end(),
                        [&](const std::string& l) { return l.starts_with(key + " = "); });
   };
+  // Every key that decides whether a rank joins a collective is job-wide, or ranks would wait for each other:
+  // the self-check's NCCL average check, the timeline's barrier and gather, checkpoints every N steps, the
+  // backend and its layout, a stop after N steps.
   for (const char* shared : {"model.hidden", "train.learning_rate", "train.seed", "comm.backend",
-                             "comm.compression", "data.validation", "checkpoint.every_steps"})
+                             "comm.compression", "comm.overlap", "comm.selfcheck", "comm.ps_servers",
+                             "data.validation", "checkpoint.every_steps", "train.stop_after_steps",
+                             "log.timeline"})
     EXPECT_TRUE(has(shared)) << shared;
   for (const char* per_node : {"device", "data.path", "train.threads", "train.straggle_ms", "comm.timeout_s",
-                               "checkpoint.dir", "log.timeline", "model.cpu_kernels"})
+                               "checkpoint.dir", "log.progress", "model.cpu_kernels"})
     EXPECT_FALSE(has(per_node)) << per_node;
 }
 
