@@ -32,6 +32,12 @@ AllReduceStep::AllReduceStep(models::Replica& replica, comm::Communicator& comm,
   }
 }
 
+AllReduceStep::~AllReduceStep() {
+  // Not freed: a pending non-blocking reduction (and the MPI backend's progress thread) may still write into
+  // it. Only on the way out of a failed run, which ends the job.
+  if (pending_) new std::vector<float>(std::move(in_flight_));
+}
+
 void AllReduceStep::run(const BatchView& batch) {
   if (delayed_) {
     run_delayed(batch);

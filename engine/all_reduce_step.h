@@ -26,6 +26,11 @@ class AllReduceStep {
   // job runs on a GPU, which picks the order of the reductions (ParamLayout::reduction_order).
   AllReduceStep(models::Replica& replica, comm::Communicator& comm, Optimizer& optimizer,
                 bool sparse_exchange, double clip_norm = 0, bool delayed = false, bool gpu_job = false);
+  // A step left with its exchange in flight (an error on this rank between steps) leaves the exchange's
+  // buffer to the communicator, which MPI may still write into until the job ends.
+  ~AllReduceStep();
+  AllReduceStep(const AllReduceStep&) = delete;
+  AllReduceStep& operator=(const AllReduceStep&) = delete;
 
   // The batch's loss and accuracy go to the replica's running stats (Replica::take_stats).
   void run(const BatchView& batch);
