@@ -88,7 +88,7 @@ int main(int argc, char** argv) try {
     const ddp::models::ParamLayout layout(m.shape);
     std::vector<float> params(layout.total_size());
     start = std::chrono::steady_clock::now();
-    ddp::models::initialize_keras(layout, params, 1);
+    ddp::models::initialize_keras(layout, params, 1, {}, 4);  // as rank 0 draws them
     const double init_s = seconds_since(start);
     std::string batches;
     for (const auto& [rows, steps] : report.reference_batches) {

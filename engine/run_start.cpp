@@ -299,14 +299,17 @@ void broadcast_progress(comm::Communicator& trainers, TrainingProgress& p, bool&
 }  // namespace
 
 InitialParameters::InitialParameters(const models::ParamLayout& layout, uint64_t seed,
-                                     ProgressWatchdog& watchdog)
+                                     ProgressWatchdog& watchdog, int parallel)
     : size_(layout.total_size()) {
-  draw_ = std::async(std::launch::async, [this, &layout, seed, &watchdog] {
+  draw_ = std::async(std::launch::async, [this, &layout, seed, &watchdog, parallel] {
     std::vector<float> params(size_);
-    models::initialize_keras(layout, params, seed, [this, &watchdog] {
-      if (dropped_.load(std::memory_order_relaxed)) throw Dropped{};
-      watchdog.proceed();
-    });
+    models::initialize_keras(
+        layout, params, seed,
+        [this, &watchdog] {
+          if (dropped_.load(std::memory_order_relaxed)) throw Dropped{};
+          watchdog.proceed();
+        },
+        parallel);
     return params;
   });
 }

@@ -54,7 +54,10 @@ struct RunStart {
 // the ones it distributes, instead of waiting for them in silence. A resumed run drops them.
 class InitialParameters {
  public:
-  InitialParameters(const models::ParamLayout& layout, uint64_t seed, ProgressWatchdog& watchdog);
+  // `parallel`: how many orthogonal matrices at once (models::initialize_keras): rank 0's draw is the one
+  // distributed, the others' only keep their watchdogs told, so they take one at a time and less memory.
+  InitialParameters(const models::ParamLayout& layout, uint64_t seed, ProgressWatchdog& watchdog,
+                    int parallel);
   ~InitialParameters();  // drops the draw and waits for its thread
   InitialParameters(const InitialParameters&) = delete;
   InitialParameters& operator=(const InitialParameters&) = delete;

@@ -89,7 +89,8 @@ class TrainingRun::Loop {
   }
 
   TrainResult run() {
-    InitialParameters initial(replica_->layout(), config_.train.seed, watchdog_);  // drawn meanwhile
+    // Drawn meanwhile; rank 0's up to four matrices at once (its draw is the one distributed).
+    InitialParameters initial(replica_->layout(), config_.train.seed, watchdog_, is_root() ? 4 : 1);
     prepare_device();
     RunStart start = start_run(config_, files_, data_, plan_, replica_->layout(), optimizer_settings(config_),
                                steps_per_epoch_, comm_, watchdog_, initial);

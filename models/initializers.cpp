@@ -206,23 +206,24 @@ void orthonormal_columns(std::vector<double>& a, std::size_t rows, std::size_t c
 }
 
 void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64_t seed,
-                      const std::function<void()>& progress) {
+                      const std::function<void()>& progress, int parallel) {
   if (params.size() != layout.total_size()) {
     throw std::invalid_argument("initialize_keras: the buffer holds " + std::to_string(params.size()) +
                                 " floats, the layout " + std::to_string(layout.total_size()));
   }
   const int64_t hidden = layout.shape().hidden;
   const auto& tensors = layout.tensors();
-  // The orthogonal matrices (seconds each at large hidden sizes) are drawn side by side, one thread each:
-  // every tensor has a stream of draws of its own, so the bits do not depend on it. `progress` is called by
-  // one thread at a time.
+  // The orthogonal matrices (seconds each at large hidden sizes) are drawn up to `parallel` side by side, one
+  // thread each, after the other tensors: every tensor has a stream of draws of its own, so the bits do not
+  // depend on it. Each holds two double copies of its matrix meanwhile. `progress` is called by one thread at
+  // a time.
   std::mutex progress_mutex;
   const std::function<void()> told = [&] {
     if (!progress) return;
     const std::lock_guard<std::mutex> lock(progress_mutex);
     progress();
   };
-  std::vector<std::future<void>> orthogonal;
+  std::vector<std::function<void()>> orthogonal;
   for (std::size_t index = 0; index < tensors.size(); ++index) {
     const ParamTensor& tensor = tensors[index];
     float* out = params.data() + tensor.offset;
@@ -235,10 +236,10 @@ void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64
       // Keras's kernel is [in, 4H]: fan_in = in, fan_out = 4H.
       fill_uniform(draws, out, n, glorot_limit(tensor.shape[1], tensor.shape[0]));
     } else if (name.ends_with(".w_hh")) {
-      orthogonal.push_back(std::async(std::launch::async, [draws, out, &tensor, &told]() mutable {
+      orthogonal.emplace_back([draws, out, &tensor, &told]() mutable {
         fill_orthogonal(draws, out, static_cast<std::size_t>(tensor.shape[0]),
                         static_cast<std::size_t>(tensor.shape[1]), told);
-      }));
+      });
       continue;
     } else if (name.ends_with(".b_ih")) {
       // LSTM's unit_forget_bias: gate block 1 (f) starts at 1 so that early training does not forget. Keras's
@@ -259,9 +260,19 @@ void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64
     }
     told();
   }
-  // Every thread ends before a failure (a progress callback's, ending the draw) is passed on.
-  for (std::future<void>& matrix : orthogonal) matrix.wait();
-  for (std::future<void>& matrix : orthogonal) matrix.get();
+  const auto wave = static_cast<std::size_t>(std::max(parallel, 1));
+  for (std::size_t first = 0; first < orthogonal.size(); first += wave) {
+    if (wave == 1) {
+      orthogonal[first]();
+      continue;
+    }
+    std::vector<std::future<void>> drawing;
+    for (std::size_t i = first; i < std::min(first + wave, orthogonal.size()); ++i)
+      drawing.push_back(std::async(std::launch::async, orthogonal[i]));
+    // Every thread ends before a failure (a progress callback's, ending the draw) is passed on.
+    for (std::future<void>& matrix : drawing) matrix.wait();
+    for (std::future<void>& matrix : drawing) matrix.get();
+  }
 }
 
 }  // namespace ddp::models

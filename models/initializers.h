@@ -18,9 +18,10 @@
 namespace ddp::models {
 
 // `progress` is called as the work proceeds (after each tensor, and within an orthogonal matrix after each
-// block of columns): a large hidden size takes seconds.
+// block of columns): a large hidden size takes seconds. Up to `parallel` orthogonal matrices are drawn at
+// once, each on a thread of its own and with two double copies of itself; the result is the same.
 void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64_t seed,
-                      const std::function<void()>& progress = {});
+                      const std::function<void()>& progress = {}, int parallel = 1);
 
 // `a` (row-major, rows >= cols) becomes the q of its QR with a positive diagonal of r: orthonormal columns,
 // column j in the span of a's first j + 1 columns, on the side of a's column j. Deterministic, as above.
