@@ -140,10 +140,24 @@ class NcclCommunicator final : public Communicator {
         wire_(wire) {
     // The caller picked the device (cudaSetDevice); the NCCL communicator and our stream live on it. Asking
     // for it first fails with CUDA's own message where no device is usable, instead of deep inside NCCL.
+    // Every rank learns whether every rank can take part before NCCL's collective set-up: one that cannot (no
+    // usable device; rank 0 without a unique id, as where NCCL finds no network interface) must not leave the
+    // others in the broadcast or in ncclCommInitRank. All of them then fail alike (under ThrowFatalErrors,
+    // check-env's, they all report it).
+    std::optional<std::string> unable;
     int device = -1;
-    DDP_CUDA_CHECK(cudaGetDevice(&device));
+    if (const cudaError_t status = cudaGetDevice(&device); status != cudaSuccess)
+      unable = std::string("cudaGetDevice failed: ") + cudaGetErrorString(status);
     ncclUniqueId id{};
-    if (host_->rank() == 0) NCCL_COMM_NCCL(nullptr, ncclGetUniqueId(&id));
+    if (!unable && host_->rank() == 0) {
+      if (const ncclResult_t status = ncclGetUniqueId(&id); status != ncclSuccess) {
+        const char* last = ncclGetLastError(nullptr);
+        unable = std::string("ncclGetUniqueId failed: ") + ncclGetErrorString(status) +
+                 (last != nullptr && last[0] != '\0' ? " (" + std::string(last) + ")" : "");
+      }
+    }
+    if (unable) unable = "rank " + std::to_string(host_->rank()) + ": " + *unable;
+    if (const auto first = host_->first_error(unable)) DDP_FATAL("NCCL's set-up: " + *first);
     DDP_CHECK_MPI(MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, parent));
     NCCL_COMM_NCCL(nullptr, ncclCommInitRank(&nccl_, host_->size(), id, host_->rank()));
 
