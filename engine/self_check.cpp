@@ -80,13 +80,11 @@ std::vector<float> generate_params(const models::ParamLayout& layout, uint64_t s
   return params;
 }
 
-// `rows` rows of `data` (a batch of `seq` steps): those from `first` on, or, with `repeat`, row i taken from
-// row i % data's rows (a batch whose mean gradient is known from the rows' own).
-GeneratedBatch rows_of(const GeneratedBatch& data, int seq, int first, int rows, bool repeat = false) {
+// `rows` rows of `data` (a batch of `seq` steps), those from `first` on.
+GeneratedBatch rows_of(const GeneratedBatch& data, int seq, int first, int rows) {
   GeneratedBatch out;
-  const int have = static_cast<int>(data.labels.size());
   for (int r = 0; r < rows; ++r) {
-    const int from = repeat ? r % have : first + r;
+    const int from = first + r;
     const auto begin = data.tokens.begin() + static_cast<std::ptrdiff_t>(to_size(from) * to_size(seq));
     out.tokens.insert(out.tokens.end(), begin, begin + seq);
     out.labels.push_back(data.labels[to_size(from)]);
@@ -248,16 +246,16 @@ std::pair<double, std::vector<float>> train_rows(models::Replica& gpu, int devic
   return {gpu.take_stats().loss_sum, std::move(grads)};
 }
 
-// One of the run's shapes, on the replica alone: its rows against the same rows run as a small batch. The
-// forward pass on distinct rows (the first and the last `small`); with `train`, a training step on a batch
-// that repeats `small` distinct rows, q times over and then the first m of them (batch = q small + m), whose
-// loss sum and mean gradient follow exactly from those of the small batches:
-// (q small G_small + m G_m) / batch. Nothing here grows the CPU's work with the shape.
+// One of the run's shapes, on the replica alone: the batch against its two halves run as batches of their
+// own, all on distinct rows. Every row's outputs against the same row's in its half; with `train`, the loss
+// sum and the mean gradient against what follows exactly from the halves': (h G_first + (batch - h) G_second)
+// / batch. A kernel that mixes rows, tiles or batch positions up, or is wrong at this batch size alone,
+// differs by the size of the values; the halves sit at other positions of other batches. Nothing here grows
+// the CPU's work with the shape.
 void check_consistency(models::Replica& gpu, int device, int batch, int seq, bool train, uint64_t seed,
                        double tolerance) {
   const models::ParamLayout& layout = gpu.layout();
-  const int outputs = layout.shape().outputs();
-  const int small = std::min(kSliceRows, batch - 1);
+  const auto outputs = to_size(layout.shape().outputs());
   const std::string shape = "batch " + std::to_string(batch) + " x " + std::to_string(seq);
   const GeneratedBatch data = generate_batch(layout.shape().vocab_size, batch, seq, seed);
   const std::vector<float> full = predict_rows(gpu, device, data, batch, seq);
@@ -265,38 +263,41 @@ void check_consistency(models::Replica& gpu, int device, int batch, int seq, boo
     if (!std::isfinite(full[i]))
       throw CheckFailed{"probabilities (" + shape + "): element " + std::to_string(i) + " is not finite"};
   }
-  if (small > 0) {
-    // Each output's mean over the batch, for every row of a small batch.
-    std::vector<double> mean(to_size(small) * to_size(outputs), 0.0);
-    for (std::size_t i = 0; i < full.size(); ++i) mean[i % to_size(outputs)] += double(full[i]) / batch;
-    for (std::size_t i = to_size(outputs); i < mean.size(); ++i) mean[i] = mean[i % to_size(outputs)];
-    for (const int first : {0, batch - small}) {
-      const std::vector<float> part = predict_rows(gpu, device, rows_of(data, seq, first, small), small, seq);
-      const auto offset = static_cast<std::ptrdiff_t>(to_size(first) * to_size(outputs));
-      compare_consistent("probabilities of rows " + std::to_string(first) + ".." +
-                             std::to_string(first + small - 1) + " (" + shape + ", against those rows alone)",
-                         {full.data() + offset, part.size()}, widened(part), tolerance, mean);
+  const int half = batch / 2;  // the first half's rows; the second has the rest
+  struct Half {
+    int first;
+    int rows;
+  };
+  const Half halves[] = {{0, half}, {half, batch - half}};
+  if (half > 0) {
+    // Each output's mean over the batch, for every row of a half.
+    std::vector<double> mean(to_size(batch - half) * outputs, 0.0);
+    for (std::size_t i = 0; i < full.size(); ++i) mean[i % outputs] += double(full[i]) / batch;
+    for (std::size_t i = outputs; i < mean.size(); ++i) mean[i] = mean[i % outputs];
+    for (const Half& h : halves) {
+      const std::vector<float> part =
+          predict_rows(gpu, device, rows_of(data, seq, h.first, h.rows), h.rows, seq);
+      compare_consistent("probabilities of rows " + std::to_string(h.first) + ".." +
+                             std::to_string(h.first + h.rows - 1) + " (" + shape +
+                             ", against those rows alone)",
+                         {full.data() + to_size(h.first) * outputs, part.size()}, widened(part), tolerance,
+                         {mean.data(), part.size()});
     }
   }
   if (!train) return;
-  const GeneratedBatch distinct = rows_of(data, seq, 0, std::max(small, 1));
-  const auto [loss, grads] = train_rows(gpu, device, rows_of(distinct, seq, 0, batch, true), batch, seq);
+  const auto [loss, grads] = train_rows(gpu, device, data, batch, seq);
   if (!std::isfinite(loss)) throw CheckFailed{"loss (" + shape + ") is not finite"};
-  if (small == 0) return;
-  const int repeats = batch / small;
-  const int rest = batch % small;
-  const auto [small_loss, small_grads] = train_rows(gpu, device, distinct, small, seq);
-  double expected_loss = repeats * small_loss;
-  std::vector<double> expected(small_grads.size());
-  for (std::size_t i = 0; i < expected.size(); ++i) expected[i] = double(repeats) * small * small_grads[i];
-  if (rest > 0) {
-    const auto [rest_loss, rest_grads] = train_rows(gpu, device, rows_of(distinct, seq, 0, rest), rest, seq);
-    expected_loss += rest_loss;
-    for (std::size_t i = 0; i < expected.size(); ++i) expected[i] += double(rest) * rest_grads[i];
+  if (half == 0) return;
+  double expected_loss = 0;
+  std::vector<double> expected(grads.size(), 0.0);
+  for (const Half& h : halves) {
+    const auto [part_loss, part_grads] =
+        train_rows(gpu, device, rows_of(data, seq, h.first, h.rows), h.rows, seq);
+    expected_loss += part_loss;
+    for (std::size_t i = 0; i < expected.size(); ++i) expected[i] += double(h.rows) * part_grads[i];
   }
   for (double& g : expected) g /= batch;
-  const std::string against =
-      " (" + shape + " of " + std::to_string(small) + " rows repeated, against those rows alone)";
+  const std::string against = " (" + shape + ", against its two halves)";
   const float got_loss[] = {static_cast<float>(loss)};
   const double want_loss[] = {expected_loss};
   compare_consistent("loss" + against, got_loss, want_loss, tolerance);

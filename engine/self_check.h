@@ -8,10 +8,11 @@
 // hidden sizes) therefore runs on one small slice of the model: kSliceRows rows of at most kSliceSteps
 // steps, through every layer and direction, with padded rows among them. That proves the arithmetic: weight
 // mapping, gate order, kernels, masking. What the slice cannot show is whether cuDNN takes the run's own
-// shapes and computes them alike (a persistent algorithm at a large batch, a long sequence): each of those
-// runs on the GPU alone, against its own rows run as a small batch, which costs a few GPU steps whatever the
-// shape. A wrong result there differs by the size of the values; float rounding in another order, by
-// parts per million.
+// shapes and computes them alike (a persistent algorithm at a large batch): each of those runs on the GPU
+// alone, against its two halves run as batches of their own, which costs a few GPU steps whatever the shape.
+// A wrong result there differs by the size of the values; float rounding in another order, by parts per
+// million. Beyond it: a cuDNN fault at every batch size of a long sequence length alone (the slice runs at
+// most kSliceSteps steps).
 //
 // Tolerances of the slice come from the float32 CPU replica itself: the GPU's error against the float64
 // reference may be at most kErrorFactor times the CPU's own (both round in float; cuDNN sums in another
@@ -57,8 +58,8 @@ constexpr double kRelativeFloor = 1e-4;
 // recurrence to matter, few enough that the float64 reference of a large model takes well under a second.
 constexpr int kSliceRows = 4;
 constexpr int kSliceSteps = 24;
-// A shape's rows run in a batch of their own and in the full batch, both on the GPU in float32: norm-wise
-// relative difference allowed. Another summation order moves a float32 LSTM's outputs and gradients by
+// A shape's rows run in the full batch and in its halves, both on the GPU in float32: norm-wise relative
+// difference allowed. Another summation order moves a float32 LSTM's outputs and gradients by
 // about 1e-6 relative (more over long sequences); a wrong result, by about 1.
 constexpr double kConsistencyTolerance = 1e-3;
 
@@ -68,8 +69,8 @@ constexpr double kConsistencyTolerance = 1e-3;
 //   generated data against the CPU replicas (float and double), comparing the loss, every parameter
 //   tensor's gradient and the probabilities;
 // - each (batch, seq) of `shapes`, the shapes the run will meet, the first the training batch's (trained
-//   and evaluated) and the others evaluated only: the replica's outputs, and for the first its loss and
-//   gradients, against its own rows run as a small batch, within kConsistencyTolerance;
+//   and evaluated) and the others evaluated only: the replica's outputs of every row, and for the first its
+//   loss and gradients, against its two halves run as batches of their own, within kConsistencyTolerance;
 // - check_parameter_mapping(), and one step of the optimizer `settings` names on the GPU against the host
 //   optimizer, on the same gradients: bit for bit.
 // `progress` is called after each of these (start-up work that proceeds is no hang: trainer.cpp's
