@@ -9,7 +9,9 @@ set -euo pipefail
 ddptrain=$1
 # shellcheck source=tests/cli/lib/cli_test.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
-/usr/bin/python3 -c 'import h5py' 2>/dev/null || { echo "SKIP: needs python3-h5py to edit a dataset"; exit 77; }
+# shellcheck source=tests/lib/skip.sh
+source "$(dirname "$0")/../lib/skip.sh"
+/usr/bin/python3 -c 'import h5py' 2>/dev/null || skip_missing python3-h5py "editing a dataset needs h5py"
 enter_scratch_dir
 
 "$ddptrain" prepare synthetic --output data.h5 --train 2000 --test 400 --vocab 300 --maxlen 20 --seed 3 >/dev/null

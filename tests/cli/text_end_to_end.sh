@@ -106,7 +106,7 @@ if command -v script >/dev/null; then
   grep -qF "scores are the probability of class 1, pos (class 0: neg)" terminal.txt ||
     fail "predict on a terminal does not name class 1" terminal.txt
 else
-  echo "skipped: no script(1) to give predict a terminal"
+  skip_missing --part bsdutils "no script(1) to give predict a terminal"
 fi
 
 # --input: one document per line, from a file or stdin.

@@ -99,7 +99,10 @@ if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
     failures=$((failures + 1))
   fi
 else
-  echo "skipped: the supported case needs nvcc, and this machine has none"
+  # The CUDA toolkit is not a package bootstrap.sh installs (NVIDIA's, not Debian's).
+  # shellcheck source=tests/lib/skip.sh
+  source "$source/tests/lib/skip.sh"
+  skip_because --part "the supported case needs nvcc (the CUDA toolkit, which bootstrap.sh does not install)"
 fi
 
 [ "$failures" -eq 0 ] && echo "toolkit gating: all cases passed"

@@ -1,6 +1,9 @@
 # shellcheck shell=bash
 # Sourced by the CLI tests: a scratch directory, the failure and bad-input checks they share, and reading
-# metrics.jsonl.
+# metrics.jsonl. Skips go through tests/lib/skip.sh (skip_missing, skip_because).
+
+# shellcheck source=tests/lib/skip.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../lib/skip.sh"
 
 # json_field FILE KEYS [KEY=VALUE...]: values from a JSON-lines file (tests/json_field.py says how).
 json_field_script=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/json_field.py
