@@ -9,7 +9,8 @@
 # `ddptrain check-env`, and the quickstart with the installed ddprun, configs and 2 ranks. The installed Slurm
 # scripts must name only installed files and pass shellcheck.
 # Needs root, debootstrap, dpkg-dev, file and the distribution's mirror (its apt source); skips (exit 77,
-# saying why, tests/lib/skip.sh) without the first four. DDPTRAIN_DEB=path/to.deb tests that package instead of building one.
+# saying why, tests/lib/skip.sh) without the first four. DDPTRAIN_DEB=path/to.deb tests that package instead of
+# building one: under CTest the package that tests/package/fresh_root_test.sh made in its fresh root.
 set -euo pipefail
 source_dir=$(cd "$1" && pwd)
 work_dir=$2
