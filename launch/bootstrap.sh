@@ -106,7 +106,7 @@ phase() {  # NAME: ends the phase before, starts this one
   phase_started=$now
   [ $# -eq 0 ] && return
   phase_names+=("$1")
-  echo "== $1"
+  echo "== $1 (at $((now / 60)) min $((now % 60)) s)"
 }
 print_phases() {
   local i total=0 status=$1
@@ -214,9 +214,11 @@ case "${1:-}" in
     phase "ASan + UBSan (gcc): the unit tests"
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 run_tests "$build-asan" -L unit || failed_run
     phase "build: clang, ASan + UBSan, the unit tests and the fuzz targets"
-    # The fuzz build (tests/fuzz) turns the sanitizers on itself and runs the compute loops serially.
+    # The fuzz build (tests/fuzz) turns the sanitizers on itself and runs the compute loops serially. What
+    # runs here is built: ddptrain, the unit tests and the fuzz targets.
     CC=clang-14 CXX=clang++-14 cuda=OFF configure_and_build "$build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DDDPTRAIN_WERROR=ON -DDDPTRAIN_FUZZ=ON -DDDPTRAIN_BUILD_BENCHMARKS=OFF -DDDPTRAIN_ONEDNN=OFF
+      -DDDPTRAIN_WERROR=ON -DDDPTRAIN_FUZZ=ON -DDDPTRAIN_BUILD_BENCHMARKS=OFF -DDDPTRAIN_ONEDNN=OFF \
+      -- ddptrain ddptrain_unit_tests fuzz_targets
     phase "clang: the unit tests and the fuzz replays"
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 run_tests "$build-fuzz" -L unit || failed_run
     phase "fuzz targets: ${FUZZ_SECONDS:-120} s in all, $jobs at a time"
