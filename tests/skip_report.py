@@ -57,7 +57,8 @@ def main():
     except (OSError, ET.ParseError) as e:
         print(f"skip_report.py: {sys.argv[1]}: {e}", file=sys.stderr)
         return 2
-    lines, bad = [], 0
+    by_reason, bad = {}, 0  # reason -> (mark, [where]), in the order first met
+    total = 0
     for case in root.iter("testcase"):
         name = case.get("name")
         output = case.findtext("system-out") or ""
@@ -66,20 +67,27 @@ def main():
         if skipped and not found:
             found = [("", "no reason given")]
         for what, reason in found:
-            label = name if skipped and not what else f"{name}: {what}" if what else f"{name} (in part)"
+            # A test CTest skipped is named as CTest names it; a part of a test names the test and the part.
+            if skipped:
+                where = name
+            else:
+                where = f"{name}: {what}" if what else f"{name} (part)"
             fixable = PACKAGE.search(reason)
             mark = ""
             if fixable:
-                mark = f"  <- NOT ALLOWED: bootstrap.sh test should install {fixable.group(1)}"
-                bad += 1
+                mark = f"NOT ALLOWED: bootstrap.sh test should install {fixable.group(1)}"
             elif reason == "no reason given":
-                mark = "  <- a skip must say why"
+                mark = "NOT ALLOWED: a skip must say why"
+            if mark:
                 bad += 1
-            lines.append(f"  {label}: {reason}{mark}")
-    print(f"skips: {len(lines)}" + (f", {bad} of them not allowed" if bad else ""))
-    print("\n".join(lines))
+            by_reason.setdefault(reason, (mark, []))[1].append(where)
+            total += 1
+    print(f"skips: {total}, for {len(by_reason)} reason(s)" + (f"; {bad} not allowed" if bad else ""))
+    for reason, (mark, where) in by_reason.items():
+        print(f"  {reason}" + (f"  <- {mark}" if mark else "") + f"  [{len(where)}]")
+        for w in where:
+            print(f"      {w}")
     return 1 if bad else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

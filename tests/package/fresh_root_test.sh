@@ -71,8 +71,9 @@ printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
 chmod 755 "$root/usr/sbin/policy-rc.d"
 # The checkout as it is: tracked files and new ones git does not ignore, no build folders or data.
 mkdir "$root/src"
-(cd "$source_dir" && git ls-files -z --cached --others --exclude-standard | xargs -0 -r sh -c \
-  'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh | tar --null -T - -cf -) | tar -C "$root/src" -xf -
+(cd "$source_dir" && git ls-files -z --cached --others --exclude-standard |
+  while IFS= read -r -d '' f; do if [ -e "$f" ]; then printf '%s\0' "$f"; fi; done | tar --null -T - -cf -) |
+  tar -C "$root/src" -xf -
 [ -f "$root/src/launch/bootstrap.sh" ] || fail "the checkout was not copied into the root"
 in_root() { chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "$@"; }
 ! in_root sh -c 'command -v cmake || command -v mpirun || command -v c++' >/dev/null ||
