@@ -57,8 +57,9 @@ packages_of() {  # quickstart|test
 }
 
 install_missing() {  # quickstart|test
-  local missing=() p
-  for p in $(packages_of "$1"); do
+  local missing=() p list
+  list=$(packages_of "$1")
+  for p in $list; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return
