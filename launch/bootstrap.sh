@@ -164,11 +164,12 @@ case "${1:-}" in
     # runs/quickstart is the demo's own directory: each quickstart replaces the previous one.
     mpirun -np 2 "$build"/ddptrain --config launch/configs/quickstart.ini --checkpoint.overwrite true
     ;;
-  deps)
-    install_missing "${2:?usage: bootstrap.sh deps quickstart|test}"
-    ;;
-  packages)
-    packages_of "${2:?usage: bootstrap.sh packages quickstart|test}"
+  deps | packages)
+    case "${2:-}" in
+      quickstart | test) ;;
+      *) echo "usage: bash launch/bootstrap.sh $1 quickstart|test" >&2; exit 2 ;;
+    esac
+    if [ "$1" = deps ]; then install_missing "$2"; else packages_of "$2"; fi
     ;;
   check-tools)
     check_tools
