@@ -82,7 +82,10 @@ def main():
                 bad += 1
             by_reason.setdefault(reason, (mark, []))[1].append(where)
             total += 1
-    print(f"skips: {total}, for {len(by_reason)} reason(s)" + (f"; {bad} not allowed" if bad else ""))
+    if bad:
+        print(f"skips: {total}, for {len(by_reason)} reason(s); {bad} NOT ALLOWED (marked)")
+    else:
+        print(f"skips: {total}, for {len(by_reason)} reason(s), none for a package the test command installs")
     for reason, (mark, where) in by_reason.items():
         print(f"  {reason}" + (f"  <- {mark}" if mark else "") + f"  [{len(where)}]")
         for w in where:
