@@ -20,7 +20,7 @@ PACKAGE = re.compile(r"\(apt-get install ([A-Za-z0-9.+ -]+)\)$")
 
 def reasons(output):
     """(what, reason) for each skip the output reports: "SKIP:" lines, and GoogleTest's skipped tests with the
-    message between their [ RUN ] and [ SKIPPED ] lines."""
+    message between their "file:line: Skipped" and [ SKIPPED ] lines (other ranks' lines may come before)."""
     found = []
     current, message = None, []
     for line in output.splitlines():
@@ -35,12 +35,15 @@ def reasons(output):
             continue
         m = GTEST_SKIPPED.match(line)
         if m and current == m.group(1):
-            text = " ".join(s.strip() for s in message if s.strip() and not s.rstrip().endswith(": Skipped"))
+            text = " ".join(s.strip() for s in message if s.strip())
             found.append((current, text or "(GoogleTest gave no message)"))
             current = None
             continue
         if current is not None:
-            message.append(line)
+            if line.endswith(": Skipped"):  # GoogleTest's "file:line: Skipped": the message follows
+                message = []
+            else:
+                message.append(line)
     unique = []
     for item in found:  # the MPI tests' ranks each print the same skip
         if item not in unique:
