@@ -276,6 +276,6 @@ PY
   kill "$holder"
   wait "$holder" 2>/dev/null || true
 else
-  echo "SKIP: datasets written with h5py (python3-h5py is not installed)"
+  skip_missing --part python3-h5py "datasets written with h5py: python3-h5py is not installed"
 fi
 echo "PASS: bad keys, a byte order mark, a failed write, files that are not plain, a small shard, h5py datasets"

@@ -10,7 +10,7 @@ ddptrain=$1
 build=$(cd "$(dirname "$ddptrain")" && pwd)
 # shellcheck source=tests/cli/lib/cli_test.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
-[ -f "$build/cmake_install.cmake" ] || { echo "SKIP: $build is not a CMake build directory"; exit 77; }
+[ -f "$build/cmake_install.cmake" ] || skip_because "$build is not a CMake build directory"
 enter_scratch_dir
 prefix=$work/opt/ddptrain-site
 cmake --install "$build" --prefix "$prefix" >install.txt 2>&1 || fail "cmake --install" install.txt

@@ -8,7 +8,7 @@ set -euo pipefail
 ddptrain=$1
 # shellcheck source=tests/cli/lib/cli_test.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
-use_python_with h5py "read and edit the dataset and checkpoint"
+use_python_with_h5py "reading and editing the dataset and checkpoint needs h5py"
 enter_scratch_dir
 
 # Documents of filler words; the class is carried by two topic words, and a negated word of another topic

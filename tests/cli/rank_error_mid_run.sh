@@ -9,7 +9,7 @@ set -euo pipefail
 ddptrain=$1
 # shellcheck source=tests/cli/lib/cli_test.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
-use_python_with h5py "edit a dataset"
+use_python_with_h5py "editing a dataset needs h5py"
 enter_scratch_dir
 
 "$ddptrain" prepare synthetic --output data.h5 --train 2000 --test 400 --vocab 300 --maxlen 20 --seed 3 >/dev/null

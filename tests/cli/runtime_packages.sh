@@ -9,7 +9,9 @@
 set -uo pipefail
 ddptrain=$1
 script=$2/launch/containers/runtime-packages.sh
-command -v dpkg-query >/dev/null || { echo "SKIPPED: no dpkg-query (not a Debian-based system)"; exit 0; }
+# shellcheck source=tests/lib/skip.sh
+source "$(dirname "$0")/../lib/skip.sh"
+command -v dpkg-query >/dev/null || skip_because "no dpkg-query (not a Debian-based system)"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() {
@@ -68,6 +70,6 @@ if command -v cc >/dev/null; then
   [ "$status" -eq 1 ] && grep -q "libraries not found: libgone.so" "$work/err" ||
     fail "unresolvable library: status $status, stderr: $(cat "$work/err")"
 else
-  echo "no C compiler: the unresolvable-library case is not checked"
+  skip_missing --part build-essential "no C compiler (cc): the unresolvable-library case is not checked"
 fi
 echo "PASS"

@@ -12,7 +12,7 @@ ddptrain=$1
 device=${DDPTRAIN_TEST_DEVICE:-cpu}
 # shellcheck source=tests/cli/lib/cli_test.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/cli_test.sh"
-use_python_with h5py "edit a dataset and a checkpoint"
+use_python_with_h5py "editing a dataset and a checkpoint needs h5py"
 enter_scratch_dir
 
 # Reviews of neutral filler words; the label is carried by two sentiment words placed at random.
@@ -107,7 +107,7 @@ if command -v script >/dev/null; then
   grep -qF "scores are the probability of class 1, pos (class 0: neg)" terminal.txt ||
     fail "predict on a terminal does not name class 1" terminal.txt
 else
-  echo "skipped: no script(1) to give predict a terminal"
+  skip_missing --part bsdutils "no script(1) to give predict a terminal"
 fi
 
 # --input: one document per line, from a file or stdin.

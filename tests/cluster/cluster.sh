@@ -38,6 +38,9 @@ cluster_left_holders=()       # after cluster_down: what it ended, for cluster_l
 cluster_left_dir=""
 cluster_left_namespaces=""
 
+# shellcheck source=tests/lib/skip.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/skip.sh"
+
 # Prints why this machine cannot make a cluster (nothing if it can).
 cluster_impossible_reason() {
   [ "$(id -u)" -eq 0 ] || { echo "the cluster needs root (network namespaces, veth, tc)"; return; }
@@ -51,13 +54,18 @@ cluster_impossible_reason() {
     { echo "veth, bridge or tc tbf is not available in this kernel"; return; }
 }
 
+# Exits 77 (skipped, saying why) where this machine cannot make a cluster; a missing tool names its package
+# (tests/lib/skip.sh: under bootstrap.sh test that is a failure).
 cluster_skip_unless_possible() {
   local reason
+  [ "$(id -u)" -eq 0 ] || skip_because "the cluster needs root (network namespaces, veth, tc)"
+  command -v unshare >/dev/null 2>&1 || skip_missing util-linux "unshare is not installed"
+  command -v nsenter >/dev/null 2>&1 || skip_missing util-linux "nsenter is not installed"
+  command -v ip >/dev/null 2>&1 || skip_missing iproute2 "ip is not installed"
+  command -v tc >/dev/null 2>&1 || skip_missing iproute2 "tc is not installed"
+  command -v mpirun >/dev/null 2>&1 || skip_missing openmpi-bin "mpirun is not installed"
   reason=$(cluster_impossible_reason)
-  if [ -n "$reason" ]; then
-    echo "SKIP: $reason"
-    exit 77
-  fi
+  [ -z "$reason" ] || skip_because "$reason"
 }
 
 # Starts a process in new namespaces (unshare's flags in $1) and records its PID as the holder of NAME.

@@ -42,7 +42,7 @@ source "$src/tests/cluster/cluster.sh"
 source "$src/tests/slurm/local_slurm.sh"
 cluster_skip_unless_possible
 local_slurm_skip_unless_possible
-command -v h5dump >/dev/null 2>&1 || { echo "SKIP: h5dump is not installed (apt-get install hdf5-tools)"; exit 77; }
+command -v h5dump >/dev/null 2>&1 || skip_missing hdf5-tools "h5dump is not installed"
 PATH=$PATH:/usr/sbin  # slurmctld and slurmd; cluster_up hands this PATH to the nodes
 
 

@@ -5,7 +5,11 @@
 # - a cuDNN 8 under DDPTRAIN_CUDA=AUTO gives a CPU build and one message naming cuDNN 8.9 as too old;
 # - the same under DDPTRAIN_CUDA=ON is a configure error naming it;
 # - an NCCL 2.12 under AUTO gives a CPU build naming NCCL 2.12;
+# - with no CUDA toolkit to be found (CUDACXX names no compiler) under ON, the error names the toolkit first
+#   and then the cuDNN 8.9, as on a machine without CUDA;
 # - a cuDNN 9.1 with an NCCL 2.14 gives the CUDA path, where this machine has nvcc (otherwise said and skipped).
+# CMake wraps a long message over several lines: the patterns are matched against the log's lines joined by
+# single spaces.
 set -uo pipefail
 source=$(cd "${1:?usage: toolkit_gating_test.sh SOURCE_DIR}" && pwd)
 scratch=$(mktemp -d)
@@ -27,16 +31,16 @@ fake_nccl() {
 }
 
 # configure NAME CUDA_MODE CUDNN_DIR NCCL_DIR: configures into $scratch/NAME, output in $scratch/NAME.log;
-# returns cmake's status.
+# returns cmake's status. The environment's CUDACXX reaches CMake's check for a CUDA compiler.
 configure() {
   cmake -S "$source" -B "$scratch/$1" -DDDPTRAIN_CUDA="$2" -DDDPTRAIN_BUILD_TESTS=OFF \
     -DDDPTRAIN_BUILD_BENCHMARKS=OFF -DCUDNN_INCLUDE_DIR="$3/include" -DCUDNN_LIBRARY="$3/lib/libcudnn.so" \
     -DNCCL_INCLUDE_DIR="$4/include" -DNCCL_LIBRARY="$4/lib/libnccl.so" >"$scratch/$1.log" 2>&1
 }
 
-# expect NAME WHAT GREP-PATTERN: the log of NAME has a line matching the pattern.
+# expect NAME WHAT GREP-PATTERN: the log of NAME, its lines joined by single spaces, matches the pattern.
 expect() {
-  if grep -qE "$3" "$scratch/$1.log"; then
+  if tr -s ' \n' '  ' <"$scratch/$1.log" | grep -qE "$3"; then
     echo "ok: $2"
   else
     echo "FAIL: $2: no line matching '$3' in:"
@@ -68,6 +72,16 @@ else
     'DDPTRAIN_CUDA=ON, but the CUDA path cannot be built:.*cuDNN 8\.9'
 fi
 
+# No toolkit: CUDACXX names a compiler that is not there, and nvcc is off the PATH.
+if CUDACXX=/nonexistent/nvcc PATH=$(printf '%s' "$PATH" | tr ':' '\n' | grep -v cuda | paste -sd:) \
+  configure no_toolkit_on ON "$scratch/cudnn8" "$scratch/nccl214"; then
+  echo "FAIL: no CUDA toolkit under ON: configure succeeded"
+  failures=$((failures + 1))
+else
+  expect no_toolkit_on "no CUDA toolkit under ON: an error naming the toolkit, then cuDNN 8.9" \
+    'DDPTRAIN_CUDA=ON, but the CUDA path cannot be built: the CUDA toolkit \(nvcc and the runtime\) was not found.*cuDNN 8\.9'
+fi
+
 if configure old_nccl_auto AUTO "$scratch/cudnn9" "$scratch/nccl212"; then
   expect old_nccl_auto "NCCL 2.12 under AUTO: a CPU build naming it" \
     'building for CPUs only .*NCCL 2\.12 in .*nccl212/include is older than 2\.14'
@@ -85,7 +99,10 @@ if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
     failures=$((failures + 1))
   fi
 else
-  echo "skipped: the supported case needs nvcc, and this machine has none"
+  # The CUDA toolkit is not a package bootstrap.sh installs (NVIDIA's, not Debian's).
+  # shellcheck source=tests/lib/skip.sh
+  source "$source/tests/lib/skip.sh"
+  skip_because --part "the supported case needs nvcc (the CUDA toolkit, which bootstrap.sh does not install)"
 fi
 
 [ "$failures" -eq 0 ] && echo "toolkit gating: all cases passed"

@@ -15,19 +15,19 @@ src=$(realpath "$1")
 cache=${2:-${DDPTRAIN_BASE_CACHE:-}}
 jobs=${JOBS:-2}
 
-skip() {
-  echo "SKIP: $*"
-  exit 77
-}
-[ "$(id -u)" -eq 0 ] || skip "building images needs root (debootstrap, podman's storage)"
-for tool in podman buildah debootstrap runc unshare; do
-  command -v "$tool" >/dev/null 2>&1 || skip "$tool is not installed (apt-get install podman buildah debootstrap runc)"
-done
+# shellcheck source=tests/lib/skip.sh
+source "$src/tests/lib/skip.sh"
+[ "$(id -u)" -eq 0 ] || skip_because "building images needs root (debootstrap, podman's storage)"
+command -v podman >/dev/null 2>&1 || skip_missing podman "podman is not installed"
+command -v buildah >/dev/null 2>&1 || skip_missing buildah "buildah is not installed"
+command -v debootstrap >/dev/null 2>&1 || skip_missing debootstrap "debootstrap is not installed"
+command -v runc >/dev/null 2>&1 || skip_missing runc "runc is not installed"
+command -v unshare >/dev/null 2>&1 || skip_missing util-linux "unshare is not installed"
 probe=$(mktemp -d)
 # What a container needs of the kernel: new mount, PID, IPC, UTS and network namespaces, and mounts in them.
 # shellcheck disable=SC2016 # $0 is expanded by the inner shell
 unshare --mount --pid --ipc --uts --net --fork sh -c 'mount -t tmpfs probe "$0" && umount "$0"' "$probe" \
-  >/dev/null 2>&1 || { rmdir "$probe"; skip "this kernel or container refuses new namespaces or mounts"; }
+  >/dev/null 2>&1 || { rmdir "$probe"; skip_because "this kernel or container refuses new namespaces or mounts"; }
 rmdir "$probe"
 
 # The names this run gives its images and containers, so that it removes only its own.

@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
-# run.sh BUILD_DIR SECONDS_PER_TARGET [TARGET...]: fuzzes each target (default: every tests/fuzz/fuzz_*.cpp) for
-# a bounded time on a copy of its seed corpus, one after the other, and prints one summary line per target:
+# run.sh [--total] [--parallel N] BUILD_DIR SECONDS [TARGET...]: fuzzes each target (default: every
+# tests/fuzz/fuzz_*.cpp) for a bounded time on a copy of its seed corpus and prints one summary line per target:
 #   fuzz_npz: ok, 1234567 execs in 45 s (27434/s), cov: 1803, ft: 6012, corpus: 310
+# SECONDS is each target's time; with --total it is the whole run's, shared evenly between the targets (each
+# gets SECONDS x N / targets, rounded to whole rounds of N). --parallel N fuzzes N targets at a time, one core
+# each (default 1).
 # Exits 1 on any finding (crash, hang, leak, out-of-memory, sanitizer report), naming the input that caused it
 # (saved as BUILD_DIR/fuzz-findings/<target>/crash-..., leak-..., timeout-..., oom-...), with the log's tail.
 # Environment: FUZZ_JOBS (default 1) processes per target (libFuzzer's -fork); FUZZ_KEEP_CORPUS=1 keeps the
 # grown corpora (BUILD_DIR/fuzz-corpus/<target>) for merging into tests/fuzz/corpus (see make_seeds.sh).
 set -uo pipefail
-if (($# < 2)); then
-  echo "usage: $0 BUILD_DIR SECONDS_PER_TARGET [TARGET...]" >&2
+usage() {
+  echo "usage: $0 [--total] [--parallel N] BUILD_DIR SECONDS [TARGET...]" >&2
   exit 2
-fi
+}
+total="" at_once=1
+while (($# > 0)); do
+  case "$1" in
+    --total) total=1; shift ;;
+    --parallel) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || usage; at_once=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
+if (($# < 2)) || ! [[ $2 =~ ^[1-9][0-9]*$ ]]; then usage; fi
 build=$(cd "$1" && pwd) seconds=$2
 shift 2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -26,10 +38,17 @@ if ((${#targets[@]} == 0)); then
   echo "run.sh: no fuzz targets in $build/tests/fuzz (configure with -DDDPTRAIN_FUZZ=ON and build)" >&2
   exit 2
 fi
+if [[ -n $total ]]; then
+  rounds=$(((${#targets[@]} + at_once - 1) / at_once))
+  seconds=$((seconds / rounds))
+  ((seconds > 0)) || { echo "run.sh: under 1 s per target" >&2; exit 2; }
+  echo "fuzzing ${#targets[@]} targets, $at_once at a time, $seconds s each"
+fi
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-failed=0
-for target in "${targets[@]}"; do
+# fuzz_one TARGET: fuzzes it and prints its summary; returns 1 on a finding.
+fuzz_one() {
+  local target=$1 failed=0 binary work findings log parallel status last execs cov ft corpus took rate artifacts artifact
   binary=$build/tests/fuzz/$target
   work=$build/fuzz-corpus/$target findings=$build/fuzz-findings/$target log=$build/fuzz-logs/$target.log
   rm -rf "$work" "$findings"
@@ -66,5 +85,25 @@ for target in "${targets[@]}"; do
     echo "$target: ok, ${execs:-?} execs in ${took} s (${rate}/s), cov: ${cov:-?}, ft: ${ft:-?}, corpus: ${corpus:-?}"
   fi
   [[ ${FUZZ_KEEP_CORPUS:-0} == 1 ]] || rm -rf "$work"
+  return $failed
+}
+
+# N at a time; each summary is printed whole when its target ends.
+failed=0
+summaries=$(mktemp -d)
+trap 'rm -rf "$summaries"' EXIT
+declare -A running=()  # PID -> target
+finish_one() {
+  local pid status=0
+  wait -n -p pid "${!running[@]}" || status=$?
+  cat "$summaries/${running[$pid]}"
+  ((status == 0)) || failed=1
+  unset "running[$pid]"
+}
+for target in "${targets[@]}"; do
+  ((${#running[@]} < at_once)) || finish_one
+  fuzz_one "$target" >"$summaries/$target" 2>&1 &
+  running[$!]=$target
 done
+while ((${#running[@]} > 0)); do finish_one; done
 exit $failed

@@ -8,8 +8,9 @@
 # dependencies the package declares are all it gets), and inside that root runs `ddptrain --version`,
 # `ddptrain check-env`, and the quickstart with the installed ddprun, configs and 2 ranks. The installed Slurm
 # scripts must name only installed files and pass shellcheck.
-# Needs root, debootstrap, dpkg-dev and the distribution's mirror (its apt source); skips (exit 77, saying
-# why) without the first three. DDPTRAIN_DEB=path/to.deb tests that package instead of building one.
+# Needs root, debootstrap, dpkg-dev, file and the distribution's mirror (its apt source); skips (exit 77,
+# saying why, tests/lib/skip.sh) without the first four. DDPTRAIN_DEB=path/to.deb tests that package instead of
+# building one: under CTest the package that tests/package/fresh_root_test.sh made in its fresh root.
 set -euo pipefail
 source_dir=$(cd "$1" && pwd)
 work_dir=$2
@@ -17,10 +18,8 @@ root_cache=${3:-$2}
 mkdir -p "$work_dir"
 work_dir=$(cd "$work_dir" && pwd)
 
-skip() {
-  echo "SKIP: $*"
-  exit 77
-}
+# shellcheck source=tests/lib/skip.sh
+source "$source_dir/tests/lib/skip.sh"
 fail() {
   echo "FAIL: $1"
   shift
@@ -32,9 +31,11 @@ phase() {
   echo "== $* (previous phase: $((SECONDS - phase_start)) s)"
   phase_start=$SECONDS
 }
-[ "$(id -u)" -eq 0 ] || skip "installing a package into a fresh root needs root (chroot, mounts)"
-command -v debootstrap >/dev/null || skip "debootstrap is not installed (apt-get install debootstrap)"
-command -v dpkg-shlibdeps >/dev/null || skip "dpkg-shlibdeps is not installed (apt-get install dpkg-dev)"
+[ "$(id -u)" -eq 0 ] || skip_because "installing a package into a fresh root needs root (chroot, mounts)"
+command -v debootstrap >/dev/null || skip_missing debootstrap "debootstrap is not installed"
+command -v dpkg-shlibdeps >/dev/null || skip_missing dpkg-dev "dpkg-shlibdeps is not installed"
+# CPack's DEB generator runs file(1) on the binaries it packs.
+command -v file >/dev/null || skip_missing file "file is not installed"
 
 # --- the package ---------------------------------------------------------------------------------------------
 deb=${DDPTRAIN_DEB:-}

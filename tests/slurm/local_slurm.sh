@@ -23,6 +23,9 @@
 # 127.0.0.1, so the host name need not resolve.
 # shellcheck shell=bash
 
+# shellcheck source=tests/lib/skip.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/skip.sh"
+
 # Reads metrics.jsonl (tests/json_field.py says how).
 json_field_script=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/json_field.py
 local_slurm_dir=""
@@ -41,15 +44,11 @@ fail() {
 local_slurm_remove_on_exit=""
 
 local_slurm_skip_unless_possible() {
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "SKIP: the local Slurm runs its daemons as root (SlurmUser=root); run as root"
-    exit 77
-  fi
+  [ "$(id -u)" -eq 0 ] || skip_because "the local Slurm runs its daemons as root (SlurmUser=root); run as root"
   local tool
   for tool in slurmctld slurmd sbatch scontrol sinfo scancel; do
     if ! command -v "$tool" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$tool" ]; then
-      echo "SKIP: $tool is not installed (apt-get install slurm-wlm)"
-      exit 77
+      skip_missing slurm-wlm "$tool is not installed"
     fi
   done
 }

@@ -1,6 +1,9 @@
 # shellcheck shell=bash
 # Sourced by the CLI tests: a scratch directory, the failure and bad-input checks they share, and reading
-# metrics.jsonl.
+# metrics.jsonl. Skips go through tests/lib/skip.sh (skip_missing, skip_because).
+
+# shellcheck source=tests/lib/skip.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../lib/skip.sh"
 
 # json_field FILE KEYS [KEY=VALUE...]: values from a JSON-lines file (tests/json_field.py says how).
 json_field_script=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/json_field.py
@@ -36,21 +39,20 @@ expect_user_error() {
   grep -qF -- "$mention" bad_err.txt || fail "$what: '$mention' not in the message" bad_err.txt
 }
 
-# use_python_with MODULE WHY: sets $python to a Python 3 that imports MODULE: the python3 on PATH (a GPU node's
+# use_python_with_h5py WHY: sets $python to a Python 3 that imports h5py: the python3 on PATH (a GPU node's
 # h5py may live in another Python than the system's), else Debian's /usr/bin/python3 (where python3-h5py
-# installs it); else the test is skipped, saying which Pythons lacked it and what needed it.
-use_python_with() {
-  local module=$1 why=$2 candidate
-  local without_module=()
+# installs it); else the test is skipped (tests/lib/skip.sh), saying which Pythons lacked it and what for.
+use_python_with_h5py() {
+  local why=$1 candidate
+  local without_h5py=()
   for candidate in "$(command -v python3 || true)" /usr/bin/python3; do
     if [ -z "$candidate" ] || [ ! -x "$candidate" ]; then continue; fi
-    if "$candidate" -c "import $module" 2>/dev/null; then
+    if "$candidate" -c "import h5py" 2>/dev/null; then
       # shellcheck disable=SC2034  # read by the sourcing test
       python=$candidate
       return 0
     fi
-    without_module+=("$candidate")
+    without_h5py+=("$candidate")
   done
-  echo "SKIP: no Python with $module (tried: ${without_module[*]:-none found}) to $why (Debian: python3-$module)"
-  exit 77
+  skip_missing python3-h5py "$why (no h5py in: ${without_h5py[*]:-no python3 found})"
 }
