@@ -10,6 +10,8 @@
 #      WORK_DIR/ddptrain.deb for the package test (tests/package/install_deb_test.sh) to install into another
 #      fresh root.
 # Prints each step's time, and the seconds from the unpacked root to the quickstart's first epoch.
+# With DDPTRAIN_FRESH_ROOT_FULL=1 (by hand: it takes the test command's whole run, not for CI) it then runs the
+# README's test command itself, bash launch/bootstrap.sh test, in the root, and times it too.
 #   bash tests/package/fresh_root_test.sh SOURCE_DIR WORK_DIR [ROOT_CACHE_DIR]
 # Needs root, debootstrap, git and the distribution's mirror (its apt source); skips (exit 77, saying why,
 # tests/lib/skip.sh) without the first three.
@@ -113,6 +115,13 @@ debs=("$root"/src/build/ddptrain_*.deb)
 [ -f "${debs[0]}" ] || fail "cpack made no ddptrain_*.deb" "$work_dir/cpack.log"
 cp "${debs[0]}" "$work_dir/ddptrain.deb"
 step "the Debian package (cpack) of the quickstart's build: $work_dir/ddptrain.deb"
+
+if [ "${DDPTRAIN_FRESH_ROOT_FULL:-0}" = 1 ]; then
+  in_root sh -c 'cd /src && bash launch/bootstrap.sh test' >"$work_dir/test.log" 2>&1 ||
+    fail "bash launch/bootstrap.sh test in the fresh root" "$work_dir/test.log"
+  grep -E 'tests passed|SKIP|skipped' "$work_dir/test.log" | tail -40
+  step "bash launch/bootstrap.sh test (the README's test command)"
+fi
 
 echo "== steps"
 printf '%s\n' "${steps[@]}"
