@@ -45,6 +45,11 @@ struct GpuSoftwareVersions {
 };
 GpuSoftwareVersions gpu_software_versions();
 
+// For --version: what the GPU path is built with and which libraries it opens when a GPU is used (none of
+// them is needed to start), each with its fallback path: "CUDA 13.0 (linked in); opens libcudnn.so.9
+// (else /usr/local/cuda/lib/libcudnn.so.9), ...". "not built" in a build without CUDA. Opens nothing.
+std::string gpu_build_line();
+
 // Whether GPU `device` can read and write GPU `peer`'s memory directly (NVLink or PCIe peer-to-peer); both
 // ordinals from probe_gpus(). Throws std::runtime_error when CUDA refuses to answer; false in a build
 // without CUDA.

@@ -7,9 +7,12 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "comm/nccl_library.h"
 #include "engine/base/cuda_check.h"
 #include "engine/base/errors.h"
+#include "engine/base/runtime_library.h"
 #include "engine/device.h"
+#include "models/cudnn_library.h"
 
 namespace ddp::engine {
 namespace {
@@ -48,6 +51,19 @@ std::string kernel_module_version() {
   return "";
 }
 
+// The libraries the GPU path loads at run time that are not here, by name: "libcuda.so.1 (the NVIDIA
+// driver), libcudnn.so.9". Empty when all load.
+std::string missing_gpu_libraries() {
+  std::string missing;
+  const auto note = [&missing](const std::string& what) { missing += (missing.empty() ? "" : ", ") + what; };
+  // The static CUDA runtime opens the driver's library itself; this only names it when it is absent.
+  static const base::RuntimeLibrary driver({"libcuda.so.1"});
+  if (!driver.loaded()) note(driver.name() + " (the NVIDIA driver)");
+  if (!models::cudnn_library().loaded()) note(models::cudnn_library().name());
+  if (!comm::nccl_library().loaded()) note(comm::nccl_library().name());
+  return missing;
+}
+
 void throw_on_cuda_error(cudaError_t status, const std::string& call) {
   if (status != cudaSuccess) throw std::runtime_error(call + " failed: " + cudaGetErrorString(status));
 }
@@ -66,10 +82,12 @@ GpuInventory probe_gpus() {
     // too old keeps the full text.
     int driver = 0;
     const bool no_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0;
+    const std::string missing = missing_gpu_libraries();
     inventory.why_none = std::string("no GPU visible (") +
                          (no_driver               ? "no NVIDIA driver is loaded"
                           : status != cudaSuccess ? cudaGetErrorString(status)
                                                   : "the driver lists none") +
+                         (missing.empty() ? "" : "; not installed here: " + missing) +
                          "): check the driver, CUDA_VISIBLE_DEVICES or the job's --gres/--gpus";
     if (no_driver) {
       inventory.why_none_brief = "no GPU driver";
@@ -79,6 +97,15 @@ GpuInventory probe_gpus() {
       inventory.why_none_brief = inventory.why_none;
     }
     cudaGetLastError();  // these failures are not sticky: leave no error for a later launch check to report
+    return inventory;
+  }
+  // GPUs, but without cuDNN or NCCL (opened here, at run time) the GPU path cannot run on them.
+  for (const base::RuntimeLibrary* library : {&models::cudnn_library(), &comm::nccl_library()}) {
+    if (library->loaded()) continue;
+    inventory.why_none = std::to_string(count) + " GPU(s), but the GPU path needs " +
+                         library->why_not_loaded() + ": install it, or put its folder on LD_LIBRARY_PATH";
+    inventory.why_none_brief = library->name() + " missing";
+    cudaGetLastError();
     return inventory;
   }
   for (int i = 0; i < count; ++i) {
@@ -130,10 +157,18 @@ GpuSoftwareVersions gpu_software_versions() {
   if (runtime_status == cudaSuccess && driver > 0 && driver < runtime)
     versions.cuda_runtime += ", newer than the driver supports: update the driver";
 
-  const std::size_t cudnn = cudnnGetVersion();
-  versions.cudnn = cudnn_version_text(cudnn);
-  if (cudnn != CUDNN_VERSION) versions.cudnn += " (built with " + cudnn_version_text(CUDNN_VERSION) + ")";
+  if (!models::cudnn_library().loaded()) {
+    versions.cudnn = "none (" + models::cudnn_library().why_not_loaded() + ")";
+  } else {
+    const std::size_t cudnn = cudnnGetVersion();
+    versions.cudnn = cudnn_version_text(cudnn);
+    if (cudnn != CUDNN_VERSION) versions.cudnn += " (built with " + cudnn_version_text(CUDNN_VERSION) + ")";
+  }
 
+  if (!comm::nccl_library().loaded()) {
+    versions.nccl = "none (" + comm::nccl_library().why_not_loaded() + ")";
+    return versions;
+  }
   int nccl = 0;
   const ncclResult_t nccl_status = ncclGetVersion(&nccl);
   versions.nccl = nccl_status == ncclSuccess
@@ -142,6 +177,16 @@ GpuSoftwareVersions gpu_software_versions() {
   if (nccl_status == ncclSuccess && nccl != NCCL_VERSION_CODE)
     versions.nccl += " (built with " + nccl_version_text(NCCL_VERSION_CODE) + ")";
   return versions;
+}
+
+std::string gpu_build_line() {
+  std::string line = "CUDA " + cuda_version_text(CUDART_VERSION) + " (linked in); opens";
+  const char* separator = " ";
+  for (const std::vector<std::string>& names : {models::cudnn_library_names(), comm::nccl_library_names()}) {
+    line += separator + names.front() + " (else " + names.back() + ")";
+    separator = ", ";
+  }
+  return line + " when a GPU is used";
 }
 
 bool gpu_peer_access(int device, int peer) {

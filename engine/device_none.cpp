@@ -21,6 +21,10 @@ GpuSoftwareVersions gpu_software_versions() {
   return {"not built", "not built", "not built", "not built"};
 }
 
+std::string gpu_build_line() {
+  return "not built";
+}
+
 bool gpu_peer_access(int, int) {
   return false;
 }

@@ -30,6 +30,7 @@
 #include "engine/base/timeline.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "engine/device.h"
 #include "engine/job_agreement.h"
 #include "engine/preemption.h"
 #include "engine/run_directory.h"
@@ -150,7 +151,8 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
   }
   if (parsed.action == engine::ConfigAction::kVersion) {
     if (boot.rank() != 0) return kExitOk;
-    std::printf("ddptrain %s (commit %s)\n", DDPTRAIN_VERSION, build_commit());
+    std::printf("ddptrain %s (commit %s)\nGPU path: %s\n", DDPTRAIN_VERSION, build_commit(),
+                engine::gpu_build_line().c_str());
     return check_stdout_written(kExitOk);
   }
   const engine::Config& config = parsed.config;

@@ -1,0 +1,21 @@
+// cuDNN opens the first time the GPU path calls it, not when ddptrain starts: a build with CUDA runs on
+// nodes without cuDNN (CPU nodes of a mixed cluster sharing one install) and names the missing library only
+// when a GPU is asked for. cudnn_library.cpp defines each cuDNN function the code calls, forwarding to the
+// library, and the build links those instead of libcudnn: a call to a function not defined there fails to
+// link.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/base/runtime_library.h"
+
+namespace ddp::models {
+
+// cuDNN, opened on the first call: whether it loaded, and if not why, naming the library.
+const base::RuntimeLibrary& cudnn_library();
+
+// Where cuDNN is looked for, in order: its soname (the loader's search), then the path the build found it at.
+std::vector<std::string> cudnn_library_names();
+
+}  // namespace ddp::models
