@@ -613,10 +613,10 @@ void require_model_fits(const Config& c, const models::ModelShape& shape, int ra
         static_cast<double>(parameters), static_cast<double>(kMaxParameters)));
   }
   // Every rank on the node must hold them before anything is allocated: Linux grants more than it has and
-  // ends the process without a word when the pages are touched. Peak resident bytes per parameter, measured
-  // (`/usr/bin/time -v`, 1.28e8 parameters, two epochs with checkpoints): 24.4 with plain SGD, 35.5 with
-  // Adam. Weights, gradient, the exchange's buffer, the checkpoint's snapshot and the best model's copy make
-  // the first; the optimizer's state, held and snapshotted, the rest.
+  // ends the process without a word when the pages are touched. The bytes per parameter follow the peak
+  // resident memory of a run with checkpoints (benchmarks/RESULTS.md, "Peak memory against model size"):
+  // weights, gradient, the exchange's buffer, the checkpoint's snapshot and the best model's copy make the
+  // fixed part; the optimizer's state, held and snapshotted, counts one and a half times.
   const double state_bytes = c.train.optimizer == "adam" ? 8.0 : c.train.momentum > 0 ? 4.0 : 0.0;
   const double bytes_per_parameter = 25.0 + 1.5 * state_bytes;
   const double needed = static_cast<double>(parameters) * bytes_per_parameter * std::max(ranks_on_node, 1);
