@@ -2,7 +2,7 @@
 # full-batch gradient steps), its train and test accuracy. Needs python3-h5py and python3-numpy.
 #   build/ddptrain prepare synthetic --output topics.h5 --classes 5 --train 20000 --test 3000 --vocab 2000 \
 #     --maxlen 40 --seed 1 --val-fraction 0.1
-#   python3 benchmarks/bag_of_words.py topics.h5      # -> test acc 0.7433 (README, "Dataset schema")
+#   python3 benchmarks/bag_of_words.py topics.h5      # -> test acc 0.7433 (io/README.md, "Dataset schema")
 import h5py, numpy as np, sys
 f = h5py.File(sys.argv[1], "r")
 V = int(f.attrs["vocab_size"]); K = int(f.attrs.get("num_classes", 2))

@@ -32,124 +32,151 @@ constexpr int kMaxThreads = 1024;   // compute threads per rank
 constexpr int kMaxWidth = 65536;    // model.embedding_dim, model.hidden
 constexpr int kMaxLayers = 64;
 
-// Every config key, in one place: building the option list, --help and the effective config all walk it.
+// The allowed values of a key, as the reference (launch/CONFIG.md) lists them: an integer range, or the
+// words a key takes. check_values() below enforces them: change both together.
+std::string between(int low, int high) {
+  return std::to_string(low) + " to " + std::to_string(high);
+}
+
+std::string one_of(const std::string& words) {
+  std::string text;
+  std::istringstream list(words);
+  for (std::string word; std::getline(list >> std::ws, word, ',');)
+    text += (text.empty() ? "`" : ", `") + word + "`";
+  return text;
+}
+
+// Every config key, in one place: building the option list, --help, the effective config and the reference
+// (`ddptrain config-reference`, committed as launch/CONFIG.md) all walk it. Each key names its section, its
+// name, its field (whose type and initial value are the key's type and default), the values it allows and
+// what it means.
 template <typename C, typename Visitor>
 void visit_keys(C& c, Visitor&& key) {
-  key("", "device", c.device, "compute device: cpu, cuda or auto");
-  key("data", "path", c.data.path, "HDF5 dataset (schema in the README); `ddptrain prepare` makes one");
-  key("data", "prefetch", c.data.prefetch, "batches each rank reads ahead on its prefetch thread");
-  key("data", "validate", c.data.validate, "check token ids and labels of each rank's shard before training");
-  key("data", "validation", c.data.validation,
+  key("", "device", c.device, one_of("cpu, cuda, auto"), "compute device: cpu, cuda or auto");
+  key("data", "path", c.data.path, "an HDF5 file (required)",
+      "HDF5 dataset (schema in io/README.md); `ddptrain prepare` makes one");
+  key("data", "prefetch", c.data.prefetch, between(1, kMaxPrefetch),
+      "batches each rank reads ahead on its prefetch thread");
+  key("data", "validate", c.data.validate, "true, false",
+      "check token ids and labels of each rank's shard before training");
+  key("data", "validation", c.data.validation, one_of("auto, val, split, test"),
       "rows that judge each epoch and choose best.h5: auto (the file's /val if it has one, else split), "
       "val (the file's /val), split (the last data.validation_split of /train) or test (/test, as Keras's "
       "imdb_lstm example; then no separate test score)");
-  key("data", "validation_split", c.data.validation_split,
+  key("data", "validation_split", c.data.validation_split, "(0, 1)",
       "with validation split (or auto and no /val): the fraction of /train held out, its last rows");
-  key("model", "embedding_dim", c.model.embedding_dim, "embedding width E");
-  key("model", "hidden", c.model.hidden, "recurrent hidden size H (per direction)");
-  key("model", "layers", c.model.layers, "stacked recurrent layers");
-  key("model", "cell", c.model.cell,
+  key("model", "embedding_dim", c.model.embedding_dim, between(1, kMaxWidth), "embedding width E");
+  key("model", "hidden", c.model.hidden, between(1, kMaxWidth), "recurrent hidden size H (per direction)");
+  key("model", "layers", c.model.layers, between(1, kMaxLayers), "stacked recurrent layers");
+  key("model", "cell", c.model.cell, one_of("lstm, gru"),
       "recurrent cell: lstm or gru (cuDNN's and PyTorch's GRU: the reset gate applied after the recurrent "
       "product)");
-  key("model", "bidirectional", c.model.bidirectional,
+  key("model", "bidirectional", c.model.bidirectional, "true (needs model.mask_padding = true), false",
       "also run each layer backwards in time; the dense layer reads both directions' last states (needs "
       "model.mask_padding = true)");
-  key("model", "mask_padding", c.model.mask_padding,
+  key("model", "mask_padding", c.model.mask_padding, "true, false",
       "leading padding tokens (0) leave the state unchanged, so padding does not change a prediction; false "
       "keeps Keras's imdb_lstm model, which reads them");
-  key("model", "dropout", c.model.dropout,
+  key("model", "dropout", c.model.dropout, "[0, 1)",
       "dropout rate on each stacked layer's output but the top's "
       "(training only)");
-  key("model", "embedding_dropout", c.model.embedding_dropout,
+  key("model", "embedding_dropout", c.model.embedding_dropout, "[0, 1)",
       "dropout rate on the embedding's output (training only)");
   key("model", "cpu_kernels", c.model.cpu_kernels,
+      one_of("auto, builtin, onednn, onednn_gemm, packed") +
+          " (onednn and onednn_gemm in a build with oneDNN; packed on x86-64 with AVX2 and FMA)",
       "a CPU replica's recurrent layers: builtin (its own cells over the BLAS), onednn (oneDNN's LSTM and "
       "GRU primitives, in a build with libdnnl-dev), onednn_gemm (its own cells over oneDNN's sgemm), "
       "packed (its own cells, each time step's products on its own AVX-512 or AVX2 tiles, x86-64 with AVX2 "
       "and FMA) or auto (packed where oneDNN and the tiles run, but oneDNN's primitives for one thread per "
       "rank on cores with two 512-bit FMA units; else onednn, onednn_gemm or builtin)");
   key("model", "cudnn_rnn_algo", c.model.cudnn_rnn_algo,
+      one_of("auto, standard, persist_small_h, persist_static"),
       "GPU: cuDNN's LSTM algorithm: auto (persistent small-hidden kernels where cuDNN has them, else "
       "standard), standard, persist_small_h or persist_static");
-  key("train", "batch_size", c.train.batch_size,
+  key("train", "batch_size", c.train.batch_size, "1 or more",
       "samples per step on each rank (global batch = ranks x this)");
-  key("train", "epochs", c.train.epochs, "passes over the training split");
-  key("train", "learning_rate", c.train.learning_rate, "optimizer step size");
-  key("train", "optimizer", c.train.optimizer, "adam or sgd (with train.momentum)");
-  key("train", "momentum", c.train.momentum, "momentum of sgd");
+  key("train", "epochs", c.train.epochs, "1 or more", "passes over the training split");
+  key("train", "learning_rate", c.train.learning_rate, "greater than 0", "optimizer step size");
+  key("train", "optimizer", c.train.optimizer, one_of("adam, sgd"), "adam or sgd (with train.momentum)");
+  key("train", "momentum", c.train.momentum, "[0, 1) as a float (at most 0.99999994)", "momentum of sgd");
   key("train", "embedding_update", c.train.embedding_update,
+      one_of("dense, lazy") + " (lazy needs comm.sparse_embedding = true)",
       "dense (Keras: every embedding row's moments decay each step) or lazy (only the rows in the batch)");
-  key("train", "beta1", c.train.beta1, "Adam's first-moment decay");
-  key("train", "beta2", c.train.beta2, "Adam's second-moment decay");
-  key("train", "epsilon", c.train.epsilon, "Adam's epsilon (Keras's default 1e-7)");
-  key("train", "seed", c.train.seed,
+  key("train", "beta1", c.train.beta1, "[0, 1) as a float (at most 0.99999994)", "Adam's first-moment decay");
+  key("train", "beta2", c.train.beta2, "[0, 1) as a float (at most 0.99999994)",
+      "Adam's second-moment decay");
+  key("train", "epsilon", c.train.epsilon, "greater than 0", "Adam's epsilon (Keras's default 1e-7)");
+  key("train", "seed", c.train.seed, "0 to 2^64 - 1",
       "seed of the initial parameters and of the data order, shared by all ranks");
-  key("train", "threads", c.train.threads,
+  key("train", "threads", c.train.threads, "0 (auto) to " + std::to_string(kMaxThreads),
       "compute threads per rank, one pool for the whole step (the recurrent kernels, the BLAS and the "
       "optimizer); 0: the cores the launcher bound the rank to, else the node's cores divided by its ranks "
       "(mpirun binds a lone rank to one core: --bind-to none)");
-  key("train", "max_steps_per_epoch", c.train.max_steps_per_epoch,
+  key("train", "max_steps_per_epoch", c.train.max_steps_per_epoch, "0 (no cap) or more",
       "cap on steps per epoch; 0: the whole shard");
-  key("train", "stop_after_steps", c.train.stop_after_steps,
+  key("train", "stop_after_steps", c.train.stop_after_steps, "0 (never) or more",
       "stop after this many steps in all, writing last.h5 (continue with --resume); 0: never");
-  key("train", "lr_schedule", c.train.lr_schedule,
+  key("train", "lr_schedule", c.train.lr_schedule, one_of("constant, step, cosine"),
       "learning rate over the run's steps: constant, step (times train.lr_decay_rate every "
       "train.lr_decay_steps) or cosine (to 0 at the last step), after train.warmup_steps");
-  key("train", "warmup_steps", c.train.warmup_steps,
+  key("train", "warmup_steps", c.train.warmup_steps, "0 or more",
       "steps over which the learning rate rises linearly to train.learning_rate; 0: none");
-  key("train", "lr_decay_steps", c.train.lr_decay_steps, "lr_schedule step: steps between decays");
-  key("train", "lr_decay_rate", c.train.lr_decay_rate, "lr_schedule step: the factor of each decay");
-  key("train", "weight_decay", c.train.weight_decay,
+  key("train", "lr_decay_steps", c.train.lr_decay_steps, "0 or more; 1 or more with train.lr_schedule = step",
+      "lr_schedule step: steps between decays");
+  key("train", "lr_decay_rate", c.train.lr_decay_rate, "(0, 1]",
+      "lr_schedule step: the factor of each decay");
+  key("train", "weight_decay", c.train.weight_decay, "[0, 1)",
       "decoupled weight decay (AdamW; sgd alike): each step p -= learning rate x this x p; 0: none");
-  key("train", "clip_norm", c.train.clip_norm,
+  key("train", "clip_norm", c.train.clip_norm, "0 (never) or more",
       "clip the averaged gradient to this global L2 norm before the update; 0: never");
-  key("train", "early_stopping_patience", c.train.early_stopping_patience,
+  key("train", "early_stopping_patience", c.train.early_stopping_patience, "0 (never) or more",
       "stop after this many epochs without a lower val_loss (best.h5 keeps the best); 0: never");
-  key("train", "straggle_ms", c.train.straggle_ms,
+  key("train", "straggle_ms", c.train.straggle_ms, "0 to 3600000 (an hour)",
       "sleep this long after each step on the last worker, to test stragglers; 0: never");
-  key("comm", "backend", c.comm.backend,
+  key("comm", "backend", c.comm.backend, one_of("auto, mpi, nccl, ps"),
       "how replicas combine gradients: auto (nccl when every rank has a GPU; else ps, or mpi on one rank), "
       "mpi (all-reduce), nccl (all-reduce on GPUs) or ps (parameter server)");
-  key("comm", "sparse_embedding", c.comm.sparse_embedding,
+  key("comm", "sparse_embedding", c.comm.sparse_embedding, "true, false",
       "move only the embedding rows batches use: all-reduce averages the rows some rank touched, the "
       "parameter server takes pushes of them and, colocated, sends rows as batches read them (same result, "
       "less traffic)");
-  key("comm", "compression", c.comm.compression,
+  key("comm", "compression", c.comm.compression, one_of("none, fp16, bf16"),
       "gradients on the wire with NCCL: none, fp16 or bf16 (bf16 keeps fp32's range; fp16 is scaled per "
       "bucket by a power of two)");
-  key("comm", "overlap", c.comm.overlap,
+  key("comm", "overlap", c.comm.overlap, one_of("none, delayed"),
       "none, or delayed: each step's averaged gradient is applied at the next step, so that the exchange "
       "overlaps a whole step (pipelined SGD: every update one step stale); CPU ranks with the all-reduce");
-  key("comm", "ps_servers", c.comm.ps_servers,
+  key("comm", "ps_servers", c.comm.ps_servers, "0 or more",
       "ps: 0 (colocated): every rank trains and serves a shard of the parameters and their optimizer state, "
       "where every rank is on a CPU (async: on a server thread, with MPI_THREAD_MULTIPLE), else one "
       "dedicated server; K: the last K ranks are servers, each owning a shard, and the others are workers");
-  key("comm", "ps_mode", c.comm.ps_mode,
+  key("comm", "ps_mode", c.comm.ps_mode, one_of("sync, async"),
       "ps: sync (gradients of all workers averaged each step, as all-reduce) or async (each gradient "
       "applied as it arrives, bounded by comm.max_staleness)");
-  key("comm", "max_staleness", c.comm.max_staleness,
+  key("comm", "max_staleness", c.comm.max_staleness, "0 or more",
       "ps async: steps a worker may run ahead of the slowest worker");
-  key("comm", "timeout_s", c.comm.timeout_s,
+  key("comm", "timeout_s", c.comm.timeout_s, "1 or more",
       "seconds a rank may go without progress (start-up, a step, an evaluation batch) before the job ends, "
       "naming what it waited for: a hung rank ends the job instead of freezing it");
-  key("comm", "selfcheck", c.comm.selfcheck,
+  key("comm", "selfcheck", c.comm.selfcheck, "true, false (on, off)",
       "GPU ranks check, before the first step, their cuDNN replica against the CPU replica (loss, every "
       "gradient, outputs, the parameter mapping, an optimizer step) and NCCL's averages against their "
       "closed form; a failure ends the job naming the rank, GPU and check (true or false; on and off read "
       "too)");
-  key("checkpoint", "dir", c.checkpoint.dir,
+  key("checkpoint", "dir", c.checkpoint.dir, "a directory (not empty)",
       "run directory: config.ini, metrics.jsonl, curves.svg, last.h5, best.h5");
-  key("checkpoint", "every_steps", c.checkpoint.every_steps,
+  key("checkpoint", "every_steps", c.checkpoint.every_steps, "0 or more",
       "also write last.h5 every N steps; 0: per epoch");
-  key("checkpoint", "overwrite", c.checkpoint.overwrite,
+  key("checkpoint", "overwrite", c.checkpoint.overwrite, "true, false",
       "a new run may replace the results of another run in checkpoint.dir (otherwise it refuses)");
-  key("checkpoint", "allow_data_change", c.checkpoint.allow_data_change,
+  key("checkpoint", "allow_data_change", c.checkpoint.allow_data_change, "true, false",
       "--resume may continue on a dataset other than the checkpoint's (fine-tuning on new data)");
-  key("log", "progress", c.log.progress,
+  key("log", "progress", c.log.progress, one_of("auto, bar, lines"),
       "auto (a live bar on a terminal, plain lines otherwise), bar or lines");
-  key("log", "interval", c.log.interval,
+  key("log", "interval", c.log.interval, "0 or more",
       "with plain lines: a progress line every N steps; 0: one about every 10 seconds");
-  key("log", "timeline", c.log.timeline,
+  key("log", "timeline", c.log.timeline, "a file name; empty: off",
       "write a Chrome/Perfetto trace of every rank's steps to this file, relative to checkpoint.dir (empty: "
       "off)");
 }
@@ -176,11 +203,12 @@ std::string value_text(const T& v) {
 
 po::options_description config_keys(Config& config) {
   po::options_description keys("Configuration (INI key `section.key` as `[section] key = value`)");
-  visit_keys(config, [&](const char* section, const char* name, auto& field, const char* help) {
-    using T = std::decay_t<decltype(field)>;
-    const std::string key = full_name(section, name);
-    keys.add_options()(key.c_str(), po::value<T>(&field)->default_value(field, value_text(field)), help);
-  });
+  visit_keys(
+      config, [&](const char* section, const char* name, auto& field, const std::string&, const char* help) {
+        using T = std::decay_t<decltype(field)>;
+        const std::string key = full_name(section, name);
+        keys.add_options()(key.c_str(), po::value<T>(&field)->default_value(field, value_text(field)), help);
+      });
   return keys;
 }
 
@@ -239,7 +267,8 @@ void refuse_cut_values(std::istream& file, const std::string& path) {
 }
 
 void check_values(const Config& c) {
-  visit_keys(c, [](const char* section, const char* name, const auto& field, const char*) {
+  visit_keys(c, [](const char* section, const char* name, const auto& field, const std::string&,
+                   const char*) {
     if constexpr (std::is_same_v<std::decay_t<decltype(field)>, std::string>) {
       require(ini_safe(field), full_name(section, name), field,
               "cannot hold '#', a control character or a leading or trailing space (an INI file could not "
@@ -354,23 +383,59 @@ void check_values(const Config& c) {
 std::vector<std::string> config_key_names() {
   std::vector<std::string> names;
   const Config defaults;
-  visit_keys(defaults, [&](const char* section, const char* name, const auto&, const char*) {
-    names.push_back(full_name(section, name));
-  });
+  visit_keys(defaults, [&](const char* section, const char* name, const auto&, const std::string&,
+                           const char*) { names.push_back(full_name(section, name)); });
   return names;
+}
+
+template <typename T>
+const char* type_name() {
+  if constexpr (std::is_same_v<T, bool>) return "boolean";
+  if constexpr (std::is_same_v<T, std::string>) return "string";
+  if constexpr (std::is_floating_point_v<T>) return "real";
+  if constexpr (std::is_unsigned_v<T>) return "unsigned integer";
+  return "integer";
+}
+
+std::string config_reference_markdown() {
+  std::ostringstream out;
+  out << kConfigReferenceMarker << "\n\n"
+      << "Every string value must survive an INI file: no `#`, no control character, no leading or trailing "
+         "space. Every real value must be finite and a float must hold it (magnitude 1.2e-38 to 3.4e+38, or "
+         "0). A value outside what a key allows stops the run before anything starts, with one line naming "
+         "the key (exit 2).\n";
+  std::string current = "-";
+  const Config defaults;
+  visit_keys(defaults, [&](const char* section, const char* name, const auto& field,
+                           const std::string& allowed, const char* help) {
+    if (current != section) {
+      current = section;
+      out << "\n### " << (section[0] ? "[" + current + "]" : std::string("Top level (before any section)"))
+          << "\n\n| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";
+    }
+    const std::string value = value_text(field);
+    std::string meaning = help;
+    for (std::size_t bar = meaning.find('|'); bar != std::string::npos; bar = meaning.find('|', bar + 2))
+      meaning.replace(bar, 1, "\\|");
+    out << "| `" << full_name(section, name) << "` | " << type_name<std::decay_t<decltype(field)>>() << " | "
+        << (value.empty() ? std::string("(empty)") : "`" + value + "`") << " | " << allowed << " | "
+        << meaning << " |\n";
+  });
+  return out.str();
 }
 
 std::string Config::to_ini() const {
   std::ostringstream out;
   std::string current = "";
   out << "# Effective configuration of this run (ddptrain " << DDPTRAIN_VERSION << ")\n";
-  visit_keys(*this, [&](const char* section, const char* name, const auto& field, const char*) {
-    if (current != section) {
-      current = section;
-      out << "\n[" << section << "]\n";
-    }
-    out << name << " = " << value_text(field) << "\n";
-  });
+  visit_keys(*this,
+             [&](const char* section, const char* name, const auto& field, const std::string&, const char*) {
+               if (current != section) {
+                 current = section;
+                 out << "\n[" << section << "]\n";
+               }
+               out << name << " = " << value_text(field) << "\n";
+             });
   return out.str();
 }
 
@@ -390,10 +455,11 @@ std::vector<std::string> job_wide_settings(const Config& c) {
                                               "log.progress",
                                               "log.interval"};
   std::vector<std::string> lines;
-  visit_keys(c, [&](const char* section, const char* name, const auto& field, const char*) {
-    const std::string key = full_name(section, name);
-    if (!kPerNode.contains(key)) lines.push_back(key + " = " + value_text(field));
-  });
+  visit_keys(c,
+             [&](const char* section, const char* name, const auto& field, const std::string&, const char*) {
+               const std::string key = full_name(section, name);
+               if (!kPerNode.contains(key)) lines.push_back(key + " = " + value_text(field));
+             });
   return lines;
 }
 
@@ -432,14 +498,15 @@ std::vector<std::string> changed_training_settings(const std::string& earlier_in
     }
   }
   std::vector<std::string> changed;
-  visit_keys(now, [&](const char* section, const char* name, const auto& field, const char*) {
-    const std::string key = std::string(section) + "." + name;
-    const auto was = earlier.find(key);
-    // A key the earlier run did not record (an older ddptrain) cannot be compared.
-    if (kSettings.count(key) == 0 || was == earlier.end()) return;
-    if (const std::string value = value_text(field); value != was->second)
-      changed.push_back(fmt::format("{} = {} (was {})", key, value, was->second));
-  });
+  visit_keys(now,
+             [&](const char* section, const char* name, const auto& field, const std::string&, const char*) {
+               const std::string key = std::string(section) + "." + name;
+               const auto was = earlier.find(key);
+               // A key the earlier run did not record (an older ddptrain) cannot be compared.
+               if (kSettings.count(key) == 0 || was == earlier.end()) return;
+               if (const std::string value = value_text(field); value != was->second)
+                 changed.push_back(fmt::format("{} = {} (was {})", key, value, was->second));
+             });
   // More (or fewer) epochs is how a run goes on, but a cosine schedule spans them all: its curve changes.
   if (const auto was = earlier.find("train.epochs"); now.train.lr_schedule == "cosine" &&
                                                      was != earlier.end() &&
@@ -468,7 +535,8 @@ ParsedConfig parse_config(const std::vector<std::string>& args) {
        << "       ddptrain prepare synthetic|imdb-npz|text ...   (ddptrain prepare --help)\n"
        << "       ddptrain predict --checkpoint FILE (--text TEXT | --input FILE) ...\n"
        << "       ddptrain evaluate --checkpoint FILE --data FILE ...\n"
-       << "       ddptrain check-env [--device cuda|cpu|auto]\n\n"
+       << "       ddptrain check-env [--device cuda|cpu|auto]\n"
+       << "       ddptrain config-reference                      (every key: launch/CONFIG.md)\n\n"
        << all;
   parsed.help = help.str();
 
@@ -545,10 +613,10 @@ void require_model_fits(const Config& c, const models::ModelShape& shape, int ra
         static_cast<double>(parameters), static_cast<double>(kMaxParameters)));
   }
   // Every rank on the node must hold them before anything is allocated: Linux grants more than it has and
-  // ends the process without a word when the pages are touched. Peak resident bytes per parameter, measured
-  // (`/usr/bin/time -v`, 1.28e8 parameters, two epochs with checkpoints): 24.4 with plain SGD, 35.5 with
-  // Adam. Weights, gradient, the exchange's buffer, the checkpoint's snapshot and the best model's copy make
-  // the first; the optimizer's state, held and snapshotted, the rest.
+  // ends the process without a word when the pages are touched. The bytes per parameter follow the peak
+  // resident memory of a run with checkpoints (benchmarks/RESULTS.md, "Peak memory against model size"):
+  // weights, gradient, the exchange's buffer, the checkpoint's snapshot and the best model's copy make the
+  // fixed part; the optimizer's state, held and snapshotted, counts one and a half times.
   const double state_bytes = c.train.optimizer == "adam" ? 8.0 : c.train.momentum > 0 ? 4.0 : 0.0;
   const double bytes_per_parameter = 25.0 + 1.5 * state_bytes;
   const double needed = static_cast<double>(parameters) * bytes_per_parameter * std::max(ranks_on_node, 1);

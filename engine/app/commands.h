@@ -6,6 +6,7 @@
 //   ddptrain predict --checkpoint F --data F (--text T | --input FILE)
 //   ddptrain evaluate --checkpoint F --data F                  loss and accuracy on the test split
 //   ddptrain check-env                                         what this node has (also under mpirun)
+//   ddptrain config-reference                                  every config key (launch/CONFIG.md)
 #pragma once
 
 #include <memory>

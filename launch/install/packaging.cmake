@@ -9,7 +9,13 @@ set(DDPTRAIN_SHARE_DIR ${CMAKE_INSTALL_DATADIR}/ddptrain)
 install(TARGETS ddptrain RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(PROGRAMS launch/ddprun DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES launch/configs/imdb.ini launch/configs/quickstart.ini DESTINATION ${DDPTRAIN_SHARE_DIR}/configs)
-install(FILES README.md DESTINATION ${DDPTRAIN_SHARE_DIR})
+# The documents, where the README's links expect them: share/ddptrain/README.md, .../launch/CONFIG.md, ...
+set(DDPTRAIN_DOCUMENTS README.md ARCHITECTURE.md launch/README.md launch/CONFIG.md io/README.md comm/README.md
+    models/GPU.md tests/README.md benchmarks/README.md benchmarks/RESULTS.md)
+foreach(document ${DDPTRAIN_DOCUMENTS})
+  get_filename_component(folder ${document} DIRECTORY)
+  install(FILES ${document} DESTINATION ${DDPTRAIN_SHARE_DIR}/${folder})
+endforeach()
 install(PROGRAMS launch/torch_checkpoint.py DESTINATION ${DDPTRAIN_SHARE_DIR})
 install(FILES launch/slurm/common.sh DESTINATION ${DDPTRAIN_SHARE_DIR}/slurm)
 # The sbatch scripts are rewritten at install time, when the prefix is known (cpack installs to its own).

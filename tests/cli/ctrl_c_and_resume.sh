@@ -4,8 +4,8 @@
 #      written, a message naming SIGINT and the epoch and step; --resume auto then ends with the val_loss of
 #      a run never interrupted.
 #   2. mpirun -np 2: SIGINT to mpirun. Open MPI 4.1's mpirun sends the ranks SIGCONT, SIGTERM a second later
-#      and SIGKILL a second after that, and returns 1 whatever the ranks exit with (README, "Stopping"): the
-#      ranks must checkpoint within that second and say SIGTERM.
+#      and SIGKILL a second after that, and returns 1 whatever the ranks exit with (launch/README.md,
+#      "Stopping a run"): the ranks must checkpoint within that second and say SIGTERM.
 #   3. a second SIGINT while the first is being handled: the process dies of SIGINT (exit 130) without a
 #      checkpoint (the time it took is printed, not judged: the missing checkpoint shows it did not finish
 #      the step); under mpirun, mpirun exits and no rank is left running.

@@ -16,7 +16,10 @@ prefix=$work/opt/ddptrain-site
 cmake --install "$build" --prefix "$prefix" >install.txt 2>&1 || fail "cmake --install" install.txt
 
 for f in bin/ddptrain bin/ddprun share/ddptrain/README.md share/ddptrain/configs/quickstart.ini \
-  share/ddptrain/configs/imdb.ini share/ddptrain/slurm/common.sh share/ddptrain/torch_checkpoint.py; do
+  share/ddptrain/configs/imdb.ini share/ddptrain/slurm/common.sh share/ddptrain/torch_checkpoint.py \
+  share/ddptrain/ARCHITECTURE.md share/ddptrain/launch/README.md share/ddptrain/launch/CONFIG.md \
+  share/ddptrain/io/README.md share/ddptrain/comm/README.md share/ddptrain/models/GPU.md \
+  share/ddptrain/tests/README.md share/ddptrain/benchmarks/README.md share/ddptrain/benchmarks/RESULTS.md; do
   [ -f "$prefix/$f" ] || fail "cmake --install did not install $f" install.txt
 done
 for f in ddptrain ddprun; do [ -x "$prefix/bin/$f" ] || fail "bin/$f is not executable"; done

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The layers the build enforces (CMakeLists.txt, README "Layout"): a file of each library is compiled, with
+"""The layers the build enforces (CMakeLists.txt, ARCHITECTURE.md, "Folders and libraries"): a file of each library is compiled, with
 that library's own compile command from compile_commands.json, against an include it may use (which must
 compile) and against includes that run upward or sideways (which must not be found).
 

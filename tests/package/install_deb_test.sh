@@ -101,7 +101,8 @@ check_package() {
 
   phase "the installed files"
   for f in /usr/bin/ddptrain /usr/bin/ddprun /usr/share/ddptrain/README.md /usr/share/ddptrain/configs/quickstart.ini \
-    /usr/share/ddptrain/configs/imdb.ini /usr/share/ddptrain/slurm/common.sh; do
+    /usr/share/ddptrain/configs/imdb.ini /usr/share/ddptrain/slurm/common.sh /usr/share/ddptrain/ARCHITECTURE.md \
+    /usr/share/ddptrain/launch/CONFIG.md /usr/share/ddptrain/models/GPU.md /usr/share/ddptrain/benchmarks/RESULTS.md; do
     [ -f "$root$f" ] || fail "the package did not install $f"
   done
   for script in "$root"/usr/share/ddptrain/slurm/*.sbatch; do
