@@ -11,7 +11,9 @@
 #   startup        with the self-check on, E256 H512 L2 T200 batch 128 and E128 H128 T200 batch 1024 print
 #                  their first step within 5 s of the process start (the data made beforehand); and
 #                  self_check_bench --device cuda's table (the check and the parameter draw by model)
-#   gpu_tests      the GPU tests (CPU/GPU parity, layout round trip, NCCL, the input pipeline); none may skip
+#   gpu_tests      the GPU tests (CPU/GPU parity, layout round trip, NCCL, the input pipeline); none may skip;
+#                  then the stream-order tests at 2 ranks (a gradient produced behind a delay on another
+#                  stream): staged MPI on any GPU count, NCCL's where each rank has a GPU
 #   quickstart     the quickstart on the GPU reaches val_acc >= 0.90; NVML's gpu_util is in metrics.jsonl
 #   variants       a 2-layer masked bidirectional GRU over 4 classes with dropout and clipping trains on the
 #                  GPU (self-check passed, test_acc >= 0.90), and the CPU predicts its checkpoint alike
@@ -218,11 +220,21 @@ check_startup() {
 }
 
 check_gpu_tests() {
-  "$build"/tests/ddptrain_gpu_tests --gtest_color=no | tee "$scratch/gpu_tests.txt"
+  # The stream-order tests need 2 ranks: below.
+  "$build"/tests/ddptrain_gpu_tests --gtest_color=no --gtest_filter='-*StreamOrder*' | tee "$scratch/gpu_tests.txt"
   local rc=${PIPESTATUS[0]}
   note gpu_tests "$(gtest_counts "$scratch/gpu_tests.txt")"
   [ "$rc" = 0 ] || return 1
   ! grep -q '^\[  SKIPPED \]' "$scratch/gpu_tests.txt" || { echo "tests skipped on a GPU machine"; return 1; }
+  # A gradient produced on another stream behind a delay, averaged by 2 ranks: the staged MPI reducer on one
+  # GPU too; NCCL's (none, fp16, bf16) where each rank has a GPU of its own (they skip, saying so, on one).
+  mpirun -np 2 "$build"/tests/ddptrain_gpu_tests --gtest_color=no --gtest_filter='*StreamOrder*' |
+    tee "$scratch/stream_order.txt"
+  rc=${PIPESTATUS[0]}
+  note gpu_tests "stream order at 2 ranks: $(gtest_counts "$scratch/stream_order.txt")"
+  [ "$rc" = 0 ] || return 1
+  grep -q 'OK \] Reducers/StreamOrder.*staged_mpi' "$scratch/stream_order.txt" ||
+    { echo "the staged MPI stream-order test did not run"; return 1; }
   # The communicator contract over NCCL and staged MPI needs a GPU per rank: 2 ranks where 2 GPUs are.
   local gpus
   gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)

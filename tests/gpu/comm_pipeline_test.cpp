@@ -22,28 +22,7 @@
 namespace ddp {
 namespace {
 
-// MPI only for the tests that need it (this binary has no launcher and a GPU-less run never touches MPI);
-// finalized once after all tests.
-bool g_mpi_started_here = false;
-
-void ensure_mpi() {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (initialized) return;
-  ASSERT_EQ(MPI_Init(nullptr, nullptr), MPI_SUCCESS);
-  g_mpi_started_here = true;
-}
-
-class MpiEnvironment : public ::testing::Environment {
- public:
-  void TearDown() override {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (g_mpi_started_here && !finalized) MPI_Finalize();
-  }
-};
-[[maybe_unused]] ::testing::Environment* const g_mpi_environment =
-    ::testing::AddGlobalTestEnvironment(new MpiEnvironment);
+using testing_gpu::ensure_mpi;
 
 #define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
 
