@@ -42,35 +42,10 @@ step() {  # NAME: the time since the previous step ended
   step_start=$SECONDS
 }
 
-release_codename=$(awk -F= '$1 == "VERSION_CODENAME" {print $2}' /etc/os-release)
-rootfs_tar=$work_dir/rootfs.tar
-SUITE=$release_codename bash "$source_dir/launch/containers/base-image.sh" --tarball-only "$rootfs_tar" \
-  --cache "$root_cache" >"$work_dir/debootstrap.log" 2>&1 || fail "debootstrap" "$work_dir/debootstrap.log"
-step "a minimal $release_codename root (debootstrap, or its cached tarball)"
-
-root=$(mktemp -d "$work_dir/root.XXXXXX")
-mounted=()
-cleanup() {
-  local i
-  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[i]}" 2>/dev/null || true; done
-  # Only remove the root once nothing is mounted inside it.
-  if ! grep -qF " $root/" /proc/mounts; then rm -rf "$root"; fi
-  rm -f "$rootfs_tar"
-}
-trap cleanup EXIT
-tar -C "$root" -xf "$rootfs_tar"
-# The tarball's / is mktemp's, 0700, which keeps the root's own users (munge's post-install script runs as
-# munge, apt's downloads as _apt) out of everything.
-chmod 755 "$root"
-for fs in proc sys dev; do
-  mount --rbind "/$fs" "$root/$fs"
-  mount --make-rslave "$root/$fs"
-  mounted+=("$root/$fs")
-done
-cp -L /etc/resolv.conf "$root/etc/resolv.conf"
-# A chroot has no init: packages' scripts must not start their services (slurmctld, ...) here.
-printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
-chmod 755 "$root/usr/sbin/policy-rc.d"
+# shellcheck source=tests/package/fresh_root_lib.sh
+source "$source_dir/tests/package/fresh_root_lib.sh"
+enter_fresh_root "$source_dir" "$work_dir" "$root_cache"
+step "a minimal $release_codename root (debootstrap, or its cached tarball), set up to chroot into"
 # The checkout as it is: tracked files and new ones git does not ignore, no build folders or data.
 mkdir "$root/src"
 (cd "$source_dir" && git ls-files -z --cached --others --exclude-standard |

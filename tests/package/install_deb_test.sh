@@ -61,30 +61,10 @@ dpkg-deb -f "$deb" Depends | grep -q libhdf5 || fail "the package's dependencies
 
 # --- a fresh root ------------------------------------------------------------------------------------------
 # This machine's release: the package was built against its libraries.
-release_codename=$(awk -F= '$1 == "VERSION_CODENAME" {print $2}' /etc/os-release)
-rootfs_tar=$work_dir/rootfs.tar
-phase "a minimal $release_codename root (debootstrap, or its cached tarball)"
-SUITE=$release_codename bash "$source_dir/launch/containers/base-image.sh" --tarball-only "$rootfs_tar" \
-  --cache "$root_cache" >"$work_dir/debootstrap.log" 2>&1 || fail "debootstrap" "$work_dir/debootstrap.log"
-root=$(mktemp -d "$work_dir/root.XXXXXX")
-mounted=()
-cleanup() {
-  local m
-  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
-    m=${mounted[i]}
-    umount -l "$m" 2>/dev/null || true
-  done
-  # Only remove the root once nothing is mounted inside it.
-  if ! grep -qF " $root/" /proc/mounts; then rm -rf "$root"; fi
-}
-trap cleanup EXIT
-tar -C "$root" -xf "$rootfs_tar"
-for fs in proc sys dev; do
-  mount --rbind "/$fs" "$root/$fs"
-  mount --make-rslave "$root/$fs"
-  mounted+=("$root/$fs")
-done
-cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+phase "a minimal root of this machine's release (debootstrap, or its cached tarball)"
+# shellcheck source=tests/package/fresh_root_lib.sh
+source "$source_dir/tests/package/fresh_root_lib.sh"
+enter_fresh_root "$source_dir" "$work_dir" "$root_cache"
 in_root() { chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
   OPENBLAS_NUM_THREADS=1 "$@"; }
