@@ -4,8 +4,8 @@
 // weight space is mapped to and from it with cudnnGetRNNWeightParams, so checkpoints and host copies are the
 // same as the CPU replica's.
 //
-// CMake compiles the replica (cudnn_replica.cuh: lstm_classifier_cuda.cu, cudnn_rnn_plan.cu,
-// cudnn_batch_shapes.cu, with its kernels in lstm_kernels.cu) in a CUDA build and cuda_replica_none.cpp
+// CMake compiles the replica (cudnn_replica.cuh: rnn_classifier_cuda.cu, cudnn_rnn_plan.cu,
+// cudnn_batch_shapes.cu, with its kernels in classifier_kernels.cu) in a CUDA build and cuda_replica_none.cpp
 // otherwise (whose factory throws a UserError saying so); rnn_algorithm.cpp in both.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The cuDNN replica of cuda_replica.h, shared by the files that implement it: lstm_classifier_cuda.cu (its
+// The cuDNN replica of cuda_replica.h, shared by the files that implement it: rnn_classifier_cuda.cu (its
 // construction, the step, host copies, the dropout state), cudnn_rnn_plan.cu (an algorithm's descriptor,
 // weight spaces and the weight map to and from the canonical layout) and cudnn_batch_shapes.cu (the
 // descriptors of each batch shape, and the probe that tries a shape before the run uses it). Not an
@@ -76,7 +76,7 @@
 #include "models/cuda_replica.h"
 #include "models/cudnn_status.h"
 #include "models/dropout.h"
-#include "models/lstm_kernels.cuh"
+#include "models/classifier_kernels.cuh"
 #include "models/sequence_mask.h"
 #include "models/weight_map.h"
 

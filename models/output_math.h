@@ -1,5 +1,5 @@
 // The output layer's element-wise math, shared by the CPU replica (rnn_classifier_cpu.cpp) and the CUDA
-// replica's dense kernel (lstm_classifier_cuda.cu): the probability of a logit, its binary cross-entropy
+// replica's dense kernel (rnn_classifier_cuda.cu): the probability of a logit, its binary cross-entropy
 // loss, whether it predicts the label, and the gradient of the batch's mean loss. The loss and probability
 // are computed in double on both sides, so that summing them over batches and ranks loses nothing of the
 // float model's small losses. (The LSTM's gate nonlinearities run inside cuDNN on the GPU and in

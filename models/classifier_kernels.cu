@@ -1,4 +1,4 @@
-#include "models/lstm_kernels.cuh"
+#include "models/classifier_kernels.cuh"
 
 #include "models/dropout.h"
 #include "models/output_math.h"

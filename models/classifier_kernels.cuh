@@ -1,4 +1,4 @@
-// The CUDA replica's own kernels around cuDNN's LSTM (lstm_classifier_cuda.cu launches them): the
+// The CUDA replica's own kernels around cuDNN's recurrent layers (rnn_classifier_cuda.cu launches them): the
 // embedding lookup and its gradient, the dense layer with sigmoid and BCE (the output layer's math is
 // output_math.h's, shared with the CPU replica and tested on the host), and the copies between the
 // canonical parameters and cuDNN's weight space. Grid-stride loops, so any grid covers any size.
