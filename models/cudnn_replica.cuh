@@ -73,10 +73,10 @@
 #include "engine/base/errors.h"
 #include "engine/base/gpu_spans.h"
 #include "engine/base/timeline.h"
+#include "models/classifier_kernels.cuh"
 #include "models/cuda_replica.h"
 #include "models/cudnn_status.h"
 #include "models/dropout.h"
-#include "models/classifier_kernels.cuh"
 #include "models/sequence_mask.h"
 #include "models/weight_map.h"
 
