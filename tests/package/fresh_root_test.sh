@@ -13,7 +13,7 @@
 # With DDPTRAIN_FRESH_ROOT_FULL=1 (by hand: it takes the test command's whole run, not for CI) it then runs the
 # README's test command itself, bash launch/bootstrap.sh test, in the root, and times it too.
 #   bash tests/package/fresh_root_test.sh SOURCE_DIR WORK_DIR [ROOT_CACHE_DIR]
-# Needs root, debootstrap, git and the distribution's mirror (its apt source); skips (exit 77, saying why,
+# Needs root, debootstrap, git, a source that is a git checkout, and the distribution's mirror (its apt source); skips (exit 77, saying why,
 # tests/lib/skip.sh) without the first three.
 set -euo pipefail
 source_dir=$(cd "$1" && pwd)
@@ -33,6 +33,8 @@ fail() {
 [ "$(id -u)" -eq 0 ] || skip_because "a fresh root needs root (chroot, mounts)"
 command -v debootstrap >/dev/null || skip_missing debootstrap "debootstrap is not installed"
 command -v git >/dev/null || skip_missing git "git is not installed (it lists the checkout's files)"
+git -C "$source_dir" rev-parse --git-dir >/dev/null 2>&1 ||
+  skip_because "$source_dir is not a git checkout: the fresh root starts from a clone of it"
 
 steps=()
 step_start=$SECONDS
@@ -46,11 +48,13 @@ step() {  # NAME: the time since the previous step ended
 source "$source_dir/tests/package/fresh_root_lib.sh"
 enter_fresh_root "$source_dir" "$work_dir" "$root_cache"
 step "a minimal $release_codename root (debootstrap, or its cached tarball), set up to chroot into"
-# The checkout as it is: tracked files and new ones git does not ignore, no build folders or data.
-mkdir "$root/src"
+# A clone, as a user's, then the checkout's work tree as it is: tracked files and new ones git does not
+# ignore (no build folders or data), files deleted but not committed removed.
+git clone -q --no-hardlinks "$source_dir" "$root/src" || fail "git clone of $source_dir"
 (cd "$source_dir" && git ls-files -z --cached --others --exclude-standard |
   while IFS= read -r -d '' f; do if [ -e "$f" ]; then printf '%s\0' "$f"; fi; done | tar --null -T - -cf -) |
   tar -C "$root/src" -xf -
+(cd "$source_dir" && git ls-files -z --deleted) | (cd "$root/src" && xargs -0 -r rm -f)
 [ -f "$root/src/launch/bootstrap.sh" ] || fail "the checkout was not copied into the root"
 in_root() { chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "$@"; }
 ! in_root sh -c 'command -v cmake || command -v mpirun || command -v c++' >/dev/null ||
