@@ -15,6 +15,7 @@
 #include "io/hdf5_util.h"
 #include "io/imdb_npz.h"
 #include "io/npz.h"
+#include "io/numpy_random_state.h"
 #include "tests/test_util.h"
 
 namespace ddp::io {
