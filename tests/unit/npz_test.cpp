@@ -16,6 +16,7 @@
 #include "io/imdb_npz.h"
 #include "io/npz.h"
 #include "io/numpy_random_state.h"
+#include "io/zip_archive.h"
 #include "tests/test_util.h"
 
 namespace ddp::io {
