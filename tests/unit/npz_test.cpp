@@ -14,6 +14,7 @@
 #include "engine/base/errors.h"
 #include "io/hdf5_util.h"
 #include "io/imdb_npz.h"
+#include "io/npy.h"
 #include "io/npz.h"
 #include "io/numpy_random_state.h"
 #include "io/zip_archive.h"
