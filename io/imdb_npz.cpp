@@ -9,6 +9,7 @@
 #include "engine/base/errors.h"
 #include "io/dataset_writer.h"
 #include "io/npz.h"
+#include "io/numpy_random_state.h"
 
 namespace ddp::io {
 namespace {

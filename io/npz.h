@@ -1,76 +1,15 @@
-// Reading NumPy's .npz files (np.savez: a zip archive with one .npy file per array), and NumPy's legacy
-// RandomState shuffle, so that files made for Keras load here exactly as they load there.
-//
-// Every byte is parsed here; zlib only inflates and computes CRC-32:
-//  - zip: the end-of-central-directory record (and its ZIP64 form), the central directory and local
-//    headers; members stored (method 0) or deflated (method 8); ZIP64 extra fields (numpy writes each member
-//    with force_zip64, and sizes may then live only there); every member's CRC-32 is checked.
-//  - .npy: format versions 1.0, 2.0 and 3.0; the header dict (descr, fortran_order, shape); little-endian
-//    integer arrays (bool, int8..int64, uint8..uint64) and object arrays ('|O').
-//  - object arrays are stored as a pickle of the ndarray (np.save with allow_pickle). A restricted unpickler
-//    reads them: a stack machine that knows only the opcodes of such pickles (protocols 2 to 4, also as
-//    Python 2 wrote them) and resolves only numpy's ndarray and dtype reconstruction names. A file can never
-//    run code: any other opcode or name is an error. Elements may be ints or lists of ints.
+// Reading NumPy's .npz files (np.savez: a zip archive with one .npy file per array), so that files made for
+// Keras load here exactly as they load there. The archive is io/zip_archive.h's, each array io/npy.h's.
 // Malformed input of any kind is a UserError "FILE: MEMBER: what is wrong", on one line.
 #pragma once
 
-#include <cstdint>
-#include <random>
-#include <span>
 #include <string>
 #include <vector>
 
+#include "io/npy.h"
+#include "io/zip_archive.h"
+
 namespace ddp::io {
-
-// A zip archive held in memory.
-class ZipArchive {
- public:
-  // Reads `path` whole. UserError when it cannot be read or has no valid central directory.
-  static ZipArchive read_file(const std::string& path);
-  // The archive in `bytes`; `name` (usually its path) starts every message.
-  ZipArchive(std::string name, std::vector<uint8_t> bytes);
-
-  const std::string& name() const { return name_; }
-  // Member names in central-directory order.
-  std::vector<std::string> member_names() const;
-  bool contains(const std::string& member) const;
-  // The member's contents, inflated and CRC-checked. UserError when it is missing or malformed.
-  std::vector<uint8_t> read(const std::string& member) const;
-
- private:
-  struct Entry {
-    std::string name;
-    uint16_t flags = 0;
-    uint16_t method = 0;
-    uint32_t crc32 = 0;
-    uint64_t compressed_size = 0;
-    uint64_t size = 0;
-    uint64_t local_header_offset = 0;
-  };
-  const Entry* find(const std::string& member) const;
-
-  std::string name_;
-  std::vector<uint8_t> bytes_;
-  std::vector<Entry> entries_;
-};
-
-// One .npy array, its integers widened to int64.
-struct NpyArray {
-  std::string descr;  // as in the header: "<i8", "|u1", "|O", ...
-  std::vector<int64_t> shape;
-  bool fortran_order = false;
-  // Numeric arrays, and object arrays whose elements are ints: every element, in C order.
-  std::vector<int64_t> integers;
-  // Object arrays whose elements are lists of ints: one list per element.
-  std::vector<std::vector<int64_t>> lists;
-
-  bool is_object() const { return descr == "|O"; }
-  bool holds_lists() const { return is_object() && !lists.empty(); }
-  int64_t size() const;  // the number of elements: the product of shape
-};
-
-// Parses a .npy file. `where` ("FILE: MEMBER") starts every message.
-NpyArray parse_npy(std::span<const uint8_t> bytes, const std::string& where);
 
 // The arrays of an .npz file: array("x_train") reads member "x_train.npy".
 class NpzFile {
@@ -83,22 +22,6 @@ class NpzFile {
 
  private:
   ZipArchive zip_;
-};
-
-// numpy.random.RandomState(seed): the legacy generator, MT19937 seeded with init_genrand(seed), which is
-// exactly std::mt19937(seed). Seeds above 2^32 - 1 are refused, as numpy does.
-class NumpyRandomState {
- public:
-  explicit NumpyRandomState(uint64_t seed);
-  // numpy's random_interval(max): uniform in [0, max], by masking 32-bit (64-bit above 2^32 - 1) draws to
-  // the next power of two minus one and rejecting values above max.
-  uint64_t random_interval(uint64_t max);
-  // RandomState.shuffle: Fisher-Yates from the end, `for i in reversed(range(1, n)): swap(x[i],
-  // x[random_interval(i)])`.
-  void shuffle(std::span<int64_t> values);
-
- private:
-  std::mt19937 mt_;
 };
 
 }  // namespace ddp::io

@@ -28,6 +28,9 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// Writes `text` to the file `name` in `dir`; returns its path.
+std::string write_text(const TempDir& dir, const std::string& name, const std::string& text);
+
 // Runs `action`, expects a UserError whose one-line message contains every one of `parts`.
 inline void expect_user_error(const std::function<void()>& action, const std::vector<std::string>& parts) {
   try {

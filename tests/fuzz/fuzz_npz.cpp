@@ -1,11 +1,13 @@
-// The .npz reader (io/npz.h) on arbitrary bytes: the zip container, every member's inflation and CRC, the
-// .npy header and its pickle, and `prepare imdb-npz` on an archive that has the four Keras arrays.
+// The .npz readers (io/zip_archive.h, io/npy.h, io/pickle.h) on arbitrary bytes: the zip container, every
+// member's inflation and CRC, the .npy header and its pickle, and `prepare imdb-npz` on an archive that has
+// the four Keras arrays.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "io/imdb_npz.h"
-#include "io/npz.h"
+#include "io/npy.h"
+#include "io/zip_archive.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
