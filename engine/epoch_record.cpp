@@ -25,11 +25,11 @@ EpochRecorder::EpochRecorder(const TrainingRanks& ranks, RunFiles files, RunReco
       epoch_written_(std::move(epoch_written)),
       host_params_(replica.layout().total_size()) {}
 
-std::string EpochRecorder::agreed_checksum(int64_t epoch) {
+void EpochRecorder::check_parameters_agree(int64_t epoch) {
   timeline::Span span("parameter checksum");
   replica_.copy_params_to_host(host_params_);
   const std::vector<std::string> checksums = ranks_.comm.gather(parameters_checksum(host_params_), 0);
-  if (!ranks_.is_root()) return "";
+  if (!ranks_.is_root()) return;
   if (const std::optional<std::size_t> rank = first_other_checksum(checksums)) {
     DDP_FATAL(fmt::format(
         "after epoch {} the parameters of {} {} differ from rank 0's (checksum {} against {}): the "
@@ -38,10 +38,15 @@ std::string EpochRecorder::agreed_checksum(int64_t epoch) {
         "rank, or a faulty device or memory on that rank's node)",
         epoch, ranks_.name() == "workers" ? "worker" : "rank", *rank, checksums[*rank], checksums[0]));
   }
-  return checksums[0];
+  checksum_ = checksums[0];
 }
 
-void EpochRecorder::add_gpu_sample(EpochMetrics& m) {
+void EpochRecorder::add_run_facts(EpochMetrics& m) {
+  m.world_size = ranks_.job_size;
+  m.workers = ranks_.comm.size();
+  m.parameters_checksum = checksum_;
+  m.backend = updater_.backend();
+  m.device = ranks_.topology.device;
   GpuSample sample;
   if (gpu_monitor_) sample = gpu_monitor_->take();
   const bool have = sample.readings > 0;
@@ -58,16 +63,30 @@ void EpochRecorder::record_epoch(const EpochMetrics& m, const TrainingProgress& 
       progress, [&] { print_and_append(m); }, best);
 }
 
+void EpochRecorder::add_training_stats(EpochMetrics& m, const models::BatchStats& local,
+                                       const TrainingProgress& progress) {
+  const std::vector<double> sums = sums_over_ranks(local, progress);
+  m.loss = sums[0] / sums[2];
+  m.acc = sums[1] / sums[2];
+}
+
 void EpochRecorder::record_mid_epoch(const models::BatchStats& local, const TrainingProgress& progress) {
-  std::vector<double> sums{local.loss_sum, static_cast<double>(local.correct),
-                           static_cast<double>(local.count)};
-  ranks_.comm.sum(sums);
+  const std::vector<double> sums = sums_over_ranks(local, TrainingProgress{});
   TrainingProgress snapshot = progress;
   snapshot.loss_sum += sums[0];
   snapshot.correct += sums[1];
   snapshot.count += sums[2];
   write_last_checkpoint(
       snapshot, [] {}, /*best=*/false);
+}
+
+std::vector<double> EpochRecorder::sums_over_ranks(const models::BatchStats& local,
+                                                   const TrainingProgress& progress) {
+  std::vector<double> sums{local.loss_sum + progress.loss_sum,
+                           static_cast<double>(local.correct) + progress.correct,
+                           static_cast<double>(local.count) + progress.count};
+  ranks_.comm.sum(sums);
+  return sums;
 }
 
 void EpochRecorder::print_and_append(const EpochMetrics& m) {

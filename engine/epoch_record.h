@@ -36,11 +36,15 @@ class EpochRecorder {
   // After a run of steps: data parallelism keeps every replica's parameters equal bit for bit
   // (Updater::end_steps). A rank whose parameters differ from rank 0's (a reduction that is not the same on
   // every rank, a faulty device or memory) ends the job here, naming it, instead of training on as a
-  // silently different model; the checkpoints of earlier epochs stay. Returns the checksum every rank
-  // agreed on (rank 0; "" elsewhere), for metrics.jsonl.
-  std::string agreed_checksum(int64_t epoch);
-  // The GPU's utilization and memory since the last epoch, the mean over the ranks that have a reading.
-  void add_gpu_sample(EpochMetrics& m);
+  // silently different model; the checkpoints of earlier epochs stay. Rank 0 keeps the checksum every rank
+  // agreed on for the epoch's metrics.
+  void check_parameters_agree(int64_t epoch);
+  // What the record knows of the epoch `m`: the agreed checksum, the ranks, the backend, the device, and
+  // the GPU's utilization and memory since the last epoch (the mean over the ranks that have a reading).
+  void add_run_facts(EpochMetrics& m);
+  // The epoch's training loss and accuracy: this rank's `local` stats summed over the ranks, with the sums
+  // an interrupted run had carried over to this epoch (`progress`, rank 0's).
+  void add_training_stats(EpochMetrics& m, const models::BatchStats& local, const TrainingProgress& progress);
   // The finished epoch `m`: its line, metrics.jsonl, the hook, last.h5 with `progress`, and best.h5 if
   // `best`.
   void record_epoch(const EpochMetrics& m, const TrainingProgress& progress, bool best);
@@ -55,6 +59,8 @@ class EpochRecorder {
   void write_last_checkpoint(const TrainingProgress& progress, const std::function<void()>& before,
                              bool best);
   void print_and_append(const EpochMetrics& m);
+  // Collective: `local` summed over the ranks, plus `progress`' sums: loss, correct and count.
+  std::vector<double> sums_over_ranks(const models::BatchStats& local, const TrainingProgress& progress);
 
   TrainingRanks ranks_;
   RunFiles files_;
@@ -65,6 +71,7 @@ class EpochRecorder {
   std::unique_ptr<GpuMonitor> gpu_monitor_;
   EpochWritten epoch_written_;
   std::vector<float> host_params_;  // the parameters' host copy, for the checksum and the checkpoints
+  std::string checksum_;            // rank 0: the last one the ranks agreed on
   bool warned_diverged_ = false;
 };
 

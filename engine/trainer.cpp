@@ -1,6 +1,5 @@
 #include "engine/trainer.h"
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <optional>
@@ -9,42 +8,14 @@
 #include "engine/base/errors.h"
 #include "engine/base/timeline.h"
 #include "engine/evaluation.h"
+#include "engine/run_length.h"
 #include "engine/test_score.h"
 #include "engine/training_startup.h"
-#include "io/batch_reader.h"
 #include "io/batch_source.h"
 #include "io/data_plan.h"
 #include "models/dropout.h"
 
 namespace ddp::engine {
-
-int64_t steps_per_epoch(const Config& config, const io::DatasetInfo& data, int trainers) {
-  const io::DataPlan plan =
-      io::plan_data(data, config.data.validation, config.data.validation_split, 0, trainers);
-  const int64_t per_epoch =
-      io::BatchReader::batches_per_epoch(plan.train.size(), config.train.batch_size, /*drop_last=*/true);
-  return config.train.max_steps_per_epoch > 0 ? std::min(per_epoch, config.train.max_steps_per_epoch)
-                                              : per_epoch;
-}
-
-int64_t planned_steps(const Config& config, const io::DatasetInfo& data, int trainers) {
-  return steps_per_epoch(config, data, trainers) * config.train.epochs;
-}
-
-bool patience_spent(const Config& config, const TrainingProgress& progress) {
-  const int patience = config.train.early_stopping_patience;
-  return patience > 0 && progress.epoch > 0 && progress.epoch - progress.best_epoch >= patience;
-}
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-}  // namespace
 
 class TrainingRun::Loop {
  public:
@@ -59,6 +30,7 @@ class TrainingRun::Loop {
         steps_per_epoch_(steps_per_epoch(config, data, ranks.comm.size())),
         replica_(std::move(replica)),
         updater_(std::move(updater)),
+        batches_(config, data, *replica_, ranks.topology.gpu),
         evaluator_(config, data, *replica_, ranks),
         backend_reason_(std::move(backend_reason)),
         epoch_written_(std::move(epoch_written)) {
@@ -106,17 +78,8 @@ class TrainingRun::Loop {
       if (!metrics) break;  // stopped in the middle of the epoch, last.h5 written
       result.history.push_back(*metrics);
     }
-    if (stop_requested() && progress_.epoch < config_.train.epochs && ranks_.is_root()) {
-      // A resumed run that is already there trains nothing: say so, or the exit 0 looks like a finished run.
-      std::printf(
-          "%s %lld steps (train.stop_after_steps %lld): %s holds them; --resume with a larger "
-          "train.stop_after_steps, or 0, continues\n",
-          progress_.global_step > first_step ? "stopped after" : "already at",
-          static_cast<long long>(progress_.global_step),
-          static_cast<long long>(config_.train.stop_after_steps),
-          RunFiles{config_.checkpoint.dir}.last().c_str());
-      std::fflush(stdout);
-    }
+    if (stop_requested() && progress_.epoch < config_.train.epochs)
+      say(stop_after_steps_line(config_, progress_, progress_.global_step > first_step));
     setup().pause_watchdog_where_the_exchange_has_deadlines();
     result.params.resize(replica_->layout().total_size());
     updater_->finish(result.params);
@@ -146,49 +109,29 @@ class TrainingRun::Loop {
     models::BatchStats local;
     if (!train_steps(epoch, *source, local)) return std::nullopt;
     const double train_time = seconds_since(epoch_start);
-    const std::string checksum = record_->agreed_checksum(epoch + 1);
+    record_->check_parameters_agree(epoch + 1);
     // The next epoch's batches start coming now, while this one is evaluated and saved: their first reads
     // and, on a GPU, the pinned buffers, device ring and first copies are off the next epoch's clock.
     if (epoch + 1 < config_.train.epochs && !stop_requested()) {
       next_epoch_source_ = {epoch + 1, training_batches(epoch + 1, 0)};
     }
 
-    // Training sums over all ranks (plus what an interrupted run had already summed, held by rank 0).
-    std::vector<double> sums{local.loss_sum + progress_.loss_sum,
-                             static_cast<double>(local.correct) + progress_.correct,
-                             static_cast<double>(local.count) + progress_.count};
-    ranks_.comm.sum(sums);
-    progress_.loss_sum = progress_.correct = progress_.count = 0;
-
-    const auto eval_start = Clock::now();
-    const models::BatchStats val = evaluator_.evaluate(plan_.validation, progress_.global_step);
-    const double eval_time = seconds_since(eval_start);
-
     EpochMetrics m;
+    record_->add_training_stats(m, local, progress_);
+    progress_.loss_sum = progress_.correct = progress_.count = 0;  // the interrupted run's, now counted
+    evaluator_.add_held_out(m, plan_.validation, progress_.global_step);
     m.epoch = epoch + 1;
     m.epochs = config_.train.epochs;
     m.steps = steps_per_epoch_ + progress_.steps_beyond;
-    m.loss = sums[0] / sums[2];
-    m.acc = sums[1] / sums[2];
-    m.val_loss = val.loss_sum / static_cast<double>(val.count);
-    m.val_acc = static_cast<double>(val.correct) / static_cast<double>(val.count);
-    m.val_macro_f1 = macro_f1(val, replica_->layout().shape().classes);
     m.train_time_s = train_time;
-    m.eval_time_s = eval_time;
     m.epoch_time_s = seconds_since(epoch_start);
     const int64_t steps_run = steps_per_epoch_ - first;
     m.steps_run = steps_run;
-    m.held_out = plan_.validation.name;
     m.step_time_ms = steps_run > 0 ? 1000.0 * train_time / static_cast<double>(steps_run) : 0.0;
     m.samples_per_s =
         static_cast<double>(steps_run) * config_.train.batch_size * ranks_.comm.size() / train_time;
     m.data_wait_s = source->input_wait_seconds();
-    m.world_size = ranks_.job_size;
-    m.workers = ranks_.comm.size();
-    m.parameters_checksum = checksum;
-    m.backend = updater_->backend();
-    m.device = ranks_.topology.device;
-    record_->add_gpu_sample(m);
+    record_->add_run_facts(m);
 
     progress_.epoch = epoch + 1;
     progress_.step_in_epoch = 0;
@@ -207,8 +150,8 @@ class TrainingRun::Loop {
   bool train_steps(int64_t epoch, io::BatchSource& source, models::BatchStats& local) {
     std::optional<Progress> progress;
     if (ranks_.is_root())
-      progress.emplace(live_progress(), config_.log.interval, epoch + 1, config_.train.epochs,
-                       steps_per_epoch_);
+      progress.emplace(live_progress(config_.log.progress), config_.log.interval, epoch + 1,
+                       config_.train.epochs, steps_per_epoch_);
     int64_t step = progress_.step_in_epoch;
     begin_steps();
     while (const std::optional<BatchView> batch = next_batch(source)) {
@@ -235,15 +178,11 @@ class TrainingRun::Loop {
       if (step == steps_per_epoch_) continue;
       if (stop_requested() || signalled) {
         if (progress) progress->finish();
-        local += replica_->take_stats();
-        end_steps();
-        record_->record_mid_epoch(local, progress_);
+        save_mid_epoch(local);
         return false;
       }
       if (config_.checkpoint.every_steps > 0 && step % config_.checkpoint.every_steps == 0) {
-        local += replica_->take_stats();
-        end_steps();
-        record_->record_mid_epoch(local, progress_);
+        save_mid_epoch(local);
         begin_steps();
       }
     }
@@ -271,55 +210,45 @@ class TrainingRun::Loop {
     ranks_.watchdog.enter("between runs of steps (the epoch's sums, evaluation or checkpoint)");
   }
 
+  // The run of steps ends inside the epoch, and last.h5 holds where it stands.
+  void save_mid_epoch(models::BatchStats& local) {
+    local += replica_->take_stats();
+    end_steps();
+    record_->record_mid_epoch(local, progress_);
+  }
+
   // train.early_stopping_patience epochs without a lower held-out loss (val_loss, or test_loss where
   // data.validation = test): the same decision on every rank (the losses are summed over them), said once,
   // and the run goes on to its test score on best.h5.
   bool early_stop() {
     if (!patience_spent(config_, progress_)) return false;
-    if (ranks_.is_root()) {
-      std::printf(
-          "early stopping: %s_loss has not improved for %lld epoch(s) since epoch %lld "
-          "(train.early_stopping_patience = %d); best.h5 holds epoch %lld\n",
-          plan_.validation.name.c_str(), static_cast<long long>(progress_.epoch - progress_.best_epoch),
-          static_cast<long long>(progress_.best_epoch), config_.train.early_stopping_patience,
-          static_cast<long long>(progress_.best_epoch));
-      std::fflush(stdout);
-    }
+    say(early_stop_line(config_, progress_, plan_.validation.name));
     return true;
   }
 
-  bool stop_requested() const {
-    return config_.train.stop_after_steps > 0 && progress_.global_step >= config_.train.stop_after_steps;
+  bool stop_requested() const { return stop_after_steps_reached(config_, progress_); }
+
+  // A line of the run's output, on rank 0's stdout.
+  void say(const std::string& line) const {
+    if (!ranks_.is_root()) return;
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
   }
 
-  // The training shard's batches of `epoch` from its batch `first` on, in the epoch's shuffled order.
-  std::unique_ptr<io::BatchSource> training_batches(int64_t epoch, int64_t first) {
-    io::BatchReaderOptions options;
-    options.path = data_.path;
-    options.split = "train";
-    options.shard = plan_.train;
-    options.batch_size = config_.train.batch_size;
-    options.shuffle = true;
-    options.seed = progress_.seed;  // the resumed run's seed, so the data order continues
-    options.epoch = epoch;
-    options.drop_last = true;
-    options.first_batch = first;
-    options.max_batches = steps_per_epoch_ - first;
-    options.prefetch = config_.data.prefetch;
-    options.timeline_track = "prefetch (training)";
-    options.expected_stamp = data_.stamp;
-    return replica_batch_source(*replica_, ranks_.topology.gpu, options);
+  // The training shard's batches of `epoch` from its batch `first` on, shuffled with the run's seed (a
+  // resumed run's is its checkpoint's, so that the data order continues).
+  std::unique_ptr<io::BatchSource> training_batches(int64_t epoch, int64_t first) const {
+    return batches_.training(plan_.train, progress_.seed, epoch, first, steps_per_epoch_ - first);
+  }
+
+  using Clock = std::chrono::steady_clock;
+  static double seconds_since(Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
   }
 
   static std::optional<BatchView> next_batch(io::BatchSource& source) {
     timeline::Span span("data wait");
     return source.next();
-  }
-
-  bool live_progress() const {
-    if (config_.log.progress == "bar") return true;
-    if (config_.log.progress == "lines") return false;
-    return stdout_is_terminal();
   }
 
   // The testing knob train.straggle_ms: the last training rank lags behind the others.
@@ -336,9 +265,10 @@ class TrainingRun::Loop {
   const int64_t steps_per_epoch_;
   std::unique_ptr<models::Replica> replica_;
   std::unique_ptr<Updater> updater_;  // refers to *replica_, declared after it
-  Evaluator evaluator_;               // on *replica_
-  std::string backend_reason_;        // for the start log
-  EpochWritten epoch_written_;        // handed to the epoch's record once the run has started
+  ReplicaBatches batches_;            // into *replica_
+  Evaluator evaluator_;
+  std::string backend_reason_;  // for the start log
+  EpochWritten epoch_written_;  // handed to the epoch's record once the run has started
 
   // Set by the start-up.
   TrainingProgress progress_;

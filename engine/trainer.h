@@ -24,7 +24,6 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/epoch_record.h"
 #include "engine/metrics.h"
@@ -44,14 +43,6 @@ struct TrainResult {
   int64_t epochs_done = 0;  // where the run stands at the end (last.h5 holds the same on a stop)
   int64_t steps_done_in_epoch = 0;
 };
-
-// Steps per epoch of each of `trainers` training ranks on `data` (every rank's shard has the same rows;
-// train.max_steps_per_epoch caps it), and of the whole run (train.epochs of them).
-int64_t steps_per_epoch(const Config& config, const io::DatasetInfo& data, int trainers);
-int64_t planned_steps(const Config& config, const io::DatasetInfo& data, int trainers);
-
-// Whether train.early_stopping_patience epochs have passed without a lower held-out loss by `progress`.
-bool patience_spent(const Config& config, const TrainingProgress& progress);
 
 // One rank's training, the epoch loop: every rank of the all-reduce backends and of the colocated parameter
 // server, or a worker of the dedicated one (training_job.h makes it).

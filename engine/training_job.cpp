@@ -12,6 +12,7 @@
 #include "engine/all_reduce_updater.h"
 #include "engine/preemption.h"
 #include "engine/ps_updater.h"
+#include "engine/run_length.h"
 #include "engine/trainer.h"
 #include "engine/updater.h"
 #include "models/cuda_replica.h"

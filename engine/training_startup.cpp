@@ -6,11 +6,11 @@
 
 #include "engine/device_preparation.h"
 #include "engine/metrics.h"
+#include "engine/run_length.h"
 #include "engine/run_start.h"
 #include "engine/start_log.h"
 #include "engine/start_log_facts.h"
 #include "engine/test_score.h"
-#include "engine/trainer.h"
 
 namespace ddp::engine {
 namespace {
