@@ -44,9 +44,9 @@ double macro_f1(const models::BatchStats& stats, int classes);
 
 class Evaluator {
  public:
-  Evaluator(const Config& config, const io::DatasetInfo& data, models::Replica& replica,
-            const TrainingRanks& ranks)
-      : batches_(config, data, replica, ranks.topology.gpu), replica_(replica), ranks_(ranks) {}
+  // `batches` reads into `replica`.
+  Evaluator(const ReplicaBatches& batches, models::Replica& replica, const TrainingRanks& ranks)
+      : batches_(batches), replica_(replica), ranks_(ranks) {}
 
   // Collective over the training ranks: the loss and accuracy over every row of `rows` (each rank reads its
   // shard), with the confusion counts where every replica keeps them. Each batch beats the watchdog at
@@ -56,7 +56,7 @@ class Evaluator {
   void add_held_out(EpochMetrics& m, const io::RowSet& rows, int64_t global_step);
 
  private:
-  ReplicaBatches batches_;
+  const ReplicaBatches& batches_;
   models::Replica& replica_;
   TrainingRanks ranks_;
 };

@@ -31,7 +31,7 @@ class TrainingRun::Loop {
         replica_(std::move(replica)),
         updater_(std::move(updater)),
         batches_(config, data, *replica_, ranks.topology.gpu),
-        evaluator_(config, data, *replica_, ranks),
+        evaluator_(batches_, *replica_, ranks),
         backend_reason_(std::move(backend_reason)),
         epoch_written_(std::move(epoch_written)) {
     if (steps_per_epoch_ < 1) {

@@ -30,7 +30,7 @@ struct TrainingRanks {
   StopAgreement& stop_signal;  // over the ranks of `comm`
 
   bool is_root() const { return comm.rank() == 0; }
-  // What the training ranks are called in messages: "rank", "ranks" or "workers".
+  // What the training ranks are called in messages: "rank", "ranks", "worker" or "workers".
   std::string name() const;
   // The phase the watchdog names while the ranks train (every step and evaluation batch beats it).
   void enter_training() const { watchdog.enter("training"); }
