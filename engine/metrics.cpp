@@ -153,6 +153,12 @@ std::string other_run_in_metrics(const std::string& path, const std::string& run
   return other ? other->value("run_id", "") : "";
 }
 
+bool live_progress(const std::string& log_progress) {
+  if (log_progress == "bar") return true;
+  if (log_progress == "lines") return false;
+  return stdout_is_terminal();
+}
+
 double nan_unsigned(double value) {
   return std::isnan(value) ? std::fabs(value) : value;
 }

@@ -95,6 +95,9 @@ bool stdout_is_terminal();
 // sign, written "nan" as Keras does.
 double nan_unsigned(double value);
 
+// Whether log.progress ("auto", "bar" or "lines") asks for the live line: "auto" where stdout is a terminal.
+bool live_progress(const std::string& log_progress);
+
 // Progress within an epoch. Live mode redraws one line with \r at most 10 times a second; line mode prints
 // a plain line every `interval` steps, or with interval 0 about every 10 seconds.
 class Progress {

@@ -87,6 +87,8 @@ class ParameterServerUpdater final : public Updater {
     service_->finish(host_params);
   }
 
+  bool exchange_has_deadlines() const override { return service_->exchange_has_deadlines(); }
+
   std::string backend() const override { return "ps"; }
   std::vector<std::string> server_lines() const override { return service_->server_lines(); }
   int servers_stop_signal() const override { return service_->servers_stop_signal(); }

@@ -7,8 +7,11 @@
 //     all-reduce (mpi, nccl): each finished gradient segment -> start_average(); finish_average(); the
 //       optimizer step on the flat buffer
 //     parameter server (ps): push the gradients, pull the servers' parameters (engine/ps_updater.h)
-//   after each epoch: sharded evaluation, summed over the training ranks; rank 0 prints, appends
-//   metrics.jsonl and writes last.h5 / best.h5                engine/metrics, engine/checkpoint
+//   after each epoch: sharded evaluation, summed over the training ranks (evaluation.h); rank 0 prints,
+//   appends metrics.jsonl and writes last.h5 / best.h5 (epoch_record.h)
+//   at the end: the test rows scored on best.h5 (test_score.h)
+// Before the first step comes the start-up (training_startup.h): the device, a fresh start or a resume, the
+// starting point handed to every replica, and the start log.
 //
 // Rank 0's initial parameters (or the resumed checkpoint) are broadcast, so every replica starts identical
 // and, averaging bit-identical gradients (or pulling the same parameters), stays identical; in the parameter
@@ -17,19 +20,15 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
 #include "engine/config.h"
+#include "engine/epoch_record.h"
 #include "engine/metrics.h"
-#include "engine/preemption.h"
-#include "engine/run_directory.h"
-#include "engine/topology.h"
+#include "engine/training_setup.h"
 #include "engine/updater.h"
-#include "engine/watchdog.h"
 #include "io/dataset.h"
 #include "models/replica.h"
 
@@ -45,30 +44,16 @@ struct TrainResult {
   int64_t steps_done_in_epoch = 0;
 };
 
-// Called on rank 0 after each epoch's line is in the run directory's metrics.jsonl, before its checkpoint
-// (the application redraws the learning curves there). A UserError it throws ends the job.
-using EpochWritten = std::function<void(const RunFiles& files)>;
-
 // One rank's training, the epoch loop: every rank of the all-reduce backends and of the colocated parameter
-// server, or a worker of the dedicated one (training_job.h makes it). `comm` spans the ranks that train (data
-// shards, metrics, evaluation, errors agreed on, the start-up log); they are the job's first ranks, and
-// `job_size` counts them with the dedicated parameter servers, which only the updater talks to.
-// Steps per epoch of each of `trainers` training ranks on `data` (every rank's shard has the same rows;
-// train.max_steps_per_epoch caps it), and of the whole run (train.epochs of them).
-int64_t steps_per_epoch(const Config& config, const io::DatasetInfo& data, int trainers);
-int64_t planned_steps(const Config& config, const io::DatasetInfo& data, int trainers);
-
+// server, or a worker of the dedicated one (training_job.h makes it).
 class TrainingRun {
  public:
-  // `stop_signal` spans the ranks of `comm`. `watchdog` is told each phase and beaten at every step and
-  // evaluation batch; with `exchange_has_deadlines` (the parameter server's protocol, which names the rank it
-  // waits for) it is paused wherever that protocol waits. Throws UserError (the same on every rank) for
-  // problems found before the first step.
-  TrainingRun(const Config& config, const Topology& topology, int job_size, comm::Communicator& comm,
-              StopAgreement& stop_signal, std::string backend_reason,
+  // `ranks` are the training ranks (training_setup.h); `backend_reason` goes into the start log;
+  // `epoch_written` is called on rank 0 after each epoch's record (epoch_record.h). Throws UserError (the
+  // same on every rank) for problems found before the first step.
+  TrainingRun(const Config& config, const TrainingRanks& ranks, const io::DatasetInfo& data,
               std::unique_ptr<models::Replica> replica, std::unique_ptr<Updater> updater,
-              const io::DatasetInfo& data, ProgressWatchdog& watchdog, bool exchange_has_deadlines,
-              EpochWritten epoch_written);
+              std::string backend_reason, EpochWritten epoch_written);
   ~TrainingRun();
   TrainingRun(const TrainingRun&) = delete;
   TrainingRun& operator=(const TrainingRun&) = delete;

@@ -12,6 +12,7 @@
 #include "engine/all_reduce_updater.h"
 #include "engine/preemption.h"
 #include "engine/ps_updater.h"
+#include "engine/run_length.h"
 #include "engine/trainer.h"
 #include "engine/updater.h"
 #include "models/cuda_replica.h"
@@ -120,9 +121,9 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
           *replica, topology.gpu, comm, optimizer_settings(config, steps),
           config.comm.sparse_embedding && backend.all_on_cpu, config.comm.overlap == "delayed",
           /*gpu_job=*/!backend.all_on_cpu);
-      run = std::make_unique<TrainingRun>(config, topology, boot->size(), comm, stop_signal, backend.reason,
-                                          std::move(replica), std::move(updater), data, watchdog,
-                                          /*exchange_has_deadlines=*/false, epoch_written);
+      run = std::make_unique<TrainingRun>(
+          config, TrainingRanks{comm, boot->size(), topology, watchdog, stop_signal}, data,
+          std::move(replica), std::move(updater), backend.reason, epoch_written);
     });
     return run->run();
   }
@@ -158,13 +159,12 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
   std::unique_ptr<TrainingRun> run;
   comm::agree_on_errors(service.trainers(), [&] {
     const std::string mode = service.describe();
-    const bool exchange_has_deadlines = service.exchange_has_deadlines();
     std::unique_ptr<Updater> updater =
         make_ps_updater(*replica, service, optimizer_settings(config), backend.colocated);
-    run = std::make_unique<TrainingRun>(config, topology, boot->size(), service.trainers(), stop_signal,
-                                        backend.reason + (mode.empty() ? "" : "; " + mode),
-                                        std::move(replica), std::move(updater), data, watchdog,
-                                        exchange_has_deadlines, epoch_written);
+    run = std::make_unique<TrainingRun>(
+        config, TrainingRanks{service.trainers(), boot->size(), topology, watchdog, stop_signal}, data,
+        std::move(replica), std::move(updater), backend.reason + (mode.empty() ? "" : "; " + mode),
+        epoch_written);
   });
   return run->run();
 }

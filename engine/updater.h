@@ -37,9 +37,9 @@ class Updater {
   // Forward, backward and the update on one batch; its loss and accuracy go to the replica's running stats.
   virtual void step(const BatchView& batch) = 0;
   // The run of steps ends in two parts: first the exchange's last messages, waited for with deadlines of
-  // their own where the exchange has them (exchange_has_deadlines: the watchdog is paused), then collectives
-  // that the watchdog watches. Afterwards every training rank's replica holds the same parameters, as a
-  // checkpoint written now must hold them.
+  // their own where the exchange has them (exchange_has_deadlines(): the watchdog is paused), then
+  // collectives that the watchdog watches. Afterwards every training rank's replica holds the same
+  // parameters, as a checkpoint written now must hold them.
   virtual void finish_pushes() {}
   virtual void end_steps() = 0;
   // Between runs of steps, the optimizer state a checkpoint written now holds, in the canonical layout: its
@@ -51,6 +51,10 @@ class Updater {
   // No more steps follow. Collective; after it `host_params` holds the final parameters on every rank (of
   // the job, servers included).
   virtual void finish(std::span<float> host_params) = 0;
+
+  // Whether the exchange waits with deadlines of its own, naming the rank it waits for (the parameter
+  // server's protocol): the trainer's watchdog pauses during its runs of steps instead of judging them.
+  virtual bool exchange_has_deadlines() const { return false; }
 
   // For logs and metrics: "mpi", "nccl" or "ps".
   virtual std::string backend() const = 0;

@@ -9,20 +9,46 @@
 //   ddptrain config-reference                                  every config key (launch/CONFIG.md)
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/config.h"
+
+namespace ddp::comm {
+class Communicator;
+}
+
 namespace ddp::engine {
 
 class ProgressWatchdog;
+
+// After a command's output: a full disk or a closed stdout must not pass for success (the predictions, the
+// evaluation report would be lost without a word). Returns `status`, or an error where the output was lost.
+int check_stdout_written(int status);
 
 // Without MPI: one process.
 int prepare_command(const std::vector<std::string>& args);
 int predict_command(const std::vector<std::string>& args);
 int evaluate_command(const std::vector<std::string>& args);
 
-// After MPI_Init, on every rank of MPI_COMM_WORLD (training itself is main.cpp's train_command).
+// The training config as this rank read it before MPI started, or the error reading it gave (reported after
+// MPI_Init by every rank together).
+struct ConfigReadEarly {
+  ParsedConfig parsed;
+  std::exception_ptr error;
+
+  // The watchdog's timeout: the config's, else the default (the error ends the run soon anyway).
+  double timeout_s() const { return error ? Config{}.comm.timeout_s : parsed.config.comm.timeout_s; }
+};
+ConfigReadEarly read_config_early(const std::vector<std::string>& args);
+
+// After MPI_Init, on every rank of MPI_COMM_WORLD.
+// train (train_command.cpp): the config read early agreed on, the topology, the data checked, the run
+// directory and timeline prepared, the training job (training_job.h), and the exit code a stop calls for.
+int train_command(const std::vector<std::string>& args, ConfigReadEarly early, ProgressWatchdog& watchdog,
+                  comm::Communicator& boot);
 // check-env watches its own collectives: it replaces `watchdog` with one on its --timeout.
 int check_env_command(const std::vector<std::string>& args, std::unique_ptr<ProgressWatchdog>& watchdog);
 // check-env's watchdog: on a stall it ends the job with kExitEnvironmentProblem, naming --timeout.

@@ -122,8 +122,9 @@ class TrainerTest : public ::testing::Test {
     ReplicaWithItsOwnRandomState& own = *replica;
     auto updater = engine::make_all_reduce_updater(*replica, -1, *comm_, engine::optimizer_settings(config),
                                                    /*sparse_exchange=*/false);
-    engine::TrainingRun run(config, topology_, comm_->size(), *comm_, stop_signal, "test", std::move(replica),
-                            std::move(updater), data_, watchdog, /*exchange_has_deadlines=*/false, {});
+    engine::TrainingRun run(config,
+                            engine::TrainingRanks{*comm_, comm_->size(), topology_, watchdog, stop_signal},
+                            data_, std::move(replica), std::move(updater), "test", {});
     engine::TrainResult result = run.run();
     restored = own.restored;
     return result;

@@ -1,0 +1,136 @@
+#include "engine/epoch_record.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <utility>
+
+#include "engine/base/errors.h"
+#include "engine/base/timeline.h"
+
+namespace ddp::engine {
+
+EpochRecorder::EpochRecorder(const TrainingRanks& ranks, RunFiles files, RunRecord record,
+                             std::string config_ini, models::Replica& replica, Updater& updater,
+                             std::unique_ptr<GpuMonitor> gpu_monitor, EpochWritten epoch_written)
+    : ranks_(ranks),
+      files_(std::move(files)),
+      record_(std::move(record)),
+      config_ini_(std::move(config_ini)),
+      replica_(replica),
+      updater_(updater),
+      gpu_monitor_(std::move(gpu_monitor)),
+      epoch_written_(std::move(epoch_written)),
+      host_params_(replica.layout().total_size()) {}
+
+void EpochRecorder::check_parameters_agree(int64_t epoch) {
+  timeline::Span span("parameter checksum");
+  replica_.copy_params_to_host(host_params_);
+  const std::vector<std::string> checksums = ranks_.comm.gather(parameters_checksum(host_params_), 0);
+  if (!ranks_.is_root()) return;
+  if (const std::optional<std::size_t> rank = first_other_checksum(checksums)) {
+    DDP_FATAL(fmt::format(
+        "after epoch {} the parameters of {} {} differ from rank 0's (checksum {} against {}): the "
+        "replicas "
+        "diverged, which data parallelism must not let happen (a reduction that is not the same on every "
+        "rank, or a faulty device or memory on that rank's node)",
+        epoch, ranks_.name() == "workers" ? "worker" : "rank", *rank, checksums[*rank], checksums[0]));
+  }
+  checksum_ = checksums[0];
+}
+
+void EpochRecorder::add_run_facts(EpochMetrics& m) {
+  m.world_size = ranks_.job_size;
+  m.workers = ranks_.comm.size();
+  m.parameters_checksum = checksum_;
+  m.backend = updater_.backend();
+  m.device = ranks_.topology.device;
+  GpuSample sample;
+  if (gpu_monitor_) sample = gpu_monitor_->take();
+  const bool have = sample.readings > 0;
+  std::vector<double> sums{have ? sample.utilization_percent : 0.0, have ? sample.memory_used_mib : 0.0,
+                           have ? 1.0 : 0.0};
+  ranks_.comm.sum(sums);
+  if (sums[2] == 0) return;
+  m.gpu_util = sums[0] / sums[2];
+  m.gpu_mem_mib = sums[1] / sums[2];
+}
+
+void EpochRecorder::record_epoch(const EpochMetrics& m, const TrainingProgress& progress, bool best) {
+  write_last_checkpoint(
+      progress, [&] { print_and_append(m); }, best);
+}
+
+void EpochRecorder::add_training_stats(EpochMetrics& m, const models::BatchStats& local,
+                                       const TrainingProgress& progress) {
+  const std::vector<double> sums = sums_over_ranks(local, progress);
+  m.loss = sums[0] / sums[2];
+  m.acc = sums[1] / sums[2];
+}
+
+void EpochRecorder::record_mid_epoch(const models::BatchStats& local, const TrainingProgress& progress) {
+  const std::vector<double> sums = sums_over_ranks(local, TrainingProgress{});
+  TrainingProgress snapshot = progress;
+  snapshot.loss_sum += sums[0];
+  snapshot.correct += sums[1];
+  snapshot.count += sums[2];
+  write_last_checkpoint(
+      snapshot, [] {}, /*best=*/false);
+}
+
+std::vector<double> EpochRecorder::sums_over_ranks(const models::BatchStats& local,
+                                                   const TrainingProgress& progress) {
+  std::vector<double> sums{local.loss_sum + progress.loss_sum,
+                           static_cast<double>(local.correct) + progress.correct,
+                           static_cast<double>(local.count) + progress.count};
+  ranks_.comm.sum(sums);
+  return sums;
+}
+
+void EpochRecorder::print_and_append(const EpochMetrics& m) {
+  std::printf("%s\n", format_epoch_line(m).c_str());
+  if ((!std::isfinite(m.loss) || !std::isfinite(m.val_loss)) && !warned_diverged_) {
+    // Every later step trains on weights that are no longer numbers: say so once, with the usual cure.
+    warned_diverged_ = true;
+    const double bad = std::isfinite(m.loss) ? m.val_loss : m.loss;
+    std::fputs(fmt::format("warning: the {} loss is {} in epoch {}: the run diverged (lower "
+                           "train.learning_rate, or set train.clip_norm)\n",
+                           std::isfinite(m.loss) ? "held-out" : "training",
+                           std::isnan(bad) ? "NaN" : "infinite", m.epoch)
+                   .c_str(),
+               stdout);
+  }
+  std::fflush(stdout);
+  EpochMetrics stamped = m;
+  stamped.run_id = record_.run_id;
+  stamped.time = utc_timestamp();
+  append_line(files_.metrics(), to_json(stamped));
+  if (epoch_written_) epoch_written_(files_);
+}
+
+void EpochRecorder::write_last_checkpoint(const TrainingProgress& progress,
+                                          const std::function<void()>& before, bool best) {
+  std::unique_ptr<CheckpointWriter> writer;
+  std::optional<timeline::Span> span;  // rank 0's, over the whole write, the state's gather included
+  if (ranks_.is_root()) span.emplace("checkpoint");
+  const std::vector<std::string> rng_states = ranks_.comm.gather(replica_.rng_state(), 0);
+  ranks_.on_root_or_abort(files_, [&] {
+    before();
+    replica_.copy_params_to_host(host_params_);
+    writer = std::make_unique<CheckpointWriter>(files_.last(), replica_.layout().shape(), host_params_,
+                                                updater_.optimizer_name(), updater_.optimizer_iterations(),
+                                                progress, config_ini_, record_);
+  });
+  updater_.visit_optimizer_state([&](const std::string& name, std::span<const float> values) {
+    ranks_.on_root_or_abort(files_, [&] { writer->add_optimizer_buffer(name, values); });
+  });
+  ranks_.on_root_or_abort(files_, [&] {
+    writer->add_replica_rng_states(rng_states);
+    writer->commit();
+    if (best) copy_checkpoint(files_.last(), files_.best());
+  });
+}
+
+}  // namespace ddp::engine
