@@ -131,6 +131,15 @@ int main(int argc, char** argv) {
   if (command == "prepare" || command == "predict" || command == "evaluate") {
     return run_without_mpi(command, {args.begin() + 1, args.end()});
   }
+  // The configuration reference (launch/CONFIG.md's generated part), from the key table: no MPI, no rank.
+  if (command == "config-reference") {
+    if (args.size() > 1) {
+      std::fprintf(stderr, "ddptrain: error: config-reference takes no options\n");
+      return ddp::kExitUserError;
+    }
+    std::fputs(ddp::engine::config_reference_markdown().c_str(), stdout);
+    return ddp::engine::check_stdout_written(ddp::kExitOk);
+  }
   const bool check_env = command == "check-env";
   if (command == "train" || check_env) args.erase(args.begin());
 
