@@ -59,7 +59,7 @@ double seconds_since(Clock::time_point start) {
 
 class TrainingRun::Loop {
  public:
-  Loop(const Config& config, const Topology& topology, int job_size, comm::Communicator& comm,
+  Loop(const Config& config, const Topology& topology, int job_size, comm::HostGroup& comm,
        StopAgreement& stop_signal, std::string backend_reason, std::unique_ptr<models::Replica> replica,
        std::unique_ptr<Updater> updater, const io::DatasetInfo& data, ProgressWatchdog& watchdog,
        bool exchange_has_deadlines, EpochWritten epoch_written)
@@ -187,11 +187,11 @@ class TrainingRun::Loop {
     watchdog_.enter(std::string("preparing the batch shapes") +
                     (self_check ? " and the GPU self-check" : ""));
     const int64_t test_rows = plan_.test ? plan_.test->shard.size() : -1;
-    self_check_summary_ =
-        engine::prepare_device(*replica_,
-                               every_ranks_batch_shapes(comm_, config_.train.batch_size, data_.maxlen,
-                                                        plan_.validation.shard.size(), test_rows),
-                               config_, topology_, comm_, [this] { watchdog_.proceed(); });
+    self_check_summary_ = engine::prepare_device(
+        *replica_,
+        every_ranks_batch_shapes(comm_, config_.train.batch_size, data_.maxlen, plan_.validation.shard.size(),
+                                 test_rows),
+        config_, topology_, comm_, updater_->gradient_reducer(), [this] { watchdog_.proceed(); });
   }
 
   // From here every step and evaluation batch beats the watchdog.
@@ -695,7 +695,7 @@ class TrainingRun::Loop {
   std::string config_ini_;  // rank 0: the effective configuration the checkpoints record (RunStart)
   const Topology& topology_;
   const int job_size_;  // the training ranks and the dedicated parameter servers
-  comm::Communicator& comm_;
+  comm::HostGroup& comm_;
   std::string backend_reason_;
   const io::DatasetInfo& data_;
   RunFiles files_;
@@ -726,8 +726,8 @@ class TrainingRun::Loop {
   } next_epoch_source_;
 };
 
-TrainingRun::TrainingRun(const Config& config, const Topology& topology, int job_size,
-                         comm::Communicator& comm, StopAgreement& stop_signal, std::string backend_reason,
+TrainingRun::TrainingRun(const Config& config, const Topology& topology, int job_size, comm::HostGroup& comm,
+                         StopAgreement& stop_signal, std::string backend_reason,
                          std::unique_ptr<models::Replica> replica, std::unique_ptr<Updater> updater,
                          const io::DatasetInfo& data, ProgressWatchdog& watchdog, bool exchange_has_deadlines,
                          EpochWritten epoch_written)

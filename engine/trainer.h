@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/host_group.h"
 #include "engine/config.h"
 #include "engine/metrics.h"
 #include "engine/preemption.h"
@@ -64,7 +64,7 @@ class TrainingRun {
   // evaluation batch; with `exchange_has_deadlines` (the parameter server's protocol, which names the rank it
   // waits for) it is paused wherever that protocol waits. Throws UserError (the same on every rank) for
   // problems found before the first step.
-  TrainingRun(const Config& config, const Topology& topology, int job_size, comm::Communicator& comm,
+  TrainingRun(const Config& config, const Topology& topology, int job_size, comm::HostGroup& comm,
               StopAgreement& stop_signal, std::string backend_reason,
               std::unique_ptr<models::Replica> replica, std::unique_ptr<Updater> updater,
               const io::DatasetInfo& data, ProgressWatchdog& watchdog, bool exchange_has_deadlines,

@@ -1,8 +1,6 @@
 // ddptrain's entry point: picks the subcommand (commands.h lists them) and maps errors to exit codes:
 // 0 success, 1 internal error, 2 bad input (config, command line, data or checkpoint file); check-env and a
 // preempted run have their own codes (errors.h).
-#include <mpi.h>
-
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -16,12 +14,13 @@
 #include <iostream>
 #include <memory>
 #include <new>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "comm/communicator.h"
-#include "comm/mpi_check.h"
+#include "comm/host_group.h"
+#include "comm/mpi_session.h"
 #include "comm/stall_census.h"
 #include "engine/app/commands.h"
 #include "engine/app/learning_curves.h"
@@ -96,22 +95,23 @@ int usage_command(int rank) {
 // process's load can disturb on one rank: the ranks that measure vote, the majority's answer holds on every
 // rank, and the job runs one kind of kernels. A resumed run takes the answer its checkpoint recorded instead,
 // so that it runs the kernels of the run it continues, and equals it, whatever load its start meets.
-// Collective over MPI_COMM_WORLD.
-void agree_on_fma_units(const engine::Config& config, int rank) {
+// Collective over `world`.
+void agree_on_fma_units(const engine::Config& config, comm::HostGroup& world) {
+  const int rank = world.rank();
   const bool votes = config.model.cpu_kernels == "auto" && models::widest_fma() == models::FmaWidth::kAvx512;
-  int64_t recorded = -1;  // rank 0's checkpoint's answer: 0, 1, or -1 for none
+  std::vector<int64_t> recorded{-1};  // rank 0's checkpoint's answer: 0, 1, or -1 for none
   if (rank == 0 && votes && config.resume != "no") {
     const engine::RunFiles files{config.checkpoint.dir};
     if (const std::optional<bool> wide = engine::read_checkpoint_fma_verdict(files.last()))
-      recorded = *wide ? 1 : 0;
+      recorded[0] = *wide ? 1 : 0;
   }
-  DDP_CHECK_MPI(MPI_Bcast(&recorded, 1, MPI_INT64_T, 0, MPI_COMM_WORLD));
-  if (recorded >= 0) {
-    if (votes) models::settle_avx512_fma_outpaces_avx2(recorded == 1);
+  world.broadcast(std::span<int64_t>(recorded), 0);
+  if (recorded[0] >= 0) {
+    if (votes) models::settle_avx512_fma_outpaces_avx2(recorded[0] == 1);
     return;
   }
   int64_t ballot[2] = {votes && models::avx512_fma_outpaces_avx2() ? 1 : 0, votes ? 1 : 0};  // yes, voters
-  DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, ballot, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
+  world.sum(std::span<int64_t>(ballot));
   if (votes) models::settle_avx512_fma_outpaces_avx2(2 * ballot[0] > ballot[1]);
 }
 
@@ -136,7 +136,7 @@ ConfigReadEarly read_config_early(const std::vector<std::string>& args) {
 }
 
 int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
-                  engine::ProgressWatchdog& watchdog, comm::Communicator& boot) {
+                  engine::ProgressWatchdog& watchdog, comm::HostGroup& boot) {
   if (args.empty()) return usage_command(boot.rank());
   watchdog.enter("reading the config");
   engine::ParsedConfig parsed;
@@ -159,8 +159,8 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
 
   watchdog.enter("discovering the topology");
   engine::Topology topology;
-  comm::agree_on_errors(boot, [&] { topology = engine::discover_topology(MPI_COMM_WORLD, config.device); });
-  agree_on_fma_units(config, boot.rank());
+  comm::agree_on_errors(boot, [&] { topology = engine::discover_topology(boot, config.device); });
+  agree_on_fma_units(config, boot);
   const int compute_threads = engine::compute_threads_for(topology, config.train.threads);
   const models::CpuThreadPlan threads = models::plan_cpu_threads(
       compute_threads, models::parse_cpu_kernels(config.model.cpu_kernels, {}, {}, compute_threads));
@@ -219,7 +219,7 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
   if (!timeline_path.empty()) {
     watchdog.enter("starting the timeline");
     comm::agree_on_errors(boot, [&] {
-      DDP_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));  // the ranks' time origins meet within the barrier's skew
+      boot.barrier();                              // the ranks' time origins meet within the barrier's skew
       if (timeline_path != config.log.timeline) {  // inside the run directory, made on rank 0 only
         std::error_code ignored;                   // if it cannot be made, timeline::start says so
         std::filesystem::create_directories(config.checkpoint.dir, ignored);
@@ -230,7 +230,7 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
     });
   }
   const engine::TrainResult result = engine::train(
-      config, topology, data, MPI_COMM_WORLD, watchdog,
+      config, topology, data, boot, watchdog,
       [](const engine::RunFiles& files) { engine::write_learning_curves(files.metrics(), files.curves()); });
   watchdog.enter("finishing");
   if (!timeline_path.empty()) {
@@ -258,7 +258,7 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
   // evaluation or the test score, after the last step, where nothing is left to stop.
   int64_t stop[5] = {result.stopped_by_signal ? 1 : 0, result.epochs_done, result.steps_done_in_epoch,
                      result.stop_signal, engine::stop_signal_number_received()};
-  DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, stop, 5, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+  boot.max(std::span<int64_t>(stop));
   // After a SIGPIPE stdout leads nowhere: the last word goes to stderr.
   std::FILE* const said_on = stop[3] == SIGPIPE || stop[4] == SIGPIPE ? stderr : stdout;
   if (stop[0] == 0) {
@@ -296,7 +296,7 @@ constexpr const char* kOutOfMemory =
 
 // An error this rank met alone (a batch or a cuDNN shape after start-up, an allocation): the others may be
 // waiting for it in a collective, so with more than one rank it ends the job.
-int rank_alone_error(const ddp::comm::Communicator& boot, ddp::comm::StallCensus& census, const char* what) {
+int rank_alone_error(const ddp::comm::HostGroup& boot, ddp::comm::StallCensus& census, const char* what) {
   if (boot.size() > 1) {
     // Ranks that meet the same bad input at once print one line: the lowest of them; the others wait for
     // its MPI_Abort, and speak only if it never comes.
@@ -352,7 +352,7 @@ void finalize_mpi_watched(std::unique_ptr<ddp::engine::ProgressWatchdog>& watchd
       timeout_s, [exit_code](const std::string& reason) { ddp::leave_without_finalizing(reason, exit_code); },
       ddp::engine::ProgressWatchdog::HealthCheck{}, setting);
   watchdog->enter("finalizing MPI (MPI_Finalize waits for every rank)");
-  MPI_Finalize();
+  ddp::comm::finalize_mpi();
   watchdog.reset();
 }
 
@@ -393,10 +393,7 @@ int main(int argc, char** argv) {
   if (!check_env) ddp::engine::install_stop_signal_handlers();
   watchdog->enter("starting MPI (MPI_Init)");
   ddp::comm::set_mpi_transport_defaults();
-  // MPI_THREAD_MULTIPLE lets the MPI backend's progress thread move gradient reductions during backward;
-  // an MPI that offers less is used as it is (the backend then makes progress only in its own calls).
-  int threading = MPI_THREAD_SINGLE;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &threading);
+  ddp::comm::start_mpi(argc, argv);
   // From here a stall's message names the ranks the others wait for (comm/stall_census.h). The ranks listen
   // for each other a fifth of the timeout (1 to 10 s): their watchdogs fire that far apart at most, checking
   // ten times per timeout, where they all wait in the same collective.
@@ -409,18 +406,18 @@ int main(int argc, char** argv) {
   watchdog->set_stall_detail([] { return ddp::io::guarded_reads_note(std::chrono::steady_clock::now()); });
   int status = ddp::kExitOk;
   {
-    auto boot = ddp::comm::make_mpi_communicator(MPI_COMM_WORLD);
+    auto boot = ddp::comm::HostGroup::world();
     try {
       status = check_env ? ddp::engine::check_env_command(args, watchdog)
-                         : ddp::train_command(args, std::move(early), *watchdog, *boot);
+                         : ddp::train_command(args, std::move(early), *watchdog, boot);
     } catch (const ddp::AgreedUserError& e) {
       // Every rank has it: one line, and all ranks leave together.
-      if (boot->rank() == 0) std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
+      if (boot.rank() == 0) std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
       status = ddp::kExitUserError;
     } catch (const ddp::UserError& e) {
-      status = rank_alone_error(*boot, *census, e.what());
+      status = rank_alone_error(boot, *census, e.what());
     } catch (const std::bad_alloc&) {
-      status = rank_alone_error(*boot, *census, kOutOfMemory);
+      status = rank_alone_error(boot, *census, kOutOfMemory);
     } catch (const std::exception& e) {
       ddp::fatal(std::string("unexpected error: ") + e.what(), __FILE__, __LINE__);
     }
