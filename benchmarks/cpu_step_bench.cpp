@@ -33,7 +33,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
 #include "comm/parameter_service.h"
 #include "engine/all_reduce_step.h"
 #include "engine/base/parallel_loops.h"
@@ -291,7 +292,8 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 2;
   }
-  auto comm = ddp::comm::make_mpi_communicator(MPI_COMM_WORLD);
+  auto comm = std::make_unique<ddp::comm::HostGroup>(MPI_COMM_WORLD);
+  auto reducer = ddp::comm::make_mpi_reducer(*comm);
   const int rank = comm->rank(), world = comm->size();
 
   ddp::models::ModelShape shape{s.vocab, s.embed, s.hidden, s.layers};
@@ -308,7 +310,7 @@ int main(int argc, char** argv) {
   ddp::engine::OptimizerSettings adam_settings;
   adam_settings.lazy_update = lazy;
   auto adam = ddp::engine::make_optimizer(adam_settings, replica->layout().total_size());
-  ddp::engine::AllReduceStep step_runner(*replica, *comm, *adam, sparse);
+  ddp::engine::AllReduceStep step_runner(*replica, *reducer, *adam, sparse);
   // The colocated parameter server's step, as the trainer builds it (engine/training_job.cpp).
   std::unique_ptr<ddp::comm::ParameterService> service;
   std::unique_ptr<ddp::engine::Updater> ps_updater;
@@ -476,6 +478,7 @@ int main(int argc, char** argv) {
   }
   ps_updater.reset();  // their communicators are freed before MPI_Finalize
   service.reset();
+  reducer.reset();
   comm.reset();
   MPI_Finalize();
   return 0;

@@ -4,7 +4,8 @@
 // holds a core as the CPU step does, or sleeping with --compute-kind sleep, as a rank whose step runs on an
 // accelerator), the last worker also sleeps --straggle-ms (the artificial straggler), then the gradients (a
 // fixed synthetic vector of --size floats) are exchanged and the update applied:
-//   allreduce  every rank is a worker: Communicator::start_average/finish_average over the whole flat vector,
+//   allreduce  every rank is a worker: GradientReducer::start_average/finish_average over the whole flat
+//   vector,
 //              then Adam over the full vector on every rank;
 //   ps-sync    the last --servers ranks serve (PsRoles), the others push_pull the full vector; each server
 //              applies Adam to its shard once per step (the workers' averaged gradients);
@@ -48,7 +49,8 @@
 #include <thread>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
 #include "comm/parameter_server.h"
 #include "comm/sharded_exchange.h"
 #include "engine/optimizer.h"
@@ -236,7 +238,8 @@ int main(int argc, char** argv) {
 
   RankReport report;
   if (allreduce) {
-    auto comm = ddp::comm::make_mpi_communicator(MPI_COMM_WORLD);
+    ddp::comm::HostGroup group(MPI_COMM_WORLD);
+    auto comm = ddp::comm::make_mpi_reducer(group);
     auto adam = ddp::engine::make_optimizer(adam_settings, o.size);
     const WorkerTimes t = worker_loop(o, straggler, role_comm, [&] {
       // Averaged in place, as the trainer's gradient buffer (re-averaging keeps the values bounded).

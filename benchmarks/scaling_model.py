@@ -66,7 +66,7 @@ U(p b) for the union of p ranks' batches.
 
   allreduce_dense   ring all-reduce of the embedding (4VE bytes) and of each LSTM layer (4(4H(in + H) + 8H)),
                     recursive doubling of the dense layer (4(H + 1)).
-  allreduce_sparse  the LSTM and dense segments as above, then comm/mpi_communicator.cpp average_rows: an
+  allreduce_sparse  the LSTM and dense segments as above, then comm/mpi_reducer.cpp average_rows: an
                     all-gather of the row counts (4 bytes), an all-gatherv of the row ids (4u bytes a rank),
                     and a ring all-reduce of the union's rows, 4 E U(pb) bytes, or of the whole embedding,
                     4VE, when 2 U(pb) > V (the code's dense fallback).

@@ -31,7 +31,7 @@ double average_pattern_expected(int ranks, std::size_t i) {
   return element_factor(i) * static_cast<double>(ranks + 1) / 2.0;
 }
 
-AverageCheckResult check_average(Communicator& comm, const CheckBuffer& buffer,
+AverageCheckResult check_average(HostGroup& group, GradientReducer& reducer, const CheckBuffer& buffer,
                                  std::span<const std::size_t> segment_sizes, double tolerance) {
   const std::size_t total = std::accumulate(segment_sizes.begin(), segment_sizes.end(), std::size_t{0});
   if (total > buffer.data.size()) {
@@ -39,14 +39,14 @@ AverageCheckResult check_average(Communicator& comm, const CheckBuffer& buffer,
                                 " floats, the buffer holds " + std::to_string(buffer.data.size()));
   }
   std::vector<float> host(total);
-  for (std::size_t i = 0; i < total; ++i) host[i] = average_pattern_value(comm.rank(), i);
+  for (std::size_t i = 0; i < total; ++i) host[i] = average_pattern_value(group.rank(), i);
   buffer.upload(host);
   std::size_t offset = 0;
   for (const std::size_t size : segment_sizes) {
-    comm.start_average(buffer.data.subspan(offset, size));
+    reducer.start_average(buffer.data.subspan(offset, size));
     offset += size;
   }
-  comm.finish_average();
+  reducer.finish_average();
   buffer.download(host);
 
   AverageCheckResult result;
@@ -54,7 +54,7 @@ AverageCheckResult check_average(Communicator& comm, const CheckBuffer& buffer,
   std::size_t segment_begin = 0;
   for (std::size_t i = 0; i < total; ++i) {
     while (i >= segment_begin + segment_sizes[segment]) segment_begin += segment_sizes[segment++];
-    const double expected = average_pattern_expected(comm.size(), i);
+    const double expected = average_pattern_expected(group.size(), i);
     const double got = static_cast<double>(host[i]);
     const double error = std::abs(got - expected) / std::max(1.0, std::abs(expected));
     if (std::isfinite(error) && error <= result.largest_error) continue;
@@ -65,12 +65,12 @@ AverageCheckResult check_average(Communicator& comm, const CheckBuffer& buffer,
   }
   // Every rank gets the job's verdict: with an odd rank count the middle rank's own values are the average,
   // so a reduction that did nothing passes there and fails only elsewhere.
-  std::vector<double> errors(static_cast<std::size_t>(comm.size()), 0.0);
-  errors[static_cast<std::size_t>(comm.rank())] =
+  std::vector<double> errors(static_cast<std::size_t>(group.size()), 0.0);
+  errors[static_cast<std::size_t>(group.rank())] =
       std::isfinite(result.largest_error) ? result.largest_error : 1e300;
-  comm.sum(errors);
+  group.sum(errors);
   const auto worst = static_cast<int>(std::max_element(errors.begin(), errors.end()) - errors.begin());
-  if (worst != comm.rank()) {
+  if (worst != group.rank()) {
     result.largest_error = errors[static_cast<std::size_t>(worst)];
     result.where = "on rank " + std::to_string(worst) + " (which says where)";
   } else {

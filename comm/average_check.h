@@ -9,7 +9,8 @@
 #include <span>
 #include <string>
 
-#include "comm/communicator.h"
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
 
 namespace ddp::comm {
 
@@ -48,11 +49,12 @@ struct AverageCheckResult {
   std::string where;
 };
 
-// Collective over `comm`: fills the first sum(segment_sizes) floats of `buffer` with this rank's pattern,
-// start_average()s each segment in order, finish_average(), and compares every element with the closed form:
+// Collective over `group` (the ranks `reducer` averages over): fills the first sum(segment_sizes) floats of
+// `buffer` with this rank's pattern, has `reducer` start_average() each segment in order and
+// finish_average(), and compares every element with the closed form:
 // ok when every error on every rank is within `tolerance` (relative to max(1, |expected|)); every rank gets
 // the largest error of the job and the rank it was on. Every rank must pass the same sizes.
-AverageCheckResult check_average(Communicator& comm, const CheckBuffer& buffer,
+AverageCheckResult check_average(HostGroup& group, GradientReducer& reducer, const CheckBuffer& buffer,
                                  std::span<const std::size_t> segment_sizes, double tolerance);
 
 // A host-memory CheckBuffer over `data`.

@@ -1,9 +1,9 @@
-#include "comm/communicator.h"
+#include "comm/gradient_reducer.h"
 #include "engine/base/errors.h"
 
 namespace ddp::comm {
 
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm, void*, const std::string&) {
+std::unique_ptr<GradientReducer> make_nccl_reducer(HostGroup&, void*, const std::string&) {
   throw UserError("comm.backend = nccl: this ddptrain was built without CUDA and NCCL");
 }
 

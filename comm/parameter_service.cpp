@@ -11,9 +11,10 @@ std::string describe_mode(const PsOptions& o, const std::string& trainer) {
   return fmt::format("{}, timeout {} s", mode, o.timeout_s);
 }
 
-ParameterServerRank join_parameter_server(MPI_Comm world, const PsOptions& options, std::size_t total,
+ParameterServerRank join_parameter_server(const HostGroup& group, const PsOptions& options, std::size_t total,
                                           const ShardOptimizerFactory& make_optimizer,
                                           const std::string& server_line) {
+  const MPI_Comm world = group.mpi_comm();
   if (options.servers == 0) return {make_colocated_service(world, options, total, make_optimizer), nullptr};
   if (options.clip_norm > 0 && options.async) {
     throw UserError(

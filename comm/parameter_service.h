@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/host_group.h"
 #include "comm/parameter_server.h"
 #include "engine/base/errors.h"
 #include "engine/base/optimizer_state.h"
@@ -70,8 +70,7 @@ class ParameterService {
   virtual ~ParameterService() = default;
 
   // The training ranks: data shards, metrics, evaluation.
-  virtual Communicator& trainers() = 0;
-  virtual MPI_Comm trainers_comm() const = 0;
+  virtual HostGroup& trainers() = 0;
   // For the backend line: the mode and timeout ("sync, timeout 120 s"; async with its staleness bound).
   virtual std::string describe() const = 0;
   // Whether every wait of exchange() has a deadline that names the rank waited for (the point-to-point
@@ -142,11 +141,11 @@ struct ParameterServerRank {
 // rank: "worker" or "rank").
 std::string describe_mode(const PsOptions& options, const std::string& trainer);
 
-// Collective over `world`. `options.servers` picks the layout; `total` floats are served; `make_optimizer`
-// builds each shard's optimizer. `server_line` is this rank's start-up line as a dedicated server, to which
-// the server adds what it serves. Throws UserError (the same on every rank, before any collective) if the
-// layout is impossible.
-ParameterServerRank join_parameter_server(MPI_Comm world, const PsOptions& options, std::size_t total,
+// Collective over `world` (the layouts work on its communicator). `options.servers` picks the layout; `total`
+// floats are served; `make_optimizer` builds each shard's optimizer. `server_line` is this rank's start-up
+// line as a dedicated server, to which the server adds what it serves. Throws UserError (the same on every
+// rank, before any collective) if the layout is impossible.
+ParameterServerRank join_parameter_server(const HostGroup& world, const PsOptions& options, std::size_t total,
                                           const ShardOptimizerFactory& make_optimizer,
                                           const std::string& server_line);
 

@@ -93,13 +93,12 @@ class ColocatedService final : public ParameterService {
                    const ShardOptimizerFactory& make_optimizer)
       : options_(options),
         exchange_(world, total),
-        trainers_(make_mpi_communicator(world)),
+        trainers_(world),
         world_(world),
         optimizer_(make_optimizer(exchange_.shard_size())),
         row_sparse_(rows_worth_fetching(options, exchange_.size())) {}
 
-  Communicator& trainers() override { return *trainers_; }
-  MPI_Comm trainers_comm() const override { return world_; }
+  HostGroup& trainers() override { return trainers_; }
   std::string describe() const override {
     return row_sparse_ ? "embedding rows pushed and fetched as batches use them" : "";
   }
@@ -184,7 +183,7 @@ class ColocatedService final : public ParameterService {
  private:
   PsOptions options_;
   ShardedExchange exchange_;
-  std::unique_ptr<Communicator> trainers_;
+  HostGroup trainers_;
   MPI_Comm world_;
   std::unique_ptr<ShardOptimizer> optimizer_;
   std::vector<float> shard_grads_;
@@ -201,7 +200,7 @@ class AsyncColocatedService final : public ParameterService {
   AsyncColocatedService(MPI_Comm world, const PsOptions& options, std::size_t total,
                         const ShardOptimizerFactory& make_optimizer)
       : exchange_(world, total),
-        trainers_(make_mpi_communicator(world)),
+        trainers_(world),
         world_(world),
         options_(options),
         total_(total),
@@ -215,8 +214,7 @@ class AsyncColocatedService final : public ParameterService {
     if (server_.joinable()) DDP_FATAL("the colocated parameter server's run of steps did not end");
   }
 
-  Communicator& trainers() override { return *trainers_; }
-  MPI_Comm trainers_comm() const override { return world_; }
+  HostGroup& trainers() override { return trainers_; }
   std::string describe() const override { return describe_mode(options_, "rank"); }
 
   bool exchange_has_deadlines() const override { return true; }
@@ -277,7 +275,7 @@ class AsyncColocatedService final : public ParameterService {
   }
 
   ShardedExchange exchange_;
-  std::unique_ptr<Communicator> trainers_;
+  HostGroup trainers_;
   MPI_Comm world_;
   PsOptions options_;
   std::size_t total_;

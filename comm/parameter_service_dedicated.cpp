@@ -143,7 +143,7 @@ class DedicatedService final : public ParameterService {
     DDP_CHECK_MPI(MPI_Comm_split(layout_->control_, 0, layout_->rank_, &split));
     workers_comm_ = split;
     DDP_CHECK_MPI(MPI_Comm_set_errhandler(workers_comm_, MPI_ERRORS_RETURN));
-    workers_ = make_mpi_communicator(workers_comm_);
+    workers_ = std::make_unique<HostGroup>(workers_comm_);
   }
 
   ~DedicatedService() override {
@@ -154,9 +154,8 @@ class DedicatedService final : public ParameterService {
     if (!finalized) MPI_Comm_free(&workers_comm_);
   }
 
-  Communicator& trainers() override { return *workers_; }
+  HostGroup& trainers() override { return *workers_; }
   bool exchange_has_deadlines() const override { return true; }
-  MPI_Comm trainers_comm() const override { return workers_comm_; }
 
   std::string describe() const override { return describe_mode(layout_->options_, "worker"); }
 
@@ -339,7 +338,7 @@ class DedicatedService final : public ParameterService {
   bool root_;
   OptimizerState state_names_;  // the optimizer's buffers, empty
   MPI_Comm workers_comm_ = MPI_COMM_NULL;
-  std::unique_ptr<Communicator> workers_;
+  std::unique_ptr<HostGroup> workers_;
   std::unique_ptr<ParameterClient> client_;
   int servers_stop_signal_ = 0;
   std::vector<std::string> lines_;  // rank 0: the servers' start-up lines

@@ -1,9 +1,9 @@
-#include "comm/communicator.h"
+#include "comm/gradient_reducer.h"
 #include "engine/base/errors.h"
 
 namespace ddp::comm {
 
-std::unique_ptr<Communicator> make_staged_mpi_communicator(MPI_Comm, void*, const std::string&) {
+std::unique_ptr<GradientReducer> make_staged_mpi_reducer(const HostGroup&, void*, const std::string&) {
   throw UserError("device = cuda: this ddptrain was built without CUDA");
 }
 

@@ -18,10 +18,10 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 
 }  // namespace
 
-AllReduceStep::AllReduceStep(models::Replica& replica, comm::Communicator& comm, Optimizer& optimizer,
+AllReduceStep::AllReduceStep(models::Replica& replica, comm::GradientReducer& reducer, Optimizer& optimizer,
                              bool sparse_exchange, double clip_norm, bool delayed, bool gpu_job)
     : replica_(replica),
-      comm_(comm),
+      reducer_(reducer),
       optimizer_(optimizer),
       sparse_exchange_(sparse_exchange),
       clip_norm_(clip_norm),
@@ -62,14 +62,14 @@ void AllReduceStep::run(const BatchView& batch) {
       // By rows, in the background like the other segments: the CPU replica hands the embedding over
       // before the first layer's weight gradients, which it computes while the rows travel.
       timeline::Span span("embedding rows exchange");
-      embedding_rows_ = comm_.start_average_rows(grads.subspan(embedding.offset, embedding.size), width,
-                                                 replica_.touched_embedding_rows());
+      embedding_rows_ = reducer_.start_average_rows(grads.subspan(embedding.offset, embedding.size), width,
+                                                    replica_.touched_embedding_rows());
     }
     finished_[layout.segment_index(segment.offset)] = true;
     for (; next < order.size() && finished_[order[next]]; ++next) {
       const models::ParamSegment& ready = segments[order[next]];
       if (sparse_exchange_ && ready.offset == embedding.offset) continue;  // its rows are on their way
-      comm_.start_average(grads.subspan(ready.offset, ready.size));
+      reducer_.start_average(grads.subspan(ready.offset, ready.size));
     }
   });
   if (next != order.size()) {
@@ -80,7 +80,7 @@ void AllReduceStep::run(const BatchView& batch) {
 
   {
     timeline::Span span("reduction wait");
-    comm_.finish_average();
+    reducer_.finish_average();
   }
   const auto reduced = Clock::now();
 
@@ -90,7 +90,7 @@ void AllReduceStep::run(const BatchView& batch) {
   // replica's promise (rows it did not touch are zero) holds at the next step.
   if (sparse_exchange_) {
     replica_.clear_embedding_gradient_rows(embedding_rows_);
-  } else if (comm_.size() > 1) {
+  } else if (reducer_.size() > 1) {
     replica_.clear_embedding_gradient();
   }
   const auto done = Clock::now();
@@ -143,10 +143,10 @@ void AllReduceStep::run_delayed(const BatchView& batch) {
   for (const std::size_t index : order_) {
     const models::ParamSegment& segment = layout.segments()[index];
     if (sparse_exchange_ && segment.offset == embedding.offset) {
-      embedding_rows_ = comm_.start_average_rows(staged.subspan(embedding.offset, embedding.size), width,
-                                                 replica_.touched_embedding_rows());
+      embedding_rows_ = reducer_.start_average_rows(staged.subspan(embedding.offset, embedding.size), width,
+                                                    replica_.touched_embedding_rows());
     } else {
-      comm_.start_average(staged.subspan(segment.offset, segment.size));
+      reducer_.start_average(staged.subspan(segment.offset, segment.size));
     }
   }
   pending_ = true;
@@ -160,7 +160,7 @@ void AllReduceStep::flush() {
   if (!pending_) return;
   {
     timeline::Span span("reduction wait");
-    comm_.finish_average();
+    reducer_.finish_average();
   }
   apply(in_flight_);
   pending_ = false;

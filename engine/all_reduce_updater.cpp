@@ -11,12 +11,14 @@ namespace {
 // The all-reduce backends: gradients averaged over every rank, then every rank's own optimizer.
 class AllReduceUpdater final : public Updater {
  public:
-  AllReduceUpdater(models::Replica& replica, comm::Communicator& comm, std::unique_ptr<Optimizer> optimizer,
-                   bool sparse_exchange, double clip_norm, bool delayed, bool gpu_job)
+  AllReduceUpdater(models::Replica& replica, comm::HostGroup& trainers, comm::GradientReducer& reducer,
+                   std::unique_ptr<Optimizer> optimizer, bool sparse_exchange, double clip_norm, bool delayed,
+                   bool gpu_job)
       : replica_(replica),
-        comm_(comm),
+        comm_(trainers),
+        reducer_(reducer),
         optimizer_(std::move(optimizer)),
-        step_(replica, comm, *optimizer_, sparse_exchange, clip_norm, delayed, gpu_job) {}
+        step_(replica, reducer, *optimizer_, sparse_exchange, clip_norm, delayed, gpu_job) {}
 
   std::string optimizer_name() const override { return optimizer_->name(); }
 
@@ -40,11 +42,13 @@ class AllReduceUpdater final : public Updater {
     if (comm_.rank() == 0) optimizer_->visit_state(visit);
   }
   void finish(std::span<float> host_params) override { replica_.copy_params_to_host(host_params); }
-  std::string backend() const override { return comm_.backend(); }
+  std::string backend() const override { return reducer_.backend(); }
+  comm::GradientReducer* gradient_reducer() override { return &reducer_; }
 
  private:
   models::Replica& replica_;
-  comm::Communicator& comm_;
+  comm::HostGroup& comm_;
+  comm::GradientReducer& reducer_;
   std::unique_ptr<Optimizer> optimizer_;
   AllReduceStep step_;
 };
@@ -58,11 +62,13 @@ std::unique_ptr<Optimizer> make_optimizer_for(models::Replica& replica, int gpu,
 
 }  // namespace
 
-std::unique_ptr<Updater> make_all_reduce_updater(models::Replica& replica, int gpu, comm::Communicator& comm,
+std::unique_ptr<Updater> make_all_reduce_updater(models::Replica& replica, int gpu, comm::HostGroup& trainers,
+                                                 comm::GradientReducer& reducer,
                                                  const OptimizerSettings& settings, bool sparse_exchange,
                                                  bool delayed, bool gpu_job) {
-  return std::make_unique<AllReduceUpdater>(replica, comm, make_optimizer_for(replica, gpu, settings),
-                                            sparse_exchange, settings.clip_norm, delayed, gpu_job);
+  return std::make_unique<AllReduceUpdater>(replica, trainers, reducer,
+                                            make_optimizer_for(replica, gpu, settings), sparse_exchange,
+                                            settings.clip_norm, delayed, gpu_job);
 }
 
 }  // namespace ddp::engine

@@ -4,18 +4,21 @@
 
 #include <memory>
 
-#include "comm/communicator.h"
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
 #include "engine/optimizer.h"
 #include "engine/updater.h"
 #include "models/replica.h"
 
 namespace ddp::engine {
 
-// `replica` runs on GPU `gpu` (or on the CPU: gpu -1), which picks the optimizer's memory. With
+// `replica` runs on GPU `gpu` (or on the CPU: gpu -1), which picks the optimizer's memory; `reducer` averages
+// its gradients over the ranks of `trainers`, which the starting point is broadcast over. With
 // `sparse_exchange` only the embedding rows some rank touched travel (comm.sparse_embedding); `delayed`:
 // comm.overlap = delayed (all_reduce_step.h), each run of steps ending with the last gradient applied;
 // `gpu_job`: some rank of the job runs on a GPU (the reductions' order).
-std::unique_ptr<Updater> make_all_reduce_updater(models::Replica& replica, int gpu, comm::Communicator& comm,
+std::unique_ptr<Updater> make_all_reduce_updater(models::Replica& replica, int gpu, comm::HostGroup& trainers,
+                                                 comm::GradientReducer& reducer,
                                                  const OptimizerSettings& settings, bool sparse_exchange,
                                                  bool delayed = false, bool gpu_job = false);
 

@@ -13,7 +13,7 @@
 namespace ddp::engine {
 namespace {
 
-// The sizes of the segments a step hands to the communicator, in the order it starts them.
+// The sizes of the segments a step hands to the reducer, in the order it starts them.
 std::vector<std::size_t> segment_sizes(const models::Replica& replica) {
   std::vector<std::size_t> sizes;
   for (const std::size_t index : replica.layout().reduction_order(/*embedding_early=*/true))
@@ -60,9 +60,8 @@ std::vector<std::pair<int, int>> batch_shapes(int batch_size, int seq, int64_t v
   return shapes;
 }
 
-std::vector<std::pair<int, int>> every_ranks_batch_shapes(comm::Communicator& trainers, int batch_size,
-                                                          int seq, int64_t validation_rows,
-                                                          int64_t test_rows) {
+std::vector<std::pair<int, int>> every_ranks_batch_shapes(comm::HostGroup& trainers, int batch_size, int seq,
+                                                          int64_t validation_rows, int64_t test_rows) {
   // present[b] counts the ranks with a short batch of b rows.
   std::vector<double> present(static_cast<std::size_t>(std::max(batch_size, 1)), 0.0);
   for (const auto& [rows, _] : batch_shapes(batch_size, seq, validation_rows, test_rows)) {
@@ -77,8 +76,8 @@ std::vector<std::pair<int, int>> every_ranks_batch_shapes(comm::Communicator& tr
 }
 
 std::string prepare_device(models::Replica& replica, const std::vector<std::pair<int, int>>& shapes,
-                           const Config& config, const Topology& topology, comm::Communicator& trainers,
-                           const std::function<void()>& progress) {
+                           const Config& config, const Topology& topology, comm::HostGroup& trainers,
+                           comm::GradientReducer* reducer, const std::function<void()>& progress) {
   std::string summary;
   const auto proceed = [&] {
     if (progress) progress();
@@ -119,9 +118,9 @@ std::string prepare_device(models::Replica& replica, const std::vector<std::pair
     if (auto first = trainers.first_error(error)) throw UserError(*first);
     if (!report) return;
     // Every rank of an NCCL job is a GPU rank, so all of them are here; the verdict is the same on each.
-    if (trainers.backend() == "nccl" && trainers.size() > 1) {
-      report->add(
-          check_gpu_communicator(trainers, topology.gpu, segment_sizes(replica), config.comm.compression));
+    if (reducer != nullptr && reducer->backend() == "nccl" && trainers.size() > 1) {
+      report->add(check_gpu_communicator(trainers, *reducer, topology.gpu, segment_sizes(replica),
+                                         config.comm.compression));
       if (!report->ok) throw UserError(self_check_failure(*report, topology, trainers.rank()));
     }
     summary = "self-check " + report->summary();

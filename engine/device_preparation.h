@@ -9,7 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
 #include "engine/config.h"
 #include "engine/topology.h"
 #include "models/replica.h"
@@ -26,19 +27,19 @@ std::vector<std::pair<int, int>> batch_shapes(int batch_size, int seq, int64_t v
 // (the training batch, then the short batches by size). The shards of a split differ by a sample, so one
 // rank's short last batch may be another's nothing, and prepare_device settles the shapes position by
 // position.
-std::vector<std::pair<int, int>> every_ranks_batch_shapes(comm::Communicator& trainers, int batch_size,
-                                                          int seq, int64_t validation_rows,
-                                                          int64_t test_rows);
+std::vector<std::pair<int, int>> every_ranks_batch_shapes(comm::HostGroup& trainers, int batch_size, int seq,
+                                                          int64_t validation_rows, int64_t test_rows);
 
 // Collective over `trainers`, the training ranks, of which this is one: tries and settles `shapes` (the same
 // list on every rank: every_ranks_batch_shapes) on `replica`, then, on a GPU with comm.selfcheck, runs the
-// self-check of the replica and, with NCCL, of the communicator's averages. Errors throw the first failing
+// self-check of the replica and, with NCCL (`reducer`: the all-reduce's, null for the parameter server), of
+// the reducer's averages. Errors throw the first failing
 // rank's line as a UserError on every rank. The self-check overwrites the replica's parameters: call this
 // before the starting point is loaded. Returns the self-check's summary for the start log ("" where it did
 // not run). `progress` is called as each piece of the work is done (a shape tried or settled, a part of the
 // self-check), for the watchdog.
 std::string prepare_device(models::Replica& replica, const std::vector<std::pair<int, int>>& shapes,
-                           const Config& config, const Topology& topology, comm::Communicator& trainers,
-                           const std::function<void()>& progress = {});
+                           const Config& config, const Topology& topology, comm::HostGroup& trainers,
+                           comm::GradientReducer* reducer, const std::function<void()>& progress = {});
 
 }  // namespace ddp::engine

@@ -82,7 +82,7 @@ std::string first_disagreement(const std::vector<JobDescription>& ranks) {
   return "";
 }
 
-void require_one_job(comm::Communicator& comm, const JobDescription& mine) {
+void require_one_job(comm::HostGroup& comm, const JobDescription& mine) {
   const std::vector<std::string> texts = comm.gather(to_text(mine), 0);
   comm::agree_on_errors(comm, [&] {
     if (comm.rank() != 0) return;

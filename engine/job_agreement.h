@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/host_group.h"
 #include "engine/config.h"
 
 namespace ddp::engine {
@@ -30,6 +30,6 @@ std::string first_disagreement(const std::vector<JobDescription>& ranks);
 
 // Collective over `comm`: gathers every rank's description on rank 0, which compares them; throws the
 // disagreement as a UserError on every rank.
-void require_one_job(comm::Communicator& comm, const JobDescription& mine);
+void require_one_job(comm::HostGroup& comm, const JobDescription& mine);
 
 }  // namespace ddp::engine

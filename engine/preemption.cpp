@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <csignal>
 #include <cstring>
+#include <vector>
 
-#include "comm/mpi_check.h"
+#include "comm/host_group.h"
+#include "engine/base/errors.h"
 
 namespace ddp::engine {
 namespace {
@@ -88,26 +90,20 @@ void clear_stop_signal() {
   received_signal = 0;
 }
 
-StopAgreement::StopAgreement(MPI_Comm comm, int every_polls) : every_polls_(every_polls) {
+StopAgreement::StopAgreement(const comm::HostGroup& group, int every_polls)
+    : group_(group.duplicate()), every_polls_(every_polls) {
   DDP_CHECK(every_polls >= 1);
-  DDP_CHECK_MPI(MPI_Comm_dup(comm, &comm_));
 }
 
-StopAgreement::~StopAgreement() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
-  // Every rank posted the same questions, so the last one completes on all of them.
-  if (pending_ != MPI_REQUEST_NULL) MPI_Wait(&pending_, MPI_STATUS_IGNORE);
-  MPI_Comm_free(&comm_);
-}
+// Every rank posted the same questions, so the last one (pending_'s) completes on all of them.
+StopAgreement::~StopAgreement() = default;
 
 void StopAgreement::complete_pending() {
-  if (pending_ == MPI_REQUEST_NULL) return;
-  DDP_CHECK_MPI(MPI_Wait(&pending_, MPI_STATUS_IGNORE));
-  if (max_ != 0) {
+  if (!pending_.active()) return;
+  const auto max = static_cast<int>(pending_.wait());
+  if (max != 0) {
     stopped_ = true;
-    agreed_ = max_;
+    agreed_ = max;
   }
 }
 
@@ -119,19 +115,18 @@ bool StopAgreement::poll() {
   if (++polls_ % every_polls_ != 0) return stopped_;
   complete_pending();
   if (stopped_) return true;
-  local_ = std::max(stop_signal_number_received(), relayed_);
-  DDP_CHECK_MPI(MPI_Iallreduce(&local_, &max_, 1, MPI_INT, MPI_MAX, comm_, &pending_));
+  pending_ = group_.start_max(std::max(stop_signal_number_received(), relayed_));
   return false;
 }
 
 bool StopAgreement::now() {
   complete_pending();
   if (stopped_) return true;
-  local_ = std::max(stop_signal_number_received(), relayed_);
-  DDP_CHECK_MPI(MPI_Allreduce(&local_, &max_, 1, MPI_INT, MPI_MAX, comm_));
-  if (max_ != 0) {
+  std::vector<int64_t> max{std::max(stop_signal_number_received(), relayed_)};
+  group_.max(max);
+  if (max[0] != 0) {
     stopped_ = true;
-    agreed_ = max_;
+    agreed_ = static_cast<int>(max[0]);
   }
   return stopped_;
 }

@@ -7,10 +7,10 @@
 // Ctrl-C twice does elsewhere.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstdint>
 #include <string>
+
+#include "comm/host_group.h"
 
 namespace ddp::engine {
 
@@ -27,14 +27,14 @@ void clear_stop_signal();
 // "SIGINT", "SIGTERM", "SIGUSR1", "SIGHUP", "SIGPIPE", else "signal N"; "" for 0.
 std::string stop_signal_name(int signal_number);
 
-// The training ranks' agreement on a stop signal, over its own duplicate of `comm` (so its collectives never
-// mix with the gradient exchange). Every rank makes the same sequence of calls.
+// The training ranks' agreement on a stop signal, over its own duplicate of `group` (so its collectives never
+// mix with the gradient exchange or the group's). Every rank makes the same sequence of calls.
 class StopAgreement {
  public:
   // Asks every `every_polls` polls: 1 where the ranks step together anyway; more where they run apart
   // (the asynchronous parameter server, whose workers may be comm.max_staleness steps apart: asking each
   // step would hold every rank within a step of the slowest).
-  explicit StopAgreement(MPI_Comm comm, int every_polls = 1);
+  explicit StopAgreement(const comm::HostGroup& group, int every_polls = 1);
   ~StopAgreement();
   StopAgreement(const StopAgreement&) = delete;
   StopAgreement& operator=(const StopAgreement&) = delete;
@@ -60,13 +60,12 @@ class StopAgreement {
  private:
   void complete_pending();
 
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  comm::HostGroup group_;
+  // Declared after group_, so that it goes first: the last question is waited for before the group goes.
+  comm::PendingMax pending_;
   const int every_polls_;
   int64_t polls_ = 0;
-  MPI_Request pending_ = MPI_REQUEST_NULL;
-  int local_ = 0;    // the signal number this rank had received (or relayed) when it asked, 0 if none
   int relayed_ = 0;  // the highest signal relay() was given
-  int max_ = 0;      // the answer: the highest of them over the ranks
   int agreed_ = 0;   // max_ of the answer that said stop
   bool stopped_ = false;
 };

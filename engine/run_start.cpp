@@ -273,9 +273,9 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
   }
 }
 
-// Rank 0's progress to every training rank, as doubles (the communicator's broadcast): integers below
+// Rank 0's progress to every training rank, as doubles (the group's broadcast): integers below
 // 2^53 are exact, and the 64-bit seed goes in two 32-bit halves.
-void broadcast_progress(comm::Communicator& trainers, TrainingProgress& p, bool& resumed) {
+void broadcast_progress(comm::HostGroup& trainers, TrainingProgress& p, bool& resumed) {
   std::vector<double> values{static_cast<double>(p.epoch),
                              static_cast<double>(p.step_in_epoch),
                              static_cast<double>(p.global_step),
@@ -329,7 +329,7 @@ std::vector<float> InitialParameters::take() {
 
 RunStart start_run(const Config& config, const RunFiles& files, const io::DatasetInfo& data,
                    const io::DataPlan& plan, const models::ParamLayout& layout,
-                   const OptimizerSettings& optimizer, int64_t steps_per_epoch, comm::Communicator& trainers,
+                   const OptimizerSettings& optimizer, int64_t steps_per_epoch, comm::HostGroup& trainers,
                    ProgressWatchdog& watchdog, InitialParameters& initial) {
   RunStart start;
   start.params.resize(layout.total_size());

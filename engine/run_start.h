@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/host_group.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/optimizer.h"
@@ -80,7 +80,7 @@ class InitialParameters {
 // checkpoint.allow_data_change) or for another model or optimizer.
 RunStart start_run(const Config& config, const RunFiles& files, const io::DatasetInfo& data,
                    const io::DataPlan& plan, const models::ParamLayout& layout,
-                   const OptimizerSettings& optimizer, int64_t steps_per_epoch, comm::Communicator& trainers,
+                   const OptimizerSettings& optimizer, int64_t steps_per_epoch, comm::HostGroup& trainers,
                    ProgressWatchdog& watchdog, InitialParameters& initial);
 
 }  // namespace ddp::engine

@@ -355,12 +355,12 @@ std::string describe_sizes(std::span<const std::size_t> sizes) {
 
 }  // namespace
 
-SelfCheckReport check_gpu_communicator(comm::Communicator& comm, int device,
+SelfCheckReport check_gpu_communicator(comm::HostGroup& group, comm::GradientReducer& reducer, int device,
                                        std::span<const std::size_t> segment_sizes,
                                        const std::string& compression) {
   const auto start = Clock::now();
   SelfCheckReport report;
-  const double tolerance = comm::average_tolerance(compression, comm.size());
+  const double tolerance = comm::average_tolerance(compression, group.size());
   std::size_t total = 0;
   for (const std::size_t size : segment_sizes) total += size;
   std::optional<DeviceBuffer> memory;
@@ -372,11 +372,11 @@ SelfCheckReport check_gpu_communicator(comm::Communicator& comm, int device,
     error = std::string("a GPU call failed: ") + e.what();
   }
   // Every rank learns whether every rank has its buffer before the first average.
-  if (auto first = comm.first_error(
-          error ? std::optional<std::string>("rank " + std::to_string(comm.rank()) + ": " + *error)
+  if (auto first = group.first_error(
+          error ? std::optional<std::string>("rank " + std::to_string(group.rank()) + ": " + *error)
                 : std::nullopt)) {
     report.ok = false;
-    report.failure = comm.backend() + " average check: " + *first;
+    report.failure = reducer.backend() + " average check: " + *first;
   } else {
     // Between the collectives of check_average a copy that fails cannot be agreed on: it ends the job
     // (fatal), as a failed NCCL call there does, instead of leaving the other ranks waiting.
@@ -393,16 +393,18 @@ SelfCheckReport check_gpu_communicator(comm::Communicator& comm, int device,
           or_fatal([&] { memory->upload(host.data(), host.size_bytes()); });
         },
         [&](std::span<float> host) { or_fatal([&] { memory->download(host.data(), host.size_bytes()); }); }};
-    const comm::AverageCheckResult result = comm::check_average(comm, buffer, segment_sizes, tolerance);
+    const comm::AverageCheckResult result =
+        comm::check_average(group, reducer, buffer, segment_sizes, tolerance);
     if (result.ok) {
-      report.passed.push_back(comm.backend() + " averages = closed form" +
+      report.passed.push_back(reducer.backend() + " averages = closed form" +
                               (compression == "none" ? "" : " (" + compression + " on the wire)") + " over " +
-                              std::to_string(comm.size()) + " ranks in segments of " +
+                              std::to_string(group.size()) + " ranks in segments of " +
                               describe_sizes(segment_sizes) + " floats");
     } else {
       report.ok = false;
-      report.failure = comm.backend() + " average (comm.compression = " + compression + "): largest error " +
-                       number(result.largest_error) + " (bound " + number(tolerance) + ") " + result.where;
+      report.failure = reducer.backend() + " average (comm.compression = " + compression +
+                       "): largest error " + number(result.largest_error) + " (bound " + number(tolerance) +
+                       ") " + result.where;
     }
   }
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();

@@ -27,7 +27,8 @@
 #include <utility>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
 #include "engine/optimizer.h"
 #include "models/replica.h"
 
@@ -83,12 +84,13 @@ SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
                                   uint64_t seed, const models::ModelOptions& options = {},
                                   const std::function<void()>& progress = {});
 
-// Collective over `comm`, whose averages run in the memory of GPU `device` (NCCL): comm::check_average over
+// Collective over `group`, whose gradients `reducer` averages in the memory of GPU `device` (NCCL):
+// comm::check_average over
 // a buffer on that GPU, in the run's segments (`segment_sizes`, as the replica hands them to
 // start_average), within comm::average_tolerance(compression, ranks). Every rank gets the same verdict; the
 // failure names the rank and element with the largest error. CUDA failures on the way are reported as the
 // check's failure on this rank and agreed on, so no rank is left waiting in a collective.
-SelfCheckReport check_gpu_communicator(comm::Communicator& comm, int device,
+SelfCheckReport check_gpu_communicator(comm::HostGroup& group, comm::GradientReducer& reducer, int device,
                                        std::span<const std::size_t> segment_sizes,
                                        const std::string& compression);
 

@@ -70,8 +70,7 @@ bool shard_classes_skewed(std::span<const int64_t> shard, std::span<const double
   return false;
 }
 
-void log_class_balance(comm::Communicator& trainers, const io::DatasetInfo& data,
-                       const io::Shard& train_rows) {
+void log_class_balance(comm::HostGroup& trainers, const io::DatasetInfo& data, const io::Shard& train_rows) {
   std::vector<int64_t> mine = io::label_counts(data, "train", train_rows.begin, train_rows.end);
   std::vector<double> all(256, 0.0);  // labels are uint8
   for (std::size_t label = 0; label < mine.size() && label < all.size(); ++label)

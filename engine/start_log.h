@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/host_group.h"
 #include "io/data_plan.h"
 #include "io/dataset.h"
 
@@ -62,7 +62,6 @@ bool shard_classes_skewed(std::span<const int64_t> shard, std::span<const double
 
 // Collective over `trainers` (the training ranks): the training rows' classes summed over the ranks, on rank
 // 0's stdout, with a note naming each rank whose shard is skewed (shard_classes_skewed).
-void log_class_balance(comm::Communicator& trainers, const io::DatasetInfo& data,
-                       const io::Shard& train_rows);
+void log_class_balance(comm::HostGroup& trainers, const io::DatasetInfo& data, const io::Shard& train_rows);
 
 }  // namespace ddp::engine

@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "comm/communicator.h"
-#include "comm/mpi_check.h"
+#include "comm/host_group.h"
 #include "engine/base/errors.h"
 #include "engine/device.h"
 
@@ -38,10 +38,9 @@ struct GpuGroup {
 
 // Collective over `node`: whether the launcher gave every rank all the node's GPUs (one group, index = local
 // rank) or each rank its own CUDA_VISIBLE_DEVICES (groups of one, index 0).
-GpuGroup gpu_group(MPI_Comm node, const std::string& mine) {
-  int local_rank = 0;
-  DDP_CHECK_MPI(MPI_Comm_rank(node, &local_rank));
-  const std::vector<std::string> keys = comm::all_gather_strings(mine, node);
+GpuGroup gpu_group(comm::HostGroup& node, const std::string& mine) {
+  const int local_rank = node.rank();
+  const std::vector<std::string> keys = node.all_gather(mine);
   GpuGroup group{0, 0};
   for (std::size_t r = 0; r < keys.size(); ++r) {
     if (keys[r] != mine) continue;
@@ -53,14 +52,13 @@ GpuGroup gpu_group(MPI_Comm node, const std::string& mine) {
 
 }  // namespace
 
-Topology discover_topology(MPI_Comm world, const std::string& device_request, bool refuse_unmet) {
+Topology discover_topology(comm::HostGroup& world, const std::string& device_request, bool refuse_unmet) {
   Topology t;
-  DDP_CHECK_MPI(MPI_Comm_rank(world, &t.rank));
-  DDP_CHECK_MPI(MPI_Comm_size(world, &t.size));
-  MPI_Comm node = MPI_COMM_NULL;
-  DDP_CHECK_MPI(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &node));
-  DDP_CHECK_MPI(MPI_Comm_rank(node, &t.local_rank));
-  DDP_CHECK_MPI(MPI_Comm_size(node, &t.local_size));
+  t.rank = world.rank();
+  t.size = world.size();
+  std::optional<comm::HostGroup> node(world.node());
+  t.local_rank = node->rank();
+  t.local_size = node->size();
   t.host = host_name();
 
   // A CPU job never touches CUDA. Every rank has the same request, so either all or none of them gather.
@@ -68,9 +66,9 @@ Topology discover_topology(MPI_Comm world, const std::string& device_request, bo
   GpuGroup group;
   if (device_request != "cpu") {
     inventory = probe_gpus();
-    group = gpu_group(node, visible_key(inventory));
+    group = gpu_group(*node, visible_key(inventory));
   }
-  DDP_CHECK_MPI(MPI_Comm_free(&node));
+  node.reset();
 
   if (device_request == "cpu") {
     t.device_reason = "device = cpu";

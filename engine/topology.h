@@ -1,11 +1,12 @@
 // Where this rank sits: its rank and size in the job, its rank among the processes of its node (from
-// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), so it works the same under mpirun, srun or any launcher), and
+// comm::HostGroup::node(): the processes that share its memory, so it works the same under mpirun, srun or
+// any launcher), and
 // the device it trains on.
 #pragma once
 
-#include <mpi.h>
-
 #include <string>
+
+#include "comm/host_group.h"
 
 namespace ddp::engine {
 
@@ -31,7 +32,8 @@ struct Topology {
 // launcher that gives each rank its own CUDA_VISIBLE_DEVICES makes each rank a group of one, on its GPU 0.
 // A rank left without a GPU is an error under cuda and trains on the CPU under auto. With `refuse_unmet`
 // false (check-env) an unmet cuda request is described in device_reason instead of thrown.
-Topology discover_topology(MPI_Comm world, const std::string& device_request, bool refuse_unmet = true);
+Topology discover_topology(comm::HostGroup& world, const std::string& device_request,
+                           bool refuse_unmet = true);
 
 // Compute threads for this rank (train.threads): `requested` if positive, else the node's cores shared among
 // its ranks.

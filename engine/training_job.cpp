@@ -8,7 +8,8 @@
 #include <optional>
 #include <utility>
 
-#include "comm/communicator.h"
+#include "comm/backend_choice.h"
+#include "comm/host_group.h"
 #include "engine/all_reduce_updater.h"
 #include "engine/preemption.h"
 #include "engine/ps_updater.h"
@@ -57,14 +58,15 @@ comm::PsOptions ps_options(const Config& config, const comm::BackendChoice& back
 
 }  // namespace
 
-TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data, MPI_Comm world,
-                  ProgressWatchdog& watchdog, const EpochWritten& epoch_written) {
-  std::unique_ptr<comm::Communicator> boot = comm::make_mpi_communicator(world);
+TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data,
+                  comm::HostGroup& world, ProgressWatchdog& watchdog, const EpochWritten& epoch_written) {
+  // The all-reduce ranks' collectives beside the gradients (agreements, metrics, broadcasts).
+  comm::HostGroup boot = world.duplicate();
   const models::ModelShape shape = model_shape(config, data.vocab_size, data.num_classes);
   const models::ModelOptions options = model_options(config);
   std::unique_ptr<models::Replica> replica;
   watchdog.enter("creating the model replica on " + topology.device);
-  comm::agree_on_errors(*boot, [&] {
+  comm::agree_on_errors(boot, [&] {
     require_model_fits(config, shape, topology.local_size);
     replica =
         topology.gpu >= 0
@@ -84,7 +86,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
                       ? "; if NCCL's set-up is what waits: NCCL_SOCKET_IFNAME (the interface the "
                         "nodes share), NCCL_IB_HCA and NCCL_DEBUG=WARN tell it where and why"
                       : ""));
-  comm::agree_on_errors(*boot, [&] {
+  comm::agree_on_errors(boot, [&] {
     comm::BackendRequest request;
     request.backend = config.comm.backend;
     request.compression = config.comm.compression;
@@ -96,7 +98,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     request.ps_async = config.comm.ps_mode == "async";
     request.lazy_update = config.train.embedding_update == "lazy";
     request.delayed_exchange = config.comm.overlap == "delayed";
-    backend = comm::choose_backend(request, world);
+    backend = comm::choose_backend(request, boot);
   });
 
   // Ends the job at once on an error NCCL has seen; cleared before the communicator goes.
@@ -104,26 +106,25 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     ProgressWatchdog& watchdog;
     ~HealthCheckScope() { watchdog.set_health_check({}); }
   } health_scope{watchdog};
-  if (backend.communicator) {
-    watchdog.set_health_check([&comm = *backend.communicator] { return comm.asynchronous_error(); });
+  if (backend.reducer) {
+    watchdog.set_health_check([&reducer = *backend.reducer] { return reducer.asynchronous_error(); });
   }
 
   if (!backend.parameter_server) {
-    StopAgreement stop_signal(world);  // collective: made outside agree_on_errors, which a throw may skip
+    StopAgreement stop_signal(boot);  // collective: made outside agree_on_errors, which a throw may skip
     std::unique_ptr<TrainingRun> run;
     // After `run`, so that leaving by an exception aborts NCCL before the replica (in `run`) waits for its
     // stream, which may wait on a reduction that a failed peer will never complete.
-    const comm::AbortOnUnwind abort_on_unwind(backend.communicator.get());
-    comm::agree_on_errors(*boot, [&] {
-      comm::Communicator& comm = *backend.communicator;
-      const int64_t steps = planned_steps(config, data, comm.size());
+    const comm::AbortOnUnwind abort_on_unwind(backend.reducer.get());
+    comm::agree_on_errors(boot, [&] {
+      const int64_t steps = planned_steps(config, data, boot.size());
       std::unique_ptr<Updater> updater = make_all_reduce_updater(
-          *replica, topology.gpu, comm, optimizer_settings(config, steps),
+          *replica, topology.gpu, boot, *backend.reducer, optimizer_settings(config, steps),
           config.comm.sparse_embedding && backend.all_on_cpu, config.comm.overlap == "delayed",
           /*gpu_job=*/!backend.all_on_cpu);
       run = std::make_unique<TrainingRun>(
-          config, TrainingRanks{comm, boot->size(), topology, watchdog, stop_signal}, data,
-          std::move(replica), std::move(updater), backend.reason, epoch_written);
+          config, TrainingRanks{boot, boot.size(), topology, watchdog, stop_signal}, data, std::move(replica),
+          std::move(updater), backend.reason, epoch_written);
     });
     return run->run();
   }
@@ -131,15 +132,15 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
   // The parameter server (ps_updater.h): every rank trains and serves a shard (colocated), or the first ranks
   // train and the last comm.ps_servers ranks serve (dedicated).
   comm::ParameterServerRank ps;
-  comm::agree_on_errors(*boot, [&] {
+  comm::agree_on_errors(boot, [&] {
     const comm::PsOptions ps_settings = ps_options(config, backend, replica->layout(), data.maxlen);
-    const int workers = comm::PsRoles::of(boot->size(), ps_settings.servers).workers();
+    const int workers = comm::PsRoles::of(boot.size(), ps_settings.servers).workers();
     // A shard's updates: one per step in sync mode, one per worker's push in async mode.
     const int64_t updates = planned_steps(config, data, workers) * (ps_settings.async ? workers : 1);
     ps = comm::join_parameter_server(
         world, ps_settings, replica->layout().total_size(),
         shard_optimizers(optimizer_settings(config, updates)),
-        fmt::format("rank {}/{} on {} (local rank {}/{})", boot->rank(), boot->size(), topology.host,
+        fmt::format("rank {}/{} on {} (local rank {}/{})", boot.rank(), boot.size(), topology.host,
                     topology.local_rank, topology.local_size));
   });
   if (ps.server) {
@@ -153,16 +154,16 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
   // updater, and the training ranks still agree on it over the service's communicator.
   comm::ParameterService& service = *ps.service;
   // Async workers run up to comm.max_staleness steps apart: the stop question must not hold them closer.
-  StopAgreement stop_signal(
-      service.trainers_comm(),
-      config.comm.ps_mode == "async" ? std::min(config.comm.max_staleness, INT_MAX - 1) + 1 : 1);
+  StopAgreement stop_signal(service.trainers(), config.comm.ps_mode == "async"
+                                                    ? std::min(config.comm.max_staleness, INT_MAX - 1) + 1
+                                                    : 1);
   std::unique_ptr<TrainingRun> run;
   comm::agree_on_errors(service.trainers(), [&] {
     const std::string mode = service.describe();
     std::unique_ptr<Updater> updater =
         make_ps_updater(*replica, service, optimizer_settings(config), backend.colocated);
     run = std::make_unique<TrainingRun>(
-        config, TrainingRanks{service.trainers(), boot->size(), topology, watchdog, stop_signal}, data,
+        config, TrainingRanks{service.trainers(), boot.size(), topology, watchdog, stop_signal}, data,
         std::move(replica), std::move(updater), backend.reason + (mode.empty() ? "" : "; " + mode),
         epoch_written);
   });

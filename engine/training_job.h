@@ -5,8 +5,7 @@
 // train and the last comm.ps_servers ranks only serve.
 #pragma once
 
-#include <mpi.h>
-
+#include "comm/host_group.h"
 #include "engine/config.h"
 #include "engine/topology.h"
 #include "engine/trainer.h"
@@ -21,7 +20,7 @@ namespace ddp::engine {
 // servers. Throws UserError for problems found before the first step (every rank throws the same one);
 // problems met later end the job through fatal(). It tells `watchdog` each phase and beats it at every step
 // and evaluation batch, pausing it where the parameter server's protocol waits with deadlines of its own.
-TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data, MPI_Comm world,
-                  ProgressWatchdog& watchdog, const EpochWritten& epoch_written = {});
+TrainResult train(const Config& config, const Topology& topology, const io::DatasetInfo& data,
+                  comm::HostGroup& world, ProgressWatchdog& watchdog, const EpochWritten& epoch_written = {});
 
 }  // namespace ddp::engine

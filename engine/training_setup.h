@@ -6,7 +6,7 @@
 #include <functional>
 #include <string>
 
-#include "comm/communicator.h"
+#include "comm/host_group.h"
 #include "engine/config.h"
 #include "engine/preemption.h"
 #include "engine/run_directory.h"
@@ -22,7 +22,7 @@ namespace ddp::engine {
 struct TrainingRanks {
   // Data shards, metrics, evaluation, errors agreed on, the start log. The training ranks are the job's
   // first ranks; the dedicated parameter servers, which only the updater talks to, come after them.
-  comm::Communicator& comm;
+  comm::HostGroup& comm;
   int job_size;              // the training ranks and the dedicated parameter servers
   const Topology& topology;  // this rank's
   // Told each phase, beaten at every step and evaluation batch.

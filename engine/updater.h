@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/gradient_reducer.h"
 #include "engine/config.h"
 #include "engine/optimizer.h"
 #include "models/replica.h"
@@ -58,6 +59,8 @@ class Updater {
 
   // For logs and metrics: "mpi", "nccl" or "ps".
   virtual std::string backend() const = 0;
+  // The all-reduce's gradient reducer, for the GPU self-check of its averages; null for the parameter server.
+  virtual comm::GradientReducer* gradient_reducer() { return nullptr; }
   // Rank 0, after distribute_start(): the start-up lines of the ranks that serve and do not train.
   virtual std::vector<std::string> server_lines() const { return {}; }
   // The highest stop signal a rank that serves and does not train has received (it is not among the ranks

@@ -1,6 +1,7 @@
-// The contract every communicator of comm/communicator.h keeps, in closed form, for any rank count: the MPI
-// backend's tests run it at 2, 3 and 4 ranks (tests/mpi/communicator_contract_test.cpp); a GPU communicator
-// runs the same checks with a CheckBuffer in device memory. Removing or breaking any reduction fails it.
+// The contract every gradient reducer of comm/gradient_reducer.h keeps, in closed form, for any rank count,
+// and that of the host collectives (comm/host_group.h): the MPI tests run them at 2, 3 and 4 ranks
+// (tests/mpi/communicator_contract_test.cpp); a GPU reducer runs the same checks with a CheckBuffer in device
+// memory. Removing or breaking any reduction fails it.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,15 +15,17 @@
 #include <vector>
 
 #include "comm/average_check.h"
-#include "comm/communicator.h"
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
 
 namespace ddp::testing {
 
-// A buffer of at least `floats` floats in the communicator's memory.
+// A buffer of at least `floats` floats in the reducer's memory.
 using CheckBufferFactory = std::function<comm::CheckBuffer(std::size_t floats)>;
 
-inline void expect_averages(comm::Communicator& comm, const CheckBufferFactory& make_buffer,
-                            double tolerance) {
+// `reducer` averages over the ranks of `group`.
+inline void expect_averages(comm::HostGroup& group, comm::GradientReducer& reducer,
+                            const CheckBufferFactory& make_buffer, double tolerance) {
   const std::vector<std::vector<std::size_t>> cases{
       {1},                               // one float
       {7, 1, 4099},                      // odd sizes, several in flight
@@ -34,16 +37,17 @@ inline void expect_averages(comm::Communicator& comm, const CheckBufferFactory& 
     for (const std::size_t s : sizes) total += s;
     const comm::CheckBuffer buffer = make_buffer(total);
     for (int round = 0; round < 2; ++round) {  // a second round on the same buffer starts afresh
-      const comm::AverageCheckResult result = comm::check_average(comm, buffer, sizes, tolerance);
-      EXPECT_TRUE(result.ok) << comm.backend() << " at " << comm.size() << " ranks, " << sizes.size()
+      const comm::AverageCheckResult result = comm::check_average(group, reducer, buffer, sizes, tolerance);
+      EXPECT_TRUE(result.ok) << reducer.backend() << " at " << reducer.size() << " ranks, " << sizes.size()
                              << " segment(s), round " << round << ": largest error " << result.largest_error
                              << " at " << result.where;
     }
   }
 }
 
-// The host-memory collectives every backend shares: broadcast from every root, sum, gather, first_error.
-inline void expect_host_collectives(comm::Communicator& comm) {
+// The host-memory collectives every backend shares: broadcast from every root, sum, gather, scatter,
+// first_error.
+inline void expect_host_collectives(comm::HostGroup& comm) {
   const int n = comm.size();
   const int rank = comm.rank();
   for (int root = 0; root < n; ++root) {
@@ -101,15 +105,15 @@ inline void expect_host_collectives(comm::Communicator& comm) {
   }
 }
 
-// start_average_rows on a host communicator: rank r touches rows {r, r + n, ...} below `touched_below` and
-// row `rows - 1`; the union comes back, its rows averaged in closed form, every other row exactly zero.
-// With touched_below close to `rows` the union covers most of the matrix (the dense path). `tolerance` is
-// relative, as the communicator's wire allows (comm::average_tolerance).
-inline void expect_row_averages(comm::Communicator& comm, std::size_t rows, std::size_t touched_below,
-                                double tolerance = 1e-6) {
+// start_average_rows on a host-memory reducer over the ranks of `group`: rank r touches rows {r, r + n, ...}
+// below `touched_below` and row `rows - 1`; the union comes back, its rows averaged in closed form, every
+// other row exactly zero. With touched_below close to `rows` the union covers most of the matrix (the dense
+// path). `tolerance` is relative, as the reducer's wire allows (comm::average_tolerance).
+inline void expect_row_averages(comm::HostGroup& group, comm::GradientReducer& comm, std::size_t rows,
+                                std::size_t touched_below, double tolerance = 1e-6) {
   constexpr std::size_t kWidth = 3;
-  const int n = comm.size();
-  const auto rank = static_cast<std::size_t>(comm.rank());
+  const int n = group.size();
+  const auto rank = static_cast<std::size_t>(group.rank());
   std::vector<float> matrix(rows * kWidth, 0.0f);
   std::vector<int32_t> mine;
   for (std::size_t row = rank; row < touched_below; row += static_cast<std::size_t>(n)) {

@@ -1,8 +1,6 @@
 // `ddptrain check-env`: what a node offers for training, and whether a training step works there. Every rank
 // gathers its own facts (rank_facts.h: binding, GPUs, library versions, the node checks); rank 0 prints one
 // report per node and a verdict with advice, and every rank exits with the same code.
-#include <mpi.h>
-
 #include <fmt/format.h>
 #include <algorithm>
 #include <boost/program_options.hpp>
@@ -13,8 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
-#include "comm/mpi_check.h"
+#include "comm/host_group.h"
 #include "engine/app/commands.h"
 #include "engine/app/rank_facts.h"
 #include "engine/base/errors.h"
@@ -223,15 +220,14 @@ int check_env_command(const std::vector<std::string>& args, std::unique_ptr<Prog
       "timeout", po::value(&timeout_s)->default_value(timeout_s),
       "seconds a rank may wait for the others (a GPU probe that hangs, a rank that never comes) before "
       "check-env ends the job and says where it waited");
-  int rank = 0;
-  DDP_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  comm::HostGroup world = comm::HostGroup::world();
+  const int rank = world.rank();
   const std::string usage =
       "ddptrain check-env [--device auto|cuda|cpu] [--verbose] [--timeout S]\nExit codes: 0 everything fine, "
       "2 bad options, " +
       std::to_string(kExitEnvironmentProblem) + " a problem was found (the report says what to do).";
-  auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
   bool run = false;
-  comm::agree_on_errors(*comm, [&] {
+  comm::agree_on_errors(world, [&] {
     run = parse_subcommand(args, desc, "check-env", usage, /*print_help=*/rank == 0);
     if (run && device != "cuda" && device != "cpu" && device != "auto") {
       throw UserError("check-env: --device must be cuda, cpu or auto, got '" + device + "'");
@@ -248,16 +244,16 @@ int check_env_command(const std::vector<std::string>& args, std::unique_ptr<Prog
   watchdog.reset();
   watchdog = check_env_watchdog(timeout_s);
   watchdog->enter("checking this rank's node (GPUs, smoke test, self-checks, NCCL)");
-  const RankFacts mine = gather_facts(device);
+  const RankFacts mine = gather_facts(world, device);
   watchdog->enter("gathering every rank's report to rank 0, and its verdict");
-  const std::vector<std::string> texts = comm->gather(facts_to_json(mine), 0);
+  const std::vector<std::string> texts = world.gather(facts_to_json(mine), 0);
   std::vector<double> problem{0};
-  if (comm->rank() == 0) {
+  if (world.rank() == 0) {
     std::vector<RankFacts> all;
     for (const std::string& text : texts) all.push_back(facts_from_json(text));
     problem[0] = report(all, device, verbose) ? 1 : 0;
   }
-  comm->broadcast(problem, 0);
+  world.broadcast(problem, 0);
   return problem[0] != 0 ? kExitEnvironmentProblem : kExitOk;
 }
 

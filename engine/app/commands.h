@@ -17,7 +17,7 @@
 #include "engine/config.h"
 
 namespace ddp::comm {
-class Communicator;
+class HostGroup;
 }
 
 namespace ddp::engine {
@@ -48,7 +48,7 @@ ConfigReadEarly read_config_early(const std::vector<std::string>& args);
 // train (train_command.cpp): the config read early agreed on, the topology, the data checked, the run
 // directory and timeline prepared, the training job (training_job.h), and the exit code a stop calls for.
 int train_command(const std::vector<std::string>& args, ConfigReadEarly early, ProgressWatchdog& watchdog,
-                  comm::Communicator& boot);
+                  comm::HostGroup& boot);
 // check-env watches its own collectives: it replaces `watchdog` with one on its --timeout.
 int check_env_command(const std::vector<std::string>& args, std::unique_ptr<ProgressWatchdog>& watchdog);
 // check-env's watchdog: on a stall it ends the job with kExitEnvironmentProblem, naming --timeout.

@@ -1,8 +1,6 @@
 // ddptrain's entry point: picks the subcommand (commands.h lists them) and maps errors to exit codes:
 // 0 success, 1 internal error, 2 bad input (config, command line, data or checkpoint file); check-env and a
 // preempted run have their own codes (errors.h).
-#include <mpi.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -15,7 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/host_group.h"
+#include "comm/mpi_session.h"
 #include "comm/stall_census.h"
 #include "engine/app/commands.h"
 #include "engine/base/errors.h"
@@ -59,7 +58,7 @@ constexpr const char* kOutOfMemory =
 
 // An error this rank met alone (a batch or a cuDNN shape after start-up, an allocation): the others may be
 // waiting for it in a collective, so with more than one rank it ends the job.
-int rank_alone_error(const ddp::comm::Communicator& boot, ddp::comm::StallCensus& census, const char* what) {
+int rank_alone_error(const ddp::comm::HostGroup& boot, ddp::comm::StallCensus& census, const char* what) {
   if (boot.size() > 1) {
     // Ranks that meet the same bad input at once print one line: the lowest of them; the others wait for
     // its MPI_Abort, and speak only if it never comes.
@@ -115,7 +114,7 @@ void finalize_mpi_watched(std::unique_ptr<ddp::engine::ProgressWatchdog>& watchd
       timeout_s, [exit_code](const std::string& reason) { ddp::leave_without_finalizing(reason, exit_code); },
       ddp::engine::ProgressWatchdog::HealthCheck{}, setting);
   watchdog->enter("finalizing MPI (MPI_Finalize waits for every rank)");
-  MPI_Finalize();
+  ddp::comm::finalize_mpi();
   watchdog.reset();
 }
 
@@ -157,10 +156,7 @@ int main(int argc, char** argv) {
   if (!check_env) ddp::engine::install_stop_signal_handlers();
   watchdog->enter("starting MPI (MPI_Init)");
   ddp::comm::set_mpi_transport_defaults();
-  // MPI_THREAD_MULTIPLE lets the MPI backend's progress thread move gradient reductions during backward;
-  // an MPI that offers less is used as it is (the backend then makes progress only in its own calls).
-  int threading = MPI_THREAD_SINGLE;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &threading);
+  ddp::comm::start_mpi(argc, argv);
   // From here a stall's message names the ranks the others wait for (comm/stall_census.h). The ranks listen
   // for each other a fifth of the timeout (1 to 10 s): their watchdogs fire that far apart at most, checking
   // ten times per timeout, where they all wait in the same collective.
@@ -173,18 +169,18 @@ int main(int argc, char** argv) {
   watchdog->set_stall_detail([] { return ddp::io::guarded_reads_note(std::chrono::steady_clock::now()); });
   int status = ddp::kExitOk;
   {
-    auto boot = ddp::comm::make_mpi_communicator(MPI_COMM_WORLD);
+    auto boot = ddp::comm::HostGroup::world();
     try {
       status = check_env ? ddp::engine::check_env_command(args, watchdog)
-                         : ddp::engine::train_command(args, std::move(early), *watchdog, *boot);
+                         : ddp::engine::train_command(args, std::move(early), *watchdog, boot);
     } catch (const ddp::AgreedUserError& e) {
       // Every rank has it: one line, and all ranks leave together.
-      if (boot->rank() == 0) std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
+      if (boot.rank() == 0) std::fprintf(stderr, "ddptrain: error: %s\n", e.what());
       status = ddp::kExitUserError;
     } catch (const ddp::UserError& e) {
-      status = rank_alone_error(*boot, *census, e.what());
+      status = rank_alone_error(boot, *census, e.what());
     } catch (const std::bad_alloc&) {
-      status = rank_alone_error(*boot, *census, kOutOfMemory);
+      status = rank_alone_error(boot, *census, kOutOfMemory);
     } catch (const std::exception& e) {
       ddp::fatal(std::string("unexpected error: ") + e.what(), __FILE__, __LINE__);
     }

@@ -1,7 +1,5 @@
 #include "engine/app/node_checks.h"
 
-#include <mpi.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -13,8 +11,9 @@
 #include <utility>
 #include <vector>
 
-#include "comm/communicator.h"
-#include "comm/mpi_check.h"
+#include "comm/backend_choice.h"
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
 #include "engine/base/errors.h"
 #include "engine/base/json.h"
 #include "engine/device.h"
@@ -160,15 +159,12 @@ SelfCheckReport imdb_self_check(int gpu) {
   }
 }
 
-SelfCheckReport nccl_check(int gpu, const std::string& board, bool ready, bool& ran) {
+SelfCheckReport nccl_check(comm::HostGroup& world, int gpu, const std::string& board, bool ready, bool& ran) {
   ran = false;
-  MPI_Comm gpus = MPI_COMM_NULL;
-  DDP_CHECK_MPI(MPI_Comm_split(MPI_COMM_WORLD, ready ? 0 : MPI_UNDEFINED, 0, &gpus));
+  std::optional<comm::HostGroup> gpus = world.subgroup(ready);
   SelfCheckReport report;
-  if (gpus == MPI_COMM_NULL) return report;
-  int size = 0;
-  DDP_CHECK_MPI(MPI_Comm_size(gpus, &size));
-  if (size >= 2) {
+  if (!gpus) return report;
+  if (gpus->size() >= 2) {
     ran = true;
     const auto failed = [&report](const std::string& why) {
       report.ok = false;
@@ -177,43 +173,42 @@ SelfCheckReport nccl_check(int gpu, const std::string& board, bool ready, bool& 
     // A new multi-GPU node's likeliest failure is NCCL's set-up: it is reported, as every other check's
     // failure is, rather than ending the job. Two ranks on one board NCCL refuses outright, so that is not
     // even tried.
-    const std::unique_ptr<comm::Communicator> host = comm::make_mpi_communicator(gpus);
-    const std::vector<std::string> boards = host->gather(board, 0);
+    comm::HostGroup& host = *gpus;
+    const std::vector<std::string> boards = host.gather(board, 0);
     std::optional<std::string> shared;
-    if (host->rank() == 0) {
+    if (host.rank() == 0) {
       if (const auto pair = comm::first_shared_board(boards)) {
         shared = "not run: ranks " + std::to_string(pair->first) + " and " + std::to_string(pair->second) +
                  " of the GPU ranks share the GPU at " + boards[static_cast<std::size_t>(pair->first)] +
                  " (overlapping CUDA_VISIBLE_DEVICES, or MIG slices of one GPU), which NCCL refuses";
       }
     }
-    if (const auto problem = host->first_error(shared)) failed(*problem);
+    if (const auto problem = host.first_error(shared)) failed(*problem);
     const models::ParamLayout imdb(kImdbShape);
     std::vector<std::size_t> sizes;
     for (const std::size_t index : imdb.reduction_order(/*embedding_early=*/true))
       sizes.push_back(imdb.segments()[index].size);
     for (const std::string compression : {"none", "fp16", "bf16"}) {
       if (!report.ok) break;
-      std::unique_ptr<comm::Communicator> nccl;
+      std::unique_ptr<comm::GradientReducer> nccl;
       std::optional<std::string> error;
       try {
         const ThrowFatalErrors report_instead_of_abort;
-        nccl = comm::make_nccl_communicator(gpus, nullptr, compression);
+        nccl = comm::make_nccl_reducer(host, nullptr, compression);
       } catch (const std::exception& e) {
         error =
-            "rank " + std::to_string(host->rank()) + " of the GPU ranks: NCCL's set-up failed: " + e.what();
+            "rank " + std::to_string(host.rank()) + " of the GPU ranks: NCCL's set-up failed: " + e.what();
       }
       // Every rank learns whether all have a communicator before the first average; one that has it while
       // another failed drops it by abort (a finalize would wait for the failed rank).
-      if (const auto problem = host->first_error(error)) {
+      if (const auto problem = host.first_error(error)) {
         if (nccl) nccl->abort();
         failed(*problem);
         break;
       }
-      report.add(check_gpu_communicator(*nccl, gpu, sizes, compression));
+      report.add(check_gpu_communicator(host, *nccl, gpu, sizes, compression));
     }
   }
-  DDP_CHECK_MPI(MPI_Comm_free(&gpus));
   return report;
 }
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "comm/host_group.h"
 #include "engine/self_check.h"
 #include "engine/topology.h"
 
@@ -30,12 +31,12 @@ SmokeResult smoke_test(const Topology& topology);
 // batch and a short last batch. Never throws.
 SelfCheckReport imdb_self_check(int gpu);
 
-// Collective over MPI_COMM_WORLD: the GPU ranks whose replica passed its self-check (`ready`) average the
+// Collective over `world`: the GPU ranks whose replica passed its self-check (`ready`) average the
 // IMDB model's gradient segments over NCCL, without and with each compression, against the closed form
 // (self_check.h). Nothing (ran = false) on other ranks, or where fewer than two GPU ranks are ready. Two
 // ranks on one GPU board (`board`: comm::BackendRequest::gpu_board) and a failed NCCL set-up are reported
 // as the check's failure on every GPU rank, not by ending the job.
-SelfCheckReport nccl_check(int gpu, const std::string& board, bool ready, bool& ran);
+SelfCheckReport nccl_check(comm::HostGroup& world, int gpu, const std::string& board, bool ready, bool& ran);
 
 // To rank 0 as JSON (a NaN loss as null, engine/base/json.h).
 void to_json(nlohmann::json& out, const SmokeResult& s);

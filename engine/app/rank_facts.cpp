@@ -1,7 +1,6 @@
 #include "engine/app/rank_facts.h"
 
 #include <hdf5.h>
-#include <mpi.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -9,7 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/mpi_check.h"
+#include "comm/host_group.h"
+#include "comm/mpi_session.h"
 #include "engine/base/errors.h"
 #include "io/tokenizer.h"
 #include "models/blas_threads.h"
@@ -28,14 +28,6 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RankFacts, rank, local_rank, host, visible_de
                                    self_check, nccl_check_ran, nccl_check_ok, nccl_check)
 
 namespace {
-
-std::string mpi_version() {
-  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
-  int length = 0;
-  DDP_CHECK_MPI(MPI_Get_library_version(text, &length));
-  const std::string all(text, static_cast<std::size_t>(std::max(0, length)));
-  return all.substr(0, all.find('\n'));
-}
 
 std::string hdf5_version() {
   unsigned major = 0;
@@ -67,10 +59,10 @@ std::vector<std::string> peer_matrix(const std::vector<GpuInfo>& gpus) {
 
 }  // namespace
 
-RankFacts gather_facts(const std::string& device_request) {
+RankFacts gather_facts(comm::HostGroup& world, const std::string& device_request) {
   RankFacts f;
   // The GPU each rank would bind, described without failing where there is none; the verdict judges.
-  const Topology topology = discover_topology(MPI_COMM_WORLD, device_request, /*refuse_unmet=*/false);
+  const Topology topology = discover_topology(world, device_request, /*refuse_unmet=*/false);
   f.rank = topology.rank;
   f.local_rank = topology.local_rank;
   f.host = topology.host;
@@ -90,7 +82,7 @@ RankFacts gather_facts(const std::string& device_request) {
     f.peer_rows = peer_matrix(inventory.gpus);
   }
   f.versions = gpu_software_versions();
-  f.mpi = mpi_version();
+  f.mpi = comm::mpi_library_version();
   f.hdf5 = hdf5_version();
   f.blas = models::blas_description();
   f.blas_hint = models::blas_kernels_hint();
@@ -107,7 +99,7 @@ RankFacts gather_facts(const std::string& device_request) {
   }
   const std::string board =
       topology.gpu >= 0 && !topology.gpu_bus_id.empty() ? topology.host + " PCI " + topology.gpu_bus_id : "";
-  const SelfCheckReport nccl = nccl_check(topology.gpu, board, f.self_check_ok, f.nccl_check_ran);
+  const SelfCheckReport nccl = nccl_check(world, topology.gpu, board, f.self_check_ok, f.nccl_check_ran);
   f.nccl_check_ok = nccl.ok;
   if (f.nccl_check_ran) f.nccl_check = nccl.summary();
   return f;

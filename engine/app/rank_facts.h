@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/host_group.h"
 #include "engine/app/node_checks.h"
 #include "engine/device.h"
 #include "engine/topology.h"
@@ -46,9 +47,9 @@ struct RankFacts {
   std::string nccl_check;  // SelfCheckReport::summary()
 };
 
-// Collective over MPI_COMM_WORLD (discover_topology, the NCCL check): this rank's facts, the checks run on
+// Collective over `world` (discover_topology, the NCCL check): this rank's facts, the checks run on
 // its device as `device_request` (auto, cuda or cpu) binds it.
-RankFacts gather_facts(const std::string& device_request);
+RankFacts gather_facts(comm::HostGroup& world, const std::string& device_request);
 
 // The facts as JSON text and back.
 std::string facts_to_json(const RankFacts& facts);

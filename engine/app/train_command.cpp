@@ -2,8 +2,6 @@
 // code: the config and topology agreed on, the data checked (each rank its share of the rows), one job on
 // every rank, the run directory claimed and the timeline started, then training (training_job.h), and at the
 // end the stop, if any, said once with how to continue.
-#include <mpi.h>
-
 #include <array>
 #include <csignal>
 #include <cstdint>
@@ -12,12 +10,12 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "comm/communicator.h"
-#include "comm/mpi_check.h"
+#include "comm/host_group.h"
 #include "engine/app/commands.h"
 #include "engine/app/learning_curves.h"
 #include "engine/base/build_info.h"
@@ -77,29 +75,30 @@ int usage_command(int rank) {
 // process's load can disturb on one rank: the ranks that measure vote, the majority's answer holds on every
 // rank, and the job runs one kind of kernels. A resumed run takes the answer its checkpoint recorded instead,
 // so that it runs the kernels of the run it continues, and equals it, whatever load its start meets.
-// Collective over MPI_COMM_WORLD.
-void agree_on_fma_units(const engine::Config& config, int rank) {
+// Collective over `world`.
+void agree_on_fma_units(const engine::Config& config, comm::HostGroup& world) {
+  const int rank = world.rank();
   const bool votes = config.model.cpu_kernels == "auto" && models::widest_fma() == models::FmaWidth::kAvx512;
-  int64_t recorded = -1;  // rank 0's checkpoint's answer: 0, 1, or -1 for none
+  std::vector<int64_t> recorded{-1};  // rank 0's checkpoint's answer: 0, 1, or -1 for none
   if (rank == 0 && votes && config.resume != "no") {
     const engine::RunFiles files{config.checkpoint.dir};
     if (const std::optional<bool> wide = engine::read_checkpoint_fma_verdict(files.last()))
-      recorded = *wide ? 1 : 0;
+      recorded[0] = *wide ? 1 : 0;
   }
-  DDP_CHECK_MPI(MPI_Bcast(&recorded, 1, MPI_INT64_T, 0, MPI_COMM_WORLD));
-  if (recorded >= 0) {
-    if (votes) models::settle_avx512_fma_outpaces_avx2(recorded == 1);
+  world.broadcast(std::span<int64_t>(recorded), 0);
+  if (recorded[0] >= 0) {
+    if (votes) models::settle_avx512_fma_outpaces_avx2(recorded[0] == 1);
     return;
   }
   int64_t ballot[2] = {votes && models::avx512_fma_outpaces_avx2() ? 1 : 0, votes ? 1 : 0};  // yes, voters
-  DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, ballot, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
+  world.sum(std::span<int64_t>(ballot));
   if (votes) models::settle_avx512_fma_outpaces_avx2(2 * ballot[0] > ballot[1]);
 }
 
 }  // namespace
 
 int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
-                  engine::ProgressWatchdog& watchdog, comm::Communicator& boot) {
+                  engine::ProgressWatchdog& watchdog, comm::HostGroup& boot) {
   if (args.empty()) return usage_command(boot.rank());
   watchdog.enter("reading the config");
   engine::ParsedConfig parsed;
@@ -122,8 +121,8 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
 
   watchdog.enter("discovering the topology");
   engine::Topology topology;
-  comm::agree_on_errors(boot, [&] { topology = engine::discover_topology(MPI_COMM_WORLD, config.device); });
-  agree_on_fma_units(config, boot.rank());
+  comm::agree_on_errors(boot, [&] { topology = engine::discover_topology(boot, config.device); });
+  agree_on_fma_units(config, boot);
   const int compute_threads = engine::compute_threads_for(topology, config.train.threads);
   const models::CpuThreadPlan threads = models::plan_cpu_threads(
       compute_threads, models::parse_cpu_kernels(config.model.cpu_kernels, {}, {}, compute_threads));
@@ -182,7 +181,7 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
   if (!timeline_path.empty()) {
     watchdog.enter("starting the timeline");
     comm::agree_on_errors(boot, [&] {
-      DDP_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));  // the ranks' time origins meet within the barrier's skew
+      boot.barrier();                              // the ranks' time origins meet within the barrier's skew
       if (timeline_path != config.log.timeline) {  // inside the run directory, made on rank 0 only
         std::error_code ignored;                   // if it cannot be made, timeline::start says so
         std::filesystem::create_directories(config.checkpoint.dir, ignored);
@@ -193,7 +192,7 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
     });
   }
   const engine::TrainResult result = engine::train(
-      config, topology, data, MPI_COMM_WORLD, watchdog,
+      config, topology, data, boot, watchdog,
       [](const engine::RunFiles& files) { engine::write_learning_curves(files.metrics(), files.curves()); });
   watchdog.enter("finishing");
   if (!timeline_path.empty()) {
@@ -221,7 +220,7 @@ int train_command(const std::vector<std::string>& args, ConfigReadEarly early,
   // evaluation or the test score, after the last step, where nothing is left to stop.
   int64_t stop[5] = {result.stopped_by_signal ? 1 : 0, result.epochs_done, result.steps_done_in_epoch,
                      result.stop_signal, engine::stop_signal_number_received()};
-  DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, stop, 5, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+  boot.max(std::span<int64_t>(stop));
   // After a SIGPIPE stdout leads nowhere: the last word goes to stderr.
   std::FILE* const said_on = stop[3] == SIGPIPE || stop[4] == SIGPIPE ? stderr : stdout;
   if (stop[0] == 0) {

@@ -96,7 +96,7 @@ cluster_test_setup "$ddptrain" 2
 
 # 2. plain mpirun: the watchdog ends the ranks; mpirun waits on node2's daemon. (A run that hangs before the
 # loss, in its first steps, is a bug of ddptrain's: it was seen here when two threads called Open MPI while
-# its TCP transport wired up the nodes, see comm/mpi_communicator.cpp.)
+# its TCP transport wired up the nodes, see comm/mpi_reducer.cpp.)
 lose_node2 watchdog 10 15
 first=$(first_ddptrain_line "$err")
 echo "watchdog: ddptrain's first error line: $first"

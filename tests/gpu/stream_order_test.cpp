@@ -15,7 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace ddp {
@@ -69,12 +70,13 @@ TEST_P(StreamOrder, TheAverageWaitsForAGradientProducedBehindADelay) {
   ASSERT_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&host), n * sizeof(float), cudaHostAllocDefault));
   for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<float>(rank + 1) * base_value(i);
 
-  std::unique_ptr<comm::Communicator> reducer;
+  comm::HostGroup world(MPI_COMM_WORLD);
+  std::unique_ptr<comm::GradientReducer> reducer;
   if (nccl) {
     const std::string compression = kind == "nccl" ? "none" : kind.substr(5);
-    reducer = comm::make_nccl_communicator(MPI_COMM_WORLD, compute, compression);
+    reducer = comm::make_nccl_reducer(world, compute, compression);
   } else {
-    reducer = comm::make_staged_mpi_communicator(MPI_COMM_WORLD, compute);
+    reducer = comm::make_staged_mpi_reducer(world, compute);
   }
   MPI_Barrier(MPI_COMM_WORLD);  // every rank's reducer is ready: the delay below is all that orders the data
 

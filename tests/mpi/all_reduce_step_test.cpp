@@ -7,7 +7,8 @@
 #include <cstring>
 #include <random>
 
-#include "comm/communicator.h"
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
 #include "engine/all_reduce_step.h"
 #include "engine/optimizer.h"
 #include "models/initializers.h"
@@ -41,27 +42,28 @@ TokenBatch random_batch(int batch, int seq, int vocab, uint64_t seed) {
 }
 
 TEST(Communicator, AverageAndBroadcastClosedForms) {
-  auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
-  const int n = comm->size();
-  std::vector<float> a(1000, static_cast<float>(comm->rank()));
-  std::vector<float> b(7, static_cast<float>(2 * comm->rank() + 1));
+  comm::HostGroup world(MPI_COMM_WORLD);
+  auto comm = comm::make_mpi_reducer(world);
+  const int n = world.size();
+  std::vector<float> a(1000, static_cast<float>(world.rank()));
+  std::vector<float> b(7, static_cast<float>(2 * world.rank() + 1));
   comm->start_average(a);
   comm->start_average(b);
   comm->finish_average();
   for (float x : a) ASSERT_FLOAT_EQ(x, static_cast<float>(n - 1) / 2.0f);
   for (float x : b) ASSERT_FLOAT_EQ(x, static_cast<float>(n));  // mean of 1, 3, 5, ... = n
 
-  std::vector<float> c(5, static_cast<float>(comm->rank() + 10));
-  comm->broadcast(c, n - 1);
+  std::vector<float> c(5, static_cast<float>(world.rank() + 10));
+  world.broadcast(c, n - 1);
   for (float x : c) ASSERT_EQ(x, static_cast<float>(n + 9));
 
-  std::vector<double> s{1.0, static_cast<double>(comm->rank())};
-  comm->sum(s);
+  std::vector<double> s{1.0, static_cast<double>(world.rank())};
+  world.sum(s);
   EXPECT_EQ(s[0], n);
   EXPECT_EQ(s[1], n * (n - 1) / 2);
 
-  const std::vector<std::string> texts = comm->gather("rank" + std::to_string(comm->rank()), 0);
-  if (comm->rank() == 0) {
+  const std::vector<std::string> texts = world.gather("rank" + std::to_string(world.rank()), 0);
+  if (world.rank() == 0) {
     ASSERT_EQ(static_cast<int>(texts.size()), n);
     EXPECT_EQ(texts[static_cast<std::size_t>(n - 1)], "rank" + std::to_string(n - 1));
   }
@@ -71,9 +73,10 @@ TEST(Communicator, AverageAndBroadcastClosedForms) {
 // each of its rows holds (r + 1) / n, every other row stays zero. With 40 rows the union stays sparse; with
 // 4 rows it covers the matrix and the dense path runs; both must give the same closed form.
 TEST(Communicator, AverageRowsSendsTheUnion) {
-  auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
-  const int n = comm->size();
-  const int r = comm->rank();
+  comm::HostGroup world(MPI_COMM_WORLD);
+  auto comm = comm::make_mpi_reducer(world);
+  const int n = world.size();
+  const int r = world.rank();
   for (const std::size_t total_rows : {std::size_t{40}, static_cast<std::size_t>(2 * n)}) {
     const std::size_t width = 3;
     const int32_t second = total_rows == 40 ? r + 10 : r + n;
@@ -101,11 +104,11 @@ TEST(Communicator, AverageRowsSendsTheUnion) {
 }
 
 TEST(Communicator, FirstErrorIsSharedByAllRanks) {
-  auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
-  EXPECT_FALSE(comm->first_error(std::nullopt).has_value());
+  comm::HostGroup world(MPI_COMM_WORLD);
+  EXPECT_FALSE(world.first_error(std::nullopt).has_value());
   std::optional<std::string> mine;
-  if (comm->rank() >= 1) mine = "bad input on rank " + std::to_string(comm->rank());
-  const auto first = comm->first_error(mine);
+  if (world.rank() >= 1) mine = "bad input on rank " + std::to_string(world.rank());
+  const auto first = world.first_error(mine);
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(*first, "bad input on rank 1");
 }
@@ -118,33 +121,35 @@ class ReplicasStayBitIdentical : public ::testing::TestWithParam<std::tuple<bool
 
 TEST_P(ReplicasStayBitIdentical, AfterTwelveSteps) {
   const auto [sparse, delayed] = GetParam();
-  auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
+  comm::HostGroup world(MPI_COMM_WORLD);
+  auto comm = comm::make_mpi_reducer(world);
   const models::ModelShape shape{97, 12, 10, 2};
   auto replica = models::make_cpu_replica(shape);
   std::vector<float> initial(replica->layout().total_size());
-  if (comm->rank() == 0) models::initialize_keras(replica->layout(), initial, 7);
-  comm->broadcast(initial, 0);
+  if (world.rank() == 0) models::initialize_keras(replica->layout(), initial, 7);
+  world.broadcast(initial, 0);
   replica->copy_params_from_host(initial);
   auto adam = engine::make_optimizer(engine::OptimizerSettings{}, replica->layout().total_size());
   engine::AllReduceStep step(*replica, *comm, *adam, sparse, 0, delayed);
   for (int i = 0; i < 12; ++i) {
     const TokenBatch b =
-        random_batch(8, 15, shape.vocab_size, 1000 * static_cast<uint64_t>(comm->rank()) + i);
+        random_batch(8, 15, shape.vocab_size, 1000 * static_cast<uint64_t>(world.rank()) + i);
     step.run(b.view(0, b.batch));
   }
   step.flush();
   EXPECT_EQ(adam->iterations(), 12) << "every step's gradient applied";
   std::vector<float> reference(replica->params().begin(), replica->params().end());
-  comm->broadcast(reference, 0);
+  world.broadcast(reference, 0);
   EXPECT_EQ(std::memcmp(reference.data(), replica->params().data(), reference.size() * sizeof(float)), 0)
-      << "rank " << comm->rank() << " diverged from rank 0";
+      << "rank " << world.rank() << " diverged from rank 0";
 }
 
 // The delayed exchange's sparse bookkeeping (the rows it copies aside, and those it clears after each apply)
 // gives the parameters of its dense exchange, which has none: identical replicas alone would not show a row
 // left over from an earlier step, averaged alike on every rank.
 TEST(DataParallel, TheDelayedSparseExchangeEqualsTheDenseOne) {
-  auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
+  comm::HostGroup world(MPI_COMM_WORLD);
+  auto comm = comm::make_mpi_reducer(world);
   const models::ModelShape shape{97, 12, 10, 2};
   std::vector<std::vector<float>> params;
   for (const bool sparse : {true, false}) {
@@ -156,7 +161,7 @@ TEST(DataParallel, TheDelayedSparseExchangeEqualsTheDenseOne) {
     engine::AllReduceStep step(*replica, *comm, *adam, sparse, 0, /*delayed=*/true);
     for (int i = 0; i < 12; ++i) {
       const TokenBatch b =
-          random_batch(8, 15, shape.vocab_size, 1000 * static_cast<uint64_t>(comm->rank()) + i);
+          random_batch(8, 15, shape.vocab_size, 1000 * static_cast<uint64_t>(world.rank()) + i);
       step.run(b.view(0, b.batch));
     }
     step.flush();
@@ -165,7 +170,7 @@ TEST(DataParallel, TheDelayedSparseExchangeEqualsTheDenseOne) {
   double largest = 0;
   for (std::size_t i = 0; i < params[0].size(); ++i)
     largest = std::max(largest, static_cast<double>(std::abs(params[0][i] - params[1][i])));
-  EXPECT_LT(largest, 1e-6) << "rank " << comm->rank();
+  EXPECT_LT(largest, 1e-6) << "rank " << world.rank();
 }
 
 INSTANTIATE_TEST_SUITE_P(DataParallel, ReplicasStayBitIdentical,
@@ -189,26 +194,27 @@ class FrontToBackReplica final : public ddp::testing::ForwardingReplica {
 // exchange the embedding densely) still pair up their reductions: every rank ends bit-identical to a run
 // where all ranks report alike.
 TEST(DataParallel, RanksReportingSegmentsInOtherOrdersAverageTheSameOnes) {
-  auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
+  comm::HostGroup world(MPI_COMM_WORLD);
+  auto comm = comm::make_mpi_reducer(world);
   const models::ModelShape shape{53, 6, 5, 2};
   std::vector<float> initial(models::ParamLayout(shape).total_size());
   models::initialize_keras(models::ParamLayout(shape), initial, 9);
   std::vector<std::vector<float>> results;
   for (const bool mixed : {false, true}) {
     std::unique_ptr<models::Replica> replica = models::make_cpu_replica(shape);
-    if (mixed && comm->rank() % 2 == 1) replica = std::make_unique<FrontToBackReplica>(std::move(replica));
+    if (mixed && world.rank() % 2 == 1) replica = std::make_unique<FrontToBackReplica>(std::move(replica));
     replica->copy_params_from_host(initial);
     auto adam = engine::make_optimizer(engine::OptimizerSettings{}, replica->layout().total_size());
     engine::AllReduceStep step(*replica, *comm, *adam, /*sparse_exchange=*/false);
     for (int i = 0; i < 4; ++i) {
       const TokenBatch b =
-          random_batch(6, 9, shape.vocab_size, 100 * static_cast<uint64_t>(comm->rank()) + i);
+          random_batch(6, 9, shape.vocab_size, 100 * static_cast<uint64_t>(world.rank()) + i);
       step.run(b.view(0, b.batch));
     }
     results.emplace_back(replica->params().begin(), replica->params().end());
   }
   ASSERT_NE(results[0], initial);
-  EXPECT_EQ(results[1], results[0]) << "rank " << comm->rank();
+  EXPECT_EQ(results[1], results[0]) << "rank " << world.rank();
 }
 
 // 2 ranks x batch 16 give the same update as 1 rank x batch 32 (SGD with momentum, so the update is linear in
@@ -221,7 +227,8 @@ TEST_P(TwoBySixteen, EqualsOneRankOfThirtyTwo) {
   MPI_Comm_split(MPI_COMM_WORLD, rank < 2 ? 0 : 1, rank, &pair);
   const bool in_pair = rank < 2 && world_size() >= 2;
   if (in_pair) {
-    auto comm = comm::make_mpi_communicator(pair);
+    comm::HostGroup world(pair);
+    auto comm = comm::make_mpi_reducer(world);
     const models::ModelShape shape{61, 16, 12, 1};
     engine::OptimizerSettings sgd;
     sgd.name = "sgd";
@@ -239,7 +246,7 @@ TEST_P(TwoBySixteen, EqualsOneRankOfThirtyTwo) {
       const TokenBatch b = random_batch(32, 20, shape.vocab_size, 500 + static_cast<uint64_t>(step));
       single->train_step(b.view(0, 32), {});
       single_opt->step(single->params(), single->grads());
-      split_step.run(b.view(16 * comm->rank(), 16));
+      split_step.run(b.view(16 * world.rank(), 16));
     }
     double max_diff = 0;
     double max_change = 0;

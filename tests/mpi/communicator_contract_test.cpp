@@ -1,6 +1,7 @@
-// Every communicator against the contract (tests/communicator_contract.h) in one typed suite (Communicators),
-// at every rank count ctest runs this binary with: the MPI backend here; staged MPI and NCCL (with each wire
-// compression) where every rank has a GPU of its own (skipped, with the reason, elsewhere).
+// Every gradient reducer against the contract (tests/communicator_contract.h) in one typed suite
+// (Communicators), at every rank count ctest runs this binary with: the MPI backend here; staged MPI and NCCL
+// (with each wire compression) where every rank has a GPU of its own (skipped, with the reason, elsewhere).
+// The host collectives, which every backend shares, once for comm::HostGroup (HostGroupContract).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -15,7 +16,9 @@
 #include <vector>
 
 #include "comm/average_check.h"
-#include "comm/communicator.h"
+#include "comm/backend_choice.h"
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
 #include "comm/sharded_exchange.h"
 #include "engine/base/errors.h"
 #include "engine/device.h"
@@ -26,42 +29,31 @@
 namespace ddp {
 namespace {
 
-// The check itself: a communicator that does not reduce must fail it (with one rank averaging is the
-// identity, so only a job of several ranks can tell).
-class NotReducing final : public comm::Communicator {
+// The check itself: a reducer that does not reduce must fail it (with one rank averaging is the identity, so
+// only a job of several ranks can tell).
+class NotReducing final : public comm::GradientReducer {
  public:
-  explicit NotReducing(std::unique_ptr<comm::Communicator> inner) : inner_(std::move(inner)) {}
-  int rank() const override { return inner_->rank(); }
+  explicit NotReducing(std::unique_ptr<comm::GradientReducer> inner) : inner_(std::move(inner)) {}
   int size() const override { return inner_->size(); }
   std::string backend() const override { return "not reducing"; }
-  void broadcast(std::span<float> d, int root) override { inner_->broadcast(d, root); }
-  void broadcast(std::span<double> d, int root) override { inner_->broadcast(d, root); }
   void start_average(std::span<float>) override {}
   void finish_average() override {}
   std::vector<int32_t> start_average_rows(std::span<float>, std::size_t,
                                           std::span<const int32_t> r) override {
     return {r.begin(), r.end()};
   }
-  void sum(std::span<double> d) override { inner_->sum(d); }
-  void barrier() override { inner_->barrier(); }
-  std::vector<std::string> gather(const std::string& t, int root) override { return inner_->gather(t, root); }
-  std::string scatter(const std::vector<std::string>& t, int root) override {
-    return inner_->scatter(t, root);
-  }
-  std::optional<std::string> first_error(const std::optional<std::string>& m) override {
-    return inner_->first_error(m);
-  }
 
  private:
-  std::unique_ptr<comm::Communicator> inner_;
+  std::unique_ptr<comm::GradientReducer> inner_;
 };
 
 TEST(CommunicatorContract, FailsACommunicatorThatDoesNotReduce) {
-  NotReducing comm(comm::make_mpi_communicator(MPI_COMM_WORLD));
+  comm::HostGroup world(MPI_COMM_WORLD);
+  NotReducing reducer(comm::make_mpi_reducer(world));
   std::vector<float> data(64);
   const std::vector<std::size_t> sizes{64};
   const comm::AverageCheckResult result =
-      comm::check_average(comm, comm::host_check_buffer(data), sizes, comm::kAverageTolerance);
+      comm::check_average(world, reducer, comm::host_check_buffer(data), sizes, comm::kAverageTolerance);
   EXPECT_FALSE(result.ok) << "every rank must see the failure, the middle one of an odd count too";
   EXPECT_NE(result.where.find("on rank "), std::string::npos) << result.where;
 }
@@ -73,7 +65,8 @@ struct GpuPerRank {
   std::string why_not;
 };
 GpuPerRank gpu_per_rank() {
-  const engine::Topology topology = engine::discover_topology(MPI_COMM_WORLD, "auto");
+  comm::HostGroup world(MPI_COMM_WORLD);
+  const engine::Topology topology = engine::discover_topology(world, "auto");
   int everyone = topology.gpu >= 0 ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &everyone, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (everyone == 1) return {topology.gpu, ""};
@@ -94,8 +87,9 @@ testing::CheckBufferFactory device_buffers(int device,
   };
 }
 
-// One typed suite over every communicator: each Kind says how to make it, whether its gradient buffers live
-// in device memory (then every rank needs a GPU of its own, or all skip) and how close its average must be.
+// One typed suite over every reducer: each Kind says how to make it (over a group of every rank), whether its
+// gradient buffers live in device memory (then every rank needs a GPU of its own, or all skip) and how close
+// its average must be.
 template <typename Kind>
 class Communicators : public ::testing::Test {
  protected:
@@ -105,9 +99,9 @@ class Communicators : public ::testing::Test {
       if (gpu.device < 0) GTEST_SKIP() << gpu.why_not;
       device_ = gpu.device;
     }
-    comm_ = Kind::make();
+    reducer_ = Kind::make(group_);
   }
-  // Buffers in the communicator's memory, kept until the test ends.
+  // Buffers in the reducer's memory, kept until the test ends.
   testing::CheckBufferFactory buffers() {
     if (Kind::kDeviceMemory) return device_buffers(device_, device_owned_);
     return [this](std::size_t floats) {
@@ -117,31 +111,34 @@ class Communicators : public ::testing::Test {
   }
 
   int device_ = -1;
-  // Declared before the communicator, so that it goes first and no reduction outlives its buffers.
+  comm::HostGroup group_{MPI_COMM_WORLD};
+  // Declared before the reducer, so that it goes first and no reduction outlives its buffers.
   std::vector<std::unique_ptr<std::vector<float>>> host_owned_;
   std::vector<std::unique_ptr<engine::DeviceBuffer>> device_owned_;
-  std::unique_ptr<comm::Communicator> comm_;
+  std::unique_ptr<comm::GradientReducer> reducer_;
 };
 
 struct MpiKind {
   static constexpr bool kDeviceMemory = false;
-  static std::unique_ptr<comm::Communicator> make() { return comm::make_mpi_communicator(MPI_COMM_WORLD); }
+  static std::unique_ptr<comm::GradientReducer> make(comm::HostGroup& group) {
+    return comm::make_mpi_reducer(group);
+  }
   static double tolerance(int) { return comm::kAverageTolerance; }
 };
 
 // The MPI all-reduce with gradients as bfloat16 (an all-to-all, float sums, an all-gather).
 struct MpiBf16Kind {
   static constexpr bool kDeviceMemory = false;
-  static std::unique_ptr<comm::Communicator> make() {
-    return comm::make_mpi_communicator(MPI_COMM_WORLD, "bf16");
+  static std::unique_ptr<comm::GradientReducer> make(comm::HostGroup& group) {
+    return comm::make_mpi_reducer(group, "bf16");
   }
   static double tolerance(int size) { return comm::average_tolerance("bf16", size); }
 };
 
 struct StagedMpiKind {
   static constexpr bool kDeviceMemory = true;
-  static std::unique_ptr<comm::Communicator> make() {
-    return comm::make_staged_mpi_communicator(MPI_COMM_WORLD, nullptr);
+  static std::unique_ptr<comm::GradientReducer> make(comm::HostGroup& group) {
+    return comm::make_staged_mpi_reducer(group, nullptr);
   }
   static double tolerance(int) { return comm::kAverageTolerance; }
 };
@@ -150,8 +147,8 @@ struct StagedMpiKind {
 template <const char* kWire>
 struct NcclKind {
   static constexpr bool kDeviceMemory = true;
-  static std::unique_ptr<comm::Communicator> make() {
-    return comm::make_nccl_communicator(MPI_COMM_WORLD, nullptr, kWire);
+  static std::unique_ptr<comm::GradientReducer> make(comm::HostGroup& group) {
+    return comm::make_nccl_reducer(group, nullptr, kWire);
   }
   static double tolerance(int size) { return comm::average_tolerance(kWire, size); }
 };
@@ -171,29 +168,30 @@ struct KindName {
 TYPED_TEST_SUITE(Communicators, CommunicatorKinds, KindName);
 
 TYPED_TEST(Communicators, Averages) {
-  testing::expect_averages(*this->comm_, this->buffers(), TypeParam::tolerance(this->comm_->size()));
-}
-
-TYPED_TEST(Communicators, HostCollectives) {
-  testing::expect_host_collectives(*this->comm_);
+  testing::expect_averages(this->group_, *this->reducer_, this->buffers(),
+                           TypeParam::tolerance(this->reducer_->size()));
 }
 
 // Rows of a matrix in host memory: the backends whose gradients live there.
 TYPED_TEST(Communicators, RowAverages) {
   if (TypeParam::kDeviceMemory) GTEST_SKIP() << "the row exchange is tested on host memory";
-  const double tolerance = std::max(1e-6, TypeParam::tolerance(this->comm_->size()));
-  testing::expect_row_averages(*this->comm_, 100, 9, tolerance);  // a few rows: the sparse path
-  testing::expect_row_averages(*this->comm_, 20, 19, tolerance);  // nearly every row: the whole matrix
-  testing::expect_row_averages(*this->comm_, 50, 1, tolerance);   // fewer rows than ranks
+  const double tolerance = std::max(1e-6, TypeParam::tolerance(this->reducer_->size()));
+  comm::HostGroup& group = this->group_;
+  comm::GradientReducer& reducer = *this->reducer_;
+  testing::expect_row_averages(group, reducer, 100, 9, tolerance);  // a few rows: the sparse path
+  testing::expect_row_averages(group, reducer, 20, 19, tolerance);  // nearly every row: the whole matrix
+  testing::expect_row_averages(group, reducer, 50, 1, tolerance);   // fewer rows than ranks
 }
 
 // The GPU self-check of the communicator (engine/self_check.h) on the segments of the IMDB model.
 TEST(CommunicatorContract, NcclSelfCheckPasses) {
   const auto [device, why_not] = gpu_per_rank();
   if (device < 0) GTEST_SKIP() << why_not;
-  auto comm = comm::make_nccl_communicator(MPI_COMM_WORLD, nullptr, "bf16");
+  comm::HostGroup world(MPI_COMM_WORLD);
+  auto reducer = comm::make_nccl_reducer(world, nullptr, "bf16");
   const std::vector<std::size_t> sizes{20000 * 128, 131584, 129};
-  const engine::SelfCheckReport report = engine::check_gpu_communicator(*comm, device, sizes, "bf16");
+  const engine::SelfCheckReport report =
+      engine::check_gpu_communicator(world, *reducer, device, sizes, "bf16");
   EXPECT_TRUE(report.ok) << report.failure;
 }
 
@@ -203,11 +201,78 @@ TEST(CommunicatorContract, SelfCheckAgreesOnAFailureToStart) {
   int gpus = static_cast<int>(inventory.gpus.size());
   MPI_Allreduce(MPI_IN_PLACE, &gpus, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (gpus > 0) GTEST_SKIP() << "a GPU is visible: the failure to start cannot be made here";
-  auto comm = comm::make_mpi_communicator(MPI_COMM_WORLD);
+  comm::HostGroup world(MPI_COMM_WORLD);
+  auto reducer = comm::make_mpi_reducer(world);
   const std::vector<std::size_t> sizes{64, 3};
-  const engine::SelfCheckReport report = engine::check_gpu_communicator(*comm, 0, sizes, "none");
+  const engine::SelfCheckReport report = engine::check_gpu_communicator(world, *reducer, 0, sizes, "none");
   EXPECT_FALSE(report.ok);
   EXPECT_NE(report.failure.find("rank 0: a GPU call failed"), std::string::npos) << report.failure;
+}
+
+// The host collectives every backend shares, once: they live in comm::HostGroup alone.
+TEST(HostGroupContract, HostCollectives) {
+  comm::HostGroup world(MPI_COMM_WORLD);
+  testing::expect_host_collectives(world);
+}
+
+// What the engine asks of a group beyond the contract's collectives: integers, a maximum that completes
+// later, every rank's text, and the groups made from it.
+TEST(HostGroupContract, IntegersTextsAndSubgroups) {
+  comm::HostGroup world(MPI_COMM_WORLD);
+  const int n = world.size();
+  const int rank = world.rank();
+  std::vector<int64_t> values{int64_t{1} << 40, rank, -rank};
+  world.broadcast(std::span<int64_t>(values), n - 1);
+  EXPECT_EQ(values, (std::vector<int64_t>{int64_t{1} << 40, n - 1, 1 - n}));
+  std::vector<int64_t> sums{1, rank};
+  world.sum(std::span<int64_t>(sums));
+  EXPECT_EQ(sums, (std::vector<int64_t>{n, n * (n - 1) / 2}));
+  std::vector<int64_t> maxima{rank, -rank};
+  world.max(std::span<int64_t>(maxima));
+  EXPECT_EQ(maxima, (std::vector<int64_t>{n - 1, 0}));
+  comm::PendingMax pending = world.start_max(rank == 1 % n ? 15 : rank);
+  EXPECT_TRUE(pending.active());
+  world.barrier();  // other collectives may run while it is under way
+  EXPECT_EQ(pending.wait(), std::max<int64_t>(15, n - 1));
+  EXPECT_FALSE(pending.active());
+
+  std::vector<std::byte> bytes(3, std::byte{static_cast<unsigned char>(rank)});
+  world.broadcast(std::span<std::byte>(bytes), 0);
+  EXPECT_EQ(bytes, std::vector<std::byte>(3, std::byte{0}));
+  const std::vector<std::string> all = world.all_gather(std::string(static_cast<std::size_t>(rank), 'x'));
+  ASSERT_EQ(all.size(), static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) EXPECT_EQ(all[static_cast<std::size_t>(r)], std::string(r, 'x'));
+
+  comm::HostGroup copy = world.duplicate();
+  EXPECT_EQ(copy.rank(), rank);
+  EXPECT_EQ(copy.size(), n);
+  comm::HostGroup node = world.node();  // ctest runs every rank on one node
+  EXPECT_EQ(node.size(), n);
+  EXPECT_EQ(node.rank(), rank);
+  std::optional<comm::HostGroup> odd = world.subgroup(rank % 2 == 1);
+  ASSERT_EQ(odd.has_value(), rank % 2 == 1);
+  if (odd) {
+    EXPECT_EQ(odd->size(), n / 2);
+    EXPECT_EQ(odd->rank(), rank / 2);
+    EXPECT_EQ(odd->all_gather(std::to_string(rank)).back(), std::to_string(n - 1 - (n % 2)));
+  }
+}
+
+// This process alone: every collective is the identity, and no MPI is needed for it.
+TEST(HostGroupContract, AloneIsTheIdentity) {
+  comm::HostGroup alone = comm::HostGroup::alone();
+  EXPECT_EQ(alone.rank(), 0);
+  EXPECT_EQ(alone.size(), 1);
+  std::vector<double> d{2.5};
+  alone.sum(d);
+  alone.broadcast(d, 0);
+  EXPECT_EQ(d[0], 2.5);
+  EXPECT_EQ(alone.gather("me", 0), std::vector<std::string>{"me"});
+  EXPECT_EQ(alone.scatter({"mine"}, 0), "mine");
+  EXPECT_EQ(alone.first_error(std::string("bad")), std::optional<std::string>("bad"));
+  EXPECT_EQ(alone.start_max(7).wait(), 7);
+  EXPECT_FALSE(alone.subgroup(false).has_value());
+  EXPECT_EQ(alone.node().size(), 1);
 }
 
 // The colocated parameter server's exchange (comm/sharded_exchange.h) against the same closed form: each
@@ -340,7 +405,8 @@ TEST(ChooseBackend, RefusesNcclForRanksThatShareAGpuBoard) {
   request.on_gpu = true;
   request.gpu_board = "node7 PCI 0000:3b:00.0";  // every rank names the same board
   try {
-    comm::choose_backend(request, MPI_COMM_WORLD);
+    comm::HostGroup world(MPI_COMM_WORLD);
+    comm::choose_backend(request, world);
     FAIL() << "no error";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("ranks 0 and 1 share the GPU at node7 PCI 0000:3b:00.0"),

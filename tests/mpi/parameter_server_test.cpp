@@ -12,7 +12,8 @@
 #include <random>
 #include <thread>
 
-#include "comm/communicator.h"
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
 #include "comm/parameter_server.h"
 #include "tests/mpi/mpi_test_util.h"
 
@@ -178,7 +179,8 @@ TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
     EXPECT_TRUE(same_bits(shard, shard_of(roles, rank, reference))) << "server rank " << rank;
   } else {
     comm::ParameterClient client(MPI_COMM_WORLD, options, n);
-    auto allreduce = comm::make_mpi_communicator(worker_comm);
+    comm::HostGroup workers_group(worker_comm);
+    auto allreduce = comm::make_mpi_reducer(workers_group);
     std::vector<float> params(n, std::numeric_limits<float>::quiet_NaN());
     client.pull(params);
     EXPECT_TRUE(same_bits(params, reference)) << "the initial pull must return the servers' shards";

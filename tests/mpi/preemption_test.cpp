@@ -19,11 +19,13 @@ class StopAgreementTest : public ::testing::Test {
  protected:
   void SetUp() override { install_stop_signal_handlers(); }
   void TearDown() override { clear_stop_signal(); }
+
+  comm::HostGroup world_{MPI_COMM_WORLD};
 };
 
 TEST_F(StopAgreementTest, OneRanksSignalStopsEveryRankAtTheSameCall) {
   const bool signalled = world_rank() == world_size() - 1;
-  StopAgreement agreement(MPI_COMM_WORLD);
+  StopAgreement agreement(world_);
   EXPECT_FALSE(agreement.poll());
   EXPECT_FALSE(agreement.poll());
   if (signalled) std::raise(SIGUSR1);
@@ -36,7 +38,7 @@ TEST_F(StopAgreementTest, OneRanksSignalStopsEveryRankAtTheSameCall) {
 }
 
 TEST_F(StopAgreementTest, NowAnswersAtOnceAndNothingStopsWithoutASignal) {
-  StopAgreement agreement(MPI_COMM_WORLD);
+  StopAgreement agreement(world_);
   EXPECT_FALSE(agreement.now());
   EXPECT_FALSE(agreement.poll());
   EXPECT_FALSE(agreement.now());  // completes the pending question first
@@ -47,7 +49,7 @@ TEST_F(StopAgreementTest, NowAnswersAtOnceAndNothingStopsWithoutASignal) {
 }
 
 TEST_F(StopAgreementTest, RanksWithDifferentSignalsAgreeOnOneName) {
-  StopAgreement agreement(MPI_COMM_WORLD);
+  StopAgreement agreement(world_);
   EXPECT_EQ(agreement.signal_name(), "");
   // Rank 0 a Ctrl-C, the last rank a SIGUSR1, any rank between a SIGTERM: every rank must name the same one.
   const int rank = world_rank();
@@ -70,7 +72,7 @@ TEST_F(StopAgreementTest, RanksWithDifferentSignalsAgreeOnOneName) {
 
 TEST_F(StopAgreementTest, ASignalRelayedForAnotherProcessStopsEveryRank) {
   // The last rank relays a SIGUSR1 its dedicated parameter server received; no rank received one itself.
-  StopAgreement agreement(MPI_COMM_WORLD);
+  StopAgreement agreement(world_);
   agreement.relay(0);  // nothing to relay
   EXPECT_FALSE(agreement.now());
   if (world_rank() == world_size() - 1) agreement.relay(SIGUSR1);
@@ -83,7 +85,7 @@ TEST_F(StopAgreementTest, ASignalRelayedForAnotherProcessStopsEveryRank) {
 TEST_F(StopAgreementTest, AskingEveryFewPollsAnswersAtTheSamePollOnEveryRank) {
   // Every third poll asks (and completes the question of three polls before); the polls between only repeat
   // the last answer, so ranks may be up to three polls apart without waiting for each other.
-  StopAgreement agreement(MPI_COMM_WORLD, 3);
+  StopAgreement agreement(world_, 3);
   std::vector<int> answers;
   for (int poll = 1; poll <= 9; ++poll) {
     answers.push_back(agreement.poll() ? 1 : 0);

@@ -62,7 +62,8 @@ class PsTrainerTest : public ::testing::Test {
     ddp::testing::write_synthetic_on_rank0(
         {.output = data_path_, .train = 600, .test = 130, .vocab = 300, .maxlen = 16, .seed = 5});
     data_ = io::inspect_dataset(data_path_);
-    topology_ = engine::discover_topology(MPI_COMM_WORLD, "cpu");
+    comm::HostGroup world(MPI_COMM_WORLD);
+    topology_ = engine::discover_topology(world, "cpu");
     // The first W ranks, for the all-reduce reference over the same W data shards.
     MPI_Comm_split(MPI_COMM_WORLD, world_rank() < workers() ? 0 : MPI_UNDEFINED, world_rank(),
                    &first_workers_);
@@ -93,7 +94,8 @@ class PsTrainerTest : public ::testing::Test {
     const engine::Config config = engine::parse_config(args).config;
     const io::DatasetInfo data = data_path.empty() ? data_ : io::inspect_dataset(data_path);
     engine::ProgressWatchdog watchdog(config.comm.timeout_s);
-    return engine::train(config, topology_, data, comm, watchdog);
+    comm::HostGroup group(comm);
+    return engine::train(config, topology_, data, group, watchdog);
   }
 
   // The all-reduce trainer on the first W ranks; every rank gets rank 0's parameters.

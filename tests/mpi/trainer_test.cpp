@@ -12,7 +12,8 @@
 #include <set>
 #include <utility>
 
-#include "comm/communicator.h"
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
 #include "engine/all_reduce_updater.h"
 #include "engine/base/errors.h"
 #include "engine/checkpoint.h"
@@ -79,12 +80,13 @@ class ReplicaWithItsOwnRandomState final : public ddp::testing::ForwardingReplic
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    comm_ = comm::make_mpi_communicator(MPI_COMM_WORLD);
+    comm_ = std::make_unique<comm::HostGroup>(MPI_COMM_WORLD);
+    reducer_ = comm::make_mpi_reducer(*comm_);
     data_path_ = dir_.file("data.h5");
     ddp::testing::write_synthetic_on_rank0(
         {.output = data_path_, .train = 600, .test = 130, .vocab = 300, .maxlen = 16, .seed = 5});
     data_ = io::inspect_dataset(data_path_);
-    topology_ = engine::discover_topology(MPI_COMM_WORLD, "cpu");
+    topology_ = engine::discover_topology(*comm_, "cpu");
   }
 
   // The all-reduce trainer (comm.backend = auto would pick the parameter server on CPU ranks: those runs are
@@ -103,7 +105,7 @@ class TrainerTest : public ::testing::Test {
     const io::DatasetInfo data =
         io::inspect_dataset(args[std::find(args.begin(), args.end(), "--data.path") - args.begin() + 1]);
     engine::ProgressWatchdog watchdog(config.comm.timeout_s);
-    return engine::train(config, topology_, data, MPI_COMM_WORLD, watchdog);
+    return engine::train(config, topology_, data, *comm_, watchdog);
   }
 
   // The same all-reduce run through the epoch loop itself, on ReplicaWithItsOwnRandomState; `restored` gets
@@ -115,13 +117,14 @@ class TrainerTest : public ::testing::Test {
                              "lines", "--comm.backend", "mpi"});
     const engine::Config config = engine::parse_config(args).config;
     engine::ProgressWatchdog watchdog(config.comm.timeout_s);
-    engine::StopAgreement stop_signal(MPI_COMM_WORLD);
+    engine::StopAgreement stop_signal(*comm_);
     auto replica = std::make_unique<ReplicaWithItsOwnRandomState>(
         models::make_cpu_replica(engine::model_shape(config, data_.vocab_size, data_.num_classes)),
         comm_->rank());
     ReplicaWithItsOwnRandomState& own = *replica;
-    auto updater = engine::make_all_reduce_updater(*replica, -1, *comm_, engine::optimizer_settings(config),
-                                                   /*sparse_exchange=*/false);
+    auto updater =
+        engine::make_all_reduce_updater(*replica, -1, *comm_, *reducer_, engine::optimizer_settings(config),
+                                        /*sparse_exchange=*/false);
     engine::TrainingRun run(config,
                             engine::TrainingRanks{*comm_, comm_->size(), topology_, watchdog, stop_signal},
                             data_, std::move(replica), std::move(updater), "test", {});
@@ -140,7 +143,8 @@ class TrainerTest : public ::testing::Test {
   }
 
   SharedDir dir_;
-  std::unique_ptr<comm::Communicator> comm_;
+  std::unique_ptr<comm::HostGroup> comm_;
+  std::unique_ptr<comm::GradientReducer> reducer_;  // over comm_
   std::string data_path_;
   io::DatasetInfo data_;
   engine::Topology topology_;

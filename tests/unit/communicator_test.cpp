@@ -1,5 +1,5 @@
-// What the communicator interface promises without any peer: agree_on_errors marks the errors it agreed on,
-// and AbortOnUnwind aborts a communicator only when an exception leaves its scope.
+// What the communication interfaces promise without any peer: agree_on_errors marks the errors it agreed on,
+// and AbortOnUnwind aborts a gradient reducer only when an exception leaves its scope.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,7 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
 #include "comm/stall_census.h"
 #include "engine/all_reduce_step.h"
 #include "engine/base/errors.h"
@@ -24,17 +25,14 @@
 namespace ddp::comm {
 namespace {
 
-// A communicator without peers: `size` ranks as far as its users can tell, every collective this rank's own
-// values (an average over ranks that all agree); it counts abort() calls and records where each
-// start_average's values start, as offsets from `base`.
-class FakeCommunicator final : public Communicator {
+// A reducer without peers: `size` ranks as far as its users can tell, every average this rank's own values
+// (an average over ranks that all agree); it counts abort() calls and records where each start_average's
+// values start, as offsets from `base`.
+class FakeReducer final : public GradientReducer {
  public:
-  explicit FakeCommunicator(int size = 1, std::span<const float> base = {}) : size_(size), base_(base) {}
-  int rank() const override { return 0; }
+  explicit FakeReducer(int size = 1, std::span<const float> base = {}) : size_(size), base_(base) {}
   int size() const override { return size_; }
   std::string backend() const override { return "fake"; }
-  void broadcast(std::span<float>, int) override {}
-  void broadcast(std::span<double>, int) override {}
   void start_average(std::span<float> values) override {
     // std::less: a total order on pointers, also into another buffer (the delayed exchange's copy).
     const std::less<const float*> before;
@@ -45,11 +43,6 @@ class FakeCommunicator final : public Communicator {
   std::vector<int32_t> start_average_rows(std::span<float>, std::size_t, std::span<const int32_t>) override {
     return {};
   }
-  void sum(std::span<double>) override {}
-  void barrier() override {}
-  std::vector<std::string> gather(const std::string& text, int) override { return {text}; }
-  std::string scatter(const std::vector<std::string>& texts, int) override { return texts.at(0); }
-  std::optional<std::string> first_error(const std::optional<std::string>& mine) override { return mine; }
   void abort() override { ++aborts; }
 
   int aborts = 0;
@@ -61,7 +54,7 @@ class FakeCommunicator final : public Communicator {
 };
 
 TEST(AgreeOnErrors, ThrowsTheAgreedErrorAsSuch) {
-  FakeCommunicator comm;
+  HostGroup comm = HostGroup::alone();
   try {
     agree_on_errors(comm, [] { throw UserError("bad key"); });
     FAIL() << "no error";
@@ -72,7 +65,7 @@ TEST(AgreeOnErrors, ThrowsTheAgreedErrorAsSuch) {
 }
 
 TEST(AbortOnUnwind, AbortsOnlyWhenAnExceptionLeavesTheScope) {
-  FakeCommunicator comm;
+  FakeReducer comm;
   { const AbortOnUnwind guard(&comm); }
   EXPECT_EQ(comm.aborts, 0);
   try {
@@ -83,7 +76,7 @@ TEST(AbortOnUnwind, AbortsOnlyWhenAnExceptionLeavesTheScope) {
   EXPECT_EQ(comm.aborts, 1);
   // A guard made while another exception is already unwinding (in a destructor) counts from there.
   struct UnwindingDestructor {
-    FakeCommunicator& comm;
+    FakeReducer& comm;
     ~UnwindingDestructor() { const AbortOnUnwind guard(&comm); }
   };
   try {
@@ -148,7 +141,7 @@ TEST(AllReduceStep, StartsTheReductionsInTheJobsOrder) {
   EXPECT_EQ(models::ParamLayout(one_layer).reduction_order(false), (std::vector<std::size_t>{2, 0, 1}));
   for (const bool gpu_job : {true, false}) {
     auto replica = models::make_cpu_replica(shape);
-    comm::FakeCommunicator comm(2, replica->grads());
+    comm::FakeReducer comm(2, replica->grads());
     auto sgd = make_optimizer(OptimizerSettings{}, layout.total_size());
     AllReduceStep step(*replica, comm, *sgd, /*sparse_exchange=*/false, 0, false, gpu_job);
     std::vector<int32_t> tokens(4 * 7);
@@ -194,7 +187,7 @@ TEST(AllReduceStep, TheDelayedExchangeAppliesGradientKAtStepKPlusOne) {
     CountingGradients replica(models::make_cpu_replica(shape));
     const std::vector<float> zeros(replica.layout().total_size(), 0.0f);
     replica.copy_params_from_host(zeros);
-    comm::FakeCommunicator comm(2, replica.grads());  // two ranks that agree: the average is our own
+    comm::FakeReducer comm(2, replica.grads());  // two ranks that agree: the average is our own
     auto optimizer = make_optimizer(sgd, replica.layout().total_size());
     AllReduceStep step(replica, comm, *optimizer, /*sparse_exchange=*/false, 0, delayed);
     // After each step: the parameters' value (all alike).
@@ -236,7 +229,7 @@ TEST(AllReduceStep, TheDelayedExchangeIsThePreviousGradientAppliedAfterBackward)
 
   auto delayed_replica = models::make_cpu_replica(shape);
   delayed_replica->copy_params_from_host(initial);
-  comm::FakeCommunicator comm(2, delayed_replica->grads());
+  comm::FakeReducer comm(2, delayed_replica->grads());
   auto adam = make_optimizer(OptimizerSettings{}, layout.total_size());
   AllReduceStep delayed(*delayed_replica, comm, *adam, /*sparse_exchange=*/false, 0, /*delayed=*/true);
 

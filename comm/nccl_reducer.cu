@@ -11,10 +11,9 @@
 // change what an earlier wait waits for (CUDA runtime API, cudaEventRecord).
 //
 // Averages are ncclAvg (NCCL >= 2.10; the build asks for 2.14, for ncclCommFinalize): every rank receives the
-// same bits, as with the MPI backend. Host-side collectives (broadcast, sum, gather, first_error, barrier) go
-// through the MPI backend on a duplicate of the job's communicator.
+// same bits, as with the MPI backend. The set-up's agreement and the unique id's broadcast go through the
+// HostGroup it is made over; afterwards it needs no host collective.
 #include <cuda_runtime.h>
-#include <mpi.h>
 #include <nccl.h>
 
 #include <algorithm>
@@ -22,10 +21,11 @@
 #include <exception>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 
-#include "comm/communicator.h"
-#include "comm/mpi_check.h"
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
 #include "comm/wire_cast.h"
 #include "engine/base/cuda_check.h"
 #include "engine/base/cuda_handles.h"
@@ -132,12 +132,10 @@ unsigned cast_blocks(std::size_t n) {
   return static_cast<unsigned>(std::min(kMaxCastBlocks, (n + kCastThreads - 1) / kCastThreads));
 }
 
-class NcclCommunicator final : public Communicator {
+class NcclReducer final : public GradientReducer {
  public:
-  NcclCommunicator(MPI_Comm parent, void* compute_stream, Wire wire)
-      : host_(make_mpi_communicator(parent)),
-        compute_(static_cast<cudaStream_t>(compute_stream)),
-        wire_(wire) {
+  NcclReducer(HostGroup& group, void* compute_stream, Wire wire)
+      : size_(group.size()), compute_(static_cast<cudaStream_t>(compute_stream)), wire_(wire) {
     // The caller picked the device (cudaSetDevice); the NCCL communicator and our stream live on it. Asking
     // for it first fails with CUDA's own message where no device is usable, instead of deep inside NCCL.
     // Every rank learns whether every rank can take part before NCCL's collective set-up: one that cannot (no
@@ -149,17 +147,17 @@ class NcclCommunicator final : public Communicator {
     if (const cudaError_t status = cudaGetDevice(&device); status != cudaSuccess)
       unable = std::string("cudaGetDevice failed: ") + cudaGetErrorString(status);
     ncclUniqueId id{};
-    if (!unable && host_->rank() == 0) {
+    if (!unable && group.rank() == 0) {
       if (const ncclResult_t status = ncclGetUniqueId(&id); status != ncclSuccess) {
         const char* last = ncclGetLastError(nullptr);
         unable = std::string("ncclGetUniqueId failed: ") + ncclGetErrorString(status) +
                  (last != nullptr && last[0] != '\0' ? " (" + std::string(last) + ")" : "");
       }
     }
-    if (unable) unable = "rank " + std::to_string(host_->rank()) + ": " + *unable;
-    if (const auto first = host_->first_error(unable)) DDP_FATAL("NCCL's set-up: " + *first);
-    DDP_CHECK_MPI(MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, parent));
-    NCCL_COMM_NCCL(nullptr, ncclCommInitRank(&nccl_, host_->size(), id, host_->rank()));
+    if (unable) unable = "rank " + std::to_string(group.rank()) + ": " + *unable;
+    if (const auto first = group.first_error(unable)) DDP_FATAL("NCCL's set-up: " + *first);
+    group.broadcast(std::as_writable_bytes(std::span<ncclUniqueId>(&id, 1)), 0);
+    NCCL_COMM_NCCL(nullptr, ncclCommInitRank(&nccl_, size_, id, group.rank()));
 
     // The highest priority lets reduction kernels start between backward's kernels instead of after them.
     int least = 0;
@@ -173,7 +171,7 @@ class NcclCommunicator final : public Communicator {
 
   // Teardown order: the NCCL communicator (aborted, or finalized and destroyed once the stream has drained),
   // the wire buffer, then the owners below: computed_, reduced_, stream_, spans_ (see their declaration).
-  ~NcclCommunicator() override {
+  ~NcclReducer() override {
     // Unwinding on this rank alone: the other ranks may never reach a collective finalize, so abort locally.
     if (std::uncaught_exceptions() > 0 || nccl_ == nullptr) {
       abort();
@@ -187,15 +185,11 @@ class NcclCommunicator final : public Communicator {
     if (wire_buffer_ != nullptr) warn_cuda(cudaFree(wire_buffer_), "cudaFree(wire buffer)");
   }
 
-  NcclCommunicator(const NcclCommunicator&) = delete;
-  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+  NcclReducer(const NcclReducer&) = delete;
+  NcclReducer& operator=(const NcclReducer&) = delete;
 
-  int rank() const override { return host_->rank(); }
-  int size() const override { return host_->size(); }
   std::string backend() const override { return "nccl"; }
-
-  void broadcast(std::span<float> data, int root) override { host_->broadcast(data, root); }
-  void broadcast(std::span<double> data, int root) override { host_->broadcast(data, root); }
+  int size() const override { return size_; }
 
   // `segment` is device memory on this communicator's device. Even with one rank the segment goes through
   // NCCL (a copy) and, with compression, the casts: a run rounds its gradients the same way at any size.
@@ -240,18 +234,6 @@ class NcclCommunicator final : public Communicator {
                                           std::span<const int32_t> /*rows*/) override {
     start_average(matrix);
     return {};
-  }
-
-  void sum(std::span<double> data) override { host_->sum(data); }
-  void barrier() override { host_->barrier(); }
-  std::vector<std::string> gather(const std::string& text, int root) override {
-    return host_->gather(text, root);
-  }
-  std::string scatter(const std::vector<std::string>& texts, int root) override {
-    return host_->scatter(texts, root);
-  }
-  std::optional<std::string> first_error(const std::optional<std::string>& mine) override {
-    return host_->first_error(mine);
   }
 
   // The watchdog's thread may be asking asynchronous_error() meanwhile: the mutex keeps it off a freed comm.
@@ -302,7 +284,7 @@ class NcclCommunicator final : public Communicator {
     largest_magnitude_bits<<<cast_blocks(n), kCastThreads, 0, stream>>>(segment.data(), n, largest);
     DDP_CUDA_CHECK(cudaGetLastError());
     NCCL_COMM_NCCL(nccl_, ncclAllReduce(largest, largest, 1, ncclUint32, ncclMax, nccl_, stream));
-    const int ranks = host_->size();
+    const int ranks = size_;
     to_half_wire_scaled<<<cast_blocks(n), kCastThreads, 0, stream>>>(segment.data(), wire, n, largest, ranks);
     DDP_CUDA_CHECK(cudaGetLastError());
     NCCL_COMM_NCCL(nccl_, ncclAllReduce(wire, wire, n, ncclHalf, ncclSum, nccl_, stream));
@@ -327,7 +309,7 @@ class NcclCommunicator final : public Communicator {
     return wire_buffer_;
   }
 
-  std::unique_ptr<Communicator> host_;  // MPI on a duplicate of the job's communicator
+  const int size_;  // the ranks
   cudaStream_t compute_ = nullptr;
   Wire wire_ = Wire::kFloat;
   // By hand, not an owner: the destructor either aborts it (under abort_mutex_, as abort() does for the
@@ -349,10 +331,10 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, void* compute_stream,
-                                                     const std::string& compression) {
+std::unique_ptr<GradientReducer> make_nccl_reducer(HostGroup& group, void* compute_stream,
+                                                   const std::string& compression) {
   const Wire wire = parse_compression(compression);  // before any collective, so a bad value costs nothing
-  return std::make_unique<NcclCommunicator>(comm, compute_stream, wire);
+  return std::make_unique<NcclReducer>(group, compute_stream, wire);
 }
 
 }  // namespace ddp::comm

@@ -14,7 +14,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
 #include "engine/base/cuda_check.h"
 #include "engine/base/cuda_handles.h"
 #include "engine/base/errors.h"
@@ -22,18 +23,17 @@
 namespace ddp::comm {
 namespace {
 
-class StagedMpiCommunicator final : public Communicator {
+class StagedMpiReducer final : public GradientReducer {
  public:
-  StagedMpiCommunicator(MPI_Comm comm, void* compute_stream, const std::string& compression)
-      : inner_(make_mpi_communicator(comm, compression)),
-        compute_(static_cast<cudaStream_t>(compute_stream)) {
+  StagedMpiReducer(const HostGroup& group, void* compute_stream, const std::string& compression)
+      : inner_(make_mpi_reducer(group, compression)), compute_(static_cast<cudaStream_t>(compute_stream)) {
     DDP_CUDA_CHECK(cudaStreamCreateWithFlags(copy_.out(), cudaStreamNonBlocking));
     DDP_CUDA_CHECK(cudaEventCreateWithFlags(computed_.out(), cudaEventDisableTiming));
     DDP_CUDA_CHECK(cudaEventCreateWithFlags(copied_back_.out(), cudaEventDisableTiming));
   }
 
   // The owners then destroy computed_, copied_back_ and copy_, in that order (see their declaration).
-  ~StagedMpiCommunicator() override {
+  ~StagedMpiReducer() override {
     warn_cuda(cudaStreamSynchronize(copy_.get()), "cudaStreamSynchronize(copy stream)");
     // Buffers still lent to a running MPI_Iallreduce (an error left a step unfinished) are leaked rather
     // than freed under MPI's feet.
@@ -43,15 +43,11 @@ class StagedMpiCommunicator final : public Communicator {
     }
   }
 
-  StagedMpiCommunicator(const StagedMpiCommunicator&) = delete;
-  StagedMpiCommunicator& operator=(const StagedMpiCommunicator&) = delete;
+  StagedMpiReducer(const StagedMpiReducer&) = delete;
+  StagedMpiReducer& operator=(const StagedMpiReducer&) = delete;
 
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
   std::string backend() const override { return "mpi"; }
-
-  void broadcast(std::span<float> data, int root) override { inner_->broadcast(data, root); }
-  void broadcast(std::span<double> data, int root) override { inner_->broadcast(data, root); }
+  int size() const override { return inner_->size(); }
 
   // `segment` is device memory. With one rank the staging still runs (the MPI backend then has nothing to
   // do); a one-GPU job is better served by comm.backend = auto or nccl.
@@ -93,17 +89,6 @@ class StagedMpiCommunicator final : public Communicator {
     return {};
   }
 
-  void sum(std::span<double> data) override { inner_->sum(data); }
-  void barrier() override { inner_->barrier(); }
-  std::vector<std::string> gather(const std::string& text, int root) override {
-    return inner_->gather(text, root);
-  }
-  std::string scatter(const std::vector<std::string>& texts, int root) override {
-    return inner_->scatter(texts, root);
-  }
-  std::optional<std::string> first_error(const std::optional<std::string>& mine) override {
-    return inner_->first_error(mine);
-  }
   std::optional<std::string> asynchronous_error() override { return inner_->asynchronous_error(); }
 
  private:
@@ -130,7 +115,7 @@ class StagedMpiCommunicator final : public Communicator {
     return buffer.data;
   }
 
-  std::unique_ptr<Communicator> inner_;  // the MPI backend, on host buffers
+  std::unique_ptr<GradientReducer> inner_;  // the MPI backend, on host buffers
   cudaStream_t compute_ = nullptr;
   // Members are destroyed in reverse order, after the destructor's body has freed the pinned buffers:
   // computed_, then copied_back_, then copy_.
@@ -145,9 +130,9 @@ class StagedMpiCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_staged_mpi_communicator(MPI_Comm comm, void* compute_stream,
-                                                           const std::string& compression) {
-  return std::make_unique<StagedMpiCommunicator>(comm, compute_stream, compression);
+std::unique_ptr<GradientReducer> make_staged_mpi_reducer(const HostGroup& group, void* compute_stream,
+                                                         const std::string& compression) {
+  return std::make_unique<StagedMpiReducer>(group, compute_stream, compression);
 }
 
 }  // namespace ddp::comm

@@ -1,4 +1,4 @@
-#include "comm/communicator.h"
+#include "comm/backend_choice.h"
 
 #include <optional>
 #include <string>
@@ -23,28 +23,6 @@ std::string rank_range(int begin, int end) {
 
 }  // namespace
 
-std::vector<std::string> all_gather_strings(const std::string& mine, MPI_Comm comm) {
-  int size = 1;
-  DDP_CHECK_MPI(MPI_Comm_size(comm, &size));
-  const int length = static_cast<int>(mine.size());
-  std::vector<int> lengths(static_cast<std::size_t>(size));
-  DDP_CHECK_MPI(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm));
-  std::vector<int> offsets(lengths.size());
-  int total = 0;
-  for (std::size_t r = 0; r < lengths.size(); ++r) {
-    offsets[r] = total;
-    total += lengths[r];
-  }
-  std::string all(static_cast<std::size_t>(total), '\0');
-  DDP_CHECK_MPI(MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
-                               MPI_CHAR, comm));
-  std::vector<std::string> texts;
-  for (std::size_t r = 0; r < lengths.size(); ++r) {
-    texts.push_back(all.substr(static_cast<std::size_t>(offsets[r]), static_cast<std::size_t>(lengths[r])));
-  }
-  return texts;
-}
-
 std::optional<std::pair<int, int>> first_shared_board(const std::vector<std::string>& boards) {
   for (std::size_t second = 1; second < boards.size(); ++second) {
     if (boards[second].empty()) continue;
@@ -56,7 +34,7 @@ std::optional<std::pair<int, int>> first_shared_board(const std::vector<std::str
   return std::nullopt;
 }
 
-BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
+BackendChoice choose_backend(const BackendRequest& request, HostGroup& group) {
   const std::string& backend = request.backend;
   if (backend != "auto" && backend != "mpi" && backend != "nccl" && backend != "ps") {
     throw UserError("comm.backend = " + backend + ": unknown backend (expected auto, mpi, nccl or ps)");
@@ -65,11 +43,10 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
     throw UserError("comm.compression = " + request.compression + ": expected none, fp16 or bf16");
   }
 
-  int mine = request.on_gpu ? 1 : 0;
-  int gpu_ranks = 0;
-  int size = 1;
-  DDP_CHECK_MPI(MPI_Allreduce(&mine, &gpu_ranks, 1, MPI_INT, MPI_SUM, comm));
-  DDP_CHECK_MPI(MPI_Comm_size(comm, &size));
+  std::vector<int64_t> on_gpu{request.on_gpu ? 1 : 0};
+  group.sum(std::span<int64_t>(on_gpu));
+  const auto gpu_ranks = static_cast<int>(on_gpu[0]);
+  const int size = group.size();
   const std::string census = std::to_string(gpu_ranks) + " of " + std::to_string(size) + " ranks on GPUs";
 
   BackendChoice choice;
@@ -88,7 +65,7 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
   // in its init's "Duplicate GPU detected", inside an abort.
   std::string shared_board;
   if (all_on_gpu && (backend == "nccl" || backend == "auto")) {
-    const std::vector<std::string> boards = all_gather_strings(request.gpu_board, comm);
+    const std::vector<std::string> boards = group.all_gather(request.gpu_board);
     if (const auto pair = first_shared_board(boards)) {
       shared_board = "ranks " + std::to_string(pair->first) + " and " + std::to_string(pair->second) +
                      " share the GPU at " + boards[static_cast<std::size_t>(pair->first)] +
@@ -102,7 +79,7 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
   if (backend == "nccl" || (backend == "auto" && all_on_gpu && shared_board.empty())) {
     choice.reason =
         "nccl: " + census + (request.compression == "none" ? "" : ", gradients as " + request.compression);
-    choice.communicator = make_nccl_communicator(comm, request.compute_stream, request.compression);
+    choice.reducer = make_nccl_reducer(group, request.compute_stream, request.compression);
     return choice;
   }
 
@@ -165,8 +142,8 @@ BackendChoice choose_backend(const BackendRequest& request, MPI_Comm comm) {
                   (gpu_ranks > 0 ? ", GPU gradients staged through host memory" : ", CPU all-reduce") +
                   (backend == "auto" ? "; " + no_server : "") +
                   (mpi_wire == "bf16" ? ", gradients as bf16 (averaged in float)" : uncompressed);
-  choice.communicator = request.on_gpu ? make_staged_mpi_communicator(comm, request.compute_stream, mpi_wire)
-                                       : make_mpi_communicator(comm, mpi_wire);
+  choice.reducer = request.on_gpu ? make_staged_mpi_reducer(group, request.compute_stream, mpi_wire)
+                                  : make_mpi_reducer(group, mpi_wire);
   return choice;
 }
 

@@ -5,10 +5,11 @@
 // link the buckets would travel only once finish_average() waits. So on a job of several nodes, where MPI
 // allows calls from several threads (MPI_THREAD_MULTIPLE), a progress thread of the communicator tests the
 // pending reductions every kProgressPeriod while any is pending, and sleeps otherwise. The thread touches
-// only pending_, under mutex_, and every MPI call of this communicator is made under mutex_: Open MPI
-// 4.1's TCP transport can lose a connection handshake when two threads call MPI while it wires up peers
-// (a job across two nodes hung in its first steps about one run in thirty when the row all-gathers went on
-// beside the progress thread's tests).
+// only pending_, under mutex_, and every MPI call of this reducer is made under mutex_: Open MPI 4.1's TCP
+// transport can lose a connection handshake when two threads call MPI while it wires up peers (a job across
+// two nodes hung in its first steps about one run in thirty when the row all-gathers went on beside the
+// progress thread's tests). mutex_ is the lock of the HostGroup the reducer was made over, so the trainer's
+// host collectives (metrics, broadcasts) take it too.
 //
 // comm.compression = bf16 halves the bytes: a segment travels as bfloat16 in two collectives instead of one
 // float all-reduce. An all-to-all hands rank r every rank's r-th chunk; rank r adds them in float, in rank
@@ -32,7 +33,8 @@
 #include <thread>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
 #include "comm/mpi_check.h"
 #include "comm/wire_cast.h"
 #include "engine/base/errors.h"
@@ -41,10 +43,12 @@
 namespace ddp::comm {
 namespace {
 
-class MpiCommunicator final : public Communicator {
+class MpiReducer final : public GradientReducer {
  public:
-  MpiCommunicator(MPI_Comm parent, bool bfloat16_wire) : bfloat16_wire_(bfloat16_wire) {
-    DDP_CHECK_MPI(MPI_Comm_dup(parent, &comm_));
+  MpiReducer(const HostGroup& group, bool bfloat16_wire)
+      : bfloat16_wire_(bfloat16_wire), lock_(group.call_lock()), mutex_(*lock_) {
+    std::lock_guard lock(mutex_);
+    DDP_CHECK_MPI(MPI_Comm_dup(group.mpi_comm(), &comm_));
     // Errors come back as codes and end the job through fatal(), with a message naming the call.
     DDP_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     DDP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
@@ -57,7 +61,7 @@ class MpiCommunicator final : public Communicator {
       DDP_CHECK_MPI(MPI_Comm_set_errhandler(gather_comm_, MPI_ERRORS_RETURN));
     }
   }
-  ~MpiCommunicator() override {
+  ~MpiReducer() override {
     if (progress_.joinable()) {
       {
         std::lock_guard lock(mutex_);
@@ -69,21 +73,14 @@ class MpiCommunicator final : public Communicator {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) {
+      std::lock_guard lock(mutex_);
       if (gather_comm_ != MPI_COMM_NULL) MPI_Comm_free(&gather_comm_);
       MPI_Comm_free(&comm_);
     }
   }
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
-
-  void broadcast(std::span<float> data, int root) override {
-    broadcast_bytes(data.data(), data.size(), MPI_FLOAT, root);
-  }
-  void broadcast(std::span<double> data, int root) override {
-    broadcast_bytes(data.data(), data.size(), MPI_DOUBLE, root);
-  }
+  int size() const override { return size_; }
 
   void start_average(std::span<float> segment) override {
     if (size_ == 1 || segment.empty()) return;
@@ -168,76 +165,6 @@ class MpiCommunicator final : public Communicator {
     std::lock_guard lock(mutex_);
     pending_.back().rows_target = RowsTarget{matrix, width, gathered};
     return gathered;
-  }
-
-  void sum(std::span<double> data) override {
-    if (size_ == 1 || data.empty()) return;
-    std::lock_guard lock(mutex_);
-    DDP_CHECK_MPI(
-        MPI_Allreduce(MPI_IN_PLACE, data.data(), checked_count(data.size()), MPI_DOUBLE, MPI_SUM, comm_));
-  }
-
-  void barrier() override {
-    std::lock_guard lock(mutex_);
-    DDP_CHECK_MPI(MPI_Barrier(comm_));
-  }
-
-  std::vector<std::string> gather(const std::string& text, int root) override {
-    std::lock_guard lock(mutex_);
-    int length = static_cast<int>(text.size());
-    std::vector<int> lengths(rank_ == root ? static_cast<std::size_t>(size_) : 0);
-    DDP_CHECK_MPI(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, comm_));
-    std::vector<int> offsets(lengths.size());
-    int total = 0;
-    for (std::size_t i = 0; i < lengths.size(); ++i) {
-      offsets[i] = total;
-      total += lengths[i];
-    }
-    std::string all(static_cast<std::size_t>(total), '\0');
-    DDP_CHECK_MPI(MPI_Gatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
-                              MPI_CHAR, root, comm_));
-    std::vector<std::string> texts;
-    for (std::size_t i = 0; i < lengths.size(); ++i) {
-      texts.push_back(all.substr(static_cast<std::size_t>(offsets[i]), static_cast<std::size_t>(lengths[i])));
-    }
-    return texts;
-  }
-
-  std::string scatter(const std::vector<std::string>& texts, int root) override {
-    std::lock_guard lock(mutex_);
-    const bool is_root = rank_ == root;
-    if (is_root) DDP_CHECK(texts.size() == static_cast<std::size_t>(size_));
-    std::vector<int> lengths;
-    std::vector<int> offsets;
-    std::string all;
-    if (is_root) {
-      for (const std::string& text : texts) {
-        offsets.push_back(static_cast<int>(all.size()));
-        lengths.push_back(checked_count(text.size()));
-        all += text;
-        checked_count(all.size());  // every offset must fit MPI's int
-      }
-    }
-    int length = 0;
-    DDP_CHECK_MPI(MPI_Scatter(lengths.data(), 1, MPI_INT, &length, 1, MPI_INT, root, comm_));
-    std::string mine(static_cast<std::size_t>(length), '\0');
-    DDP_CHECK_MPI(MPI_Scatterv(all.data(), lengths.data(), offsets.data(), MPI_CHAR, mine.data(), length,
-                               MPI_CHAR, root, comm_));
-    return mine;
-  }
-
-  std::optional<std::string> first_error(const std::optional<std::string>& mine) override {
-    std::lock_guard lock(mutex_);
-    int candidate = mine ? rank_ : size_;
-    int first = size_;
-    DDP_CHECK_MPI(MPI_Allreduce(&candidate, &first, 1, MPI_INT, MPI_MIN, comm_));
-    if (first == size_) return std::nullopt;
-    std::string message = rank_ == first ? *mine : std::string();
-    int length = static_cast<int>(message.size());
-    DDP_CHECK_MPI(MPI_Bcast(&length, 1, MPI_INT, first, comm_));
-    message.resize(static_cast<std::size_t>(length));
-    DDP_CHECK_MPI(MPI_Bcast(message.data(), length, MPI_CHAR, first, comm_));
-    return message;
   }
 
  private:
@@ -349,13 +276,6 @@ class MpiCommunicator final : public Communicator {
     return static_cast<int>(n);
   }
 
-  template <typename T>
-  void broadcast_bytes(T* data, std::size_t n, MPI_Datatype type, int root) {
-    if (size_ == 1 || n == 0) return;
-    std::lock_guard lock(mutex_);
-    DDP_CHECK_MPI(MPI_Bcast(data, checked_count(n), type, root, comm_));
-  }
-
   // The progress thread: while reductions are pending, test them every kProgressPeriod (MPI moves them on
   // each call); otherwise wait for start_average().
   void make_progress() {
@@ -413,7 +333,8 @@ class MpiCommunicator final : public Communicator {
   bool progress_thread_allowed_ = false;
   const bool bfloat16_wire_;  // comm.compression = bf16
   std::thread progress_;
-  std::mutex mutex_;  // pending_, and every MPI call on comm_ (see the top of the file)
+  std::shared_ptr<std::mutex> lock_;  // the HostGroup's (see the top of the file)
+  std::mutex& mutex_;                 // *lock_: pending_, and every MPI call on comm_
   std::condition_variable work_;
   bool stopping_ = false;
   std::vector<Pending> pending_;
@@ -424,22 +345,12 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& compression) {
+std::unique_ptr<GradientReducer> make_mpi_reducer(const HostGroup& group, const std::string& compression) {
   if (compression != "none" && compression != "bf16") {
     throw UserError("comm.compression = " + compression +
                     ": the MPI all-reduce takes none or bf16 (fp16 is NCCL's, scaled per bucket there)");
   }
-  return std::make_unique<MpiCommunicator>(comm, compression == "bf16");
-}
-
-void set_mpi_transport_defaults() {
-  constexpr const char* kEagerBytes = "4194304";
-  for (const char* name : {"OMPI_MCA_btl_tcp_eager_limit", "OMPI_MCA_btl_tcp_rndv_eager_limit",
-                           "OMPI_MCA_btl_tcp_max_send_size"}) {
-    setenv(name, kEagerBytes, /*overwrite=*/0);
-  }
-  constexpr const char* kRabenseifner = "3";
-  setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", kRabenseifner, /*overwrite=*/0);
+  return std::make_unique<MpiReducer>(group, compression == "bf16");
 }
 
 }  // namespace ddp::comm

@@ -1,0 +1,109 @@
+// How replicas average their gradients: the one interface the all-reduce backends implement (MPI, NCCL, MPI
+// staged from GPUs). The trainer's all-reduce path sees the gradient exchange only through it, so a step
+// reads like the algorithm: forward/backward, average gradients, optimizer step. Everything else the ranks
+// agree on (metrics, the start, checkpoints) goes through a HostGroup (host_group.h). The parameter server
+// (parameter_service.h) does not fit it: its workers push gradients and pull parameters, and choose_backend()
+// (backend_choice.h) only picks it.
+//
+// Gradient averaging is split in two so that it can overlap with backward: the replica hands each gradient
+// segment to start_average() as soon as backward has finished it, and finish_average() waits for all of
+// them before the optimizer runs. Every rank must start the same segments in the same order.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comm/host_group.h"
+
+namespace ddp::comm {
+
+class GradientReducer {
+ public:
+  virtual ~GradientReducer() = default;
+
+  // The backend's name as the config spells it ("mpi", ...), for logs and metrics.
+  virtual std::string backend() const = 0;
+  // The ranks it averages over: whether other ranks' gradients are mixed into this rank's at all.
+  virtual int size() const = 0;
+
+  // Starts averaging `segment` in place across ranks; returns at once. The memory must stay untouched until
+  // finish_average() returns.
+  virtual void start_average(std::span<float> segment) = 0;
+  // Waits until every started segment holds the average over all ranks.
+  virtual void finish_average() = 0;
+  // Both at once.
+  void average(std::span<float> data) {
+    start_average(data);
+    finish_average();
+  }
+
+  // Starts averaging the rows of a row-major matrix [total_rows, width] that any rank touched, for sparse
+  // gradients such as the embedding's. `rows` are this rank's touched rows (sorted, unique); every other row
+  // of `matrix` must be zero on this rank. Returns the union of all ranks' rows (sorted): exchanging the row
+  // ids (small) blocks, the values travel in the background like a segment of start_average(), and once
+  // finish_average() returns every rank holds those rows averaged; rows outside the union stay zero. Only
+  // the union's rows travel, unless the union covers most of the matrix, when the whole matrix is averaged.
+  // At most one such exchange may be pending; it counts as a segment for the order across ranks.
+  virtual std::vector<int32_t> start_average_rows(std::span<float> matrix, std::size_t width,
+                                                  std::span<const int32_t> rows) = 0;
+
+  // An error the backend's asynchronous work has met (a peer that failed, a network that went down), which
+  // may otherwise show only as a hang; nothing if none. Not collective, and safe to call from another thread
+  // (the trainer's watchdog polls it). MPI reports such errors at the failing call, so only NCCL has any.
+  virtual std::optional<std::string> asynchronous_error() { return std::nullopt; }
+
+  // After an error on this rank: ends the backend's outstanding work without waiting for the other ranks, so
+  // that nothing local waits on a reduction that will never complete (NCCL: ncclCommAbort, which releases a
+  // compute stream that waits on the communication stream). The reducer is unusable afterwards. MPI
+  // backends have nothing to abort: their errors end the job where they happen.
+  virtual void abort() {}
+};
+
+// Aborts `reducer` (if any) when the scope is left by an exception. Declared after the objects whose
+// destructors wait for the reducer's work (a GPU replica synchronising its stream), it runs before them on
+// the way out.
+class AbortOnUnwind {
+ public:
+  explicit AbortOnUnwind(GradientReducer* reducer)
+      : reducer_(reducer), exceptions_(std::uncaught_exceptions()) {}
+  ~AbortOnUnwind() {
+    if (reducer_ != nullptr && std::uncaught_exceptions() > exceptions_) reducer_->abort();
+  }
+  AbortOnUnwind(const AbortOnUnwind&) = delete;
+  AbortOnUnwind& operator=(const AbortOnUnwind&) = delete;
+
+ private:
+  GradientReducer* reducer_;
+  int exceptions_;
+};
+
+// Each backend is made collectively over `group`'s ranks and keeps communicators of its own, so its traffic
+// never mixes with the group's; `group` may go before it.
+
+// The MPI backend. Gradients travel as float, or with `compression` bf16 as bfloat16, averaged in float
+// (mpi_reducer.cpp); another compression is a UserError. It shares `group`'s lock (HostGroup::call_lock).
+std::unique_ptr<GradientReducer> make_mpi_reducer(const HostGroup& group,
+                                                  const std::string& compression = "none");
+
+// NCCL over one GPU per rank: one communicator for the job (its unique id travels by a broadcast over
+// `group`). Gradient segments (device memory) are reduced on a communication stream that first waits on an
+// event recorded on `compute_stream` (the replica's cudaStream_t), so backward keeps running while a bucket
+// is reduced; finish_average() makes the compute stream wait for the reductions, without a host
+// synchronisation. `compression` is none, fp16 or bf16 (gradients cast for the wire, averaged, cast back).
+// start_average_rows() averages the whole matrix. In a build without CUDA it throws a UserError.
+std::unique_ptr<GradientReducer> make_nccl_reducer(HostGroup& group, void* compute_stream,
+                                                   const std::string& compression);
+
+// MPI for a GPU replica: segments in device memory are staged through pinned host buffers (copied after the
+// compute stream's work, all-reduced over MPI, copied back). Interoperates with CPU ranks using the MPI
+// backend in the same job, on the same wire (`compression`: make_mpi_reducer's). In a build without CUDA it
+// throws a UserError.
+std::unique_ptr<GradientReducer> make_staged_mpi_reducer(const HostGroup& group, void* compute_stream,
+                                                         const std::string& compression = "none");
+
+}  // namespace ddp::comm
