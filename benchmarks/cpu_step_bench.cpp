@@ -35,7 +35,7 @@
 
 #include "comm/gradient_reducer.h"
 #include "comm/host_group.h"
-#include "comm/parameter_service.h"
+#include "comm/ps_service.h"
 #include "engine/all_reduce_step.h"
 #include "engine/base/parallel_loops.h"
 #include "engine/optimizer.h"

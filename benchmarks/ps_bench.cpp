@@ -51,7 +51,7 @@
 
 #include "comm/gradient_reducer.h"
 #include "comm/host_group.h"
-#include "comm/parameter_server.h"
+#include "comm/ps_protocol.h"
 #include "comm/sharded_exchange.h"
 #include "engine/optimizer.h"
 

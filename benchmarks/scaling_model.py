@@ -72,7 +72,7 @@ U(p b) for the union of p ranks' batches.
                     4VE, when 2 U(pb) > V (the code's dense fallback).
   ps_dedicated      W workers, K servers each alone on its node (the measured jobs have K = 1; "K servers"
                     in the predictions means K = ranks / 8 dedicated server nodes). Server j owns shard
-                    [b_j, e_j) of the flat vector (comm/parameter_server.cpp's split). A step, every worker
+                    [b_j, e_j) of the flat vector (comm/ps_protocol.cpp's split). A step, every worker
                     sends every server one push and gets one pull (comm/row_sparse.h):
                       push_j = 16 + 4 (1 + u_j + values_j + rest_j)  (header; row count; row ids; the touched
                                rows' part in the shard; the shard outside the embedding), or 16 + 4 (e_j - b_j)
@@ -124,7 +124,7 @@ LAYOUTS = ("allreduce_dense", "allreduce_sparse", "ps_dedicated")
 POINT_COLUMNS = ("layout", "nodes", "ranks_per_node", "link_mbit", "step_ms", "compute_ms", "bytes_per_step_rank")
 ROWS_COLUMNS = ("samples", "unique_rows")
 FLOAT_BYTES = 4
-PS_HEADER_BYTES = 16  # comm/parameter_server.h's PsHeader in front of every message
+PS_HEADER_BYTES = 16  # comm/ps_protocol.h's PsHeader in front of every message
 RING_MIN_BYTES = 64 * 1024  # all-reduces below this are taken as recursive doubling
 PREDICT_RANKS = (2, 8, 32, 128, 512)
 PREDICT_GBIT = (10, 25, 100, 200)

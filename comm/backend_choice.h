@@ -1,5 +1,5 @@
 // The gradient backend for a job, chosen collectively from `comm.backend` and where the replicas run: an
-// all-reduce (GradientReducer, gradient_reducer.h) or the parameter server (parameter_service.h).
+// all-reduce (GradientReducer, gradient_reducer.h) or the parameter server (ps_service.h).
 #pragma once
 
 #include <memory>
@@ -37,7 +37,7 @@ struct BackendRequest {
 
 struct BackendChoice {
   // The all-reduce backends' reducer over every rank; null for the parameter server, whose ranks talk
-  // through comm::ParameterService (parameter_service.h).
+  // through comm::ParameterService (ps_service.h).
   std::unique_ptr<GradientReducer> reducer;
   std::string reason;             // one line for rank 0's log: what was chosen and why
   bool all_on_cpu = true;         // every rank's replica is on the CPU (sparse embedding exchange possible)

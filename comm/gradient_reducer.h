@@ -2,7 +2,7 @@
 // staged from GPUs). The trainer's all-reduce path sees the gradient exchange only through it, so a step
 // reads like the algorithm: forward/backward, average gradients, optimizer step. Everything else the ranks
 // agree on (metrics, the start, checkpoints) goes through a HostGroup (host_group.h). The parameter server
-// (parameter_service.h) does not fit it: its workers push gradients and pull parameters, and choose_backend()
+// (ps_service.h) does not fit it: its workers push gradients and pull parameters, and choose_backend()
 // (backend_choice.h) only picks it.
 //
 // Gradient averaging is split in two so that it can overlap with backward: the replica hands each gradient

@@ -1,4 +1,4 @@
-// Row-sparse gradient messages of the parameter server (see parameter_server.h,
+// Row-sparse gradient messages of the parameter server (see ps_protocol.h,
 // PsOptions::sparse_exchange_rows).
 //
 // A CPU replica's embedding gradient is zero outside the rows (tokens) its batch touched: a few thousand of

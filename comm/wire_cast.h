@@ -1,6 +1,6 @@
 // Gradients in 16 bits on the wire (comm.compression = fp16 | bf16): float to IEEE half and to bfloat16 with
 // round to nearest, ties to even, and back, exactly as the GPU's conversion instructions do. The NCCL
-// backend's cast kernels (nccl_reducer.cu) call these; the host tests check them against the host
+// backend's cast kernels (nccl_reducer_cuda.cu) call these; the host tests check them against the host
 // compiler's _Float16 and a reference in double, so the casts a run's gradients go through are tested here.
 #pragma once
 

@@ -1,6 +1,6 @@
 // The parameter server's updater (comm.backend = ps): the step's gradients go to comm::ParameterService,
 // which returns the updated parameters; the shards' optimizer state lives with the ranks that serve them
-// (comm/parameter_service.h has the layouts and the protocol). This file holds only what the training side
+// (comm/ps_service.h has the layouts and the protocol). This file holds only what the training side
 // adds: the replica's buffers (in place on a CPU, staged through host memory from a GPU), the embedding's
 // touched rows for a row-sparse push, and engine's optimizers as the shards' optimizers.
 #pragma once
@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "comm/parameter_service.h"
+#include "comm/ps_service.h"
 #include "engine/optimizer.h"
 #include "engine/updater.h"
 #include "models/replica.h"

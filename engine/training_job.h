@@ -1,7 +1,7 @@
 // A training job on this rank, from the replica to the result: builds the replica on the rank's device,
 // picks the backend the job's devices call for (comm::choose_backend), and runs the epoch loop
 // (trainer.h) with the all-reduce updater on every rank, or the parameter server's (ps_updater.h over
-// comm/parameter_service.h): colocated, every rank trains and serves a shard; dedicated, the first ranks
+// comm/ps_service.h): colocated, every rank trains and serves a shard; dedicated, the first ranks
 // train and the last comm.ps_servers ranks only serve.
 #pragma once
 

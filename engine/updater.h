@@ -2,7 +2,7 @@
 //   - the all-reduce backends (mpi, nccl): gradients averaged over the ranks, then every rank's own optimizer
 //     over the whole flat buffer (AllReduceStep, all_reduce_updater.h);
 //   - the parameter server (ps): gradients go to the ranks that serve the parameters' shards and hold their
-//     optimizer state, the updated parameters come back (ps_updater.h over comm/parameter_service.h).
+//     optimizer state, the updated parameters come back (ps_updater.h over comm/ps_service.h).
 // The trainer calls every method on every training rank, in the same order.
 #pragma once
 

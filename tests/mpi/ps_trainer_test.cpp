@@ -265,7 +265,7 @@ TEST_F(PsTrainerTest, AutoOnOneRankKeepsTheSingleReplica) {
   }
 }
 
-// --- The colocated layout: every rank trains and serves a shard (comm/parameter_service.h) -------------
+// --- The colocated layout: every rank trains and serves a shard (comm/ps_service.h) -------------
 
 const std::vector<std::string> kColocated{"--comm.backend", "ps", "--comm.ps_servers", "0"};
 

@@ -1,4 +1,4 @@
-#include "comm/parameter_service.h"
+#include "comm/ps_service.h"
 
 #include <fmt/format.h>
 

@@ -1,7 +1,7 @@
 // The parameter server (comm.backend = ps) as the trainer sees it: one object per training rank that takes
 // the step's gradients and returns the updated parameters, and, in the dedicated layout, the whole life of a
 // rank that only serves. Every MPI call of the parameter server is in comm/: this interface, its two
-// layouts beside it, the point-to-point protocol of parameter_server.h and the collectives of
+// layouts beside it, the point-to-point protocol of ps_protocol.h and the collectives of
 // sharded_exchange.h.
 //
 // Layouts (PsOptions::servers):
@@ -11,7 +11,7 @@
 //     region (the embedding) its touched rows alone are pushed, and each rank fetches the rows its next
 //     batch reads instead of receiving every row.
 //   dedicated (K >= 1): the last K ranks only serve; the first W = size - K train, pushing gradients and
-//     pulling parameters (parameter_server.h, sync or async).
+//     pulling parameters (ps_protocol.h, sync or async).
 // Either way each shard's optimizer state lives on its owner only. Checkpoints take the whole state,
 // gathered on the first training rank when asked (gather_state), in the canonical layout, so a checkpoint
 // resumes under any backend and layout.
@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "comm/host_group.h"
-#include "comm/parameter_server.h"
+#include "comm/ps_protocol.h"
 #include "engine/base/errors.h"
 #include "engine/base/optimizer_state.h"
 
@@ -149,7 +149,7 @@ ParameterServerRank join_parameter_server(const HostGroup& world, const PsOption
                                           const ShardOptimizerFactory& make_optimizer,
                                           const std::string& server_line);
 
-// The two layouts (parameter_service_colocated.cpp, parameter_service_dedicated.cpp).
+// The two layouts (ps_service_colocated.cpp, ps_service_dedicated.cpp).
 std::unique_ptr<ParameterService> make_colocated_service(MPI_Comm world, const PsOptions& options,
                                                          std::size_t total,
                                                          const ShardOptimizerFactory& make_optimizer);

@@ -1,5 +1,5 @@
-// The dedicated layout of the parameter server (parameter_service.h): the last K ranks serve, the first W
-// train. Within a run of steps the protocol of parameter_server.h; around it, rank 0's point-to-point
+// The dedicated layout of the parameter server (ps_service.h): the last K ranks serve, the first W
+// train. Within a run of steps the protocol of ps_protocol.h; around it, rank 0's point-to-point
 // control of each server:
 //
 //   rank 0 -> server   control {kStart, has_state, iterations}, the parameter shard, each optimizer buffer's
@@ -9,7 +9,7 @@
 //   rank 0 -> server   control {kRun}
 //   server -> rank 0   an acknowledgement (a control message is sent at once even to a stopped rank: the
 //                      acknowledgement names a server that never starts); then every rank runs
-//                      parameter_server.h's protocol
+//                      ps_protocol.h's protocol
 //   server -> rank 0   its update count, parameter shard and optimizer buffers' shards
 //   at the end:
 //   rank 0 -> server   control {kNoMore}, the final parameters (the whole vector)
@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "comm/mpi_check.h"
-#include "comm/parameter_service.h"
 #include "comm/poller.h"
+#include "comm/ps_service.h"
 #include "engine/base/errors.h"
 #include "engine/base/gradient_clipping.h"
 #include "engine/base/running_clock.h"

@@ -14,7 +14,7 @@
 
 #include "comm/gradient_reducer.h"
 #include "comm/host_group.h"
-#include "comm/parameter_server.h"
+#include "comm/ps_protocol.h"
 #include "tests/mpi/mpi_test_util.h"
 
 namespace ddp {

@@ -1,6 +1,6 @@
-// The parameter-server protocol (see parameter_server.h): servers and clients over non-blocking MPI
+// The parameter-server protocol (see ps_protocol.h): servers and clients over non-blocking MPI
 // point-to-point, every wait a poll against a deadline.
-#include "comm/parameter_server.h"
+#include "comm/ps_protocol.h"
 
 #include <fmt/format.h>
 #include <algorithm>

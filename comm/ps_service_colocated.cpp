@@ -1,6 +1,6 @@
-// The colocated layout of the parameter server (parameter_service.h): every rank trains and serves one
+// The colocated layout of the parameter server (ps_service.h): every rank trains and serves one
 // shard. Sync mode over the collectives of sharded_exchange.h; async mode over the protocol of
-// parameter_server.h, each rank's server on a thread of its own.
+// ps_protocol.h, each rank's server on a thread of its own.
 //
 // Threads (async). A rank's shard must take the other ranks' gradients while the rank computes, so its
 // server runs on a second thread, and both threads call MPI: the server polls its receives and replies, the
@@ -15,7 +15,7 @@
 #include <utility>
 
 #include "comm/mpi_check.h"
-#include "comm/parameter_service.h"
+#include "comm/ps_service.h"
 #include "comm/sharded_exchange.h"
 #include "engine/base/errors.h"
 #include "engine/base/gradient_clipping.h"
@@ -194,7 +194,7 @@ class ColocatedService final : public ParameterService {
 
 // Async mode: every rank's client pushes each shard's gradient to its owner's server thread, which applies
 // it at once and replies with its shard, a rank at most max_staleness pushes ahead of the slowest
-// (parameter_server.h). Between runs of steps the threads are joined and the shards all-gathered.
+// (ps_protocol.h). Between runs of steps the threads are joined and the shards all-gathered.
 class AsyncColocatedService final : public ParameterService {
  public:
   AsyncColocatedService(MPI_Comm world, const PsOptions& options, std::size_t total,

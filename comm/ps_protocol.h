@@ -1,10 +1,10 @@
-// The dedicated parameter server's protocol within a run of steps (parameter_service.h is the interface
-// around it, parameter_service_dedicated.cpp the control between runs).
+// The dedicated parameter server's protocol within a run of steps (ps_service.h is the interface
+// around it, ps_service_dedicated.cpp the control between runs).
 //
 // Who owns what. The last K ranks of the job are servers, every other rank is a worker (W = size - K).
 // Server j owns the contiguous shard [shard_begin(j), shard_end(j)) of the flat parameter vector (split as
 // evenly as possible, the larger shards first) and that shard's optimizer state, which lives in the caller's
-// ShardUpdate (a ShardOptimizer of parameter_service.h): this protocol knows nothing of optimizers. Workers
+// ShardUpdate (a ShardOptimizer of ps_service.h): this protocol knows nothing of optimizers. Workers
 // own the full parameter vector, compute gradients on it, and get it back from the servers after every step.
 //
 // Wire. All traffic is non-blocking MPI point-to-point on a communicator duplicated from the one given, so it
