@@ -38,7 +38,7 @@
 #include "comm/ps_service.h"
 #include "engine/all_reduce_step.h"
 #include "engine/base/parallel_loops.h"
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "engine/ps_updater.h"
 #include "models/blas_threads.h"
 #include "models/cpu_threads.h"
@@ -231,12 +231,12 @@ double time_adam_traffic(std::size_t n, int reps, bool cold, CacheEvictor& evict
 
 // Seconds per update of the step's own optimizer on the replica's buffers, from memory, with `rows` as the
 // embedding's touched rows (the others decay without reading their gradient).
-double time_update_from_memory(ddp::engine::Optimizer& optimizer, ddp::models::Replica& replica,
+double time_update_from_memory(ddp::optim::Optimizer& optimizer, ddp::models::Replica& replica,
                                std::span<const int32_t> rows, int reps, CacheEvictor& evict_caches) {
   const ddp::models::ParamLayout& layout = replica.layout();
   const ddp::models::ParamTensor& embedding = layout.tensor("embedding");
-  const ddp::engine::TouchedRows touched{embedding.offset, static_cast<std::size_t>(embedding.shape.at(1)),
-                                         static_cast<std::size_t>(embedding.shape.at(0)), rows};
+  const ddp::optim::TouchedRows touched{embedding.offset, static_cast<std::size_t>(embedding.shape.at(1)),
+                                        static_cast<std::size_t>(embedding.shape.at(0)), rows};
   double seconds = 0;
   for (int r = 0; r < reps; ++r) {
     evict_caches();
@@ -307,9 +307,9 @@ int main(int argc, char** argv) {
   const ddp::models::CpuThreadPlan plan = ddp::models::plan_cpu_threads(threads, cpu_kernels);
   auto replica = ddp::models::make_cpu_replica(shape, cpu_kernels, model_options);
   ddp::models::initialize_keras(replica->layout(), replica->params(), 1);
-  ddp::engine::OptimizerSettings adam_settings;
+  ddp::optim::OptimizerSettings adam_settings;
   adam_settings.lazy_update = lazy;
-  auto adam = ddp::engine::make_optimizer(adam_settings, replica->layout().total_size());
+  auto adam = ddp::optim::make_optimizer(adam_settings, replica->layout().total_size());
   ddp::engine::AllReduceStep step_runner(*replica, *reducer, *adam, sparse);
   // The colocated parameter server's step, as the trainer builds it (engine/training_job.cpp).
   std::unique_ptr<ddp::comm::ParameterService> service;

@@ -53,7 +53,7 @@
 #include "comm/host_group.h"
 #include "comm/ps_protocol.h"
 #include "comm/sharded_exchange.h"
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 
 namespace po = boost::program_options;
 using Clock = std::chrono::steady_clock;
@@ -232,7 +232,7 @@ int main(int argc, char** argv) {
     std::mt19937 grng(static_cast<unsigned>(rank) + 100);
     for (float& g : grads) g = 1e-3f * u(grng);
   }
-  ddp::engine::OptimizerSettings adam_settings;  // Adam, lr 0.001 (Keras defaults)
+  ddp::optim::OptimizerSettings adam_settings;  // Adam, lr 0.001 (Keras defaults)
   constexpr double kHeaderBytes = sizeof(ddp::comm::PsHeader);
   const double vector_bytes = 4.0 * static_cast<double>(o.size);
 
@@ -240,7 +240,7 @@ int main(int argc, char** argv) {
   if (allreduce) {
     ddp::comm::HostGroup group(MPI_COMM_WORLD);
     auto comm = ddp::comm::make_mpi_reducer(group);
-    auto adam = ddp::engine::make_optimizer(adam_settings, o.size);
+    auto adam = ddp::optim::make_optimizer(adam_settings, o.size);
     const WorkerTimes t = worker_loop(o, straggler, role_comm, [&] {
       // Averaged in place, as the trainer's gradient buffer (re-averaging keeps the values bounded).
       comm->start_average(grads);
@@ -255,7 +255,7 @@ int main(int argc, char** argv) {
   } else if (colocated) {
     const ddp::comm::PsRoles roles = ddp::comm::PsRoles::colocated_on(world);
     const std::size_t begin = roles.shard_begin(rank, o.size), end = roles.shard_end(rank, o.size);
-    auto adam = ddp::engine::make_optimizer(adam_settings, end - begin);
+    auto adam = ddp::optim::make_optimizer(adam_settings, end - begin);
     WorkerTimes t;
     if (o.mode == "colocated-collective") {
       ddp::comm::ShardedExchange exchange(MPI_COMM_WORLD, o.size);
@@ -301,7 +301,7 @@ int main(int argc, char** argv) {
       const std::size_t begin = roles.shard_begin(index, o.size), end = roles.shard_end(index, o.size);
       std::vector<float> shard(params.begin() + static_cast<std::ptrdiff_t>(begin),
                                params.begin() + static_cast<std::ptrdiff_t>(end));
-      auto adam = ddp::engine::make_optimizer(adam_settings, shard.size());
+      auto adam = ddp::optim::make_optimizer(adam_settings, shard.size());
       std::vector<Clock::time_point> stamps;
       std::vector<double> busy;
       stamps.reserve(static_cast<std::size_t>(workers) * static_cast<std::size_t>(o.warmup + o.steps) + 8);

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "engine/self_check.h"
 #include "models/cuda_replica.h"
 #include "models/initializers.h"
@@ -79,7 +79,7 @@ int main(int argc, char** argv) try {
     }
     auto start = std::chrono::steady_clock::now();
     const ddp::engine::SelfCheckReport report =
-        ddp::engine::check_gpu_replica(*replica, gpu, shapes, ddp::engine::OptimizerSettings{}, 1, m.options);
+        ddp::engine::check_gpu_replica(*replica, gpu, shapes, ddp::optim::OptimizerSettings{}, 1, m.options);
     const double check_s = seconds_since(start);
     if (!report.ok) {
       std::fprintf(stderr, "self_check_bench: %s: %s\n", m.name, report.failure.c_str());

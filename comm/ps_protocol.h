@@ -4,7 +4,7 @@
 // Who owns what. The last K ranks of the job are servers, every other rank is a worker (W = size - K).
 // Server j owns the contiguous shard [shard_begin(j), shard_end(j)) of the flat parameter vector (split as
 // evenly as possible, the larger shards first) and that shard's optimizer state, which lives in the caller's
-// ShardUpdate (a ShardOptimizer of ps_service.h): this protocol knows nothing of optimizers. Workers
+// ShardUpdate (an optimizer's step, ps_service.h): this protocol knows nothing of optimizers. Workers
 // own the full parameter vector, compute gradients on it, and get it back from the servers after every step.
 //
 // Wire. All traffic is non-blocking MPI point-to-point on a communicator duplicated from the one given, so it
@@ -145,7 +145,7 @@ class PsChannels {
   mutable ClientWaits client_waits_;
 };
 
-// The server's update of its shard: params_shard -= f(grads_shard), a ShardOptimizer's step; the optimizer
+// The server's update of its shard: params_shard -= f(grads_shard), an optimizer's step; the optimizer
 // state stays with the caller.
 using ShardUpdate = std::function<void(std::span<float> params_shard, std::span<const float> grads_shard)>;
 

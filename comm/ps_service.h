@@ -39,29 +39,16 @@
 #include "comm/ps_protocol.h"
 #include "engine/base/errors.h"
 #include "engine/base/optimizer_state.h"
+#include "engine/optimizer/optimizer.h"
 
 namespace ddp::comm {
 
 // How long a dedicated server waits for its start, in units of timeout_s.
 constexpr int kStartupTimeouts = 4;
 
-// The optimizer over one shard that its owner steps; the trainer's optimizers (engine/optimizer.h) behind it.
-class ShardOptimizer {
- public:
-  virtual ~ShardOptimizer() = default;
-  // params -= update(grads * gradient_scale), both the shard's size.
-  virtual void step(std::span<float> params, std::span<const float> grads, float gradient_scale = 1.0f) = 0;
-  // The same with a gradient that is zero outside `pieces` (offsets from the shard's first float).
-  virtual void step_pieces(std::span<float> params, std::span<const GradientPiece> pieces,
-                           float gradient_scale) = 0;
-  virtual OptimizerState state() const = 0;
-  virtual void load_state(const OptimizerState& state) = 0;
-  // The update count, and each buffer of the state in turn, in place (no copy).
-  virtual int64_t iterations() const = 0;
-  virtual void visit_state(const StateBufferVisitor& visit) const = 0;
-  virtual std::string name() const = 0;
-};
-using ShardOptimizerFactory = std::function<std::unique_ptr<ShardOptimizer>(std::size_t shard_size)>;
+// Makes the optimizer of a shard of `shard_size` floats, which the shard's owner steps (the trainer's
+// optimizers, engine/optimizer/optimizer.h: the same updates as under all-reduce).
+using ShardOptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(std::size_t shard_size)>;
 
 // A training rank's side. The methods are collective over the training ranks (and, dedicated, the servers),
 // called in the order below.

@@ -46,7 +46,7 @@ void connect_every_pair(MPI_Comm parent) {
 
 // Collective: rank 0's parameters to every rank, and each rank's shard of rank 0's optimizer state (when it
 // has one: else every shard keeps its zero state) into `optimizer`.
-void distribute_shards(ShardedExchange& exchange, ShardOptimizer& optimizer, std::span<float> params,
+void distribute_shards(ShardedExchange& exchange, optim::Optimizer& optimizer, std::span<float> params,
                        const OptimizerState* whole_state) {
   exchange.broadcast(params);
   const bool root = exchange.rank() == 0;
@@ -64,7 +64,7 @@ void distribute_shards(ShardedExchange& exchange, ShardOptimizer& optimizer, std
 
 // Collective: each buffer of every shard's optimizer state, gathered whole on rank 0 and handed to its
 // `visit` before the next is gathered.
-void visit_shards(ShardedExchange& exchange, const ShardOptimizer& optimizer,
+void visit_shards(ShardedExchange& exchange, const optim::Optimizer& optimizer,
                   const StateBufferVisitor& visit) {
   const bool root = exchange.rank() == 0;
   std::vector<float> full(root ? exchange.end(exchange.size() - 1) : 0);
@@ -146,7 +146,7 @@ class ColocatedService final : public ParameterService {
     } else {
       shard_grads_.resize(exchange_.shard_size());  // on first use: the row exchange has its own
       exchange_.reduce_scatter_average(grads, shard_grads_);
-      optimizer_->step(shard, shard_grads_, clipping([&] { return add_squares(0, shard_grads_); }));
+      optimizer_->step(shard, shard_grads_, nullptr, clipping([&] { return add_squares(0, shard_grads_); }));
       exchange_.all_gather(params);
     }
     rows_stale_ = row_sparse;
@@ -185,7 +185,7 @@ class ColocatedService final : public ParameterService {
   ShardedExchange exchange_;
   HostGroup trainers_;
   MPI_Comm world_;
-  std::unique_ptr<ShardOptimizer> optimizer_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
   std::vector<float> shard_grads_;
   bool row_sparse_;                 // the region's rows are exchanged, not the region
   std::vector<int32_t> rows_read_;  // the step's rows, sorted and unique
@@ -279,9 +279,9 @@ class AsyncColocatedService final : public ParameterService {
   MPI_Comm world_;
   PsOptions options_;
   std::size_t total_;
-  std::unique_ptr<ShardOptimizer> optimizer_;  // stepped by the server thread only
-  std::vector<float> shard_;                   // this rank's shard as its server holds it
-  std::unique_ptr<PsChannels> channels_;       // during a run of steps
+  std::unique_ptr<optim::Optimizer> optimizer_;  // stepped by the server thread only
+  std::vector<float> shard_;                     // this rank's shard as its server holds it
+  std::unique_ptr<PsChannels> channels_;         // during a run of steps
   std::unique_ptr<ParameterClient> client_;
   std::thread server_;
 };

@@ -370,7 +370,7 @@ class DedicatedServerRun final : public DedicatedServer {
     const ShardUpdate update = [&](std::span<float> params, std::span<const float> grads) {
       const float scale = clipping_scale_of(grads);
       timeline::Span span("server update");
-      optimizer_->step(params, grads, scale);
+      optimizer_->step(params, grads, nullptr, scale);
     };
     for (;;) {
       // Rank 0 comes once every worker is through the epoch's sums, evaluation and checkpoint: the rank that
@@ -492,7 +492,7 @@ class DedicatedServerRun final : public DedicatedServer {
   int index_;
   std::size_t begin_;
   std::vector<float> shard_;
-  std::unique_ptr<ShardOptimizer> optimizer_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
   std::string line_;
   int64_t gradients_received_ = 0;  // over every run of steps
   int64_t gradient_bytes_ = 0;

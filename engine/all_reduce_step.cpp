@@ -18,8 +18,9 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 
 }  // namespace
 
-AllReduceStep::AllReduceStep(models::Replica& replica, comm::GradientReducer& reducer, Optimizer& optimizer,
-                             bool sparse_exchange, double clip_norm, bool delayed, bool gpu_job)
+AllReduceStep::AllReduceStep(models::Replica& replica, comm::GradientReducer& reducer,
+                             optim::Optimizer& optimizer, bool sparse_exchange, double clip_norm,
+                             bool delayed, bool gpu_job)
     : replica_(replica),
       reducer_(reducer),
       optimizer_(optimizer),
@@ -101,10 +102,10 @@ void AllReduceStep::run(const BatchView& batch) {
 void AllReduceStep::apply(std::span<const float> grads) {
   const models::ParamLayout& layout = replica_.layout();
   const models::ParamSegment& embedding = layout.segments().front();
-  const TouchedRows rows{embedding.offset, static_cast<std::size_t>(layout.shape().embedding_dim),
-                         static_cast<std::size_t>(layout.shape().vocab_size), embedding_rows_};
+  const optim::TouchedRows rows{embedding.offset, static_cast<std::size_t>(layout.shape().embedding_dim),
+                                static_cast<std::size_t>(layout.shape().vocab_size), embedding_rows_};
   timeline::Span span("optimizer");
-  const TouchedRows* sparse = sparse_exchange_ ? &rows : nullptr;
+  const optim::TouchedRows* sparse = sparse_exchange_ ? &rows : nullptr;
   if (clip_norm_ > 0) {
     optimizer_.step_clipped(replica_.params(), grads, sparse, clip_norm_);
   } else {

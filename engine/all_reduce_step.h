@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "comm/gradient_reducer.h"
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "models/replica.h"
 
 namespace ddp::engine {
@@ -24,7 +24,7 @@ class AllReduceStep {
   // optimizer where the gradient is, the same on every rank (Optimizer::step_clipped).
   // `delayed`: comm.overlap = delayed (above); the replica must be on the CPU. `gpu_job`: some rank of the
   // job runs on a GPU, which picks the order of the reductions (ParamLayout::reduction_order).
-  AllReduceStep(models::Replica& replica, comm::GradientReducer& reducer, Optimizer& optimizer,
+  AllReduceStep(models::Replica& replica, comm::GradientReducer& reducer, optim::Optimizer& optimizer,
                 bool sparse_exchange, double clip_norm = 0, bool delayed = false, bool gpu_job = false);
   // A step left with its exchange in flight (an error on this rank between steps) leaves the exchange's
   // buffer to the reducer, which MPI may still write into until the job ends.
@@ -48,7 +48,7 @@ class AllReduceStep {
  private:
   models::Replica& replica_;
   comm::GradientReducer& reducer_;
-  Optimizer& optimizer_;
+  optim::Optimizer& optimizer_;
   bool sparse_exchange_;
   double clip_norm_;
   // The optimizer on `grads`, averaged (with the embedding rows of embedding_rows_ where sparse).

@@ -12,8 +12,8 @@ namespace {
 class AllReduceUpdater final : public Updater {
  public:
   AllReduceUpdater(models::Replica& replica, comm::HostGroup& trainers, comm::GradientReducer& reducer,
-                   std::unique_ptr<Optimizer> optimizer, bool sparse_exchange, double clip_norm, bool delayed,
-                   bool gpu_job)
+                   std::unique_ptr<optim::Optimizer> optimizer, bool sparse_exchange, double clip_norm,
+                   bool delayed, bool gpu_job)
       : replica_(replica),
         comm_(trainers),
         reducer_(reducer),
@@ -49,23 +49,25 @@ class AllReduceUpdater final : public Updater {
   models::Replica& replica_;
   comm::HostGroup& comm_;
   comm::GradientReducer& reducer_;
-  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
   AllReduceStep step_;
 };
 
 // `gpu`: the replica's GPU, when it runs on one.
-std::unique_ptr<Optimizer> make_optimizer_for(models::Replica& replica, int gpu, const OptimizerSettings& s) {
+std::unique_ptr<optim::Optimizer> make_optimizer_for(models::Replica& replica, int gpu,
+                                                     const optim::OptimizerSettings& s) {
   const std::size_t size = replica.layout().total_size();
-  return replica.device() == models::DeviceKind::kCuda ? make_cuda_optimizer(s, size, gpu, replica.stream())
-                                                       : make_optimizer(s, size);
+  return replica.device() == models::DeviceKind::kCuda
+             ? optim::make_cuda_optimizer(s, size, gpu, replica.stream())
+             : optim::make_optimizer(s, size);
 }
 
 }  // namespace
 
 std::unique_ptr<Updater> make_all_reduce_updater(models::Replica& replica, int gpu, comm::HostGroup& trainers,
                                                  comm::GradientReducer& reducer,
-                                                 const OptimizerSettings& settings, bool sparse_exchange,
-                                                 bool delayed, bool gpu_job) {
+                                                 const optim::OptimizerSettings& settings,
+                                                 bool sparse_exchange, bool delayed, bool gpu_job) {
   return std::make_unique<AllReduceUpdater>(replica, trainers, reducer,
                                             make_optimizer_for(replica, gpu, settings), sparse_exchange,
                                             settings.clip_norm, delayed, gpu_job);

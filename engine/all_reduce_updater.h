@@ -6,7 +6,7 @@
 
 #include "comm/gradient_reducer.h"
 #include "comm/host_group.h"
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "engine/updater.h"
 #include "models/replica.h"
 
@@ -19,7 +19,8 @@ namespace ddp::engine {
 // `gpu_job`: some rank of the job runs on a GPU (the reductions' order).
 std::unique_ptr<Updater> make_all_reduce_updater(models::Replica& replica, int gpu, comm::HostGroup& trainers,
                                                  comm::GradientReducer& reducer,
-                                                 const OptimizerSettings& settings, bool sparse_exchange,
-                                                 bool delayed = false, bool gpu_job = false);
+                                                 const optim::OptimizerSettings& settings,
+                                                 bool sparse_exchange, bool delayed = false,
+                                                 bool gpu_job = false);
 
 }  // namespace ddp::engine

@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "models/param_layout.h"
 
 namespace ddp::engine {

@@ -9,30 +9,10 @@
 namespace ddp::engine {
 namespace {
 
-class OptimizerOnShard final : public comm::ShardOptimizer {
- public:
-  explicit OptimizerOnShard(std::unique_ptr<Optimizer> optimizer) : optimizer_(std::move(optimizer)) {}
-  void step(std::span<float> params, std::span<const float> grads, float gradient_scale) override {
-    optimizer_->step(params, grads, nullptr, gradient_scale);
-  }
-  void step_pieces(std::span<float> params, std::span<const GradientPiece> pieces,
-                   float gradient_scale) override {
-    optimizer_->step_pieces(params, pieces, gradient_scale);
-  }
-  OptimizerState state() const override { return optimizer_->state(); }
-  int64_t iterations() const override { return optimizer_->iterations(); }
-  void visit_state(const StateBufferVisitor& visit) const override { optimizer_->visit_state(visit); }
-  void load_state(const OptimizerState& state) override { optimizer_->load_state(state); }
-  std::string name() const override { return optimizer_->name(); }
-
- private:
-  std::unique_ptr<Optimizer> optimizer_;
-};
-
 class ParameterServerUpdater final : public Updater {
  public:
   ParameterServerUpdater(models::Replica& replica, comm::ParameterService& service,
-                         const OptimizerSettings& settings)
+                         const optim::OptimizerSettings& settings)
       : replica_(replica),
         service_(&service),
         optimizer_name_(settings.name),
@@ -104,10 +84,8 @@ class ParameterServerUpdater final : public Updater {
 
 }  // namespace
 
-comm::ShardOptimizerFactory shard_optimizers(const OptimizerSettings& settings) {
-  return [settings](std::size_t size) -> std::unique_ptr<comm::ShardOptimizer> {
-    return std::make_unique<OptimizerOnShard>(make_optimizer(settings, size));
-  };
+comm::ShardOptimizerFactory shard_optimizers(const optim::OptimizerSettings& settings) {
+  return [settings](std::size_t size) { return optim::make_optimizer(settings, size); };
 }
 
 void exchange_embedding_rows(comm::PsOptions& options, const models::ParamLayout& layout, int batch,
@@ -119,7 +97,7 @@ void exchange_embedding_rows(comm::PsOptions& options, const models::ParamLayout
 }
 
 std::unique_ptr<Updater> make_ps_updater(models::Replica& replica, comm::ParameterService& service,
-                                         const OptimizerSettings& settings, bool colocated) {
+                                         const optim::OptimizerSettings& settings, bool colocated) {
   if (colocated && replica.device() != models::DeviceKind::kCpu) {
     throw UserError(
         "comm.ps_servers = 0: a rank's replica is on a GPU; the colocated parameter server serves CPU "

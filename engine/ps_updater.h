@@ -9,14 +9,14 @@
 #include <string>
 
 #include "comm/ps_service.h"
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "engine/updater.h"
 #include "models/replica.h"
 
 namespace ddp::engine {
 
 // Each shard's optimizer: `settings`' host optimizer over the shard.
-comm::ShardOptimizerFactory shard_optimizers(const OptimizerSettings& settings);
+comm::ShardOptimizerFactory shard_optimizers(const optim::OptimizerSettings& settings);
 
 // The embedding's rows as the row-sparse push sends them (`options.sparse_exchange_rows`), with a batch of
 // `batch` sequences of `seq` tokens reading at most batch x seq of them a step.
@@ -28,6 +28,6 @@ void exchange_embedding_rows(comm::PsOptions& options, const models::ParamLayout
 // `service` must outlive the updater: its owner keeps it while the training ranks agree on an error that the
 // updater's user (the trainer's constructor) threw on one of them.
 std::unique_ptr<Updater> make_ps_updater(models::Replica& replica, comm::ParameterService& service,
-                                         const OptimizerSettings& settings, bool colocated);
+                                         const optim::OptimizerSettings& settings, bool colocated);
 
 }  // namespace ddp::engine

@@ -176,7 +176,7 @@ void refuse_another_runs_best(const RunFiles& files, const std::string& run_id) 
 
 // Rank 0: last.h5's parameters, optimizer state and progress, checked against the run.
 void resume_from_checkpoint(const Config& config, const RunFiles& files, const models::ParamLayout& layout,
-                            const OptimizerSettings& optimizer, int trainers, int64_t steps_per_epoch,
+                            const optim::OptimizerSettings& optimizer, int trainers, int64_t steps_per_epoch,
                             RunStart& start, std::vector<std::string>& rng_states) {
   Checkpoint c = read_checkpoint(files.last());
   if (!c.run.run_id.empty()) start.record.run_id = c.run.run_id;  // a resumed run keeps its id
@@ -199,7 +199,7 @@ void resume_from_checkpoint(const Config& config, const RunFiles& files, const m
     throw UserError(files.last() + ": checkpoint was trained with " + c.optimizer_name +
                     ", the config asks for train.optimizer = " + optimizer.name);
   }
-  check_optimizer_state(optimizer, layout.total_size(), c.optimizer, files.last());
+  optim::check_optimizer_state(optimizer, layout.total_size(), c.optimizer, files.last());
   // The notes on changed data come after the refusals above, so that a refused resume says one line.
   const bool data_changed = check_resumed_data(config, files, c, start.record);
   const bool rows_changed = note_changed_data_plan(files, c, start.record);
@@ -329,8 +329,8 @@ std::vector<float> InitialParameters::take() {
 
 RunStart start_run(const Config& config, const RunFiles& files, const io::DatasetInfo& data,
                    const io::DataPlan& plan, const models::ParamLayout& layout,
-                   const OptimizerSettings& optimizer, int64_t steps_per_epoch, comm::HostGroup& trainers,
-                   ProgressWatchdog& watchdog, InitialParameters& initial) {
+                   const optim::OptimizerSettings& optimizer, int64_t steps_per_epoch,
+                   comm::HostGroup& trainers, ProgressWatchdog& watchdog, InitialParameters& initial) {
   RunStart start;
   start.params.resize(layout.total_size());
   const bool root = trainers.rank() == 0;

@@ -16,7 +16,7 @@
 #include "comm/host_group.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "engine/run_directory.h"
 #include "engine/watchdog.h"
 #include "io/data_plan.h"
@@ -80,7 +80,7 @@ class InitialParameters {
 // checkpoint.allow_data_change) or for another model or optimizer.
 RunStart start_run(const Config& config, const RunFiles& files, const io::DatasetInfo& data,
                    const io::DataPlan& plan, const models::ParamLayout& layout,
-                   const OptimizerSettings& optimizer, int64_t steps_per_epoch, comm::HostGroup& trainers,
-                   ProgressWatchdog& watchdog, InitialParameters& initial);
+                   const optim::OptimizerSettings& optimizer, int64_t steps_per_epoch,
+                   comm::HostGroup& trainers, ProgressWatchdog& watchdog, InitialParameters& initial);
 
 }  // namespace ddp::engine

@@ -310,11 +310,11 @@ void check_consistency(models::Replica& gpu, int device, int batch, int seq, boo
 
 // One optimizer step on the GPU and on the host from the same parameters and gradients: the kernels round
 // every operation as the host code does (optimizer.cpp), so the results must be equal bit for bit.
-void compare_optimizer_step(models::Replica& gpu, int device, const OptimizerSettings& settings,
+void compare_optimizer_step(models::Replica& gpu, int device, const optim::OptimizerSettings& settings,
                             std::span<const float> params, std::span<const float> grads) {
   const std::size_t n = params.size();
   // With train.clip_norm, the clipped step: the GPU's norm is summed in the host's order, so it agrees too.
-  auto step = [&](Optimizer& optimizer, std::span<float> p, std::span<const float> g) {
+  auto step = [&](optim::Optimizer& optimizer, std::span<float> p, std::span<const float> g) {
     if (settings.clip_norm > 0) {
       optimizer.step_clipped(p, g, nullptr, settings.clip_norm);
     } else {
@@ -322,11 +322,12 @@ void compare_optimizer_step(models::Replica& gpu, int device, const OptimizerSet
     }
   };
   std::vector<float> host(params.begin(), params.end());
-  step(*make_optimizer(settings, n), host, grads);
+  step(*optim::make_optimizer(settings, n), host, grads);
   gpu.copy_params_from_host(params);
   const OnReplica device_grads(gpu, device, grads.data(), grads.size_bytes());
   const bool on_gpu = gpu.device() == models::DeviceKind::kCuda;
-  step(*(on_gpu ? make_cuda_optimizer(settings, n, device, gpu.stream()) : make_optimizer(settings, n)),
+  step(*(on_gpu ? optim::make_cuda_optimizer(settings, n, device, gpu.stream())
+                : optim::make_optimizer(settings, n)),
        gpu.params(), {device_grads.get<float>(), n});
   std::vector<float> back(n);
   gpu.copy_params_to_host(back);
@@ -428,8 +429,9 @@ std::string SelfCheckReport::summary() const {
 }
 
 SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
-                                  std::span<const std::pair<int, int>> shapes, OptimizerSettings settings,
-                                  uint64_t seed, const models::ModelOptions& options,
+                                  std::span<const std::pair<int, int>> shapes,
+                                  optim::OptimizerSettings settings, uint64_t seed,
+                                  const models::ModelOptions& options,
                                   const std::function<void()>& progress) {
   const auto start = Clock::now();
   const auto proceed = [&] {

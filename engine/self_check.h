@@ -29,7 +29,7 @@
 
 #include "comm/gradient_reducer.h"
 #include "comm/host_group.h"
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "models/replica.h"
 
 namespace ddp::engine {
@@ -80,8 +80,9 @@ constexpr double kConsistencyTolerance = 1e-3;
 // the result. `options` are the replica's (masking; the CPU replicas run them without dropout, which the
 // GPU replica does not run).
 SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
-                                  std::span<const std::pair<int, int>> shapes, OptimizerSettings settings,
-                                  uint64_t seed, const models::ModelOptions& options = {},
+                                  std::span<const std::pair<int, int>> shapes,
+                                  optim::OptimizerSettings settings, uint64_t seed,
+                                  const models::ModelOptions& options = {},
                                   const std::function<void()>& progress = {});
 
 // Collective over `group`, whose gradients `reducer` averages in the memory of GPU `device` (NCCL):

@@ -21,14 +21,14 @@
 
 namespace ddp::engine {
 
-OptimizerSettings optimizer_settings(const Config& c, int64_t total_updates) {
-  OptimizerSettings s{c.train.optimizer,
-                      c.train.learning_rate,
-                      c.train.beta1,
-                      c.train.beta2,
-                      c.train.epsilon,
-                      c.train.momentum,
-                      c.train.embedding_update == "lazy"};
+optim::OptimizerSettings optimizer_settings(const Config& c, int64_t total_updates) {
+  optim::OptimizerSettings s{c.train.optimizer,
+                             c.train.learning_rate,
+                             c.train.beta1,
+                             c.train.beta2,
+                             c.train.epsilon,
+                             c.train.momentum,
+                             c.train.embedding_update == "lazy"};
   s.schedule = c.train.lr_schedule;
   s.warmup_steps = c.train.warmup_steps;
   s.decay_steps = c.train.lr_decay_steps;

@@ -12,14 +12,14 @@
 
 #include "comm/gradient_reducer.h"
 #include "engine/config.h"
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "models/replica.h"
 
 namespace ddp::engine {
 
 // The optimizer the config asks for (train.optimizer and its hyperparameters); `total_updates`: the updates
 // its schedule spans (train.lr_schedule = cosine), 0 where no schedule needs it.
-OptimizerSettings optimizer_settings(const Config& config, int64_t total_updates = 0);
+optim::OptimizerSettings optimizer_settings(const Config& config, int64_t total_updates = 0);
 
 class Updater {
  public:

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "models/fast_math.h"
+#include "engine/base/fast_math.h"
 
 namespace ddp::models {
 namespace {

@@ -12,12 +12,12 @@
 #include <utility>
 
 #include "engine/base/errors.h"
+#include "engine/base/fast_math.h"
 #include "engine/base/parallel_loops.h"
 #include "engine/base/timeline.h"
 #include "models/blas.h"
 #include "models/blas_threads.h"
 #include "models/dropout.h"
-#include "models/fast_math.h"
 #include "models/fma_rate.h"
 #include "models/output_math.h"
 

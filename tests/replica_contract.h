@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "models/initializers.h"
 #include "models/param_layout.h"
 #include "models/replica.h"
@@ -163,7 +163,7 @@ TYPED_TEST_P(ReplicaContract, LearnsAToyTask) {
   std::vector<float> params(replica->layout().total_size());
   models::initialize_keras(replica->layout(), params, 1);
   replica->copy_params_from_host(params);
-  engine::OptimizerSettings settings;
+  optim::OptimizerSettings settings;
   settings.name = "adam";
   settings.learning_rate = 0.01;
   auto optimizer = TypeParam::optimizer(settings, *replica);

@@ -17,7 +17,7 @@
 #include "engine/base/errors.h"
 #include "engine/base/json.h"
 #include "engine/device.h"
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "models/cuda_replica.h"
 #include "models/initializers.h"
 #include "models/param_layout.h"
@@ -150,7 +150,7 @@ SelfCheckReport imdb_self_check(int gpu) {
     const ThrowFatalErrors report_instead_of_abort;
     auto replica = models::make_cuda_replica(kImdbShape, gpu);
     for (const auto& [batch, seq] : shapes) replica->settle_shape(batch, seq, replica->try_shape(batch, seq));
-    return check_gpu_replica(*replica, gpu, shapes, OptimizerSettings{}, kSmokeSeed);
+    return check_gpu_replica(*replica, gpu, shapes, optim::OptimizerSettings{}, kSmokeSeed);
   } catch (const std::exception& e) {
     SelfCheckReport report;
     report.ok = false;

@@ -1,6 +1,6 @@
 // An optimizer's state as data: what checkpoints store and what the parameter server hands between ranks,
-// and a gradient given in pieces. The optimizers themselves (engine/optimizer.h) are the training code's;
-// comm/ moves their state and gradients without knowing them.
+// and a gradient given in pieces. The optimizers themselves (engine/optimizer/optimizer.h) are the training
+// code's; comm/ moves their state and gradients without knowing them.
 #pragma once
 
 #include <cstddef>

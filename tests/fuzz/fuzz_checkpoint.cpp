@@ -106,7 +106,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   shape.classes = in.ConsumeIntegralInRange<int>(2, 4);
   const models::ParamLayout layout(shape);
   std::vector<float> params(layout.total_size(), 0.25f);
-  engine::OptimizerState optimizer{3, {{"m", params}, {"v", params}}};
+  ddp::OptimizerState optimizer{3, {{"m", params}, {"v", params}}};
   engine::TrainingProgress progress;
   progress.epoch = 1;
   progress.batch_size = 2;

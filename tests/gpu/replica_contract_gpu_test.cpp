@@ -5,7 +5,7 @@
 #include <string>
 
 #include "engine/device.h"
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "models/cuda_replica.h"
 #include "models/replica.h"
 #include "tests/replica_contract.h"
@@ -45,9 +45,9 @@ struct CudaReplicaKind {
                                                const models::ModelOptions& options = {}) {
     return models::make_cuda_replica(shape, 0, models::RnnAlgorithm::kAuto, options);
   }
-  static std::unique_ptr<engine::Optimizer> optimizer(const engine::OptimizerSettings& settings,
-                                                      models::Replica& replica) {
-    return engine::make_cuda_optimizer(settings, replica.layout().total_size(), 0, replica.stream());
+  static std::unique_ptr<optim::Optimizer> optimizer(const optim::OptimizerSettings& settings,
+                                                     models::Replica& replica) {
+    return optim::make_cuda_optimizer(settings, replica.layout().total_size(), 0, replica.stream());
   }
   static std::unique_ptr<PlacedBatch> place(const HostBatch& batch) {
     return std::make_unique<DevicePlacedBatch>(batch);

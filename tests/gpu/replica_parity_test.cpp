@@ -20,7 +20,7 @@
 
 #include "engine/base/errors.h"
 #include "engine/device.h"
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "engine/self_check.h"
 #include "models/cuda_replica.h"
 #include "models/initializers.h"
@@ -137,17 +137,17 @@ TEST(CudaReplica, NoGpuOrBadOrdinalIsAUserError) {
 }
 
 TEST(CudaOptimizer, RefusesLazyRowsAndUnknownNames) {
-  engine::OptimizerSettings lazy;
+  optim::OptimizerSettings lazy;
   lazy.lazy_update = true;
   try {
-    engine::make_cuda_optimizer(lazy, 16, 0, nullptr);
+    optim::make_cuda_optimizer(lazy, 16, 0, nullptr);
     FAIL() << "lazy rows accepted";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("lazy is not supported on the GPU"), std::string::npos) << e.what();
   }
-  engine::OptimizerSettings unknown;
+  optim::OptimizerSettings unknown;
   unknown.name = "adagrad";
-  EXPECT_THROW(engine::make_cuda_optimizer(unknown, 16, 0, nullptr), UserError);
+  EXPECT_THROW(optim::make_cuda_optimizer(unknown, 16, 0, nullptr), UserError);
 }
 
 // --- With a GPU
@@ -422,7 +422,7 @@ TEST(CudaReplica, ReportsTokensOutsideTheVocabulary) {
 // -------------------------------------------------------------------------------------
 
 // `n` elements `offset` floats into device buffers (offset 1: the unaligned scalar path; 0: float4 + tail).
-void check_optimizer(const engine::OptimizerSettings& settings, std::size_t n, std::size_t offset) {
+void check_optimizer(const optim::OptimizerSettings& settings, std::size_t n, std::size_t offset) {
   cudaStream_t stream = nullptr;
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   float* device_params = nullptr;
@@ -437,13 +437,13 @@ void check_optimizer(const engine::OptimizerSettings& settings, std::size_t n, s
     std::vector<float> host_params(n);
     for (auto& p : host_params) p = normal(rng);
     upload(device_params + offset, host_params.data(), n * sizeof(float));
-    auto host = engine::make_optimizer(settings, n);
-    auto gpu = engine::make_cuda_optimizer(settings, n, 0, stream);
+    auto host = optim::make_optimizer(settings, n);
+    auto gpu = optim::make_cuda_optimizer(settings, n, 0, stream);
     EXPECT_EQ(gpu->name(), host->name());
     const std::span<float> gpu_params(device_params + offset, n);
     const std::span<const float> gpu_grads(device_grads + offset, n);
     std::vector<float> grads(n);
-    auto one_step = [&](engine::Optimizer& cuda_optimizer) {
+    auto one_step = [&](optim::Optimizer& cuda_optimizer) {
       for (auto& g : grads) g = 0.1f * normal(rng);
       // The last step's kernel may still read the gradients: wait before overwriting them.
       cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
@@ -473,8 +473,8 @@ void check_optimizer(const engine::OptimizerSettings& settings, std::size_t n, s
     for (int step = 0; step < 5; ++step) one_step(*gpu);
     expect_params_equal("after 5 steps");
 
-    const engine::OptimizerState host_state = host->state();
-    const engine::OptimizerState gpu_state = gpu->state();
+    const ddp::OptimizerState host_state = host->state();
+    const ddp::OptimizerState gpu_state = gpu->state();
     EXPECT_EQ(gpu_state.iterations, host_state.iterations) << context;
     ASSERT_EQ(gpu_state.buffers.size(), host_state.buffers.size()) << context;
     for (std::size_t b = 0; b < host_state.buffers.size(); ++b) {
@@ -487,12 +487,12 @@ void check_optimizer(const engine::OptimizerSettings& settings, std::size_t n, s
     }
 
     // A fresh optimizer that loads the state continues exactly where the first one was.
-    auto resumed = engine::make_cuda_optimizer(settings, n, 0, stream);
+    auto resumed = optim::make_cuda_optimizer(settings, n, 0, stream);
     resumed->load_state(gpu_state);
     one_step(*resumed);
     expect_params_equal("after resuming");
 
-    engine::OptimizerState wrong = gpu_state;
+    ddp::OptimizerState wrong = gpu_state;
     wrong.buffers.front().first = "nonsense";
     EXPECT_THROW(resumed->load_state(wrong), UserError) << context;
     wrong = gpu_state;
@@ -507,7 +507,7 @@ void check_optimizer(const engine::OptimizerSettings& settings, std::size_t n, s
 
 TEST(CudaOptimizer, AdamMatchesTheHostAdam) {
   DDP_REQUIRE_GPU();
-  engine::OptimizerSettings settings;
+  optim::OptimizerSettings settings;
   settings.name = "adam";
   settings.learning_rate = 0.01;
   for (const std::size_t offset : {0u, 1u}) check_optimizer(settings, 10007, offset);
@@ -519,7 +519,7 @@ TEST(CudaOptimizer, ClippedStepsMatchTheHostBitForBit) {
   DDP_REQUIRE_GPU();
   for (const std::string name : {"adam", "sgd"}) {
     for (const double clip_norm : {0.5, 1000.0}) {
-      engine::OptimizerSettings settings;
+      optim::OptimizerSettings settings;
       settings.name = name;
       settings.learning_rate = 0.01;
       settings.momentum = 0.9;
@@ -531,7 +531,7 @@ TEST(CudaOptimizer, ClippedStepsMatchTheHostBitForBit) {
 
 TEST(CudaOptimizer, SgdMatchesTheHostSgd) {
   DDP_REQUIRE_GPU();
-  engine::OptimizerSettings settings;
+  optim::OptimizerSettings settings;
   settings.name = "sgd";
   settings.learning_rate = 0.05;
   settings.momentum = 0.9;
@@ -555,7 +555,7 @@ TEST(SelfCheck, PassesOnThisGpu) {
       auto replica = models::make_cuda_replica({20000, 128, 128, layers}, 0, algorithm);
       for (const auto& [batch, seq] : shapes)
         replica->settle_shape(batch, seq, replica->try_shape(batch, seq));
-      OptimizerSettings adam;
+      optim::OptimizerSettings adam;
       const SelfCheckReport report = check_gpu_replica(*replica, 0, shapes, adam, 1);
       EXPECT_TRUE(report.ok) << models::rnn_algorithm_name(algorithm) << ", layers " << layers << ": "
                              << report.failure;
@@ -578,7 +578,7 @@ TEST(CudaReplica, ShapesSettledOnTheStandardAlgorithmMatchTheCpu) {
         << replica->lstm_kernels();
   }
   const std::vector<std::pair<int, int>> shapes{{16, 20}, {5, 20}};
-  const SelfCheckReport report = check_gpu_replica(*replica, 0, shapes, OptimizerSettings{}, 3);
+  const SelfCheckReport report = check_gpu_replica(*replica, 0, shapes, optim::OptimizerSettings{}, 3);
   EXPECT_TRUE(report.ok) << report.failure;
 }
 

@@ -10,7 +10,7 @@
 #include "comm/gradient_reducer.h"
 #include "comm/host_group.h"
 #include "engine/all_reduce_step.h"
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "models/initializers.h"
 #include "models/replica.h"
 #include "tests/forwarding_replica.h"
@@ -129,7 +129,7 @@ TEST_P(ReplicasStayBitIdentical, AfterTwelveSteps) {
   if (world.rank() == 0) models::initialize_keras(replica->layout(), initial, 7);
   world.broadcast(initial, 0);
   replica->copy_params_from_host(initial);
-  auto adam = engine::make_optimizer(engine::OptimizerSettings{}, replica->layout().total_size());
+  auto adam = optim::make_optimizer(optim::OptimizerSettings{}, replica->layout().total_size());
   engine::AllReduceStep step(*replica, *comm, *adam, sparse, 0, delayed);
   for (int i = 0; i < 12; ++i) {
     const TokenBatch b =
@@ -157,7 +157,7 @@ TEST(DataParallel, TheDelayedSparseExchangeEqualsTheDenseOne) {
     std::vector<float> initial(replica->layout().total_size());
     models::initialize_keras(replica->layout(), initial, 7);
     replica->copy_params_from_host(initial);
-    auto adam = engine::make_optimizer(engine::OptimizerSettings{}, replica->layout().total_size());
+    auto adam = optim::make_optimizer(optim::OptimizerSettings{}, replica->layout().total_size());
     engine::AllReduceStep step(*replica, *comm, *adam, sparse, 0, /*delayed=*/true);
     for (int i = 0; i < 12; ++i) {
       const TokenBatch b =
@@ -204,7 +204,7 @@ TEST(DataParallel, RanksReportingSegmentsInOtherOrdersAverageTheSameOnes) {
     std::unique_ptr<models::Replica> replica = models::make_cpu_replica(shape);
     if (mixed && world.rank() % 2 == 1) replica = std::make_unique<FrontToBackReplica>(std::move(replica));
     replica->copy_params_from_host(initial);
-    auto adam = engine::make_optimizer(engine::OptimizerSettings{}, replica->layout().total_size());
+    auto adam = optim::make_optimizer(optim::OptimizerSettings{}, replica->layout().total_size());
     engine::AllReduceStep step(*replica, *comm, *adam, /*sparse_exchange=*/false);
     for (int i = 0; i < 4; ++i) {
       const TokenBatch b =
@@ -230,7 +230,7 @@ TEST_P(TwoBySixteen, EqualsOneRankOfThirtyTwo) {
     comm::HostGroup world(pair);
     auto comm = comm::make_mpi_reducer(world);
     const models::ModelShape shape{61, 16, 12, 1};
-    engine::OptimizerSettings sgd;
+    optim::OptimizerSettings sgd;
     sgd.name = "sgd";
     sgd.learning_rate = 0.5;
     sgd.momentum = 0.9;
@@ -239,8 +239,8 @@ TEST_P(TwoBySixteen, EqualsOneRankOfThirtyTwo) {
     auto split = models::make_cpu_replica(shape);
     models::initialize_keras(single->layout(), single->params(), 3);
     models::initialize_keras(split->layout(), split->params(), 3);
-    auto single_opt = engine::make_optimizer(sgd, single->layout().total_size());
-    auto split_opt = engine::make_optimizer(sgd, split->layout().total_size());
+    auto single_opt = optim::make_optimizer(sgd, single->layout().total_size());
+    auto split_opt = optim::make_optimizer(sgd, split->layout().total_size());
     engine::AllReduceStep split_step(*split, *comm, *split_opt, GetParam());
     for (int step = 0; step < 4; ++step) {
       const TokenBatch b = random_batch(32, 20, shape.vocab_size, 500 + static_cast<uint64_t>(step));

@@ -13,7 +13,7 @@
 
 #include "engine/base/errors.h"
 #include "engine/checkpoint.h"
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "models/replica.h"
 #include "tests/test_util.h"
 
@@ -30,8 +30,8 @@ TEST(Checkpoint, RoundTripAndAtomicWrite) {
   const models::ParamLayout layout(shape);
   std::vector<float> params(layout.total_size());
   for (std::size_t i = 0; i < params.size(); ++i) params[i] = static_cast<float>(i) * 0.001f - 0.3f;
-  OptimizerSettings s;
-  auto adam = make_optimizer(s, params.size());
+  optim::OptimizerSettings s;
+  auto adam = optim::make_optimizer(s, params.size());
   std::vector<float> scratch = params;
   adam->step(scratch, params);
   TrainingProgress progress;
@@ -75,8 +75,8 @@ TEST(Checkpoint, WriterTakesBuffersOneAtATimeAndAbandonsCleanly) {
   const models::ModelShape shape{40, 4, 3, 1};
   const models::ParamLayout layout(shape);
   std::vector<float> params(layout.total_size(), 0.25f);
-  OptimizerSettings s;
-  auto adam = make_optimizer(s, params.size());
+  optim::OptimizerSettings s;
+  auto adam = optim::make_optimizer(s, params.size());
   std::vector<float> grads(params.size(), 0.5f);
   adam->step(params, grads);
   const std::string path = dir.file("last.h5");

@@ -16,7 +16,7 @@
 #include "comm/stall_census.h"
 #include "engine/all_reduce_step.h"
 #include "engine/base/errors.h"
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "models/initializers.h"
 #include "models/param_layout.h"
 #include "models/replica.h"
@@ -142,7 +142,7 @@ TEST(AllReduceStep, StartsTheReductionsInTheJobsOrder) {
   for (const bool gpu_job : {true, false}) {
     auto replica = models::make_cpu_replica(shape);
     comm::FakeReducer comm(2, replica->grads());
-    auto sgd = make_optimizer(OptimizerSettings{}, layout.total_size());
+    auto sgd = optim::make_optimizer(optim::OptimizerSettings{}, layout.total_size());
     AllReduceStep step(*replica, comm, *sgd, /*sparse_exchange=*/false, 0, false, gpu_job);
     std::vector<int32_t> tokens(4 * 7);
     for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 40);
@@ -180,7 +180,7 @@ TEST(AllReduceStep, TheDelayedExchangeAppliesGradientKAtStepKPlusOne) {
   std::vector<int32_t> tokens(2 * 5, 3);
   const std::vector<float> labels{0, 1};
   const BatchView batch{tokens.data(), labels.data(), 2, 5, tokens.data()};
-  OptimizerSettings sgd;
+  optim::OptimizerSettings sgd;
   sgd.name = "sgd";
   sgd.learning_rate = 1;
   for (const bool delayed : {false, true}) {
@@ -188,7 +188,7 @@ TEST(AllReduceStep, TheDelayedExchangeAppliesGradientKAtStepKPlusOne) {
     const std::vector<float> zeros(replica.layout().total_size(), 0.0f);
     replica.copy_params_from_host(zeros);
     comm::FakeReducer comm(2, replica.grads());  // two ranks that agree: the average is our own
-    auto optimizer = make_optimizer(sgd, replica.layout().total_size());
+    auto optimizer = optim::make_optimizer(sgd, replica.layout().total_size());
     AllReduceStep step(replica, comm, *optimizer, /*sparse_exchange=*/false, 0, delayed);
     // After each step: the parameters' value (all alike).
     std::vector<float> after;
@@ -230,12 +230,12 @@ TEST(AllReduceStep, TheDelayedExchangeIsThePreviousGradientAppliedAfterBackward)
   auto delayed_replica = models::make_cpu_replica(shape);
   delayed_replica->copy_params_from_host(initial);
   comm::FakeReducer comm(2, delayed_replica->grads());
-  auto adam = make_optimizer(OptimizerSettings{}, layout.total_size());
+  auto adam = optim::make_optimizer(optim::OptimizerSettings{}, layout.total_size());
   AllReduceStep delayed(*delayed_replica, comm, *adam, /*sparse_exchange=*/false, 0, /*delayed=*/true);
 
   auto reference = models::make_cpu_replica(shape);
   reference->copy_params_from_host(initial);
-  auto reference_adam = make_optimizer(OptimizerSettings{}, layout.total_size());
+  auto reference_adam = optim::make_optimizer(optim::OptimizerSettings{}, layout.total_size());
   std::vector<float> previous;
   for (auto& tokens : batches) {
     const BatchView batch{tokens.data(), labels.data(), 4, 7, tokens.data()};

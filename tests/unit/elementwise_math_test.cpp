@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "comm/wire_cast.h"
-#include "engine/optimizer.h"
-#include "engine/optimizer_math.h"
+#include "engine/optimizer/optimizer.h"
+#include "engine/optimizer/optimizer_math.h"
 #include "models/output_math.h"
 
 namespace ddp {
@@ -35,7 +35,7 @@ TEST(ElementwiseMath, HostOptimizersEqualTheSharedElementFunctionBitForBit) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const std::size_t n = 1003;  // a vector tail too
   for (const char* name : {"adam", "sgd"}) {
-    engine::OptimizerSettings settings;
+    optim::OptimizerSettings settings;
     settings.name = name;
     settings.learning_rate = 0.01;
     settings.momentum = 0.9;
@@ -44,17 +44,16 @@ TEST(ElementwiseMath, HostOptimizersEqualTheSharedElementFunctionBitForBit) {
     for (auto& p : params) p = normal(rng);
     std::vector<float> expected = params;
     std::vector<float> m(n, 0.0f), v(n, 0.0f), velocity(n, 0.0f);
-    auto optimizer = engine::make_optimizer(settings, n);
+    auto optimizer = optim::make_optimizer(settings, n);
     for (int64_t step = 1; step <= 3; ++step) {
       for (auto& g : grads) g = normal(rng) * 0.1f;
       optimizer->step(params, grads);
-      const engine::AdamCoefficients c = engine::adam_coefficients(settings, step);
+      const optim::AdamCoefficients c = optim::adam_coefficients(settings, step);
       for (std::size_t i = 0; i < n; ++i) {
         if (settings.name == "adam") {
-          engine::adam_update_one(expected[i], grads[i], m[i], v[i], c);
+          optim::adam_update_one(expected[i], grads[i], m[i], v[i], c);
         } else {
-          engine::sgd_update_one(expected[i], grads[i], velocity[i],
-                                 engine::sgd_coefficients(settings, step));
+          optim::sgd_update_one(expected[i], grads[i], velocity[i], optim::sgd_coefficients(settings, step));
         }
       }
       for (std::size_t i = 0; i < n; ++i) {
@@ -67,20 +66,20 @@ TEST(ElementwiseMath, HostOptimizersEqualTheSharedElementFunctionBitForBit) {
 // Adam's first step moves every parameter by about lr against its gradient's sign (m / sqrt(v) = g / |g|),
 // and SGD by lr g: the shared functions against the formulas in double.
 TEST(ElementwiseMath, UpdatesFollowTheirFormulas) {
-  engine::OptimizerSettings adam;
+  optim::OptimizerSettings adam;
   adam.learning_rate = 0.001;
-  const engine::AdamCoefficients c = engine::adam_coefficients(adam, 1);
+  const optim::AdamCoefficients c = optim::adam_coefficients(adam, 1);
   EXPECT_NEAR(c.lr_t, 0.001 * std::sqrt(1 - 0.999) / (1 - 0.9), 1e-9);
   for (const float g : {0.5f, -2.0f, 1e-3f}) {
     float p = 1.0f, m = 0.0f, v = 0.0f;
-    engine::adam_update_one(p, g, m, v, c);
+    optim::adam_update_one(p, g, m, v, c);
     EXPECT_EQ(m, (1.0f - 0.9f) * g);
     EXPECT_EQ(v, (1.0f - 0.999f) * g * g);
     const double step = c.lr_t * (0.1 * g) / (std::sqrt(0.001 * g * g) + 1e-7);
     EXPECT_NEAR(p, 1.0 - step, 1e-6) << g;
   }
   float p = 1.0f, velocity = 0.5f;
-  engine::sgd_update_one(p, 2.0f, velocity, engine::SgdCoefficients{0.1f, 0.9f});
+  optim::sgd_update_one(p, 2.0f, velocity, optim::SgdCoefficients{0.1f, 0.9f});
   EXPECT_FLOAT_EQ(velocity, 0.9f * 0.5f - 0.1f * 2.0f);
   EXPECT_FLOAT_EQ(p, 1.0f + velocity);
 }

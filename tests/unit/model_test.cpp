@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "engine/base/errors.h"
+#include "engine/base/fast_math.h"
 #include "engine/base/parallel_loops.h"
 #include "models/blas_threads.h"
-#include "models/fast_math.h"
 #include "models/fma_rate.h"
 #include "models/initializers.h"
 #include "models/packed_gemm.h"

@@ -1,4 +1,5 @@
-// The host optimizers and gradient clipping (engine/optimizer.h): formulas, rounding, lazy rows, state.
+// The host optimizers and gradient clipping (engine/optimizer/optimizer.h): formulas, rounding, lazy rows,
+// state.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,15 +15,15 @@
 
 #include "engine/base/errors.h"
 #include "engine/base/parallel_loops.h"
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 
 namespace ddp::engine {
 namespace {
 
 TEST(Optimizer, AdamMatchesKerasFormulaInDouble) {
-  OptimizerSettings s;
+  optim::OptimizerSettings s;
   s.learning_rate = 0.01;
-  auto adam = make_optimizer(s, 3);
+  auto adam = optim::make_optimizer(s, 3);
   std::vector<float> p{1.0f, -2.0f, 0.5f};
   std::vector<double> ref(p.begin(), p.end()), m(3, 0), v(3, 0);
   const std::vector<std::vector<float>> grads{{0.1f, -0.2f, 0.0f}, {0.3f, 0.1f, -1.0f}, {-0.05f, 0.2f, 0.4f}};
@@ -41,11 +42,11 @@ TEST(Optimizer, AdamMatchesKerasFormulaInDouble) {
 }
 
 TEST(Optimizer, SgdMomentum) {
-  OptimizerSettings s;
+  optim::OptimizerSettings s;
   s.name = "sgd";
   s.learning_rate = 0.1;
   s.momentum = 0.9;
-  auto sgd = make_optimizer(s, 1);
+  auto sgd = optim::make_optimizer(s, 1);
   std::vector<float> p{1.0f};
   const std::vector<float> g{1.0f};
   sgd->step(p, g);  // v = -0.1, p = 0.9
@@ -54,20 +55,20 @@ TEST(Optimizer, SgdMomentum) {
 }
 
 TEST(Optimizer, StateRoundTripContinuesIdentically) {
-  OptimizerSettings s;
-  auto a = make_optimizer(s, 4);
+  optim::OptimizerSettings s;
+  auto a = optim::make_optimizer(s, 4);
   std::vector<float> pa{1, 2, 3, 4};
   const std::vector<float> g{0.1f, -0.3f, 0.2f, 0.0f};
   a->step(pa, g);
-  auto b = make_optimizer(s, 4);
+  auto b = optim::make_optimizer(s, 4);
   b->load_state(a->state());
   std::vector<float> pb = pa;
   a->step(pa, g);
   b->step(pb, g);
   EXPECT_EQ(pa, pb);
-  OptimizerSettings sgd = s;
+  optim::OptimizerSettings sgd = s;
   sgd.name = "sgd";
-  EXPECT_THROW(make_optimizer(sgd, 4)->load_state(a->state()), UserError);
+  EXPECT_THROW(optim::make_optimizer(sgd, 4)->load_state(a->state()), UserError);
 }
 
 // Every operation of the update rounded to float on its own, as the CUDA kernels do with their _rn
@@ -84,10 +85,11 @@ float rounded(float x) {
 // CUDA optimizer) through the default, which copies state(). Both must give state()'s buffers in order.
 TEST(Optimizer, VisitStateGivesTheStateBuffersInOrder) {
   // An optimizer that keeps the default visit_state, as the CUDA one does.
-  class StateOnly final : public Optimizer {
+  class StateOnly final : public optim::Optimizer {
    public:
-    explicit StateOnly(std::unique_ptr<Optimizer> inner) : inner_(std::move(inner)) {}
-    void step(std::span<float> p, std::span<const float> g, const TouchedRows* t, float scale) override {
+    explicit StateOnly(std::unique_ptr<optim::Optimizer> inner) : inner_(std::move(inner)) {}
+    void step(std::span<float> p, std::span<const float> g, const optim::TouchedRows* t,
+              float scale) override {
       inner_->step(p, g, t, scale);
     }
     OptimizerState state() const override { return inner_->state(); }
@@ -96,16 +98,16 @@ TEST(Optimizer, VisitStateGivesTheStateBuffersInOrder) {
     std::string name() const override { return inner_->name(); }
 
    private:
-    std::unique_ptr<Optimizer> inner_;
+    std::unique_ptr<optim::Optimizer> inner_;
   };
   for (const std::string name : {"adam", "sgd"}) {
-    OptimizerSettings s;
+    optim::OptimizerSettings s;
     s.name = name;
     s.momentum = 0.9;
     std::vector<float> params(17, 0.5f), grads(17);
     for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = 0.01f * static_cast<float>(i) - 0.05f;
-    auto host = make_optimizer(s, params.size());
-    StateOnly copying(make_optimizer(s, params.size()));
+    auto host = optim::make_optimizer(s, params.size());
+    StateOnly copying(optim::make_optimizer(s, params.size()));
     std::vector<float> other = params;
     for (int i = 0; i < 3; ++i) {
       host->step(params, grads);
@@ -114,8 +116,8 @@ TEST(Optimizer, VisitStateGivesTheStateBuffersInOrder) {
     const OptimizerState expected = host->state();
     EXPECT_EQ(host->iterations(), 3);
     EXPECT_EQ(copying.iterations(), 3);
-    for (const Optimizer* optimizer :
-         {static_cast<const Optimizer*>(host.get()), static_cast<const Optimizer*>(&copying)}) {
+    for (const optim::Optimizer* optimizer :
+         {static_cast<const optim::Optimizer*>(host.get()), static_cast<const optim::Optimizer*>(&copying)}) {
       std::vector<std::pair<std::string, std::vector<float>>> visited;
       optimizer->visit_state([&](const std::string& buffer, std::span<const float> values) {
         visited.emplace_back(buffer, std::vector<float>(values.begin(), values.end()));
@@ -135,9 +137,9 @@ TEST(Optimizer, UpdatesRoundEveryOperationLikeTheCudaKernels) {
   };
   for (std::size_t i = 0; i < n; ++i) p[i] = next();
 
-  OptimizerSettings adam_settings;
+  optim::OptimizerSettings adam_settings;
   adam_settings.learning_rate = 0.003;
-  auto adam = make_optimizer(adam_settings, n);
+  auto adam = optim::make_optimizer(adam_settings, n);
   std::vector<float> pa = p, ref = p, m(n, 0.0f), v(n, 0.0f);
   const auto b1 = static_cast<float>(adam_settings.beta1);
   const auto b2 = static_cast<float>(adam_settings.beta2);
@@ -157,11 +159,11 @@ TEST(Optimizer, UpdatesRoundEveryOperationLikeTheCudaKernels) {
   for (std::size_t i = 0; i < n; ++i) differ += pa[i] != ref[i] ? 1 : 0;
   EXPECT_EQ(differ, 0u) << "Adam: parameters that differ from the per-operation rounding";
 
-  OptimizerSettings sgd_settings;
+  optim::OptimizerSettings sgd_settings;
   sgd_settings.name = "sgd";
   sgd_settings.learning_rate = 0.05;
   sgd_settings.momentum = 0.9;
-  auto sgd = make_optimizer(sgd_settings, n);
+  auto sgd = optim::make_optimizer(sgd_settings, n);
   std::vector<float> ps = p, velocity(n, 0.0f);
   ref = p;
   const auto lr = static_cast<float>(sgd_settings.learning_rate);
@@ -183,22 +185,22 @@ TEST(Optimizer, UpdatesRoundEveryOperationLikeTheCudaKernels) {
 // a gradient. Lazily, rows 0 and 2 keep the values of the first step; densely their moments keep moving them.
 // Outside the matrix, and on row 1, both updates are the same.
 TEST(Optimizer, LazyRowsLeaveUntouchedRowsAlone) {
-  OptimizerSettings dense_settings;
-  OptimizerSettings lazy_settings;
+  optim::OptimizerSettings dense_settings;
+  optim::OptimizerSettings lazy_settings;
   lazy_settings.lazy_update = true;
-  auto dense = make_optimizer(dense_settings, 10);
-  auto lazy = make_optimizer(lazy_settings, 10);
+  auto dense = optim::make_optimizer(dense_settings, 10);
+  auto lazy = optim::make_optimizer(lazy_settings, 10);
   std::vector<float> pd{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
   std::vector<float> pl = pd;
   const std::vector<float> all{0.5f, -0.5f, 0.1f, 0.2f, 0.25f, 0.75f, -0.3f, 0.4f, 1, -1};
   const std::vector<int32_t> every_row{0, 1, 2};
-  const TouchedRows first{2, 2, 3, every_row};
+  const optim::TouchedRows first{2, 2, 3, every_row};
   dense->step(pd, all, &first);
   lazy->step(pl, all, &first);
   const std::vector<float> after_first = pl;
   const std::vector<float> g{0.5f, -0.5f, 0, 0, 0.25f, 0.75f, 0, 0, 1, -1};
   const std::vector<int32_t> row_one{1};
-  const TouchedRows sparse{2, 2, 3, row_one};
+  const optim::TouchedRows sparse{2, 2, 3, row_one};
   for (int i = 0; i < 3; ++i) {
     dense->step(pd, g, &sparse);  // dense settings ignore the rows
     lazy->step(pl, g, &sparse);
@@ -230,10 +232,10 @@ TEST(Optimizer, TouchedRowsChangeNoBitOfTheDenseUpdateOnAnyThreadCount) {
       for (std::size_t j = 0; j < width; ++j) grads[offset + row * width + j] = u(rng);
     for (std::size_t i = offset + width * rows; i < size; ++i) grads[i] = u(rng);
   };
-  const TouchedRows sparse{offset, width, rows, touched};
+  const optim::TouchedRows sparse{offset, width, rows, touched};
   for (const std::string name : {"adam", "sgd"}) {
     for (const bool lazy : {false, true}) {
-      OptimizerSettings settings;
+      optim::OptimizerSettings settings;
       settings.name = name;
       settings.momentum = 0.9;
       settings.lazy_update = lazy;
@@ -241,7 +243,7 @@ TEST(Optimizer, TouchedRowsChangeNoBitOfTheDenseUpdateOnAnyThreadCount) {
       for (const int threads : {1, 2, 3}) {
         set_loop_threads(threads);
         rng.seed(6);
-        auto optimizer = make_optimizer(settings, size);
+        auto optimizer = optim::make_optimizer(settings, size);
         std::vector<float> params = start;
         for (int step = 0; step < 3; ++step) {
           draw_gradient();
@@ -252,7 +254,7 @@ TEST(Optimizer, TouchedRowsChangeNoBitOfTheDenseUpdateOnAnyThreadCount) {
         // The reference: the full dense update, reading every gradient, on the calling thread.
         set_loop_threads(1);
         rng.seed(6);
-        auto full = make_optimizer(settings, size);
+        auto full = optim::make_optimizer(settings, size);
         std::vector<float> reference = start;
         for (int step = 0; step < 3; ++step) {
           draw_gradient();
@@ -292,14 +294,14 @@ TEST(Optimizer, PiecesChangeNoBitOfTheDenseUpdate) {
     if (spans.size() == 10) spans.emplace_back(at, 0);
   }
   for (const std::string name : {"adam", "sgd"}) {
-    OptimizerSettings settings;
+    optim::OptimizerSettings settings;
     settings.name = name;
     settings.momentum = 0.9;
     settings.weight_decay = 0.01;
     for (const int threads : {1, 2, 3}) {
       set_loop_threads(threads);
-      auto in_pieces = make_optimizer(settings, size);
-      auto dense = make_optimizer(settings, size);
+      auto in_pieces = optim::make_optimizer(settings, size);
+      auto dense = optim::make_optimizer(settings, size);
       std::vector<float> params = start, reference = start;
       for (int step = 0; step < 3; ++step) {
         std::vector<float> values, grads(size, 0.0f);
@@ -326,38 +328,38 @@ TEST(Optimizer, PiecesChangeNoBitOfTheDenseUpdate) {
 }
 
 TEST(Optimizer, LearningRateSchedulesWarmUpStepAndCosine) {
-  OptimizerSettings s;
+  optim::OptimizerSettings s;
   s.learning_rate = 0.1;
-  EXPECT_EQ(learning_rate_at(s, 1), 0.1);
-  EXPECT_EQ(learning_rate_at(s, 1000), 0.1);
+  EXPECT_EQ(optim::learning_rate_at(s, 1), 0.1);
+  EXPECT_EQ(optim::learning_rate_at(s, 1000), 0.1);
   s.warmup_steps = 4;
-  EXPECT_DOUBLE_EQ(learning_rate_at(s, 1), 0.025);
-  EXPECT_DOUBLE_EQ(learning_rate_at(s, 2), 0.05);
-  EXPECT_DOUBLE_EQ(learning_rate_at(s, 4), 0.1);
-  EXPECT_DOUBLE_EQ(learning_rate_at(s, 5), 0.1);
+  EXPECT_DOUBLE_EQ(optim::learning_rate_at(s, 1), 0.025);
+  EXPECT_DOUBLE_EQ(optim::learning_rate_at(s, 2), 0.05);
+  EXPECT_DOUBLE_EQ(optim::learning_rate_at(s, 4), 0.1);
+  EXPECT_DOUBLE_EQ(optim::learning_rate_at(s, 5), 0.1);
   s.schedule = "step";
   s.decay_steps = 10;
   s.decay_rate = 0.5;
-  EXPECT_DOUBLE_EQ(learning_rate_at(s, 14), 0.1);    // the 10th update after warm-up
-  EXPECT_DOUBLE_EQ(learning_rate_at(s, 15), 0.05);   // the 11th
-  EXPECT_DOUBLE_EQ(learning_rate_at(s, 34), 0.025);  // the 30th: two decays
-  EXPECT_DOUBLE_EQ(learning_rate_at(s, 35), 0.0125);
+  EXPECT_DOUBLE_EQ(optim::learning_rate_at(s, 14), 0.1);    // the 10th update after warm-up
+  EXPECT_DOUBLE_EQ(optim::learning_rate_at(s, 15), 0.05);   // the 11th
+  EXPECT_DOUBLE_EQ(optim::learning_rate_at(s, 34), 0.025);  // the 30th: two decays
+  EXPECT_DOUBLE_EQ(optim::learning_rate_at(s, 35), 0.0125);
   s.schedule = "cosine";
   s.total_steps = 104;
-  EXPECT_DOUBLE_EQ(learning_rate_at(s, 5), 0.1);
-  EXPECT_NEAR(learning_rate_at(s, 55), 0.05, 1e-12);  // half way: cos(pi/2)
-  EXPECT_NEAR(learning_rate_at(s, 105), 0.0, 1e-12);
-  EXPECT_NEAR(learning_rate_at(s, 500), 0.0, 1e-12);  // past the end it stays at 0
+  EXPECT_DOUBLE_EQ(optim::learning_rate_at(s, 5), 0.1);
+  EXPECT_NEAR(optim::learning_rate_at(s, 55), 0.05, 1e-12);  // half way: cos(pi/2)
+  EXPECT_NEAR(optim::learning_rate_at(s, 105), 0.0, 1e-12);
+  EXPECT_NEAR(optim::learning_rate_at(s, 500), 0.0, 1e-12);  // past the end it stays at 0
 }
 
 // AdamW's decoupled decay (p -= lr wd p before Adam's step) and clipping's scale (the gradient times it) in
 // double against the float optimizer; a scale given to step() equals gradients multiplied by it beforehand,
 // bit for bit.
 TEST(Optimizer, WeightDecayAndGradientScaleFollowTheFormulas) {
-  OptimizerSettings s;
+  optim::OptimizerSettings s;
   s.learning_rate = 0.01;
   s.weight_decay = 0.1;
-  auto adam = make_optimizer(s, 3);
+  auto adam = optim::make_optimizer(s, 3);
   std::vector<float> p{1.0f, -2.0f, 0.5f};
   const std::vector<float> g{0.3f, -0.1f, 0.0f};
   const float scale = 0.5f;
@@ -373,7 +375,7 @@ TEST(Optimizer, WeightDecayAndGradientScaleFollowTheFormulas) {
   for (const std::string name : {"adam", "sgd"}) {
     s.name = name;
     s.momentum = 0.9;
-    auto scaled = make_optimizer(s, 3), premultiplied = make_optimizer(s, 3);
+    auto scaled = optim::make_optimizer(s, 3), premultiplied = optim::make_optimizer(s, 3);
     std::vector<float> a{1.0f, 2.0f, 3.0f}, b = a;
     std::vector<float> gb = g;
     for (float& x : gb) x *= 0.25f;
@@ -405,14 +407,14 @@ TEST(GradientClipping, TheNormHasOneOrderAndZeroRowsMaySkip) {
   }
   long double exact = 0;
   for (const float x : g) exact += static_cast<long double>(x) * x;
-  const double dense = squared_norm(g, nullptr);
+  const double dense = optim::squared_norm(g, nullptr);
   EXPECT_NEAR(dense, static_cast<double>(exact), 1e-12 * static_cast<double>(exact));
-  const TouchedRows sparse{offset, width, rows, touched};
-  EXPECT_EQ(squared_norm(g, &sparse), dense);
+  const optim::TouchedRows sparse{offset, width, rows, touched};
+  EXPECT_EQ(optim::squared_norm(g, &sparse), dense);
 
-  OptimizerSettings s;
+  optim::OptimizerSettings s;
   s.learning_rate = 0.01;
-  auto clipped = make_optimizer(s, n), scaled = make_optimizer(s, n);
+  auto clipped = optim::make_optimizer(s, n), scaled = optim::make_optimizer(s, n);
   std::vector<float> a(n, 0.5f), b = a;
   clipped->step_clipped(a, g, nullptr, 2.0);
   scaled->step(b, g, nullptr, clipping_scale(dense, 2.0));

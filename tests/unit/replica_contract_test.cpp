@@ -4,7 +4,7 @@
 #include <optional>
 #include <string>
 
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "models/onednn_lstm.h"
 #include "models/packed_gemm.h"
 #include "models/replica.h"
@@ -39,9 +39,9 @@ struct CpuReplicaKind {
                                                const models::ModelOptions& options = {}) {
     return models::make_cpu_replica(shape, kKernels, options);
   }
-  static std::unique_ptr<engine::Optimizer> optimizer(const engine::OptimizerSettings& settings,
-                                                      models::Replica& replica) {
-    return engine::make_optimizer(settings, replica.layout().total_size());
+  static std::unique_ptr<optim::Optimizer> optimizer(const optim::OptimizerSettings& settings,
+                                                     models::Replica& replica) {
+    return optim::make_optimizer(settings, replica.layout().total_size());
   }
   static std::unique_ptr<PlacedBatch> place(const HostBatch& batch) {
     return std::make_unique<HostPlacedBatch>(batch);

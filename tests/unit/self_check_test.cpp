@@ -51,7 +51,7 @@ const models::ModelShape kShape{50, 8, 8, 2};
 const std::vector<std::pair<int, int>> kShapes{{8, 12}, {3, 12}};
 
 SelfCheckReport check(models::Replica& replica) {
-  OptimizerSettings adam;
+  optim::OptimizerSettings adam;
   adam.learning_rate = 0.01;
   return check_gpu_replica(replica, 0, kShapes, adam, 5);
 }
@@ -72,7 +72,7 @@ TEST(SelfCheck, TheCpuReplicaPasses) {
 TEST(SelfCheck, TheCpuWorkDoesNotGrowWithTheRunsShapes) {
   const auto reference_batches = [](const std::vector<std::pair<int, int>>& shapes) {
     auto replica = models::make_cpu_replica(kShape);
-    const SelfCheckReport report = check_gpu_replica(*replica, 0, shapes, OptimizerSettings{}, 5);
+    const SelfCheckReport report = check_gpu_replica(*replica, 0, shapes, optim::OptimizerSettings{}, 5);
     EXPECT_TRUE(report.ok) << report.failure;
     return report.reference_batches;
   };
@@ -96,7 +96,7 @@ TEST(SelfCheck, AFaultAtTheRunsBatchSizeAloneFails) {
     FaultyReplica replica(kShape);
     replica.faulty_batch = 64;
     replica.after_predict = [](std::span<float> p) { std::swap(p[0], p[1]); };  // two rows mixed up
-    const SelfCheckReport report = check_gpu_replica(replica, 0, shapes, OptimizerSettings{}, 5);
+    const SelfCheckReport report = check_gpu_replica(replica, 0, shapes, optim::OptimizerSettings{}, 5);
     ASSERT_FALSE(report.ok);
     EXPECT_NE(report.failure.find("probabilities of rows 0..31 (batch 64 x 30, against those rows alone)"),
               std::string::npos)
@@ -106,7 +106,7 @@ TEST(SelfCheck, AFaultAtTheRunsBatchSizeAloneFails) {
     FaultyReplica replica(kShape);
     replica.faulty_batch = 17;  // the evaluation batch's shape, forward only
     replica.after_predict = [](std::span<float> p) { p.back() *= 0.99f; };
-    const SelfCheckReport report = check_gpu_replica(replica, 0, shapes, OptimizerSettings{}, 5);
+    const SelfCheckReport report = check_gpu_replica(replica, 0, shapes, optim::OptimizerSettings{}, 5);
     ASSERT_FALSE(report.ok);
     EXPECT_NE(report.failure.find("probabilities of rows 8..16 (batch 17 x 30"), std::string::npos)
         << report.failure;
@@ -119,7 +119,7 @@ TEST(SelfCheck, AFaultAtTheRunsBatchSizeAloneFails) {
       const models::ParamTensor& w_ih = layout.tensor("lstm.l0.w_ih");
       for (std::size_t i = w_ih.offset; i < w_ih.offset + w_ih.size(); ++i) grads[i] *= 0.99f;
     };
-    const SelfCheckReport report = check_gpu_replica(replica, 0, shapes, OptimizerSettings{}, 5);
+    const SelfCheckReport report = check_gpu_replica(replica, 0, shapes, optim::OptimizerSettings{}, 5);
     ASSERT_FALSE(report.ok);
     EXPECT_NE(report.failure.find("gradient of lstm.l0.w_ih (batch 64 x 30, against its two halves"),
               std::string::npos)
@@ -135,7 +135,7 @@ TEST(SelfCheck, AFaultAtTheRunsBatchSizeAloneFails) {
     replica.after_predict = [](std::span<float> p) {
       for (float& v : p) v *= 1.0f + 3e-7f;
     };
-    const SelfCheckReport report = check_gpu_replica(replica, 0, shapes, OptimizerSettings{}, 5);
+    const SelfCheckReport report = check_gpu_replica(replica, 0, shapes, optim::OptimizerSettings{}, 5);
     EXPECT_TRUE(report.ok) << report.failure;
   }
 }
@@ -145,7 +145,7 @@ TEST(SelfCheck, EveryBatchSizePasses) {
   for (const int batch : {1, 2, 3, 4, 5, 7, 9, 33}) {
     auto replica = models::make_cpu_replica(kShape);
     const std::vector<std::pair<int, int>> shapes{{batch, 10}};
-    const SelfCheckReport report = check_gpu_replica(*replica, 0, shapes, OptimizerSettings{}, 5);
+    const SelfCheckReport report = check_gpu_replica(*replica, 0, shapes, optim::OptimizerSettings{}, 5);
     EXPECT_TRUE(report.ok) << "batch " << batch << ": " << report.failure;
   }
 }
@@ -155,7 +155,7 @@ TEST(SelfCheck, ProgressIsToldAfterEachPart) {
   auto replica = models::make_cpu_replica(kShape);
   int told = 0;
   const SelfCheckReport report =
-      check_gpu_replica(*replica, 0, kShapes, OptimizerSettings{}, 5, {}, [&told] { ++told; });
+      check_gpu_replica(*replica, 0, kShapes, optim::OptimizerSettings{}, 5, {}, [&told] { ++told; });
   EXPECT_TRUE(report.ok) << report.failure;
   EXPECT_EQ(told, 1 + static_cast<int>(kShapes.size()) + 2);  // slice, each shape, mapping, optimizer
 }
@@ -172,7 +172,7 @@ TEST(SelfCheck, TheReplicasOptionsReachItsReferences) {
   auto replica = models::make_cpu_replica(shape, models::CpuKernels::kBuiltin, masked);
   models::ModelOptions configured = masked;
   configured.dropout = 0.3;  // the references leave dropout out, as the GPU replica runs none
-  OptimizerSettings adam;
+  optim::OptimizerSettings adam;
   const SelfCheckReport told = check_gpu_replica(*replica, 0, kShapes, adam, 5, configured);
   EXPECT_TRUE(told.ok) << told.failure;
   const SelfCheckReport not_told = check_gpu_replica(*replica, 0, kShapes, adam, 5);
@@ -183,7 +183,7 @@ TEST(SelfCheck, TheReplicasOptionsReachItsReferences) {
 // clipping acts), and the report says so.
 TEST(SelfCheck, TheOptimizerStepIsTheClippedOneWithClipping) {
   auto replica = models::make_cpu_replica(kShape);
-  OptimizerSettings adam;
+  optim::OptimizerSettings adam;
   adam.clip_norm = 1e-4;
   const SelfCheckReport report = check_gpu_replica(*replica, 0, kShapes, adam, 5);
   EXPECT_TRUE(report.ok) << report.failure;
@@ -256,7 +256,7 @@ namespace {
 TEST(SelfCheck, TheCpuReplicaPassesAtTheImdbShapes) {
   auto replica = models::make_cpu_replica({20000, 128, 128, 1});
   const std::vector<std::pair<int, int>> shapes{{32, 80}, {7, 80}};
-  const SelfCheckReport report = check_gpu_replica(*replica, 0, shapes, OptimizerSettings{}, 7);
+  const SelfCheckReport report = check_gpu_replica(*replica, 0, shapes, optim::OptimizerSettings{}, 7);
   EXPECT_TRUE(report.ok) << report.failure;
   std::printf("%s\n", report.summary().c_str());
 }

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 #include "engine/self_check.h"
 #include "engine/watchdog.h"
 #include "models/initializers.h"
@@ -85,7 +85,7 @@ TEST(ProgressWatchdog, StartUpWorkThatProceedsIsNoStall) {
   const int before = pieces;
   auto replica = models::make_cpu_replica({100, 8, 8, 2});
   const std::vector<std::pair<int, int>> shapes{{16, 20}, {5, 20}};
-  EXPECT_TRUE(check_gpu_replica(*replica, 0, shapes, OptimizerSettings{}, 1, {}, piece_done).ok);
+  EXPECT_TRUE(check_gpu_replica(*replica, 0, shapes, optim::OptimizerSettings{}, 1, {}, piece_done).ok);
   EXPECT_EQ(pieces - before, 5);
   EXPECT_EQ(stalls, 0);
   clock.advance(1.0);

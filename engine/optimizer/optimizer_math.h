@@ -9,7 +9,7 @@
 
 #include "engine/base/host_device.h"
 
-namespace ddp::engine {
+namespace ddp::optim {
 
 struct AdamCoefficients {
   float beta1, beta2, epsilon;
@@ -66,4 +66,4 @@ DDP_HOST_DEVICE void sgd_decay_one(float& p, float& velocity, const SgdCoefficie
   p += velocity;
 }
 
-}  // namespace ddp::engine
+}  // namespace ddp::optim

@@ -15,10 +15,10 @@
 #include "engine/base/cuda_handles.h"
 #include "engine/base/errors.h"
 #include "engine/base/gradient_clipping.h"
-#include "engine/optimizer.h"
-#include "engine/optimizer_math.h"
+#include "engine/optimizer/optimizer.h"
+#include "engine/optimizer/optimizer_math.h"
 
-namespace ddp::engine {
+namespace ddp::optim {
 namespace {
 
 constexpr int kThreads = 256;
@@ -254,4 +254,4 @@ std::unique_ptr<Optimizer> make_cuda_optimizer(const OptimizerSettings& settings
   return std::make_unique<CudaSgd>(settings, size, device, cuda_stream);
 }
 
-}  // namespace ddp::engine
+}  // namespace ddp::optim

@@ -1,4 +1,4 @@
-#include "engine/optimizer.h"
+#include "engine/optimizer/optimizer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "engine/base/errors.h"
+#include "engine/base/fast_math.h"
 #include "engine/base/parallel_loops.h"
-#include "engine/optimizer_math.h"
-#include "models/fast_math.h"
+#include "engine/optimizer/optimizer_math.h"
 
-namespace ddp::engine {
+namespace ddp::optim {
 namespace {
 
 void expect_buffers(const OptimizerState& state, const std::vector<std::string>& names, std::size_t size,
@@ -328,4 +328,4 @@ void check_optimizer_state(const OptimizerSettings& settings, std::size_t size, 
   }
 }
 
-}  // namespace ddp::engine
+}  // namespace ddp::optim

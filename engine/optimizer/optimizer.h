@@ -11,9 +11,9 @@
 
 #include "engine/base/gradient_clipping.h"
 #include "engine/base/optimizer_state.h"
-#include "engine/optimizer_math.h"
+#include "engine/optimizer/optimizer_math.h"
 
-namespace ddp::engine {
+namespace ddp::optim {
 
 struct OptimizerSettings {
   std::string name = "adam";  // adam | sgd
@@ -110,4 +110,4 @@ void check_optimizer_state(const OptimizerSettings& settings, std::size_t size, 
 std::unique_ptr<Optimizer> make_cuda_optimizer(const OptimizerSettings& settings, std::size_t size,
                                                int device, void* stream);
 
-}  // namespace ddp::engine
+}  // namespace ddp::optim
