@@ -84,10 +84,12 @@ cluster_start_holder() {  # name, unshare flags
 }
 
 cluster_in_switch() { nsenter -t "${cluster_holder[switch]}" --net -- "$@"; }
+# Entering a node's mount namespace puts a process at that namespace's real root; --root keeps the root the
+# holder has (a chroot's, where the suite runs in one), --wd the caller's directory.
 cluster_in_node() {  # node, command...
   local node=$1
   shift
-  nsenter -t "${cluster_holder[$node]}" --net --uts --mount -- "$@"
+  nsenter -t "${cluster_holder[$node]}" --net --uts --mount --root --wd="$PWD" -- "$@"
 }
 
 # Brings up N nodes; RATE shapes every link (default: unshaped).
@@ -164,7 +166,7 @@ esac
 # caller's environment picks (OPENBLAS_CORETYPE on some machines), and replicas on two nodes compute alike.
 forwarded=()
 while IFS= read -r setting; do forwarded+=("\$setting"); done < <(env | grep -E '^(LC_[A-Z_]*|OPENBLAS_[A-Z_]*|OMP_[A-Z_]*)=')
-exec nsenter -t "\$holder" --net --uts --mount -- env -i PATH="$PATH" HOME="\${HOME:-/root}" LANG=C.UTF-8 \\
+exec nsenter -t "\$holder" --net --uts --mount --root --wd="\$PWD" -- env -i PATH="$PATH" HOME="\${HOME:-/root}" LANG=C.UTF-8 \\
   "\${forwarded[@]}" TMPDIR="$CLUSTER_DIR/\$node/tmp" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \\
   OPENBLAS_NUM_THREADS=1 bash -c "\$*"
 EOF
@@ -173,7 +175,7 @@ EOF
   cat >"$CLUSTER_DIR/bin/cluster-mpirun" <<EOF
 #!/usr/bin/env bash
 # cluster-mpirun ARG...: mpirun on node1 across the cluster's nodes.
-exec nsenter -t "${cluster_holder[node1]}" --net --uts --mount --wd="\$PWD" -- env TMPDIR="$CLUSTER_DIR/node1/tmp" \\
+exec nsenter -t "${cluster_holder[node1]}" --net --uts --mount --root --wd="\$PWD" -- env TMPDIR="$CLUSTER_DIR/node1/tmp" \\
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun \\
   --mca plm_rsh_agent "$CLUSTER_DIR/bin/cluster-on" --mca plm_rsh_no_tree_spawn 1 \\
   --mca pml ob1 --mca btl tcp,vader,self --mca btl_tcp_if_include $cluster_subnet.0/24 \\
