@@ -12,35 +12,34 @@ namespace ddp::engine {
 
 std::unique_ptr<io::BatchSource> ReplicaBatches::training(const io::Shard& rows, uint64_t seed, int64_t epoch,
                                                           int64_t first, int64_t count) const {
-  io::BatchReaderOptions options;
-  options.path = data_.path;
-  options.split = "train";
-  options.shard = rows;
-  options.batch_size = config_.train.batch_size;
+  io::BatchReaderOptions options = reading("train", rows, "prefetch (training)");
   options.shuffle = true;
   options.seed = seed;
   options.epoch = epoch;
   options.drop_last = true;
   options.first_batch = first;
   options.max_batches = count;
-  options.prefetch = config_.data.prefetch;
-  options.timeline_track = "prefetch (training)";
-  options.expected_stamp = data_.stamp;
   return open(options);
 }
 
 std::unique_ptr<io::BatchSource> ReplicaBatches::in_order(const io::RowSet& rows) const {
-  io::BatchReaderOptions options;
-  options.path = data_.path;
-  options.split = rows.split;
-  options.shard = rows.shard;
-  options.batch_size = config_.train.batch_size;
+  io::BatchReaderOptions options = reading(rows.split, rows.shard, "prefetch (evaluation)");
   options.shuffle = false;
   options.drop_last = false;
-  options.prefetch = config_.data.prefetch;
-  options.timeline_track = "prefetch (evaluation)";
-  options.expected_stamp = data_.stamp;
   return open(options);
+}
+
+io::BatchReaderOptions ReplicaBatches::reading(const std::string& split, const io::Shard& rows,
+                                               const char* timeline_track) const {
+  io::BatchReaderOptions options;
+  options.path = data_.path;
+  options.split = split;
+  options.shard = rows;
+  options.batch_size = config_.train.batch_size;
+  options.prefetch = config_.data.prefetch;
+  options.timeline_track = timeline_track;
+  options.expected_stamp = data_.stamp;
+  return options;
 }
 
 std::unique_ptr<io::BatchSource> ReplicaBatches::open(const io::BatchReaderOptions& options) const {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "engine/config.h"
 #include "engine/metrics.h"
@@ -32,6 +33,9 @@ class ReplicaBatches {
 
  private:
   std::unique_ptr<io::BatchSource> open(const io::BatchReaderOptions& options) const;
+  // What every reader of this replica shares: the file, `split`'s `rows`, the batch size and prefetch depth.
+  io::BatchReaderOptions reading(const std::string& split, const io::Shard& rows,
+                                 const char* timeline_track) const;
 
   const Config& config_;
   const io::DatasetInfo& data_;
