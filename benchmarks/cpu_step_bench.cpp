@@ -414,7 +414,7 @@ int main(int argc, char** argv) {
         "%zu parameters; embedding exchange %s, Adam %s; kernels: %s\n",
         world, threads, plan.pool.c_str(), s.batch, s.seq, s.embed, s.hidden, s.vocab,
         ddp::models::describe(shape).c_str(), mask ? ", masked" : "", replica->layout().total_size(),
-        sparse ? "sparse" : "dense", lazy ? "lazy" : "dense", replica->lstm_kernels().c_str());
+        sparse ? "sparse" : "dense", lazy ? "lazy" : "dense", replica->recurrent_kernels().c_str());
     std::printf(
         "step (%s): mean %.2f ms, std %.2f ms over %d steps after %d burn-in\n",
         colocated ? "fwd+bwd, colocated exchange with Adam on each rank's shard" : "fwd+bwd+allreduce+adam",

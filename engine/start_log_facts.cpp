@@ -20,7 +20,7 @@ RankStartFacts this_rank(const TrainingSetup& setup, const std::string& self_che
   rank.device = topology.gpu >= 0
                     ? topology.device + " " + topology.gpu_name + " (PCI " + topology.gpu_bus_id + ")"
                     : topology.device;
-  if (const std::string kernels = setup.replica.lstm_kernels(); !kernels.empty())
+  if (const std::string kernels = setup.replica.recurrent_kernels(); !kernels.empty())
     rank.device += ", " + kernels;
   if (!self_check_summary.empty()) rank.device += ", " + self_check_summary;
   rank.device_reason = topology.device_reason;

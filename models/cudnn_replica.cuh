@@ -180,7 +180,7 @@ class CudaReplica final : public Replica {
   const ParamLayout& layout() const override { return layout_; }
   DeviceKind device() const override { return DeviceKind::kCuda; }
   void* stream() const override { return stream_.get(); }
-  std::string lstm_kernels() const override;
+  std::string recurrent_kernels() const override;
   std::span<float> params() override { return {params_.get(), layout_.total_size()}; }
   std::span<float> grads() override { return {grads_.get(), layout_.total_size()}; }
   void copy_params_to_host(std::span<float> host) override;

@@ -80,7 +80,7 @@ class Replica {
   virtual void* stream() const { return nullptr; }
   // What runs the recurrent layers where the device leaves a choice (the GPU's cuDNN algorithm), for the
   // start log; "" when there is nothing to say.
-  virtual std::string lstm_kernels() const { return ""; }
+  virtual std::string recurrent_kernels() const { return ""; }
   // The flat buffers in the replica's own memory, for a communicator and an optimizer of the same device.
   virtual std::span<float> params() = 0;
   virtual std::span<float> grads() = 0;

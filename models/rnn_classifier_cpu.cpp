@@ -1163,7 +1163,7 @@ class CpuReplica final : public Replica {
     }
   }
 
-  std::string lstm_kernels() const override {
+  std::string recurrent_kernels() const override {
     const std::string cell = model_.layout().shape().cell == Cell::kGru ? "GRU" : "LSTM";
     if (model_.uses_onednn()) return cell + " on " + onednn_description();
     // Where the weight gradients run when the rest is on oneDNN's sgemm.

@@ -92,7 +92,7 @@ CudaReplica::~CudaReplica() {
   warn_cuda(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize");
 }
 
-std::string CudaReplica::lstm_kernels() const {
+std::string CudaReplica::recurrent_kernels() const {
   const cudnnRNNAlgo_t runs = preferred_ ? preferred_algorithm_ : CUDNN_RNN_ALGO_STANDARD;
   std::string text = std::string(layout_.shape().cell == Cell::kGru ? "cuDNN GRU " : "cuDNN LSTM ") +
                      cudnn_algorithm_name(runs);

@@ -18,7 +18,7 @@ class ForwardingReplica : public models::Replica {
   const models::ParamLayout& layout() const override { return inner_->layout(); }
   models::DeviceKind device() const override { return inner_->device(); }
   void* stream() const override { return inner_->stream(); }
-  std::string lstm_kernels() const override { return inner_->lstm_kernels(); }
+  std::string recurrent_kernels() const override { return inner_->recurrent_kernels(); }
   std::span<float> params() override { return inner_->params(); }
   std::span<float> grads() override { return inner_->grads(); }
   void copy_params_to_host(std::span<float> host) override { inner_->copy_params_to_host(host); }

@@ -560,7 +560,7 @@ TEST(SelfCheck, PassesOnThisGpu) {
       EXPECT_TRUE(report.ok) << models::rnn_algorithm_name(algorithm) << ", layers " << layers << ": "
                              << report.failure;
       std::printf("self-check (%s, %d layer(s), %s): %s\n", models::rnn_algorithm_name(algorithm).c_str(),
-                  layers, replica->lstm_kernels().c_str(), report.summary().c_str());
+                  layers, replica->recurrent_kernels().c_str(), report.summary().c_str());
     }
   }
 }
@@ -574,8 +574,8 @@ TEST(CudaReplica, ShapesSettledOnTheStandardAlgorithmMatchTheCpu) {
   replica->settle_shape(16, 20, persistent);
   replica->settle_shape(5, 20, false);
   if (persistent) {
-    EXPECT_NE(replica->lstm_kernels().find("the standard one for batches 5 x 20"), std::string::npos)
-        << replica->lstm_kernels();
+    EXPECT_NE(replica->recurrent_kernels().find("the standard one for batches 5 x 20"), std::string::npos)
+        << replica->recurrent_kernels();
   }
   const std::vector<std::pair<int, int>> shapes{{16, 20}, {5, 20}};
   const SelfCheckReport report = check_gpu_replica(*replica, 0, shapes, optim::OptimizerSettings{}, 3);
