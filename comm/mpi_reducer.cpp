@@ -22,13 +22,16 @@
 // run on a communicator of their own, started in the segments' order on every rank.
 //
 // Several ranks per node, several nodes (comm.hierarchy = auto): a float segment goes in three collectives,
-// so that each node sends one copy of it over the links instead of one per rank. A reduce inside the node
-// to its leader (its lowest rank; shared memory carries it), an all-reduce in place across the leaders alone,
-// and a broadcast from the leader inside the node; the scale by 1/size stays in finish_average(). Every rank
-// ends with its leader's bits, and the leaders with the same ones (one all-reduce, as the flat path). The
+// so that each node sends one copy of it over the links instead of one per rank. A gather inside the node
+// to its leader (its lowest rank; shared memory carries it), which adds the node's copies in rank order, an
+// all-reduce in place across the leaders alone, and a broadcast from the leader inside the node; the scale
+// by 1/size stays in finish_average(). A gather, not MPI_Ireduce: Open MPI 4.1's non-blocking reduce of a
+// large segment between two ranks is a chain of 8 KB pieces, one piece per test of the request, and made a
+// step at 1 Gbit/s 5.7x slower than the flat all-reduce (benchmarks/RESULTS.md). Every rank ends with its
+// leader's bits, and the leaders with the same ones (one all-reduce, as the flat path). The
 // same ordering rule as the bf16 gathers holds for every stage: a segment starts a stage once its previous
 // stage completed and the segment before it started that stage, and the broadcasts run on a communicator
-// of their own (a leader may start segment k's broadcast after segment k + 1's reduce). bf16 and a job
+// of their own (a leader may start segment k's broadcast after segment k + 1's gather). bf16 and a job
 // whose ranks each have a node, or share one, take the flat path.
 #include <mpi.h>
 
@@ -114,12 +117,13 @@ class MpiReducer final : public GradientReducer {
     if (layout.hierarchical) {
       node_comm_ = layout.node;
       leader_ = layout.node_rank == 0;
+      DDP_CHECK_MPI(MPI_Comm_size(node_comm_, &node_size_));
       DDP_CHECK_MPI(MPI_Comm_dup(node_comm_, &broadcast_comm_));
       return_errors(broadcast_comm_);
       DDP_CHECK_MPI(MPI_Comm_split(comm_, leader_ ? 0 : MPI_UNDEFINED, rank_, &leaders_comm_));
       if (leader_) return_errors(leaders_comm_);
-      stages_ = leader_ ? std::vector<Stage>{Stage::kNodeReduce, Stage::kLeadersSum, Stage::kNodeBroadcast}
-                        : std::vector<Stage>{Stage::kNodeReduce, Stage::kNodeBroadcast};
+      stages_ = leader_ ? std::vector<Stage>{Stage::kNodeGather, Stage::kLeadersSum, Stage::kNodeBroadcast}
+                        : std::vector<Stage>{Stage::kNodeGather, Stage::kNodeBroadcast};
     } else {
       DDP_CHECK_MPI(MPI_Comm_free(&layout.node));
     }
@@ -156,7 +160,10 @@ class MpiReducer final : public GradientReducer {
     if (bfloat16_wire_) {
       pending.wire = start_bfloat16_exchange(segment, pending.request);
     } else if (!stages_.empty()) {
-      start_stage(pending);  // the node's reduce: the one before it started its own already
+      // The i-th segment of a step takes the i-th buffer: the same segments every step, no growth after one.
+      pending.buffer = pending_.size();
+      if (leader_ && gathered_.size() <= pending.buffer) gathered_.resize(pending.buffer + 1);
+      start_stage(pending);  // the node's gather: the segment before started its own already
     } else {
       DDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, segment.data(), checked_count(segment.size()), MPI_FLOAT,
                                    MPI_SUM, comm_, &pending.request));
@@ -260,23 +267,38 @@ class MpiReducer final : public GradientReducer {
     std::optional<RowsTarget> rows_target;
     std::unique_ptr<BfloatExchange> wire;  // bfloat16 on the wire; null for float
     std::size_t stages_started = 0;        // the hierarchy: how many of stages_ it started
+    std::size_t buffer = 0;                // the hierarchy, on a leader: its gathered_ buffer
   };
   // The hierarchy's collectives for a segment, in order (a leader's; the others skip kLeadersSum).
-  enum class Stage { kNodeReduce, kLeadersSum, kNodeBroadcast };
+  enum class Stage { kNodeGather, kLeadersSum, kNodeBroadcast };
 
   // Starts the next stage of `p`'s hierarchy. Called with mutex_ held.
   void start_stage(Pending& p) {
     float* data = p.segment.data();
     const int count = checked_count(p.segment.size());
     switch (stages_[p.stages_started++]) {
-      case Stage::kNodeReduce:  // the leader sums into its segment, the others send theirs
-        DDP_CHECK_MPI(MPI_Ireduce(leader_ ? MPI_IN_PLACE : data, leader_ ? data : nullptr, count, MPI_FLOAT,
-                                  MPI_SUM, 0, node_comm_, &p.request));
+      case Stage::kNodeGather: {  // every node rank's copy to the leader's buffer
+        float* copies = nullptr;
+        if (leader_) {
+          std::vector<float>& buffer = gathered_[p.buffer];
+          buffer.resize(p.segment.size() * static_cast<std::size_t>(node_size_));
+          copies = buffer.data();
+        }
+        // Not in place: the bf16 gathers' in-place form failed in Open MPI 4.1 (above).
+        DDP_CHECK_MPI(
+            MPI_Igather(data, count, MPI_FLOAT, copies, count, MPI_FLOAT, 0, node_comm_, &p.request));
         break;
-      case Stage::kLeadersSum:
+      }
+      case Stage::kLeadersSum: {  // the node's sum, in node rank order, then across the leaders
+        const float* copies = gathered_[p.buffer].data();
+        const std::size_t n = p.segment.size();
+        for (std::size_t r = 1; r < static_cast<std::size_t>(node_size_); ++r) {
+          for (std::size_t i = 0; i < n; ++i) data[i] += copies[r * n + i];
+        }
         DDP_CHECK_MPI(
             MPI_Iallreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, leaders_comm_, &p.request));
         break;
+      }
       case Stage::kNodeBroadcast:
         DDP_CHECK_MPI(MPI_Ibcast(data, count, MPI_FLOAT, 0, broadcast_comm_, &p.request));
         break;
@@ -425,6 +447,8 @@ class MpiReducer final : public GradientReducer {
   MPI_Comm leaders_comm_ = MPI_COMM_NULL;
   std::vector<Stage> stages_;
   bool leader_ = false;  // this rank leads its node
+  int node_size_ = 1;
+  std::vector<std::vector<float>> gathered_;  // a leader's: per segment in flight, every node rank's copy
   int rank_ = 0;
   int size_ = 1;
   bool progress_thread_allowed_ = false;
