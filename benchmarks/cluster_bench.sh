@@ -9,6 +9,9 @@
 #                      log.txt only: the scaling model does not describe it)
 #   LAYOUT_bf16        an allreduce layout with comm.compression bf16 (and _delayed: comm.overlap delayed;
 #                      _bf16_delayed both), reported in log.txt and variants.csv only
+#   LAYOUT_2ppn        an allreduce layout with 2 ranks per node, through the node leaders (comm.hierarchy
+#                      auto; _2ppn_flat: off, one all-reduce over every rank), in log.txt and variants.csv
+#                      only, its bytes per rank over all of them
 # against the same ranks on one node (plain mpirun, shared memory). Bytes per step per rank come from the
 # nodes' interface counters, as the difference between a run of S2 and one of S1 steps (which removes
 # start-up, evaluation and checkpoint traffic), divided by S2 - S1 and by the ranks; the step time is the
@@ -81,6 +84,7 @@ run_args() {  # layout, run dir, steps
   case $layout in
     *_bf16 | *_bf16_delayed) args+=" --comm.compression bf16" ;;&
     *_delayed) args+=" --comm.overlap delayed" ;;&
+    *_2ppn_flat) args+=" --comm.hierarchy off" ;;&
     allreduce_sparse*) args+=" --comm.backend mpi --comm.sparse_embedding true" ;;
     allreduce_dense*) args+=" --comm.backend mpi --comm.sparse_embedding false" ;;
     ps_dedicated) args+=" --comm.backend ps --comm.ps_servers 1" ;;
@@ -101,15 +105,18 @@ total_tx() {
   echo "$sum"
 }
 
+ranks_per_node() { case $1 in *_2ppn*) echo 2 ;; *) echo 1 ;; esac }
+
 # Runs LAYOUT on NODES nodes for STEPS steps; prints "step_ms tx_bytes".
 cluster_run() {  # layout, nodes, steps
-  local hosts="" k run=$CLUSTER_DIR/shared/run
-  for k in $(seq "$2"); do hosts+="node$k:1,"; done
+  local hosts="" k run=$CLUSTER_DIR/shared/run ppn
+  ppn=$(ranks_per_node "$1")
+  for k in $(seq "$2"); do hosts+="node$k:$ppn,"; done
   rm -rf "$run"
   local before after args=()
   read -r -a args <<<"$(run_args "$1" "$run" "$3")"
   before=$(total_tx)
-  cluster_mpirun -H "${hosts%,}" -np "$2" "$ddptrain" "${args[@]}" >"$out/last-run.txt" 2>&1 ||
+  cluster_mpirun -H "${hosts%,}" -np $(($2 * ppn)) "$ddptrain" "${args[@]}" >"$out/last-run.txt" 2>&1 ||
     { cat "$out/last-run.txt"; echo "run failed" >&2; return 1; }
   after=$(total_tx)
   echo "$(step_ms_of "$run") $((after - before))"
@@ -140,8 +147,9 @@ for rate in "${rates[@]}"; do
       if [ "$rate" = 100mbit ] && [ "$layout" != allreduce_sparse ]; then s1=4 s2=12; fi
       read -r _ tx1 <<<"$(cluster_run "$layout" "$nodes" "$s1")"
       read -r step tx2 <<<"$(cluster_run "$layout" "$nodes" "$s2")"
-      bytes=$(((tx2 - tx1) / (s2 - s1) / nodes))
-      one=$(one_node_step_ms "$layout" "$nodes")
+      ranks=$((nodes * $(ranks_per_node "$layout")))
+      bytes=$(((tx2 - tx1) / (s2 - s1) / ranks))
+      one=$(one_node_step_ms "$layout" "$ranks")
       ratio=$(awk -v a="$step" -v b="$one" 'BEGIN { printf "%.2f", a / b }')
       # The model describes ranks that each have a core: a job with more busy ranks than this machine's
       # cores (a server mostly waits) is reported but left out of its fit.
@@ -155,7 +163,7 @@ for rate in "${rates[@]}"; do
         ps_colocated) ;;
         *) echo "$layout,$nodes,$mbit,$step,$one,$ratio,$bytes" >>"$out/variants.csv" ;;
       esac
-      echo "$rate $layout nodes=$nodes: step $step ms (one node $one ms, ${ratio}x), $bytes bytes/step/rank"
+      echo "$rate $layout nodes=$nodes ranks=$ranks: step $step ms (one node $one ms, ${ratio}x), $bytes bytes/step/rank"
     done
   done
 done

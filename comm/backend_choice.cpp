@@ -138,12 +138,17 @@ BackendChoice choose_backend(const BackendRequest& request, HostGroup& group) {
         uncompressed;
     return choice;
   }
+  const MpiReducerOptions options{mpi_wire, request.hierarchy};
+  const MpiHierarchy hierarchy = mpi_hierarchy(group, options);
   choice.reason = std::string("mpi: ") + census + (backend == "mpi" ? " (comm.backend = mpi)" : "") +
                   (gpu_ranks > 0 ? ", GPU gradients staged through host memory" : ", CPU all-reduce") +
                   (backend == "auto" ? "; " + no_server : "") +
-                  (mpi_wire == "bf16" ? ", gradients as bf16 (averaged in float)" : uncompressed);
-  choice.reducer = request.on_gpu ? make_staged_mpi_reducer(group, request.compute_stream, mpi_wire)
-                                  : make_mpi_reducer(group, mpi_wire);
+                  (mpi_wire == "bf16" ? ", gradients as bf16 (averaged in float)" : uncompressed) +
+                  (hierarchy.on ? "; hierarchical across " + std::to_string(hierarchy.nodes) +
+                                      " nodes (inside each node to its leader, across the leaders, back)"
+                                : "");
+  choice.reducer = request.on_gpu ? make_staged_mpi_reducer(group, request.compute_stream, options)
+                                  : make_mpi_reducer(group, options);
   return choice;
 }
 

@@ -17,6 +17,7 @@ namespace ddp::comm {
 struct BackendRequest {
   std::string backend = "auto";      // auto | mpi | nccl | ps
   std::string compression = "none";  // NCCL gradients on the wire: none | fp16 | bf16
+  std::string hierarchy = "auto";    // the MPI all-reduce across nodes: auto | off (comm.hierarchy)
   bool on_gpu = false;               // this rank's replica is on a GPU
   void* compute_stream = nullptr;    // that replica's cudaStream_t
   // That GPU's board as NCCL tells boards apart, "<host> PCI <bus id>" (MIG slices of one board share it); ""

@@ -85,10 +85,35 @@ class AbortOnUnwind {
 // Each backend is made collectively over `group`'s ranks and keeps communicators of its own, so its traffic
 // never mixes with the group's; `group` may go before it.
 
-// The MPI backend. Gradients travel as float, or with `compression` bf16 as bfloat16, averaged in float
-// (mpi_reducer.cpp); another compression is a UserError. It shares `group`'s lock (HostGroup::call_lock).
-std::unique_ptr<GradientReducer> make_mpi_reducer(const HostGroup& group,
-                                                  const std::string& compression = "none");
+// How the MPI backend averages.
+struct MpiReducerOptions {
+  // Gradients travel as float (none), or as bfloat16 (bf16), averaged in float; another is a UserError.
+  std::string compression = "none";
+  // comm.hierarchy. auto: on a job of several nodes where some node has several ranks, a float segment is
+  // summed inside each node to its leader, across the leaders, and broadcast inside each node
+  // (mpi_reducer.cpp); elsewhere, and with off, one all-reduce over every rank. Every rank must pass the
+  // same.
+  std::string hierarchy = "auto";
+  // For tests on one machine: ranks that pass the same number (0 or more) count as one node; -1: the ranks
+  // that share memory (MPI_COMM_TYPE_SHARED) do.
+  int test_node = -1;
+};
+
+// Whether the MPI backend's hierarchy applies to a job, and over how many nodes.
+struct MpiHierarchy {
+  bool on = false;
+  int nodes = 1;         // ranks grouped as `options` says
+  int largest_node = 1;  // ranks on the fullest node
+};
+// Collective over `group`: what make_mpi_reducer(group, options) will do.
+MpiHierarchy mpi_hierarchy(const HostGroup& group, const MpiReducerOptions& options);
+
+// The MPI backend (mpi_reducer.cpp). It shares `group`'s lock (HostGroup::call_lock).
+std::unique_ptr<GradientReducer> make_mpi_reducer(const HostGroup& group, const MpiReducerOptions& options);
+inline std::unique_ptr<GradientReducer> make_mpi_reducer(const HostGroup& group,
+                                                         const std::string& compression = "none") {
+  return make_mpi_reducer(group, MpiReducerOptions{compression});
+}
 
 // NCCL over one GPU per rank: one communicator for the job (its unique id travels by a broadcast over
 // `group`). Gradient segments (device memory) are reduced on a communication stream that first waits on an
@@ -101,9 +126,9 @@ std::unique_ptr<GradientReducer> make_nccl_reducer(HostGroup& group, void* compu
 
 // MPI for a GPU replica: segments in device memory are staged through pinned host buffers (copied after the
 // compute stream's work, all-reduced over MPI, copied back). Interoperates with CPU ranks using the MPI
-// backend in the same job, on the same wire (`compression`: make_mpi_reducer's). In a build without CUDA it
-// throws a UserError.
+// backend in the same job, on the same wire and hierarchy (`options`: make_mpi_reducer's). In a build without
+// CUDA it throws a UserError.
 std::unique_ptr<GradientReducer> make_staged_mpi_reducer(const HostGroup& group, void* compute_stream,
-                                                         const std::string& compression = "none");
+                                                         const MpiReducerOptions& options = {});
 
 }  // namespace ddp::comm

@@ -20,6 +20,19 @@
 // pair up by the order each rank starts them on a communicator, and a segment's first half may complete
 // earlier on one rank than on another, after the next segment's all-to-all started there: so the all-gathers
 // run on a communicator of their own, started in the segments' order on every rank.
+//
+// Several ranks per node, several nodes (comm.hierarchy = auto): a float segment goes in three collectives,
+// so that each node sends one copy of it over the links instead of one per rank. A gather inside the node
+// to its leader (its lowest rank; shared memory carries it), which adds the node's copies in rank order, an
+// all-reduce in place across the leaders alone, and a broadcast from the leader inside the node; the scale
+// by 1/size stays in finish_average(). A gather, not MPI_Ireduce: Open MPI 4.1's non-blocking reduce of a
+// large segment between two ranks is a chain of 8 KB pieces, one piece per test of the request, and made a
+// step at 1 Gbit/s 5.7x slower than the flat all-reduce (benchmarks/RESULTS.md). Every rank ends with its
+// leader's bits, and the leaders with the same ones (one all-reduce, as the flat path). The
+// same ordering rule as the bf16 gathers holds for every stage: a segment starts a stage once its previous
+// stage completed and the segment before it started that stage, and the broadcasts run on a communicator
+// of their own (a leader may start segment k's broadcast after segment k + 1's gather). bf16 and a job
+// whose ranks each have a node, or share one, take the flat path.
 #include <mpi.h>
 
 #include <algorithm>
@@ -43,22 +56,76 @@
 namespace ddp::comm {
 namespace {
 
+// Errors come back as codes and end the job through fatal(), with a message naming the call.
+void return_errors(MPI_Comm comm) {
+  DDP_CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+}
+
+// The ranks of `comm` grouped by node (options.test_node, else shared memory). Collective.
+struct NodeLayout {
+  MPI_Comm node = MPI_COMM_NULL;  // this rank's node, in rank order: the caller frees it
+  int node_rank = 0;
+  int nodes = 1;
+  int largest_node = 1;
+  bool hierarchical = false;  // the hierarchy applies
+};
+NodeLayout find_nodes(MPI_Comm comm, const MpiReducerOptions& options) {
+  int rank = 0;
+  DDP_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  int node = options.test_node;
+  if (node < 0) {  // the node's lowest rank names it
+    MPI_Comm shared = MPI_COMM_NULL;
+    DDP_CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared));
+    DDP_CHECK_MPI(MPI_Allreduce(&rank, &node, 1, MPI_INT, MPI_MIN, shared));
+    DDP_CHECK_MPI(MPI_Comm_free(&shared));
+  }
+  NodeLayout layout;
+  DDP_CHECK_MPI(MPI_Comm_split(comm, node, rank, &layout.node));
+  return_errors(layout.node);
+  int node_size = 1;
+  DDP_CHECK_MPI(MPI_Comm_rank(layout.node, &layout.node_rank));
+  DDP_CHECK_MPI(MPI_Comm_size(layout.node, &node_size));
+  const int leader = layout.node_rank == 0 ? 1 : 0;
+  DDP_CHECK_MPI(MPI_Allreduce(&leader, &layout.nodes, 1, MPI_INT, MPI_SUM, comm));
+  DDP_CHECK_MPI(MPI_Allreduce(&node_size, &layout.largest_node, 1, MPI_INT, MPI_MAX, comm));
+  // The bf16 wire's chunks would need a leaders' exchange of their own: it stays flat.
+  layout.hierarchical = options.hierarchy == "auto" && options.compression != "bf16" && layout.nodes > 1 &&
+                        layout.largest_node > 1;
+  return layout;
+}
+
 class MpiReducer final : public GradientReducer {
  public:
-  MpiReducer(const HostGroup& group, bool bfloat16_wire)
-      : bfloat16_wire_(bfloat16_wire), lock_(group.call_lock()), mutex_(*lock_) {
+  MpiReducer(const HostGroup& group, const MpiReducerOptions& options)
+      : bfloat16_wire_(options.compression == "bf16"), lock_(group.call_lock()), mutex_(*lock_) {
     std::lock_guard lock(mutex_);
     DDP_CHECK_MPI(MPI_Comm_dup(group.mpi_comm(), &comm_));
-    // Errors come back as codes and end the job through fatal(), with a message naming the call.
-    DDP_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    return_errors(comm_);
     DDP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
     DDP_CHECK_MPI(MPI_Comm_size(comm_, &size_));
     int threading = MPI_THREAD_SINGLE;
     DDP_CHECK_MPI(MPI_Query_thread(&threading));
-    progress_thread_allowed_ = threading == MPI_THREAD_MULTIPLE && spans_several_nodes();
+    NodeLayout layout = find_nodes(comm_, options);
+    // Within one node, shared-memory reductions complete inside the MPI calls the step makes anyway, and the
+    // progress thread's polls only took cores from the replicas (the quickstart's step on 2 ranks was slower
+    // with it).
+    progress_thread_allowed_ = threading == MPI_THREAD_MULTIPLE && layout.nodes > 1;
     if (bfloat16_wire_) {
       DDP_CHECK_MPI(MPI_Comm_dup(comm_, &gather_comm_));
-      DDP_CHECK_MPI(MPI_Comm_set_errhandler(gather_comm_, MPI_ERRORS_RETURN));
+      return_errors(gather_comm_);
+    }
+    if (layout.hierarchical) {
+      node_comm_ = layout.node;
+      leader_ = layout.node_rank == 0;
+      DDP_CHECK_MPI(MPI_Comm_size(node_comm_, &node_size_));
+      DDP_CHECK_MPI(MPI_Comm_dup(node_comm_, &broadcast_comm_));
+      return_errors(broadcast_comm_);
+      DDP_CHECK_MPI(MPI_Comm_split(comm_, leader_ ? 0 : MPI_UNDEFINED, rank_, &leaders_comm_));
+      if (leader_) return_errors(leaders_comm_);
+      stages_ = leader_ ? std::vector<Stage>{Stage::kNodeGather, Stage::kLeadersSum, Stage::kNodeBroadcast}
+                        : std::vector<Stage>{Stage::kNodeGather, Stage::kNodeBroadcast};
+    } else {
+      DDP_CHECK_MPI(MPI_Comm_free(&layout.node));
     }
   }
   ~MpiReducer() override {
@@ -74,7 +141,9 @@ class MpiReducer final : public GradientReducer {
     MPI_Finalized(&finalized);
     if (!finalized) {
       std::lock_guard lock(mutex_);
-      if (gather_comm_ != MPI_COMM_NULL) MPI_Comm_free(&gather_comm_);
+      for (MPI_Comm* c : {&gather_comm_, &node_comm_, &broadcast_comm_, &leaders_comm_}) {
+        if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+      }
       MPI_Comm_free(&comm_);
     }
   }
@@ -87,9 +156,14 @@ class MpiReducer final : public GradientReducer {
     if (progress_thread_allowed_ && !progress_.joinable())
       progress_ = std::thread([this] { make_progress(); });
     std::lock_guard lock(mutex_);
-    Pending pending{segment, MPI_REQUEST_NULL, timeline::Clock::now(), {}, nullptr};
+    Pending pending{segment, MPI_REQUEST_NULL, timeline::Clock::now(), {}, nullptr, 0};
     if (bfloat16_wire_) {
       pending.wire = start_bfloat16_exchange(segment, pending.request);
+    } else if (!stages_.empty()) {
+      // The i-th segment of a step takes the i-th buffer: the same segments every step, no growth after one.
+      pending.buffer = pending_.size();
+      if (leader_ && gathered_.size() <= pending.buffer) gathered_.resize(pending.buffer + 1);
+      start_stage(pending);  // the node's gather: the segment before started its own already
     } else {
       DDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, segment.data(), checked_count(segment.size()), MPI_FLOAT,
                                    MPI_SUM, comm_, &pending.request));
@@ -192,7 +266,55 @@ class MpiReducer final : public GradientReducer {
     timeline::Clock::time_point started;  // for the timeline's bucket track
     std::optional<RowsTarget> rows_target;
     std::unique_ptr<BfloatExchange> wire;  // bfloat16 on the wire; null for float
+    std::size_t stages_started = 0;        // the hierarchy: how many of stages_ it started
+    std::size_t buffer = 0;                // the hierarchy, on a leader: its gathered_ buffer
   };
+  // The hierarchy's collectives for a segment, in order (a leader's; the others skip kLeadersSum).
+  enum class Stage { kNodeGather, kLeadersSum, kNodeBroadcast };
+
+  // Starts the next stage of `p`'s hierarchy. Called with mutex_ held.
+  void start_stage(Pending& p) {
+    float* data = p.segment.data();
+    const int count = checked_count(p.segment.size());
+    switch (stages_[p.stages_started++]) {
+      case Stage::kNodeGather: {  // every node rank's copy to the leader's buffer
+        float* copies = nullptr;
+        if (leader_) {
+          std::vector<float>& buffer = gathered_[p.buffer];
+          buffer.resize(p.segment.size() * static_cast<std::size_t>(node_size_));
+          copies = buffer.data();
+        }
+        // Not in place: the bf16 gathers' in-place form failed in Open MPI 4.1 (above).
+        DDP_CHECK_MPI(
+            MPI_Igather(data, count, MPI_FLOAT, copies, count, MPI_FLOAT, 0, node_comm_, &p.request));
+        break;
+      }
+      case Stage::kLeadersSum: {  // the node's sum, in node rank order, then across the leaders
+        const float* copies = gathered_[p.buffer].data();
+        const std::size_t n = p.segment.size();
+        for (std::size_t r = 1; r < static_cast<std::size_t>(node_size_); ++r) {
+          for (std::size_t i = 0; i < n; ++i) data[i] += copies[r * n + i];
+        }
+        DDP_CHECK_MPI(
+            MPI_Iallreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, leaders_comm_, &p.request));
+        break;
+      }
+      case Stage::kNodeBroadcast:
+        DDP_CHECK_MPI(MPI_Ibcast(data, count, MPI_FLOAT, 0, broadcast_comm_, &p.request));
+        break;
+    }
+  }
+
+  // The hierarchy's stages ready to start, in the segments' order on each communicator: a segment whose
+  // last stage completed starts the next one if the segment before it started that one already. Called
+  // with mutex_ held.
+  void start_ready_stages() {
+    std::size_t before = stages_.size();  // the stages the segment before started
+    for (Pending& p : pending_) {
+      if (p.request == MPI_REQUEST_NULL && p.stages_started < before) start_stage(p);
+      before = p.stages_started;
+    }
+  }
 
   // The first half of the bfloat16 exchange of `segment`: its values to bfloat16 and the all-to-all of the
   // chunks. Called with mutex_ held.
@@ -259,18 +381,6 @@ class MpiReducer final : public GradientReducer {
     }
   }
 
-  // Within one node, shared-memory reductions complete inside the MPI calls the step makes anyway, and the
-  // progress thread's polls only took cores from the replicas (the quickstart's step on 2 ranks was slower
-  // with it). Collective.
-  bool spans_several_nodes() const {
-    MPI_Comm node = MPI_COMM_NULL;
-    DDP_CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
-    int node_size = 0;
-    DDP_CHECK_MPI(MPI_Comm_size(node, &node_size));
-    DDP_CHECK_MPI(MPI_Comm_free(&node));
-    return node_size < size_;
-  }
-
   static int checked_count(std::size_t n) {
     DDP_CHECK(n <= static_cast<std::size_t>(INT32_MAX));
     return static_cast<int>(n);
@@ -313,6 +423,7 @@ class MpiReducer final : public GradientReducer {
         pending_[bucket].wire->exchanged = true;
         continue;
       }
+      if (pending_[bucket].stages_started < stages_.size()) continue;  // the hierarchy goes on below
       if (timeline::enabled()) {
         timeline::record("all-reduce bucket", pending_[bucket].started, now,
                          timeline::track("all-reduce bucket", static_cast<int>(bucket)),
@@ -320,6 +431,7 @@ class MpiReducer final : public GradientReducer {
       }
     }
     start_ready_gathers();
+    start_ready_stages();
     return true;
   }
 
@@ -328,6 +440,15 @@ class MpiReducer final : public GradientReducer {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm gather_comm_ = MPI_COMM_NULL;  // bf16: the all-gathers' own (top of the file)
+  // The hierarchy (top of the file): this rank's node, the same for the broadcasts, and the node leaders
+  // (null elsewhere); stages_ is empty where it does not apply.
+  MPI_Comm node_comm_ = MPI_COMM_NULL;
+  MPI_Comm broadcast_comm_ = MPI_COMM_NULL;
+  MPI_Comm leaders_comm_ = MPI_COMM_NULL;
+  std::vector<Stage> stages_;
+  bool leader_ = false;  // this rank leads its node
+  int node_size_ = 1;
+  std::vector<std::vector<float>> gathered_;  // a leader's: per segment in flight, every node rank's copy
   int rank_ = 0;
   int size_ = 1;
   bool progress_thread_allowed_ = false;
@@ -345,12 +466,29 @@ class MpiReducer final : public GradientReducer {
 
 }  // namespace
 
-std::unique_ptr<GradientReducer> make_mpi_reducer(const HostGroup& group, const std::string& compression) {
-  if (compression != "none" && compression != "bf16") {
-    throw UserError("comm.compression = " + compression +
+namespace {
+void check_options(const MpiReducerOptions& options) {
+  if (options.compression != "none" && options.compression != "bf16") {
+    throw UserError("comm.compression = " + options.compression +
                     ": the MPI all-reduce takes none or bf16 (fp16 is NCCL's, scaled per bucket there)");
   }
-  return std::make_unique<MpiReducer>(group, compression == "bf16");
+  if (options.hierarchy != "auto" && options.hierarchy != "off")
+    throw UserError("comm.hierarchy = " + options.hierarchy + ": expected auto or off");
+}
+}  // namespace
+
+MpiHierarchy mpi_hierarchy(const HostGroup& group, const MpiReducerOptions& options) {
+  check_options(options);
+  if (group.size() == 1) return {};
+  std::lock_guard lock(*group.call_lock());
+  NodeLayout layout = find_nodes(group.mpi_comm(), options);
+  DDP_CHECK_MPI(MPI_Comm_free(&layout.node));
+  return {layout.hierarchical, layout.nodes, layout.largest_node};
+}
+
+std::unique_ptr<GradientReducer> make_mpi_reducer(const HostGroup& group, const MpiReducerOptions& options) {
+  check_options(options);
+  return std::make_unique<MpiReducer>(group, options);
 }
 
 }  // namespace ddp::comm

@@ -25,8 +25,8 @@ namespace {
 
 class StagedMpiReducer final : public GradientReducer {
  public:
-  StagedMpiReducer(const HostGroup& group, void* compute_stream, const std::string& compression)
-      : inner_(make_mpi_reducer(group, compression)), compute_(static_cast<cudaStream_t>(compute_stream)) {
+  StagedMpiReducer(const HostGroup& group, void* compute_stream, const MpiReducerOptions& options)
+      : inner_(make_mpi_reducer(group, options)), compute_(static_cast<cudaStream_t>(compute_stream)) {
     DDP_CUDA_CHECK(cudaStreamCreateWithFlags(copy_.out(), cudaStreamNonBlocking));
     DDP_CUDA_CHECK(cudaEventCreateWithFlags(computed_.out(), cudaEventDisableTiming));
     DDP_CUDA_CHECK(cudaEventCreateWithFlags(copied_back_.out(), cudaEventDisableTiming));
@@ -131,8 +131,8 @@ class StagedMpiReducer final : public GradientReducer {
 }  // namespace
 
 std::unique_ptr<GradientReducer> make_staged_mpi_reducer(const HostGroup& group, void* compute_stream,
-                                                         const std::string& compression) {
-  return std::make_unique<StagedMpiReducer>(group, compute_stream, compression);
+                                                         const MpiReducerOptions& options) {
+  return std::make_unique<StagedMpiReducer>(group, compute_stream, options);
 }
 
 }  // namespace ddp::comm

@@ -3,7 +3,7 @@
 
 namespace ddp::comm {
 
-std::unique_ptr<GradientReducer> make_staged_mpi_reducer(const HostGroup&, void*, const std::string&) {
+std::unique_ptr<GradientReducer> make_staged_mpi_reducer(const HostGroup&, void*, const MpiReducerOptions&) {
   throw UserError("device = cuda: this ddptrain was built without CUDA");
 }
 

@@ -147,6 +147,10 @@ void visit_keys(C& c, Visitor&& key) {
   key("comm", "overlap", c.comm.overlap, one_of("none, delayed"),
       "none, or delayed: each step's averaged gradient is applied at the next step, so that the exchange "
       "overlaps a whole step (pipelined SGD: every update one step stale); CPU ranks with the all-reduce");
+  key("comm", "hierarchy", c.comm.hierarchy, one_of("auto, off"),
+      "mpi across nodes: auto (where a node has several ranks, each gradient bucket is summed inside the "
+      "node, across one leader per node and broadcast back inside it, so that each node sends it once; "
+      "float gradients, not bf16) or off (one all-reduce over every rank)");
   key("comm", "ps_servers", c.comm.ps_servers, "0 or more",
       "ps: 0 (colocated): every rank trains and serves a shard of the parameters and their optimizer state, "
       "where every rank is on a CPU (async: on a server thread, with MPI_THREAD_MULTIPLE), else one "
@@ -369,6 +373,8 @@ void check_values(const Config& c) {
           "comm.compression", c.comm.compression, "expected none, fp16 or bf16");
   require(c.comm.overlap == "none" || c.comm.overlap == "delayed", "comm.overlap", c.comm.overlap,
           "expected none or delayed");
+  require(c.comm.hierarchy == "auto" || c.comm.hierarchy == "off", "comm.hierarchy", c.comm.hierarchy,
+          "expected auto or off");
   require(c.log.progress == "auto" || c.log.progress == "bar" || c.log.progress == "lines", "log.progress",
           c.log.progress, "expected auto, bar or lines");
   require(c.log.interval >= 0, "log.interval", value_text(c.log.interval), "must be 0 or more");

@@ -90,6 +90,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     comm::BackendRequest request;
     request.backend = config.comm.backend;
     request.compression = config.comm.compression;
+    request.hierarchy = config.comm.hierarchy;
     request.on_gpu = replica->device() == models::DeviceKind::kCuda;
     if (request.on_gpu && !topology.gpu_bus_id.empty())
       request.gpu_board = topology.host + " PCI " + topology.gpu_bus_id;

@@ -3,7 +3,8 @@
 # - check-env across the nodes: each rank reports its node's host name and its node-local rank;
 # - training: the start log places ranks 0-1 on node1 and 2-3 on node2; the final parameters equal those of a
 #   one-node 4-rank run of the same seed within float rounding (once with the sparse embedding exchange,
-#   once dense);
+#   once dense), through the node leaders (comm.hierarchy = auto), every epoch's replicas bit-identical;
+#   and with comm.hierarchy = off, one all-reduce over the 4 ranks, bit-identical too;
 # - the gradients crossed the links: each node received at least the dense gradient's bytes per step (a node
 #   must learn the other node's contribution to every element of every step's average);
 # - the delayed exchange (comm.overlap = delayed) and gradients as bfloat16 (comm.compression = bf16) across
@@ -48,12 +49,16 @@ for sparse in true false; do
     "rank 2/4 on node2 (local rank 0/2)" "rank 3/4 on node2 (local rank 1/2)"; do
     grep -qF "$placement" "$shared/two-nodes.txt" || { cat "$shared/two-nodes.txt"; fail "no '$placement'"; }
   done
+  grep -qF "hierarchical across 2 nodes" "$shared/two-nodes.txt" ||
+    { cat "$shared/two-nodes.txt"; fail "sparse_embedding $sparse: the all-reduce did not go through leaders"; }
+  agreed=$(grep -c '"parameters_checksum":"[0-9a-f]\{16\}"' "$shared/two-nodes-$sparse/metrics.jsonl")
+  [ "$agreed" -eq 2 ] || fail "sparse_embedding $sparse, hierarchical: $agreed of 2 epochs with agreed replicas"
   difference=$(max_param_difference "$shared/one-node-$sparse/last.h5" "$shared/two-nodes-$sparse/last.h5") ||
     fail "the checkpoints hold different parameter counts"
   awk -v d="$difference" 'BEGIN { exit !(d <= 1e-5) }' ||
     fail "sparse_embedding $sparse: parameters differ from the one-node run by up to $difference"
-  echo "ok (sparse_embedding $sparse): 2 nodes x 2 ranks end with the one-node 4-rank parameters" \
-    "(largest difference $difference)"
+  echo "ok (sparse_embedding $sparse): 2 nodes x 2 ranks through the node leaders end with the one-node" \
+    "4-rank parameters (largest difference $difference), every epoch's replicas bit-identical"
 
   # Bytes: steps from metrics.jsonl; the dense gradient is every parameter but the embedding.
   parameters=$(grep -oE '[0-9]+ parameters;' "$shared/two-nodes.txt" | head -n 1 | cut -d' ' -f1)
@@ -68,6 +73,16 @@ for sparse in true false; do
       fail "node$node received $received bytes: less than $steps steps x $dense_bytes: the gradients did not cross the link"
   done
 done
+
+# The hierarchy off: one all-reduce over the 4 ranks, as before it existed.
+args=$(training_args "$src" "$shared/two-nodes-flat")
+read -r -a flat <<<"$args --comm.backend mpi --comm.hierarchy off"
+cluster_mpirun -H node1:2,node2:2 -np 4 "$ddptrain" "${flat[@]}" >"$shared/two-nodes-flat.txt" 2>&1 ||
+  { cat "$shared/two-nodes-flat.txt"; fail "the 2-node run with comm.hierarchy off failed"; }
+if grep -qF "hierarchical across" "$shared/two-nodes-flat.txt"; then fail "comm.hierarchy off: still hierarchical"; fi
+agreed=$(grep -c '"parameters_checksum":"[0-9a-f]\{16\}"' "$shared/two-nodes-flat/metrics.jsonl")
+[ "$agreed" -eq 2 ] || fail "comm.hierarchy off: $agreed of 2 epochs with agreed replicas"
+echo "ok: comm.hierarchy off across 2 nodes x 2 ranks: one all-reduce, every epoch's replicas bit-identical"
 
 args=$(training_args "$src" "$shared/two-nodes-delayed")
 read -r -a delayed <<<"$args --comm.backend mpi --comm.overlap delayed"

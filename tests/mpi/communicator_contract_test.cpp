@@ -1,6 +1,7 @@
 // Every gradient reducer against the contract (tests/communicator_contract.h) in one typed suite
-// (Communicators), at every rank count ctest runs this binary with: the MPI backend here; staged MPI and NCCL
-// (with each wire compression) where every rank has a GPU of its own (skipped, with the reason, elsewhere).
+// (Communicators), at every rank count ctest runs this binary with: the MPI backend here (flat, bf16, and
+// hierarchical on pseudo-nodes); staged MPI and NCCL (with each wire compression) where every rank has a GPU
+// of its own (skipped, with the reason, elsewhere).
 // The host collectives, which every backend shares, once for comm::HostGroup (HostGroupContract).
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -135,6 +136,16 @@ struct MpiBf16Kind {
   static double tolerance(int size) { return comm::average_tolerance("bf16", size); }
 };
 
+// The MPI all-reduce's hierarchy on pseudo-nodes of consecutive rank pairs: at 3 and 4 ranks a reduce per
+// node, an all-reduce across the leaders and a broadcast per node (at 2 ranks one node: the flat path).
+struct MpiHierarchyKind {
+  static constexpr bool kDeviceMemory = false;
+  static std::unique_ptr<comm::GradientReducer> make(comm::HostGroup& group) {
+    return comm::make_mpi_reducer(group, comm::MpiReducerOptions{"none", "auto", group.rank() / 2});
+  }
+  static double tolerance(int) { return comm::kAverageTolerance; }
+};
+
 struct StagedMpiKind {
   static constexpr bool kDeviceMemory = true;
   static std::unique_ptr<comm::GradientReducer> make(comm::HostGroup& group) {
@@ -156,13 +167,14 @@ constexpr char kNone[] = "none";
 constexpr char kFp16[] = "fp16";
 constexpr char kBf16[] = "bf16";
 
-using CommunicatorKinds =
-    ::testing::Types<MpiKind, MpiBf16Kind, StagedMpiKind, NcclKind<kNone>, NcclKind<kFp16>, NcclKind<kBf16>>;
+using CommunicatorKinds = ::testing::Types<MpiKind, MpiBf16Kind, MpiHierarchyKind, StagedMpiKind,
+                                           NcclKind<kNone>, NcclKind<kFp16>, NcclKind<kBf16>>;
 struct KindName {
   template <typename Kind>
   static std::string GetName(int index) {
-    return std::vector<std::string>{"mpi", "mpi_bf16", "staged_mpi", "nccl", "nccl_fp16", "nccl_bf16"}.at(
-        static_cast<std::size_t>(index));
+    return std::vector<std::string>{"mpi",  "mpi_bf16",  "mpi_hierarchy", "staged_mpi",
+                                    "nccl", "nccl_fp16", "nccl_bf16"}
+        .at(static_cast<std::size_t>(index));
   }
 };
 TYPED_TEST_SUITE(Communicators, CommunicatorKinds, KindName);

@@ -44,8 +44,8 @@ class FailuresOnlyPrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // As ddptrain asks (the MPI backend starts its progress thread only on jobs of several nodes, which
-  // tests/cluster runs).
+  // As ddptrain asks (the MPI backend starts its progress thread only on jobs of several nodes: tests/cluster
+  // runs them, and the hierarchy's tests on pseudo-nodes).
   int threading = MPI_THREAD_SINGLE;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &threading);
   ::testing::InitGoogleTest(&argc, argv);

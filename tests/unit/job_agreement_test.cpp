@@ -23,8 +23,8 @@ TEST(JobAgreement, TheJobWideSettingsLeaveOutWhatANodeMaySetForItself) {
   // backend and its layout, a stop after N steps.
   for (const char* shared :
        {"model.hidden", "train.learning_rate", "train.seed", "comm.backend", "comm.compression",
-        "comm.overlap", "comm.selfcheck", "comm.ps_servers", "data.validation", "checkpoint.every_steps",
-        "train.stop_after_steps", "log.timeline"})
+        "comm.overlap", "comm.hierarchy", "comm.selfcheck", "comm.ps_servers", "data.validation",
+        "checkpoint.every_steps", "train.stop_after_steps", "log.timeline"})
     EXPECT_TRUE(has(shared)) << shared;
   for (const char* per_node : {"device", "data.path", "train.threads", "train.straggle_ms", "comm.timeout_s",
                                "checkpoint.dir", "log.progress", "model.cpu_kernels"})

@@ -1,0 +1,172 @@
+// The MPI all-reduce's hierarchy (comm.hierarchy, mpi_reducer.cpp) on pseudo-nodes of one machine
+// (MpiReducerOptions::test_node): at 4 ranks 2 nodes of 2, at 3 ranks nodes of 2 and 1, in blocks of
+// consecutive ranks and interleaved. Its average equals the flat all-reduce's within float rounding, every
+// rank holds the same bits, with several segments in flight and over repeated steps; where it does not
+// apply (one node, a node per rank, off, bf16) the reducer is the flat one, bit for bit.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comm/gradient_reducer.h"
+#include "comm/host_group.h"
+#include "engine/base/errors.h"
+
+namespace ddp {
+namespace {
+
+// The segments of one step: odd sizes, one float, one large, many small.
+std::vector<std::size_t> segment_sizes() {
+  std::vector<std::size_t> sizes{7, 1, 4099, 100003};
+  sizes.insert(sizes.end(), 20, 100);
+  return sizes;
+}
+
+// This rank's gradients of `step`: floats whose sums round, so that the order of the sum shows in the bits.
+std::vector<float> gradients(int rank, int step, std::size_t n) {
+  std::mt19937 rng(static_cast<unsigned>(1000 * step + rank));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(n);
+  for (float& x : values) x = normal(rng) * (1.0f + static_cast<float>(rank));
+  return values;
+}
+
+// Averages `data` segment by segment, every segment started before any finishes.
+void average_in_segments(comm::GradientReducer& reducer, std::vector<float>& data) {
+  std::size_t at = 0;
+  for (const std::size_t n : segment_sizes()) {
+    reducer.start_average(std::span<float>(data).subspan(at, n));
+    at += n;
+  }
+  reducer.finish_average();
+}
+
+std::size_t total_size() {
+  std::size_t total = 0;
+  for (const std::size_t n : segment_sizes()) total += n;
+  return total;
+}
+
+// Whether every rank of `group` holds exactly `data`'s bits.
+bool same_bits_everywhere(comm::HostGroup& group, const std::vector<float>& data) {
+  std::string bits(data.size() * sizeof(float), '\0');
+  std::memcpy(bits.data(), data.data(), bits.size());
+  const std::vector<std::string> all = group.all_gather(bits);
+  return std::all_of(all.begin(), all.end(), [&](const std::string& b) { return b == bits; });
+}
+
+// Pseudo-nodes: consecutive pairs of ranks (0 1 | 2 3, or 0 1 | 2), or ranks interleaved (0 2 | 1 3).
+int paired(int rank, int) {
+  return rank / 2;
+}
+int interleaved(int rank, int) {
+  return rank % 2;
+}
+int own_node(int rank, int) {
+  return rank;
+}
+int one_node(int, int) {
+  return 7;
+}
+
+TEST(MpiHierarchy, AppliesWhereNodesShareRanksAndTheJobSpansSeveral) {
+  comm::HostGroup world(MPI_COMM_WORLD);
+  const int n = world.size();
+  const comm::MpiHierarchy pairs = comm::mpi_hierarchy(world, {"none", "auto", paired(world.rank(), n)});
+  EXPECT_EQ(pairs.on, n >= 3);
+  EXPECT_EQ(pairs.nodes, (n + 1) / 2);
+  EXPECT_EQ(pairs.largest_node, std::min(n, 2));
+  EXPECT_FALSE(comm::mpi_hierarchy(world, {"none", "off", paired(world.rank(), n)}).on);
+  EXPECT_FALSE(comm::mpi_hierarchy(world, {"bf16", "auto", paired(world.rank(), n)}).on) << "bf16 stays flat";
+  EXPECT_FALSE(comm::mpi_hierarchy(world, {"none", "auto", own_node(world.rank(), n)}).on);
+  EXPECT_FALSE(comm::mpi_hierarchy(world, {"none", "auto", one_node(world.rank(), n)}).on);
+  EXPECT_FALSE(comm::mpi_hierarchy(world, {}).on) << "ctest runs every rank on one node";
+  EXPECT_THROW(comm::mpi_hierarchy(world, {"none", "on"}), UserError);
+}
+
+TEST(MpiHierarchy, AveragesAsTheFlatAllReduceWithTheSameBitsOnEveryRank) {
+  comm::HostGroup world(MPI_COMM_WORLD);
+  const int n = world.size();
+  if (n < 3) GTEST_SKIP() << "2 ranks make no node of several ranks beside another node";
+  auto flat = comm::make_mpi_reducer(world, comm::MpiReducerOptions{"none", "off"});
+  for (const auto node_of : {paired, interleaved}) {
+    const comm::MpiReducerOptions options{"none", "auto", node_of(world.rank(), n)};
+    ASSERT_TRUE(comm::mpi_hierarchy(world, options).on);
+    auto hierarchical = comm::make_mpi_reducer(world, options);
+    for (int step = 0; step < 3; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      std::vector<float> expected = gradients(world.rank(), step, total_size());
+      std::vector<float> got = expected;
+      average_in_segments(*flat, expected);
+      average_in_segments(*hierarchical, got);
+      ASSERT_TRUE(same_bits_everywhere(world, got)) << "the replicas would drift apart";
+      double largest = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        // A sum of n terms in another order: a few units of the last place of the largest term.
+        const double scale = std::max(1.0, static_cast<double>(n) * std::abs(expected[i]));
+        largest = std::max(largest, std::abs(static_cast<double>(got[i]) - expected[i]) / scale);
+      }
+      EXPECT_LT(largest, 4.0 * n * 1.2e-7) << "relative to the flat average";
+    }
+  }
+}
+
+// The row exchange sends its packed rows as a segment; beside dense segments in flight.
+TEST(MpiHierarchy, AveragesRowsBesideSegments) {
+  comm::HostGroup world(MPI_COMM_WORLD);
+  const int n = world.size();
+  auto flat = comm::make_mpi_reducer(world, comm::MpiReducerOptions{"none", "off"});
+  auto hierarchical = comm::make_mpi_reducer(world, {"none", "auto", paired(world.rank(), n)});
+  const std::size_t width = 5;
+  const std::size_t total_rows = 40;
+  for (int step = 0; step < 2; ++step) {
+    std::vector<std::vector<float>> results;
+    for (comm::GradientReducer* reducer : {flat.get(), hierarchical.get()}) {
+      std::vector<float> dense = gradients(world.rank(), step, 333);
+      std::vector<float> matrix(total_rows * width, 0.0f);
+      std::vector<int32_t> rows;
+      for (std::size_t row = static_cast<std::size_t>(world.rank() + step); row < total_rows; row += 7) {
+        rows.push_back(static_cast<int32_t>(row));
+        for (std::size_t j = 0; j < width; ++j) matrix[row * width + j] = static_cast<float>(row + j) * 0.37f;
+      }
+      reducer->start_average(std::span<float>(dense).first(300));
+      const std::vector<int32_t> all = reducer->start_average_rows(matrix, width, rows);
+      reducer->start_average(std::span<float>(dense).subspan(300));
+      reducer->finish_average();
+      EXPECT_TRUE(same_bits_everywhere(world, matrix));
+      EXPECT_TRUE(same_bits_everywhere(world, dense));
+      EXPECT_FALSE(all.empty());
+      matrix.insert(matrix.end(), dense.begin(), dense.end());
+      results.push_back(std::move(matrix));
+    }
+    ASSERT_EQ(results[0].size(), results[1].size());
+    for (std::size_t i = 0; i < results[0].size(); ++i) {
+      ASSERT_NEAR(results[1][i], results[0][i], 1e-5 * std::max(1.0f, std::abs(results[0][i]))) << i;
+    }
+  }
+}
+
+// Where the hierarchy does not apply, the reducer is today's flat all-reduce: the same bits.
+TEST(MpiHierarchy, WhereItDoesNotApplyTheBitsAreTheFlatOnes) {
+  comm::HostGroup world(MPI_COMM_WORLD);
+  const int n = world.size();
+  auto flat = comm::make_mpi_reducer(world, comm::MpiReducerOptions{"none", "off"});
+  for (const auto node_of : {own_node, one_node}) {
+    auto reducer = comm::make_mpi_reducer(world, {"none", "auto", node_of(world.rank(), n)});
+    std::vector<float> expected = gradients(world.rank(), 5, total_size());
+    std::vector<float> got = expected;
+    average_in_segments(*flat, expected);
+    average_in_segments(*reducer, got);
+    EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0);
+  }
+}
+
+}  // namespace
+}  // namespace ddp
