@@ -85,6 +85,7 @@ run_args() {  # layout, run dir, steps
     *_bf16 | *_bf16_delayed) args+=" --comm.compression bf16" ;;&
     *_delayed) args+=" --comm.overlap delayed" ;;&
     *_2ppn_flat) args+=" --comm.hierarchy off" ;;&
+    *_2ppn) args+=" --comm.hierarchy auto" ;;&
     allreduce_sparse*) args+=" --comm.backend mpi --comm.sparse_embedding true" ;;
     allreduce_dense*) args+=" --comm.backend mpi --comm.sparse_embedding false" ;;
     ps_dedicated) args+=" --comm.backend ps --comm.ps_servers 1" ;;

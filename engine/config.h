@@ -67,7 +67,7 @@ struct Config {
     bool sparse_embedding = true;      // exchange only the embedding rows some rank touched
     std::string compression = "none";  // NCCL gradients on the wire: none | fp16 | bf16
     std::string overlap = "none";      // none | delayed: step k's averaged gradient applied at step k + 1
-    std::string hierarchy = "auto";    // mpi across nodes: auto (per node, then across the leaders) | off
+    std::string hierarchy = "off";     // mpi across nodes: off | auto (per node, then across the leaders)
     int ps_servers =
         0;  // ps: the last K ranks serve; 0: every rank trains and serves (colocated) where it can
     std::string ps_mode = "sync";  // ps: sync | async

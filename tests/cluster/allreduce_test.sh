@@ -40,7 +40,7 @@ for sparse in true false; do
 
   read -r -a before <<<"$(cluster_net_bytes node1) $(cluster_net_bytes node2)"
   args=$(training_args "$src" "$shared/two-nodes-$sparse")
-  read -r -a two_nodes <<<"$args --comm.backend mpi --comm.sparse_embedding $sparse"
+  read -r -a two_nodes <<<"$args --comm.backend mpi --comm.sparse_embedding $sparse --comm.hierarchy auto"
   cluster_mpirun -H node1:2,node2:2 -np 4 "$ddptrain" "${two_nodes[@]}" >"$shared/two-nodes.txt" 2>&1 ||
     { cat "$shared/two-nodes.txt"; fail "the 2-node run failed"; }
   read -r -a after <<<"$(cluster_net_bytes node1) $(cluster_net_bytes node2)"
