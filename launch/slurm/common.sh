@@ -163,7 +163,11 @@ ddp_train() {
         "resubmit to continue from the checkpoint"
       exit "$status"
     fi
-    if scontrol requeue "$SLURM_JOB_ID"; then
+    # The requeue ends this run at once: Slurm sends SIGTERM to every process of the batch step, scontrol
+    # too, often before its answer arrives. Ignoring TERM in scontrol (and taking it quietly here) lets the
+    # answer tell whether the requeue took.
+    trap 'ddp_log "Slurm ends this run to requeue the job"' TERM
+    if (trap '' TERM && exec scontrol requeue "$SLURM_JOB_ID"); then
       ddp_log "requeued job $SLURM_JOB_ID; its next run resumes from the checkpoint"
       exit 0
     fi
