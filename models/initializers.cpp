@@ -67,7 +67,11 @@ void fill_uniform(Draws& draws, float* out, std::size_t n, double limit) {
 void fill_orthogonal(Draws& draws, float* out, std::size_t rows, std::size_t cols,
                      const std::function<void()>& progress) {
   std::vector<double> q(rows * cols);
-  for (double& v : q) v = draws.normal();  // row-major (rows, cols), as Keras draws it
+  constexpr std::size_t kDrawsPerProgress = std::size_t{1} << 20;
+  for (std::size_t i = 0; i < q.size(); ++i) {  // row-major (rows, cols), as Keras draws it
+    q[i] = draws.normal();
+    if (progress && (i + 1) % kDrawsPerProgress == 0) progress();
+  }
   orthonormal_columns(q, rows, cols, progress);
   for (std::size_t i = 0; i < q.size(); ++i) out[i] = static_cast<float>(q[i]);
 }
@@ -170,6 +174,7 @@ void orthonormal_columns(std::vector<double>& a, std::size_t rows, std::size_t c
             for (std::size_t c = 0; c < 4 && j + c < width; ++c) coefficients[k * kBlock + j + c] += sums[c];
           }
         }
+        if (progress) progress();  // a block's pass takes seconds of a starved core at large hidden sizes
       }
       for (std::size_t begin = 0; begin < rows; begin += kRowSlice) {
         const std::size_t n = std::min(kRowSlice, rows - begin);
@@ -187,6 +192,7 @@ void orthonormal_columns(std::vector<double>& a, std::size_t rows, std::size_t c
           for (std::size_t j = 0; j < width; ++j)
             subtract_scaled(column(first + j) + begin, coefficients[k * kBlock + j], column(k) + begin, n);
         }
+        if (progress) progress();
       }
     }
     for (std::size_t j = 0; j < width; ++j) {

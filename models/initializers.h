@@ -17,9 +17,10 @@
 
 namespace ddp::models {
 
-// `progress` is called as the work proceeds (after each tensor, and within an orthogonal matrix after each
-// block of columns): a large hidden size takes seconds. Up to `parallel` orthogonal matrices are drawn at
-// once, each on a thread of its own and with two double copies of itself; the result is the same.
+// `progress` is called as the work proceeds (after each tensor, and within an orthogonal matrix every million
+// draws and after each slice of rows of a block of columns): a large hidden size takes seconds. Up to
+// `parallel` orthogonal matrices are drawn at once, each on a thread of its own and with two double copies of
+// itself; the result is the same.
 void initialize_keras(const ParamLayout& layout, std::span<float> params, uint64_t seed,
                       const std::function<void()>& progress = {}, int parallel = 1);
 
