@@ -21,6 +21,12 @@ std::string rank_range(int begin, int end) {
                           : "ranks " + std::to_string(begin) + "-" + std::to_string(end - 1);
 }
 
+// The parameter server's messages under comm.compression = bf16 (PsOptions::bfloat16).
+std::string ps_bf16(bool async) {
+  return async ? "; gradients pushed as bf16 (parameters pulled in float: async copies may lag)"
+               : "; gradients pushed and updates pulled as bf16 (summed and applied in float)";
+}
+
 }  // namespace
 
 std::optional<std::pair<int, int>> first_shared_board(const std::vector<std::string>& boards) {
@@ -84,7 +90,8 @@ BackendChoice choose_backend(const BackendRequest& request, HostGroup& group) {
   }
 
   // Said, not refused: the same config runs on GPU nodes (NCCL, compressed) and on CPU nodes. The MPI
-  // all-reduce takes bf16; fp16 needs NCCL's scaled wire, and the parameter server sends float.
+  // all-reduce and the parameter server's messages take bf16 (not the colocated sync layout's collectives);
+  // fp16 needs NCCL's scaled wire.
   const std::string uncompressed =
       request.compression == "none"
           ? ""
@@ -117,7 +124,11 @@ BackendChoice choose_backend(const BackendRequest& request, HostGroup& group) {
                                        : " (auto: on CPU ranks every rank trains and serves, none idles)") +
                       "; colocated: " + count_of(size, "rank") + ", each training and serving 1/" +
                       std::to_string(size) + " of the parameters and their optimizer state" +
-                      (request.ps_async ? " (on a server thread)" : "") + uncompressed;
+                      (request.ps_async ? " (on a server thread)" : "") +
+                      (request.compression == "bf16" && request.ps_async ? ps_bf16(true)
+                       : request.compression == "bf16"
+                           ? "; comm.compression = bf16: the colocated sync layout's collectives send float32"
+                           : uncompressed);
       choice.parameter_server = true;
       return choice;
     }
@@ -135,7 +146,7 @@ BackendChoice choose_backend(const BackendRequest& request, HostGroup& group) {
         count_of(workers, "worker") + " (" + rank_range(0, workers) + "), " +
         count_of(servers, "parameter server") + " (" + rank_range(workers, size) + ")" +
         (why_dedicated.empty() ? "" : " (the colocated layout serves CPU ranks, not " + why_dedicated + ")") +
-        uncompressed;
+        (request.compression == "bf16" ? ps_bf16(request.ps_async) : uncompressed);
     return choice;
   }
   const MpiReducerOptions options{mpi_wire, request.hierarchy};

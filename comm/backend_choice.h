@@ -16,7 +16,7 @@ namespace ddp::comm {
 // The backend for a job, chosen collectively from `comm.backend` and where the replicas run.
 struct BackendRequest {
   std::string backend = "auto";      // auto | mpi | nccl | ps
-  std::string compression = "none";  // NCCL gradients on the wire: none | fp16 | bf16
+  std::string compression = "none";  // gradients on the wire: none | fp16 (NCCL) | bf16
   std::string hierarchy = "auto";    // the MPI all-reduce across nodes: auto | off (comm.hierarchy)
   bool on_gpu = false;               // this rank's replica is on a GPU
   void* compute_stream = nullptr;    // that replica's cudaStream_t

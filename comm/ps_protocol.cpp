@@ -12,6 +12,7 @@
 
 #include "comm/mpi_check.h"
 #include "comm/poller.h"
+#include "comm/wire_cast.h"
 #include "engine/base/errors.h"
 #include "engine/base/running_clock.h"
 
@@ -82,14 +83,71 @@ PsHeader read_header(const std::vector<float>& buffer) {
   return header;
 }
 
-// Payload floats of a received message; a message shorter than a header, or not whole floats, is fatal.
-std::size_t received_floats(const MPI_Status& status, const std::string& what) {
+// Bytes of a message whose payload is `payload_bytes` long (PsOptions::bfloat16 payloads are not whole
+// floats).
+int message_bytes_of_payload(std::size_t payload_bytes) {
+  return static_cast<int>(sizeof(PsHeader) + payload_bytes);  // never more than message_bytes(shard)
+}
+
+// Payload bytes of a received message; a message shorter than a header is fatal.
+std::size_t received_bytes(const MPI_Status& status, const std::string& what) {
   int bytes = 0;
   DDP_CHECK_MPI(MPI_Get_count(&status, MPI_BYTE, &bytes));
   const auto size = static_cast<std::size_t>(bytes);
-  if (size < sizeof(PsHeader) || size % sizeof(float) != 0)
-    DDP_FATAL(what + ": malformed message of " + std::to_string(bytes) + " bytes");
-  return size / sizeof(float) - kHeaderFloats;
+  if (size < sizeof(PsHeader)) DDP_FATAL(what + ": malformed message of " + std::to_string(bytes) + " bytes");
+  return size - sizeof(PsHeader);
+}
+
+// PsOptions::bfloat16. A payload's first `words` 32-bit words stay as they are (a row-sparse payload's row
+// count and row ids), the values after them travel as bfloat16, rounded to nearest even (wire_cast.h).
+// Narrows in place, front to back (each value is read before its bytes are written over), and returns the
+// payload's bytes.
+std::size_t narrow_values(std::span<float> payload, std::size_t words) {
+  auto* bytes = reinterpret_cast<unsigned char*>(payload.data()) + words * sizeof(float);
+  for (std::size_t i = words; i < payload.size(); ++i) {
+    const uint16_t value = float_to_bfloat16(payload[i]);
+    std::memcpy(bytes + (i - words) * sizeof(value), &value, sizeof(value));
+  }
+  return words * sizeof(float) + (payload.size() - words) * sizeof(uint16_t);
+}
+
+// The other way: `bytes` of payload with `words` 32-bit words first, into `out`. Returns the floats written,
+// or 0 with `error` set where the bytes do not make such a payload of at most out.size() floats.
+std::size_t widen_values(const unsigned char* payload, std::size_t bytes, std::size_t words,
+                         std::span<float> out, std::string& error) {
+  const std::size_t head = words * sizeof(float);
+  if (bytes < head || (bytes - head) % sizeof(uint16_t) != 0 ||
+      words + (bytes - head) / sizeof(uint16_t) > out.size()) {
+    error = "a bfloat16 payload of " + std::to_string(bytes) + " bytes that fits no shard of " +
+            std::to_string(out.size()) + " parameters";
+    return 0;
+  }
+  std::memcpy(out.data(), payload, head);
+  const std::size_t values = (bytes - head) / sizeof(uint16_t);
+  for (std::size_t i = 0; i < values; ++i) {
+    uint16_t value = 0;
+    std::memcpy(&value, payload + head + i * sizeof(value), sizeof(value));
+    out[words + i] = bfloat16_to_float(value);
+  }
+  return words + values;
+}
+
+// A row-sparse payload's 32-bit words before its values: the row count and the row ids (row_sparse.h).
+// Returns 0 with `error` set where `bytes` cannot hold them.
+std::size_t row_sparse_words(const unsigned char* payload, std::size_t bytes, std::string& error) {
+  int32_t rows = -1;
+  if (bytes >= sizeof(rows)) std::memcpy(&rows, payload, sizeof(rows));
+  if (rows < 0 || (1 + static_cast<std::size_t>(rows)) * sizeof(float) > bytes) {
+    error = "a row-sparse bfloat16 payload of " + std::to_string(bytes) + " bytes whose row count (" +
+            std::to_string(rows) + ") does not fit it";
+    return 0;
+  }
+  return 1 + static_cast<std::size_t>(rows);
+}
+
+// What follows the header of a message buffer.
+const unsigned char* payload_bytes(const std::vector<float>& buffer) {
+  return reinterpret_cast<const unsigned char*>(buffer.data() + kHeaderFloats);
 }
 
 void validate(const PsOptions& options) {
@@ -160,10 +218,15 @@ class Server {
     for (Worker& w : workers_) {
       w.receive.resize(kHeaderFloats + shard.size());
       w.send.resize(kHeaderFloats + shard.size());
-      if (!options.sparse_exchange_rows.empty())
-        w.dense.resize(shard.size());  // a row-sparse push expands here
+      // A row-sparse or bfloat16 push expands here (a row-sparse bfloat16 one widened in `wide` first).
+      if (!options.sparse_exchange_rows.empty() || options.bfloat16) w.dense.resize(shard.size());
+      if (!options.sparse_exchange_rows.empty() && options.bfloat16) w.wide.resize(shard.size());
     }
     if (!options.async) mean_.resize(shard.size());
+    if (rounds_updates()) {
+      before_update_.resize(shard.size());
+      rounded_update_.resize(shard.size());
+    }
     active_ = roles_.workers();
   }
 
@@ -196,8 +259,9 @@ class Server {
  private:
   struct Worker {
     std::vector<float> receive;  // header + gradients; in sync mode held until the step is applied
-    std::vector<float> dense;    // the last row-sparse push, expanded
-    bool sparse = false;         // the last push was row-sparse: its gradients are in `dense`
+    std::vector<float> dense;    // the last row-sparse or bfloat16 push, expanded
+    std::vector<float> wide;     // a row-sparse bfloat16 push, widened to a float row-sparse payload
+    bool expanded = false;       // the last push's gradients are in `dense`
     std::vector<float> send;     // header + parameters
     MPI_Request send_request = MPI_REQUEST_NULL;
     int64_t pushes = 0;              // gradients received: the step the worker pushes next
@@ -216,7 +280,7 @@ class Server {
   void handle(int w, const MPI_Status& status) {
     Worker& from = worker(w);
     from.last_contact = Clock::now();
-    const std::size_t floats = received_floats(status, me_);
+    const std::size_t bytes = received_bytes(status, me_);
     const int tag = status.MPI_TAG;
     if (tag != tag_of(PsKind::kGrads) && tag != tag_of(PsKind::kSparseGrads) &&
         tag != tag_of(PsKind::kPull) && tag != tag_of(PsKind::kDone))
@@ -226,23 +290,31 @@ class Server {
     const std::string error =
         ps_header_error(read_header(from.receive), tag, kind, from.pushes, w, rank_, true);
     if (!error.empty()) DDP_FATAL(error);
-    if (kind == PsKind::kSparseGrads) {
+    const bool pushed = kind == PsKind::kGrads || kind == PsKind::kSparseGrads;
+    if (pushed && options_.bfloat16) {
+      expand_bfloat16_push(w, kind, bytes);
+    } else if (bytes % sizeof(float) != 0) {
+      DDP_FATAL(me_ + ": malformed message of " + std::to_string(bytes + sizeof(PsHeader)) +
+                " bytes from worker rank " + std::to_string(w));
+    } else if (kind == PsKind::kSparseGrads) {
       const std::string corrupt =
-          decode_row_sparse(payload(from.receive, floats), shard_begin_, shard_begin_ + shard_.size(),
-                            options_.sparse_exchange_rows, from.dense);
+          decode_row_sparse(payload(from.receive, bytes / sizeof(float)), shard_begin_,
+                            shard_begin_ + shard_.size(), options_.sparse_exchange_rows, from.dense);
       if (!corrupt.empty()) DDP_FATAL(me_ + " got " + corrupt + " from worker rank " + std::to_string(w));
+      from.expanded = true;
     } else {
       const std::size_t expected = kind == PsKind::kGrads ? shard_.size() : 0;
+      const std::size_t floats = bytes / sizeof(float);
       if (floats != expected) {
         DDP_FATAL(me_ + " got " + kind_name(tag) + " with " + std::to_string(floats) +
                   " values from worker rank " + std::to_string(w) + ", expected " + std::to_string(expected));
       }
+      from.expanded = false;
     }
     switch (kind) {
       case PsKind::kGrads:
       case PsKind::kSparseGrads:
-        from.sparse = kind == PsKind::kSparseGrads;
-        stats_.gradient_bytes += static_cast<int64_t>(floats * sizeof(float));
+        stats_.gradient_bytes += static_cast<int64_t>(bytes);
         on_grads(w);
         break;
       case PsKind::kPull:
@@ -254,6 +326,42 @@ class Server {
         break;
       case PsKind::kParams:
         break;
+    }
+  }
+
+  // A bfloat16 push (PsOptions::bfloat16) into the worker's `dense`, as floats.
+  void expand_bfloat16_push(int w, PsKind kind, std::size_t bytes) {
+    Worker& from = worker(w);
+    const unsigned char* raw = payload_bytes(from.receive);
+    std::string corrupt;
+    if (kind == PsKind::kGrads) {
+      const std::size_t floats = widen_values(raw, bytes, 0, from.dense, corrupt);
+      if (corrupt.empty() && floats != shard_.size()) {
+        corrupt = "grads with " + std::to_string(floats) + " bfloat16 values, expected " +
+                  std::to_string(shard_.size());
+      }
+    } else {
+      const std::size_t words = row_sparse_words(raw, bytes, corrupt);
+      const std::size_t floats = corrupt.empty() ? widen_values(raw, bytes, words, from.wide, corrupt) : 0;
+      if (corrupt.empty()) {
+        corrupt = decode_row_sparse(std::span<const float>(from.wide).first(floats), shard_begin_,
+                                    shard_begin_ + shard_.size(), options_.sparse_exchange_rows, from.dense);
+      }
+    }
+    if (!corrupt.empty()) DDP_FATAL(me_ + " got " + corrupt + " from worker rank " + std::to_string(w));
+    from.expanded = true;
+  }
+
+  // Sync replies carry the step's update rounded to bfloat16 (PsOptions::bfloat16).
+  bool rounds_updates() const { return options_.bfloat16 && !options_.async; }
+
+  // After the optimizer's step: the update (shard now minus before it) rounded to bfloat16, kept for the
+  // replies, and the shard set to before + that rounded update, which is what every worker computes.
+  void round_the_update() {
+    for (std::size_t i = 0; i < shard_.size(); ++i) {
+      const uint16_t rounded = float_to_bfloat16(shard_[i] - before_update_[i]);
+      rounded_update_[i] = rounded;
+      shard_[i] = before_update_[i] + bfloat16_to_float(rounded);
     }
   }
 
@@ -293,12 +401,14 @@ class Server {
     }
     const float scale = 1.0f / static_cast<float>(roles_.workers());
     for (float& x : mean) x *= scale;
+    if (rounds_updates()) std::copy(shard_.begin(), shard_.end(), before_update_.begin());
     update_(shard_, mean);
+    if (rounds_updates()) round_the_update();
     ++stats_.updates;
     const int64_t step = stats_.steps++;
     owed_ = 0;
     for (int w = 0; w < roles_.workers(); ++w) {
-      reply(w, step);
+      reply(w, step, rounds_updates());
       post_receive(w);
     }
   }
@@ -335,13 +445,21 @@ class Server {
     if (options_.async) release_async_replies();
   }
 
-  void reply(int w, int64_t step) {
+  // The shard's parameters, or with `rounded_update` the step's update as bfloat16 (round_the_update).
+  void reply(int w, int64_t step, bool rounded_update = false) {
     wait_send(w);  // the previous reply may still be reading the buffer
     Worker& to = worker(w);
     write_header(to.send, step, PsKind::kParams, options_.stop_signal ? options_.stop_signal() : 0);
-    std::copy(shard_.begin(), shard_.end(), to.send.begin() + kHeaderFloats);
-    DDP_CHECK_MPI(MPI_Isend(to.send.data(), message_bytes_, MPI_BYTE, w, tag_of(PsKind::kParams), replies_,
-                            &to.send_request));
+    int bytes = message_bytes_;
+    if (rounded_update) {
+      const std::size_t payload = rounded_update_.size() * sizeof(uint16_t);
+      std::memcpy(to.send.data() + kHeaderFloats, rounded_update_.data(), payload);
+      bytes = message_bytes_of_payload(payload);
+    } else {
+      std::copy(shard_.begin(), shard_.end(), to.send.begin() + kHeaderFloats);
+    }
+    DDP_CHECK_MPI(
+        MPI_Isend(to.send.data(), bytes, MPI_BYTE, w, tag_of(PsKind::kParams), replies_, &to.send_request));
     to.owed_reply = false;
     to.last_contact = Clock::now();
   }
@@ -478,7 +596,7 @@ class Server {
   // Worker w's last pushed gradients for this shard, dense.
   std::span<const float> gradients(int w) {
     const Worker& from = worker(w);
-    return from.sparse ? std::span<const float>(from.dense) : payload(from.receive, shard_.size());
+    return from.expanded ? std::span<const float>(from.dense) : payload(from.receive, shard_.size());
   }
 
   PsOptions options_;
@@ -494,11 +612,13 @@ class Server {
   const ClientWaits* own_client_;  // colocated: what this rank's worker waits for
   int message_bytes_ = 0;
   std::vector<Worker> workers_;
-  std::vector<MPI_Request> receives_;  // one per worker, contiguous for MPI_Testany
-  std::vector<float> mean_;            // sync: the averaged gradients
-  int active_ = 0;                     // workers that have not said done
-  int owed_ = 0;                       // sync: workers that pushed the current step
-  int done_rank_ = -1;                 // the first worker that said done, and after how many steps
+  std::vector<MPI_Request> receives_;     // one per worker, contiguous for MPI_Testany
+  std::vector<float> mean_;               // sync: the averaged gradients
+  std::vector<float> before_update_;      // rounds_updates(): the shard before the step's update
+  std::vector<uint16_t> rounded_update_;  // rounds_updates(): the step's update as bfloat16
+  int active_ = 0;                        // workers that have not said done
+  int owed_ = 0;                          // sync: workers that pushed the current step
+  int done_rank_ = -1;                    // the first worker that said done, and after how many steps
   int64_t done_steps_ = 0;
   PsServerStats stats_;
   Clock::time_point servers_answered_{};  // when the other servers last all answered
@@ -673,6 +793,8 @@ void ParameterClient::exchange(PsKind kind, std::span<const float> grads,
                                const std::span<const int32_t>* touched_rows, std::span<float> params) {
   DDP_CHECK(!finished_);
   DDP_CHECK(params.size() == total_size_);
+  // PsOptions::bfloat16, sync: a step's reply is the update, rounded; a pull's is the parameters.
+  const bool rounded_update = kind == PsKind::kGrads && options_.bfloat16 && !options_.async;
   for (Peer& peer : peers_) {
     const std::size_t shard = peer.end - peer.begin;
     DDP_CHECK_MPI(MPI_Irecv(peer.receive.data(), message_bytes(shard), MPI_BYTE, peer.rank,
@@ -691,8 +813,18 @@ void ParameterClient::exchange(PsKind kind, std::span<const float> grads,
     write_header(peer.send, step_, sent);
     if (sent == PsKind::kGrads)
       std::copy(grads.begin() + peer.begin, grads.begin() + peer.end, peer.send.begin() + kHeaderFloats);
-    DDP_CHECK_MPI(MPI_Isend(peer.send.data(), message_bytes(floats), MPI_BYTE, peer.rank, tag_of(sent),
-                            requests_, &peer.send_request));
+    int bytes = message_bytes(floats);
+    if (kind == PsKind::kGrads && options_.bfloat16) {
+      const std::span<float> payload = std::span<float>(peer.send).subspan(kHeaderFloats, floats);
+      std::string unused;
+      const std::size_t words =
+          sent == PsKind::kSparseGrads
+              ? row_sparse_words(payload_bytes(peer.send), floats * sizeof(float), unused)
+              : 0;
+      bytes = message_bytes_of_payload(narrow_values(payload, words));
+    }
+    DDP_CHECK_MPI(
+        MPI_Isend(peer.send.data(), bytes, MPI_BYTE, peer.rank, tag_of(sent), requests_, &peer.send_request));
   }
   const std::string me = "worker (rank " + std::to_string(rank_) + ")";
   const double limit = 2 * options_.timeout_s;
@@ -707,14 +839,26 @@ void ParameterClient::exchange(PsKind kind, std::span<const float> grads,
       MPI_Status status;
       DDP_CHECK_MPI(MPI_Test(&peer.receive_request, &done, &status));
       if (!done) continue;
-      const std::size_t floats = received_floats(status, me);
+      const std::size_t bytes = received_bytes(status, me);
       const PsHeader header = read_header(peer.receive);
       const std::string error =
           ps_header_error(header, status.MPI_TAG, PsKind::kParams, step_, peer.rank, rank_, false);
       if (!error.empty()) DDP_FATAL(error);
       servers_stop_signal_ = std::max(servers_stop_signal_, static_cast<int>(header.stop_signal));
-      DDP_CHECK(floats == peer.end - peer.begin);
-      std::copy(peer.receive.begin() + kHeaderFloats, peer.receive.end(), params.begin() + peer.begin);
+      const std::size_t shard = peer.end - peer.begin;
+      if (rounded_update) {
+        // The server's update rounded to bfloat16, added as the server added it to its own shard.
+        DDP_CHECK(bytes == shard * sizeof(uint16_t));
+        const unsigned char* raw = payload_bytes(peer.receive);
+        for (std::size_t i = 0; i < shard; ++i) {
+          uint16_t value = 0;
+          std::memcpy(&value, raw + i * sizeof(value), sizeof(value));
+          params[peer.begin + i] += bfloat16_to_float(value);
+        }
+      } else {
+        DDP_CHECK(bytes == shard * sizeof(float));
+        std::copy(peer.receive.begin() + kHeaderFloats, peer.receive.end(), params.begin() + peer.begin);
+      }
       --waiting;
       progressed = true;
     }

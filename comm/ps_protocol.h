@@ -7,11 +7,11 @@
 // ShardUpdate (an optimizer's step, ps_service.h): this protocol knows nothing of optimizers. Workers
 // own the full parameter vector, compute gradients on it, and get it back from the servers after every step.
 //
-// Wire. All traffic is non-blocking MPI point-to-point on a communicator duplicated from the one given, so it
-// never mixes with other users of that communicator. Every message starts with a PsHeader {step, kind}
-// (prepended to the payload, sent as bytes); the tag is the kind as well, and the receiver checks that both
-// agree and that the step is the one it expects. A mismatch ends the job through DDP_FATAL with both steps
-// and both ranks, never silent corruption.
+// Wire (PsOptions::bfloat16 halves both directions; see there). All traffic is non-blocking MPI
+// point-to-point on a communicator duplicated from the one given, so it never mixes with other users of that
+// communicator. Every message starts with a PsHeader {step, kind} (prepended to the payload, sent as bytes);
+// the tag is the kind as well, and the receiver checks that both agree and that the step is the one it
+// expects. A mismatch ends the job through DDP_FATAL with both steps and both ranks, never silent corruption.
 //   worker -> server j:  kGrads  {t, grads[shard j]}   the gradients of the worker's step t (t = 0, 1, ...)
 //                        kSparseGrads {t, rows...}     the same, row-sparse in
 //                        PsOptions::sparse_exchange_rows
@@ -71,6 +71,12 @@ struct PsOptions {
   // At most how many of those rows a training rank's step reads (its batch's tokens: batch x sequence
   // length); 0: unknown. The colocated layout moves rows instead of the region only where they are few.
   std::size_t rows_read_per_step = 0;
+  // comm.compression = bf16: gradients are pushed as bfloat16 (the server sums them in float), and in sync
+  // mode a step's reply carries the shard's update rounded to bfloat16, which the server adds to its own
+  // shard as the workers add it to theirs: every copy of the parameters stays the same bits, and both
+  // directions move half the bytes. Pulls, and async replies (a worker's copy may lag the server's), send the
+  // parameters in float. The same on every rank.
+  bool bfloat16 = false;
   // A server's source for PsHeader::stop_signal: the stop signal its process has received, 0 if none (unset:
   // never one).
   std::function<int()> stop_signal;

@@ -142,8 +142,9 @@ void visit_keys(C& c, Visitor&& key) {
       "parameter server takes pushes of them and, colocated, sends rows as batches read them (same result, "
       "less traffic)");
   key("comm", "compression", c.comm.compression, one_of("none, fp16, bf16"),
-      "gradients on the wire with NCCL: none, fp16 or bf16 (bf16 keeps fp32's range; fp16 is scaled per "
-      "bucket by a power of two)");
+      "gradients on the wire: none, fp16 or bf16 (bf16 keeps fp32's range; fp16, NCCL's only, is scaled "
+      "per bucket by a power of two); bf16 also on the MPI all-reduce and on the parameter server's "
+      "pushes and sync pulls, not the colocated sync layout's collectives");
   key("comm", "overlap", c.comm.overlap, one_of("none, delayed"),
       "none, or delayed: each step's averaged gradient is applied at the next step, so that the exchange "
       "overlaps a whole step (pipelined SGD: every update one step stale); CPU ranks with the all-reduce");

@@ -65,7 +65,7 @@ struct Config {
   struct Comm {
     std::string backend = "auto";      // auto | mpi | nccl | ps
     bool sparse_embedding = true;      // exchange only the embedding rows some rank touched
-    std::string compression = "none";  // NCCL gradients on the wire: none | fp16 | bf16
+    std::string compression = "none";  // gradients on the wire: none | fp16 (NCCL) | bf16
     std::string overlap = "none";      // none | delayed: step k's averaged gradient applied at step k + 1
     std::string hierarchy = "off";     // mpi across nodes: off | auto (per node, then across the leaders)
     int ps_servers =

@@ -2,8 +2,9 @@
 # The parameter server with its server alone on a node of the one-machine cluster (tests/cluster/cluster.sh):
 # 3 nodes, one rank each: workers on node1 and node2, the server (the last rank) on node3. Checks: the start
 # log places the server on node3; the final parameters equal those of the same 3 ranks on one node (sync
-# mode is exact); the server's link carried every worker's pull of the whole parameter vector each step; and
-# nothing of the cluster is left.
+# mode is exact); the server's link carried every worker's pull of the whole parameter vector each step; with
+# comm.compression = bf16 (gradients pushed, updates pulled as bfloat16) every epoch's replicas agree bit for
+# bit and the server's link carries at most 60% of float's bytes each way; and nothing of the cluster is left.
 #   bash tests/cluster/parameter_server_test.sh path/to/ddptrain source-dir [foreign-blas-kernels]
 # (as root; else exit 77, skipped). With foreign-blas-kernels the caller's environment picks OpenBLAS
 # kernels other than this CPU's own (OPENBLAS_CORETYPE=Haswell where the CPU has AVX2, else Prescott), as
@@ -43,5 +44,27 @@ sent=$((after[0] - before[0]))
 pulls=$((steps * 2 * parameters * 4))
 echo "node3 (server) sent $sent bytes over $steps steps; 2 workers' pulls of $parameters parameters: $pulls bytes"
 [ "$sent" -ge "$pulls" ] || fail "the server's node sent less than the workers' pulls: the exchange did not cross the link"
+
+read -r -a bf16_before <<<"$(cluster_net_bytes node3)"
+read -r -a bf16_run <<<"$(training_args "$src" "$shared/three-nodes-bf16") --comm.backend ps --comm.ps_servers 1 \
+  --comm.compression bf16"
+cluster_mpirun -H node1:1,node2:1,node3:1 -np 3 "$ddptrain" "${bf16_run[@]}" >"$shared/three-nodes-bf16.txt" 2>&1 ||
+  { cat "$shared/three-nodes-bf16.txt"; fail "the 3-node run with bf16 failed"; }
+read -r -a bf16_after <<<"$(cluster_net_bytes node3)"
+grep -q "gradients pushed and updates pulled as bf16" "$shared/three-nodes-bf16.txt" ||
+  { cat "$shared/three-nodes-bf16.txt"; fail "the bf16 run does not say it pushes and pulls bf16"; }
+epochs=$(grep -c '"epoch"' "$shared/three-nodes-bf16/metrics.jsonl")
+agreed=$(grep -c '"parameters_checksum":"[0-9a-f]\{16\}"' "$shared/three-nodes-bf16/metrics.jsonl")
+if [ "$epochs" -eq 0 ] || [ "$agreed" -ne "$epochs" ]; then
+  fail "bf16: $agreed of $epochs epochs with agreed replicas"
+fi
+bf16_sent=$((bf16_after[0] - bf16_before[0]))
+bf16_received=$((bf16_after[1] - bf16_before[1]))
+float_received=$((after[1] - before[1]))
+echo "node3 (server) with bf16: sent $bf16_sent bytes (float: $sent), received $bf16_received (float: $float_received)"
+[ $((100 * bf16_sent)) -le $((60 * sent)) ] || fail "bf16: the server sent more than 60% of float's bytes"
+[ $((100 * bf16_received)) -le $((60 * float_received)) ] || fail "bf16: the server received more than 60% of float's bytes"
+[ "$bf16_sent" -ge $((pulls / 2)) ] || fail "bf16: the server sent less than the workers' bf16 pulls"
+echo "ok: bf16 across 3 nodes: every epoch's replicas bit-identical, the server's link carried about half the bytes"
 
 expect_no_leftovers

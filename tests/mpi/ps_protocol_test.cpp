@@ -15,6 +15,7 @@
 #include "comm/gradient_reducer.h"
 #include "comm/host_group.h"
 #include "comm/ps_protocol.h"
+#include "comm/wire_cast.h"
 #include "tests/mpi/mpi_test_util.h"
 
 namespace ddp {
@@ -93,16 +94,28 @@ std::vector<float> step_gradient(bool row_sparse, int worker, int workers, int64
   return g;
 }
 
+float through_bfloat16(float x) {
+  return comm::bfloat16_to_float(comm::float_to_bfloat16(x));
+}
+
 // The synchronous server's arithmetic done locally: gradients summed in worker order, scaled by 1/W, SGD.
-void reference_step(std::vector<float>& params, int workers, int64_t step, bool row_sparse) {
-  std::vector<float> mean = step_gradient(row_sparse, 0, workers, step, params);
-  for (int w = 1; w < workers; ++w) {
-    const std::vector<float> g = step_gradient(row_sparse, w, workers, step, params);
-    for (std::size_t i = 0; i < mean.size(); ++i) mean[i] += g[i];
+// bf16 (PsOptions::bfloat16): each gradient rounded to bfloat16 before the sum, and the update rounded to
+// bfloat16 before it is added.
+void reference_step(std::vector<float>& params, int workers, int64_t step, bool row_sparse,
+                    bool bf16 = false) {
+  std::vector<float> mean(params.size(), 0.0f);
+  for (int w = 0; w < workers; ++w) {
+    std::vector<float> g = step_gradient(row_sparse, w, workers, step, params);
+    if (bf16) std::transform(g.begin(), g.end(), g.begin(), through_bfloat16);
+    if (w == 0) mean = g;
+    for (std::size_t i = 0; w > 0 && i < mean.size(); ++i) mean[i] += g[i];
   }
   const float scale = 1.0f / static_cast<float>(workers);
   for (float& x : mean) x *= scale;
-  sgd(params, mean);
+  std::vector<float> updated = params;
+  sgd(updated, mean);
+  for (std::size_t i = 0; i < params.size(); ++i)
+    params[i] = bf16 ? params[i] + through_bfloat16(updated[i] - params[i]) : updated[i];
 }
 
 bool same_bits(std::span<const float> a, std::span<const float> b) {
@@ -138,6 +151,7 @@ struct SyncCase {
   int servers;
   std::size_t size;
   bool row_sparse = false;  // gradients zero in kRows outside each step's touched rows, pushed as such
+  bool bf16 = false;        // PsOptions::bfloat16
 };
 
 class SyncParameterServer : public ::testing::TestWithParam<SyncCase> {};
@@ -145,9 +159,10 @@ class SyncParameterServer : public ::testing::TestWithParam<SyncCase> {};
 // (a) after every step the workers hold exactly the parameters of SGD on the average of all workers'
 // gradients computed locally, and within rounding those of the all-reduce backend; (b) all workers agree
 // bit for bit after each step. A pull between steps (as evaluation would) changes nothing. Row-sparse pushes
-// give the same bits as dense ones, in fewer bytes.
+// give the same bits as dense ones, in fewer bytes. Under bf16 the same holds of the gradients and updates
+// rounded to bfloat16, in half the bytes.
 TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
-  const auto [servers, n, row_sparse] = GetParam();
+  const auto [servers, n, row_sparse, bf16] = GetParam();
   if (servers >= world_size())
     GTEST_SKIP() << servers << " servers need more than " << world_size() << " ranks";
   const int rank = world_rank();
@@ -157,6 +172,7 @@ TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
   options.servers = servers;
   options.timeout_s = 30;
   if (row_sparse) options.sparse_exchange_rows = kRows;
+  options.bfloat16 = bf16;
   constexpr int kSteps = 20;
 
   std::vector<float> reference = initial_params(n);
@@ -166,12 +182,12 @@ TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
   if (roles.is_server(rank)) {
     std::vector<float> shard = shard_of(roles, rank, reference);
     const comm::PsServerStats stats = comm::run_parameter_server(MPI_COMM_WORLD, options, n, shard, sgd);
-    for (int t = 0; t < kSteps; ++t) reference_step(reference, workers, t, row_sparse);
+    for (int t = 0; t < kSteps; ++t) reference_step(reference, workers, t, row_sparse, bf16);
     const auto dense_bytes = static_cast<int64_t>(workers * kSteps * shard.size() * sizeof(float));
     if (row_sparse) {
-      EXPECT_LT(stats.gradient_bytes, dense_bytes / 2) << "row-sparse pushes must be smaller";
+      EXPECT_LT(stats.gradient_bytes, dense_bytes / (bf16 ? 3 : 2)) << "row-sparse pushes must be smaller";
     } else {
-      EXPECT_EQ(stats.gradient_bytes, dense_bytes);
+      EXPECT_EQ(stats.gradient_bytes, bf16 ? dense_bytes / 2 : dense_bytes);
     }
     EXPECT_EQ(stats.steps, kSteps);
     EXPECT_EQ(stats.updates, kSteps);
@@ -196,7 +212,7 @@ TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
       } else {
         client.push_pull(g, params);
       }
-      reference_step(reference, workers, t, row_sparse);
+      reference_step(reference, workers, t, row_sparse, bf16);
       exact = exact && same_bits(params, reference);
       agree = workers_agree(worker_comm, params) && agree;
 
@@ -214,7 +230,11 @@ TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
     EXPECT_EQ(client.step(), kSteps);
     EXPECT_TRUE(exact) << "worker rank " << rank << " differs from SGD on the averaged gradients";
     EXPECT_TRUE(agree) << "workers hold different parameters";
-    EXPECT_LT(allreduce_diff, 1e-6) << "largest difference from the all-reduce backend";
+    // bf16: rounding of about 2^-9 of each gradient and update, which SGD's contraction keeps bounded.
+    EXPECT_LT(allreduce_diff, bf16 ? 0.05 : 1e-6) << "largest difference from the all-reduce backend";
+    if (bf16) {
+      EXPECT_GT(allreduce_diff, 0) << "bf16 must round something";
+    }
     EXPECT_GT(max_abs_diff(params, initial_params(n)), 0.5) << "the updates are too small to mean anything";
     client.finish();
   }
@@ -223,11 +243,13 @@ TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
 
 INSTANTIATE_TEST_SUITE_P(ParameterServer, SyncParameterServer,
                          ::testing::Values(SyncCase{1, 1001}, SyncCase{2, 1001}, SyncCase{2, 1},
-                                           SyncCase{1, 1001, true}, SyncCase{2, 1001, true}),
+                                           SyncCase{1, 1001, true}, SyncCase{2, 1001, true},
+                                           SyncCase{1, 1001, false, true}, SyncCase{2, 1001, true, true}),
                          [](const auto& test) {
                            return std::to_string(test.param.servers) + "Servers" +
                                   std::to_string(test.param.size) + "Params" +
-                                  (test.param.row_sparse ? "RowSparse" : "");
+                                  (test.param.row_sparse ? "RowSparse" : "") +
+                                  (test.param.bf16 ? "Bf16" : "");
                          });
 
 class AsyncParameterServer : public ::testing::TestWithParam<int> {};  // param: servers
