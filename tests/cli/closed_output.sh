@@ -19,11 +19,14 @@ fail() {
   exit 1
 }
 
+# Named kernels: the runs are compared bit for bit, and model.cpu_kernels = auto at one thread per rank goes
+# by a measurement of the FMA width that a loaded machine can misjudge in one run and not the other.
 train() {  # checkpoint.dir, extra arguments...
   local dir=$1
   shift
   "$ddptrain" --data.path data.h5 --checkpoint.dir "$dir" --model.embedding_dim 16 --model.hidden 16 \
-    --train.epochs "$epochs" --train.straggle_ms 5 --log.progress lines --log.interval 5 "$@"
+    --train.epochs "$epochs" --train.straggle_ms 5 --log.progress lines --log.interval 5 \
+    --model.cpu_kernels builtin "$@"
 }
 
 train ref >ref.txt 2>&1 || fail "the uninterrupted run failed"

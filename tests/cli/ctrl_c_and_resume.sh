@@ -26,7 +26,10 @@ fail() {
   exit 1
 }
 
+# Named kernels: the runs are compared bit for bit, and model.cpu_kernels = auto at one thread per rank goes
+# by a measurement of the FMA width that a loaded machine can misjudge in one run and not the other.
 args=(--data.path data.h5 --model.embedding_dim 16 --model.hidden 16 --train.epochs "$epochs"
+  --model.cpu_kernels builtin
   --train.straggle_ms 10 --log.progress lines)
 last_val_loss() { json_field "$1/metrics.jsonl" val_loss "epoch=$epochs"; }
 now() { date +%s.%N; }

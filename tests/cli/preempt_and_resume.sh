@@ -28,7 +28,10 @@ last_val_loss() { json_field "$1/metrics.jsonl" val_loss "epoch=$epochs"; }
 
 run_case() {  # name, ranks, backend, signal, target (mpirun or rankN), [comm.ps_servers], [comm.ps_mode]
   local name=$1 ranks=$2 backend=$3 signal=$4 target=$5 servers=${6:-0} mode=${7:-sync}
+  # Named kernels: the runs are compared bit for bit, and model.cpu_kernels = auto at one thread per rank goes
+  # by a measurement of the FMA width that a loaded machine can misjudge in one run and not the other.
   local args=(--data.path data.h5 --comm.backend "$backend" --comm.ps_servers "$servers" --comm.ps_mode "$mode"
+    --model.cpu_kernels builtin
     --model.embedding_dim 16 --model.hidden 16
     --train.epochs "$epochs" --train.straggle_ms 10 --log.progress lines --resume auto)
 
