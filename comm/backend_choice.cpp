@@ -90,8 +90,7 @@ BackendChoice choose_backend(const BackendRequest& request, HostGroup& group) {
   }
 
   // Said, not refused: the same config runs on GPU nodes (NCCL, compressed) and on CPU nodes. The MPI
-  // all-reduce and the parameter server's messages take bf16 (not the colocated sync layout's collectives);
-  // fp16 needs NCCL's scaled wire.
+  // all-reduce and the parameter server take bf16; fp16 needs NCCL's scaled wire.
   const std::string uncompressed =
       request.compression == "none"
           ? ""
@@ -127,7 +126,8 @@ BackendChoice choose_backend(const BackendRequest& request, HostGroup& group) {
                       (request.ps_async ? " (on a server thread)" : "") +
                       (request.compression == "bf16" && request.ps_async ? ps_bf16(true)
                        : request.compression == "bf16"
-                           ? "; comm.compression = bf16: the colocated sync layout's collectives send float32"
+                           ? "; gradients reduce-scattered and updates all-gathered as bf16 (summed and "
+                             "applied in float; embedding rows fetched in float)"
                            : uncompressed);
       choice.parameter_server = true;
       return choice;

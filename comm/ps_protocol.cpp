@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 
+#include "comm/bfloat16_payload.h"
 #include "comm/mpi_check.h"
 #include "comm/poller.h"
 #include "comm/wire_cast.h"
@@ -96,53 +97,6 @@ std::size_t received_bytes(const MPI_Status& status, const std::string& what) {
   const auto size = static_cast<std::size_t>(bytes);
   if (size < sizeof(PsHeader)) DDP_FATAL(what + ": malformed message of " + std::to_string(bytes) + " bytes");
   return size - sizeof(PsHeader);
-}
-
-// PsOptions::bfloat16. A payload's first `words` 32-bit words stay as they are (a row-sparse payload's row
-// count and row ids), the values after them travel as bfloat16, rounded to nearest even (wire_cast.h).
-// Narrows in place, front to back (each value is read before its bytes are written over), and returns the
-// payload's bytes.
-std::size_t narrow_values(std::span<float> payload, std::size_t words) {
-  auto* bytes = reinterpret_cast<unsigned char*>(payload.data()) + words * sizeof(float);
-  for (std::size_t i = words; i < payload.size(); ++i) {
-    const uint16_t value = float_to_bfloat16(payload[i]);
-    std::memcpy(bytes + (i - words) * sizeof(value), &value, sizeof(value));
-  }
-  return words * sizeof(float) + (payload.size() - words) * sizeof(uint16_t);
-}
-
-// The other way: `bytes` of payload with `words` 32-bit words first, into `out`. Returns the floats written,
-// or 0 with `error` set where the bytes do not make such a payload of at most out.size() floats.
-std::size_t widen_values(const unsigned char* payload, std::size_t bytes, std::size_t words,
-                         std::span<float> out, std::string& error) {
-  const std::size_t head = words * sizeof(float);
-  if (bytes < head || (bytes - head) % sizeof(uint16_t) != 0 ||
-      words + (bytes - head) / sizeof(uint16_t) > out.size()) {
-    error = "a bfloat16 payload of " + std::to_string(bytes) + " bytes that fits no shard of " +
-            std::to_string(out.size()) + " parameters";
-    return 0;
-  }
-  std::memcpy(out.data(), payload, head);
-  const std::size_t values = (bytes - head) / sizeof(uint16_t);
-  for (std::size_t i = 0; i < values; ++i) {
-    uint16_t value = 0;
-    std::memcpy(&value, payload + head + i * sizeof(value), sizeof(value));
-    out[words + i] = bfloat16_to_float(value);
-  }
-  return words + values;
-}
-
-// A row-sparse payload's 32-bit words before its values: the row count and the row ids (row_sparse.h).
-// Returns 0 with `error` set where `bytes` cannot hold them.
-std::size_t row_sparse_words(const unsigned char* payload, std::size_t bytes, std::string& error) {
-  int32_t rows = -1;
-  if (bytes >= sizeof(rows)) std::memcpy(&rows, payload, sizeof(rows));
-  if (rows < 0 || (1 + static_cast<std::size_t>(rows)) * sizeof(float) > bytes) {
-    error = "a row-sparse bfloat16 payload of " + std::to_string(bytes) + " bytes whose row count (" +
-            std::to_string(rows) + ") does not fit it";
-    return 0;
-  }
-  return 1 + static_cast<std::size_t>(rows);
 }
 
 // What follows the header of a message buffer.

@@ -92,7 +92,7 @@ class ColocatedService final : public ParameterService {
   ColocatedService(MPI_Comm world, const PsOptions& options, std::size_t total,
                    const ShardOptimizerFactory& make_optimizer)
       : options_(options),
-        exchange_(world, total),
+        exchange_(world, total, options.bfloat16),
         trainers_(world),
         world_(world),
         optimizer_(make_optimizer(exchange_.shard_size())),
@@ -132,6 +132,8 @@ class ColocatedService final : public ParameterService {
     const bool row_sparse = row_sparse_ && touched_rows != nullptr;
     timeline::Span span(row_sparse ? "push rows, update, all-gather" : "reduce-scatter, update, all-gather");
     const std::span<float> shard = params.subspan(exchange_.begin(), exchange_.shard_size());
+    // bf16: the all-gather sends the owner's update, rounded (ShardedExchange::all_gather_update).
+    if (options_.bfloat16) before_update_.assign(shard.begin(), shard.end());
     if (row_sparse) {
       const std::span<const GradientPiece> pieces =
           exchange_.reduce_scatter_average_rows(grads, region, *touched_rows);
@@ -142,12 +144,12 @@ class ColocatedService final : public ParameterService {
         return squares;
       });
       optimizer_->step_pieces(shard, pieces, scale);
-      exchange_.all_gather_outside(params, region);
+      exchange_.all_gather_update(params, region, before_update_);
     } else {
       shard_grads_.resize(exchange_.shard_size());  // on first use: the row exchange has its own
       exchange_.reduce_scatter_average(grads, shard_grads_);
       optimizer_->step(shard, shard_grads_, nullptr, clipping([&] { return add_squares(0, shard_grads_); }));
-      exchange_.all_gather(params);
+      exchange_.all_gather_update(params, RowRegion{}, before_update_);
     }
     rows_stale_ = row_sparse;
   }
@@ -187,8 +189,9 @@ class ColocatedService final : public ParameterService {
   MPI_Comm world_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::vector<float> shard_grads_;
-  bool row_sparse_;                 // the region's rows are exchanged, not the region
-  std::vector<int32_t> rows_read_;  // the step's rows, sorted and unique
+  std::vector<float> before_update_;  // bf16: this rank's shard before the step's update
+  bool row_sparse_;                   // the region's rows are exchanged, not the region
+  std::vector<int32_t> rows_read_;    // the step's rows, sorted and unique
   bool rows_stale_ = false;  // rows of the region other ranks own may be behind their owners' (row-sparse)
 };
 

@@ -4,12 +4,14 @@
 #include <climits>
 #include <string>
 
+#include "comm/bfloat16_payload.h"
 #include "comm/mpi_check.h"
+#include "comm/wire_cast.h"
 #include "engine/base/errors.h"
 
 namespace ddp::comm {
 
-ShardedExchange::ShardedExchange(MPI_Comm comm, std::size_t total) {
+ShardedExchange::ShardedExchange(MPI_Comm comm, std::size_t total, bool bfloat16) : bfloat16_(bfloat16) {
   DDP_CHECK_MPI(MPI_Comm_dup(comm, &comm_));
   DDP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
   DDP_CHECK_MPI(MPI_Comm_size(comm_, &size_));
@@ -44,9 +46,28 @@ std::size_t ShardedExchange::end(int rank) const {
 
 void ShardedExchange::reduce_scatter_average(std::span<const float> full, std::span<float> shard) {
   DDP_CHECK(shard.size() == shard_size());
-  DDP_CHECK_MPI(MPI_Reduce_scatter(full.data(), shard.data(), counts_.data(), MPI_FLOAT, MPI_SUM, comm_));
   const float scale = 1.0f / static_cast<float>(size_);
-  for (float& x : shard) x *= scale;
+  if (!bfloat16_) {
+    DDP_CHECK_MPI(MPI_Reduce_scatter(full.data(), shard.data(), counts_.data(), MPI_FLOAT, MPI_SUM, comm_));
+    for (float& x : shard) x *= scale;
+    return;
+  }
+  // Every owner's part as bfloat16; the owner sums the ranks' parts in float, in rank order.
+  wire_.resize(full.size());
+  std::transform(full.begin(), full.end(), wire_.begin(), float_to_bfloat16);
+  const auto ranks = static_cast<std::size_t>(size_);
+  wire_receive_.resize(ranks * shard.size());
+  receive_counts_.assign(ranks, static_cast<int>(shard.size()));
+  receive_offsets_.resize(ranks);
+  for (std::size_t r = 0; r < ranks; ++r) receive_offsets_[r] = static_cast<int>(r * shard.size());
+  DDP_CHECK_MPI(MPI_Alltoallv(wire_.data(), counts_.data(), offsets_.data(), MPI_UINT16_T,
+                              wire_receive_.data(), receive_counts_.data(), receive_offsets_.data(),
+                              MPI_UINT16_T, comm_));
+  for (std::size_t i = 0; i < shard.size(); ++i) {
+    float sum = bfloat16_to_float(wire_receive_[i]);
+    for (std::size_t r = 1; r < ranks; ++r) sum += bfloat16_to_float(wire_receive_[r * shard.size() + i]);
+    shard[i] = sum * scale;
+  }
 }
 
 void ShardedExchange::all_gather(std::span<float> full) {
@@ -104,12 +125,16 @@ std::span<const GradientPiece> ShardedExchange::reduce_scatter_average_rows(
     }
     send_counts_[owner] = static_cast<int>(count);
   }
-  receive_counts_.resize(ranks);
-  DDP_CHECK_MPI(MPI_Alltoall(send_counts_.data(), 1, MPI_INT, receive_counts_.data(), 1, MPI_INT, comm_));
-  receive_.resize(static_cast<std::size_t>(exclusive_offsets(receive_counts_, receive_offsets_)));
-  DDP_CHECK_MPI(MPI_Alltoallv(payloads_.get(), send_counts_.data(), offsets_.data(), MPI_FLOAT,
-                              receive_.data(), receive_counts_.data(), receive_offsets_.data(), MPI_FLOAT,
-                              comm_));
+  if (bfloat16_) {
+    exchange_payloads_bfloat16();
+  } else {
+    receive_counts_.resize(ranks);
+    DDP_CHECK_MPI(MPI_Alltoall(send_counts_.data(), 1, MPI_INT, receive_counts_.data(), 1, MPI_INT, comm_));
+    receive_.resize(static_cast<std::size_t>(exclusive_offsets(receive_counts_, receive_offsets_)));
+    DDP_CHECK_MPI(MPI_Alltoallv(payloads_.get(), send_counts_.data(), offsets_.data(), MPI_FLOAT,
+                                receive_.data(), receive_counts_.data(), receive_offsets_.data(), MPI_FLOAT,
+                                comm_));
+  }
 
   const std::size_t begin = this->begin(), end = this->end();
   const RegionPart part = region_part(begin, end, region);
@@ -193,28 +218,89 @@ std::span<const GradientPiece> ShardedExchange::reduce_scatter_average_rows(
   return average_pieces_;
 }
 
-void ShardedExchange::all_gather_outside(std::span<float> full, const RowRegion& region) {
+void ShardedExchange::exchange_payloads_bfloat16() {
+  const auto ranks = static_cast<std::size_t>(size_);
+  // Each owner's payload narrowed in place; its 32-bit words (row count and ids of a row-sparse one) stay.
+  // The receivers learn each payload's floats and words first.
+  send_pairs_.resize(2 * ranks);
+  send_bytes_.resize(ranks);
+  send_byte_offsets_.resize(ranks);
+  for (std::size_t owner = 0; owner < ranks; ++owner) {
+    const auto count = static_cast<std::size_t>(send_counts_[owner]);
+    const std::span<float> payload(payloads_.get() + offsets_[owner], count);
+    const bool dense = count == static_cast<std::size_t>(counts_[owner]);
+    std::string unused;  // our own encoding: the words fit
+    const std::size_t words = dense ? 0
+                                    : row_sparse_words(reinterpret_cast<const unsigned char*>(payload.data()),
+                                                       count * sizeof(float), unused);
+    send_pairs_[2 * owner] = static_cast<int>(count);
+    send_pairs_[2 * owner + 1] = static_cast<int>(words);
+    send_bytes_[owner] = static_cast<int>(narrow_values(payload, words));
+    DDP_CHECK(static_cast<std::size_t>(offsets_[owner]) <= INT_MAX / sizeof(float));
+    send_byte_offsets_[owner] = offsets_[owner] * static_cast<int>(sizeof(float));
+  }
+  receive_pairs_.resize(2 * ranks);
+  DDP_CHECK_MPI(MPI_Alltoall(send_pairs_.data(), 2, MPI_INT, receive_pairs_.data(), 2, MPI_INT, comm_));
+  receive_counts_.resize(ranks);
+  receive_bytes_.resize(ranks);
+  for (std::size_t from = 0; from < ranks; ++from) {
+    receive_counts_[from] = receive_pairs_[2 * from];
+    const auto floats = static_cast<std::size_t>(receive_pairs_[2 * from]);
+    const auto words = static_cast<std::size_t>(receive_pairs_[2 * from + 1]);
+    if (words > floats) {
+      throw std::runtime_error("the colocated exchange from rank " + std::to_string(from) + ": " +
+                               std::to_string(words) + " words in a payload of " + std::to_string(floats));
+    }
+    receive_bytes_[from] = static_cast<int>(bfloat16_payload_bytes(floats, words));
+  }
+  payload_bytes_.resize(static_cast<std::size_t>(exclusive_offsets(receive_bytes_, receive_byte_offsets_)));
+  DDP_CHECK_MPI(MPI_Alltoallv(payloads_.get(), send_bytes_.data(), send_byte_offsets_.data(), MPI_BYTE,
+                              payload_bytes_.data(), receive_bytes_.data(), receive_byte_offsets_.data(),
+                              MPI_BYTE, comm_));
+  receive_.resize(static_cast<std::size_t>(exclusive_offsets(receive_counts_, receive_offsets_)));
+  for (std::size_t from = 0; from < ranks; ++from) {
+    const std::span<float> out(receive_.data() + receive_offsets_[from],
+                               static_cast<std::size_t>(receive_counts_[from]));
+    std::string error;
+    const std::size_t floats = widen_values(
+        payload_bytes_.data() + receive_byte_offsets_[from], static_cast<std::size_t>(receive_bytes_[from]),
+        static_cast<std::size_t>(receive_pairs_[2 * from + 1]), out, error);
+    if (!error.empty() || floats != out.size()) {
+      throw std::runtime_error("the colocated exchange from rank " + std::to_string(from) + ": " +
+                               (error.empty() ? "a short bfloat16 payload" : error));
+    }
+  }
+}
+
+std::size_t ShardedExchange::outside_counts(const RowRegion& region) {
   const auto ranks = static_cast<std::size_t>(size_);
   // Each shard's floats outside the region: before it and after it, packed.
   receive_counts_.resize(ranks);
   for (std::size_t r = 0; r < ranks; ++r) {
     const std::size_t begin = this->begin(static_cast<int>(r)), end = this->end(static_cast<int>(r));
-    const RegionPart part = region_part(begin, end, region);
+    const RegionPart part = region.empty() ? RegionPart{} : region_part(begin, end, region);
     receive_counts_[r] = static_cast<int>((end - begin) - (part.end - part.begin));
   }
-  receive_.resize(static_cast<std::size_t>(exclusive_offsets(receive_counts_, receive_offsets_)));
-  auto pieces = [&](int r, auto each) {
-    const std::size_t begin = this->begin(r), end = this->end(r);
-    const RegionPart part = region_part(begin, end, region);
-    const std::size_t packed = static_cast<std::size_t>(receive_offsets_[static_cast<std::size_t>(r)]);
-    if (part.empty()) {
-      each(begin, end, packed);
-    } else {
-      each(begin, part.begin, packed);
-      each(part.end, end, packed + (part.begin - begin));
-    }
-  };
-  pieces(rank_, [&](std::size_t from, std::size_t to, std::size_t packed) {
+  return static_cast<std::size_t>(exclusive_offsets(receive_counts_, receive_offsets_));
+}
+
+void ShardedExchange::outside_pieces(
+    int r, const RowRegion& region,
+    const std::function<void(std::size_t, std::size_t, std::size_t)>& each) const {
+  const std::size_t begin = this->begin(r), end = this->end(r);
+  const RegionPart part = region.empty() ? RegionPart{} : region_part(begin, end, region);
+  const std::size_t packed = static_cast<std::size_t>(receive_offsets_[static_cast<std::size_t>(r)]);
+  if (part.empty()) {
+    each(begin, end, packed);
+  } else {
+    each(begin, part.begin, packed);
+    each(part.end, end, packed + (part.begin - begin));
+  }
+}
+
+void ShardedExchange::all_gather_outside(std::span<float> full, const RowRegion& region) {
+  receive_.resize(outside_counts(region));
+  outside_pieces(rank_, region, [&](std::size_t from, std::size_t to, std::size_t packed) {
     std::copy(full.begin() + static_cast<std::ptrdiff_t>(from),
               full.begin() + static_cast<std::ptrdiff_t>(to),
               receive_.begin() + static_cast<std::ptrdiff_t>(packed));
@@ -223,10 +309,40 @@ void ShardedExchange::all_gather_outside(std::span<float> full, const RowRegion&
                                receive_offsets_.data(), MPI_FLOAT, comm_));
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    pieces(r, [&](std::size_t from, std::size_t to, std::size_t packed) {
+    outside_pieces(r, region, [&](std::size_t from, std::size_t to, std::size_t packed) {
       const auto at = receive_.begin() + static_cast<std::ptrdiff_t>(packed);
       std::copy(at, at + static_cast<std::ptrdiff_t>(to - from),
                 full.begin() + static_cast<std::ptrdiff_t>(from));
+    });
+  }
+}
+
+void ShardedExchange::all_gather_update(std::span<float> full, const RowRegion& region,
+                                        std::span<const float> before) {
+  if (!bfloat16_) {
+    if (region.empty()) {
+      all_gather(full);
+    } else {
+      all_gather_outside(full, region);
+    }
+    return;
+  }
+  DDP_CHECK(before.size() == shard_size());
+  wire_.resize(outside_counts(region));
+  const std::size_t own = this->begin();
+  outside_pieces(rank_, region, [&](std::size_t from, std::size_t to, std::size_t packed) {
+    for (std::size_t i = from; i < to; ++i) {
+      const uint16_t rounded = float_to_bfloat16(full[i] - before[i - own]);
+      wire_[packed + (i - from)] = rounded;
+      full[i] = before[i - own] + bfloat16_to_float(rounded);
+    }
+  });
+  DDP_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_UINT16_T, wire_.data(), receive_counts_.data(),
+                               receive_offsets_.data(), MPI_UINT16_T, comm_));
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    outside_pieces(r, region, [&](std::size_t from, std::size_t to, std::size_t packed) {
+      for (std::size_t i = from; i < to; ++i) full[i] += bfloat16_to_float(wire_[packed + (i - from)]);
     });
   }
 }

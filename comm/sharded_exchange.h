@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -23,8 +24,10 @@ class ShardedExchange {
  public:
   // Collective over `comm` (duplicated, so that its traffic never mixes with other users of `comm`): shards
   // of `total` floats, rank r owning [begin(r), end(r)): total / size each, the first total % size ranks one
-  // more.
-  ShardedExchange(MPI_Comm comm, std::size_t total);
+  // more. `bfloat16` (comm.compression = bf16): the reduce-scatters send the gradients as bfloat16 (each
+  // owner sums them in float, in rank order) and the *_update all-gathers send the owners' updates as
+  // bfloat16 (below); the other collectives send float.
+  ShardedExchange(MPI_Comm comm, std::size_t total, bool bfloat16 = false);
   ~ShardedExchange();
   ShardedExchange(const ShardedExchange&) = delete;
   ShardedExchange& operator=(const ShardedExchange&) = delete;
@@ -63,6 +66,11 @@ class ShardedExchange {
                                                              std::span<const int32_t> touched_rows);
   // Collective: every rank's shard of `full` outside `region` goes to every rank.
   void all_gather_outside(std::span<float> full, const RowRegion& region);
+  // all_gather, and all_gather_outside where `region` is not empty, after each owner's update of its shard;
+  // `before` is this rank's shard before the update. With bfloat16, the owner's update (now minus before)
+  // rounded to bfloat16 replaces it in its shard and goes to every rank, which adds it to its copy: every
+  // copy keeps the same bits, as long as every rank's copy of every shard was the owner's before.
+  void all_gather_update(std::span<float> full, const RowRegion& region, std::span<const float> before);
   // Collective: `rows` (sorted, unique; ids outside the region are skipped) of `full` receive their owners'
   // floats.
   void fetch_rows(std::span<float> full, const RowRegion& region, std::span<const int32_t> rows);
@@ -75,8 +83,22 @@ class ShardedExchange {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
+  // The pieces of rank r's shard outside `region` (all of it where the region is empty): each(from, to,
+  // packed) for the flat range [from, to) at `packed` in receive_ (outside_counts' layout).
+  void outside_pieces(int r, const RowRegion& region,
+                      const std::function<void(std::size_t, std::size_t, std::size_t)>& each) const;
+  // receive_counts_ and receive_offsets_: each shard's floats outside `region`, packed rank after rank.
+  std::size_t outside_counts(const RowRegion& region);
+  // reduce_scatter_average_rows' payloads as bfloat16: receive_ gets the payloads widened back to floats.
+  void exchange_payloads_bfloat16();
+
   std::vector<int> counts_;   // floats per rank
   std::vector<int> offsets_;  // first float of each rank
+  bool bfloat16_ = false;
+  std::vector<uint16_t> wire_, wire_receive_;  // bfloat16 values on their way
+  std::vector<unsigned char> payload_bytes_;   // bfloat16 payloads received
+  std::vector<int> send_pairs_, receive_pairs_, send_bytes_, send_byte_offsets_, receive_bytes_,
+      receive_byte_offsets_;
 
   // Scratch of the row-sparse forms, kept across steps.
   std::unique_ptr<float[]> payloads_;  // reduce_scatter_average_rows' messages, at each owner's offset

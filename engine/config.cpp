@@ -144,7 +144,7 @@ void visit_keys(C& c, Visitor&& key) {
   key("comm", "compression", c.comm.compression, one_of("none, fp16, bf16"),
       "gradients on the wire: none, fp16 or bf16 (bf16 keeps fp32's range; fp16, NCCL's only, is scaled "
       "per bucket by a power of two); bf16 also on the MPI all-reduce and on the parameter server's "
-      "pushes and sync pulls, not the colocated sync layout's collectives");
+      "gradients and sync updates (its parameter pulls and the embedding rows it fetches stay float)");
   key("comm", "overlap", c.comm.overlap, one_of("none, delayed"),
       "none, or delayed: each step's averaged gradient is applied at the next step, so that the exchange "
       "overlaps a whole step (pipelined SGD: every update one step stale); CPU ranks with the all-reduce");

@@ -4,7 +4,8 @@
 # log places the server on node3; the final parameters equal those of the same 3 ranks on one node (sync
 # mode is exact); the server's link carried every worker's pull of the whole parameter vector each step; with
 # comm.compression = bf16 (gradients pushed, updates pulled as bfloat16) every epoch's replicas agree bit for
-# bit and the server's link carries at most 60% of float's bytes each way; and nothing of the cluster is left.
+# bit and the server's link carries at most 60% of float's bytes each way, and so does a node of the
+# colocated layout (every rank trains and serves); and nothing of the cluster is left.
 #   bash tests/cluster/parameter_server_test.sh path/to/ddptrain source-dir [foreign-blas-kernels]
 # (as root; else exit 77, skipped). With foreign-blas-kernels the caller's environment picks OpenBLAS
 # kernels other than this CPU's own (OPENBLAS_CORETYPE=Haswell where the CPU has AVX2, else Prescott), as
@@ -66,5 +67,26 @@ echo "node3 (server) with bf16: sent $bf16_sent bytes (float: $sent), received $
 [ $((100 * bf16_received)) -le $((60 * float_received)) ] || fail "bf16: the server received more than 60% of float's bytes"
 [ "$bf16_sent" -ge $((pulls / 2)) ] || fail "bf16: the server sent less than the workers' bf16 pulls"
 echo "ok: bf16 across 3 nodes: every epoch's replicas bit-identical, the server's link carried about half the bytes"
+
+# The colocated layout (every rank trains and serves a shard): reduce-scatter and all-gather, float and bf16.
+declare -A colocated_received=()
+for wire in none bf16; do
+  read -r -a start <<<"$(cluster_net_bytes node1)"
+  read -r -a run <<<"$(training_args "$src" "$shared/colocated-$wire") --comm.backend ps --comm.ps_servers 0 \
+    --comm.compression $wire"
+  cluster_mpirun -H node1:1,node2:1,node3:1 -np 3 "$ddptrain" "${run[@]}" >"$shared/colocated-$wire.txt" 2>&1 ||
+    { cat "$shared/colocated-$wire.txt"; fail "the colocated 3-node run with comm.compression $wire failed"; }
+  read -r -a end <<<"$(cluster_net_bytes node1)"
+  epochs=$(grep -c '"epoch"' "$shared/colocated-$wire/metrics.jsonl")
+  agreed=$(grep -c '"parameters_checksum":"[0-9a-f]\{16\}"' "$shared/colocated-$wire/metrics.jsonl")
+  if [ "$epochs" -eq 0 ] || [ "$agreed" -ne "$epochs" ]; then
+    fail "colocated, $wire: $agreed of $epochs epochs with agreed replicas"
+  fi
+  colocated_received[$wire]=$((end[1] - start[1]))
+done
+echo "node1, colocated: received ${colocated_received[bf16]} bytes with bf16, ${colocated_received[none]} with float"
+[ $((100 * colocated_received[bf16])) -le $((60 * colocated_received[none])) ] ||
+  fail "colocated bf16: node1 received more than 60% of float's bytes"
+echo "ok: colocated bf16 across 3 nodes: every epoch's replicas bit-identical, about half the bytes"
 
 expect_no_leftovers
