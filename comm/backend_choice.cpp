@@ -89,13 +89,12 @@ BackendChoice choose_backend(const BackendRequest& request, HostGroup& group) {
     return choice;
   }
 
-  // Said, not refused: the same config runs on GPU nodes (NCCL, compressed) and on CPU nodes. The MPI
-  // all-reduce and the parameter server take bf16; fp16 needs NCCL's scaled wire.
-  const std::string uncompressed =
-      request.compression == "none"
-          ? ""
-          : "; comm.compression = " + request.compression + " is NCCL's: this backend sends float32";
-  const std::string mpi_wire = request.compression == "bf16" ? "bf16" : "none";
+  // Said, not refused: the same config runs on GPU nodes (NCCL) and on CPU nodes (MPI). The MPI
+  // all-reduce takes bf16 and fp16, the parameter server bf16.
+  const std::string uncompressed = request.compression == "none"
+                                       ? ""
+                                       : "; comm.compression = " + request.compression +
+                                             " is not the parameter server's: it sends float32";
 
   // What keeps auto from the parameter server, if anything.
   std::string no_server;
@@ -149,15 +148,18 @@ BackendChoice choose_backend(const BackendRequest& request, HostGroup& group) {
         (request.compression == "bf16" ? ps_bf16(request.ps_async) : uncompressed);
     return choice;
   }
-  const MpiReducerOptions options{mpi_wire, request.hierarchy};
+  const MpiReducerOptions options{request.compression, request.hierarchy};
   const MpiHierarchy hierarchy = mpi_hierarchy(group, options);
-  choice.reason = std::string("mpi: ") + census + (backend == "mpi" ? " (comm.backend = mpi)" : "") +
-                  (gpu_ranks > 0 ? ", GPU gradients staged through host memory" : ", CPU all-reduce") +
-                  (backend == "auto" ? "; " + no_server : "") +
-                  (mpi_wire == "bf16" ? ", gradients as bf16 (averaged in float)" : uncompressed) +
-                  (hierarchy.on ? "; hierarchical across " + std::to_string(hierarchy.nodes) +
-                                      " nodes (inside each node to its leader, across the leaders, back)"
-                                : "");
+  choice.reason =
+      std::string("mpi: ") + census + (backend == "mpi" ? " (comm.backend = mpi)" : "") +
+      (gpu_ranks > 0 ? ", GPU gradients staged through host memory" : ", CPU all-reduce") +
+      (backend == "auto" ? "; " + no_server : "") +
+      (request.compression == "bf16"   ? ", gradients as bf16 (averaged in float)"
+       : request.compression == "fp16" ? ", gradients as fp16, scaled per chunk (averaged in float)"
+                                       : "") +
+      (hierarchy.on ? "; hierarchical across " + std::to_string(hierarchy.nodes) +
+                          " nodes (inside each node to its leader, across the leaders, back)"
+                    : "");
   choice.reducer = request.on_gpu ? make_staged_mpi_reducer(group, request.compute_stream, options)
                                   : make_mpi_reducer(group, options);
   return choice;

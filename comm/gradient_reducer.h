@@ -87,7 +87,8 @@ class AbortOnUnwind {
 
 // How the MPI backend averages.
 struct MpiReducerOptions {
-  // Gradients travel as float (none), or as bfloat16 (bf16), averaged in float; another is a UserError.
+  // Gradients travel as float (none), bfloat16 (bf16) or fp16 scaled per chunk by a power of two (fp16),
+  // averaged in float; another is a UserError.
   std::string compression = "none";
   // comm.hierarchy. auto: on a job of several nodes where some node has several ranks, a float segment is
   // summed inside each node to its leader, across the leaders, and broadcast inside each node

@@ -14,7 +14,11 @@
 // comm.compression = bf16 halves the bytes: a segment travels as bfloat16 in two collectives instead of one
 // float all-reduce. An all-to-all hands rank r every rank's r-th chunk; rank r adds them in float, in rank
 // order, scales by 1/size and rounds its chunk's average to bfloat16 once; an all-gather hands every rank
-// every chunk's average. The averaging stays in float and every rank ends with the same bits. Each collective
+// every chunk's average. The averaging stays in float and every rank ends with the same bits. fp16 goes the
+// same way with a scale: each chunk a rank sends, and each chunk's average, is multiplied by the power of two
+// that puts its largest magnitude in [2^14, 2^15) (wire_cast.h: half_wire_scale) and carries that exponent
+// in one 16-bit word in front, so every value keeps fp16's 11 bits relative to its chunk's largest without
+// a collective to agree on a scale first. Each collective
 // moves (size - 1) / size of the segment in 16 bits, where the float ring's two phases move it in 32; the
 // progress thread (or the next test) starts the second once the first completes. Non-blocking collectives
 // pair up by the order each rank starts them on a communicator, and a segment's first half may complete
@@ -37,8 +41,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -88,8 +95,8 @@ NodeLayout find_nodes(MPI_Comm comm, const MpiReducerOptions& options) {
   const int leader = layout.node_rank == 0 ? 1 : 0;
   DDP_CHECK_MPI(MPI_Allreduce(&leader, &layout.nodes, 1, MPI_INT, MPI_SUM, comm));
   DDP_CHECK_MPI(MPI_Allreduce(&node_size, &layout.largest_node, 1, MPI_INT, MPI_MAX, comm));
-  // The bf16 wire's chunks would need a leaders' exchange of their own: it stays flat.
-  layout.hierarchical = options.hierarchy == "auto" && options.compression != "bf16" && layout.nodes > 1 &&
+  // A 16-bit wire's chunks would need a leaders' exchange of their own: it stays flat.
+  layout.hierarchical = options.hierarchy == "auto" && options.compression == "none" && layout.nodes > 1 &&
                         layout.largest_node > 1;
   return layout;
 }
@@ -97,7 +104,11 @@ NodeLayout find_nodes(MPI_Comm comm, const MpiReducerOptions& options) {
 class MpiReducer final : public GradientReducer {
  public:
   MpiReducer(const HostGroup& group, const MpiReducerOptions& options)
-      : bfloat16_wire_(options.compression == "bf16"), lock_(group.call_lock()), mutex_(*lock_) {
+      : wire_(options.compression == "bf16"   ? Wire::kBfloat16
+              : options.compression == "fp16" ? Wire::kHalf
+                                              : Wire::kFloat),
+        lock_(group.call_lock()),
+        mutex_(*lock_) {
     std::lock_guard lock(mutex_);
     DDP_CHECK_MPI(MPI_Comm_dup(group.mpi_comm(), &comm_));
     return_errors(comm_);
@@ -110,7 +121,7 @@ class MpiReducer final : public GradientReducer {
     // progress thread's polls only took cores from the replicas (the quickstart's step on 2 ranks was slower
     // with it).
     progress_thread_allowed_ = threading == MPI_THREAD_MULTIPLE && layout.nodes > 1;
-    if (bfloat16_wire_) {
+    if (wire_ != Wire::kFloat) {
       DDP_CHECK_MPI(MPI_Comm_dup(comm_, &gather_comm_));
       return_errors(gather_comm_);
     }
@@ -157,8 +168,8 @@ class MpiReducer final : public GradientReducer {
       progress_ = std::thread([this] { make_progress(); });
     std::lock_guard lock(mutex_);
     Pending pending{segment, MPI_REQUEST_NULL, timeline::Clock::now(), {}, nullptr, 0};
-    if (bfloat16_wire_) {
-      pending.wire = start_bfloat16_exchange(segment, pending.request);
+    if (wire_ != Wire::kFloat) {
+      pending.wire = start_wire_exchange(segment, pending.request);
     } else if (!stages_.empty()) {
       // The i-th segment of a step takes the i-th buffer: the same segments every step, no growth after one.
       pending.buffer = pending_.size();
@@ -181,11 +192,8 @@ class MpiReducer final : public GradientReducer {
     }
     const float scale = 1.0f / static_cast<float>(size_);
     for (const Pending& p : pending_) {
-      // The bfloat16 wire's averages are final: back to float, unscaled.
-      if (p.wire) {
-        for (std::size_t i = 0; i < p.segment.size(); ++i)
-          p.segment[i] = bfloat16_to_float(p.wire->values[i]);
-      }
+      // The 16-bit wire's averages are final: back to float, unscaled.
+      if (p.wire) read_wire(*p.wire, p.segment);
       const float factor = p.wire ? 1.0f : scale;
       if (p.rows_target) {
         unpack_rows(*p.rows_target, factor);
@@ -248,13 +256,16 @@ class MpiReducer final : public GradientReducer {
     std::size_t width = 0;
     std::vector<int32_t> rows;
   };
-  // A segment on the bfloat16 wire: its chunks (chunk r is rank r's to average), in 16 bits.
-  struct BfloatExchange {
+  // comm.compression: float, bfloat16, or fp16 with a scale per chunk (the top of the file).
+  enum class Wire { kFloat, kBfloat16, kHalf };
+  // A segment on a 16-bit wire: its chunks (chunk r is rank r's to average). On the fp16 wire every chunk
+  // starts with its scale's exponent (one word), then its values.
+  struct WireExchange {
     std::vector<uint16_t> values;    // the segment: this rank's, then every chunk's average
     std::vector<uint16_t> received;  // every rank's values of this rank's chunk, rank after rank
     std::vector<uint16_t> averages;  // this rank's chunk, averaged
-    std::vector<int> counts;         // per rank: its chunk's length
-    std::vector<int> offsets;        // per rank: its chunk's start
+    std::vector<int> counts;         // per rank: its chunk's length in words
+    std::vector<int> offsets;        // per rank: its chunk's start in words
     std::vector<int> received_counts;
     std::vector<int> received_offsets;
     bool exchanged = false;  // the all-to-all completed
@@ -265,9 +276,9 @@ class MpiReducer final : public GradientReducer {
     MPI_Request request;
     timeline::Clock::time_point started;  // for the timeline's bucket track
     std::optional<RowsTarget> rows_target;
-    std::unique_ptr<BfloatExchange> wire;  // bfloat16 on the wire; null for float
-    std::size_t stages_started = 0;        // the hierarchy: how many of stages_ it started
-    std::size_t buffer = 0;                // the hierarchy, on a leader: its gathered_ buffer
+    std::unique_ptr<WireExchange> wire;  // 16 bits on the wire; null for float
+    std::size_t stages_started = 0;      // the hierarchy: how many of stages_ it started
+    std::size_t buffer = 0;              // the hierarchy, on a leader: its gathered_ buffer
   };
   // The hierarchy's collectives for a segment, in order (a leader's; the others skip kLeadersSum).
   enum class Stage { kNodeGather, kLeadersSum, kNodeBroadcast };
@@ -316,19 +327,65 @@ class MpiReducer final : public GradientReducer {
     }
   }
 
-  // The first half of the bfloat16 exchange of `segment`: its values to bfloat16 and the all-to-all of the
+  // Words in front of each chunk on the wire: the fp16 wire's exponent.
+  std::size_t header_words() const { return wire_ == Wire::kHalf ? 1 : 0; }
+
+  // `values` to the wire at `out` (header_words() + values.size() words): bfloat16, or fp16 scaled by the
+  // power of two for their largest magnitude, its exponent first.
+  void to_wire(std::span<const float> values, uint16_t* out) const {
+    if (wire_ == Wire::kBfloat16) {
+      std::transform(values.begin(), values.end(), out, float_to_bfloat16);
+      return;
+    }
+    float largest = 0.0f;
+    for (const float x : values) largest = std::max(largest, std::fabs(x));
+    if (std::isnan(largest) ||
+        std::any_of(values.begin(), values.end(), [](float x) { return std::isnan(x); }))
+      largest = std::numeric_limits<float>::quiet_NaN();  // scale 1: a NaN passes as it is
+    const float scale = half_wire_scale(largest, 1);
+    const auto exponent = static_cast<int16_t>(std::ilogb(scale));
+    std::memcpy(out, &exponent, sizeof(exponent));
+    for (std::size_t i = 0; i < values.size(); ++i) out[1 + i] = float_to_half(values[i] * scale);
+  }
+
+  // A chunk of `n` values on the wire at `in`, back to floats through `each(i, value)`.
+  template <typename Each>
+  void from_wire(const uint16_t* in, std::size_t n, const Each& each) const {
+    if (wire_ == Wire::kBfloat16) {
+      for (std::size_t i = 0; i < n; ++i) each(i, bfloat16_to_float(in[i]));
+      return;
+    }
+    int16_t exponent = 0;
+    std::memcpy(&exponent, in, sizeof(exponent));
+    const float unscale = std::ldexp(1.0f, -exponent);  // a power of two: exact
+    for (std::size_t i = 0; i < n; ++i) each(i, half_to_float(in[1 + i]) * unscale);
+  }
+
+  // The segment's every chunk, averaged, from the all-gathered wire into `segment`.
+  void read_wire(const WireExchange& wire, std::span<float> segment) const {
+    const std::size_t header = header_words();
+    for (std::size_t r = 0; r < wire.counts.size(); ++r) {
+      const std::size_t n = static_cast<std::size_t>(wire.counts[r]) - header;
+      const std::size_t begin = static_cast<std::size_t>(wire.offsets[r]) - r * header;
+      from_wire(wire.values.data() + wire.offsets[r], n,
+                [&](std::size_t i, float x) { segment[begin + i] = x; });
+    }
+  }
+
+  // The first half of the 16-bit exchange of `segment`: its chunks to the wire and the all-to-all of the
   // chunks. Called with mutex_ held.
-  std::unique_ptr<BfloatExchange> start_bfloat16_exchange(std::span<const float> segment,
-                                                          MPI_Request& request) {
-    auto wire = std::make_unique<BfloatExchange>();
+  std::unique_ptr<WireExchange> start_wire_exchange(std::span<const float> segment, MPI_Request& request) {
+    auto wire = std::make_unique<WireExchange>();
     const std::size_t n = segment.size();
     const auto ranks = static_cast<std::size_t>(size_);
-    wire->values.resize(n);
-    for (std::size_t i = 0; i < n; ++i) wire->values[i] = float_to_bfloat16(segment[i]);
+    const std::size_t header = header_words();
+    wire->values.resize(n + ranks * header);
     for (std::size_t r = 0; r < ranks; ++r) {
       const std::size_t begin = n * r / ranks;
-      wire->offsets.push_back(checked_count(begin));
-      wire->counts.push_back(checked_count(n * (r + 1) / ranks - begin));
+      const std::size_t end = n * (r + 1) / ranks;
+      wire->offsets.push_back(checked_count(begin + r * header));
+      wire->counts.push_back(checked_count(end - begin + header));
+      to_wire(segment.subspan(begin, end - begin), wire->values.data() + wire->offsets.back());
     }
     const int mine = wire->counts[static_cast<std::size_t>(rank_)];
     wire->received.resize(ranks * static_cast<std::size_t>(mine));
@@ -343,18 +400,18 @@ class MpiReducer final : public GradientReducer {
   }
 
   // The second half, once the all-to-all completed: this rank's chunk averaged in float, in rank order, and
-  // rounded to bfloat16 once, then the all-gather of every chunk's average. Called with mutex_ held.
-  void start_bfloat16_gather(BfloatExchange& wire, MPI_Request& request) {
+  // put on the wire once, then the all-gather of every chunk's average. Called with mutex_ held.
+  void start_wire_gather(WireExchange& wire, MPI_Request& request) {
     const auto me = static_cast<std::size_t>(rank_);
     const auto mine = static_cast<std::size_t>(wire.counts[me]);
+    const std::size_t n = mine - header_words();
     const float scale = 1.0f / static_cast<float>(size_);
+    sums_.assign(n, 0.0f);
+    for (std::size_t r = 0; r < static_cast<std::size_t>(size_); ++r)
+      from_wire(wire.received.data() + r * mine, n, [&](std::size_t i, float x) { sums_[i] += x; });
+    for (float& x : sums_) x *= scale;
     wire.averages.resize(mine);
-    for (std::size_t i = 0; i < mine; ++i) {
-      float sum = 0.0f;
-      for (std::size_t r = 0; r < static_cast<std::size_t>(size_); ++r)
-        sum += bfloat16_to_float(wire.received[r * mine + i]);
-      wire.averages[i] = float_to_bfloat16(sum * scale);
-    }
+    to_wire(sums_, wire.averages.data());
     wire.gathering = true;
     // From a buffer of its own, not MPI_IN_PLACE: Open MPI 4.1's non-blocking all-gatherv in place failed
     // with MPI_ERR_TRUNCATE and corrupted the heap at three ranks.
@@ -369,7 +426,7 @@ class MpiReducer final : public GradientReducer {
     for (Pending& p : pending_) {
       if (!p.wire || p.wire->gathering) continue;
       if (!p.wire->exchanged) return;
-      start_bfloat16_gather(*p.wire, p.request);
+      start_wire_gather(*p.wire, p.request);
     }
   }
 
@@ -439,7 +496,7 @@ class MpiReducer final : public GradientReducer {
   static constexpr std::chrono::microseconds kProgressPeriod{200};
 
   MPI_Comm comm_ = MPI_COMM_NULL;
-  MPI_Comm gather_comm_ = MPI_COMM_NULL;  // bf16: the all-gathers' own (top of the file)
+  MPI_Comm gather_comm_ = MPI_COMM_NULL;  // a 16-bit wire: the all-gathers' own (top of the file)
   // The hierarchy (top of the file): this rank's node, the same for the broadcasts, and the node leaders
   // (null elsewhere); stages_ is empty where it does not apply.
   MPI_Comm node_comm_ = MPI_COMM_NULL;
@@ -452,7 +509,8 @@ class MpiReducer final : public GradientReducer {
   int rank_ = 0;
   int size_ = 1;
   bool progress_thread_allowed_ = false;
-  const bool bfloat16_wire_;  // comm.compression = bf16
+  const Wire wire_;          // comm.compression
+  std::vector<float> sums_;  // start_wire_gather's scratch
   std::thread progress_;
   std::shared_ptr<std::mutex> lock_;  // the HostGroup's (see the top of the file)
   std::mutex& mutex_;                 // *lock_: pending_, and every MPI call on comm_
@@ -468,9 +526,8 @@ class MpiReducer final : public GradientReducer {
 
 namespace {
 void check_options(const MpiReducerOptions& options) {
-  if (options.compression != "none" && options.compression != "bf16") {
-    throw UserError("comm.compression = " + options.compression +
-                    ": the MPI all-reduce takes none or bf16 (fp16 is NCCL's, scaled per bucket there)");
+  if (options.compression != "none" && options.compression != "bf16" && options.compression != "fp16") {
+    throw UserError("comm.compression = " + options.compression + ": expected none, fp16 or bf16");
   }
   if (options.hierarchy != "auto" && options.hierarchy != "off")
     throw UserError("comm.hierarchy = " + options.hierarchy + ": expected auto or off");

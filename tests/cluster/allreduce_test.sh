@@ -9,7 +9,7 @@
 #   must learn the other node's contribution to every element of every step's average);
 # - the delayed exchange (comm.overlap = delayed) and gradients as bfloat16 (comm.compression = bf16) across
 #   the nodes: every epoch's replicas agree bit for bit (the run compares every rank's parameter checksum with
-#   rank 0's and records it), and bf16 moves at most 65% of float's bytes;
+#   rank 0's and records it), and bf16 and fp16 (scaled per chunk) move at most 65% of float's bytes;
 # - nothing of the cluster is left afterwards.
 #   bash tests/cluster/allreduce_test.sh path/to/ddptrain source-dir        (as root; else exit 77, skipped)
 set -euo pipefail
@@ -96,7 +96,7 @@ echo "ok: the delayed exchange across 2 nodes x 2 ranks: every epoch's replicas 
 # per node: bf16's all-to-all and all-gather are not topology-aware, so with two ranks per node they move
 # about what Open MPI's float all-reduce moves across the link (benchmarks/RESULTS.md).
 declare -A received_with=()
-for wire in none bf16; do
+for wire in none bf16 fp16; do
   read -r -a before <<<"$(cluster_net_bytes node1) $(cluster_net_bytes node2)"
   args=$(training_args "$src" "$shared/two-nodes-wire-$wire")
   read -r -a run <<<"$args --comm.backend mpi --comm.sparse_embedding false --comm.compression $wire \
@@ -109,12 +109,14 @@ for wire in none bf16; do
   for node in 1 2; do received_with[$wire$node]=$((after[2 * node - 1] - before[2 * node - 1])); done
 done
 for node in 1 2; do
-  with_bf16=${received_with[bf16$node]}
   with_float=${received_with[none$node]}
-  echo "node$node: received $with_bf16 bytes with bf16 gradients, $with_float with float"
-  [ $((100 * with_bf16)) -le $((65 * with_float)) ] ||
-    fail "bf16: node$node received $with_bf16 bytes, more than 65% of float's $with_float"
+  for wire in bf16 fp16; do
+    with_wire=${received_with[$wire$node]}
+    echo "node$node: received $with_wire bytes with $wire gradients, $with_float with float"
+    [ $((100 * with_wire)) -le $((65 * with_float)) ] ||
+      fail "$wire: node$node received $with_wire bytes, more than 65% of float's $with_float"
+  done
 done
-echo "ok: bf16 gradients across 2 nodes, a rank each: every epoch's replicas bit-identical, half the bytes"
+echo "ok: bf16 and fp16 gradients across 2 nodes, a rank each: every epoch's replicas bit-identical, half the bytes"
 
 expect_no_leftovers

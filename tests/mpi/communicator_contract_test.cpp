@@ -1,13 +1,14 @@
 // Every gradient reducer against the contract (tests/communicator_contract.h) in one typed suite
-// (Communicators), at every rank count ctest runs this binary with: the MPI backend here (flat, bf16, and
-// hierarchical on pseudo-nodes); staged MPI and NCCL (with each wire compression) where every rank has a GPU
-// of its own (skipped, with the reason, elsewhere).
-// The host collectives, which every backend shares, once for comm::HostGroup (HostGroupContract).
+// (Communicators), at every rank count ctest runs this binary with: the MPI backend here (flat, bf16, fp16,
+// and hierarchical on pseudo-nodes); staged MPI and NCCL (with each wire compression) where every rank has a
+// GPU of its own (skipped, with the reason, elsewhere). The host collectives, which every backend shares,
+// once for comm::HostGroup (HostGroupContract).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -128,12 +129,14 @@ struct MpiKind {
 };
 
 // The MPI all-reduce with gradients as bfloat16 (an all-to-all, float sums, an all-gather).
-struct MpiBf16Kind {
+// The MPI all-reduce with gradients on a 16-bit wire: `kWire` is bf16 or fp16 (scaled per chunk).
+template <const char* kWire>
+struct Mpi16BitKind {
   static constexpr bool kDeviceMemory = false;
   static std::unique_ptr<comm::GradientReducer> make(comm::HostGroup& group) {
-    return comm::make_mpi_reducer(group, "bf16");
+    return comm::make_mpi_reducer(group, kWire);
   }
-  static double tolerance(int size) { return comm::average_tolerance("bf16", size); }
+  static double tolerance(int size) { return comm::average_tolerance(kWire, size); }
 };
 
 // The MPI all-reduce's hierarchy on pseudo-nodes of consecutive rank pairs: at 3 and 4 ranks a reduce per
@@ -167,13 +170,14 @@ constexpr char kNone[] = "none";
 constexpr char kFp16[] = "fp16";
 constexpr char kBf16[] = "bf16";
 
-using CommunicatorKinds = ::testing::Types<MpiKind, MpiBf16Kind, MpiHierarchyKind, StagedMpiKind,
-                                           NcclKind<kNone>, NcclKind<kFp16>, NcclKind<kBf16>>;
+using CommunicatorKinds =
+    ::testing::Types<MpiKind, Mpi16BitKind<kBf16>, Mpi16BitKind<kFp16>, MpiHierarchyKind, StagedMpiKind,
+                     NcclKind<kNone>, NcclKind<kFp16>, NcclKind<kBf16>>;
 struct KindName {
   template <typename Kind>
   static std::string GetName(int index) {
-    return std::vector<std::string>{"mpi",  "mpi_bf16",  "mpi_hierarchy", "staged_mpi",
-                                    "nccl", "nccl_fp16", "nccl_bf16"}
+    return std::vector<std::string>{"mpi",        "mpi_bf16", "mpi_fp16",  "mpi_hierarchy",
+                                    "staged_mpi", "nccl",     "nccl_fp16", "nccl_bf16"}
         .at(static_cast<std::size_t>(index));
   }
 };
@@ -290,6 +294,43 @@ TEST(HostGroupContract, AloneIsTheIdentity) {
 // The colocated parameter server's exchange (comm/sharded_exchange.h) against the same closed form: each
 // rank's shard of the reduce-scatter is the average, the shards tile the vector, and the all-gather, the
 // gather to rank 0 and the scatter from it move every float to its place.
+// fp16 on the MPI all-reduce is scaled per chunk: values far above fp16's largest (65504) and far below its
+// smallest normal (6e-5) average as in float, within fp16's 11 bits of their chunk's largest, and every rank
+// ends with the same bits. Each rank's value at i is (rank + 1) x 10^(e(i)) with e(i) from -9 to 9 along the
+// segment, so every chunk spans a few decades.
+TEST(CommunicatorContract, MpiFp16KeepsWideMagnitudes) {
+  comm::HostGroup world(MPI_COMM_WORLD);
+  auto reducer = comm::make_mpi_reducer(world, "fp16");
+  const int ranks = world.size();
+  constexpr std::size_t kSize = 1900;
+  std::vector<float> segment(kSize);
+  std::vector<double> expected(kSize);
+  const auto exponent = [](std::size_t i) { return -9.0 + 18.0 * static_cast<double>(i) / (kSize - 1); };
+  for (std::size_t i = 0; i < kSize; ++i) {
+    const double magnitude = std::pow(10.0, exponent(i)) * ((i % 2) ? -1.0 : 1.0);
+    segment[i] = static_cast<float>((world.rank() + 1) * magnitude);
+    expected[i] = magnitude * (ranks + 1) / 2.0;
+  }
+  reducer->start_average(segment);
+  reducer->finish_average();
+  // Each chunk's largest expected magnitude bounds the error of its values (two roundings to 11 bits).
+  for (int r = 0; r < ranks; ++r) {
+    const std::size_t begin = kSize * static_cast<std::size_t>(r) / static_cast<std::size_t>(ranks);
+    const std::size_t end = kSize * static_cast<std::size_t>(r + 1) / static_cast<std::size_t>(ranks);
+    double largest = 0;
+    for (std::size_t i = begin; i < end; ++i) largest = std::max(largest, std::fabs(expected[i]));
+    for (std::size_t i = begin; i < end; ++i) {
+      ASSERT_TRUE(std::isfinite(segment[i])) << i;
+      ASSERT_NEAR(segment[i], expected[i], largest * std::ldexp(1.0, -10)) << i << " of chunk " << r;
+    }
+  }
+  // Values near the top, above fp16's range, keep their relative precision.
+  EXPECT_NEAR(segment[kSize - 1] / expected[kSize - 1], 1.0, std::ldexp(1.0, -9));
+  std::vector<float> first = segment;
+  world.broadcast(std::span<float>(first), 0);
+  EXPECT_EQ(std::memcmp(first.data(), segment.data(), kSize * sizeof(float)), 0) << "ranks differ";
+}
+
 TEST(CommunicatorContract, ShardedExchangeAveragesAndGathers) {
   for (const std::size_t total : {std::size_t{1}, std::size_t{7}, std::size_t{4099}}) {
     comm::ShardedExchange exchange(MPI_COMM_WORLD, total);
