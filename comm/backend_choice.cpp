@@ -21,10 +21,14 @@ std::string rank_range(int begin, int end) {
                           : "ranks " + std::to_string(begin) + "-" + std::to_string(end - 1);
 }
 
-// The parameter server's messages under comm.compression = bf16 (PsOptions::bfloat16).
-std::string ps_bf16(bool async) {
-  return async ? "; gradients pushed as bf16 (parameters pulled in float: async copies may lag)"
-               : "; gradients pushed and updates pulled as bf16 (summed and applied in float)";
+// The parameter server's messages under comm.compression = bf16 | fp16 (PsOptions::wire); "" for none.
+std::string ps_wire(const std::string& compression, bool async, bool colocated) {
+  if (compression == "none") return "";
+  const std::string wire = compression == "fp16" ? "fp16 scaled per message" : compression;
+  if (async) return "; gradients pushed as " + wire + " (parameters pulled in float: async copies may lag)";
+  return colocated ? "; gradients reduce-scattered and updates all-gathered as " + wire +
+                         " (summed and applied in float; embedding rows fetched in float)"
+                   : "; gradients pushed and updates pulled as " + wire + " (summed and applied in float)";
 }
 
 }  // namespace
@@ -89,13 +93,6 @@ BackendChoice choose_backend(const BackendRequest& request, HostGroup& group) {
     return choice;
   }
 
-  // Said, not refused: the same config runs on GPU nodes (NCCL) and on CPU nodes (MPI). The MPI
-  // all-reduce takes bf16 and fp16, the parameter server bf16.
-  const std::string uncompressed = request.compression == "none"
-                                       ? ""
-                                       : "; comm.compression = " + request.compression +
-                                             " is not the parameter server's: it sends float32";
-
   // What keeps auto from the parameter server, if anything.
   std::string no_server;
   if (size == 1) no_server = "a single rank trains alone (no rank to serve parameters)";
@@ -123,11 +120,7 @@ BackendChoice choose_backend(const BackendRequest& request, HostGroup& group) {
                       "; colocated: " + count_of(size, "rank") + ", each training and serving 1/" +
                       std::to_string(size) + " of the parameters and their optimizer state" +
                       (request.ps_async ? " (on a server thread)" : "") +
-                      (request.compression == "bf16" && request.ps_async ? ps_bf16(true)
-                       : request.compression == "bf16"
-                           ? "; gradients reduce-scattered and updates all-gathered as bf16 (summed and "
-                             "applied in float; embedding rows fetched in float)"
-                           : uncompressed);
+                      ps_wire(request.compression, request.ps_async, true);
       choice.parameter_server = true;
       return choice;
     }
@@ -145,7 +138,7 @@ BackendChoice choose_backend(const BackendRequest& request, HostGroup& group) {
         count_of(workers, "worker") + " (" + rank_range(0, workers) + "), " +
         count_of(servers, "parameter server") + " (" + rank_range(workers, size) + ")" +
         (why_dedicated.empty() ? "" : " (the colocated layout serves CPU ranks, not " + why_dedicated + ")") +
-        (request.compression == "bf16" ? ps_bf16(request.ps_async) : uncompressed);
+        ps_wire(request.compression, request.ps_async, false);
     return choice;
   }
   const MpiReducerOptions options{request.compression, request.hierarchy};

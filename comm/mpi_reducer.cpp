@@ -45,7 +45,6 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -57,6 +56,7 @@
 #include "comm/host_group.h"
 #include "comm/mpi_check.h"
 #include "comm/wire_cast.h"
+#include "comm/wire_payload.h"
 #include "engine/base/errors.h"
 #include "engine/base/timeline.h"
 
@@ -104,11 +104,7 @@ NodeLayout find_nodes(MPI_Comm comm, const MpiReducerOptions& options) {
 class MpiReducer final : public GradientReducer {
  public:
   MpiReducer(const HostGroup& group, const MpiReducerOptions& options)
-      : wire_(options.compression == "bf16"   ? Wire::kBfloat16
-              : options.compression == "fp16" ? Wire::kHalf
-                                              : Wire::kFloat),
-        lock_(group.call_lock()),
-        mutex_(*lock_) {
+      : wire_(wire_format(options.compression)), lock_(group.call_lock()), mutex_(*lock_) {
     std::lock_guard lock(mutex_);
     DDP_CHECK_MPI(MPI_Comm_dup(group.mpi_comm(), &comm_));
     return_errors(comm_);
@@ -121,7 +117,7 @@ class MpiReducer final : public GradientReducer {
     // progress thread's polls only took cores from the replicas (the quickstart's step on 2 ranks was slower
     // with it).
     progress_thread_allowed_ = threading == MPI_THREAD_MULTIPLE && layout.nodes > 1;
-    if (wire_ != Wire::kFloat) {
+    if (wire_ != WireFormat::kFloat) {
       DDP_CHECK_MPI(MPI_Comm_dup(comm_, &gather_comm_));
       return_errors(gather_comm_);
     }
@@ -168,7 +164,7 @@ class MpiReducer final : public GradientReducer {
       progress_ = std::thread([this] { make_progress(); });
     std::lock_guard lock(mutex_);
     Pending pending{segment, MPI_REQUEST_NULL, timeline::Clock::now(), {}, nullptr, 0};
-    if (wire_ != Wire::kFloat) {
+    if (wire_ != WireFormat::kFloat) {
       pending.wire = start_wire_exchange(segment, pending.request);
     } else if (!stages_.empty()) {
       // The i-th segment of a step takes the i-th buffer: the same segments every step, no growth after one.
@@ -256,8 +252,6 @@ class MpiReducer final : public GradientReducer {
     std::size_t width = 0;
     std::vector<int32_t> rows;
   };
-  // comm.compression: float, bfloat16, or fp16 with a scale per chunk (the top of the file).
-  enum class Wire { kFloat, kBfloat16, kHalf };
   // A segment on a 16-bit wire: its chunks (chunk r is rank r's to average). On the fp16 wire every chunk
   // starts with its scale's exponent (one word), then its values.
   struct WireExchange {
@@ -328,22 +322,17 @@ class MpiReducer final : public GradientReducer {
   }
 
   // Words in front of each chunk on the wire: the fp16 wire's exponent.
-  std::size_t header_words() const { return wire_ == Wire::kHalf ? 1 : 0; }
+  std::size_t header_words() const { return wire_ == WireFormat::kHalf ? 1 : 0; }
 
   // `values` to the wire at `out` (header_words() + values.size() words): bfloat16, or fp16 scaled by the
   // power of two for their largest magnitude, its exponent first.
   void to_wire(std::span<const float> values, uint16_t* out) const {
-    if (wire_ == Wire::kBfloat16) {
+    if (wire_ == WireFormat::kBfloat16) {
       std::transform(values.begin(), values.end(), out, float_to_bfloat16);
       return;
     }
-    float largest = 0.0f;
-    for (const float x : values) largest = std::max(largest, std::fabs(x));
-    if (std::isnan(largest) ||
-        std::any_of(values.begin(), values.end(), [](float x) { return std::isnan(x); }))
-      largest = std::numeric_limits<float>::quiet_NaN();  // scale 1: a NaN passes as it is
-    const float scale = half_wire_scale(largest, 1);
-    const auto exponent = static_cast<int16_t>(std::ilogb(scale));
+    const int16_t exponent = half_wire_exponent(values);
+    const float scale = std::ldexp(1.0f, exponent);
     std::memcpy(out, &exponent, sizeof(exponent));
     for (std::size_t i = 0; i < values.size(); ++i) out[1 + i] = float_to_half(values[i] * scale);
   }
@@ -351,7 +340,7 @@ class MpiReducer final : public GradientReducer {
   // A chunk of `n` values on the wire at `in`, back to floats through `each(i, value)`.
   template <typename Each>
   void from_wire(const uint16_t* in, std::size_t n, const Each& each) const {
-    if (wire_ == Wire::kBfloat16) {
+    if (wire_ == WireFormat::kBfloat16) {
       for (std::size_t i = 0; i < n; ++i) each(i, bfloat16_to_float(in[i]));
       return;
     }
@@ -509,7 +498,7 @@ class MpiReducer final : public GradientReducer {
   int rank_ = 0;
   int size_ = 1;
   bool progress_thread_allowed_ = false;
-  const Wire wire_;          // comm.compression
+  const WireFormat wire_;    // comm.compression
   std::vector<float> sums_;  // start_wire_gather's scratch
   std::thread progress_;
   std::shared_ptr<std::mutex> lock_;  // the HostGroup's (see the top of the file)

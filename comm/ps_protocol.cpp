@@ -10,10 +10,8 @@
 #include <cstring>
 #include <limits>
 
-#include "comm/bfloat16_payload.h"
 #include "comm/mpi_check.h"
 #include "comm/poller.h"
-#include "comm/wire_cast.h"
 #include "engine/base/errors.h"
 #include "engine/base/running_clock.h"
 
@@ -84,7 +82,7 @@ PsHeader read_header(const std::vector<float>& buffer) {
   return header;
 }
 
-// Bytes of a message whose payload is `payload_bytes` long (PsOptions::bfloat16 payloads are not whole
+// Bytes of a message whose payload is `payload_bytes` long (16-bit payloads, PsOptions::wire, are not whole
 // floats).
 int message_bytes_of_payload(std::size_t payload_bytes) {
   return static_cast<int>(sizeof(PsHeader) + payload_bytes);  // never more than message_bytes(shard)
@@ -172,13 +170,15 @@ class Server {
     for (Worker& w : workers_) {
       w.receive.resize(kHeaderFloats + shard.size());
       w.send.resize(kHeaderFloats + shard.size());
-      // A row-sparse or bfloat16 push expands here (a row-sparse bfloat16 one widened in `wide` first).
-      if (!options.sparse_exchange_rows.empty() || options.bfloat16) w.dense.resize(shard.size());
-      if (!options.sparse_exchange_rows.empty() && options.bfloat16) w.wide.resize(shard.size());
+      // A row-sparse or 16-bit push expands here (a row-sparse 16-bit one widened in `wide` first).
+      const bool sixteen_bits = options.wire != WireFormat::kFloat;
+      if (!options.sparse_exchange_rows.empty() || sixteen_bits) w.dense.resize(shard.size());
+      if (!options.sparse_exchange_rows.empty() && sixteen_bits) w.wide.resize(shard.size());
     }
     if (!options.async) mean_.resize(shard.size());
     if (rounds_updates()) {
       before_update_.resize(shard.size());
+      update_wire_.resize(shard.size());
       rounded_update_.resize(shard.size());
     }
     active_ = roles_.workers();
@@ -213,8 +213,8 @@ class Server {
  private:
   struct Worker {
     std::vector<float> receive;  // header + gradients; in sync mode held until the step is applied
-    std::vector<float> dense;    // the last row-sparse or bfloat16 push, expanded
-    std::vector<float> wide;     // a row-sparse bfloat16 push, widened to a float row-sparse payload
+    std::vector<float> dense;    // the last row-sparse or 16-bit push, expanded
+    std::vector<float> wide;     // a row-sparse 16-bit push, widened to a float row-sparse payload
     bool expanded = false;       // the last push's gradients are in `dense`
     std::vector<float> send;     // header + parameters
     MPI_Request send_request = MPI_REQUEST_NULL;
@@ -245,8 +245,8 @@ class Server {
         ps_header_error(read_header(from.receive), tag, kind, from.pushes, w, rank_, true);
     if (!error.empty()) DDP_FATAL(error);
     const bool pushed = kind == PsKind::kGrads || kind == PsKind::kSparseGrads;
-    if (pushed && options_.bfloat16) {
-      expand_bfloat16_push(w, kind, bytes);
+    if (pushed && options_.wire != WireFormat::kFloat) {
+      expand_16_bit_push(w, kind, bytes);
     } else if (bytes % sizeof(float) != 0) {
       DDP_FATAL(me_ + ": malformed message of " + std::to_string(bytes + sizeof(PsHeader)) +
                 " bytes from worker rank " + std::to_string(w));
@@ -283,20 +283,21 @@ class Server {
     }
   }
 
-  // A bfloat16 push (PsOptions::bfloat16) into the worker's `dense`, as floats.
-  void expand_bfloat16_push(int w, PsKind kind, std::size_t bytes) {
+  // A 16-bit push (PsOptions::wire) into the worker's `dense`, as floats.
+  void expand_16_bit_push(int w, PsKind kind, std::size_t bytes) {
     Worker& from = worker(w);
     const unsigned char* raw = payload_bytes(from.receive);
     std::string corrupt;
     if (kind == PsKind::kGrads) {
-      const std::size_t floats = widen_values(raw, bytes, 0, from.dense, corrupt);
+      const std::size_t floats = widen_values(raw, bytes, 0, from.dense, options_.wire, corrupt);
       if (corrupt.empty() && floats != shard_.size()) {
-        corrupt = "grads with " + std::to_string(floats) + " bfloat16 values, expected " +
+        corrupt = "grads with " + std::to_string(floats) + " 16-bit values, expected " +
                   std::to_string(shard_.size());
       }
     } else {
       const std::size_t words = row_sparse_words(raw, bytes, corrupt);
-      const std::size_t floats = corrupt.empty() ? widen_values(raw, bytes, words, from.wide, corrupt) : 0;
+      const std::size_t floats =
+          corrupt.empty() ? widen_values(raw, bytes, words, from.wide, options_.wire, corrupt) : 0;
       if (corrupt.empty()) {
         corrupt = decode_row_sparse(std::span<const float>(from.wide).first(floats), shard_begin_,
                                     shard_begin_ + shard_.size(), options_.sparse_exchange_rows, from.dense);
@@ -306,17 +307,19 @@ class Server {
     from.expanded = true;
   }
 
-  // Sync replies carry the step's update rounded to bfloat16 (PsOptions::bfloat16).
-  bool rounds_updates() const { return options_.bfloat16 && !options_.async; }
+  // Sync replies carry the step's update in 16 bits (PsOptions::wire).
+  bool rounds_updates() const { return options_.wire != WireFormat::kFloat && !options_.async; }
 
-  // After the optimizer's step: the update (shard now minus before it) rounded to bfloat16, kept for the
-  // replies, and the shard set to before + that rounded update, which is what every worker computes.
+  // After the optimizer's step: the update (shard now minus before it) on the wire, kept for the replies,
+  // and the shard set to before + that update as the wire gives it back, which is what every worker computes.
   void round_the_update() {
-    for (std::size_t i = 0; i < shard_.size(); ++i) {
-      const uint16_t rounded = float_to_bfloat16(shard_[i] - before_update_[i]);
-      rounded_update_[i] = rounded;
-      shard_[i] = before_update_[i] + bfloat16_to_float(rounded);
-    }
+    for (std::size_t i = 0; i < shard_.size(); ++i) update_wire_[i] = shard_[i] - before_update_[i];
+    update_bytes_ = narrow_values(update_wire_, 0, options_.wire);
+    std::string corrupt;
+    widen_values(reinterpret_cast<const unsigned char*>(update_wire_.data()), update_bytes_, 0,
+                 rounded_update_, options_.wire, corrupt);
+    DDP_CHECK(corrupt.empty());
+    for (std::size_t i = 0; i < shard_.size(); ++i) shard_[i] = before_update_[i] + rounded_update_[i];
   }
 
   void on_grads(int w) {
@@ -399,16 +402,15 @@ class Server {
     if (options_.async) release_async_replies();
   }
 
-  // The shard's parameters, or with `rounded_update` the step's update as bfloat16 (round_the_update).
+  // The shard's parameters, or with `rounded_update` the step's update in 16 bits (round_the_update).
   void reply(int w, int64_t step, bool rounded_update = false) {
     wait_send(w);  // the previous reply may still be reading the buffer
     Worker& to = worker(w);
     write_header(to.send, step, PsKind::kParams, options_.stop_signal ? options_.stop_signal() : 0);
     int bytes = message_bytes_;
     if (rounded_update) {
-      const std::size_t payload = rounded_update_.size() * sizeof(uint16_t);
-      std::memcpy(to.send.data() + kHeaderFloats, rounded_update_.data(), payload);
-      bytes = message_bytes_of_payload(payload);
+      std::memcpy(to.send.data() + kHeaderFloats, update_wire_.data(), update_bytes_);
+      bytes = message_bytes_of_payload(update_bytes_);
     } else {
       std::copy(shard_.begin(), shard_.end(), to.send.begin() + kHeaderFloats);
     }
@@ -566,13 +568,15 @@ class Server {
   const ClientWaits* own_client_;  // colocated: what this rank's worker waits for
   int message_bytes_ = 0;
   std::vector<Worker> workers_;
-  std::vector<MPI_Request> receives_;     // one per worker, contiguous for MPI_Testany
-  std::vector<float> mean_;               // sync: the averaged gradients
-  std::vector<float> before_update_;      // rounds_updates(): the shard before the step's update
-  std::vector<uint16_t> rounded_update_;  // rounds_updates(): the step's update as bfloat16
-  int active_ = 0;                        // workers that have not said done
-  int owed_ = 0;                          // sync: workers that pushed the current step
-  int done_rank_ = -1;                    // the first worker that said done, and after how many steps
+  std::vector<MPI_Request> receives_;  // one per worker, contiguous for MPI_Testany
+  std::vector<float> mean_;            // sync: the averaged gradients
+  std::vector<float> before_update_;   // rounds_updates(): the shard before the step's update
+  std::vector<float> update_wire_;     // rounds_updates(): the step's update, on the wire (update_bytes_)
+  std::size_t update_bytes_ = 0;
+  std::vector<float> rounded_update_;  // rounds_updates(): the same, back in float
+  int active_ = 0;                     // workers that have not said done
+  int owed_ = 0;                       // sync: workers that pushed the current step
+  int done_rank_ = -1;                 // the first worker that said done, and after how many steps
   int64_t done_steps_ = 0;
   PsServerStats stats_;
   Clock::time_point servers_answered_{};  // when the other servers last all answered
@@ -747,8 +751,9 @@ void ParameterClient::exchange(PsKind kind, std::span<const float> grads,
                                const std::span<const int32_t>* touched_rows, std::span<float> params) {
   DDP_CHECK(!finished_);
   DDP_CHECK(params.size() == total_size_);
-  // PsOptions::bfloat16, sync: a step's reply is the update, rounded; a pull's is the parameters.
-  const bool rounded_update = kind == PsKind::kGrads && options_.bfloat16 && !options_.async;
+  // PsOptions::wire in 16 bits, sync: a step's reply is the update, rounded; a pull's is the parameters.
+  const bool rounded_update =
+      kind == PsKind::kGrads && options_.wire != WireFormat::kFloat && !options_.async;
   for (Peer& peer : peers_) {
     const std::size_t shard = peer.end - peer.begin;
     DDP_CHECK_MPI(MPI_Irecv(peer.receive.data(), message_bytes(shard), MPI_BYTE, peer.rank,
@@ -768,14 +773,14 @@ void ParameterClient::exchange(PsKind kind, std::span<const float> grads,
     if (sent == PsKind::kGrads)
       std::copy(grads.begin() + peer.begin, grads.begin() + peer.end, peer.send.begin() + kHeaderFloats);
     int bytes = message_bytes(floats);
-    if (kind == PsKind::kGrads && options_.bfloat16) {
+    if (kind == PsKind::kGrads && options_.wire != WireFormat::kFloat) {
       const std::span<float> payload = std::span<float>(peer.send).subspan(kHeaderFloats, floats);
       std::string unused;
       const std::size_t words =
           sent == PsKind::kSparseGrads
               ? row_sparse_words(payload_bytes(peer.send), floats * sizeof(float), unused)
               : 0;
-      bytes = message_bytes_of_payload(narrow_values(payload, words));
+      bytes = message_bytes_of_payload(narrow_values(payload, words, options_.wire));
     }
     DDP_CHECK_MPI(
         MPI_Isend(peer.send.data(), bytes, MPI_BYTE, peer.rank, tag_of(sent), requests_, &peer.send_request));
@@ -801,14 +806,13 @@ void ParameterClient::exchange(PsKind kind, std::span<const float> grads,
       servers_stop_signal_ = std::max(servers_stop_signal_, static_cast<int>(header.stop_signal));
       const std::size_t shard = peer.end - peer.begin;
       if (rounded_update) {
-        // The server's update rounded to bfloat16, added as the server added it to its own shard.
-        DDP_CHECK(bytes == shard * sizeof(uint16_t));
-        const unsigned char* raw = payload_bytes(peer.receive);
-        for (std::size_t i = 0; i < shard; ++i) {
-          uint16_t value = 0;
-          std::memcpy(&value, raw + i * sizeof(value), sizeof(value));
-          params[peer.begin + i] += bfloat16_to_float(value);
-        }
+        // The server's update in 16 bits, added as the server added it to its own shard.
+        std::string corrupt;
+        update_.resize(shard);
+        const std::size_t floats =
+            widen_values(payload_bytes(peer.receive), bytes, 0, update_, options_.wire, corrupt);
+        DDP_CHECK(corrupt.empty() && floats == shard);
+        for (std::size_t i = 0; i < shard; ++i) params[peer.begin + i] += update_[i];
       } else {
         DDP_CHECK(bytes == shard * sizeof(float));
         std::copy(peer.receive.begin() + kHeaderFloats, peer.receive.end(), params.begin() + peer.begin);

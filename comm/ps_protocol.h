@@ -7,7 +7,7 @@
 // ShardUpdate (an optimizer's step, ps_service.h): this protocol knows nothing of optimizers. Workers
 // own the full parameter vector, compute gradients on it, and get it back from the servers after every step.
 //
-// Wire (PsOptions::bfloat16 halves both directions; see there). All traffic is non-blocking MPI
+// Wire (PsOptions::wire in 16 bits halves both directions; see there). All traffic is non-blocking MPI
 // point-to-point on a communicator duplicated from the one given, so it never mixes with other users of that
 // communicator. Every message starts with a PsHeader {step, kind} (prepended to the payload, sent as bytes);
 // the tag is the kind as well, and the receiver checks that both agree and that the step is the one it
@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "comm/row_sparse.h"
+#include "comm/wire_payload.h"
 
 namespace ddp::comm {
 
@@ -71,12 +72,12 @@ struct PsOptions {
   // At most how many of those rows a training rank's step reads (its batch's tokens: batch x sequence
   // length); 0: unknown. The colocated layout moves rows instead of the region only where they are few.
   std::size_t rows_read_per_step = 0;
-  // comm.compression = bf16: gradients are pushed as bfloat16 (the server sums them in float), and in sync
-  // mode a step's reply carries the shard's update rounded to bfloat16, which the server adds to its own
-  // shard as the workers add it to theirs: every copy of the parameters stays the same bits, and both
-  // directions move half the bytes. Pulls, and async replies (a worker's copy may lag the server's), send the
-  // parameters in float. The same on every rank.
-  bool bfloat16 = false;
+  // comm.compression = bf16 | fp16 (wire_payload.h): gradients are pushed in 16 bits (the server sums them
+  // in float), and in sync mode a step's reply carries the shard's update rounded to 16 bits, which the
+  // server adds to its own shard as the workers add it to theirs: every copy of the parameters stays the
+  // same bits, and both directions move half the bytes. Pulls, and async replies (a worker's copy may lag the
+  // server's), send the parameters in float. The same on every rank.
+  WireFormat wire = WireFormat::kFloat;
   // A server's source for PsHeader::stop_signal: the stop signal its process has received, 0 if none (unset:
   // never one).
   std::function<int()> stop_signal;
@@ -249,6 +250,7 @@ class ParameterClient {
   int rank_ = 0;
   std::size_t total_size_ = 0;
   std::vector<Peer> peers_;
+  std::vector<float> update_;  // a 16-bit reply's update, widened
   int64_t step_ = 0;
   int servers_stop_signal_ = 0;
   bool finished_ = false;

@@ -92,7 +92,7 @@ class ColocatedService final : public ParameterService {
   ColocatedService(MPI_Comm world, const PsOptions& options, std::size_t total,
                    const ShardOptimizerFactory& make_optimizer)
       : options_(options),
-        exchange_(world, total, options.bfloat16),
+        exchange_(world, total, options.wire),
         trainers_(world),
         world_(world),
         optimizer_(make_optimizer(exchange_.shard_size())),
@@ -132,8 +132,8 @@ class ColocatedService final : public ParameterService {
     const bool row_sparse = row_sparse_ && touched_rows != nullptr;
     timeline::Span span(row_sparse ? "push rows, update, all-gather" : "reduce-scatter, update, all-gather");
     const std::span<float> shard = params.subspan(exchange_.begin(), exchange_.shard_size());
-    // bf16: the all-gather sends the owner's update, rounded (ShardedExchange::all_gather_update).
-    if (options_.bfloat16) before_update_.assign(shard.begin(), shard.end());
+    // A 16-bit wire: the all-gather sends the owner's update, rounded (ShardedExchange::all_gather_update).
+    if (options_.wire != WireFormat::kFloat) before_update_.assign(shard.begin(), shard.end());
     if (row_sparse) {
       const std::span<const GradientPiece> pieces =
           exchange_.reduce_scatter_average_rows(grads, region, *touched_rows);
@@ -189,7 +189,7 @@ class ColocatedService final : public ParameterService {
   MPI_Comm world_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::vector<float> shard_grads_;
-  std::vector<float> before_update_;  // bf16: this rank's shard before the step's update
+  std::vector<float> before_update_;  // a 16-bit wire: this rank's shard before the step's update
   bool row_sparse_;                   // the region's rows are exchanged, not the region
   std::vector<int32_t> rows_read_;    // the step's rows, sorted and unique
   bool rows_stale_ = false;  // rows of the region other ranks own may be behind their owners' (row-sparse)

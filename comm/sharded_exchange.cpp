@@ -2,16 +2,17 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
+#include <stdexcept>
 #include <string>
 
-#include "comm/bfloat16_payload.h"
 #include "comm/mpi_check.h"
-#include "comm/wire_cast.h"
+#include "comm/wire_payload.h"
 #include "engine/base/errors.h"
 
 namespace ddp::comm {
 
-ShardedExchange::ShardedExchange(MPI_Comm comm, std::size_t total, bool bfloat16) : bfloat16_(bfloat16) {
+ShardedExchange::ShardedExchange(MPI_Comm comm, std::size_t total, WireFormat wire) : wire_(wire) {
   DDP_CHECK_MPI(MPI_Comm_dup(comm, &comm_));
   DDP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
   DDP_CHECK_MPI(MPI_Comm_size(comm_, &size_));
@@ -47,27 +48,26 @@ std::size_t ShardedExchange::end(int rank) const {
 void ShardedExchange::reduce_scatter_average(std::span<const float> full, std::span<float> shard) {
   DDP_CHECK(shard.size() == shard_size());
   const float scale = 1.0f / static_cast<float>(size_);
-  if (!bfloat16_) {
+  if (wire_ == WireFormat::kFloat) {
     DDP_CHECK_MPI(MPI_Reduce_scatter(full.data(), shard.data(), counts_.data(), MPI_FLOAT, MPI_SUM, comm_));
     for (float& x : shard) x *= scale;
     return;
   }
-  // Every owner's part as bfloat16; the owner sums the ranks' parts in float, in rank order.
-  wire_.resize(full.size());
-  std::transform(full.begin(), full.end(), wire_.begin(), float_to_bfloat16);
+  // Every owner's part in 16 bits; the owner sums the ranks' parts in float, in rank order.
   const auto ranks = static_cast<std::size_t>(size_);
-  wire_receive_.resize(ranks * shard.size());
-  receive_counts_.assign(ranks, static_cast<int>(shard.size()));
-  receive_offsets_.resize(ranks);
-  for (std::size_t r = 0; r < ranks; ++r) receive_offsets_[r] = static_cast<int>(r * shard.size());
-  DDP_CHECK_MPI(MPI_Alltoallv(wire_.data(), counts_.data(), offsets_.data(), MPI_UINT16_T,
-                              wire_receive_.data(), receive_counts_.data(), receive_offsets_.data(),
-                              MPI_UINT16_T, comm_));
-  for (std::size_t i = 0; i < shard.size(); ++i) {
-    float sum = bfloat16_to_float(wire_receive_[i]);
-    for (std::size_t r = 1; r < ranks; ++r) sum += bfloat16_to_float(wire_receive_[r * shard.size() + i]);
-    shard[i] = sum * scale;
+  if (payload_capacity_ < full.size()) {
+    payloads_.reset(new float[full.size()]);
+    payload_capacity_ = full.size();
   }
+  std::copy(full.begin(), full.end(), payloads_.get());
+  send_counts_.assign(counts_.begin(), counts_.end());
+  exchange_payloads_16_bit();
+  std::fill(shard.begin(), shard.end(), 0.0f);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const float* part = receive_.data() + receive_offsets_[r];
+    for (std::size_t i = 0; i < shard.size(); ++i) shard[i] += part[i];
+  }
+  for (float& x : shard) x *= scale;
 }
 
 void ShardedExchange::all_gather(std::span<float> full) {
@@ -125,8 +125,8 @@ std::span<const GradientPiece> ShardedExchange::reduce_scatter_average_rows(
     }
     send_counts_[owner] = static_cast<int>(count);
   }
-  if (bfloat16_) {
-    exchange_payloads_bfloat16();
+  if (wire_ != WireFormat::kFloat) {
+    exchange_payloads_16_bit();
   } else {
     receive_counts_.resize(ranks);
     DDP_CHECK_MPI(MPI_Alltoall(send_counts_.data(), 1, MPI_INT, receive_counts_.data(), 1, MPI_INT, comm_));
@@ -218,7 +218,7 @@ std::span<const GradientPiece> ShardedExchange::reduce_scatter_average_rows(
   return average_pieces_;
 }
 
-void ShardedExchange::exchange_payloads_bfloat16() {
+void ShardedExchange::exchange_payloads_16_bit() {
   const auto ranks = static_cast<std::size_t>(size_);
   // Each owner's payload narrowed in place; its 32-bit words (row count and ids of a row-sparse one) stay.
   // The receivers learn each payload's floats and words first.
@@ -235,7 +235,7 @@ void ShardedExchange::exchange_payloads_bfloat16() {
                                                        count * sizeof(float), unused);
     send_pairs_[2 * owner] = static_cast<int>(count);
     send_pairs_[2 * owner + 1] = static_cast<int>(words);
-    send_bytes_[owner] = static_cast<int>(narrow_values(payload, words));
+    send_bytes_[owner] = static_cast<int>(narrow_values(payload, words, wire_));
     DDP_CHECK(static_cast<std::size_t>(offsets_[owner]) <= INT_MAX / sizeof(float));
     send_byte_offsets_[owner] = offsets_[owner] * static_cast<int>(sizeof(float));
   }
@@ -251,7 +251,7 @@ void ShardedExchange::exchange_payloads_bfloat16() {
       throw std::runtime_error("the colocated exchange from rank " + std::to_string(from) + ": " +
                                std::to_string(words) + " words in a payload of " + std::to_string(floats));
     }
-    receive_bytes_[from] = static_cast<int>(bfloat16_payload_bytes(floats, words));
+    receive_bytes_[from] = static_cast<int>(wire_payload_bytes(floats, words, wire_));
   }
   payload_bytes_.resize(static_cast<std::size_t>(exclusive_offsets(receive_bytes_, receive_byte_offsets_)));
   DDP_CHECK_MPI(MPI_Alltoallv(payloads_.get(), send_bytes_.data(), send_byte_offsets_.data(), MPI_BYTE,
@@ -264,10 +264,10 @@ void ShardedExchange::exchange_payloads_bfloat16() {
     std::string error;
     const std::size_t floats = widen_values(
         payload_bytes_.data() + receive_byte_offsets_[from], static_cast<std::size_t>(receive_bytes_[from]),
-        static_cast<std::size_t>(receive_pairs_[2 * from + 1]), out, error);
+        static_cast<std::size_t>(receive_pairs_[2 * from + 1]), out, wire_, error);
     if (!error.empty() || floats != out.size()) {
       throw std::runtime_error("the colocated exchange from rank " + std::to_string(from) + ": " +
-                               (error.empty() ? "a short bfloat16 payload" : error));
+                               (error.empty() ? "a short 16-bit payload" : error));
     }
   }
 }
@@ -319,7 +319,7 @@ void ShardedExchange::all_gather_outside(std::span<float> full, const RowRegion&
 
 void ShardedExchange::all_gather_update(std::span<float> full, const RowRegion& region,
                                         std::span<const float> before) {
-  if (!bfloat16_) {
+  if (wire_ == WireFormat::kFloat) {
     if (region.empty()) {
       all_gather(full);
     } else {
@@ -328,21 +328,49 @@ void ShardedExchange::all_gather_update(std::span<float> full, const RowRegion& 
     return;
   }
   DDP_CHECK(before.size() == shard_size());
-  wire_.resize(outside_counts(region));
+  const std::size_t total = outside_counts(region);  // receive_counts_, receive_offsets_ in floats
+  const auto ranks = static_cast<std::size_t>(size_);
+  const auto me = static_cast<std::size_t>(rank_);
+  // This owner's update (its pieces packed) on the wire.
   const std::size_t own = this->begin();
+  const auto own_packed = static_cast<std::size_t>(receive_offsets_[me]);
+  own_update_.resize(static_cast<std::size_t>(receive_counts_[me]));
   outside_pieces(rank_, region, [&](std::size_t from, std::size_t to, std::size_t packed) {
-    for (std::size_t i = from; i < to; ++i) {
-      const uint16_t rounded = float_to_bfloat16(full[i] - before[i - own]);
-      wire_[packed + (i - from)] = rounded;
-      full[i] = before[i - own] + bfloat16_to_float(rounded);
-    }
+    for (std::size_t i = from; i < to; ++i)
+      own_update_[packed - own_packed + (i - from)] = full[i] - before[i - own];
   });
-  DDP_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_UINT16_T, wire_.data(), receive_counts_.data(),
-                               receive_offsets_.data(), MPI_UINT16_T, comm_));
+  const std::size_t own_bytes = narrow_values(own_update_, 0, wire_);
+  // Every owner's bytes, rank after rank.
+  receive_bytes_.resize(ranks);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    receive_bytes_[r] =
+        static_cast<int>(wire_payload_bytes(static_cast<std::size_t>(receive_counts_[r]), 0, wire_));
+  }
+  payload_bytes_.resize(static_cast<std::size_t>(exclusive_offsets(receive_bytes_, receive_byte_offsets_)));
+  DDP_CHECK(own_bytes == static_cast<std::size_t>(receive_bytes_[me]));
+  std::memcpy(payload_bytes_.data() + receive_byte_offsets_[me], own_update_.data(), own_bytes);
+  DDP_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, payload_bytes_.data(), receive_bytes_.data(),
+                               receive_byte_offsets_.data(), MPI_BYTE, comm_));
+  updates_.resize(total);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    std::string error;
+    const std::span<float> out(updates_.data() + receive_offsets_[r],
+                               static_cast<std::size_t>(receive_counts_[r]));
+    const std::size_t floats =
+        widen_values(payload_bytes_.data() + receive_byte_offsets_[r],
+                     static_cast<std::size_t>(receive_bytes_[r]), 0, out, wire_, error);
+    if (!error.empty() || floats != out.size()) {
+      throw std::runtime_error("the colocated all-gather from rank " + std::to_string(r) + ": " +
+                               (error.empty() ? "a short 16-bit payload" : error));
+    }
+  }
+  // Every copy, this owner's shard too, becomes its value before the update plus the update as sent.
   for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
     outside_pieces(r, region, [&](std::size_t from, std::size_t to, std::size_t packed) {
-      for (std::size_t i = from; i < to; ++i) full[i] += bfloat16_to_float(wire_[packed + (i - from)]);
+      for (std::size_t i = from; i < to; ++i) {
+        const float update = updates_[packed + (i - from)];
+        full[i] = r == rank_ ? before[i - own] + update : full[i] + update;
+      }
     });
   }
 }

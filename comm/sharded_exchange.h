@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/row_sparse.h"
+#include "comm/wire_payload.h"
 #include "engine/base/optimizer_state.h"
 
 namespace ddp::comm {
@@ -24,10 +25,10 @@ class ShardedExchange {
  public:
   // Collective over `comm` (duplicated, so that its traffic never mixes with other users of `comm`): shards
   // of `total` floats, rank r owning [begin(r), end(r)): total / size each, the first total % size ranks one
-  // more. `bfloat16` (comm.compression = bf16): the reduce-scatters send the gradients as bfloat16 (each
-  // owner sums them in float, in rank order) and the *_update all-gathers send the owners' updates as
-  // bfloat16 (below); the other collectives send float.
-  ShardedExchange(MPI_Comm comm, std::size_t total, bool bfloat16 = false);
+  // more. `wire` in 16 bits (comm.compression = bf16 | fp16, wire_payload.h): the reduce-scatters send the
+  // gradients in 16 bits (each owner sums them in float, in rank order) and all_gather_update sends the
+  // owners' updates so (below); the other collectives send float.
+  ShardedExchange(MPI_Comm comm, std::size_t total, WireFormat wire = WireFormat::kFloat);
   ~ShardedExchange();
   ShardedExchange(const ShardedExchange&) = delete;
   ShardedExchange& operator=(const ShardedExchange&) = delete;
@@ -67,8 +68,8 @@ class ShardedExchange {
   // Collective: every rank's shard of `full` outside `region` goes to every rank.
   void all_gather_outside(std::span<float> full, const RowRegion& region);
   // all_gather, and all_gather_outside where `region` is not empty, after each owner's update of its shard;
-  // `before` is this rank's shard before the update. With bfloat16, the owner's update (now minus before)
-  // rounded to bfloat16 replaces it in its shard and goes to every rank, which adds it to its copy: every
+  // `before` is this rank's shard before the update. On a 16-bit wire, the owner's update (now minus before)
+  // rounded to 16 bits replaces it in its shard and goes to every rank, which adds it to its copy: every
   // copy keeps the same bits, as long as every rank's copy of every shard was the owner's before.
   void all_gather_update(std::span<float> full, const RowRegion& region, std::span<const float> before);
   // Collective: `rows` (sorted, unique; ids outside the region are skipped) of `full` receive their owners'
@@ -89,14 +90,15 @@ class ShardedExchange {
                       const std::function<void(std::size_t, std::size_t, std::size_t)>& each) const;
   // receive_counts_ and receive_offsets_: each shard's floats outside `region`, packed rank after rank.
   std::size_t outside_counts(const RowRegion& region);
-  // reduce_scatter_average_rows' payloads as bfloat16: receive_ gets the payloads widened back to floats.
-  void exchange_payloads_bfloat16();
+  // The payloads of payloads_ (send_counts_ floats at each owner's offset) to their owners in 16 bits:
+  // receive_ gets them widened back to floats (receive_counts_, receive_offsets_).
+  void exchange_payloads_16_bit();
 
   std::vector<int> counts_;   // floats per rank
   std::vector<int> offsets_;  // first float of each rank
-  bool bfloat16_ = false;
-  std::vector<uint16_t> wire_, wire_receive_;  // bfloat16 values on their way
-  std::vector<unsigned char> payload_bytes_;   // bfloat16 payloads received
+  WireFormat wire_ = WireFormat::kFloat;
+  std::vector<float> own_update_, updates_;   // all_gather_update's: this owner's update, every owner's
+  std::vector<unsigned char> payload_bytes_;  // 16-bit payloads received
   std::vector<int> send_pairs_, receive_pairs_, send_bytes_, send_byte_offsets_, receive_bytes_,
       receive_byte_offsets_;
 

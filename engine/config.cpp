@@ -143,8 +143,8 @@ void visit_keys(C& c, Visitor&& key) {
       "less traffic)");
   key("comm", "compression", c.comm.compression, one_of("none, fp16, bf16"),
       "gradients on the wire: none, fp16 or bf16 (bf16 keeps fp32's range; fp16 is scaled by a power of "
-      "two, per bucket on NCCL and per chunk on the MPI all-reduce); the parameter server takes bf16 for "
-      "its gradients and sync updates (its parameter pulls and the embedding rows it fetches stay float)");
+      "two, per bucket on NCCL, per chunk on the MPI all-reduce, per message on the parameter server, "
+      "which sends its gradients and sync updates so and its parameter pulls and fetched rows in float)");
   key("comm", "overlap", c.comm.overlap, one_of("none, delayed"),
       "none, or delayed: each step's averaged gradient is applied at the next step, so that the exchange "
       "overlaps a whole step (pipelined SGD: every update one step stale); CPU ranks with the all-reduce");

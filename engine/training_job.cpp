@@ -51,7 +51,7 @@ comm::PsOptions ps_options(const Config& config, const comm::BackendChoice& back
   options.max_staleness = config.comm.max_staleness;
   options.timeout_s = config.comm.timeout_s;
   options.clip_norm = config.train.clip_norm;
-  options.bfloat16 = config.comm.compression == "bf16";
+  options.wire = comm::wire_format(config.comm.compression);
   options.stop_signal = stop_signal_number_received;
   if (config.comm.sparse_embedding) exchange_embedding_rows(options, layout, config.train.batch_size, maxlen);
   return options;

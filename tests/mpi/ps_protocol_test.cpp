@@ -99,7 +99,7 @@ float through_bfloat16(float x) {
 }
 
 // The synchronous server's arithmetic done locally: gradients summed in worker order, scaled by 1/W, SGD.
-// bf16 (PsOptions::bfloat16): each gradient rounded to bfloat16 before the sum, and the update rounded to
+// bf16 (PsOptions::wire): each gradient rounded to bfloat16 before the sum, and the update rounded to
 // bfloat16 before it is added.
 void reference_step(std::vector<float>& params, int workers, int64_t step, bool row_sparse,
                     bool bf16 = false) {
@@ -151,7 +151,7 @@ struct SyncCase {
   int servers;
   std::size_t size;
   bool row_sparse = false;  // gradients zero in kRows outside each step's touched rows, pushed as such
-  bool bf16 = false;        // PsOptions::bfloat16
+  comm::WireFormat wire = comm::WireFormat::kFloat;  // PsOptions::wire
 };
 
 class SyncParameterServer : public ::testing::TestWithParam<SyncCase> {};
@@ -160,9 +160,12 @@ class SyncParameterServer : public ::testing::TestWithParam<SyncCase> {};
 // gradients computed locally, and within rounding those of the all-reduce backend; (b) all workers agree
 // bit for bit after each step. A pull between steps (as evaluation would) changes nothing. Row-sparse pushes
 // give the same bits as dense ones, in fewer bytes. Under bf16 the same holds of the gradients and updates
-// rounded to bfloat16, in half the bytes.
+// rounded to bfloat16, in half the bytes; under fp16 (a scale per message) (b), closeness and the bytes.
 TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
-  const auto [servers, n, row_sparse, bf16] = GetParam();
+  const auto [servers, n, row_sparse, wire] = GetParam();
+  // The reference rounds as bfloat16 does; fp16's scale per message is checked by agreement and closeness.
+  const bool bf16 = wire == comm::WireFormat::kBfloat16;
+  const bool fp16 = wire == comm::WireFormat::kHalf;
   if (servers >= world_size())
     GTEST_SKIP() << servers << " servers need more than " << world_size() << " ranks";
   const int rank = world_rank();
@@ -172,7 +175,7 @@ TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
   options.servers = servers;
   options.timeout_s = 30;
   if (row_sparse) options.sparse_exchange_rows = kRows;
-  options.bfloat16 = bf16;
+  options.wire = wire;
   constexpr int kSteps = 20;
 
   std::vector<float> reference = initial_params(n);
@@ -184,15 +187,19 @@ TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
     const comm::PsServerStats stats = comm::run_parameter_server(MPI_COMM_WORLD, options, n, shard, sgd);
     for (int t = 0; t < kSteps; ++t) reference_step(reference, workers, t, row_sparse, bf16);
     const auto dense_bytes = static_cast<int64_t>(workers * kSteps * shard.size() * sizeof(float));
+    const int64_t exponent_words = fp16 ? workers * kSteps * 2 : 0;  // fp16's scale, a word per push
     if (row_sparse) {
-      EXPECT_LT(stats.gradient_bytes, dense_bytes / (bf16 ? 3 : 2)) << "row-sparse pushes must be smaller";
+      EXPECT_LT(stats.gradient_bytes, dense_bytes / (bf16 || fp16 ? 3 : 2))
+          << "row-sparse pushes must be smaller";
     } else {
-      EXPECT_EQ(stats.gradient_bytes, bf16 ? dense_bytes / 2 : dense_bytes);
+      EXPECT_EQ(stats.gradient_bytes, bf16 || fp16 ? dense_bytes / 2 + exponent_words : dense_bytes);
     }
     EXPECT_EQ(stats.steps, kSteps);
     EXPECT_EQ(stats.updates, kSteps);
     EXPECT_LE(stats.max_gap, 1);
-    EXPECT_TRUE(same_bits(shard, shard_of(roles, rank, reference))) << "server rank " << rank;
+    if (!fp16) {
+      EXPECT_TRUE(same_bits(shard, shard_of(roles, rank, reference))) << "server rank " << rank;
+    }
   } else {
     comm::ParameterClient client(MPI_COMM_WORLD, options, n);
     comm::HostGroup workers_group(worker_comm);
@@ -213,7 +220,7 @@ TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
         client.push_pull(g, params);
       }
       reference_step(reference, workers, t, row_sparse, bf16);
-      exact = exact && same_bits(params, reference);
+      exact = exact && (fp16 || same_bits(params, reference));
       agree = workers_agree(worker_comm, params) && agree;
 
       std::vector<float> reduced = step_gradient(row_sparse, rank, workers, t, allreduce_params);
@@ -231,8 +238,8 @@ TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
     EXPECT_TRUE(exact) << "worker rank " << rank << " differs from SGD on the averaged gradients";
     EXPECT_TRUE(agree) << "workers hold different parameters";
     // bf16: rounding of about 2^-9 of each gradient and update, which SGD's contraction keeps bounded.
-    EXPECT_LT(allreduce_diff, bf16 ? 0.05 : 1e-6) << "largest difference from the all-reduce backend";
-    if (bf16) {
+    EXPECT_LT(allreduce_diff, bf16 || fp16 ? 0.05 : 1e-6) << "largest difference from the all-reduce backend";
+    if (bf16 || fp16) {
       EXPECT_GT(allreduce_diff, 0) << "bf16 must round something";
     }
     EXPECT_GT(max_abs_diff(params, initial_params(n)), 0.5) << "the updates are too small to mean anything";
@@ -244,12 +251,17 @@ TEST_P(SyncParameterServer, EqualsSgdOnTheAveragedGradients) {
 INSTANTIATE_TEST_SUITE_P(ParameterServer, SyncParameterServer,
                          ::testing::Values(SyncCase{1, 1001}, SyncCase{2, 1001}, SyncCase{2, 1},
                                            SyncCase{1, 1001, true}, SyncCase{2, 1001, true},
-                                           SyncCase{1, 1001, false, true}, SyncCase{2, 1001, true, true}),
+                                           SyncCase{1, 1001, false, comm::WireFormat::kBfloat16},
+                                           SyncCase{2, 1001, true, comm::WireFormat::kBfloat16},
+                                           SyncCase{1, 1001, false, comm::WireFormat::kHalf},
+                                           SyncCase{2, 1001, true, comm::WireFormat::kHalf}),
                          [](const auto& test) {
                            return std::to_string(test.param.servers) + "Servers" +
                                   std::to_string(test.param.size) + "Params" +
                                   (test.param.row_sparse ? "RowSparse" : "") +
-                                  (test.param.bf16 ? "Bf16" : "");
+                                  (test.param.wire == comm::WireFormat::kBfloat16 ? "Bf16"
+                                   : test.param.wire == comm::WireFormat::kHalf   ? "Fp16"
+                                                                                  : "");
                          });
 
 class AsyncParameterServer : public ::testing::TestWithParam<int> {};  // param: servers

@@ -385,30 +385,36 @@ TEST_F(PsTrainerTest, ColocatedRowExchangeEqualsAllReduceAndResumes) {
   EXPECT_EQ(resumed.params, colocated.params) << "resumed run differs from the uninterrupted one";
 }
 
-// comm.compression = bf16 under the colocated layout, with the whole region exchanged (small vocabulary) and
-// with its rows (wide vocabulary): every rank ends with the same bits, two runs are equal, and the result is
-// the float run's within bfloat16's rounding of gradients and updates, but not equal to it (bf16 did round).
-// Under dedicated servers too (the protocol's own test checks its bits against a reference).
-TEST_F(PsTrainerTest, Bf16KeepsReplicasIdenticalAndNearFloat) {
-  const std::string wide = dir_.file("wide-bf16.h5");
+// comm.compression = bf16 | fp16 under the colocated layout, with the whole region exchanged (small
+// vocabulary) and with its rows (wide vocabulary), and under dedicated servers: every rank ends with the same
+// bits, and the result is the float run's within the 16-bit rounding of gradients and updates, but not equal
+// to it (the wire did round); two runs are equal (checked once). fp16 on the wide vocabulary only, to keep
+// the test short (the protocol's own tests check bf16's bits against a reference, and fp16's scale).
+TEST_F(PsTrainerTest, SixteenBitWiresKeepReplicasIdenticalAndNearFloat) {
+  const std::string wide = dir_.file("wide-16.h5");
   ddp::testing::write_synthetic_on_rank0(
       {.output = wide, .train = 600, .test = 130, .vocab = 4000, .maxlen = 16, .seed = 7});
-  const std::vector<std::string> bf16{"--comm.compression", "bf16"};
   const std::vector<std::string> dedicated{"--comm.backend", "ps", "--comm.ps_servers",
                                            std::to_string(servers())};
-  for (const std::string& data : {std::string(), wide}) {
-    for (const auto& layout : {kColocated, dedicated}) {
-      const std::string name = (data.empty() ? "narrow-" : "wide-") + layout.back();
-      const engine::TrainResult rounded =
-          run(dir_.file(name + "-bf16"), with(layout, bf16), MPI_COMM_WORLD, data);
-      const engine::TrainResult exact = run(dir_.file(name + "-float"), layout, MPI_COMM_WORLD, data);
-      const engine::TrainResult again =
-          run(dir_.file(name + "-bf16-again"), with(layout, bf16), MPI_COMM_WORLD, data);
+  // (data, layout): the float run each wire is compared with.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> setups{
+      {std::string(), kColocated}, {wide, kColocated}, {wide, dedicated}};
+  for (const auto& [data, layout] : setups) {
+    const std::string setup = (data.empty() ? "narrow-" : "wide-") + layout.back();
+    const engine::TrainResult exact = run(dir_.file(setup + "-float"), layout, MPI_COMM_WORLD, data);
+    for (const std::string wire : {"bf16", "fp16"}) {
+      if (data.empty() && wire == "fp16") continue;
+      const std::string name = setup + "-" + wire;
+      const std::vector<std::string> compressed = with(layout, {"--comm.compression", wire});
+      const engine::TrainResult rounded = run(dir_.file(name), compressed, MPI_COMM_WORLD, data);
       EXPECT_TRUE(identical_on_all_ranks(rounded.params)) << name;
-      EXPECT_EQ(again.params, rounded.params) << name << ": not reproducible run to run";
       const double diff = max_relative_diff(rounded.params, exact.params);
-      EXPECT_GT(diff, 0) << name << ": bf16 rounded nothing";
-      EXPECT_LT(diff, 0.01) << name << ": further from the float run than bfloat16's rounding explains";
+      EXPECT_GT(diff, 0) << name << ": the wire rounded nothing";
+      EXPECT_LT(diff, 0.01) << name << ": further from the float run than 16 bits' rounding explains";
+      if (wire == "fp16" && layout == kColocated) {
+        const engine::TrainResult again = run(dir_.file(name + "-again"), compressed, MPI_COMM_WORLD, data);
+        EXPECT_EQ(again.params, rounded.params) << name << ": not reproducible run to run";
+      }
     }
   }
 }
