@@ -7,16 +7,19 @@
 #   ps_dedicated       comm.backend ps: workers on nodes 1..N-1, the server alone on node N
 #   ps_colocated       comm.backend ps, comm.ps_servers 0: every rank trains and serves a shard (reported in
 #                      log.txt only: the scaling model does not describe it)
-#   LAYOUT_bf16        an allreduce layout with comm.compression bf16 (and _delayed: comm.overlap delayed;
-#                      _bf16_delayed both), reported in log.txt and variants.csv only
+#   LAYOUT_bf16        a layout with comm.compression bf16 (an allreduce one also _delayed: comm.overlap
+#                      delayed; _bf16_delayed both), reported in log.txt and variants.csv only
 #   LAYOUT_2ppn        an allreduce layout with 2 ranks per node, through the node leaders (comm.hierarchy
 #                      auto; _2ppn_flat: off, one all-reduce over every rank), in log.txt and variants.csv
 #                      only, its bytes per rank over all of them
 # against the same ranks on one node (plain mpirun, shared memory). Bytes per step per rank come from the
 # nodes' interface counters, as the difference between a run of S2 and one of S1 steps (which removes
 # start-up, evaluation and checkpoint traffic), divided by S2 - S1 and by the ranks; the step time is the
-# mean of the S2 run's epoch (metrics.jsonl). Writes OUT/points.csv (the scaling model's input: compute_ms
-# is the same ranks' step on one node; plus that step again and the ratio), OUT/rows.csv (distinct embedding rows per global batch) and OUT/log.txt.
+# mean of the S2 run's epoch (metrics.jsonl); the exchange left visible is rank 0's time per step in the
+# spans where its step waits for the exchange (benchmarks/visible_exchange.py, from the S2 run's timeline).
+# Writes OUT/points.csv (the scaling model's input: compute_ms is the same ranks' step on one node; plus that
+# step again and the ratio), OUT/table.csv (every point, with the exchange left visible), OUT/rows.csv
+# (distinct embedding rows per global batch) and OUT/log.txt.
 #   bash benchmarks/cluster_bench.sh build/ddptrain OUT [nodes...]      (as root; default nodes: 2 3)
 # CLUSTER_BENCH_RATES (default "none 1gbit 100mbit"; 10gbit too) and CLUSTER_BENCH_LAYOUTS (default: the four
 # above) pick a part.
@@ -77,10 +80,11 @@ print(round(n * 8 / (time.time() - t) / 1e6))
   wait "$server" || true
 }
 
-run_args() {  # layout, run dir, steps
+run_args() {  # layout, run dir, steps, [timeline file]
   local layout=$1
   local args="--config $src/launch/configs/imdb.ini --data.path $data --checkpoint.dir $2 --device cpu"
   args+=" --train.epochs 1 --train.max_steps_per_epoch $3 --train.threads 1 --log.progress lines"
+  [ -z "${4:-}" ] || args+=" --log.timeline $4"
   case $layout in
     *_bf16 | *_bf16_delayed) args+=" --comm.compression bf16" ;;&
     *_delayed) args+=" --comm.overlap delayed" ;;&
@@ -88,8 +92,8 @@ run_args() {  # layout, run dir, steps
     *_2ppn) args+=" --comm.hierarchy auto" ;;&
     allreduce_sparse*) args+=" --comm.backend mpi --comm.sparse_embedding true" ;;
     allreduce_dense*) args+=" --comm.backend mpi --comm.sparse_embedding false" ;;
-    ps_dedicated) args+=" --comm.backend ps --comm.ps_servers 1" ;;
-    ps_colocated) args+=" --comm.backend ps --comm.ps_servers 0" ;;
+    ps_dedicated*) args+=" --comm.backend ps --comm.ps_servers 1" ;;
+    ps_colocated*) args+=" --comm.backend ps --comm.ps_servers 0" ;;
     *) echo "unknown layout $layout" >&2; return 1 ;;
   esac
   echo "$args"
@@ -108,19 +112,21 @@ total_tx() {
 
 ranks_per_node() { case $1 in *_2ppn*) echo 2 ;; *) echo 1 ;; esac }
 
-# Runs LAYOUT on NODES nodes for STEPS steps; prints "step_ms tx_bytes".
-cluster_run() {  # layout, nodes, steps
+# Runs LAYOUT on NODES nodes for STEPS steps; prints "step_ms tx_bytes exchange_visible_ms" (the last with
+# `timeline` only, else -).
+cluster_run() {  # layout, nodes, steps, [timeline]
   local hosts="" k run=$CLUSTER_DIR/shared/run ppn
   ppn=$(ranks_per_node "$1")
   for k in $(seq "$2"); do hosts+="node$k:$ppn,"; done
   rm -rf "$run"
-  local before after args=()
-  read -r -a args <<<"$(run_args "$1" "$run" "$3")"
+  local before after args=() visible=-
+  read -r -a args <<<"$(run_args "$1" "$run" "$3" "${4:+timeline.json}")"
   before=$(total_tx)
   cluster_mpirun -H "${hosts%,}" -np $(($2 * ppn)) "$ddptrain" "${args[@]}" >"$out/last-run.txt" 2>&1 ||
     { cat "$out/last-run.txt"; echo "run failed" >&2; return 1; }
   after=$(total_tx)
-  echo "$(step_ms_of "$run") $((after - before))"
+  [ -z "${4:-}" ] || visible=$(/usr/bin/python3 "$src/benchmarks/visible_exchange.py" "$run/timeline.json")
+  echo "$(step_ms_of "$run") $((after - before)) $visible"
 }
 
 one_node_step_ms() {  # layout, ranks
@@ -135,6 +141,8 @@ one_node_step_ms() {  # layout, ranks
 echo "layout,nodes,ranks_per_node,link_mbit,step_ms,compute_ms,bytes_per_step_rank,fit,one_node_step_ms,ratio" \
   >"$out/points.csv"
 echo "layout,nodes,link_mbit,step_ms,one_node_step_ms,ratio,bytes_per_step_rank" >"$out/variants.csv"
+echo "layout,nodes,ranks_per_node,link_mbit,step_ms,one_node_step_ms,ratio,bytes_per_step_rank,exchange_visible_ms" \
+  >"$out/table.csv"
 unshaped=$(stream_mbit)
 echo "unshaped link: one TCP stream reaches $unshaped Mbit/s"
 read -r -a rates <<<"${CLUSTER_BENCH_RATES:-none 1gbit 100mbit}"
@@ -146,8 +154,8 @@ for rate in "${rates[@]}"; do
     for layout in "${layouts[@]}"; do
       s1=10 s2=40
       if [ "$rate" = 100mbit ] && [ "$layout" != allreduce_sparse ]; then s1=4 s2=12; fi
-      read -r _ tx1 <<<"$(cluster_run "$layout" "$nodes" "$s1")"
-      read -r step tx2 <<<"$(cluster_run "$layout" "$nodes" "$s2")"
+      read -r _ tx1 _ <<<"$(cluster_run "$layout" "$nodes" "$s1")"
+      read -r step tx2 visible <<<"$(cluster_run "$layout" "$nodes" "$s2" timeline)"
       ranks=$((nodes * $(ranks_per_node "$layout")))
       bytes=$(((tx2 - tx1) / (s2 - s1) / ranks))
       one=$(one_node_step_ms "$layout" "$ranks")
@@ -164,7 +172,9 @@ for rate in "${rates[@]}"; do
         ps_colocated) ;;
         *) echo "$layout,$nodes,$mbit,$step,$one,$ratio,$bytes" >>"$out/variants.csv" ;;
       esac
-      echo "$rate $layout nodes=$nodes ranks=$ranks: step $step ms (one node $one ms, ${ratio}x), $bytes bytes/step/rank"
+      echo "$layout,$nodes,$(ranks_per_node "$layout"),$mbit,$step,$one,$ratio,$bytes,$visible" >>"$out/table.csv"
+      echo "$rate $layout nodes=$nodes ranks=$ranks: step $step ms (one node $one ms, ${ratio}x)," \
+        "$bytes bytes/step/rank, exchange visible $visible ms/step"
     done
   done
 done
