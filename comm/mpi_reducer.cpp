@@ -41,21 +41,19 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm/gradient_reducer.h"
 #include "comm/host_group.h"
 #include "comm/mpi_check.h"
-#include "comm/wire_cast.h"
 #include "comm/wire_payload.h"
 #include "engine/base/errors.h"
 #include "engine/base/timeline.h"
@@ -255,6 +253,7 @@ class MpiReducer final : public GradientReducer {
   // A segment on a 16-bit wire: its chunks (chunk r is rank r's to average). On the fp16 wire every chunk
   // starts with its scale's exponent (one word), then its values.
   struct WireExchange {
+    std::size_t values_count = 0;    // the segment's floats
     std::vector<uint16_t> values;    // the segment: this rank's, then every chunk's average
     std::vector<uint16_t> received;  // every rank's values of this rank's chunk, rank after rank
     std::vector<uint16_t> averages;  // this rank's chunk, averaged
@@ -321,43 +320,21 @@ class MpiReducer final : public GradientReducer {
     }
   }
 
-  // Words in front of each chunk on the wire: the fp16 wire's exponent.
-  std::size_t header_words() const { return wire_ == WireFormat::kHalf ? 1 : 0; }
+  // Words a chunk of `n` values takes on the wire (wire_payload.h: fp16 adds its exponent word).
+  std::size_t wire_words(std::size_t n) const { return wire_payload_bytes(n, 0, wire_) / sizeof(uint16_t); }
 
-  // `values` to the wire at `out` (header_words() + values.size() words): bfloat16, or fp16 scaled by the
-  // power of two for their largest magnitude, its exponent first.
-  void to_wire(std::span<const float> values, uint16_t* out) const {
-    if (wire_ == WireFormat::kBfloat16) {
-      std::transform(values.begin(), values.end(), out, float_to_bfloat16);
-      return;
-    }
-    const int16_t exponent = half_wire_exponent(values);
-    const float scale = std::ldexp(1.0f, exponent);
-    std::memcpy(out, &exponent, sizeof(exponent));
-    for (std::size_t i = 0; i < values.size(); ++i) out[1 + i] = float_to_half(values[i] * scale);
-  }
-
-  // A chunk of `n` values on the wire at `in`, back to floats through `each(i, value)`.
-  template <typename Each>
-  void from_wire(const uint16_t* in, std::size_t n, const Each& each) const {
-    if (wire_ == WireFormat::kBfloat16) {
-      for (std::size_t i = 0; i < n; ++i) each(i, bfloat16_to_float(in[i]));
-      return;
-    }
-    int16_t exponent = 0;
-    std::memcpy(&exponent, in, sizeof(exponent));
-    const float unscale = std::ldexp(1.0f, -exponent);  // a power of two: exact
-    for (std::size_t i = 0; i < n; ++i) each(i, half_to_float(in[1 + i]) * unscale);
+  // Chunk r's values: [n r / ranks, n (r + 1) / ranks) of a segment of n.
+  std::pair<std::size_t, std::size_t> chunk(std::size_t n, std::size_t r) const {
+    const auto ranks = static_cast<std::size_t>(size_);
+    return {n * r / ranks, n * (r + 1) / ranks};
   }
 
   // The segment's every chunk, averaged, from the all-gathered wire into `segment`.
   void read_wire(const WireExchange& wire, std::span<float> segment) const {
-    const std::size_t header = header_words();
     for (std::size_t r = 0; r < wire.counts.size(); ++r) {
-      const std::size_t n = static_cast<std::size_t>(wire.counts[r]) - header;
-      const std::size_t begin = static_cast<std::size_t>(wire.offsets[r]) - r * header;
-      from_wire(wire.values.data() + wire.offsets[r], n,
-                [&](std::size_t i, float x) { segment[begin + i] = x; });
+      const auto [begin, end] = chunk(segment.size(), r);
+      decode_values(reinterpret_cast<const unsigned char*>(wire.values.data() + wire.offsets[r]), end - begin,
+                    wire_, segment.data() + begin);
     }
   }
 
@@ -367,14 +344,19 @@ class MpiReducer final : public GradientReducer {
     auto wire = std::make_unique<WireExchange>();
     const std::size_t n = segment.size();
     const auto ranks = static_cast<std::size_t>(size_);
-    const std::size_t header = header_words();
-    wire->values.resize(n + ranks * header);
+    wire->values_count = n;
+    std::size_t words = 0;
     for (std::size_t r = 0; r < ranks; ++r) {
-      const std::size_t begin = n * r / ranks;
-      const std::size_t end = n * (r + 1) / ranks;
-      wire->offsets.push_back(checked_count(begin + r * header));
-      wire->counts.push_back(checked_count(end - begin + header));
-      to_wire(segment.subspan(begin, end - begin), wire->values.data() + wire->offsets.back());
+      const auto [begin, end] = chunk(n, r);
+      wire->offsets.push_back(checked_count(words));
+      wire->counts.push_back(checked_count(wire_words(end - begin)));
+      words += wire_words(end - begin);
+    }
+    wire->values.resize(words);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const auto [begin, end] = chunk(n, r);
+      encode_values(segment.subspan(begin, end - begin),
+                    reinterpret_cast<unsigned char*>(wire->values.data() + wire->offsets[r]), wire_);
     }
     const int mine = wire->counts[static_cast<std::size_t>(rank_)];
     wire->received.resize(ranks * static_cast<std::size_t>(mine));
@@ -393,14 +375,19 @@ class MpiReducer final : public GradientReducer {
   void start_wire_gather(WireExchange& wire, MPI_Request& request) {
     const auto me = static_cast<std::size_t>(rank_);
     const auto mine = static_cast<std::size_t>(wire.counts[me]);
-    const std::size_t n = mine - header_words();
+    const auto [begin, end] = chunk(wire.values_count, me);
+    const std::size_t n = end - begin;
     const float scale = 1.0f / static_cast<float>(size_);
     sums_.assign(n, 0.0f);
-    for (std::size_t r = 0; r < static_cast<std::size_t>(size_); ++r)
-      from_wire(wire.received.data() + r * mine, n, [&](std::size_t i, float x) { sums_[i] += x; });
+    decoded_.resize(n);
+    for (std::size_t r = 0; r < static_cast<std::size_t>(size_); ++r) {
+      decode_values(reinterpret_cast<const unsigned char*>(wire.received.data() + r * mine), n, wire_,
+                    decoded_.data());
+      for (std::size_t i = 0; i < n; ++i) sums_[i] += decoded_[i];
+    }
     for (float& x : sums_) x *= scale;
     wire.averages.resize(mine);
-    to_wire(sums_, wire.averages.data());
+    encode_values(sums_, reinterpret_cast<unsigned char*>(wire.averages.data()), wire_);
     wire.gathering = true;
     // From a buffer of its own, not MPI_IN_PLACE: Open MPI 4.1's non-blocking all-gatherv in place failed
     // with MPI_ERR_TRUNCATE and corrupted the heap at three ranks.
@@ -498,8 +485,8 @@ class MpiReducer final : public GradientReducer {
   int rank_ = 0;
   int size_ = 1;
   bool progress_thread_allowed_ = false;
-  const WireFormat wire_;    // comm.compression
-  std::vector<float> sums_;  // start_wire_gather's scratch
+  const WireFormat wire_;              // comm.compression
+  std::vector<float> sums_, decoded_;  // start_wire_gather's scratch
   std::thread progress_;
   std::shared_ptr<std::mutex> lock_;  // the HostGroup's (see the top of the file)
   std::mutex& mutex_;                 // *lock_: pending_, and every MPI call on comm_

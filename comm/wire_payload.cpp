@@ -23,52 +23,66 @@ int16_t half_wire_exponent(std::span<const float> values) {
   return static_cast<int16_t>(std::ilogb(half_wire_scale(largest, 1)));
 }
 
-std::size_t narrow_values(std::span<float> payload, std::size_t words, WireFormat format) {
-  auto* bytes = reinterpret_cast<unsigned char*>(payload.data()) + words * sizeof(float);
-  const std::span<const float> values = std::span<const float>(payload).subspan(words);
+std::size_t encode_values(std::span<const float> values, unsigned char* out, WireFormat format) {
   const std::size_t n = values.size();
   if (format == WireFormat::kBfloat16) {
-    // Front to back: each value is read before its bytes are written over.
+    // Front to back: value i goes to 2i, at or before where value i is read from (4i).
     for (std::size_t i = 0; i < n; ++i) {
       const uint16_t value = float_to_bfloat16(values[i]);
-      std::memcpy(bytes + i * sizeof(value), &value, sizeof(value));
+      std::memcpy(out + i * sizeof(value), &value, sizeof(value));
     }
   } else if (n > 0) {
-    // Value i goes to 2 + 2i, at or before where value i + 1 is read; the exponent last, over value 0.
+    // Value i goes to 2 + 2i, at or before where value i + 1 is read from; the exponent last, over value 0.
     const int16_t exponent = half_wire_exponent(values);
     const float scale = std::ldexp(1.0f, exponent);
     for (std::size_t i = 0; i < n; ++i) {
       const uint16_t value = float_to_half(values[i] * scale);
-      std::memcpy(bytes + (1 + i) * sizeof(value), &value, sizeof(value));
+      std::memcpy(out + (1 + i) * sizeof(value), &value, sizeof(value));
     }
-    std::memcpy(bytes, &exponent, sizeof(exponent));
+    std::memcpy(out, &exponent, sizeof(exponent));
   }
-  return wire_payload_bytes(payload.size(), words, format);
+  return wire_payload_bytes(n, 0, format);
+}
+
+void decode_values(const unsigned char* in, std::size_t n, WireFormat format, float* out) {
+  if (format == WireFormat::kBfloat16) {
+    for (std::size_t i = 0; i < n; ++i) {
+      uint16_t value = 0;
+      std::memcpy(&value, in + i * sizeof(value), sizeof(value));
+      out[i] = bfloat16_to_float(value);
+    }
+    return;
+  }
+  if (n == 0) return;
+  int16_t exponent = 0;
+  std::memcpy(&exponent, in, sizeof(exponent));
+  const float unscale = std::ldexp(1.0f, -exponent);  // a power of two: exact
+  for (std::size_t i = 0; i < n; ++i) {
+    uint16_t value = 0;
+    std::memcpy(&value, in + (1 + i) * sizeof(value), sizeof(value));
+    out[i] = half_to_float(value) * unscale;
+  }
+}
+
+std::size_t narrow_values(std::span<float> payload, std::size_t words, WireFormat format) {
+  auto* values = reinterpret_cast<unsigned char*>(payload.data()) + words * sizeof(float);
+  return words * sizeof(float) +
+         encode_values(std::span<const float>(payload).subspan(words), values, format);
 }
 
 std::size_t widen_values(const unsigned char* payload, std::size_t bytes, std::size_t words,
                          std::span<float> out, WireFormat format, std::string& error) {
-  const bool exponent_word = format == WireFormat::kHalf && bytes > words * sizeof(float);
-  const std::size_t head = words * sizeof(float) + (exponent_word ? sizeof(int16_t) : 0);
-  if (bytes < head || (bytes - head) % sizeof(uint16_t) != 0 ||
-      words + (bytes - head) / sizeof(uint16_t) > out.size()) {
+  const std::size_t head = words * sizeof(float);
+  const std::size_t header = format == WireFormat::kHalf && bytes > head ? sizeof(int16_t) : 0;
+  if (bytes < head + header || (bytes - head - header) % sizeof(uint16_t) != 0 ||
+      words + (bytes - head - header) / sizeof(uint16_t) > out.size()) {
     error = "a 16-bit payload of " + std::to_string(bytes) + " bytes that fits no shard of " +
             std::to_string(out.size()) + " parameters";
     return 0;
   }
-  std::memcpy(out.data(), payload, words * sizeof(float));
-  const std::size_t values = (bytes - head) / sizeof(uint16_t);
-  float unscale = 1.0f;
-  if (exponent_word) {
-    int16_t exponent = 0;
-    std::memcpy(&exponent, payload + words * sizeof(float), sizeof(exponent));
-    unscale = std::ldexp(1.0f, -exponent);  // a power of two: exact
-  }
-  for (std::size_t i = 0; i < values; ++i) {
-    uint16_t value = 0;
-    std::memcpy(&value, payload + head + i * sizeof(value), sizeof(value));
-    out[words + i] = format == WireFormat::kHalf ? half_to_float(value) * unscale : bfloat16_to_float(value);
-  }
+  std::memcpy(out.data(), payload, head);
+  const std::size_t values = (bytes - head - header) / sizeof(uint16_t);
+  decode_values(payload + head, values, format, out.data() + words);
   return words + values;
 }
 

@@ -22,6 +22,14 @@ WireFormat wire_format(const std::string& compression);
 // is not finite: a NaN or an infinity passes as it is).
 int16_t half_wire_exponent(std::span<const float> values);
 
+// Writes `values` in `format` (bfloat16, or fp16 with its exponent word first where there are values) at
+// `out`, wire_payload_bytes(values.size(), 0, format) bytes; `out` may be the values' own storage (written
+// front to back, each value read before its bytes are written over, the exponent last). Returns the bytes.
+std::size_t encode_values(std::span<const float> values, unsigned char* out, WireFormat format);
+
+// Reads `n` values in `format` from `in` (as encode_values wrote them) into `out`.
+void decode_values(const unsigned char* in, std::size_t n, WireFormat format, float* out);
+
 // Narrows `payload`'s values (all but its first `words` words) to `format` (bfloat16 or fp16) in place.
 // Returns the payload's bytes.
 std::size_t narrow_values(std::span<float> payload, std::size_t words, WireFormat format);
