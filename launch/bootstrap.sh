@@ -127,9 +127,10 @@ run_tests() {  # dir, extra ctest args...
   junit=$(realpath "$dir")/ctest-junit.xml
   junits+=("$junit")
   # --test-output-size-passed: the whole output of passed tests too, where skip_report.py finds their
-  # "SKIP:" lines.
-  (cd "$dir" && ctest --output-on-failure -j 2 --output-junit "$junit" --test-output-size-passed 10000000 "$@") &&
-    return 0
+  # "SKIP:" lines. Two tests at a time hold the build's core slots (ctest-cores.json, tests/cores.cmake),
+  # and up to two that mostly wait (label waits) run beside them.
+  (cd "$dir" && ctest --output-on-failure -j 4 --resource-spec-file ctest-cores.json --output-junit "$junit" \
+    --test-output-size-passed 10000000 "$@") && return 0
   # A log keeps its start and end: the failures' output again, last, one test at a time. It still fails.
   echo "== the failed tests once more, alone, for their output"
   (cd "$dir" && ctest --rerun-failed --output-on-failure "$@") || true
