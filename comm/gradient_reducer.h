@@ -90,10 +90,10 @@ struct MpiReducerOptions {
   // Gradients travel as float (none), bfloat16 (bf16) or fp16 scaled per chunk by a power of two (fp16),
   // averaged in float; another is a UserError.
   std::string compression = "none";
-  // comm.hierarchy. auto: on a job of several nodes where some node has several ranks, a float segment is
-  // summed inside each node to its leader, across the leaders, and broadcast inside each node
-  // (mpi_reducer.cpp); elsewhere, and with off, one all-reduce over every rank. Every rank must pass the
-  // same.
+  // comm.hierarchy. auto: on a job of several nodes where some node has several ranks, a segment is summed
+  // inside each node to its leader, averaged across the leaders (on the wire `compression` says), and
+  // broadcast inside each node (mpi_reducer.cpp); elsewhere, and with off, one exchange over every rank.
+  // Every rank must pass the same.
   std::string hierarchy = "auto";
   // For tests on one machine: ranks that pass the same number (0 or more) count as one node; -1: the ranks
   // that share memory (MPI_COMM_TYPE_SHARED) do.

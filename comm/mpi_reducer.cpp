@@ -25,18 +25,23 @@
 // earlier on one rank than on another, after the next segment's all-to-all started there: so the all-gathers
 // run on a communicator of their own, started in the segments' order on every rank.
 //
-// Several ranks per node, several nodes (comm.hierarchy = auto): a float segment goes in three collectives,
-// so that each node sends one copy of it over the links instead of one per rank. A gather inside the node
-// to its leader (its lowest rank; shared memory carries it), which adds the node's copies in rank order, an
-// all-reduce in place across the leaders alone, and a broadcast from the leader inside the node; the scale
-// by 1/size stays in finish_average(). A gather, not MPI_Ireduce: Open MPI 4.1's non-blocking reduce of a
+// Several ranks per node, several nodes (comm.hierarchy = auto): a segment goes in three steps, so that each
+// node sends one copy of it over the links instead of one per rank. A gather inside the node to its leader
+// (its lowest rank; shared memory carries it, in float whatever the wire), which adds the node's copies in
+// rank order; the exchange across the leaders alone (a float all-reduce in place, whose scale by 1/size
+// stays in finish_average(); or the 16-bit wire's all-to-all and all-gather among the leaders, which scale
+// each chunk's sum of node sums by 1/size of the whole job); and a broadcast of the float result from the
+// leader inside the node. A gather, not MPI_Ireduce: Open MPI 4.1's non-blocking reduce of a
 // large segment between two ranks is a chain of 8 KB pieces, one piece per test of the request, and made a
 // step at 1 Gbit/s 5.7x slower than the flat all-reduce (benchmarks/RESULTS.md). Every rank ends with its
 // leader's bits, and the leaders with the same ones (one all-reduce, as the flat path). The
-// same ordering rule as the bf16 gathers holds for every stage: a segment starts a stage once its previous
-// stage completed and the segment before it started that stage, and the broadcasts run on a communicator
-// of their own (a leader may start segment k's broadcast after segment k + 1's gather). bf16 and a job
-// whose ranks each have a node, or share one, take the flat path.
+// same ordering rule as the 16-bit all-gathers holds for every stage: a segment starts a stage once its
+// previous stage completed and the segment before it started that stage, and each stage of a rank runs on
+// a communicator of its own (a leader may start segment k's broadcast after segment k + 1's gather). A job
+// whose ranks each have a node, or share one, takes the flat path.
+//
+// Every path is a list of such stages per rank (stages_): the flat float all-reduce is one, the flat 16-bit
+// exchange two, the hierarchy two (a node's other ranks) to four (a leader on a 16-bit wire).
 #include <mpi.h>
 
 #include <algorithm>
@@ -93,9 +98,7 @@ NodeLayout find_nodes(MPI_Comm comm, const MpiReducerOptions& options) {
   const int leader = layout.node_rank == 0 ? 1 : 0;
   DDP_CHECK_MPI(MPI_Allreduce(&leader, &layout.nodes, 1, MPI_INT, MPI_SUM, comm));
   DDP_CHECK_MPI(MPI_Allreduce(&node_size, &layout.largest_node, 1, MPI_INT, MPI_MAX, comm));
-  // A 16-bit wire's chunks would need a leaders' exchange of their own: it stays flat.
-  layout.hierarchical = options.hierarchy == "auto" && options.compression == "none" && layout.nodes > 1 &&
-                        layout.largest_node > 1;
+  layout.hierarchical = options.hierarchy == "auto" && layout.nodes > 1 && layout.largest_node > 1;
   return layout;
 }
 
@@ -115,22 +118,31 @@ class MpiReducer final : public GradientReducer {
     // progress thread's polls only took cores from the replicas (the quickstart's step on 2 ranks was slower
     // with it).
     progress_thread_allowed_ = threading == MPI_THREAD_MULTIPLE && layout.nodes > 1;
-    if (wire_ != WireFormat::kFloat) {
-      DDP_CHECK_MPI(MPI_Comm_dup(comm_, &gather_comm_));
-      return_errors(gather_comm_);
-    }
-    if (layout.hierarchical) {
-      node_comm_ = layout.node;
-      leader_ = layout.node_rank == 0;
-      DDP_CHECK_MPI(MPI_Comm_size(node_comm_, &node_size_));
-      DDP_CHECK_MPI(MPI_Comm_dup(node_comm_, &broadcast_comm_));
-      return_errors(broadcast_comm_);
-      DDP_CHECK_MPI(MPI_Comm_split(comm_, leader_ ? 0 : MPI_UNDEFINED, rank_, &leaders_comm_));
-      if (leader_) return_errors(leaders_comm_);
-      stages_ = leader_ ? std::vector<Stage>{Stage::kNodeGather, Stage::kLeadersSum, Stage::kNodeBroadcast}
-                        : std::vector<Stage>{Stage::kNodeGather, Stage::kNodeBroadcast};
-    } else {
+    const bool sixteen_bits = wire_ != WireFormat::kFloat;
+    if (!layout.hierarchical) {
       DDP_CHECK_MPI(MPI_Comm_free(&layout.node));
+      stages_ = sixteen_bits ? std::vector<Stage>{Stage::kWireAllToAll, Stage::kWireAllGather}
+                             : std::vector<Stage>{Stage::kAllReduce};
+      if (sixteen_bits) flat_wire_ = wire_group(comm_);
+      return;
+    }
+    node_comm_ = layout.node;
+    leader_ = layout.node_rank == 0;
+    DDP_CHECK_MPI(MPI_Comm_size(node_comm_, &node_size_));
+    DDP_CHECK_MPI(MPI_Comm_dup(node_comm_, &broadcast_comm_));
+    return_errors(broadcast_comm_);
+    DDP_CHECK_MPI(MPI_Comm_split(comm_, leader_ ? 0 : MPI_UNDEFINED, rank_, &leaders_comm_));
+    if (!leader_) {
+      stages_ = {Stage::kNodeGather, Stage::kNodeBroadcast};
+      return;
+    }
+    return_errors(leaders_comm_);
+    if (sixteen_bits) {
+      leaders_wire_ = wire_group(leaders_comm_);
+      stages_ = {Stage::kNodeGather, Stage::kLeadersWireAllToAll, Stage::kLeadersWireAllGather,
+                 Stage::kNodeBroadcast};
+    } else {
+      stages_ = {Stage::kNodeGather, Stage::kLeadersSum, Stage::kNodeBroadcast};
     }
   }
   ~MpiReducer() override {
@@ -146,7 +158,8 @@ class MpiReducer final : public GradientReducer {
     MPI_Finalized(&finalized);
     if (!finalized) {
       std::lock_guard lock(mutex_);
-      for (MPI_Comm* c : {&gather_comm_, &node_comm_, &broadcast_comm_, &leaders_comm_}) {
+      for (MPI_Comm* c :
+           {&flat_wire_.gather, &leaders_wire_.gather, &node_comm_, &broadcast_comm_, &leaders_comm_}) {
         if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
       }
       MPI_Comm_free(&comm_);
@@ -161,18 +174,11 @@ class MpiReducer final : public GradientReducer {
     if (progress_thread_allowed_ && !progress_.joinable())
       progress_ = std::thread([this] { make_progress(); });
     std::lock_guard lock(mutex_);
-    Pending pending{segment, MPI_REQUEST_NULL, timeline::Clock::now(), {}, nullptr, 0};
-    if (wire_ != WireFormat::kFloat) {
-      pending.wire = start_wire_exchange(segment, pending.request);
-    } else if (!stages_.empty()) {
-      // The i-th segment of a step takes the i-th buffer: the same segments every step, no growth after one.
-      pending.buffer = pending_.size();
-      if (leader_ && gathered_.size() <= pending.buffer) gathered_.resize(pending.buffer + 1);
-      start_stage(pending);  // the node's gather: the segment before started its own already
-    } else {
-      DDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, segment.data(), checked_count(segment.size()), MPI_FLOAT,
-                                   MPI_SUM, comm_, &pending.request));
-    }
+    Pending pending{segment, MPI_REQUEST_NULL, timeline::Clock::now(), {}, nullptr, 0, 0};
+    // The i-th segment of a step takes the i-th buffer: the same segments every step, no growth after one.
+    pending.buffer = pending_.size();
+    if (leader_ && gathered_.size() <= pending.buffer) gathered_.resize(pending.buffer + 1);
+    start_stage(pending);  // its first: the segment before started its own already
     pending_.push_back(std::move(pending));
     // Poke MPI once now: without a progress thread, nothing moves the reduction until the next MPI call.
     complete_some(/*wait=*/false);
@@ -184,14 +190,13 @@ class MpiReducer final : public GradientReducer {
     if (pending_.empty()) return;
     while (complete_some(/*wait=*/true)) {
     }
-    const float scale = 1.0f / static_cast<float>(size_);
+    // The 16-bit wire's averages are final (read back to float as their all-gather completed); a float sum
+    // is scaled here.
+    const float factor = wire_ != WireFormat::kFloat ? 1.0f : 1.0f / static_cast<float>(size_);
     for (const Pending& p : pending_) {
-      // The 16-bit wire's averages are final: back to float, unscaled.
-      if (p.wire) read_wire(*p.wire, p.segment);
-      const float factor = p.wire ? 1.0f : scale;
       if (p.rows_target) {
         unpack_rows(*p.rows_target, factor);
-      } else if (!p.wire) {
+      } else if (factor != 1.0f) {
         for (float& x : p.segment) x *= factor;
       }
     }
@@ -250,8 +255,16 @@ class MpiReducer final : public GradientReducer {
     std::size_t width = 0;
     std::vector<int32_t> rows;
   };
-  // A segment on a 16-bit wire: its chunks (chunk r is rank r's to average). On the fp16 wire every chunk
-  // starts with its scale's exponent (one word), then its values.
+  // The ranks a 16-bit exchange runs over (every rank, or the node leaders): its two communicators (the
+  // all-to-alls', the all-gathers'), this rank's place and their number.
+  struct WireGroup {
+    MPI_Comm exchange = MPI_COMM_NULL;
+    MPI_Comm gather = MPI_COMM_NULL;  // a duplicate of `exchange` (top of the file), freed by the reducer
+    int rank = 0;
+    int size = 1;
+  };
+  // A segment on a 16-bit wire: its chunks (chunk r is the group's rank r's to average). On the fp16 wire
+  // every chunk starts with its scale's exponent (one word), then its values.
   struct WireExchange {
     std::size_t values_count = 0;    // the segment's floats
     std::vector<uint16_t> values;    // the segment: this rank's, then every chunk's average
@@ -261,57 +274,94 @@ class MpiReducer final : public GradientReducer {
     std::vector<int> offsets;        // per rank: its chunk's start in words
     std::vector<int> received_counts;
     std::vector<int> received_offsets;
-    bool exchanged = false;  // the all-to-all completed
-    bool gathering = false;  // the all-gather of the averages was started
   };
   struct Pending {
     std::span<float> segment;
     MPI_Request request;
     timeline::Clock::time_point started;  // for the timeline's bucket track
     std::optional<RowsTarget> rows_target;
-    std::unique_ptr<WireExchange> wire;  // 16 bits on the wire; null for float
-    std::size_t stages_started = 0;      // the hierarchy: how many of stages_ it started
-    std::size_t buffer = 0;              // the hierarchy, on a leader: its gathered_ buffer
+    std::unique_ptr<WireExchange> wire;  // 16 bits on the wire, while its exchange runs
+    std::size_t stages_started = 0;      // how many of stages_ it started
+    std::size_t buffer = 0;              // on a node's leader: its gathered_ buffer
   };
-  // The hierarchy's collectives for a segment, in order (a leader's; the others skip kLeadersSum).
-  enum class Stage { kNodeGather, kLeadersSum, kNodeBroadcast };
+  // The collectives a segment goes through, each on a communicator of its own (top of the file).
+  enum class Stage {
+    kAllReduce,             // float, every rank
+    kWireAllToAll,          // 16 bits, every rank: the chunks to their owners
+    kWireAllGather,         // the chunks' averages to every rank
+    kNodeGather,            // the hierarchy: every node rank's copy to its leader
+    kLeadersSum,            // the node's sum, then a float all-reduce across the leaders
+    kLeadersWireAllToAll,   // the node's sum, then the 16-bit all-to-all across the leaders
+    kLeadersWireAllGather,  // and its all-gather
+    kNodeBroadcast,         // the leader's result to its node
+  };
 
-  // Starts the next stage of `p`'s hierarchy. Called with mutex_ held.
+  WireGroup wire_group(MPI_Comm comm) const {
+    WireGroup group{comm, MPI_COMM_NULL, 0, 1};
+    DDP_CHECK_MPI(MPI_Comm_rank(comm, &group.rank));
+    DDP_CHECK_MPI(MPI_Comm_size(comm, &group.size));
+    DDP_CHECK_MPI(MPI_Comm_dup(comm, &group.gather));
+    return_errors(group.gather);
+    return group;
+  }
+
+  // Starts the next stage of `p`. Called with mutex_ held.
   void start_stage(Pending& p) {
     float* data = p.segment.data();
     const int count = checked_count(p.segment.size());
     switch (stages_[p.stages_started++]) {
-      case Stage::kNodeGather: {  // every node rank's copy to the leader's buffer
+      case Stage::kAllReduce:
+        DDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, comm_, &p.request));
+        break;
+      case Stage::kWireAllToAll:
+        p.wire = start_wire_exchange(p.segment, flat_wire_, p.request);
+        break;
+      case Stage::kWireAllGather:
+        start_wire_gather(*p.wire, flat_wire_, p.request);
+        break;
+      case Stage::kNodeGather: {
         float* copies = nullptr;
         if (leader_) {
           std::vector<float>& buffer = gathered_[p.buffer];
           buffer.resize(p.segment.size() * static_cast<std::size_t>(node_size_));
           copies = buffer.data();
         }
-        // Not in place: the bf16 gathers' in-place form failed in Open MPI 4.1 (above).
+        // Not in place: the 16-bit all-gathers' in-place form failed in Open MPI 4.1 (start_wire_gather).
         DDP_CHECK_MPI(
             MPI_Igather(data, count, MPI_FLOAT, copies, count, MPI_FLOAT, 0, node_comm_, &p.request));
         break;
       }
-      case Stage::kLeadersSum: {  // the node's sum, in node rank order, then across the leaders
-        const float* copies = gathered_[p.buffer].data();
-        const std::size_t n = p.segment.size();
-        for (std::size_t r = 1; r < static_cast<std::size_t>(node_size_); ++r) {
-          for (std::size_t i = 0; i < n; ++i) data[i] += copies[r * n + i];
-        }
+      case Stage::kLeadersSum:
+        add_node_copies(p);
         DDP_CHECK_MPI(
             MPI_Iallreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, leaders_comm_, &p.request));
         break;
-      }
+      case Stage::kLeadersWireAllToAll:
+        add_node_copies(p);
+        p.wire = start_wire_exchange(p.segment, leaders_wire_, p.request);
+        break;
+      case Stage::kLeadersWireAllGather:
+        start_wire_gather(*p.wire, leaders_wire_, p.request);
+        break;
       case Stage::kNodeBroadcast:
         DDP_CHECK_MPI(MPI_Ibcast(data, count, MPI_FLOAT, 0, broadcast_comm_, &p.request));
         break;
     }
   }
 
-  // The hierarchy's stages ready to start, in the segments' order on each communicator: a segment whose
-  // last stage completed starts the next one if the segment before it started that one already. Called
-  // with mutex_ held.
+  // A leader's segment becomes its node's sum: its own copy plus the others', in node rank order.
+  void add_node_copies(Pending& p) const {
+    const float* copies = gathered_[p.buffer].data();
+    const std::size_t n = p.segment.size();
+    float* data = p.segment.data();
+    for (std::size_t r = 1; r < static_cast<std::size_t>(node_size_); ++r) {
+      for (std::size_t i = 0; i < n; ++i) data[i] += copies[r * n + i];
+    }
+  }
+
+  // The stages ready to start, in the segments' order on each communicator: a segment whose last stage
+  // completed starts the next one if the segment before it started that one already. Called with mutex_
+  // held.
   void start_ready_stages() {
     std::size_t before = stages_.size();  // the stages the segment before started
     for (Pending& p : pending_) {
@@ -323,42 +373,43 @@ class MpiReducer final : public GradientReducer {
   // Words a chunk of `n` values takes on the wire (wire_payload.h: fp16 adds its exponent word).
   std::size_t wire_words(std::size_t n) const { return wire_payload_bytes(n, 0, wire_) / sizeof(uint16_t); }
 
-  // Chunk r's values: [n r / ranks, n (r + 1) / ranks) of a segment of n.
-  std::pair<std::size_t, std::size_t> chunk(std::size_t n, std::size_t r) const {
-    const auto ranks = static_cast<std::size_t>(size_);
+  // Chunk r of `ranks`: values [n r / ranks, n (r + 1) / ranks) of a segment of n.
+  static std::pair<std::size_t, std::size_t> chunk(std::size_t n, std::size_t r, std::size_t ranks) {
     return {n * r / ranks, n * (r + 1) / ranks};
   }
 
   // The segment's every chunk, averaged, from the all-gathered wire into `segment`.
   void read_wire(const WireExchange& wire, std::span<float> segment) const {
-    for (std::size_t r = 0; r < wire.counts.size(); ++r) {
-      const auto [begin, end] = chunk(segment.size(), r);
+    const std::size_t ranks = wire.counts.size();
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const auto [begin, end] = chunk(segment.size(), r, ranks);
       decode_values(reinterpret_cast<const unsigned char*>(wire.values.data() + wire.offsets[r]), end - begin,
                     wire_, segment.data() + begin);
     }
   }
 
-  // The first half of the 16-bit exchange of `segment`: its chunks to the wire and the all-to-all of the
-  // chunks. Called with mutex_ held.
-  std::unique_ptr<WireExchange> start_wire_exchange(std::span<const float> segment, MPI_Request& request) {
+  // The first half of the 16-bit exchange of `segment` over `group`: its chunks to the wire and the
+  // all-to-all of the chunks. Called with mutex_ held.
+  std::unique_ptr<WireExchange> start_wire_exchange(std::span<const float> segment, const WireGroup& group,
+                                                    MPI_Request& request) const {
     auto wire = std::make_unique<WireExchange>();
     const std::size_t n = segment.size();
-    const auto ranks = static_cast<std::size_t>(size_);
+    const auto ranks = static_cast<std::size_t>(group.size);
     wire->values_count = n;
     std::size_t words = 0;
     for (std::size_t r = 0; r < ranks; ++r) {
-      const auto [begin, end] = chunk(n, r);
+      const auto [begin, end] = chunk(n, r, ranks);
       wire->offsets.push_back(checked_count(words));
       wire->counts.push_back(checked_count(wire_words(end - begin)));
       words += wire_words(end - begin);
     }
     wire->values.resize(words);
     for (std::size_t r = 0; r < ranks; ++r) {
-      const auto [begin, end] = chunk(n, r);
+      const auto [begin, end] = chunk(n, r, ranks);
       encode_values(segment.subspan(begin, end - begin),
                     reinterpret_cast<unsigned char*>(wire->values.data() + wire->offsets[r]), wire_);
     }
-    const int mine = wire->counts[static_cast<std::size_t>(rank_)];
+    const int mine = wire->counts[static_cast<std::size_t>(group.rank)];
     wire->received.resize(ranks * static_cast<std::size_t>(mine));
     for (std::size_t r = 0; r < ranks; ++r) {
       wire->received_counts.push_back(mine);
@@ -366,21 +417,22 @@ class MpiReducer final : public GradientReducer {
     }
     DDP_CHECK_MPI(MPI_Ialltoallv(wire->values.data(), wire->counts.data(), wire->offsets.data(), MPI_UINT16_T,
                                  wire->received.data(), wire->received_counts.data(),
-                                 wire->received_offsets.data(), MPI_UINT16_T, comm_, &request));
+                                 wire->received_offsets.data(), MPI_UINT16_T, group.exchange, &request));
     return wire;
   }
 
-  // The second half, once the all-to-all completed: this rank's chunk averaged in float, in rank order, and
-  // put on the wire once, then the all-gather of every chunk's average. Called with mutex_ held.
-  void start_wire_gather(WireExchange& wire, MPI_Request& request) {
-    const auto me = static_cast<std::size_t>(rank_);
+  // The second half, once the all-to-all completed: this rank's chunk summed in float, in the group's rank
+  // order, scaled by 1/size of the whole job and put on the wire once, then the all-gather of every chunk's
+  // average. Called with mutex_ held.
+  void start_wire_gather(WireExchange& wire, const WireGroup& group, MPI_Request& request) {
+    const auto me = static_cast<std::size_t>(group.rank);
     const auto mine = static_cast<std::size_t>(wire.counts[me]);
-    const auto [begin, end] = chunk(wire.values_count, me);
+    const auto [begin, end] = chunk(wire.values_count, me, static_cast<std::size_t>(group.size));
     const std::size_t n = end - begin;
     const float scale = 1.0f / static_cast<float>(size_);
     sums_.assign(n, 0.0f);
     decoded_.resize(n);
-    for (std::size_t r = 0; r < static_cast<std::size_t>(size_); ++r) {
+    for (std::size_t r = 0; r < static_cast<std::size_t>(group.size); ++r) {
       decode_values(reinterpret_cast<const unsigned char*>(wire.received.data() + r * mine), n, wire_,
                     decoded_.data());
       for (std::size_t i = 0; i < n; ++i) sums_[i] += decoded_[i];
@@ -388,22 +440,11 @@ class MpiReducer final : public GradientReducer {
     for (float& x : sums_) x *= scale;
     wire.averages.resize(mine);
     encode_values(sums_, reinterpret_cast<unsigned char*>(wire.averages.data()), wire_);
-    wire.gathering = true;
     // From a buffer of its own, not MPI_IN_PLACE: Open MPI 4.1's non-blocking all-gatherv in place failed
     // with MPI_ERR_TRUNCATE and corrupted the heap at three ranks.
     DDP_CHECK_MPI(MPI_Iallgatherv(wire.averages.data(), wire.counts[me], MPI_UINT16_T, wire.values.data(),
-                                  wire.counts.data(), wire.offsets.data(), MPI_UINT16_T, gather_comm_,
+                                  wire.counts.data(), wire.offsets.data(), MPI_UINT16_T, group.gather,
                                   &request));
-  }
-
-  // The all-gathers whose all-to-all completed, in the segments' order: up to the first segment still in
-  // its all-to-all. Called with mutex_ held.
-  void start_ready_gathers() {
-    for (Pending& p : pending_) {
-      if (!p.wire || p.wire->gathering) continue;
-      if (!p.wire->exchanged) return;
-      start_wire_gather(*p.wire, p.request);
-    }
   }
 
   void unpack_rows(const RowsTarget& target, float scale) const {
@@ -451,19 +492,20 @@ class MpiReducer final : public GradientReducer {
     const auto now = timeline::Clock::now();
     for (int i = 0; i < completed; ++i) {
       const auto bucket = static_cast<std::size_t>(indices_[static_cast<std::size_t>(i)]);
-      pending_[bucket].request = MPI_REQUEST_NULL;
-      if (pending_[bucket].wire && !pending_[bucket].wire->gathering) {
-        pending_[bucket].wire->exchanged = true;
-        continue;
+      Pending& p = pending_[bucket];
+      p.request = MPI_REQUEST_NULL;
+      const Stage done = stages_[p.stages_started - 1];
+      if (done == Stage::kWireAllGather || done == Stage::kLeadersWireAllGather) {
+        read_wire(*p.wire, p.segment);  // the averages, final, back to float
+        p.wire.reset();
       }
-      if (pending_[bucket].stages_started < stages_.size()) continue;  // the hierarchy goes on below
+      if (p.stages_started < stages_.size()) continue;  // its next stage starts below
       if (timeline::enabled()) {
-        timeline::record("all-reduce bucket", pending_[bucket].started, now,
+        timeline::record("all-reduce bucket", p.started, now,
                          timeline::track("all-reduce bucket", static_cast<int>(bucket)),
-                         static_cast<int64_t>(pending_[bucket].segment.size()));
+                         static_cast<int64_t>(p.segment.size()));
       }
     }
-    start_ready_gathers();
     start_ready_stages();
     return true;
   }
@@ -472,14 +514,15 @@ class MpiReducer final : public GradientReducer {
   static constexpr std::chrono::microseconds kProgressPeriod{200};
 
   MPI_Comm comm_ = MPI_COMM_NULL;
-  MPI_Comm gather_comm_ = MPI_COMM_NULL;  // a 16-bit wire: the all-gathers' own (top of the file)
   // The hierarchy (top of the file): this rank's node, the same for the broadcasts, and the node leaders
-  // (null elsewhere); stages_ is empty where it does not apply.
+  // (null where it does not apply).
   MPI_Comm node_comm_ = MPI_COMM_NULL;
   MPI_Comm broadcast_comm_ = MPI_COMM_NULL;
   MPI_Comm leaders_comm_ = MPI_COMM_NULL;
-  std::vector<Stage> stages_;
-  bool leader_ = false;  // this rank leads its node
+  WireGroup flat_wire_;        // a 16-bit wire over every rank (flat path)
+  WireGroup leaders_wire_;     // a 16-bit wire across the node leaders (the hierarchy, on a leader)
+  std::vector<Stage> stages_;  // this rank's, for every segment
+  bool leader_ = false;        // this rank leads its node
   int node_size_ = 1;
   std::vector<std::vector<float>> gathered_;  // a leader's: per segment in flight, every node rank's copy
   int rank_ = 0;

@@ -151,8 +151,8 @@ void visit_keys(C& c, Visitor&& key) {
   key("comm", "hierarchy", c.comm.hierarchy, one_of("off, auto"),
       "mpi across nodes: off (one all-reduce over every rank; the default, since the hierarchy was not "
       "faster where measured) or auto (where a node has several ranks, each gradient bucket is summed inside "
-      "the node, across one leader per node and broadcast back inside it, so that each node sends it once; "
-      "float gradients, not bf16)");
+      "the node, across one leader per node (on the comm.compression wire) and broadcast back inside it, so "
+      "that each node sends it once)");
   key("comm", "ps_servers", c.comm.ps_servers, "0 or more",
       "ps: 0 (colocated): every rank trains and serves a shard of the parameters and their optimizer state, "
       "where every rank is on a CPU (async: on a server thread, with MPI_THREAD_MULTIPLE), else one "

@@ -9,7 +9,8 @@
 #   must learn the other node's contribution to every element of every step's average);
 # - the delayed exchange (comm.overlap = delayed) and gradients as bfloat16 (comm.compression = bf16) across
 #   the nodes: every epoch's replicas agree bit for bit (the run compares every rank's parameter checksum with
-#   rank 0's and records it), and bf16 and fp16 (scaled per chunk) move at most 65% of float's bytes;
+#   rank 0's and records it), and bf16 and fp16 (scaled per chunk) move at most 65% of float's bytes, with
+#   one rank per node and (bf16) through the node leaders with two;
 # - nothing of the cluster is left afterwards.
 #   bash tests/cluster/allreduce_test.sh path/to/ddptrain source-dir        (as root; else exit 77, skipped)
 set -euo pipefail
@@ -93,8 +94,8 @@ agreed=$(grep -c '"parameters_checksum":"[0-9a-f]\{16\}"' "$shared/two-nodes-del
 echo "ok: the delayed exchange across 2 nodes x 2 ranks: every epoch's replicas bit-identical"
 
 # bf16 against float on a model whose gradients outweigh the step's small messages (66k parameters), one rank
-# per node: bf16's all-to-all and all-gather are not topology-aware, so with two ranks per node they move
-# about what Open MPI's float all-reduce moves across the link (benchmarks/RESULTS.md).
+# per node: with comm.hierarchy off, bf16's all-to-all and all-gather are not topology-aware, so with two
+# ranks per node they move about what Open MPI's float all-reduce moves across the link (RESULTS.md).
 declare -A received_with=()
 for wire in none bf16 fp16; do
   read -r -a before <<<"$(cluster_net_bytes node1) $(cluster_net_bytes node2)"
@@ -118,5 +119,29 @@ for node in 1 2; do
   done
 done
 echo "ok: bf16 and fp16 gradients across 2 nodes, a rank each: every epoch's replicas bit-identical, half the bytes"
+
+# bf16 through the node leaders, 2 nodes x 2 ranks: each node's float sum crosses the link once, in 16 bits.
+for wire in none bf16; do
+  read -r -a before <<<"$(cluster_net_bytes node1) $(cluster_net_bytes node2)"
+  args=$(training_args "$src" "$shared/leaders-wire-$wire")
+  read -r -a run <<<"$args --comm.backend mpi --comm.sparse_embedding false --comm.compression $wire \
+    --comm.hierarchy auto --model.embedding_dim 64 --model.hidden 64"
+  cluster_mpirun -H node1:2,node2:2 -np 4 "$ddptrain" "${run[@]}" >"$shared/leaders-wire-$wire.txt" 2>&1 ||
+    { cat "$shared/leaders-wire-$wire.txt"; fail "the 2 x 2-rank run with comm.compression $wire failed"; }
+  read -r -a after <<<"$(cluster_net_bytes node1) $(cluster_net_bytes node2)"
+  grep -qF "hierarchical across 2 nodes" "$shared/leaders-wire-$wire.txt" ||
+    { cat "$shared/leaders-wire-$wire.txt"; fail "comm.compression $wire: the exchange did not go through leaders"; }
+  agreed=$(grep -c '"parameters_checksum":"[0-9a-f]\{16\}"' "$shared/leaders-wire-$wire/metrics.jsonl")
+  [ "$agreed" -eq 2 ] || fail "comm.compression $wire through leaders: $agreed of 2 epochs with agreed replicas"
+  for node in 1 2; do received_with[leaders-$wire$node]=$((after[2 * node - 1] - before[2 * node - 1])); done
+done
+for node in 1 2; do
+  with_float=${received_with[leaders-none$node]}
+  with_wire=${received_with[leaders-bf16$node]}
+  echo "node$node: received $with_wire bytes with bf16 gradients through the leaders, $with_float with float"
+  [ $((100 * with_wire)) -le $((65 * with_float)) ] ||
+    fail "bf16 through leaders: node$node received $with_wire bytes, more than 65% of float's $with_float"
+done
+echo "ok: bf16 through the node leaders, 2 nodes x 2 ranks: every epoch's replicas bit-identical, half the bytes"
 
 expect_no_leftovers

@@ -1,8 +1,9 @@
 // The MPI all-reduce's hierarchy (comm.hierarchy, mpi_reducer.cpp) on pseudo-nodes of one machine
 // (MpiReducerOptions::test_node): at 4 ranks 2 nodes of 2, at 3 ranks nodes of 2 and 1, in blocks of
 // consecutive ranks and interleaved. Its average equals the flat all-reduce's within float rounding, every
-// rank holds the same bits, with several segments in flight and over repeated steps; where it does not
-// apply (one node, a node per rank, off, bf16) the reducer is the flat one, bit for bit.
+// rank holds the same bits, with several segments in flight and over repeated steps; on a 16-bit wire its
+// average is, bit for bit, the node sums' exchange across the leaders worked out here; where it does not
+// apply (one node, a node per rank, off) the reducer is the flat one, bit for bit.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -17,6 +18,7 @@
 
 #include "comm/gradient_reducer.h"
 #include "comm/host_group.h"
+#include "comm/wire_payload.h"
 #include "engine/base/errors.h"
 
 namespace ddp {
@@ -84,7 +86,8 @@ TEST(MpiHierarchy, AppliesWhereNodesShareRanksAndTheJobSpansSeveral) {
   EXPECT_EQ(pairs.nodes, (n + 1) / 2);
   EXPECT_EQ(pairs.largest_node, std::min(n, 2));
   EXPECT_FALSE(comm::mpi_hierarchy(world, {"none", "off", paired(world.rank(), n)}).on);
-  EXPECT_FALSE(comm::mpi_hierarchy(world, {"bf16", "auto", paired(world.rank(), n)}).on) << "bf16 stays flat";
+  EXPECT_EQ(comm::mpi_hierarchy(world, {"bf16", "auto", paired(world.rank(), n)}).on, n >= 3);
+  EXPECT_EQ(comm::mpi_hierarchy(world, {"fp16", "auto", paired(world.rank(), n)}).on, n >= 3);
   EXPECT_FALSE(comm::mpi_hierarchy(world, {"none", "auto", own_node(world.rank(), n)}).on);
   EXPECT_FALSE(comm::mpi_hierarchy(world, {"none", "auto", one_node(world.rank(), n)}).on);
   EXPECT_FALSE(comm::mpi_hierarchy(world, {}).on) << "ctest runs every rank on one node";
@@ -118,37 +121,124 @@ TEST(MpiHierarchy, AveragesAsTheFlatAllReduceWithTheSameBitsOnEveryRank) {
   }
 }
 
+// `values` in `format` and back, as the wire carries them (fp16: scaled by its own power of two).
+std::vector<float> through_the_wire(std::span<const float> values, comm::WireFormat format) {
+  std::vector<unsigned char> bytes(comm::wire_payload_bytes(values.size(), 0, format));
+  comm::encode_values(values, bytes.data(), format);
+  std::vector<float> back(values.size());
+  comm::decode_values(bytes.data(), values.size(), format, back.data());
+  return back;
+}
+
+// The hierarchy's average on a 16-bit wire, worked out from every rank's gradients: each node's sum in float
+// in node rank order; the leaders (in rank order) split each segment into one chunk per leader, and chunk
+// c's average is the sum, in leader order, of every leader's chunk c through the wire, times 1/size, itself
+// through the wire once.
+std::vector<float> expected_16_bit_average(const std::vector<std::vector<float>>& of_rank,
+                                           const std::vector<int>& node_of, comm::WireFormat format) {
+  const int ranks = static_cast<int>(of_rank.size());
+  std::vector<int> leaders;  // each node's lowest rank, in rank order
+  std::vector<std::vector<float>> node_sums;
+  for (int r = 0; r < ranks; ++r) {
+    const int leader =
+        static_cast<int>(std::find(node_of.begin(), node_of.end(), node_of[r]) - node_of.begin());
+    if (leader == r) {
+      leaders.push_back(r);
+      node_sums.push_back(of_rank[r]);
+      continue;
+    }
+    const auto node =
+        static_cast<std::size_t>(std::find(leaders.begin(), leaders.end(), leader) - leaders.begin());
+    for (std::size_t i = 0; i < of_rank[r].size(); ++i) node_sums[node][i] += of_rank[r][i];
+  }
+  const std::size_t chunks = leaders.size();
+  std::vector<float> average(of_rank[0].size());
+  std::size_t at = 0;
+  for (const std::size_t n : segment_sizes()) {
+    for (std::size_t c = 0; c < chunks; ++c) {
+      const std::size_t begin = at + n * c / chunks;
+      const std::size_t end = at + n * (c + 1) / chunks;
+      std::vector<float> sum(end - begin, 0.0f);
+      for (const std::vector<float>& node_sum : node_sums) {
+        const std::vector<float> wired =
+            through_the_wire(std::span<const float>(node_sum).subspan(begin, end - begin), format);
+        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += wired[i];
+      }
+      for (float& x : sum) x *= 1.0f / static_cast<float>(ranks);
+      const std::vector<float> wired = through_the_wire(sum, format);
+      std::copy(wired.begin(), wired.end(), average.begin() + static_cast<std::ptrdiff_t>(begin));
+    }
+    at += n;
+  }
+  return average;
+}
+
+TEST(MpiHierarchy, SixteenBitWiresCrossTheLinksOnlyBetweenTheNodeSums) {
+  comm::HostGroup world(MPI_COMM_WORLD);
+  const int n = world.size();
+  if (n < 3) GTEST_SKIP() << "2 ranks make no node of several ranks beside another node";
+  for (const std::string compression : {"bf16", "fp16"}) {
+    for (const auto node_of : {paired, interleaved}) {
+      SCOPED_TRACE(compression);
+      const comm::MpiReducerOptions options{compression, "auto", node_of(world.rank(), n)};
+      ASSERT_TRUE(comm::mpi_hierarchy(world, options).on);
+      auto reducer = comm::make_mpi_reducer(world, options);
+      std::vector<int> nodes;
+      for (int r = 0; r < n; ++r) nodes.push_back(node_of(r, n));
+      for (int step = 0; step < 2; ++step) {
+        std::vector<std::vector<float>> of_rank;
+        for (int r = 0; r < n; ++r) of_rank.push_back(gradients(r, step, total_size()));
+        std::vector<float> got = of_rank[static_cast<std::size_t>(world.rank())];
+        average_in_segments(*reducer, got);
+        ASSERT_TRUE(same_bits_everywhere(world, got)) << "the replicas would drift apart";
+        const std::vector<float> expected =
+            expected_16_bit_average(of_rank, nodes, comm::wire_format(compression));
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < got.size(); ++i)
+          differ += std::memcmp(&got[i], &expected[i], sizeof(float)) != 0;
+        EXPECT_EQ(differ, 0u) << "values of " << got.size() << " differ from the node sums' 16-bit exchange";
+      }
+    }
+  }
+}
+
 // The row exchange sends its packed rows as a segment; beside dense segments in flight.
 TEST(MpiHierarchy, AveragesRowsBesideSegments) {
   comm::HostGroup world(MPI_COMM_WORLD);
   const int n = world.size();
-  auto flat = comm::make_mpi_reducer(world, comm::MpiReducerOptions{"none", "off"});
-  auto hierarchical = comm::make_mpi_reducer(world, {"none", "auto", paired(world.rank(), n)});
-  const std::size_t width = 5;
-  const std::size_t total_rows = 40;
-  for (int step = 0; step < 2; ++step) {
-    std::vector<std::vector<float>> results;
-    for (comm::GradientReducer* reducer : {flat.get(), hierarchical.get()}) {
-      std::vector<float> dense = gradients(world.rank(), step, 333);
-      std::vector<float> matrix(total_rows * width, 0.0f);
-      std::vector<int32_t> rows;
-      for (std::size_t row = static_cast<std::size_t>(world.rank() + step); row < total_rows; row += 7) {
-        rows.push_back(static_cast<int32_t>(row));
-        for (std::size_t j = 0; j < width; ++j) matrix[row * width + j] = static_cast<float>(row + j) * 0.37f;
+  for (const std::string compression : {"none", "bf16"}) {
+    SCOPED_TRACE(compression);
+    // bf16 keeps 8 bits of each value: the flat float average is the reference within that.
+    const double tolerance = compression == "none" ? 1e-5 : 1.0 / 128;
+    auto flat = comm::make_mpi_reducer(world, comm::MpiReducerOptions{"none", "off"});
+    auto hierarchical = comm::make_mpi_reducer(world, {compression, "auto", paired(world.rank(), n)});
+    const std::size_t width = 5;
+    const std::size_t total_rows = 40;
+    for (int step = 0; step < 2; ++step) {
+      std::vector<std::vector<float>> results;
+      for (comm::GradientReducer* reducer : {flat.get(), hierarchical.get()}) {
+        std::vector<float> dense = gradients(world.rank(), step, 333);
+        std::vector<float> matrix(total_rows * width, 0.0f);
+        std::vector<int32_t> rows;
+        for (std::size_t row = static_cast<std::size_t>(world.rank() + step); row < total_rows; row += 7) {
+          rows.push_back(static_cast<int32_t>(row));
+          for (std::size_t j = 0; j < width; ++j)
+            matrix[row * width + j] = static_cast<float>(row + j) * 0.37f;
+        }
+        reducer->start_average(std::span<float>(dense).first(300));
+        const std::vector<int32_t> all = reducer->start_average_rows(matrix, width, rows);
+        reducer->start_average(std::span<float>(dense).subspan(300));
+        reducer->finish_average();
+        EXPECT_TRUE(same_bits_everywhere(world, matrix));
+        EXPECT_TRUE(same_bits_everywhere(world, dense));
+        EXPECT_FALSE(all.empty());
+        matrix.insert(matrix.end(), dense.begin(), dense.end());
+        results.push_back(std::move(matrix));
       }
-      reducer->start_average(std::span<float>(dense).first(300));
-      const std::vector<int32_t> all = reducer->start_average_rows(matrix, width, rows);
-      reducer->start_average(std::span<float>(dense).subspan(300));
-      reducer->finish_average();
-      EXPECT_TRUE(same_bits_everywhere(world, matrix));
-      EXPECT_TRUE(same_bits_everywhere(world, dense));
-      EXPECT_FALSE(all.empty());
-      matrix.insert(matrix.end(), dense.begin(), dense.end());
-      results.push_back(std::move(matrix));
-    }
-    ASSERT_EQ(results[0].size(), results[1].size());
-    for (std::size_t i = 0; i < results[0].size(); ++i) {
-      ASSERT_NEAR(results[1][i], results[0][i], 1e-5 * std::max(1.0f, std::abs(results[0][i]))) << i;
+      ASSERT_EQ(results[0].size(), results[1].size());
+      for (std::size_t i = 0; i < results[0].size(); ++i) {
+        ASSERT_NEAR(results[1][i], results[0][i], tolerance * std::max(1.0f, std::abs(results[0][i]))) << i;
+      }
     }
   }
 }
