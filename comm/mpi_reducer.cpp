@@ -31,14 +31,14 @@
 // rank order; the exchange across the leaders alone (a float all-reduce in place, whose scale by 1/size
 // stays in finish_average(); or the 16-bit wire's all-to-all and all-gather among the leaders, which scale
 // each chunk's sum of node sums by 1/size of the whole job); and a broadcast of the float result from the
-// leader inside the node. A gather, not MPI_Ireduce: Open MPI 4.1's non-blocking reduce of a
-// large segment between two ranks is a chain of 8 KB pieces, one piece per test of the request, and made a
-// step at 1 Gbit/s 5.7x slower than the flat all-reduce (benchmarks/RESULTS.md). Every rank ends with its
-// leader's bits, and the leaders with the same ones (one all-reduce, as the flat path). The
-// same ordering rule as the 16-bit all-gathers holds for every stage: a segment starts a stage once its
-// previous stage completed and the segment before it started that stage, and each stage of a rank runs on
-// a communicator of its own (a leader may start segment k's broadcast after segment k + 1's gather). A job
-// whose ranks each have a node, or share one, takes the flat path.
+// leader inside the node. The sparse exchange's row ids go the same way (union_of_rows). A gather, not
+// MPI_Ireduce: Open MPI 4.1's non-blocking reduce of a large segment between two ranks is a chain of 8 KB
+// pieces, one piece per test of the request, and made a step at 1 Gbit/s several times slower than the flat
+// all-reduce (benchmarks/RESULTS.md). Every rank ends with its leader's bits, and the leaders with the same
+// ones (one all-reduce, as the flat path). The same ordering rule as the 16-bit all-gathers holds for every
+// stage: a segment starts a stage once its previous stage completed and the segment before it started that
+// stage, and each stage of a rank runs on a communicator of its own (a leader may start segment k's broadcast
+// after segment k + 1's gather). A job whose ranks each have a node, or share one, takes the flat path.
 //
 // Every path is a list of such stages per rank (stages_): the flat float all-reduce is one, the flat 16-bit
 // exchange two, the hierarchy two (a node's other ranks) to four (a leader on a 16-bit wire).
@@ -131,12 +131,16 @@ class MpiReducer final : public GradientReducer {
     DDP_CHECK_MPI(MPI_Comm_size(node_comm_, &node_size_));
     DDP_CHECK_MPI(MPI_Comm_dup(node_comm_, &broadcast_comm_));
     return_errors(broadcast_comm_);
+    DDP_CHECK_MPI(MPI_Comm_dup(node_comm_, &rows_node_comm_));
+    return_errors(rows_node_comm_);
     DDP_CHECK_MPI(MPI_Comm_split(comm_, leader_ ? 0 : MPI_UNDEFINED, rank_, &leaders_comm_));
     if (!leader_) {
       stages_ = {Stage::kNodeGather, Stage::kNodeBroadcast};
       return;
     }
     return_errors(leaders_comm_);
+    DDP_CHECK_MPI(MPI_Comm_dup(leaders_comm_, &rows_leaders_comm_));
+    return_errors(rows_leaders_comm_);
     if (sixteen_bits) {
       leaders_wire_ = wire_group(leaders_comm_);
       stages_ = {Stage::kNodeGather, Stage::kLeadersWireAllToAll, Stage::kLeadersWireAllGather,
@@ -158,8 +162,8 @@ class MpiReducer final : public GradientReducer {
     MPI_Finalized(&finalized);
     if (!finalized) {
       std::lock_guard lock(mutex_);
-      for (MPI_Comm* c :
-           {&flat_wire_.gather, &leaders_wire_.gather, &node_comm_, &broadcast_comm_, &leaders_comm_}) {
+      for (MPI_Comm* c : {&flat_wire_.gather, &leaders_wire_.gather, &node_comm_, &broadcast_comm_,
+                          &leaders_comm_, &rows_node_comm_, &rows_leaders_comm_}) {
         if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
       }
       MPI_Comm_free(&comm_);
@@ -207,25 +211,7 @@ class MpiReducer final : public GradientReducer {
                                           std::span<const int32_t> rows) override {
     if (size_ == 1) return {rows.begin(), rows.end()};
     const std::size_t total_rows = matrix.size() / width;
-    // Every rank learns every rank's rows and forms the same sorted union.
-    const int mine = checked_count(rows.size());
-    std::vector<int> counts(static_cast<std::size_t>(size_));
-    std::vector<int> offsets(counts.size());
-    std::vector<int32_t> gathered;
-    {
-      std::lock_guard lock(mutex_);
-      DDP_CHECK_MPI(MPI_Allgather(&mine, 1, MPI_INT, counts.data(), 1, MPI_INT, comm_));
-      std::size_t all = 0;
-      for (std::size_t r = 0; r < counts.size(); ++r) {
-        offsets[r] = checked_count(all);
-        all += static_cast<std::size_t>(counts[r]);
-      }
-      gathered.resize(all);
-      DDP_CHECK_MPI(MPI_Allgatherv(rows.data(), mine, MPI_INT32_T, gathered.data(), counts.data(),
-                                   offsets.data(), MPI_INT32_T, comm_));
-    }
-    std::sort(gathered.begin(), gathered.end());
-    gathered.erase(std::unique(gathered.begin(), gathered.end()), gathered.end());
+    const std::vector<int32_t> gathered = union_of_rows(rows);
 
     if (2 * gathered.size() > total_rows) {  // dense is cheaper than packing most of the matrix
       start_average(matrix);
@@ -249,6 +235,74 @@ class MpiReducer final : public GradientReducer {
   }
 
  private:
+  // Collective: the sorted union of every rank's `rows`, the same on every rank. Flat: one all-gather of the
+  // ids over every rank. The hierarchy: each node's ids to its leader, the node's union across the leaders,
+  // the job's union back inside the node; on communicators of their own, since the progress thread may
+  // start a segment's stage on the others at any time.
+  std::vector<int32_t> union_of_rows(std::span<const int32_t> rows) {
+    std::lock_guard lock(mutex_);
+    if (rows_node_comm_ == MPI_COMM_NULL) return sorted_unique(all_gather_ids(rows, comm_));
+    std::vector<int32_t> ids = sorted_unique(gather_ids(rows, rows_node_comm_));  // the leader's node's
+    if (leader_) ids = sorted_unique(all_gather_ids(ids, rows_leaders_comm_));
+    int count = checked_count(ids.size());
+    DDP_CHECK_MPI(MPI_Bcast(&count, 1, MPI_INT, 0, rows_node_comm_));
+    ids.resize(static_cast<std::size_t>(count));
+    DDP_CHECK_MPI(MPI_Bcast(ids.data(), count, MPI_INT32_T, 0, rows_node_comm_));
+    return ids;
+  }
+
+  static std::vector<int32_t> sorted_unique(std::vector<int32_t> ids) {
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    return ids;
+  }
+
+  // Collective over `comm`: every rank's `ids`, rank after rank, on every rank.
+  static std::vector<int32_t> all_gather_ids(std::span<const int32_t> ids, MPI_Comm comm) {
+    int ranks = 1;
+    DDP_CHECK_MPI(MPI_Comm_size(comm, &ranks));
+    const int mine = checked_count(ids.size());
+    std::vector<int> counts(static_cast<std::size_t>(ranks));
+    DDP_CHECK_MPI(MPI_Allgather(&mine, 1, MPI_INT, counts.data(), 1, MPI_INT, comm));
+    const std::vector<int> offsets = offsets_of(counts);
+    std::vector<int32_t> all(static_cast<std::size_t>(offsets.back() + counts.back()));
+    DDP_CHECK_MPI(MPI_Allgatherv(ids.data(), mine, MPI_INT32_T, all.data(), counts.data(), offsets.data(),
+                                 MPI_INT32_T, comm));
+    return all;
+  }
+
+  // Collective over `comm`: every rank's `ids`, rank after rank, on its rank 0 (empty elsewhere).
+  static std::vector<int32_t> gather_ids(std::span<const int32_t> ids, MPI_Comm comm) {
+    int rank = 0;
+    int ranks = 1;
+    DDP_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+    DDP_CHECK_MPI(MPI_Comm_size(comm, &ranks));
+    const int mine = checked_count(ids.size());
+    std::vector<int> counts(static_cast<std::size_t>(ranks));
+    DDP_CHECK_MPI(MPI_Gather(&mine, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm));
+    std::vector<int32_t> all;
+    std::vector<int> offsets;
+    if (rank == 0) {
+      offsets = offsets_of(counts);
+      all.resize(static_cast<std::size_t>(offsets.back() + counts.back()));
+    }
+    DDP_CHECK_MPI(MPI_Gatherv(ids.data(), mine, MPI_INT32_T, all.data(), counts.data(), offsets.data(),
+                              MPI_INT32_T, 0, comm));
+    return all;
+  }
+
+  // Where each count's items start when laid end to end.
+  static std::vector<int> offsets_of(const std::vector<int>& counts) {
+    std::vector<int> offsets(counts.size());
+    std::size_t at = 0;
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      offsets[r] = checked_count(at);
+      at += static_cast<std::size_t>(counts[r]);
+    }
+    checked_count(at);
+    return offsets;
+  }
+
   // Where the packed, summed rows of start_average_rows() go once their reduction completes.
   struct RowsTarget {
     std::span<float> matrix;
@@ -519,7 +573,9 @@ class MpiReducer final : public GradientReducer {
   MPI_Comm node_comm_ = MPI_COMM_NULL;
   MPI_Comm broadcast_comm_ = MPI_COMM_NULL;
   MPI_Comm leaders_comm_ = MPI_COMM_NULL;
-  WireGroup flat_wire_;        // a 16-bit wire over every rank (flat path)
+  MPI_Comm rows_node_comm_ = MPI_COMM_NULL;     // union_of_rows's, inside the node
+  MPI_Comm rows_leaders_comm_ = MPI_COMM_NULL;  // and across the leaders
+  WireGroup flat_wire_;                         // a 16-bit wire over every rank (flat path)
   WireGroup leaders_wire_;     // a 16-bit wire across the node leaders (the hierarchy, on a leader)
   std::vector<Stage> stages_;  // this rank's, for every segment
   bool leader_ = false;        // this rank leads its node

@@ -202,7 +202,8 @@ TEST(MpiHierarchy, SixteenBitWiresCrossTheLinksOnlyBetweenTheNodeSums) {
   }
 }
 
-// The row exchange sends its packed rows as a segment; beside dense segments in flight.
+// The row exchange sends its packed rows as a segment; beside dense segments in flight. The union of the
+// rows goes through the leaders too, and is the flat one.
 TEST(MpiHierarchy, AveragesRowsBesideSegments) {
   comm::HostGroup world(MPI_COMM_WORLD);
   const int n = world.size();
@@ -216,6 +217,7 @@ TEST(MpiHierarchy, AveragesRowsBesideSegments) {
     const std::size_t total_rows = 40;
     for (int step = 0; step < 2; ++step) {
       std::vector<std::vector<float>> results;
+      std::vector<std::vector<int32_t>> unions;
       for (comm::GradientReducer* reducer : {flat.get(), hierarchical.get()}) {
         std::vector<float> dense = gradients(world.rank(), step, 333);
         std::vector<float> matrix(total_rows * width, 0.0f);
@@ -232,9 +234,11 @@ TEST(MpiHierarchy, AveragesRowsBesideSegments) {
         EXPECT_TRUE(same_bits_everywhere(world, matrix));
         EXPECT_TRUE(same_bits_everywhere(world, dense));
         EXPECT_FALSE(all.empty());
+        unions.push_back(all);
         matrix.insert(matrix.end(), dense.begin(), dense.end());
         results.push_back(std::move(matrix));
       }
+      EXPECT_EQ(unions[1], unions[0]) << "the leaders' union of the rows differs from the flat one";
       ASSERT_EQ(results[0].size(), results[1].size());
       for (std::size_t i = 0; i < results[0].size(); ++i) {
         ASSERT_NEAR(results[1][i], results[0][i], tolerance * std::max(1.0f, std::abs(results[0][i]))) << i;
