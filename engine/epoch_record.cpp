@@ -115,22 +115,36 @@ void EpochRecorder::write_last_checkpoint(const TrainingProgress& progress,
   std::unique_ptr<CheckpointWriter> writer;
   std::optional<timeline::Span> span;  // rank 0's, over the whole write, the state's gather included
   if (ranks_.is_root()) span.emplace("checkpoint");
+  // last.h5 holds the parameters and at most two buffers of their size (Adam's moments); best.h5 is its copy.
+  const std::size_t params_bytes = replica_.layout().total_size() * sizeof(float);
+  const std::size_t file_bytes = 3 * params_bytes;
+  ranks_.wait_for_root_files(std::string("writing last.h5") + (best ? " and best.h5" : ""),
+                             best ? 2 * file_bytes : file_bytes);
   const std::vector<std::string> rng_states = ranks_.comm.gather(replica_.rng_state(), 0);
-  ranks_.on_root_or_abort(files_, [&] {
-    before();
-    replica_.copy_params_to_host(host_params_);
-    writer = std::make_unique<CheckpointWriter>(files_.last(), replica_.layout().shape(), host_params_,
-                                                updater_.optimizer_name(), updater_.optimizer_iterations(),
-                                                progress, config_ini_, record_);
-  });
+  ranks_.on_root_or_abort(
+      files_,
+      [&] {
+        before();
+        replica_.copy_params_to_host(host_params_);
+        writer = std::make_unique<CheckpointWriter>(
+            files_.last(), replica_.layout().shape(), host_params_, updater_.optimizer_name(),
+            updater_.optimizer_iterations(), progress, config_ini_, record_);
+      },
+      params_bytes);
   updater_.visit_optimizer_state([&](const std::string& name, std::span<const float> values) {
-    ranks_.on_root_or_abort(files_, [&] { writer->add_optimizer_buffer(name, values); });
+    ranks_.on_root_or_abort(
+        files_, [&] { writer->add_optimizer_buffer(name, values); }, values.size() * sizeof(float));
   });
-  ranks_.on_root_or_abort(files_, [&] {
-    writer->add_replica_rng_states(rng_states);
-    writer->commit();
-    if (best) copy_checkpoint(files_.last(), files_.best());
-  });
+  ranks_.on_root_or_abort(
+      files_,
+      [&] {
+        writer->add_replica_rng_states(rng_states);
+        writer->commit();
+        if (best) copy_checkpoint(files_.last(), files_.best());
+      },
+      best ? 2 * file_bytes : file_bytes);  // the file flushed to storage, and its copy
+  // The other ranks wait here, under their patience for the write, not in whatever comes next.
+  ranks_.comm.barrier();
 }
 
 }  // namespace ddp::engine

@@ -346,6 +346,9 @@ RunStart start_run(const Config& config, const RunFiles& files, const io::Datase
   watchdog.enter(
       "reading the checkpoint to resume, or drawing the initial parameters from the seed, and broadcasting "
       "them");
+  // Rank 0 reads the parameters and at most two optimizer buffers of their size; the others wait for it.
+  if (fresh[0] == 0.0)
+    expect_file_work(watchdog, "the checkpoint's read", 3 * layout.total_size() * sizeof(float));
   std::vector<std::string> rng_states;  // rank 0 of a resumed run: every training rank's, if saved
   comm::agree_on_errors(trainers, [&] {
     if (!root) {

@@ -21,11 +21,16 @@ void score_best_on_test(const TrainingRanks& ranks, const RunFiles& files, const
   ranks.watchdog.enter("scoring best.h5 on the test split");
   std::vector<float> params(replica.layout().total_size());
   std::vector<double> best_epoch{0.0};
-  ranks.on_root_or_abort(files, [&] {
-    const Checkpoint best = read_checkpoint(files.best(), CheckpointParts::kModel);
-    params = best.params;
-    best_epoch[0] = static_cast<double>(best.progress.epoch);
-  });
+  const std::size_t bytes = params.size() * sizeof(float);
+  ranks.wait_for_root_files("reading best.h5", bytes);
+  ranks.on_root_or_abort(
+      files,
+      [&] {
+        const Checkpoint best = read_checkpoint(files.best(), CheckpointParts::kModel);
+        params = best.params;
+        best_epoch[0] = static_cast<double>(best.progress.epoch);
+      },
+      bytes);
   ranks.comm.broadcast(std::span<float>(params), 0);
   ranks.comm.broadcast(std::span<double>(best_epoch), 0);
   replica.copy_params_from_host(params);

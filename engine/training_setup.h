@@ -39,7 +39,12 @@ struct TrainingRanks {
   // training started ends the job (exit 2) rather than leave the other ranks waiting in the next collective;
   // a job of one rank leaves through main() as any user error does. A write that hangs (a frozen file
   // system) ends it through the watchdog, which then names the write.
-  void on_root_or_abort(const RunFiles& files, const std::function<void()>& work) const;
+  // `bytes`: what the work reads or writes, for the time it may take (expect_file_work).
+  void on_root_or_abort(const RunFiles& files, const std::function<void()>& work,
+                        std::size_t bytes = 0) const;
+  // The other ranks, about to wait in a collective for rank 0's file work of `bytes` (`what`: "writing
+  // last.h5"): the phase, and the watchdog's patience for it.
+  void wait_for_root_files(const std::string& what, std::size_t bytes) const;
 };
 
 // What the training ranks train: this rank's replica and updater on its rows of the data.

@@ -63,11 +63,29 @@ void ProgressWatchdog::enter(const std::string& phase) {
   std::lock_guard<std::mutex> lock(mutex_);
   phase_ = phase;
   paused_ = false;
+  allowance_.store(0, std::memory_order_relaxed);
   mark_progress();
 }
 
 void ProgressWatchdog::beat(int64_t global_step) {
   last_step_.store(global_step, std::memory_order_relaxed);
+  allowance_.store(0, std::memory_order_relaxed);
+  mark_progress();
+}
+
+void expect_file_work(ProgressWatchdog& watchdog, const std::string& what, std::size_t bytes) {
+  constexpr double kSlowestStorageBytesPerS = 10e6;
+  if (bytes == 0) return;
+  std::ostringstream words;
+  words << what << " (" << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / 1e6 << " MB)";
+  watchdog.allow_silence(std::chrono::duration<double>(static_cast<double>(bytes) / kSlowestStorageBytesPerS),
+                         words.str());
+}
+
+void ProgressWatchdog::allow_silence(std::chrono::duration<double> extra, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  allowance_reason_ = why;
+  allowance_.store(std::chrono::duration_cast<Clock::duration>(extra).count(), std::memory_order_relaxed);
   mark_progress();
 }
 
@@ -115,12 +133,17 @@ bool ProgressWatchdog::check_locked(std::unique_lock<std::mutex>& lock) {
   if (!reason && !paused_) {
     const Clock::time_point last{Clock::duration(last_progress_.load(std::memory_order_relaxed))};
     const auto silent = now_() - last;
-    if (silent >= timeout_) {
+    const Clock::duration allowance{allowance_.load(std::memory_order_relaxed)};
+    if (silent >= timeout_ + allowance) {
       std::ostringstream text;
       text << "no progress for " << std::fixed << std::setprecision(1)
            << std::chrono::duration<double>(silent).count() << " s (" << timeout_setting_ << " "
-           << std::defaultfloat << std::setprecision(6) << std::chrono::duration<double>(timeout_).count()
-           << ") while " << phase_;
+           << std::defaultfloat << std::setprecision(6) << std::chrono::duration<double>(timeout_).count();
+      if (allowance.count() > 0) {
+        text << " + " << std::fixed << std::setprecision(1)
+             << std::chrono::duration<double>(allowance).count() << " s for " << allowance_reason_;
+      }
+      text << ") while " << phase_;
       const int64_t step = last_step_.load(std::memory_order_relaxed);
       if (step > 0) text << " (steps done: " << step << ")";
       stalled_ = true;

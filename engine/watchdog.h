@@ -8,8 +8,8 @@
 // step and per evaluation batch. A thread of its own notices when no progress came for the timeout and calls
 // the stall handler, which ends the job (MPI_Abort from that thread: the waiting thread may be blocked in
 // MPI, CUDA, NCCL or a read and never return). The timeout (comm.timeout_s) must therefore exceed the longest
-// pause of a healthy rank between two signs of progress, such as rank 0 writing a checkpoint while the others
-// wait.
+// pause of a healthy rank between two signs of progress; file work of a known size (rank 0 writing a
+// checkpoint while the others wait) gets patience sized to its bytes on top (expect_file_work).
 #pragma once
 
 #include <atomic>
@@ -68,6 +68,10 @@ class ProgressWatchdog {
   // A piece of the phase's work was done (a tensor initialised, a shape tried, a chunk of the data file
   // checked): start-up work that proceeds is no stall, however long it takes in all. Leaves a pause as it is.
   void proceed();
+  // Work of a known size lies ahead that gives no sign of progress (rank 0 reading or writing a checkpoint,
+  // the other ranks waiting for it in the next collective): until this rank's next enter() or beat(),
+  // silence up to the timeout plus `extra` is no stall; `why` names it in the message. Counts as progress.
+  void allow_silence(std::chrono::duration<double> extra, const std::string& why);
   // Stops judging until the next enter(), while code with deadlines of its own waits (the parameter
   // server's protocol names the rank it waits for). The health check still runs.
   void pause();
@@ -101,16 +105,23 @@ class ProgressWatchdog {
   const Now now_;
   std::atomic<Clock::rep> last_progress_;  // Clock ticks since its epoch
   std::atomic<int64_t> last_step_{0};
+  std::atomic<Clock::rep> allowance_{0};  // allow_silence's extra, in Clock ticks; 0 after a beat()
   std::mutex mutex_;  // guards the members below; held by the watching thread while it checks
   std::condition_variable wake_;
   HealthCheck health_;
   StallSurvey survey_;
   StallDetail detail_;
   std::string phase_ = "starting";
+  std::string allowance_reason_;  // allow_silence's `why`
   bool paused_ = false;
   bool stopping_ = false;
   bool stalled_ = false;  // the handler has been called
   std::thread thread_;
 };
+
+// Lets `watchdog` wait, beyond the timeout and until its next enter() or beat(), as long as `bytes` of file
+// work take at the slowest storage a run should survive (a busy network file system); `what` names the work
+// in a stall's message. Nothing for 0 bytes.
+void expect_file_work(ProgressWatchdog& watchdog, const std::string& what, std::size_t bytes);
 
 }  // namespace ddp::engine

@@ -105,6 +105,42 @@ TEST(ProgressWatchdog, ProceedLeavesAPauseAsItIs) {
   EXPECT_EQ(stalls, 0);
 }
 
+// File work of a known size (rank 0 writing a checkpoint while the others wait) gets patience sized to its
+// bytes on top of the timeout, until the next phase or step; a stall past it names the allowance.
+TEST(ProgressWatchdog, FileWorkOfAKnownSizeIsWaitedForUntilTheNextStep) {
+  ManualClock clock;
+  std::string reason;
+  int stalls = 0;
+  auto watchdog = ProgressWatchdog::without_thread(1.0, clock.now(), [&](const std::string& why) {
+    reason = why;
+    ++stalls;
+  });
+  watchdog->enter("waiting for rank 0 writing last.h5");
+  expect_file_work(*watchdog, "rank 0 writing last.h5", 50'000'000);  // 5 s at the slowest storage
+  clock.advance(5.9);
+  EXPECT_FALSE(watchdog->check()) << reason;
+  watchdog->beat(7);  // the step after: the allowance is spent
+  clock.advance(1.1);
+  ASSERT_TRUE(watchdog->check());
+  EXPECT_NE(reason.find("(comm.timeout_s 1) while"), std::string::npos) << reason;
+
+  auto second =
+      ProgressWatchdog::without_thread(1.0, clock.now(), [&](const std::string& why) { reason = why; });
+  expect_file_work(*second, "rank 0 writing last.h5", 50'000'000);
+  clock.advance(6.1);
+  ASSERT_TRUE(second->check());
+  EXPECT_NE(reason.find("(comm.timeout_s 1 + 5.0 s for rank 0 writing last.h5 (50.0 MB)) while"),
+            std::string::npos)
+      << reason;
+
+  auto third =
+      ProgressWatchdog::without_thread(1.0, clock.now(), [&](const std::string& why) { reason = why; });
+  expect_file_work(*third, "its files", 50'000'000);
+  third->enter("training");  // a new phase: the allowance is spent
+  clock.advance(1.1);
+  EXPECT_TRUE(third->check());
+}
+
 // Before the first step (a collective of start-up waiting for a hung rank) the message names the phase.
 TEST(ProgressWatchdog, NamesThePhaseItStalledIn) {
   ManualClock clock;
