@@ -32,6 +32,7 @@
 #include "engine/base/errors.h"
 #include "engine/base/gradient_clipping.h"
 #include "engine/base/running_clock.h"
+#include "engine/base/slow_storage.h"
 #include "engine/base/timeline.h"
 
 namespace ddp::comm {
@@ -105,9 +106,11 @@ class DedicatedLayout {
     return roles_.shard_end(server, total_) - roles_.shard_begin(server, total_);
   }
 
-  // Completes `requests` or, after `timeouts` x timeout_s, ends the job naming `what` was waited for.
-  void wait(std::vector<MPI_Request>& requests, const std::string& what, int timeouts = 1) const {
-    const double limit = options_.timeout_s * timeouts;
+  // Completes `requests` or, after `timeouts` x timeout_s (and `extra_s`), ends the job naming `what` was
+  // waited for.
+  void wait(std::vector<MPI_Request>& requests, const std::string& what, int timeouts = 1,
+            double extra_s = 0) const {
+    const double limit = options_.timeout_s * timeouts + extra_s;
     wait_or_fatal(requests, Clock::now(), limit,
                   [&] { return fmt::format("{} waited {} s for {}: rank lost?", me(), limit, what); });
   }
@@ -364,7 +367,9 @@ class DedicatedServerRun final : public DedicatedServer {
   }
 
   std::vector<float> serve() override {
-    ControlMessage message = wait_for_control("rank 0 to hand out the starting point", kStartupTimeouts);
+    // Resuming, rank 0 reads the parameters and at most two optimizer buffers of their size.
+    ControlMessage message = wait_for_control("rank 0 to hand out the starting point", kStartupTimeouts,
+                                              slowest_storage_seconds(3 * layout_->total_ * sizeof(float)));
     if (message[0] != static_cast<int64_t>(Control::kStart)) unexpected(message, "the start");
     receive_start(message[1] != 0, message[2]);
     const ShardUpdate update = [&](std::span<float> params, std::span<const float> grads) {
@@ -375,9 +380,11 @@ class DedicatedServerRun final : public DedicatedServer {
     for (;;) {
       // Rank 0 comes once every worker is through the epoch's sums, evaluation and checkpoint: the rank that
       // is hung may be another worker, whom rank 0 waits for.
+      // Rank 0 may be writing last.h5 and best.h5: the parameters and at most two optimizer buffers of their
+      // size (Adam's moments), twice.
       message = wait_for_control(
-          "rank 0 to start the next run of steps (rank 0, or a worker it waits for between runs of steps)",
-          1);
+          "rank 0 to start the next run of steps (rank 0, or a worker it waits for between runs of steps)", 1,
+          slowest_storage_seconds(2 * 3 * layout_->total_ * sizeof(float)));
       if (message[0] == static_cast<int64_t>(Control::kNoMore)) break;
       if (message[0] != static_cast<int64_t>(Control::kRun)) unexpected(message, "a run of steps");
       acknowledge_run();
@@ -422,11 +429,11 @@ class DedicatedServerRun final : public DedicatedServer {
   }
 
  private:
-  ControlMessage wait_for_control(const std::string& what, int timeouts) {
+  ControlMessage wait_for_control(const std::string& what, int timeouts, double extra_s = 0) {
     ControlMessage message{};
     std::vector<MPI_Request> requests;
     layout_->receive(message.data(), 3, MPI_INT64_T, 0, kTagControl, requests);
-    layout_->wait(requests, what, timeouts);
+    layout_->wait(requests, what, timeouts, extra_s);
     if (message[0] == static_cast<int64_t>(Control::kAbandon)) {
       throw ServiceAbandoned(layout_->me() + ": the training ranks ended the run (rank 0 says why)");
     }

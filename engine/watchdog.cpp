@@ -6,6 +6,7 @@
 
 #include "engine/base/errors.h"
 #include "engine/base/running_clock.h"
+#include "engine/base/slow_storage.h"
 
 namespace ddp::engine {
 
@@ -74,12 +75,10 @@ void ProgressWatchdog::beat(int64_t global_step) {
 }
 
 void expect_file_work(ProgressWatchdog& watchdog, const std::string& what, std::size_t bytes) {
-  constexpr double kSlowestStorageBytesPerS = 10e6;
   if (bytes == 0) return;
   std::ostringstream words;
   words << what << " (" << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / 1e6 << " MB)";
-  watchdog.allow_silence(std::chrono::duration<double>(static_cast<double>(bytes) / kSlowestStorageBytesPerS),
-                         words.str());
+  watchdog.allow_silence(std::chrono::duration<double>(slowest_storage_seconds(bytes)), words.str());
 }
 
 void ProgressWatchdog::allow_silence(std::chrono::duration<double> extra, const std::string& why) {
