@@ -5,8 +5,27 @@
 # container tests use, refuses a root that is not one), with /proc, /sys and /dev, the host's resolv.conf,
 # and packages' services kept from starting (a chroot has no init).
 #   enter_fresh_root SOURCE_DIR WORK_DIR ROOT_CACHE_DIR
-# sets $root (the new root's path) and $release_codename, and unmounts and removes the root at exit. The
-# caller defines fail MESSAGE [LOG...].
+# sets $root (the new root's path) and $release_codename, and unmounts and removes the root at exit.
+#   package_test_arguments SOURCE_DIR WORK_DIR [ROOT_CACHE_DIR]
+# sets $source_dir and $work_dir (made; both absolute) and $root_cache (WORK_DIR unless given), and sources
+# tests/lib/skip.sh. fail MESSAGE [LOG...] ends the test, showing each log's end.
+
+package_test_arguments() {
+  source_dir=$(cd "$1" && pwd)
+  work_dir=$2
+  root_cache=${3:-$2}
+  mkdir -p "$work_dir"
+  work_dir=$(cd "$work_dir" && pwd)
+  # shellcheck source=tests/lib/skip.sh
+  source "$source_dir/tests/lib/skip.sh"
+}
+
+fail() {
+  echo "FAIL: $1"
+  shift
+  for f in "$@"; do [ -f "$f" ] && { echo "--- $f"; tail -40 "$f"; }; done
+  exit 1
+}
 
 enter_fresh_root() {
   local source_dir=$1 work_dir=$2 root_cache=$3 fs

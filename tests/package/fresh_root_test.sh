@@ -16,20 +16,9 @@
 # Needs root, debootstrap, git, a source that is a git checkout, and the distribution's mirror (its apt source); skips (exit 77, saying why,
 # tests/lib/skip.sh) without the first three.
 set -euo pipefail
-source_dir=$(cd "$1" && pwd)
-work_dir=$2
-root_cache=${3:-$2}
-mkdir -p "$work_dir"
-work_dir=$(cd "$work_dir" && pwd)
-
-# shellcheck source=tests/lib/skip.sh
-source "$source_dir/tests/lib/skip.sh"
-fail() {
-  echo "FAIL: $1"
-  shift
-  for f in "$@"; do [ -f "$f" ] && { echo "--- $f"; tail -40 "$f"; }; done
-  exit 1
-}
+# shellcheck source=tests/package/fresh_root_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/fresh_root_lib.sh"
+package_test_arguments "$@"
 [ "$(id -u)" -eq 0 ] || skip_because "a fresh root needs root (chroot, mounts)"
 command -v debootstrap >/dev/null || skip_missing debootstrap "debootstrap is not installed"
 command -v git >/dev/null || skip_missing git "git is not installed (it lists the checkout's files)"
@@ -44,8 +33,6 @@ step() {  # NAME: the time since the previous step ended
   step_start=$SECONDS
 }
 
-# shellcheck source=tests/package/fresh_root_lib.sh
-source "$source_dir/tests/package/fresh_root_lib.sh"
 enter_fresh_root "$source_dir" "$work_dir" "$root_cache"
 step "a minimal $release_codename root (debootstrap, or its cached tarball), set up to chroot into"
 # A clone, as a user's, then the checkout's work tree as it is: tracked files and new ones git does not

@@ -16,20 +16,9 @@
 # (saying which GPU libraries are missing), train the quickstart, and refuse --device cuda with one line
 # naming cuDNN's library, exit 2. One package serves GPU nodes and CPU-only nodes.
 set -euo pipefail
-source_dir=$(cd "$1" && pwd)
-work_dir=$2
-root_cache=${3:-$2}
-mkdir -p "$work_dir"
-work_dir=$(cd "$work_dir" && pwd)
-
-# shellcheck source=tests/lib/skip.sh
-source "$source_dir/tests/lib/skip.sh"
-fail() {
-  echo "FAIL: $1"
-  shift
-  for f in "$@"; do [ -f "$f" ] && { echo "--- $f"; tail -40 "$f"; }; done
-  exit 1
-}
+# shellcheck source=tests/package/fresh_root_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/fresh_root_lib.sh"
+package_test_arguments "$@"
 phase_start=$SECONDS
 phase() {
   echo "== $* (previous phase: $((SECONDS - phase_start)) s)"
@@ -62,8 +51,6 @@ dpkg-deb -f "$deb" Depends | grep -q libhdf5 || fail "the package's dependencies
 # --- a fresh root ------------------------------------------------------------------------------------------
 # This machine's release: the package was built against its libraries.
 phase "a minimal root of this machine's release (debootstrap, or its cached tarball)"
-# shellcheck source=tests/package/fresh_root_lib.sh
-source "$source_dir/tests/package/fresh_root_lib.sh"
 enter_fresh_root "$source_dir" "$work_dir" "$root_cache"
 in_root() { chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
