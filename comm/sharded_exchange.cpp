@@ -61,7 +61,7 @@ void ShardedExchange::reduce_scatter_average(std::span<const float> full, std::s
   }
   std::copy(full.begin(), full.end(), payloads_.get());
   send_counts_.assign(counts_.begin(), counts_.end());
-  exchange_payloads_16_bit();
+  exchange_payloads_16_bit(/*all_dense=*/true);
   std::fill(shard.begin(), shard.end(), 0.0f);
   for (std::size_t r = 0; r < ranks; ++r) {
     const float* part = receive_.data() + receive_offsets_[r];
@@ -126,7 +126,7 @@ std::span<const GradientPiece> ShardedExchange::reduce_scatter_average_rows(
     send_counts_[owner] = static_cast<int>(count);
   }
   if (wire_ != WireFormat::kFloat) {
-    exchange_payloads_16_bit();
+    exchange_payloads_16_bit(/*all_dense=*/false);
   } else {
     receive_counts_.resize(ranks);
     DDP_CHECK_MPI(MPI_Alltoall(send_counts_.data(), 1, MPI_INT, receive_counts_.data(), 1, MPI_INT, comm_));
@@ -218,7 +218,7 @@ std::span<const GradientPiece> ShardedExchange::reduce_scatter_average_rows(
   return average_pieces_;
 }
 
-void ShardedExchange::exchange_payloads_16_bit() {
+void ShardedExchange::exchange_payloads_16_bit(bool all_dense) {
   const auto ranks = static_cast<std::size_t>(size_);
   // Each owner's payload narrowed in place; its 32-bit words (row count and ids of a row-sparse one) stay.
   // The receivers learn each payload's floats and words first.
@@ -240,7 +240,14 @@ void ShardedExchange::exchange_payloads_16_bit() {
     send_byte_offsets_[owner] = offsets_[owner] * static_cast<int>(sizeof(float));
   }
   receive_pairs_.resize(2 * ranks);
-  DDP_CHECK_MPI(MPI_Alltoall(send_pairs_.data(), 2, MPI_INT, receive_pairs_.data(), 2, MPI_INT, comm_));
+  if (all_dense) {  // every rank sends this rank its whole shard, without 32-bit words: nothing to learn
+    for (std::size_t from = 0; from < ranks; ++from) {
+      receive_pairs_[2 * from] = counts_[static_cast<std::size_t>(rank_)];
+      receive_pairs_[2 * from + 1] = 0;
+    }
+  } else {
+    DDP_CHECK_MPI(MPI_Alltoall(send_pairs_.data(), 2, MPI_INT, receive_pairs_.data(), 2, MPI_INT, comm_));
+  }
   receive_counts_.resize(ranks);
   receive_bytes_.resize(ranks);
   for (std::size_t from = 0; from < ranks; ++from) {

@@ -91,8 +91,10 @@ class ShardedExchange {
   // receive_counts_ and receive_offsets_: each shard's floats outside `region`, packed rank after rank.
   std::size_t outside_counts(const RowRegion& region);
   // The payloads of payloads_ (send_counts_ floats at each owner's offset) to their owners in 16 bits:
-  // receive_ gets them widened back to floats (receive_counts_, receive_offsets_).
-  void exchange_payloads_16_bit();
+  // receive_ gets them widened back to floats (receive_counts_, receive_offsets_). `all_dense`: every payload
+  // is its owner's whole shard (reduce_scatter_average), whose sizes every rank knows; otherwise each
+  // payload's floats and 32-bit words travel first.
+  void exchange_payloads_16_bit(bool all_dense);
 
   std::vector<int> counts_;   // floats per rank
   std::vector<int> offsets_;  // first float of each rank
