@@ -334,9 +334,9 @@ class MpiReducer final : public GradientReducer {
     MPI_Request request;
     timeline::Clock::time_point started;  // for the timeline's bucket track
     std::optional<RowsTarget> rows_target;
-    std::unique_ptr<WireExchange> wire;  // 16 bits on the wire, while its exchange runs
-    std::size_t stages_started = 0;      // how many of stages_ it started
-    std::size_t buffer = 0;              // on a node's leader: its gathered_ buffer
+    WireExchange* wire;              // 16 bits on the wire, while its exchange runs: one of wires_
+    std::size_t stages_started = 0;  // how many of stages_ it started
+    std::size_t buffer = 0;          // its buffers: gathered_ (on a node's leader), wires_
   };
   // The collectives a segment goes through, each on a communicator of its own (top of the file).
   enum class Stage {
@@ -368,7 +368,7 @@ class MpiReducer final : public GradientReducer {
         DDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, comm_, &p.request));
         break;
       case Stage::kWireAllToAll:
-        p.wire = start_wire_exchange(p.segment, flat_wire_, p.request);
+        p.wire = start_wire_exchange(p.segment, flat_wire_, p.buffer, p.request);
         break;
       case Stage::kWireAllGather:
         start_wire_gather(*p.wire, flat_wire_, p.request);
@@ -392,7 +392,7 @@ class MpiReducer final : public GradientReducer {
         break;
       case Stage::kLeadersWireAllToAll:
         add_node_copies(p);
-        p.wire = start_wire_exchange(p.segment, leaders_wire_, p.request);
+        p.wire = start_wire_exchange(p.segment, leaders_wire_, p.buffer, p.request);
         break;
       case Stage::kLeadersWireAllGather:
         start_wire_gather(*p.wire, leaders_wire_, p.request);
@@ -444,9 +444,15 @@ class MpiReducer final : public GradientReducer {
 
   // The first half of the 16-bit exchange of `segment` over `group`: its chunks to the wire and the
   // all-to-all of the chunks. Called with mutex_ held.
-  std::unique_ptr<WireExchange> start_wire_exchange(std::span<const float> segment, const WireGroup& group,
-                                                    MPI_Request& request) const {
-    auto wire = std::make_unique<WireExchange>();
+  WireExchange* start_wire_exchange(std::span<const float> segment, const WireGroup& group,
+                                    std::size_t buffer, MPI_Request& request) {
+    // The i-th segment of a step reuses the i-th exchange's buffers: no allocation after the first step.
+    while (wires_.size() <= buffer) wires_.push_back(std::make_unique<WireExchange>());
+    WireExchange* wire = wires_[buffer].get();
+    wire->offsets.clear();
+    wire->counts.clear();
+    wire->received_counts.clear();
+    wire->received_offsets.clear();
     const std::size_t n = segment.size();
     const auto ranks = static_cast<std::size_t>(group.size);
     wire->values_count = n;
@@ -551,7 +557,7 @@ class MpiReducer final : public GradientReducer {
       const Stage done = stages_[p.stages_started - 1];
       if (done == Stage::kWireAllGather || done == Stage::kLeadersWireAllGather) {
         read_wire(*p.wire, p.segment);  // the averages, final, back to float
-        p.wire.reset();
+        p.wire = nullptr;
       }
       if (p.stages_started < stages_.size()) continue;  // its next stage starts below
       if (timeline::enabled()) {
@@ -581,6 +587,7 @@ class MpiReducer final : public GradientReducer {
   bool leader_ = false;        // this rank leads its node
   int node_size_ = 1;
   std::vector<std::vector<float>> gathered_;  // a leader's: per segment in flight, every node rank's copy
+  std::vector<std::unique_ptr<WireExchange>> wires_;  // per segment in flight, reused step after step
   int rank_ = 0;
   int size_ = 1;
   bool progress_thread_allowed_ = false;
