@@ -59,6 +59,7 @@
 #include "comm/gradient_reducer.h"
 #include "comm/host_group.h"
 #include "comm/mpi_check.h"
+#include "comm/node_layout.h"
 #include "comm/wire_payload.h"
 #include "engine/base/errors.h"
 #include "engine/base/timeline.h"
@@ -71,35 +72,9 @@ void return_errors(MPI_Comm comm) {
   DDP_CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
 }
 
-// The ranks of `comm` grouped by node (options.test_node, else shared memory). Collective.
-struct NodeLayout {
-  MPI_Comm node = MPI_COMM_NULL;  // this rank's node, in rank order: the caller frees it
-  int node_rank = 0;
-  int nodes = 1;
-  int largest_node = 1;
-  bool hierarchical = false;  // the hierarchy applies
-};
-NodeLayout find_nodes(MPI_Comm comm, const MpiReducerOptions& options) {
-  int rank = 0;
-  DDP_CHECK_MPI(MPI_Comm_rank(comm, &rank));
-  int node = options.test_node;
-  if (node < 0) {  // the node's lowest rank names it
-    MPI_Comm shared = MPI_COMM_NULL;
-    DDP_CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared));
-    DDP_CHECK_MPI(MPI_Allreduce(&rank, &node, 1, MPI_INT, MPI_MIN, shared));
-    DDP_CHECK_MPI(MPI_Comm_free(&shared));
-  }
-  NodeLayout layout;
-  DDP_CHECK_MPI(MPI_Comm_split(comm, node, rank, &layout.node));
-  return_errors(layout.node);
-  int node_size = 1;
-  DDP_CHECK_MPI(MPI_Comm_rank(layout.node, &layout.node_rank));
-  DDP_CHECK_MPI(MPI_Comm_size(layout.node, &node_size));
-  const int leader = layout.node_rank == 0 ? 1 : 0;
-  DDP_CHECK_MPI(MPI_Allreduce(&leader, &layout.nodes, 1, MPI_INT, MPI_SUM, comm));
-  DDP_CHECK_MPI(MPI_Allreduce(&node_size, &layout.largest_node, 1, MPI_INT, MPI_MAX, comm));
-  layout.hierarchical = options.hierarchy == "auto" && layout.nodes > 1 && layout.largest_node > 1;
-  return layout;
+// Whether the hierarchy applies to the ranks `layout` groups.
+bool hierarchical(const NodeLayout& layout, const MpiReducerOptions& options) {
+  return options.hierarchy == "auto" && layout.nodes > 1 && layout.largest_node > 1;
 }
 
 class MpiReducer final : public GradientReducer {
@@ -113,13 +88,13 @@ class MpiReducer final : public GradientReducer {
     DDP_CHECK_MPI(MPI_Comm_size(comm_, &size_));
     int threading = MPI_THREAD_SINGLE;
     DDP_CHECK_MPI(MPI_Query_thread(&threading));
-    NodeLayout layout = find_nodes(comm_, options);
+    NodeLayout layout = find_nodes(comm_, options.test_node);
     // Within one node, shared-memory reductions complete inside the MPI calls the step makes anyway, and the
     // progress thread's polls only took cores from the replicas (the quickstart's step on 2 ranks was slower
     // with it).
     progress_thread_allowed_ = threading == MPI_THREAD_MULTIPLE && layout.nodes > 1;
     const bool sixteen_bits = wire_ != WireFormat::kFloat;
-    if (!layout.hierarchical) {
+    if (!hierarchical(layout, options)) {
       DDP_CHECK_MPI(MPI_Comm_free(&layout.node));
       stages_ = sixteen_bits ? std::vector<Stage>{Stage::kWireAllToAll, Stage::kWireAllGather}
                              : std::vector<Stage>{Stage::kAllReduce};
@@ -620,9 +595,9 @@ MpiHierarchy mpi_hierarchy(const HostGroup& group, const MpiReducerOptions& opti
   check_options(options);
   if (group.size() == 1) return {};
   std::lock_guard lock(*group.call_lock());
-  NodeLayout layout = find_nodes(group.mpi_comm(), options);
+  NodeLayout layout = find_nodes(group.mpi_comm(), options.test_node);
   DDP_CHECK_MPI(MPI_Comm_free(&layout.node));
-  return {layout.hierarchical, layout.nodes, layout.largest_node};
+  return {hierarchical(layout, options), layout.nodes, layout.largest_node};
 }
 
 std::unique_ptr<GradientReducer> make_mpi_reducer(const HostGroup& group, const MpiReducerOptions& options) {

@@ -78,6 +78,11 @@ struct PsOptions {
   // same bits, and both directions move half the bytes. Pulls, and async replies (a worker's copy may lag the
   // server's), send the parameters in float. The same on every rank.
   WireFormat wire = WireFormat::kFloat;
+  // comm.hierarchy = auto: the colocated layout's sync exchange goes through the nodes where several ranks
+  // share each (sharded_exchange.h); `test_node` >= 0 makes pseudo-nodes for tests (node_layout.h). The same
+  // on every rank.
+  bool hierarchy = false;
+  int test_node = -1;
   // A server's source for PsHeader::stop_signal: the stop signal its process has received, 0 if none (unset:
   // never one).
   std::function<int()> stop_signal;

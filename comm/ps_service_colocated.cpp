@@ -67,7 +67,7 @@ void distribute_shards(ShardedExchange& exchange, optim::Optimizer& optimizer, s
 void visit_shards(ShardedExchange& exchange, const optim::Optimizer& optimizer,
                   const StateBufferVisitor& visit) {
   const bool root = exchange.rank() == 0;
-  std::vector<float> full(root ? exchange.end(exchange.size() - 1) : 0);
+  std::vector<float> full(root ? exchange.total() : 0);
   optimizer.visit_state([&](const std::string& name, std::span<const float> shard) {
     exchange.gather_to_root(shard, full);
     if (root) visit(name, full);
@@ -92,7 +92,7 @@ class ColocatedService final : public ParameterService {
   ColocatedService(MPI_Comm world, const PsOptions& options, std::size_t total,
                    const ShardOptimizerFactory& make_optimizer)
       : options_(options),
-        exchange_(world, total, options.wire),
+        exchange_(world, total, options.wire, ExchangeNodes{options.hierarchy, options.test_node}),
         trainers_(world),
         world_(world),
         optimizer_(make_optimizer(exchange_.shard_size())),
@@ -100,7 +100,11 @@ class ColocatedService final : public ParameterService {
 
   HostGroup& trainers() override { return trainers_; }
   std::string describe() const override {
-    return row_sparse_ ? "embedding rows pushed and fetched as batches use them" : "";
+    std::string line = exchange_.hierarchy_line();
+    if (row_sparse_)
+      line +=
+          (line.empty() ? "" : "; ") + std::string("embedding rows pushed and fetched as batches use them");
+    return line;
   }
   bool exchange_has_deadlines() const override { return false; }
 

@@ -4,6 +4,17 @@
 // rank receives the average of its shard), the owner's optimizer step, and an all-gather of the updated
 // shards. MPI's collectives are that exchange done well: Open MPI's reduce-scatter and all-gather move each
 // byte once per link, where the dedicated server's link carries every worker's gradient.
+//
+// Flat, that is one level of exchange (shard_level.h) over every rank. With several ranks on each of several
+// nodes (comm.hierarchy = auto) each rank's gradient would cross the links once per rank of its node: the
+// exchange goes in two levels instead, so that each node sends the links one copy. Every node has the same k
+// ranks; the vector is cut into k slices, one per node rank j, and each slice into one piece per node. The
+// rank j of node m owns piece m of slice j. A reduce-scatter sums slice j inside the node to rank j (float,
+// over shared memory), then the ranks j of the nodes reduce-scatter their slice's node sums across the links
+// (on the comm.compression wire) and scale by 1 / size of the job; an all-gather goes the other way (across
+// the links, then inside the node); fetched rows travel once per node (a rank asks the node rank whose slice
+// holds them, which fetches the node's union from across the links). No rank leads: the links carry the
+// slices of every node rank at once. Nodes of unequal rank counts take the flat exchange.
 #pragma once
 
 #include <mpi.h>
@@ -13,28 +24,42 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "comm/row_sparse.h"
+#include "comm/shard_level.h"
 #include "comm/wire_payload.h"
 #include "engine/base/optimizer_state.h"
 
 namespace ddp::comm {
 
+// Whether the exchange may go through the nodes.
+struct ExchangeNodes {
+  bool hierarchy = false;  // comm.hierarchy = auto
+  int test_node = -1;      // find_nodes' (node_layout.h): pseudo-nodes for tests
+};
+
 class ShardedExchange {
  public:
   // Collective over `comm` (duplicated, so that its traffic never mixes with other users of `comm`): shards
-  // of `total` floats, rank r owning [begin(r), end(r)): total / size each, the first total % size ranks one
-  // more. `wire` in 16 bits (comm.compression = bf16 | fp16, wire_payload.h): the reduce-scatters send the
-  // gradients in 16 bits (each owner sums them in float, in rank order) and all_gather_update sends the
-  // owners' updates so (below); the other collectives send float.
-  ShardedExchange(MPI_Comm comm, std::size_t total, WireFormat wire = WireFormat::kFloat);
+  // of `total` floats, rank r owning [begin(r), end(r)). Flat: total / size each in rank order, the first
+  // total % size ranks one more. Through the nodes (`nodes`, where it applies): the two levels above. `wire`
+  // in 16 bits (comm.compression = bf16 | fp16, wire_payload.h): the reduce-scatters send the gradients
+  // across the links in 16 bits (each owner sums them in float, in rank order) and all_gather_update sends
+  // the owners' updates so (below); the other collectives send float.
+  ShardedExchange(MPI_Comm comm, std::size_t total, WireFormat wire = WireFormat::kFloat,
+                  const ExchangeNodes& nodes = {});
   ~ShardedExchange();
   ShardedExchange(const ShardedExchange&) = delete;
   ShardedExchange& operator=(const ShardedExchange&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  std::size_t total() const { return total_; }
+  // For the start-up line: "" (flat), or how the exchange goes through the nodes, or why it does not where
+  // the hierarchy was asked for.
+  const std::string& hierarchy_line() const { return hierarchy_line_; }
   std::size_t begin(int rank) const;
   std::size_t end(int rank) const;
   // This rank's shard.
@@ -43,7 +68,7 @@ class ShardedExchange {
   std::size_t shard_size() const { return end() - begin(); }
 
   // Collective: `shard` (shard_size() floats) receives the average over the ranks of `full`'s floats in this
-  // rank's shard (summed by MPI, then one multiplication by 1 / size, as the MPI backend averages).
+  // rank's shard (summed, then one multiplication by 1 / size, as the MPI backend averages).
   void reduce_scatter_average(std::span<const float> full, std::span<float> shard);
   // Collective: every rank's shard of `full` (its own floats already in place) goes to every rank.
   void all_gather(std::span<float> full);
@@ -81,40 +106,20 @@ class ShardedExchange {
   int64_t broadcast(int64_t value);
 
  private:
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm comm_ = MPI_COMM_NULL;  // every rank: the gathers, scatters and broadcasts
   int rank_ = 0;
   int size_ = 1;
-  // The pieces of rank r's shard outside `region` (all of it where the region is empty): each(from, to,
-  // packed) for the flat range [from, to) at `packed` in receive_ (outside_counts' layout).
-  void outside_pieces(int r, const RowRegion& region,
-                      const std::function<void(std::size_t, std::size_t, std::size_t)>& each) const;
-  // receive_counts_ and receive_offsets_: each shard's floats outside `region`, packed rank after rank.
-  std::size_t outside_counts(const RowRegion& region);
-  // The payloads of payloads_ (send_counts_ floats at each owner's offset) to their owners in 16 bits:
-  // receive_ gets them widened back to floats (receive_counts_, receive_offsets_). `all_dense`: every payload
-  // is its owner's whole shard (reduce_scatter_average), whose sizes every rank knows; otherwise each
-  // payload's floats and 32-bit words travel first.
-  void exchange_payloads_16_bit(bool all_dense);
-
+  std::size_t total_ = 0;
   std::vector<int> counts_;   // floats per rank
-  std::vector<int> offsets_;  // first float of each rank
-  WireFormat wire_ = WireFormat::kFloat;
-  std::vector<float> own_update_, updates_;   // all_gather_update's: this owner's update, every owner's
-  std::vector<unsigned char> payload_bytes_;  // 16-bit payloads received
-  std::vector<int> send_pairs_, receive_pairs_, send_bytes_, send_byte_offsets_, receive_bytes_,
-      receive_byte_offsets_;
+  std::vector<int> offsets_;  // first float of each rank's shard
+  std::string hierarchy_line_;
 
-  // Scratch of the row-sparse forms, kept across steps.
-  std::unique_ptr<float[]> payloads_;  // reduce_scatter_average_rows' messages, at each owner's offset
-  std::size_t payload_capacity_ = 0;
-  std::vector<float> send_, receive_;
-  std::vector<int32_t> send_ids_, receive_ids_;
-  std::vector<int> send_counts_, send_offsets_, receive_counts_, receive_offsets_;
-  std::vector<GradientPiece> average_pieces_;   // reduce_scatter_average_rows' result, over:
-  std::vector<float> row_sums_, outside_sums_;  // its compact sums
-  std::vector<int32_t> rows_in_average_;        // the rows they hold, sorted
-  std::vector<std::size_t> row_sum_at_;         // where each row's floats are in row_sums_
-  std::vector<float> dense_average_, decoded_;  // or the dense sum, where a rank sent its shard dense
+  // Flat: `top` over every rank, `node` absent. Through the nodes: `node` inside this rank's node (the
+  // slices), `top` across the nodes among the ranks that hold this rank's slice (its pieces).
+  MPI_Comm node_comm_ = MPI_COMM_NULL, top_comm_ = MPI_COMM_NULL;
+  std::unique_ptr<ShardLevel> node_, top_;
+  std::unique_ptr<float[]> node_sums_;  // the node's sum of this rank's slice, at its absolute positions
+  std::size_t slice_begin() const { return node_->begin(); }
 };
 
 }  // namespace ddp::comm

@@ -67,7 +67,7 @@ struct Config {
     bool sparse_embedding = true;      // exchange only the embedding rows some rank touched
     std::string compression = "none";  // gradients on the wire: none | fp16 (NCCL) | bf16
     std::string overlap = "none";      // none | delayed: step k's averaged gradient applied at step k + 1
-    std::string hierarchy = "off";     // mpi across nodes: off | auto (per node, then across the leaders)
+    std::string hierarchy = "off";     // mpi, colocated ps across nodes: off | auto
     int ps_servers =
         0;  // ps: the last K ranks serve; 0: every rank trains and serves (colocated) where it can
     std::string ps_mode = "sync";  // ps: sync | async

@@ -52,6 +52,7 @@ comm::PsOptions ps_options(const Config& config, const comm::BackendChoice& back
   options.timeout_s = config.comm.timeout_s;
   options.clip_norm = config.train.clip_norm;
   options.wire = comm::wire_format(config.comm.compression);
+  options.hierarchy = config.comm.hierarchy == "auto";
   options.stop_signal = stop_signal_number_received;
   if (config.comm.sparse_embedding) exchange_embedding_rows(options, layout, config.train.batch_size, maxlen);
   return options;

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -21,7 +20,6 @@
 #include "comm/backend_choice.h"
 #include "comm/gradient_reducer.h"
 #include "comm/host_group.h"
-#include "comm/sharded_exchange.h"
 #include "engine/base/errors.h"
 #include "engine/device.h"
 #include "engine/self_check.h"
@@ -329,115 +327,6 @@ TEST(CommunicatorContract, MpiFp16KeepsWideMagnitudes) {
   std::vector<float> first = segment;
   world.broadcast(std::span<float>(first), 0);
   EXPECT_EQ(std::memcmp(first.data(), segment.data(), kSize * sizeof(float)), 0) << "ranks differ";
-}
-
-TEST(CommunicatorContract, ShardedExchangeAveragesAndGathers) {
-  for (const std::size_t total : {std::size_t{1}, std::size_t{7}, std::size_t{4099}}) {
-    comm::ShardedExchange exchange(MPI_COMM_WORLD, total);
-    EXPECT_EQ(exchange.begin(0), 0u);
-    EXPECT_EQ(exchange.end(exchange.size() - 1), total);
-    for (int r = 1; r < exchange.size(); ++r) EXPECT_EQ(exchange.begin(r), exchange.end(r - 1));
-    std::vector<float> full(total);
-    for (std::size_t i = 0; i < total; ++i) full[i] = comm::average_pattern_value(exchange.rank(), i);
-    std::vector<float> shard(exchange.shard_size());
-    exchange.reduce_scatter_average(full, shard);
-    for (std::size_t i = 0; i < shard.size(); ++i) {
-      const double expected = comm::average_pattern_expected(exchange.size(), exchange.begin() + i);
-      ASSERT_NEAR(shard[i], expected, comm::kAverageTolerance * std::max(1.0, expected))
-          << total << ", " << i;
-    }
-    std::vector<float> gathered(total, -1.0f);
-    std::copy(shard.begin(), shard.end(), gathered.begin() + static_cast<std::ptrdiff_t>(exchange.begin()));
-    exchange.all_gather(gathered);
-    for (std::size_t i = 0; i < total; ++i) {
-      ASSERT_NEAR(gathered[i], comm::average_pattern_expected(exchange.size(), i), 1e-5)
-          << total << ", " << i;
-    }
-    std::vector<float> on_root(total, -1.0f);
-    exchange.gather_to_root(shard, on_root);
-    if (exchange.rank() == 0) {
-      EXPECT_EQ(on_root, gathered);
-    }
-    std::vector<float> back(exchange.shard_size());
-    exchange.scatter_from_root(gathered, back);
-    EXPECT_EQ(back, shard);
-  }
-}
-
-// The row-sparse forms of the colocated exchange against the same closed form, on `region` with 6 floats
-// after it (and region.offset before): the average of the rows the ranks touched (the others average to
-// zero, also after a call that wrote them, or that went dense), the shards outside the region gathered, and
-// fetched rows whole from their owners.
-void expect_row_exchange(const comm::RowRegion& region) {
-  const std::size_t total = region.end() + 6;
-  comm::ShardedExchange exchange(MPI_COMM_WORLD, total);
-  const int ranks = exchange.size();
-  // Rank r touches the rows that `touches` says; its gradient is the pattern there and outside the region.
-  auto round = [&](const std::function<bool(int, std::size_t)>& touches) {
-    std::vector<float> full(total, 0.0f);
-    std::vector<int32_t> touched;
-    for (std::size_t i = 0; i < total; ++i) {
-      const bool inside = i >= region.offset && i < region.end();
-      const std::size_t row = inside ? (i - region.offset) / region.width : 0;
-      if (!inside || touches(exchange.rank(), row)) full[i] = comm::average_pattern_value(exchange.rank(), i);
-      if (inside && touches(exchange.rank(), row) &&
-          (touched.empty() || touched.back() != static_cast<int32_t>(row)))
-        touched.push_back(static_cast<int32_t>(row));
-    }
-    // The pieces, made dense: sorted, inside the shard, not overlapping.
-    std::vector<float> shard(exchange.shard_size(), 0.0f);
-    std::size_t at = 0;
-    for (const GradientPiece& piece : exchange.reduce_scatter_average_rows(full, region, touched)) {
-      ASSERT_GE(piece.offset, at);
-      ASSERT_LE(piece.offset + piece.values.size(), shard.size());
-      std::copy(piece.values.begin(), piece.values.end(),
-                shard.begin() + static_cast<std::ptrdiff_t>(piece.offset));
-      at = piece.offset + piece.values.size();
-    }
-    for (std::size_t k = 0; k < shard.size(); ++k) {
-      const std::size_t i = exchange.begin() + k;
-      const bool inside = i >= region.offset && i < region.end();
-      double expected = 0;
-      for (int r = 0; r < ranks; ++r) {
-        if (!inside || touches(r, (i - region.offset) / region.width))
-          expected += comm::average_pattern_value(r, i);
-      }
-      expected /= ranks;
-      ASSERT_NEAR(shard[k], expected, comm::kAverageTolerance * std::max(1.0, std::abs(expected))) << i;
-    }
-  };
-  round([](int r, std::size_t row) { return row % static_cast<std::size_t>(r + 2) == 0; });
-  round([](int r, std::size_t row) { return (row + 1) % static_cast<std::size_t>(r + 3) == 0; });
-  round([](int /*r*/, std::size_t row) { return row != 4; });  // nearly every row: sent dense
-  round([](int r, std::size_t row) { return row == static_cast<std::size_t>(r); });
-
-  // The owners' floats, -1 where a rank has not received them.
-  auto owned = [](std::size_t i) { return 0.5f * static_cast<float>(i) + 1.0f; };
-  std::vector<float> full(total, -1.0f);
-  for (std::size_t i = exchange.begin(); i < exchange.end(); ++i) full[i] = owned(i);
-  exchange.all_gather_outside(full, region);
-  auto mine = [&](std::size_t i) { return i >= exchange.begin() && i < exchange.end(); };
-  for (std::size_t i = 0; i < total; ++i) {
-    const bool inside = i >= region.offset && i < region.end();
-    ASSERT_EQ(full[i], !inside || mine(i) ? owned(i) : -1.0f) << i;
-  }
-  std::vector<int32_t> rows;
-  for (int32_t row = -2; row < 40; ++row) {  // ids outside the region are skipped
-    if ((row + 3) % 3 == exchange.rank() % 3) rows.push_back(row);
-  }
-  exchange.fetch_rows(full, region, rows);
-  for (std::size_t i = region.offset; i < region.end(); ++i) {
-    const auto row = static_cast<int32_t>((i - region.offset) / region.width);
-    const bool asked = std::binary_search(rows.begin(), rows.end(), row);
-    ASSERT_EQ(full[i], asked || mine(i) ? owned(i) : -1.0f) << i;
-  }
-}
-
-TEST(CommunicatorContract, ShardedExchangeMovesRowsOnly) {
-  // Also a small region deep in the vector, which some ranks' shards do not meet at all.
-  for (const comm::RowRegion region : {comm::RowRegion{5, 37, 7}, comm::RowRegion{200, 3, 7}}) {
-    expect_row_exchange(region);
-  }
 }
 
 }  // namespace
