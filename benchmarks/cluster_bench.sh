@@ -9,8 +9,9 @@
 #                      log.txt only: the scaling model does not describe it)
 #   LAYOUT_bf16        a layout with comm.compression bf16 (an allreduce one also _delayed: comm.overlap
 #                      delayed; _bf16_delayed both), reported in log.txt and variants.csv only
-#   LAYOUT_2ppn        an allreduce layout with 2 ranks per node, through the node leaders (comm.hierarchy
-#                      auto; _2ppn_flat: off, one all-reduce over every rank), in log.txt and variants.csv
+#   LAYOUT_2ppn        an allreduce or ps_colocated layout with 2 ranks per node, through the nodes
+#                      (comm.hierarchy auto: the all-reduce through node leaders, the colocated exchange in
+#                      slices; _2ppn_flat: off, one exchange over every rank), in log.txt and variants.csv
 #                      only, its bytes per rank over all of them
 # against the same ranks on one node (plain mpirun, shared memory). Bytes per step per rank come from the
 # nodes' interface counters, as the difference between a run of S2 and one of S1 steps (which removes
