@@ -23,7 +23,8 @@
 # (distinct embedding rows per global batch) and OUT/log.txt.
 #   bash benchmarks/cluster_bench.sh build/ddptrain OUT [nodes...]      (as root; default nodes: 2 3)
 # CLUSTER_BENCH_RATES (default "none 1gbit 100mbit"; 10gbit too) and CLUSTER_BENCH_LAYOUTS (default: the four
-# above) pick a part.
+# above) pick a part; DDPTRAIN_MPI_PROGRESS_US, where set, goes to every rank (the MPI backend's progress
+# period, comm/mpi_reducer.cpp).
 set -euo pipefail
 ddptrain=$(realpath "$1")
 out=$(realpath -m "$2")
@@ -123,7 +124,9 @@ cluster_run() {  # layout, nodes, steps, [timeline]
   local before after args=() visible=-
   read -r -a args <<<"$(run_args "$1" "$run" "$3" "${4:+timeline.json}")"
   before=$(total_tx)
-  cluster_mpirun -H "${hosts%,}" -np $(($2 * ppn)) "$ddptrain" "${args[@]}" >"$out/last-run.txt" 2>&1 ||
+  local forward=()
+  [ -z "${DDPTRAIN_MPI_PROGRESS_US:-}" ] || forward=(-x DDPTRAIN_MPI_PROGRESS_US)
+  cluster_mpirun "${forward[@]}" -H "${hosts%,}" -np $(($2 * ppn)) "$ddptrain" "${args[@]}" >"$out/last-run.txt" 2>&1 ||
     { cat "$out/last-run.txt"; echo "run failed" >&2; return 1; }
   after=$(total_tx)
   [ -z "${4:-}" ] || visible=$(/usr/bin/python3 "$src/benchmarks/visible_exchange.py" "$run/timeline.json")

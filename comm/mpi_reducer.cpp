@@ -4,12 +4,12 @@
 // Open MPI moves a non-blocking collective only inside MPI calls, and backward makes none: across a slow
 // link the buckets would travel only once finish_average() waits. So on a job of several nodes, where MPI
 // allows calls from several threads (MPI_THREAD_MULTIPLE), a progress thread of the communicator tests the
-// pending reductions every kProgressPeriod while any is pending, and sleeps otherwise. The thread touches
-// only pending_, under mutex_, and every MPI call of this reducer is made under mutex_: Open MPI 4.1's TCP
-// transport can lose a connection handshake when two threads call MPI while it wires up peers (a job across
-// two nodes hung in its first steps about one run in thirty when the row all-gathers went on beside the
-// progress thread's tests). mutex_ is the lock of the HostGroup the reducer was made over, so the trainer's
-// host collectives (metrics, broadcasts) take it too.
+// pending reductions every 200 us (progress_period) while any is pending, and sleeps otherwise. The thread
+// touches only pending_, under mutex_, and every MPI call of this reducer is made under mutex_: Open
+// MPI 4.1's TCP transport can lose a connection handshake when two threads call MPI while it wires up peers
+// (a job across two nodes hung in its first steps about one run in thirty when the row all-gathers went on
+// beside the progress thread's tests). mutex_ is the lock of the HostGroup the reducer was made over, so the
+// trainer's host collectives (metrics, broadcasts) take it too.
 //
 // comm.compression = bf16 halves the bytes: a segment travels as bfloat16 in two collectives instead of one
 // float all-reduce. An all-to-all hands rank r every rank's r-th chunk; rank r adds them in float, in rank
@@ -80,7 +80,10 @@ bool hierarchical(const NodeLayout& layout, const MpiReducerOptions& options) {
 class MpiReducer final : public GradientReducer {
  public:
   MpiReducer(const HostGroup& group, const MpiReducerOptions& options)
-      : wire_(wire_format(options.compression)), lock_(group.call_lock()), mutex_(*lock_) {
+      : wire_(wire_format(options.compression)),
+        progress_period_(progress_period()),
+        lock_(group.call_lock()),
+        mutex_(*lock_) {
     std::lock_guard lock(mutex_);
     DDP_CHECK_MPI(MPI_Comm_dup(group.mpi_comm(), &comm_));
     return_errors(comm_);
@@ -92,7 +95,8 @@ class MpiReducer final : public GradientReducer {
     // Within one node, shared-memory reductions complete inside the MPI calls the step makes anyway, and the
     // progress thread's polls only took cores from the replicas (the quickstart's step on 2 ranks was slower
     // with it).
-    progress_thread_allowed_ = threading == MPI_THREAD_MULTIPLE && layout.nodes > 1;
+    progress_thread_allowed_ =
+        threading == MPI_THREAD_MULTIPLE && layout.nodes > 1 && progress_period_.count() > 0;
     const bool sixteen_bits = wire_ != WireFormat::kFloat;
     if (!hierarchical(layout, options)) {
       DDP_CHECK_MPI(MPI_Comm_free(&layout.node));
@@ -495,7 +499,7 @@ class MpiReducer final : public GradientReducer {
     return static_cast<int>(n);
   }
 
-  // The progress thread: while reductions are pending, test them every kProgressPeriod (MPI moves them on
+  // The progress thread: while reductions are pending, test them every progress_period_ (MPI moves them on
   // each call); otherwise wait for start_average().
   void make_progress() {
     std::unique_lock lock(mutex_);
@@ -508,7 +512,7 @@ class MpiReducer final : public GradientReducer {
       }
       complete_some(/*wait=*/false);
       lock.unlock();
-      std::this_thread::sleep_for(kProgressPeriod);
+      std::this_thread::sleep_for(progress_period_);
       lock.lock();
     }
   }
@@ -546,7 +550,18 @@ class MpiReducer final : public GradientReducer {
   }
 
   // Short against a step (tens of milliseconds), long enough that the polls cost the computing core little.
-  static constexpr std::chrono::microseconds kProgressPeriod{200};
+  // DDPTRAIN_MPI_PROGRESS_US overrides it (0: no progress thread), for measuring the choice on a cluster.
+  static std::chrono::microseconds progress_period() {
+    const char* text = std::getenv("DDPTRAIN_MPI_PROGRESS_US");
+    if (text == nullptr || *text == '\0') return std::chrono::microseconds{200};
+    char* end = nullptr;
+    const long value = std::strtol(text, &end, 10);
+    if (*end != '\0' || value < 0 || value > 1000000) {
+      throw UserError(std::string("DDPTRAIN_MPI_PROGRESS_US = ") + text +
+                      ": expected microseconds from 0 (no progress thread) to 1000000");
+    }
+    return std::chrono::microseconds{value};
+  }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   // The hierarchy (top of the file): this rank's node, the same for the broadcasts, and the node leaders
@@ -566,7 +581,8 @@ class MpiReducer final : public GradientReducer {
   int rank_ = 0;
   int size_ = 1;
   bool progress_thread_allowed_ = false;
-  const WireFormat wire_;              // comm.compression
+  const WireFormat wire_;  // comm.compression
+  const std::chrono::microseconds progress_period_;
   std::vector<float> sums_, decoded_;  // start_wire_gather's scratch
   std::thread progress_;
   std::shared_ptr<std::mutex> lock_;  // the HostGroup's (see the top of the file)

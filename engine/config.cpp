@@ -149,12 +149,12 @@ void visit_keys(C& c, Visitor&& key) {
       "none, or delayed: each step's averaged gradient is applied at the next step, so that the exchange "
       "overlaps a whole step (pipelined SGD: every update one step stale); CPU ranks with the all-reduce");
   key("comm", "hierarchy", c.comm.hierarchy, one_of("off, auto"),
-      "mpi and the colocated ps (sync) across nodes: off (one exchange over every rank; the default, since "
-      "the hierarchy was not faster where measured) or auto (where a node has several ranks: mpi sums each "
-      "gradient bucket inside the node, across one leader per node (on the comm.compression wire) and "
-      "broadcasts it back inside it; the colocated ps sums each node rank's slice inside the node and "
-      "exchanges it across the nodes among the ranks holding that slice (nodes of equal rank counts); so "
-      "that each node sends the links one copy)");
+      "mpi and the colocated ps (sync) across nodes: off (one exchange over every rank; the default: where "
+      "measured, mpi's hierarchy was not faster, the colocated ps's only on slow links) or auto (where a "
+      "node has several ranks: mpi sums each gradient bucket inside the node, across one leader per node "
+      "(on the comm.compression wire) and broadcasts it back inside it; the colocated ps sums each node "
+      "rank's slice inside the node and exchanges it across the nodes among the ranks holding that slice "
+      "(nodes of equal rank counts); so that each node sends the links one copy)");
   key("comm", "ps_servers", c.comm.ps_servers, "0 or more",
       "ps: 0 (colocated): every rank trains and serves a shard of the parameters and their optimizer state, "
       "where every rank is on a CPU (async: on a server thread, with MPI_THREAD_MULTIPLE), else one "
