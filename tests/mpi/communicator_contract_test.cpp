@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -355,6 +356,25 @@ TEST(ChooseBackend, RefusesNcclForRanksThatShareAGpuBoard) {
               std::string::npos)
         << e.what();
   }
+}
+
+// The progress period's override (DDPTRAIN_MPI_PROGRESS_US) is checked before any collective, on every rank.
+TEST(MpiReducer, RefusesAProgressPeriodThatIsNotMicroseconds) {
+  comm::HostGroup world(MPI_COMM_WORLD);
+  for (const char* bad : {"fast", "-5", "200us", "2000000"}) {
+    setenv("DDPTRAIN_MPI_PROGRESS_US", bad, 1);
+    try {
+      comm::make_mpi_reducer(world);
+      ADD_FAILURE() << bad << ": no error";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("DDPTRAIN_MPI_PROGRESS_US = ") + bad),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  setenv("DDPTRAIN_MPI_PROGRESS_US", "0", 1);
+  EXPECT_NO_THROW(comm::make_mpi_reducer(world));
+  unsetenv("DDPTRAIN_MPI_PROGRESS_US");
 }
 
 TEST(ChooseBackend, FindsTheFirstTwoRanksOnOneBoard) {
