@@ -47,6 +47,8 @@ void EpochRecorder::add_run_facts(EpochMetrics& m) {
   m.parameters_checksum = checksum_;
   m.backend = updater_.backend();
   m.device = ranks_.topology.device;
+  if (!first_step_reported_) m.start_to_first_step_s = start_to_first_step_s_;
+  first_step_reported_ = true;
   GpuSample sample;
   if (gpu_monitor_) sample = gpu_monitor_->take();
   const bool have = sample.readings > 0;

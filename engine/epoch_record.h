@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/base/process_age.h"
 #include "engine/checkpoint.h"
 #include "engine/gpu_monitor.h"
 #include "engine/metrics.h"
@@ -39,9 +40,15 @@ class EpochRecorder {
   // silently different model; the checkpoints of earlier epochs stay. Rank 0 keeps the checksum every rank
   // agreed on for the epoch's metrics.
   void check_parameters_agree(int64_t epoch);
-  // What the record knows of the epoch `m`: the agreed checksum, the ranks, the backend, the device, and
-  // the GPU's utilization and memory since the last epoch (the mean over the ranks that have a reading).
+  // What the record knows of the epoch `m`: the agreed checksum, the ranks, the backend, the device, the
+  // start-up's length (the process's first epoch), and the GPU's utilization and memory since the last epoch
+  // (the mean over the ranks that have a reading).
   void add_run_facts(EpochMetrics& m);
+  // A step begins: the process's first step marks its start-up's end (start_to_first_step_s, in the
+  // first epoch's metrics).
+  void step_begins() {
+    if (start_to_first_step_s_ < 0) start_to_first_step_s_ = seconds_since_process_start();
+  }
   // The epoch's training loss and accuracy: this rank's `local` stats summed over the ranks, with the sums
   // an interrupted run had carried over to this epoch (`progress`, rank 0's).
   void add_training_stats(EpochMetrics& m, const models::BatchStats& local, const TrainingProgress& progress);
@@ -73,6 +80,8 @@ class EpochRecorder {
   std::vector<float> host_params_;  // the parameters' host copy, for the checksum and the checkpoints
   std::string checksum_;            // rank 0: the last one the ranks agreed on
   bool warned_diverged_ = false;
+  double start_to_first_step_s_ = -1;  // from the process's start to its first step, once it began
+  bool first_step_reported_ = false;   // in the process's first epoch's metrics
 };
 
 }  // namespace ddp::engine

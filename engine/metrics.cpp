@@ -51,6 +51,7 @@ std::string to_json(const EpochMetrics& m) {
   json::put_number(line, "step_time_ms", m.step_time_ms);
   json::put_number(line, "samples_per_s", m.samples_per_s);
   json::put_number(line, "data_wait_s", m.data_wait_s);
+  if (m.start_to_first_step_s >= 0) json::put_number(line, "start_to_first_step_s", m.start_to_first_step_s);
   line["world_size"] = m.world_size;
   line["workers"] = m.workers;
   line["backend"] = m.backend;

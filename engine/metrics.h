@@ -32,8 +32,11 @@ struct EpochMetrics {
   double step_time_ms = 0;   // training time / steps
   double samples_per_s = 0;  // training samples of all ranks per second
   double data_wait_s = 0;    // rank 0's time blocked on its prefetcher
-  int world_size = 1;        // ranks of the job
-  int workers = 1;           // ranks that train: all of them, or the parameter server's workers
+  // The process's first epoch: from the process's start (its exec) to the start of its first step, on rank
+  // 0 (MPI, the data, the model, the self-check, a resume: everything before training); -1 otherwise.
+  double start_to_first_step_s = -1;
+  int world_size = 1;  // ranks of the job
+  int workers = 1;     // ranks that train: all of them, or the parameter server's workers
   std::string backend;
   std::string device;
   // GPU ranks through NVML (engine/gpu_monitor.h), averaged over the ranks that report; -1 when none does.

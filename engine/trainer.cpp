@@ -155,6 +155,7 @@ class TrainingRun::Loop {
     int64_t step = progress_.step_in_epoch;
     begin_steps();
     while (const std::optional<BatchView> batch = next_batch(source)) {
+      record_->step_begins();
       {
         timeline::Span span("step", progress_.global_step);
         replica_->set_dropout_key(

@@ -1,13 +1,17 @@
-// The epoch's metrics and their JSON lines, and the parameters' checksum (engine/metrics.h).
+// The epoch's metrics and their JSON lines, and the parameters' checksum (engine/metrics.h); the process's
+// age (engine/base/process_age.h), which start_to_first_step_s reads.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/base/json.h"
+#include "engine/base/process_age.h"
 #include "engine/metrics.h"
 
 namespace ddp::engine {
@@ -42,6 +46,22 @@ TEST(Metrics, EpochLineAndJson) {
   EXPECT_EQ(line["backend"], "mpi");
   EXPECT_FALSE(line.contains("gpu_util"));
   EXPECT_FALSE(line.contains("not_finite"));
+  EXPECT_FALSE(line.contains("start_to_first_step_s")) << "only the process's first epoch says it";
+  m.start_to_first_step_s = 2.25;
+  EXPECT_EQ(nlohmann::json::parse(to_json(m))["start_to_first_step_s"], 2.25);
+}
+
+// The process's age counts from its exec: more than this test's own time, and growing with the clock.
+TEST(ProcessAge, CountsFromTheProcesssStartAndGrowsWithTheClock) {
+  const auto test_start = std::chrono::steady_clock::now();
+  const double before = seconds_since_process_start();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const double after = seconds_since_process_start();
+  const double slept = std::chrono::duration<double>(std::chrono::steady_clock::now() - test_start).count();
+  EXPECT_GT(before, 0.0);
+  // /proc's start time is in clock ticks (10 ms): the difference of two readings is exact to the clock's.
+  EXPECT_NEAR(after - before, slept, 0.02);
+  EXPECT_LT(after, 24 * 3600.0) << "a day: not this process's age";
 }
 
 // JSON has no NaN: a diverged loss is null, and "not_finite" says what it was, so the curves read it back.
