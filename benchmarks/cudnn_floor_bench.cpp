@@ -1,7 +1,8 @@
-// The floor of a GPU training step: cuDNN's LSTM alone (cudnnRNNForward in training mode,
-// cudnnRNNBackwardData_v8, zeroing the weight gradients, cudnnRNNBackwardWeights_v8) on one batch, set up as
-// the cuDNN replica sets it up, timed with CUDA events over many iterations. Everything else a step does
-// (embedding, dense layer, loss, weight gather/scatter, gradient exchange, optimizer) comes on top.
+// The floor of a GPU training step: cuDNN's LSTM (or GRU, either direction) alone (cudnnRNNForward in
+// training mode, cudnnRNNBackwardData_v8, zeroing the weight gradients, cudnnRNNBackwardWeights_v8) on one
+// batch, set up as the cuDNN replica sets it up, timed with CUDA events over many iterations. Everything else
+// a step does (embedding, dense layer, loss, weight gather/scatter, gradient exchange, optimizer) comes on
+// top.
 //
 // Prints "floor_ms <mean ms per step>" (read by gpu_epoch_compare.py) and, with --replica, "replica_ms <mean
 // ms per train_step>" of the cuDNN replica on the same shapes and algorithm for comparison. --algo picks
@@ -11,6 +12,7 @@
 //   build/benchmarks/cudnn_floor_bench --batch 32 [--seq 80 --embed 128 --hidden 128 --layers 1]
 //   build/benchmarks/cudnn_floor_bench --batch 256 --math default --algo persist_small_h --replica
 //   build/benchmarks/cudnn_floor_bench --batch 32 --io packed     # the layout PyTorch uses
+//   build/benchmarks/cudnn_floor_bench --batch 128 --seq 200 --cell gru --bidirectional
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
@@ -73,7 +75,11 @@ struct Options {
   std::string math = "fma";
   std::string algo = "standard";
   std::string io = "padded";
+  std::string cell = "lstm";
+  bool bidirectional = false;
   bool replica = false;
+
+  int directions() const { return bidirectional ? 2 : 1; }
 };
 
 std::size_t to_size(int v) {
@@ -122,8 +128,9 @@ double floor_ms(const Options& o) {
   cudnnRNNDescriptor_t rnn = nullptr;
   CHECK(cudnnCreateRNNDescriptor(&rnn));
   CHECK_SUPPORTED(cudnnSetRNNDescriptor_v8(
-      rnn, algo, CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS, CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT,
-      CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, math, o.embed, o.hidden, o.hidden, o.layers, dropout,
+      rnn, algo, o.cell == "gru" ? CUDNN_GRU : CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS,
+      o.bidirectional ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT,
+      CUDNN_DATA_FLOAT, math, o.embed, o.hidden, o.hidden, o.layers, dropout,
       padded ? CUDNN_RNN_PADDED_IO_ENABLED : CUDNN_RNN_PADDED_IO_DISABLED));
 
   const std::vector<int> lengths(to_size(o.batch), o.seq);
@@ -133,11 +140,13 @@ double floor_ms(const Options& o) {
   CHECK(cudnnCreateRNNDataDescriptor(&y_desc));
   CHECK(cudnnSetRNNDataDescriptor(x_desc, CUDNN_DATA_FLOAT, layout, o.seq, o.batch, o.embed, lengths.data(),
                                   nullptr));
-  CHECK(cudnnSetRNNDataDescriptor(y_desc, CUDNN_DATA_FLOAT, layout, o.seq, o.batch, o.hidden, lengths.data(),
+  // y holds both directions' outputs side by side.
+  const int y_width = o.directions() * o.hidden;
+  CHECK(cudnnSetRNNDataDescriptor(y_desc, CUDNN_DATA_FLOAT, layout, o.seq, o.batch, y_width, lengths.data(),
                                   nullptr));
   cudnnTensorDescriptor_t state = nullptr;
   CHECK(cudnnCreateTensorDescriptor(&state));
-  const int dims[3] = {o.layers, o.batch, o.hidden};
+  const int dims[3] = {o.layers * o.directions(), o.batch, o.hidden};
   const int strides[3] = {o.batch * o.hidden, o.hidden, 1};
   CHECK(cudnnSetTensorNdDescriptor(state, CUDNN_DATA_FLOAT, 3, dims, strides));
 
@@ -152,14 +161,14 @@ double floor_ms(const Options& o) {
   void* reserve = device_alloc(reserve_bytes);
   void* x = device_alloc(rows * to_size(o.embed) * sizeof(float));
   void* dx = device_alloc(rows * to_size(o.embed) * sizeof(float));
-  void* y = device_alloc(rows * to_size(o.hidden) * sizeof(float));
-  void* dy = device_alloc(rows * to_size(o.hidden) * sizeof(float));
+  void* y = device_alloc(rows * to_size(y_width) * sizeof(float));
+  void* dy = device_alloc(rows * to_size(y_width) * sizeof(float));
   auto* seq_lengths = static_cast<int32_t*>(device_alloc(lengths.size() * sizeof(int32_t)));
   CHECK(cudaMemcpy(seq_lengths, lengths.data(), lengths.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   CHECK(cudaDeviceSynchronize());  // as in fill_random
   fill_random(weights, weight_bytes / sizeof(float), 1);
   fill_random(x, rows * to_size(o.embed), 2);
-  fill_random(dy, rows * to_size(o.hidden), 3);
+  fill_random(dy, rows * to_size(y_width), 3);
 
   auto step = [&] {
     CHECK_SUPPORTED(cudnnRNNForward(handle, rnn, CUDNN_FWD_MODE_TRAINING, seq_lengths, x_desc, x, y_desc, y,
@@ -183,8 +192,9 @@ double floor_ms(const Options& o) {
   CHECK(cudaEventSynchronize(stop));
   float ms = 0;
   CHECK(cudaEventElapsedTime(&ms, start, stop));
-  std::printf("cuDNN LSTM: weight space %zu B, workspace %zu B, reserve %zu B\n", weight_bytes, work_bytes,
-              reserve_bytes);
+  std::printf("cuDNN %s%s: weight space %zu B, workspace %zu B, reserve %zu B\n",
+              o.bidirectional ? "bidirectional " : "", o.cell == "gru" ? "GRU" : "LSTM", weight_bytes,
+              work_bytes, reserve_bytes);
 
   CHECK(cudaEventDestroy(start));
   CHECK(cudaEventDestroy(stop));
@@ -203,7 +213,9 @@ double floor_ms(const Options& o) {
 
 // The cuDNN replica's train_step on the same shapes (random tokens and labels, Keras initialization).
 double replica_ms(const Options& o) {
-  const ddp::models::ModelShape shape{o.vocab, o.embed, o.hidden, o.layers};
+  ddp::models::ModelShape shape{o.vocab, o.embed, o.hidden, o.layers};
+  shape.cell = o.cell == "gru" ? ddp::models::Cell::kGru : ddp::models::Cell::kLstm;
+  shape.bidirectional = o.bidirectional;
   auto replica = ddp::models::make_cuda_replica(shape, 0, ddp::models::parse_rnn_algorithm(o.algo, "--algo"));
   std::vector<float> params(replica->layout().total_size());
   ddp::models::initialize_keras(replica->layout(), params, 1);
@@ -258,8 +270,10 @@ int main(int argc, char** argv) {
       "cuDNN's RNN algorithm: standard, persist_small_h or persist_static (the replica's too)")(
       "io", po::value(&o.io)->default_value(o.io),
       "the floor's data layout: padded (padded I/O on, as the replica runs) or packed (every length "
-      "T, padded I/O off, as PyTorch runs)")("replica", po::bool_switch(&o.replica),
-                                             "also time the cuDNN replica's train_step");
+      "T, padded I/O off, as PyTorch runs)")("cell", po::value(&o.cell)->default_value(o.cell),
+                                             "lstm or gru")(
+      "bidirectional", po::bool_switch(&o.bidirectional), "both directions")(
+      "replica", po::bool_switch(&o.replica), "also time the cuDNN replica's train_step");
   po::variables_map vm;
   try {
     // No guessing of abbreviated option names: a typo must not set another option.
@@ -276,10 +290,10 @@ int main(int argc, char** argv) {
   }
   if (o.batch <= 0 || o.seq <= 0 || o.embed <= 0 || o.hidden <= 0 || o.layers <= 0 || o.iters <= 0 ||
       o.warmup < 0 || (o.math != "fma" && o.math != "default" && o.math != "tensor") || o.algo == "auto" ||
-      (o.io != "packed" && o.io != "padded")) {
+      (o.io != "packed" && o.io != "padded") || (o.cell != "lstm" && o.cell != "gru")) {
     std::cerr
         << "cudnn_floor_bench: every size must be positive, --math one of fma, default, tensor, --io packed "
-           "or padded and --algo a named algorithm\n";
+           "or padded, --cell lstm or gru and --algo a named algorithm\n";
     return 2;
   }
   try {
@@ -293,10 +307,10 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf(
-      "GPU %s, cuDNN %zu, batch %d, seq %d, embed %d, hidden %d, layers %d, math %s, algo %s, io %s, "
+      "GPU %s, cuDNN %zu, %s%s, batch %d, seq %d, embed %d, hidden %d, layers %d, math %s, algo %s, io %s, "
       "%d iterations\n",
-      prop.name, cudnnGetVersion(), o.batch, o.seq, o.embed, o.hidden, o.layers, o.math.c_str(),
-      o.algo.c_str(), o.io.c_str(), o.iters);
+      prop.name, cudnnGetVersion(), o.bidirectional ? "bidirectional " : "", o.cell.c_str(), o.batch, o.seq,
+      o.embed, o.hidden, o.layers, o.math.c_str(), o.algo.c_str(), o.io.c_str(), o.iters);
   CHECK(cudaSetDevice(0));
   std::printf("floor_ms %.4f\n", floor_ms(o));
   if (o.replica) {

@@ -25,6 +25,10 @@
 #   mixed          one GPU worker, one CPU worker and a parameter server (comm.backend auto) train together;
 #                  then a GPU rank and a CPU rank with the MPI all-reduce (comm.backend mpi)
 #   epoch_bench    the side-by-side epoch against PyTorch and the cuDNN floor (SKIP without PyTorch)
+#   sweep          (only when named in CHECKS: minutes) every shape against PyTorch eager, PyTorch with the
+#                  step in a CUDA graph and the cuDNN floor, with the start to the first step
+#                  (benchmarks/gpu_sweep.py; SWEEP_GRID full or quick, the default; SWEEP_PART K/N splits
+#                  it over calls); SKIP without PyTorch
 #   multi_gpu      (two or more GPUs; SKIP saying so on one) the quickstart on every GPU with comm.backend
 #                  nccl, once per comm.compression (none, bf16, fp16): every rank's self-check and NCCL
 #                  average check pass, val_acc >= 0.90, every epoch's replicas agree bit for bit (the run
@@ -45,7 +49,7 @@ if [ ! -f benchmarks/gpu_checks.sh ] || [ ! -f CMakeLists.txt ]; then
   exit 2
 fi
 command_line="bash benchmarks/gpu_checks.sh$(printf ' %q' "$@")"
-for var in CHECKS CHECK_TIMEOUT REBUILD SANITIZER_TIMEOUT SCRATCH; do
+for var in CHECKS CHECK_TIMEOUT REBUILD SANITIZER_TIMEOUT SCRATCH SWEEP_GRID SWEEP_PART; do
   [ -n "${!var:-}" ] && command_line="$var=\"${!var}\" $command_line"
 done
 rebuild=${REBUILD:-0}
@@ -510,6 +514,20 @@ check_epoch_bench() {
   [ -z "$torch_error" ] || return 77
 }
 
+check_sweep() {
+  local torch_error floor=()
+  if ! torch_error=$(python3 -c "import torch" 2>&1); then
+    note sweep "PyTorch not importable ($(tail -n 1 <<<"$torch_error")): no sweep"
+    return 77
+  fi
+  [ -x "$build/benchmarks/cudnn_floor_bench" ] && floor=(--floor "$build/benchmarks/cudnn_floor_bench")
+  PYTHONUNBUFFERED=1 python3 benchmarks/gpu_sweep.py --ddptrain "$ddptrain" "${floor[@]}" --work "$scratch/sweep" \
+    --grid "${SWEEP_GRID:-quick}" --part "${SWEEP_PART:-1/1}" | tee "$logs/sweep_table.md"
+  local rc=${PIPESTATUS[0]}
+  note sweep "grid ${SWEEP_GRID:-quick}, part ${SWEEP_PART:-1/1}: table below"
+  return "$rc"
+}
+
 # --- Running and reporting ----------------------------------------------------------------------------------
 
 failed=0
@@ -584,6 +602,10 @@ write_report() {
     if [ -s "$logs/epoch_table.md" ]; then
       printf '\n### Epoch against PyTorch (epoch_bench)\n\n'
       cat "$logs/epoch_table.md"
+    fi
+    if [ -s "$logs/sweep_table.md" ]; then
+      printf '\n### Every shape against PyTorch and the cuDNN floor (sweep)\n\n'
+      cat "$logs/sweep_table.md"
     fi
     if [ -s "$logs/replica_vs_floor.txt" ]; then
       printf '\n### Replica train_step against the cuDNN floor (epoch_bench)\n\n```\n'

@@ -30,3 +30,37 @@ def train_epoch(model, optimizer, x, y, perm, batch):
         loss = F.binary_cross_entropy_with_logits(model(x[idx]), y[idx])
         loss.backward()
         optimizer.step()
+
+
+class RecurrentClassifier(nn.Module):
+    """The GPU sweep's models (gpu_sweep.py): Embedding -> LSTM or GRU (stacked, one or both directions) ->
+    Linear on the last layer's final state (both directions'), one logit for two classes, else one per
+    class. `masked`: each row's padding (token 0) is left out by packing the sequences, as ddptrain's
+    model.mask_padding leaves it out; the rows must then be padded at the end, as packing expects."""
+
+    def __init__(self, vocab, embed, hidden, layers=1, cell="lstm", bidirectional=False, classes=2,
+                 masked=False):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, embed)
+        recurrent = nn.LSTM if cell == "lstm" else nn.GRU
+        self.rnn = recurrent(embed, hidden, num_layers=layers, batch_first=True, bidirectional=bidirectional)
+        self.directions = 2 if bidirectional else 1
+        self.dense = nn.Linear(hidden * self.directions, 1 if classes == 2 else classes)
+        self.classes = classes
+        self.masked = masked
+
+    def forward(self, tokens):
+        x = self.embedding(tokens)
+        if self.masked:
+            lengths = (tokens != 0).sum(1).cpu()  # a host sync, as every packed PyTorch RNN pays
+            x = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        _, state = self.rnn(x)
+        h = state[0] if isinstance(state, tuple) else state  # LSTM: (h, c)
+        last = h[-self.directions:].transpose(0, 1).reshape(tokens.shape[0], -1)
+        logits = self.dense(last)
+        return logits.squeeze(1) if self.classes == 2 else logits
+
+    def loss(self, logits, labels):
+        if self.classes == 2:
+            return F.binary_cross_entropy_with_logits(logits, labels.float())
+        return F.cross_entropy(logits, labels.long())
