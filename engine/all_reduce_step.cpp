@@ -115,14 +115,28 @@ void AllReduceStep::apply(std::span<const float> grads) {
 
 void AllReduceStep::run_delayed(const BatchView& batch) {
   const auto start = Clock::now();
+  // The gradient computed now is applied after the next update: computed at the parameters predicted for
+  // then (the last update once more), which are restored after backward.
+  const std::span<float> params = replica_.params();
+  const bool applies = pending_;
+  if (applies) step_start_.assign(params.begin(), params.end());
+  if (has_last_update_) {
+    for (std::size_t i = 0; i < params.size(); ++i) params[i] += last_update_[i];
+  }
   // Backward runs while the last step's average travels; nothing starts during it.
   replica_.train_step(batch, {});
+  if (has_last_update_) std::copy(step_start_.begin(), step_start_.end(), params.begin());
   const auto computed = Clock::now();
-  flush();
+  apply_in_flight();
+  if (applies) {
+    last_update_.resize(params.size());
+    for (std::size_t i = 0; i < params.size(); ++i) last_update_[i] = params[i] - step_start_[i];
+    has_last_update_ = true;
+  }
   const auto reduced = Clock::now();
 
   // This step's gradient, copied aside for its exchange: in_flight_ is zero but where the last exchange
-  // wrote (cleared in flush), so the sparse copy needs only the rows this rank touched.
+  // wrote (cleared in apply_in_flight), so the sparse copy needs only the rows this rank touched.
   const std::span<const float> grads = replica_.grads();
   const models::ParamLayout& layout = replica_.layout();
   const models::ParamSegment& embedding = layout.segments().front();
@@ -158,6 +172,11 @@ void AllReduceStep::run_delayed(const BatchView& batch) {
 }
 
 void AllReduceStep::flush() {
+  apply_in_flight();
+  has_last_update_ = false;
+}
+
+void AllReduceStep::apply_in_flight() {
   if (!pending_) return;
   {
     timeline::Span span("reduction wait");

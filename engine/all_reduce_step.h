@@ -2,11 +2,14 @@
 // replica, gradients averaged over ranks (each segment's reduction starts as soon as backward finishes it;
 // the embedding's rows travel sparsely), then the optimizer on the flat buffer.
 //
-// Delayed (comm.overlap = delayed, CPU replicas): the classic pipelined SGD. Step k's gradient is copied
-// aside and its average travels during step k + 1's forward and backward, and is applied after them: each
-// update uses a gradient computed one update earlier, and the exchange overlaps a whole step instead of the
-// end of backward. flush() applies the gradient still in flight, at the end of every run of steps, so that a
-// checkpoint holds every step's update.
+// Delayed (comm.overlap = delayed, CPU replicas): pipelined SGD. Step k's gradient is copied aside and its
+// average travels during step k + 1's forward and backward, and is applied after them, so the exchange
+// overlaps a whole step instead of the end of backward. Each update then lands one update later than the
+// parameters its gradient was computed at; to make up for it, the gradient is computed at the parameters
+// predicted for that moment: the current ones plus the last update (weight prediction, as in SpecTrain),
+// restored after backward. flush() applies the gradient still in flight, at the end of every run of steps,
+// so that a checkpoint holds every step's update, and forgets the last update: a run resumed from that
+// checkpoint starts as the uninterrupted run goes on.
 #pragma once
 
 #include <vector>
@@ -62,6 +65,12 @@ class AllReduceStep {
   const std::vector<std::size_t> order_;  // the reductions' start order
   std::vector<float> in_flight_;  // delayed: the last step's gradient, being averaged (zero elsewhere)
   bool pending_ = false;          // delayed: in_flight_ holds a gradient not yet applied
+  // Delayed: the parameters at the step's start, and the last update applied (valid where
+  // has_last_update_; none at a run of steps' start).
+  std::vector<float> step_start_, last_update_;
+  bool has_last_update_ = false;
+  // Delayed: waits for the gradient in flight and applies it (nothing if none).
+  void apply_in_flight();
 };
 
 }  // namespace ddp::engine

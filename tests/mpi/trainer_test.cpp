@@ -216,6 +216,28 @@ TEST_F(TrainerTest, StoppedAndResumedEqualsUninterrupted) {
   EXPECT_NEAR(second.history[0].val_loss, straight.history[1].val_loss, 1e-9);
 }
 
+// The delayed exchange (comm.overlap = delayed) applies its last gradient and forgets its last update (the
+// weight prediction's) at each epoch's end: a run resumed from an epoch's checkpoint goes on as the
+// uninterrupted run does, bit for bit; and the delay changed the result.
+TEST_F(TrainerTest, TheDelayedExchangeResumedAfterAnEpochEqualsUninterrupted) {
+  const std::vector<std::string> delayed{"--comm.backend", "mpi", "--comm.overlap", "delayed",
+                                         "--train.epochs", "2"};
+  const engine::TrainResult straight = run(dir_.file("straight"), delayed);
+  ASSERT_EQ(straight.history.size(), 2u);
+  std::vector<std::string> one_epoch = delayed;
+  one_epoch.back() = "1";
+  run(dir_.file("interrupted"), one_epoch);
+  std::vector<std::string> resume = delayed;
+  resume.push_back("--resume");
+  const engine::TrainResult second = run(dir_.file("interrupted"), resume);
+  ASSERT_EQ(second.history.size(), 1u);
+  EXPECT_EQ(second.params, straight.params) << "resumed run differs from the uninterrupted one";
+  EXPECT_TRUE(identical_on_all_ranks(second.params));
+  const engine::TrainResult undelayed =
+      run(dir_.file("undelayed"), {"--comm.backend", "mpi", "--train.epochs", "2"});
+  EXPECT_NE(undelayed.params, straight.params);
+}
+
 // A replica's own random state (cuDNN's dropout state) is in every checkpoint, by rank, and a resumed run
 // hands each rank the state it saved, so that it goes on where it was.
 TEST_F(TrainerTest, EachRanksReplicaRandomStateIsCheckpointedAndRestored) {

@@ -214,8 +214,9 @@ TEST(AllReduceStep, TheDelayedExchangeAppliesGradientKAtStepKPlusOne) {
 namespace ddp::engine {
 namespace {
 
-// With the CPU replica's real gradients and Adam, the delayed step is exactly its definition: the optimizer
-// applied to the previous step's gradient after this step's backward, bit for bit.
+// With the CPU replica's real gradients and Adam, the delayed step is exactly its definition, bit for bit:
+// the gradient computed at the parameters plus the last update (none before the first update), the parameters
+// restored, then the optimizer applied to the previous step's gradient.
 TEST(AllReduceStep, TheDelayedExchangeIsThePreviousGradientAppliedAfterBackward) {
   const models::ModelShape shape{40, 6, 5, 2};
   const models::ParamLayout layout(shape);
@@ -236,16 +237,24 @@ TEST(AllReduceStep, TheDelayedExchangeIsThePreviousGradientAppliedAfterBackward)
   auto reference = models::make_cpu_replica(shape);
   reference->copy_params_from_host(initial);
   auto reference_adam = optim::make_optimizer(optim::OptimizerSettings{}, layout.total_size());
-  std::vector<float> previous;
+  std::vector<float> previous, last_update;
+  const std::span<float> params = reference->params();
   for (auto& tokens : batches) {
     const BatchView batch{tokens.data(), labels.data(), 4, 7, tokens.data()};
     delayed.run(batch);
+    const std::vector<float> start(params.begin(), params.end());
+    for (std::size_t i = 0; i < last_update.size(); ++i) params[i] += last_update[i];
     reference->train_step(batch, {});
-    if (!previous.empty()) reference_adam->step(reference->params(), previous);
+    std::copy(start.begin(), start.end(), params.begin());
+    if (!previous.empty()) {
+      reference_adam->step(params, previous);
+      last_update.resize(params.size());
+      for (std::size_t i = 0; i < params.size(); ++i) last_update[i] = params[i] - start[i];
+    }
     previous.assign(reference->grads().begin(), reference->grads().end());
   }
   delayed.flush();
-  reference_adam->step(reference->params(), previous);
+  reference_adam->step(params, previous);
   EXPECT_EQ(std::vector<float>(delayed_replica->params().begin(), delayed_replica->params().end()),
             std::vector<float>(reference->params().begin(), reference->params().end()));
 }
