@@ -44,6 +44,16 @@ max_param_difference() {  # checkpoint a, checkpoint b
     END { if (bad || NR == 0) { print "count-mismatch"; exit 1 } printf "%.3g\n", max }'
 }
 
+# Prints the largest |a - b| between two checkpoints' parameters; fails, naming WHAT on stderr (the caller
+# captures stdout), if it is more than TOLERANCE or their counts differ.
+params_within() {  # checkpoint a, checkpoint b, tolerance, what
+  local difference
+  difference=$(max_param_difference "$1" "$2") || fail "$4: the checkpoints hold different parameter counts" >&2
+  awk -v d="$difference" -v t="$3" 'BEGIN { exit !(d <= t) }' ||
+    fail "$4: parameters differ from the one-node run by up to $difference" >&2
+  echo "$difference"
+}
+
 # Checks that nothing of the cluster is left after cluster_down.
 expect_no_leftovers() {
   cluster_down

@@ -20,6 +20,7 @@
 #include "comm/host_group.h"
 #include "comm/wire_payload.h"
 #include "engine/base/errors.h"
+#include "tests/mpi/mpi_test_util.h"
 
 namespace ddp {
 namespace {
@@ -29,15 +30,6 @@ std::vector<std::size_t> segment_sizes() {
   std::vector<std::size_t> sizes{7, 1, 4099, 100003};
   sizes.insert(sizes.end(), 20, 100);
   return sizes;
-}
-
-// This rank's gradients of `step`: floats whose sums round, so that the order of the sum shows in the bits.
-std::vector<float> gradients(int rank, int step, std::size_t n) {
-  std::mt19937 rng(static_cast<unsigned>(1000 * step + rank));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> values(n);
-  for (float& x : values) x = normal(rng) * (1.0f + static_cast<float>(rank));
-  return values;
 }
 
 // Averages `data` segment by segment, every segment started before any finishes.
@@ -54,14 +46,6 @@ std::size_t total_size() {
   std::size_t total = 0;
   for (const std::size_t n : segment_sizes()) total += n;
   return total;
-}
-
-// Whether every rank of `group` holds exactly `data`'s bits.
-bool same_bits_everywhere(comm::HostGroup& group, const std::vector<float>& data) {
-  std::string bits(data.size() * sizeof(float), '\0');
-  std::memcpy(bits.data(), data.data(), bits.size());
-  const std::vector<std::string> all = group.all_gather(bits);
-  return std::all_of(all.begin(), all.end(), [&](const std::string& b) { return b == bits; });
 }
 
 // Pseudo-nodes: consecutive pairs of ranks (0 1 | 2 3, or 0 1 | 2), or ranks interleaved (0 2 | 1 3).
@@ -105,11 +89,11 @@ TEST(MpiHierarchy, AveragesAsTheFlatAllReduceWithTheSameBitsOnEveryRank) {
     auto hierarchical = comm::make_mpi_reducer(world, options);
     for (int step = 0; step < 3; ++step) {
       SCOPED_TRACE("step " + std::to_string(step));
-      std::vector<float> expected = gradients(world.rank(), step, total_size());
+      std::vector<float> expected = testing::rounding_gradients(world.rank(), step, total_size());
       std::vector<float> got = expected;
       average_in_segments(*flat, expected);
       average_in_segments(*hierarchical, got);
-      ASSERT_TRUE(same_bits_everywhere(world, got)) << "the replicas would drift apart";
+      ASSERT_TRUE(testing::same_bits_everywhere(world, got)) << "the replicas would drift apart";
       double largest = 0;
       for (std::size_t i = 0; i < got.size(); ++i) {
         // A sum of n terms in another order: a few units of the last place of the largest term.
@@ -187,10 +171,10 @@ TEST(MpiHierarchy, SixteenBitWiresCrossTheLinksOnlyBetweenTheNodeSums) {
       for (int r = 0; r < n; ++r) nodes.push_back(node_of(r, n));
       for (int step = 0; step < 2; ++step) {
         std::vector<std::vector<float>> of_rank;
-        for (int r = 0; r < n; ++r) of_rank.push_back(gradients(r, step, total_size()));
+        for (int r = 0; r < n; ++r) of_rank.push_back(testing::rounding_gradients(r, step, total_size()));
         std::vector<float> got = of_rank[static_cast<std::size_t>(world.rank())];
         average_in_segments(*reducer, got);
-        ASSERT_TRUE(same_bits_everywhere(world, got)) << "the replicas would drift apart";
+        ASSERT_TRUE(testing::same_bits_everywhere(world, got)) << "the replicas would drift apart";
         const std::vector<float> expected =
             expected_16_bit_average(of_rank, nodes, comm::wire_format(compression));
         std::size_t differ = 0;
@@ -219,7 +203,7 @@ TEST(MpiHierarchy, AveragesRowsBesideSegments) {
       std::vector<std::vector<float>> results;
       std::vector<std::vector<int32_t>> unions;
       for (comm::GradientReducer* reducer : {flat.get(), hierarchical.get()}) {
-        std::vector<float> dense = gradients(world.rank(), step, 333);
+        std::vector<float> dense = testing::rounding_gradients(world.rank(), step, 333);
         std::vector<float> matrix(total_rows * width, 0.0f);
         std::vector<int32_t> rows;
         for (std::size_t row = static_cast<std::size_t>(world.rank() + step); row < total_rows; row += 7) {
@@ -231,8 +215,8 @@ TEST(MpiHierarchy, AveragesRowsBesideSegments) {
         const std::vector<int32_t> all = reducer->start_average_rows(matrix, width, rows);
         reducer->start_average(std::span<float>(dense).subspan(300));
         reducer->finish_average();
-        EXPECT_TRUE(same_bits_everywhere(world, matrix));
-        EXPECT_TRUE(same_bits_everywhere(world, dense));
+        EXPECT_TRUE(testing::same_bits_everywhere(world, matrix));
+        EXPECT_TRUE(testing::same_bits_everywhere(world, dense));
         EXPECT_FALSE(all.empty());
         unions.push_back(all);
         matrix.insert(matrix.end(), dense.begin(), dense.end());
@@ -254,7 +238,7 @@ TEST(MpiHierarchy, WhereItDoesNotApplyTheBitsAreTheFlatOnes) {
   auto flat = comm::make_mpi_reducer(world, comm::MpiReducerOptions{"none", "off"});
   for (const auto node_of : {own_node, one_node}) {
     auto reducer = comm::make_mpi_reducer(world, {"none", "auto", node_of(world.rank(), n)});
-    std::vector<float> expected = gradients(world.rank(), 5, total_size());
+    std::vector<float> expected = testing::rounding_gradients(world.rank(), 5, total_size());
     std::vector<float> got = expected;
     average_in_segments(*flat, expected);
     average_in_segments(*reducer, got);

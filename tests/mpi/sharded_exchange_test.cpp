@@ -20,6 +20,7 @@
 #include "comm/host_group.h"
 #include "comm/sharded_exchange.h"
 #include "comm/wire_payload.h"
+#include "tests/mpi/mpi_test_util.h"
 
 namespace ddp {
 namespace {
@@ -45,28 +46,14 @@ const Grouping kGroupings[] = {
      }},
 };
 
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
-
 // Pairs make the hierarchy at 4 ranks only: 2 ranks are nodes of one, 3 are nodes of unequal counts.
 bool through_nodes(const Grouping& grouping) {
-  return world_size() == 4 && grouping.nodes(0).hierarchy && grouping.nodes(0).test_node >= 0;
+  return testing::world_size() == 4 && grouping.nodes(0).hierarchy && grouping.nodes(0).test_node >= 0;
 }
 
 bool same_bits_everywhere(const std::vector<float>& data) {
   comm::HostGroup world(MPI_COMM_WORLD);
-  std::string bits(data.size() * sizeof(float), '\0');
-  std::memcpy(bits.data(), data.data(), bits.size());
-  const std::vector<std::string> all = world.all_gather(bits);
-  return std::all_of(all.begin(), all.end(), [&](const std::string& b) { return b == bits; });
+  return testing::same_bits_everywhere(world, data);
 }
 
 TEST(ShardedExchange, ShardsCoverTheVectorOnceInSlicesOfNodes) {
@@ -74,7 +61,7 @@ TEST(ShardedExchange, ShardsCoverTheVectorOnceInSlicesOfNodes) {
     SCOPED_TRACE(grouping.name);
     for (const std::size_t total : {std::size_t{1}, std::size_t{7}, std::size_t{4099}}) {
       comm::ShardedExchange exchange(MPI_COMM_WORLD, total, comm::WireFormat::kFloat,
-                                     grouping.nodes(world_rank()));
+                                     grouping.nodes(testing::world_rank()));
       std::vector<std::pair<std::size_t, std::size_t>> shards;
       for (int r = 0; r < exchange.size(); ++r) shards.emplace_back(exchange.begin(r), exchange.end(r));
       std::sort(shards.begin(), shards.end());
@@ -100,7 +87,8 @@ TEST(ShardedExchange, ShardsCoverTheVectorOnceInSlicesOfNodes) {
               slice_begin + static_cast<std::size_t>(m) * (slice / 2) + (m > 0 ? slice % 2 : 0);
           EXPECT_EQ(exchange.begin(r), piece_begin) << "rank " << r << " of " << total;
         }
-      } else if (grouping.nodes(0).hierarchy && world_size() == 3 && grouping.nodes(0).test_node >= 0) {
+      } else if (grouping.nodes(0).hierarchy && testing::world_size() == 3 &&
+                 grouping.nodes(0).test_node >= 0) {
         EXPECT_NE(line.find("not hierarchical: its nodes hold 1 to 2 ranks"), std::string::npos) << line;
       } else {
         EXPECT_EQ(line, "");
@@ -115,7 +103,7 @@ TEST(ShardedExchange, AveragesAndGathers) {
     SCOPED_TRACE(grouping.name);
     for (const std::size_t total : {std::size_t{1}, std::size_t{7}, std::size_t{4099}}) {
       comm::ShardedExchange exchange(MPI_COMM_WORLD, total, comm::WireFormat::kFloat,
-                                     grouping.nodes(world_rank()));
+                                     grouping.nodes(testing::world_rank()));
       std::vector<float> full(total);
       for (std::size_t i = 0; i < total; ++i) full[i] = comm::average_pattern_value(exchange.rank(), i);
       std::vector<float> shard(exchange.shard_size());
@@ -228,18 +216,9 @@ TEST(ShardedExchange, MovesRowsOnly) {
     SCOPED_TRACE(grouping.name);
     // Also a small region deep in the vector, which some ranks' shards do not meet at all.
     for (const comm::RowRegion region : {comm::RowRegion{5, 37, 7}, comm::RowRegion{200, 3, 7}}) {
-      expect_row_exchange(region, grouping.nodes(world_rank()));
+      expect_row_exchange(region, grouping.nodes(testing::world_rank()));
     }
   }
-}
-
-// Random gradients whose sums round: the order of a sum shows in the bits.
-std::vector<float> gradients(int rank, int step, std::size_t n) {
-  std::mt19937 rng(static_cast<unsigned>(1000 * step + rank));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> values(n);
-  for (float& x : values) x = normal(rng) * (1.0f + static_cast<float>(rank));
-  return values;
 }
 
 // A few steps of the sync exchange with a made-up update (each owner adds its averaged gradient times a
@@ -253,11 +232,11 @@ TEST(ShardedExchange, UpdatesKeepEveryCopyTheSameBitsThroughTheNodes) {
     std::vector<std::vector<float>> finals;
     for (const Grouping& grouping : kGroupings) {
       SCOPED_TRACE(std::string(grouping.name) + ", wire " + std::to_string(static_cast<int>(wire)));
-      comm::ShardedExchange exchange(MPI_COMM_WORLD, kTotal, wire, grouping.nodes(world_rank()));
+      comm::ShardedExchange exchange(MPI_COMM_WORLD, kTotal, wire, grouping.nodes(testing::world_rank()));
       std::vector<float> params(kTotal);
       for (std::size_t i = 0; i < kTotal; ++i) params[i] = std::sin(static_cast<float>(i));
       for (int step = 0; step < 3; ++step) {
-        std::vector<float> grads = gradients(exchange.rank(), step, kTotal);
+        std::vector<float> grads = testing::rounding_gradients(exchange.rank(), step, kTotal);
         std::vector<int32_t> touched;
         for (int32_t row = 0; row < 500; ++row) {
           if ((row + exchange.rank() + step) % 5 == 0) {
