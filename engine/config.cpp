@@ -147,7 +147,8 @@ void visit_keys(C& c, Visitor&& key) {
       "which sends its gradients and sync updates so and its parameter pulls and fetched rows in float)");
   key("comm", "overlap", c.comm.overlap, one_of("none, delayed"),
       "none, or delayed: each step's averaged gradient is applied at the next step, so that the exchange "
-      "overlaps a whole step (pipelined SGD: every update one step stale); CPU ranks with the all-reduce");
+      "overlaps a whole step (pipelined SGD: every update one step late, its gradient computed at the "
+      "parameters plus the last update to make up for it); CPU ranks with the all-reduce");
   key("comm", "hierarchy", c.comm.hierarchy, one_of("off, auto"),
       "mpi and the colocated ps (sync) across nodes: off (one exchange over every rank; the default: where "
       "measured, mpi's hierarchy was not faster, the colocated ps's only on slow links) or auto (where a "
