@@ -9,7 +9,8 @@
 # (each check's output). CHECKS="name ..." runs only those (the build always runs first):
 #   self_check     check-env --device cuda and the trainer's start log both say "self-check passed"
 #   startup        with the self-check on, E256 H512 L2 T200 batch 128 and E128 H128 T200 batch 1024 print
-#                  their first step within 5 s of the process start (the data made beforehand); and
+#                  their first step within 5 s of the process start (the data made beforehand; the run's own
+#                  start_to_first_step_s beside it); and
 #                  self_check_bench --device cuda's table (the check and the parameter draw by model)
 #   gpu_tests      the GPU tests (CPU/GPU parity, layout round trip, NCCL, the input pipeline); none may skip;
 #                  then the stream-order tests at 2 ranks (a gradient produced behind a delay on another
@@ -216,7 +217,9 @@ check_startup() {
       ok=1
       continue
     fi
-    note startup "E$e H$h L$l T200 batch $b: first step after $seconds s"
+    note startup "E$e H$h L$l T200 batch $b: first step after $seconds s (its start_to_first_step_s:" \
+      "$(grep '"epoch"' "$scratch/run-startup/metrics.jsonl" | head -n 1 |
+        python3 -c 'import json, sys; print(json.load(sys.stdin).get("start_to_first_step_s", "none"))') s)"
     awk -v s="$seconds" 'BEGIN { exit !(s <= 5) }' || { echo "first step after $seconds s > 5 s"; ok=1; }
   done
   "$build"/benchmarks/self_check_bench --device cuda | tee "$scratch/self_check_bench.txt" || ok=1

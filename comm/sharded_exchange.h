@@ -83,7 +83,8 @@ class ShardedExchange {
   //
   // Collective: the average over the ranks of this rank's shard of `full` (as reduce_scatter_average), each
   // rank sending each owner only the `touched_rows` (sorted, unique) that meet its shard, and the shard
-  // outside `region` whole. Summed in rank order, then one multiplication by 1 / size. Returned as the
+  // outside `region` whole. Summed in rank order (through the nodes: each node's ranks in order, then the
+  // node sums in node order), then one multiplication by 1 / size. Returned as the
   // pieces of the shard (offsets from its first float) outside which the average is zero: the rows some rank
   // touched and the floats outside the region, held compactly (one dense piece where a rank sent its shard
   // dense). The pieces are this object's, valid until the next call.
