@@ -12,15 +12,21 @@
 
 namespace ddp::comm {
 
+void ShardLevel::check_size(std::size_t total, WireFormat wire) {
+  // MPI counts and displacements are ints: in floats, and on a 16-bit wire in bytes of a float-spaced buffer.
+  const bool sixteen_bits = wire != WireFormat::kFloat;
+  if (total > static_cast<std::size_t>(INT_MAX) / (sixteen_bits ? sizeof(float) : 1)) {
+    throw UserError("the parameter server's colocated layout: " + std::to_string(total) +
+                    " parameters are more than one MPI message holds" +
+                    (sixteen_bits ? " (in bytes, as a 16-bit wire sends them)" : ""));
+  }
+}
+
 ShardLevel::ShardLevel(MPI_Comm comm, std::size_t first, std::size_t last, WireFormat wire)
     : comm_(comm), wire_(wire) {
+  check_size(last, wire);
   DDP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
   DDP_CHECK_MPI(MPI_Comm_size(comm_, &size_));
-  // MPI counts and displacements are ints, and the 16-bit exchanges' byte offsets too.
-  if (last > static_cast<std::size_t>(INT_MAX) / sizeof(float)) {
-    throw UserError("the parameter server's colocated layout: " + std::to_string(last) +
-                    " parameters are more than one MPI message holds");
-  }
   const auto ranks = static_cast<std::size_t>(size_);
   const std::size_t each = (last - first) / ranks;
   const std::size_t extra = (last - first) % ranks;

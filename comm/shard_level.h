@@ -35,6 +35,9 @@ class ShardLevel {
   // (each owner sums them in float, in rank order) and all_gather_update sends the owners' updates so; the
   // other collectives send float.
   ShardLevel(MPI_Comm comm, std::size_t first, std::size_t last, WireFormat wire);
+  // Throws UserError unless a vector of `total` floats fits MPI's int counts on `wire` (the constructor
+  // checks it too; callers that make communicators first check it before).
+  static void check_size(std::size_t total, WireFormat wire);
   ShardLevel(const ShardLevel&) = delete;
   ShardLevel& operator=(const ShardLevel&) = delete;
 

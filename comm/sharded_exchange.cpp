@@ -12,6 +12,7 @@ namespace ddp::comm {
 ShardedExchange::ShardedExchange(MPI_Comm comm, std::size_t total, WireFormat wire,
                                  const ExchangeNodes& nodes)
     : total_(total) {
+  ShardLevel::check_size(total, wire);  // before any communicator is made
   DDP_CHECK_MPI(MPI_Comm_dup(comm, &comm_));
   DDP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
   DDP_CHECK_MPI(MPI_Comm_size(comm_, &size_));

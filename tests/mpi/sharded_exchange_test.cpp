@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -20,6 +21,7 @@
 #include "comm/host_group.h"
 #include "comm/sharded_exchange.h"
 #include "comm/wire_payload.h"
+#include "engine/base/errors.h"
 #include "tests/mpi/mpi_test_util.h"
 
 namespace ddp {
@@ -94,6 +96,25 @@ TEST(ShardedExchange, ShardsCoverTheVectorOnceInSlicesOfNodes) {
         EXPECT_EQ(line, "");
         for (int r = 1; r < exchange.size(); ++r) EXPECT_EQ(exchange.begin(r), exchange.end(r - 1));
       }
+    }
+  }
+}
+
+// MPI's counts are ints: a vector of more floats than an int counts is one clear error, and on a 16-bit wire,
+// whose payloads travel as bytes of a float-spaced buffer, four times fewer. Nothing large is allocated.
+TEST(ShardedExchange, RefusesMoreParametersThanAnMpiMessageHolds) {
+  const std::size_t ints = static_cast<std::size_t>(INT_MAX);
+  EXPECT_NO_THROW(comm::ShardedExchange(MPI_COMM_WORLD, ints / 4 + 1, comm::WireFormat::kFloat));
+  for (const auto& [total, wire] : {std::pair{ints + 1, comm::WireFormat::kFloat},
+                                    std::pair{ints / 4 + 1, comm::WireFormat::kBfloat16}}) {
+    try {
+      comm::ShardedExchange exchange(MPI_COMM_WORLD, total, wire);
+      ADD_FAILURE() << total << " parameters: no error";
+    } catch (const UserError& e) {
+      EXPECT_NE(
+          std::string(e.what()).find(std::to_string(total) + " parameters are more than one MPI message"),
+          std::string::npos)
+          << e.what();
     }
   }
 }
