@@ -118,10 +118,15 @@ void AllReduceStep::run_delayed(const BatchView& batch) {
   // The gradient computed now is applied after the next update: computed at the parameters predicted for
   // then (the last update once more), which are restored after backward.
   const std::span<float> params = replica_.params();
-  const bool applies = pending_;
-  if (applies) step_start_.assign(params.begin(), params.end());
+  const bool applies = pending_;  // a last update exists only where a gradient is pending
+  if (applies) step_start_.resize(params.size());
   if (has_last_update_) {
-    for (std::size_t i = 0; i < params.size(); ++i) params[i] += last_update_[i];
+    for (std::size_t i = 0; i < params.size(); ++i) {  // one pass: saved, then moved
+      step_start_[i] = params[i];
+      params[i] += last_update_[i];
+    }
+  } else if (applies) {
+    std::copy(params.begin(), params.end(), step_start_.begin());
   }
   // Backward runs while the last step's average travels; nothing starts during it.
   replica_.train_step(batch, {});

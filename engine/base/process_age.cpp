@@ -40,14 +40,15 @@ double seconds_since_boot() {
   return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
 }
 
+// The fallback's origin, taken as the library loads; /proc's start time is read on first use.
 const std::chrono::steady_clock::time_point kLoaded = std::chrono::steady_clock::now();
-const double kStartedAfterBoot = started_after_boot();
 
 }  // namespace
 
 double seconds_since_process_start() {
+  static const double started = started_after_boot();
   const double boot = seconds_since_boot();
-  if (kStartedAfterBoot >= 0 && boot >= kStartedAfterBoot) return boot - kStartedAfterBoot;
+  if (started >= 0 && boot >= started) return boot - started;
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - kLoaded).count();
 }
 

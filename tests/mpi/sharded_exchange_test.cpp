@@ -58,46 +58,55 @@ bool same_bits_everywhere(const std::vector<float>& data) {
   return testing::same_bits_everywhere(world, data);
 }
 
-TEST(ShardedExchange, ShardsCoverTheVectorOnceInSlicesOfNodes) {
+// Runs `check` on a float-wire exchange of 1, 7 and 4099 floats under each grouping.
+void for_each_exchange(const std::function<void(comm::ShardedExchange&, const Grouping&)>& check) {
   for (const Grouping& grouping : kGroupings) {
     SCOPED_TRACE(grouping.name);
     for (const std::size_t total : {std::size_t{1}, std::size_t{7}, std::size_t{4099}}) {
+      SCOPED_TRACE(std::to_string(total) + " floats");
       comm::ShardedExchange exchange(MPI_COMM_WORLD, total, comm::WireFormat::kFloat,
                                      grouping.nodes(testing::world_rank()));
-      std::vector<std::pair<std::size_t, std::size_t>> shards;
-      for (int r = 0; r < exchange.size(); ++r) shards.emplace_back(exchange.begin(r), exchange.end(r));
-      std::sort(shards.begin(), shards.end());
-      std::size_t at = 0;
-      for (const auto& [begin, end] : shards) {
-        EXPECT_EQ(begin, at);
-        at = end;
-      }
-      EXPECT_EQ(at, total);
-      EXPECT_EQ(exchange.total(), total);
-
-      const std::string& line = exchange.hierarchy_line();
-      if (through_nodes(grouping)) {
-        EXPECT_EQ(line.rfind("hierarchical across 2 nodes of 2 ranks", 0), 0u) << line;
-        // Node m = its ranks' pair; j = the rank's place in it. Slice j of the vector, piece m of the slice.
-        const bool consecutive = grouping.nodes(1).test_node == 0;
-        for (int r = 0; r < 4; ++r) {
-          const int m = consecutive ? r / 2 : r % 2;
-          const int j = consecutive ? r % 2 : r / 2;
-          const std::size_t slice_begin = static_cast<std::size_t>(j) * (total / 2) + (j > 0 ? total % 2 : 0);
-          const std::size_t slice = total / 2 + (j < static_cast<int>(total % 2) ? 1 : 0);
-          const std::size_t piece_begin =
-              slice_begin + static_cast<std::size_t>(m) * (slice / 2) + (m > 0 ? slice % 2 : 0);
-          EXPECT_EQ(exchange.begin(r), piece_begin) << "rank " << r << " of " << total;
-        }
-      } else if (grouping.nodes(0).hierarchy && testing::world_size() == 3 &&
-                 grouping.nodes(0).test_node >= 0) {
-        EXPECT_NE(line.find("not hierarchical: its nodes hold 1 to 2 ranks"), std::string::npos) << line;
-      } else {
-        EXPECT_EQ(line, "");
-        for (int r = 1; r < exchange.size(); ++r) EXPECT_EQ(exchange.begin(r), exchange.end(r - 1));
-      }
+      check(exchange, grouping);
     }
   }
+}
+
+TEST(ShardedExchange, ShardsCoverTheVectorOnceInSlicesOfNodes) {
+  for_each_exchange([](comm::ShardedExchange& exchange, const Grouping& grouping) {
+    const std::size_t total = exchange.total();
+    std::vector<std::pair<std::size_t, std::size_t>> shards;
+    for (int r = 0; r < exchange.size(); ++r) shards.emplace_back(exchange.begin(r), exchange.end(r));
+    std::sort(shards.begin(), shards.end());
+    std::size_t at = 0;
+    for (const auto& [begin, end] : shards) {
+      EXPECT_EQ(begin, at);
+      at = end;
+    }
+    EXPECT_EQ(at, total);
+    EXPECT_EQ(exchange.total(), total);
+
+    const std::string& line = exchange.hierarchy_line();
+    if (through_nodes(grouping)) {
+      EXPECT_EQ(line.rfind("hierarchical across 2 nodes of 2 ranks", 0), 0u) << line;
+      // Node m = its ranks' pair; j = the rank's place in it. Slice j of the vector, piece m of the slice.
+      const bool consecutive = grouping.nodes(1).test_node == 0;
+      for (int r = 0; r < 4; ++r) {
+        const int m = consecutive ? r / 2 : r % 2;
+        const int j = consecutive ? r % 2 : r / 2;
+        const std::size_t slice_begin = static_cast<std::size_t>(j) * (total / 2) + (j > 0 ? total % 2 : 0);
+        const std::size_t slice = total / 2 + (j < static_cast<int>(total % 2) ? 1 : 0);
+        const std::size_t piece_begin =
+            slice_begin + static_cast<std::size_t>(m) * (slice / 2) + (m > 0 ? slice % 2 : 0);
+        EXPECT_EQ(exchange.begin(r), piece_begin) << "rank " << r << " of " << total;
+      }
+    } else if (grouping.nodes(0).hierarchy && testing::world_size() == 3 &&
+               grouping.nodes(0).test_node >= 0) {
+      EXPECT_NE(line.find("not hierarchical: its nodes hold 1 to 2 ranks"), std::string::npos) << line;
+    } else {
+      EXPECT_EQ(line, "");
+      for (int r = 1; r < exchange.size(); ++r) EXPECT_EQ(exchange.begin(r), exchange.end(r - 1));
+    }
+  });
 }
 
 // MPI's counts are ints: a vector of more floats than an int counts is one clear error, and on a 16-bit wire,
@@ -120,38 +129,34 @@ TEST(ShardedExchange, RefusesMoreParametersThanAnMpiMessageHolds) {
 }
 
 TEST(ShardedExchange, AveragesAndGathers) {
-  for (const Grouping& grouping : kGroupings) {
-    SCOPED_TRACE(grouping.name);
-    for (const std::size_t total : {std::size_t{1}, std::size_t{7}, std::size_t{4099}}) {
-      comm::ShardedExchange exchange(MPI_COMM_WORLD, total, comm::WireFormat::kFloat,
-                                     grouping.nodes(testing::world_rank()));
-      std::vector<float> full(total);
-      for (std::size_t i = 0; i < total; ++i) full[i] = comm::average_pattern_value(exchange.rank(), i);
-      std::vector<float> shard(exchange.shard_size());
-      exchange.reduce_scatter_average(full, shard);
-      for (std::size_t i = 0; i < shard.size(); ++i) {
-        const double expected = comm::average_pattern_expected(exchange.size(), exchange.begin() + i);
-        ASSERT_NEAR(shard[i], expected, comm::kAverageTolerance * std::max(1.0, expected))
-            << total << ", " << i;
-      }
-      std::vector<float> gathered(total, -1.0f);
-      std::copy(shard.begin(), shard.end(), gathered.begin() + static_cast<std::ptrdiff_t>(exchange.begin()));
-      exchange.all_gather(gathered);
-      for (std::size_t i = 0; i < total; ++i) {
-        ASSERT_NEAR(gathered[i], comm::average_pattern_expected(exchange.size(), i), 1e-5)
-            << total << ", " << i;
-      }
-      EXPECT_TRUE(same_bits_everywhere(gathered));
-      std::vector<float> on_root(total, -1.0f);
-      exchange.gather_to_root(shard, on_root);
-      if (exchange.rank() == 0) {
-        EXPECT_EQ(on_root, gathered);
-      }
-      std::vector<float> back(exchange.shard_size());
-      exchange.scatter_from_root(gathered, back);
-      EXPECT_EQ(back, shard);
+  for_each_exchange([](comm::ShardedExchange& exchange, const Grouping& /*grouping*/) {
+    const std::size_t total = exchange.total();
+    std::vector<float> full(total);
+    for (std::size_t i = 0; i < total; ++i) full[i] = comm::average_pattern_value(exchange.rank(), i);
+    std::vector<float> shard(exchange.shard_size());
+    exchange.reduce_scatter_average(full, shard);
+    for (std::size_t i = 0; i < shard.size(); ++i) {
+      const double expected = comm::average_pattern_expected(exchange.size(), exchange.begin() + i);
+      ASSERT_NEAR(shard[i], expected, comm::kAverageTolerance * std::max(1.0, expected))
+          << total << ", " << i;
     }
-  }
+    std::vector<float> gathered(total, -1.0f);
+    std::copy(shard.begin(), shard.end(), gathered.begin() + static_cast<std::ptrdiff_t>(exchange.begin()));
+    exchange.all_gather(gathered);
+    for (std::size_t i = 0; i < total; ++i) {
+      ASSERT_NEAR(gathered[i], comm::average_pattern_expected(exchange.size(), i), 1e-5)
+          << total << ", " << i;
+    }
+    EXPECT_TRUE(same_bits_everywhere(gathered));
+    std::vector<float> on_root(total, -1.0f);
+    exchange.gather_to_root(shard, on_root);
+    if (exchange.rank() == 0) {
+      EXPECT_EQ(on_root, gathered);
+    }
+    std::vector<float> back(exchange.shard_size());
+    exchange.scatter_from_root(gathered, back);
+    EXPECT_EQ(back, shard);
+  });
 }
 
 // The row-sparse forms against the same closed form, on `region` with 6 floats after it (and region.offset
