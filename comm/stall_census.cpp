@@ -15,6 +15,7 @@ namespace {
 
 constexpr int kNoticeTag = 1;
 constexpr int kErrorTag = 2;
+constexpr int kAnswerTag = 3;
 constexpr std::size_t kHostBytes = 256;
 constexpr std::size_t kPhaseBytes = 512;  // a phase names a file: longer ones are cut
 // How long a rank that does not speak waits for the one that does to end the job, past the listening.
@@ -55,18 +56,56 @@ std::string doing(const StallFacts::Report& r) {
   return r.steps_done > 0 ? fmt::format("{} (steps done: {})", r.phase, r.steps_done) : r.phase;
 }
 
+// "rank 0 while writing x (last progress 4.1 s ago); ranks 2-3 while training (last progress up to 0.3 s
+// ago)": the ranks alive, those with the same phase together.
+std::string alive_words(const std::vector<const StallFacts::Report*>& alive) {
+  std::map<std::string, std::vector<const StallFacts::Report*>> by_phase;
+  for (const StallFacts::Report* r : alive) by_phase[r->phase].push_back(r);
+  std::string text;
+  for (const auto& [phase, reports] : by_phase) {
+    std::vector<int> ranks;
+    double longest_s = 0;
+    for (const StallFacts::Report* r : reports) {
+      ranks.push_back(r->rank);
+      longest_s = std::max(longest_s, r->silent_s);
+    }
+    text += fmt::format("{}{} while {} (last progress {}{:.1f} s ago)", text.empty() ? "" : "; ",
+                        ranks_named(ranks), phase, ranks.size() > 1 ? "up to " : "", longest_s);
+  }
+  return text;
+}
+
+// The wire form of a notice and of an answer: the steps done, the seconds since the last progress, the phase.
+constexpr std::size_t kHeaderBytes = sizeof(int64_t) + sizeof(double);
+
+std::vector<char> report_bytes(const std::string& phase, int64_t steps_done, double silent_s) {
+  const std::size_t phase_bytes = std::min(phase.size(), kPhaseBytes);
+  std::vector<char> bytes(kHeaderBytes + phase_bytes, '\0');
+  std::memcpy(bytes.data(), &steps_done, sizeof steps_done);
+  std::memcpy(bytes.data() + sizeof(int64_t), &silent_s, sizeof silent_s);
+  std::memcpy(bytes.data() + kHeaderBytes, phase.data(), phase_bytes);
+  return bytes;
+}
+
 }  // namespace
 
 std::string describe_stall(const StallFacts& facts, int speaker) {
-  std::vector<bool> heard(static_cast<std::size_t>(facts.world_size), false);
-  const StallFacts::Report* own = nullptr;
-  for (const StallFacts::Report& r : facts.stalled) {
-    heard[static_cast<std::size_t>(r.rank)] = true;
-    if (r.rank == speaker) own = &r;
-  }
+  std::vector<const StallFacts::Report*> by_rank(static_cast<std::size_t>(facts.world_size), nullptr);
+  for (const StallFacts::Report& r : facts.heard) by_rank[static_cast<std::size_t>(r.rank)] = &r;
+  const StallFacts::Report* own = by_rank[static_cast<std::size_t>(speaker)];
   std::vector<int> silent;
-  std::vector<int> waiting;
-  for (int rank = 0; rank < facts.world_size; ++rank) (heard[rank] ? waiting : silent).push_back(rank);
+  std::vector<int> stalled;
+  std::vector<const StallFacts::Report*> alive;
+  for (int rank = 0; rank < facts.world_size; ++rank) {
+    const StallFacts::Report* r = by_rank[static_cast<std::size_t>(rank)];
+    if (r == nullptr) {
+      silent.push_back(rank);
+    } else if (r->stalled) {
+      stalled.push_back(rank);
+    } else {
+      alive.push_back(r);
+    }
+  }
 
   std::string text;
   if (!silent.empty()) {
@@ -74,16 +113,27 @@ std::string describe_stall(const StallFacts& facts, int speaker) {
     text = fmt::format(
         "{} ({}) {} hung, lost or slower than the timeout: {} did not answer the stalled {} within {:.1f} s",
         ranks_named(silent), hosts_of(silent, facts.hosts), one ? "is" : "are", one ? "it" : "they",
-        ranks_named(waiting), facts.listened_s);
+        ranks_named(stalled), facts.listened_s);
     // A stalled rank busy with something else than the speaker (a read that never returns) is worth naming.
-    for (const StallFacts::Report& r : facts.stalled) {
+    for (const int rank : stalled) {
+      const StallFacts::Report& r = *by_rank[static_cast<std::size_t>(rank)];
       if (own != nullptr && r.phase != own->phase) text += fmt::format("; rank {} was {}", r.rank, doing(r));
     }
+    if (!alive.empty()) text += "; alive: " + alive_words(alive);
     return text;
+  }
+  if (!alive.empty()) {
+    // Nobody is missing: the stalled ranks wait for ranks that answer but give them nothing in time.
+    std::vector<int> alive_ranks;
+    for (const StallFacts::Report* r : alive) alive_ranks.push_back(r->rank);
+    return fmt::format(
+        "every rank answered: the stalled {} wait{} for {} ({}), alive but slower than the timeout: {}",
+        ranks_named(stalled), stalled.size() == 1 ? "s" : "", ranks_named(alive_ranks),
+        hosts_of(alive_ranks, facts.hosts), alive_words(alive));
   }
   // Every rank stalled: nobody is missing, so say what each was doing, ranks with the same phase together.
   std::map<std::string, std::vector<int>> by_phase;
-  for (const StallFacts::Report& r : facts.stalled) by_phase[doing(r)].push_back(r.rank);
+  for (const StallFacts::Report& r : facts.heard) by_phase[doing(r)].push_back(r.rank);
   text = "every rank stalled (none failed to answer)";
   if (by_phase.size() == 1) return text + ", all while the same thing";
   for (const auto& [phase, ranks] : by_phase) text += fmt::format("; {} while {}", ranks_named(ranks), phase);
@@ -113,48 +163,88 @@ bool StallCensus::tell_every_rank(const void* data, int count, MPI_Datatype type
   return true;
 }
 
+bool StallCensus::receive_report(int tag, bool stalled, StallFacts::Report& report, bool& failed) {
+  int arrived = 0;
+  MPI_Status status;
+  failed = MPI_Iprobe(MPI_ANY_SOURCE, tag, comm_, &arrived, &status) != MPI_SUCCESS;
+  if (failed || !arrived) return false;
+  int bytes = 0;
+  std::vector<char> received(kHeaderBytes + kPhaseBytes);
+  MPI_Get_count(&status, MPI_CHAR, &bytes);
+  failed = bytes < static_cast<int>(kHeaderBytes) || bytes > static_cast<int>(received.size()) ||
+           MPI_Recv(received.data(), bytes, MPI_CHAR, status.MPI_SOURCE, tag, comm_, MPI_STATUS_IGNORE) !=
+               MPI_SUCCESS;
+  if (failed) return false;
+  report.rank = status.MPI_SOURCE;
+  report.stalled = stalled;
+  std::memcpy(&report.steps_done, received.data(), sizeof(int64_t));
+  std::memcpy(&report.silent_s, received.data() + sizeof(int64_t), sizeof(double));
+  report.phase.assign(received.data() + kHeaderBytes, static_cast<std::size_t>(bytes) - kHeaderBytes);
+  return true;
+}
+
+void StallCensus::answer(const std::string& phase, int64_t steps_done, double silent_s) {
+  if (size_ == 1 || !mpi_thread_multiple()) return;
+  StallFacts::Report notice;
+  bool failed = false;
+  while (receive_report(kNoticeTag, /*stalled=*/true, notice, failed)) {
+    answers_.push_back(report_bytes(phase, steps_done, silent_s));
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (MPI_Isend(answers_.back().data(), static_cast<int>(answers_.back().size()), MPI_CHAR, notice.rank,
+                  kAnswerTag, comm_, &request) != MPI_SUCCESS) {
+      return;
+    }
+    answer_sends_.push_back(request);  // never waited for, as the notices
+    notices_heard_.push_back(notice);
+  }
+}
+
 std::string StallCensus::survey(const std::string& phase, int64_t steps_done,
                                 std::chrono::milliseconds listen) {
   if (size_ == 1) return "this rank, the job's only one, is stuck";
   if (!mpi_thread_multiple()) return "";
-  // The notice: the steps done, then the phase.
-  notice_.assign(sizeof(int64_t), '\0');
-  std::memcpy(notice_.data(), &steps_done, sizeof steps_done);
-  notice_.insert(notice_.end(), phase.begin(), phase.begin() + std::min(phase.size(), kPhaseBytes));
+  notice_ = report_bytes(phase, steps_done, 0);
   if (!tell_every_rank(notice_.data(), static_cast<int>(notice_.size()), MPI_CHAR, kNoticeTag)) return "";
 
   StallFacts facts;
   facts.world_size = size_;
   facts.hosts = hosts_;
-  facts.stalled.push_back({rank_, phase, steps_done});
+  auto hear = [&](const StallFacts::Report& report) {
+    // A rank that answered and then stalled itself sends both: the notice tells more.
+    for (StallFacts::Report& known : facts.heard) {
+      if (known.rank == report.rank) {
+        if (report.stalled) known = report;
+        return;
+      }
+    }
+    facts.heard.push_back(report);
+  };
+  hear({rank_, phase, steps_done});
+  for (const StallFacts::Report& notice : notices_heard_) hear(notice);
   const auto start = std::chrono::steady_clock::now();
-  std::vector<char> received(sizeof(int64_t) + kPhaseBytes);
-  while (facts.stalled.size() < static_cast<std::size_t>(size_) &&
+  while (facts.heard.size() < static_cast<std::size_t>(size_) &&
          std::chrono::steady_clock::now() - start < listen) {
-    int arrived = 0;
-    MPI_Status status;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, comm_, &arrived, &status) != MPI_SUCCESS) return "";
-    if (!arrived) {
+    StallFacts::Report report;
+    bool failed = false;
+    bool arrived = receive_report(kNoticeTag, /*stalled=*/true, report, failed);
+    if (!arrived && !failed) arrived = receive_report(kAnswerTag, /*stalled=*/false, report, failed);
+    if (failed) return "";
+    if (arrived) {
+      hear(report);
+    } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      continue;
     }
-    int bytes = 0;
-    MPI_Get_count(&status, MPI_CHAR, &bytes);
-    if (bytes < static_cast<int>(sizeof(int64_t)) || bytes > static_cast<int>(received.size()) ||
-        MPI_Recv(received.data(), bytes, MPI_CHAR, status.MPI_SOURCE, kNoticeTag, comm_, MPI_STATUS_IGNORE) !=
-            MPI_SUCCESS) {
-      return "";
-    }
-    StallFacts::Report report{
-        status.MPI_SOURCE,
-        std::string(received.data() + sizeof(int64_t), static_cast<std::size_t>(bytes) - sizeof(int64_t)), 0};
-    std::memcpy(&report.steps_done, received.data(), sizeof(int64_t));
-    facts.stalled.push_back(std::move(report));
   }
   facts.listened_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::sort(facts.stalled.begin(), facts.stalled.end(),
+  std::sort(facts.heard.begin(), facts.heard.end(),
             [](const StallFacts::Report& a, const StallFacts::Report& b) { return a.rank < b.rank; });
-  const int speaker = facts.stalled.front().rank;
+  int speaker = rank_;
+  for (const StallFacts::Report& r : facts.heard) {
+    if (r.stalled) {
+      speaker = r.rank;
+      break;
+    }
+  }
   // Another rank speaks for the job and ends it; this one says its own words only if that never happens.
   if (speaker != rank_) std::this_thread::sleep_for(listen + kSpeakerGrace);
   return describe_stall(facts, speaker);

@@ -1,9 +1,10 @@
 // Which rank the others wait for. When a rank's watchdog (engine/watchdog.h) finds no progress, MPI cannot
 // say which peer a collective waits on; Horovod names the missing ranks because its coordinator sees every
-// rank's requests. Here the ranks that stalled tell each other so, on a communicator of their own and from
-// the watchdog's thread, for a short while; the lowest of them then writes the one message of the job, which
-// names the ranks that did not answer (hung, lost, or slower than the timeout), and the others keep quiet
-// while it ends the job.
+// rank's requests. Here the ranks that stalled tell every rank so, on a communicator of their own and from
+// the watchdog's thread, and listen for a short while; the ranks whose watchdog has not fired (alive, and
+// perhaps waiting on a peer, or with deadlines of their own) answer from theirs. The lowest stalled rank then
+// writes the one message of the job, which names the ranks that did not answer (stopped, frozen or lost),
+// and the others keep quiet while it ends the job.
 #pragma once
 
 #include <mpi.h>
@@ -19,17 +20,20 @@ namespace ddp::comm {
 struct StallFacts {
   struct Report {
     int rank = 0;
-    std::string phase;  // what it was doing when it stalled, as the watchdog names it
+    std::string phase;  // what it was doing, as the watchdog names it
     int64_t steps_done = 0;
+    bool stalled = true;  // false: alive, it answered a stalled rank (and its watchdog had not fired)
+    double silent_s = 0;  // seconds since its last progress, for an alive rank
   };
   int world_size = 1;
   std::vector<std::string> hosts;  // by rank
-  std::vector<Report> stalled;     // the ranks heard from, this one included, in rank order
+  std::vector<Report> heard;       // the ranks heard from, this one included, in rank order
   double listened_s = 0;
 };
 
 // The end of the watchdog's message ("no progress for ... while PHASE: <this>"), written by the lowest
-// stalled rank: the ranks that did not answer, or, where every rank stalled, what each was doing.
+// stalled rank: the ranks that did not answer; where every rank did, the ones alive that the stalled ranks
+// wait for, or, where every rank stalled, what each was doing.
 std::string describe_stall(const StallFacts& facts, int speaker);
 
 class StallCensus {
@@ -47,6 +51,12 @@ class StallCensus {
   // the watchdog then says what it knows alone.
   std::string survey(const std::string& phase, int64_t steps_done, std::chrono::milliseconds listen);
 
+  // Called from the watchdog's thread at each check while this rank has not stalled (a check comes at least
+  // twice per `listen` of survey()): answers the notices of the ranks that have, with what this rank is
+  // doing and since when, and keeps them for a survey of its own later. Nothing without
+  // MPI_THREAD_MULTIPLE.
+  void answer(const std::string& phase, int64_t steps_done, double silent_s);
+
   // Called once, by a rank about to end the job on an error it met alone (a bad token with data.validate
   // false, met by every rank at its first step): tells every rank and listens for `listen`. True for the
   // lowest rank that met one in that time, which writes the job's one line; the others wait to be ended.
@@ -56,6 +66,9 @@ class StallCensus {
  private:
   // Sends `data` to every other rank without waiting (the buffer must outlive the sends); false if MPI fails.
   bool tell_every_rank(const void* data, int count, MPI_Datatype type, int tag);
+  // Receives one message with `tag` if one has come: true and its report in `report`; false if none came
+  // or MPI failed (then `failed`).
+  bool receive_report(int tag, bool stalled, StallFacts::Report& report, bool& failed);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
@@ -64,6 +77,10 @@ class StallCensus {
   std::vector<char> notice_;  // this rank's notice, alive while the sends are in flight
   int error_notice_ = 0;
   std::vector<MPI_Request> sends_;
+  std::vector<StallFacts::Report> notices_heard_;  // by answer(), before this rank stalled
+  // The answers in flight, each buffer alive until the job ends (a notice comes once from each rank).
+  std::vector<std::vector<char>> answers_;
+  std::vector<MPI_Request> answer_sends_;
 };
 
 }  // namespace ddp::comm

@@ -111,6 +111,11 @@ void ProgressWatchdog::set_stall_survey(StallSurvey survey) {
   survey_ = std::move(survey);
 }
 
+void ProgressWatchdog::set_stall_answer(StallAnswer answer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  answer_ = std::move(answer);
+}
+
 void ProgressWatchdog::set_stall_detail(StallDetail detail) {
   std::lock_guard<std::mutex> lock(mutex_);
   detail_ = std::move(detail);
@@ -162,7 +167,14 @@ bool ProgressWatchdog::check_locked(std::unique_lock<std::mutex>& lock) {
       reason = text.str();
     }
   }
-  if (!reason) return false;
+  if (!reason) {
+    if (answer_) {
+      const Clock::time_point last{Clock::duration(last_progress_.load(std::memory_order_relaxed))};
+      answer_(phase_, last_step_.load(std::memory_order_relaxed),
+              std::chrono::duration<double>(now_() - last).count());
+    }
+    return false;
+  }
   stalled_ = true;
   lock.unlock();
   on_stall_(*reason);  // the default handler ends the job and does not return

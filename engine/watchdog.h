@@ -37,6 +37,10 @@ class ProgressWatchdog {
   // say about it (comm/stall_census.h), which replaces "a rank is hung or lost, ..." in the message; "" where
   // they say nothing. May block (while another rank speaks for the job).
   using StallSurvey = std::function<std::string(const std::string& phase, int64_t steps_done)>;
+  // Asked at every check while this rank has not stalled, with its phase, steps done and seconds since its
+  // last progress: answers the ranks that stalled (comm/stall_census.h), so that they blame only the ranks
+  // that are gone or frozen, not one alive and waiting (on a peer, or with deadlines of its own).
+  using StallAnswer = std::function<void(const std::string& phase, int64_t steps_done, double silent_s)>;
   // Asked once, on a stall found by silence: what this rank is stuck in, if it knows (a file read that does
   // not return); "" where nothing. Appended to the message.
   using StallDetail = std::function<std::string()>;
@@ -80,11 +84,13 @@ class ProgressWatchdog {
   void set_health_check(HealthCheck health);
   // Sets the survey, once MPI can carry it.
   void set_stall_survey(StallSurvey survey);
+  // Sets the answer, once MPI can carry it; once it returns, a previous answer is not running.
+  void set_stall_answer(StallAnswer answer);
   void set_stall_detail(StallDetail detail);
 
   // One check, now: the health check, then (unless paused) the silence since the last progress against the
   // timeout. Calls the stall handler on the first problem found and returns true; it is called once at most
-  // in the watchdog's life.
+  // in the watchdog's life. Without a problem, answers the stalled ranks (set_stall_answer).
   bool check();
 
   double timeout_s() const;
@@ -110,6 +116,7 @@ class ProgressWatchdog {
   std::condition_variable wake_;
   HealthCheck health_;
   StallSurvey survey_;
+  StallAnswer answer_;
   StallDetail detail_;
   std::string phase_ = "starting";
   std::string allowance_reason_;  // allow_silence's `why`

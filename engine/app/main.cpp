@@ -159,12 +159,16 @@ int main(int argc, char** argv) {
   ddp::comm::start_mpi(argc, argv);
   // From here a stall's message names the ranks the others wait for (comm/stall_census.h). The ranks listen
   // for each other a fifth of the timeout (1 to 10 s): their watchdogs fire that far apart at most, checking
-  // ten times per timeout, where they all wait in the same collective.
+  // ten times per timeout, where they all wait in the same collective, and a rank alive answers within a
+  // check's period (a tenth of the timeout, at most 1 s).
   auto census = std::make_shared<ddp::comm::StallCensus>(MPI_COMM_WORLD);
   const auto listen = std::chrono::milliseconds(
       static_cast<int64_t>(1000 * std::clamp(watchdog->timeout_s() / 5, 1.0, 10.0)));
   watchdog->set_stall_survey([census, listen](const std::string& phase, int64_t steps_done) {
     return census->survey(phase, steps_done, listen);
+  });
+  watchdog->set_stall_answer([census](const std::string& phase, int64_t steps_done, double silent_s) {
+    census->answer(phase, steps_done, silent_s);
   });
   watchdog->set_stall_detail([] { return ddp::io::guarded_reads_note(std::chrono::steady_clock::now()); });
   int status = ddp::kExitOk;

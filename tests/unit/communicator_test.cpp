@@ -95,12 +95,12 @@ TEST(StallCensus, NamesTheRanksThatDidNotAnswer) {
   facts.world_size = 6;
   facts.hosts = {"a", "a", "b", "b", "c", "c"};
   facts.listened_s = 1.04;
-  facts.stalled = {{0, "training", 12}, {2, "training", 12}, {3, "training", 12}, {5, "training", 12}};
+  facts.heard = {{0, "training", 12}, {2, "training", 12}, {3, "training", 12}, {5, "training", 12}};
   EXPECT_EQ(
       describe_stall(facts, 0),
       "ranks 1, 4 (hosts a, c) are hung, lost or slower than the timeout: they did not answer the stalled "
       "ranks 0, 2-3, 5 within 1.0 s");
-  facts.stalled = {{0, "training", 12},
+  facts.heard = {{0, "training", 12},
                    {1, "reading data.path x.h5", 0},
                    {2, "training", 12},
                    {3, "training", 12},
@@ -110,12 +110,34 @@ TEST(StallCensus, NamesTheRanksThatDidNotAnswer) {
       "rank 5 (host c) is hung, lost or slower than the timeout: it did not answer the stalled ranks 0-4 "
       "within 1.0 s; rank 1 was reading data.path x.h5");
   facts.world_size = 2;
-  facts.stalled = {{0, "training", 12}, {1, "reading data.path x.h5", 0}};
+  facts.heard = {{0, "training", 12}, {1, "reading data.path x.h5", 0}};
   EXPECT_EQ(describe_stall(facts, 0),
             "every rank stalled (none failed to answer); rank 1 while reading data.path x.h5; rank 0 while "
             "training (steps done: 12)");
-  facts.stalled = {{0, "training", 12}, {1, "training", 12}};
+  facts.heard = {{0, "training", 12}, {1, "training", 12}};
   EXPECT_EQ(describe_stall(facts, 0), "every rank stalled (none failed to answer), all while the same thing");
+}
+
+// A rank alive answers (its watchdog has not fired: it waits on a peer, or with deadlines of its own): it is
+// not blamed, the silent one is, and what the live ones do is said, those in the same phase together. Where
+// only live ranks answered, they are the ones the stalled ranks wait for.
+TEST(StallCensus, RanksAliveAreNotBlamed) {
+  StallFacts facts;
+  facts.world_size = 4;
+  facts.hosts = {"a", "a", "b", "b"};
+  facts.listened_s = 1.0;
+  facts.heard = {{0, "writing last.h5", 18, false, 4.92}, {2, "waiting for rank 0", 18}};
+  EXPECT_EQ(describe_stall(facts, 2),
+            "ranks 1, 3 (hosts a, b) are hung, lost or slower than the timeout: they did not answer the stalled "
+            "rank 2 within 1.0 s; alive: rank 0 while writing last.h5 (last progress 4.9 s ago)");
+  facts.heard = {{0, "training", 18, false, 0.3},
+                 {1, "writing last.h5", 18, false, 4.0},
+                 {2, "waiting for rank 0", 18},
+                 {3, "training", 18, false, 1.26}};
+  EXPECT_EQ(describe_stall(facts, 2),
+            "every rank answered: the stalled rank 2 waits for ranks 0-1, 3 (hosts a, b), alive but slower than "
+            "the timeout: ranks 0, 3 while training (last progress up to 1.3 s ago); rank 1 while writing "
+            "last.h5 (last progress 4.0 s ago)");
 }
 
 }  // namespace
