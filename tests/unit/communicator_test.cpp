@@ -101,10 +101,10 @@ TEST(StallCensus, NamesTheRanksThatDidNotAnswer) {
       "ranks 1, 4 (hosts a, c) are hung, lost or slower than the timeout: they did not answer the stalled "
       "ranks 0, 2-3, 5 within 1.0 s");
   facts.heard = {{0, "training", 12},
-                   {1, "reading data.path x.h5", 0},
-                   {2, "training", 12},
-                   {3, "training", 12},
-                   {4, "training", 12}};
+                 {1, "reading data.path x.h5", 0},
+                 {2, "training", 12},
+                 {3, "training", 12},
+                 {4, "training", 12}};
   EXPECT_EQ(
       describe_stall(facts, 0),
       "rank 5 (host c) is hung, lost or slower than the timeout: it did not answer the stalled ranks 0-4 "
@@ -127,17 +127,19 @@ TEST(StallCensus, RanksAliveAreNotBlamed) {
   facts.hosts = {"a", "a", "b", "b"};
   facts.listened_s = 1.0;
   facts.heard = {{0, "writing last.h5", 18, false, 4.92}, {2, "waiting for rank 0", 18}};
-  EXPECT_EQ(describe_stall(facts, 2),
-            "ranks 1, 3 (hosts a, b) are hung, lost or slower than the timeout: they did not answer the stalled "
-            "rank 2 within 1.0 s; alive: rank 0 while writing last.h5 (last progress 4.9 s ago)");
+  EXPECT_EQ(
+      describe_stall(facts, 2),
+      "ranks 1, 3 (hosts a, b) are hung, lost or slower than the timeout: they did not answer the stalled "
+      "rank 2 within 1.0 s; alive: rank 0 while writing last.h5 (last progress 4.9 s ago)");
   facts.heard = {{0, "training", 18, false, 0.3},
                  {1, "writing last.h5", 18, false, 4.0},
                  {2, "waiting for rank 0", 18},
                  {3, "training", 18, false, 1.26}};
-  EXPECT_EQ(describe_stall(facts, 2),
-            "every rank answered: the stalled rank 2 waits for ranks 0-1, 3 (hosts a, b), alive but slower than "
-            "the timeout: ranks 0, 3 while training (last progress up to 1.3 s ago); rank 1 while writing "
-            "last.h5 (last progress 4.0 s ago)");
+  EXPECT_EQ(
+      describe_stall(facts, 2),
+      "every rank answered: the stalled rank 2 waits for ranks 0-1, 3 (hosts a, b), alive but slower than "
+      "the timeout: ranks 0, 3 while training (last progress up to 1.3 s ago); rank 1 while writing "
+      "last.h5 (last progress 4.0 s ago)");
 }
 
 }  // namespace
