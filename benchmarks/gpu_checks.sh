@@ -29,7 +29,8 @@
 #   sweep          (only when named in CHECKS: minutes) every shape against PyTorch eager, PyTorch with the
 #                  step in a CUDA graph and the cuDNN floor, with the start to the first step
 #                  (benchmarks/gpu_sweep.py; SWEEP_GRID full or quick, the default; SWEEP_PART K/N splits
-#                  it over calls); SKIP without PyTorch
+#                  it over calls; SWEEP_PRECISION fp32, the default, or tf32 on every side); SKIP without
+#                  PyTorch
 #   multi_gpu      (two or more GPUs; SKIP saying so on one) the quickstart on every GPU with comm.backend
 #                  nccl, once per comm.compression (none, bf16, fp16): every rank's self-check and NCCL
 #                  average check pass, val_acc >= 0.90, every epoch's replicas agree bit for bit (the run
@@ -50,7 +51,7 @@ if [ ! -f benchmarks/gpu_checks.sh ] || [ ! -f CMakeLists.txt ]; then
   exit 2
 fi
 command_line="bash benchmarks/gpu_checks.sh$(printf ' %q' "$@")"
-for var in CHECKS CHECK_TIMEOUT REBUILD SANITIZER_TIMEOUT SCRATCH SWEEP_GRID SWEEP_PART; do
+for var in CHECKS CHECK_TIMEOUT REBUILD SANITIZER_TIMEOUT SCRATCH SWEEP_GRID SWEEP_PART SWEEP_PRECISION; do
   [ -n "${!var:-}" ] && command_line="$var=\"${!var}\" $command_line"
 done
 rebuild=${REBUILD:-0}
@@ -525,9 +526,10 @@ check_sweep() {
   fi
   [ -x "$build/benchmarks/cudnn_floor_bench" ] && floor=(--floor "$build/benchmarks/cudnn_floor_bench")
   PYTHONUNBUFFERED=1 python3 benchmarks/gpu_sweep.py --ddptrain "$ddptrain" "${floor[@]}" --work "$scratch/sweep" \
-    --grid "${SWEEP_GRID:-quick}" --part "${SWEEP_PART:-1/1}" | tee "$logs/sweep_table.md"
+    --grid "${SWEEP_GRID:-quick}" --part "${SWEEP_PART:-1/1}" --precision "${SWEEP_PRECISION:-fp32}" |
+    tee "$logs/sweep_table.md"
   local rc=${PIPESTATUS[0]}
-  note sweep "grid ${SWEEP_GRID:-quick}, part ${SWEEP_PART:-1/1}: table below"
+  note sweep "grid ${SWEEP_GRID:-quick}, part ${SWEEP_PART:-1/1}, precision ${SWEEP_PRECISION:-fp32}: table below"
   return "$rc"
 }
 

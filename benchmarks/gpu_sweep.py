@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Every model shape side by side on one GPU: for each shape, ddptrain's epoch, PyTorch's eager epoch and its
-epoch with the whole step in one CUDA graph (fp32, TF32 off on both), the cuDNN floor x steps, and the
+epoch with the whole step in one CUDA graph (fp32, TF32 off on both; --precision tf32: TF32 on both, as
+ddptrain's model.precision = tf32 and PyTorch's allow_tf32), the cuDNN floor x steps, and the
 time from process start to the first step of both, against the targets (ddptrain's epoch at most 0.9x
 PyTorch's CUDA-graph epoch; at most 1.10x the cuDNN floor x steps at batch 128 or more; the first step
 within 5 s). Prints a Markdown table for benchmarks/RESULTS.md and writes WORK/sweep.csv.
 
     python3 benchmarks/gpu_sweep.py --ddptrain build/ddptrain --floor build/benchmarks/cudnn_floor_bench \\
-        --work /tmp/sweep [--grid full|quick|tiny] [--part K/N] [--seconds 1.5] [--device cuda|cpu]
+        --work /tmp/sweep [--grid full|quick|tiny] [--part K/N] [--seconds 1.5] [--device cuda|cpu] \\
+        [--precision fp32|tf32]
 
 Grids. full: LSTM and GRU; hidden 128, 256, 512, 1024 (embedding min(hidden, 256)); 1 and 2 layers; T 80
 and 200; batch 32, 128, 512; and a masked bidirectional 3-class GRU (hidden 128 and 256, T 200, every
@@ -91,7 +93,7 @@ def dataset(binary, work, seq, classes):
     return path
 
 
-def ddptrain_run(binary, work, s, steps, device):
+def ddptrain_run(binary, work, s, steps, device, precision):
     """(step ms of the second epoch, seconds from exec to the first step), or (None, reason)."""
     run_dir = os.path.join(work, "run")
     subprocess.run(["rm", "-rf", run_dir], check=True)
@@ -101,7 +103,7 @@ def ddptrain_run(binary, work, s, steps, device):
                "--model.bidirectional", str(s["bidirectional"]).lower(), "--model.mask_padding",
                str(s["masked"]).lower(), "--train.batch_size", str(s["batch"]), "--train.epochs", "2",
                "--train.max_steps_per_epoch", str(steps), "--log.progress", "lines", "--data.validate",
-               "false", "--data.validation", "test"]
+               "false", "--data.validation", "test", "--model.precision", precision]
     run = subprocess.run(command, capture_output=True, text=True)
     if run.returncode != 0:
         last = (run.stderr.strip() or run.stdout.strip()).splitlines()[-1:] or ["no output"]
@@ -182,14 +184,19 @@ def torch_step_ms(torch, s, steps, graphed):
     return 1000.0 * (time.perf_counter() - start) / steps
 
 
+def set_torch_precision(torch, precision):
+    """TF32 off for fp32 (the same arithmetic as ddptrain's fp32), on for tf32 (as ddptrain's tf32)."""
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+
+
 def torch_first_step_child(shape_json):
     """In a child process: everything a PyTorch script does before its first step, then the wall clock at
     the first step's start on stdout."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import torch
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
     s = json.loads(shape_json)
+    set_torch_precision(torch, s["precision"])
     model = torch_model(torch, s)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-7)
     generator = torch.Generator(device="cuda").manual_seed(1)
@@ -216,7 +223,7 @@ def torch_start_s(s):
 
 # --- the cuDNN floor -----------------------------------------------------------------------------------------
 
-def floor_ms(binary, s, iterations):
+def floor_ms(binary, s, iterations, precision):
     """(ms, algorithm) of the fastest algorithm cuDNN accepts for the shape, or (None, None)."""
     if not binary:
         return None, None
@@ -224,7 +231,8 @@ def floor_ms(binary, s, iterations):
     for algo in ("standard", "persist_small_h", "persist_static"):
         command = [binary, "--batch", str(s["batch"]), "--seq", str(s["seq"]), "--embed", str(s["embed"]),
                    "--hidden", str(s["hidden"]), "--layers", str(s["layers"]), "--cell", s["cell"], "--algo",
-                   algo, "--warmup", "3", "--iters", str(iterations)]
+                   algo, "--warmup", "3", "--iters", str(iterations), "--math",
+                   "default" if precision == "tf32" else "fma"]
         if s["bidirectional"]:
             command.append("--bidirectional")
         run = subprocess.run(command, capture_output=True, text=True)
@@ -269,6 +277,8 @@ def main():
     parser.add_argument("--seconds", type=float, default=1.5, help="about how long each measurement runs")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--torch-start", choices=("some", "all", "none"), default="some")
+    parser.add_argument("--precision", choices=("fp32", "tf32"), default="fp32",
+                        help="the arithmetic of every side: fp32 (TF32 off) or tf32")
     parser.add_argument("--torch-first-step", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.torch_first_step:
@@ -288,8 +298,7 @@ def main():
             import torch as imported
             if imported.cuda.is_available():
                 torch = imported
-                torch.backends.cudnn.allow_tf32 = False  # fp32 arithmetic on both sides
-                torch.backends.cuda.matmul.allow_tf32 = False
+                set_torch_precision(torch, args.precision)  # the same arithmetic on both sides
                 say(f"GPU {torch.cuda.get_device_name(0)}, PyTorch {torch.__version__}, cuDNN "
                     f"{torch.backends.cudnn.version()}")
             else:
@@ -301,6 +310,8 @@ def main():
     floor_binary = args.floor if args.device == "cuda" else None
 
     shapes = shapes_of(args.grid)[k - 1::n]
+    for s in shapes:
+        s["precision"] = args.precision
     rows = []
     started_groups = set()
     for index, s in enumerate(shapes):
@@ -311,7 +322,7 @@ def main():
         if torch is not None:
             probe = torch_step_ms(torch, s, 3, graphed=False)
             steps = max(5, min(epoch_steps, int(1000 * args.seconds / max(probe, 1e-3))))
-        ours_ms, ours_start = ddptrain_run(args.ddptrain, args.work, s, steps, args.device)
+        ours_ms, ours_start = ddptrain_run(args.ddptrain, args.work, s, steps, args.device, args.precision)
         if ours_ms is None:
             say(f"{name_of(s)}, batch {batch}: {ours_start}")
             ours_start = None
@@ -324,7 +335,7 @@ def main():
         theirs_start = torch_start_s(s) if probe_start else None
         if probe_start:
             started_groups.add(group)
-        floor, floor_algo = floor_ms(floor_binary, s, max(5, min(50, steps)))
+        floor, floor_algo = floor_ms(floor_binary, s, max(5, min(50, steps)), args.precision)
 
         def epoch(ms):
             return None if ms is None else ms * epoch_steps / 1000.0
@@ -344,6 +355,7 @@ def main():
         writer.writeheader()
         writer.writerows(rows)
 
+    print(f"Precision {args.precision} on every side (TF32 {'on' if args.precision == 'tf32' else 'off'}).\n")
     print("| shape | batch | ddptrain epoch | PyTorch eager | PyTorch CUDA graph | cuDNN floor x steps | "
           f"ddptrain / graph (<= {TARGET_VS_GRAPH}) | ddptrain / floor (<= {TARGET_VS_FLOOR}, batch >= 128) | "
           f"start to first step, ddptrain (<= {TARGET_START_S:.0f} s) | start, PyTorch |")

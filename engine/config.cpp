@@ -94,6 +94,10 @@ void visit_keys(C& c, Visitor&& key) {
       one_of("auto, standard, persist_small_h, persist_static"),
       "GPU: cuDNN's LSTM algorithm: auto (persistent small-hidden kernels where cuDNN has them, else "
       "standard), standard, persist_small_h or persist_static");
+  key("model", "precision", c.model.precision, one_of("fp32, tf32"),
+      "GPU: the recurrent layers' arithmetic: fp32 (float32 products, the CPU replica's) or tf32 (tensor "
+      "cores on sm_80 and newer, inputs rounded to 10 mantissa bits, sums in float32; as PyTorch's "
+      "allow_tf32). Parameters, gradients and the optimizer stay float32; CPU ranks compute in float32");
   key("train", "batch_size", c.train.batch_size, "1 or more",
       "samples per step on each rank (global batch = ranks x this)");
   key("train", "epochs", c.train.epochs, "1 or more", "passes over the training split");
@@ -313,6 +317,7 @@ void check_values(const Config& c) {
   require(c.model.embedding_dropout >= 0 && c.model.embedding_dropout < 1, "model.embedding_dropout",
           value_text(c.model.embedding_dropout), "must be in [0, 1)");
   models::parse_rnn_algorithm(c.model.cudnn_rnn_algo);  // throws the UserError naming the key
+  models::parse_precision(c.model.precision);           // the same
   models::parse_cpu_kernels(c.model.cpu_kernels, model_shape(c, 1, 2), model_options(c));  // the same
   require(c.train.batch_size >= 1, "train.batch_size", value_text(c.train.batch_size), "must be positive");
   require(c.train.epochs >= 1, "train.epochs", value_text(c.train.epochs), "must be positive");
@@ -645,7 +650,8 @@ void require_model_fits(const Config& c, const models::ModelShape& shape, int ra
 }
 
 models::ModelOptions model_options(const Config& c) {
-  return {c.model.mask_padding, c.model.dropout, c.model.embedding_dropout};
+  return {c.model.mask_padding, c.model.dropout, c.model.embedding_dropout,
+          models::parse_precision(c.model.precision)};
 }
 
 }  // namespace ddp::engine

@@ -97,7 +97,8 @@ GeneratedBatch rows_of(const GeneratedBatch& data, int seq, int first, int rows)
 // `what` names the compared quantity for the failure line.
 template <typename GpuValues, typename CpuValues, typename ReferenceValues>
 void compare(const std::string& what, const GpuValues& gpu, const CpuValues& cpu,
-             const ReferenceValues& reference, std::size_t begin, std::size_t end) {
+             const ReferenceValues& reference, std::size_t begin, std::size_t end,
+             const PrecisionBounds& bounds) {
   double gpu_error = 0;
   double cpu_error = 0;
   double size = 0;
@@ -116,8 +117,7 @@ void compare(const std::string& what, const GpuValues& gpu, const CpuValues& cpu
     size += ref * ref;
   }
   gpu_error = std::sqrt(gpu_error);
-  const double bound =
-      std::max(kErrorFactor * std::sqrt(cpu_error), kRelativeFloor * std::max(std::sqrt(size), 1e-3));
+  const double bound = reference_bound(bounds, std::sqrt(cpu_error), std::sqrt(size));
   if (std::isfinite(gpu_error) && gpu_error <= bound) return;
   throw CheckFailed{what + ": error " + number(gpu_error) + " against the float64 reference (bound " +
                     number(bound) + "; the float32 CPU's " + number(std::sqrt(cpu_error)) +
@@ -148,7 +148,7 @@ class OnReplica {
 // probabilities. Each batch the references run is added to `reference_batches`.
 void compare_slice(models::Replica& gpu, int device, models::Replica& cpu,
                    models::CpuRnnClassifier<double>& reference, int batch, int seq, uint64_t seed,
-                   std::vector<std::pair<int, int>>& reference_batches) {
+                   std::vector<std::pair<int, int>>& reference_batches, const PrecisionBounds& bounds) {
   const models::ParamLayout& layout = gpu.layout();
   const GeneratedBatch data = generate_batch(layout.shape().vocab_size, batch, seq, seed);
   const OnReplica tokens(gpu, device, data.tokens.data(), data.tokens.size() * sizeof(int32_t));
@@ -169,7 +169,7 @@ void compare_slice(models::Replica& gpu, int device, models::Replica& cpu,
   const double g_loss[] = {gpu_stats.loss_sum};
   const double c_loss[] = {cpu_stats.loss_sum};
   const double r_loss[] = {ref_stats.loss_sum};
-  compare("loss" + at, g_loss, c_loss, r_loss, 0, 1);
+  compare("loss" + at, g_loss, c_loss, r_loss, 0, 1, bounds);
 
   std::vector<float> gpu_grads(layout.total_size());
   gpu.copy_grads_to_host(gpu_grads);
@@ -177,7 +177,7 @@ void compare_slice(models::Replica& gpu, int device, models::Replica& cpu,
   const std::span<const double> ref_grads = reference.grads();
   for (const models::ParamTensor& tensor : layout.tensors()) {
     compare("gradient of " + tensor.name + at, gpu_grads, cpu_grads, ref_grads, tensor.offset,
-            tensor.offset + tensor.size());
+            tensor.offset + tensor.size(), bounds);
   }
 
   const std::size_t outputs = to_size(batch) * to_size(layout.shape().outputs());
@@ -188,7 +188,7 @@ void compare_slice(models::Replica& gpu, int device, models::Replica& cpu,
   cpu.predict(on_host, cpu_p);
   reference.evaluate(data.tokens.data(), data.labels_double.data(), batch, seq, ref_p);
   reference_batches.insert(reference_batches.end(), 2, {batch, seq});
-  compare("probabilities" + at, gpu_p, cpu_p, ref_p, 0, gpu_p.size());
+  compare("probabilities" + at, gpu_p, cpu_p, ref_p, 0, gpu_p.size(), bounds);
 }
 
 // `got` against `expected`, both from the replica: norm-wise, |got - expected| <= tolerance x
@@ -428,6 +428,21 @@ std::string SelfCheckReport::summary() const {
   return text + ")";
 }
 
+PrecisionBounds precision_bounds(models::Precision precision) {
+  const double u = models::unit_roundoff(precision);
+  PrecisionBounds bounds;
+  bounds.error_scale = u / models::unit_roundoff(models::Precision::kFp32);
+  bounds.relative_floor = std::max(kRelativeFloor, kErrorFactor * u);
+  bounds.consistency = std::max(kConsistencyTolerance, kErrorFactor * u);
+  return bounds;
+}
+
+double reference_bound(const PrecisionBounds& bounds, double cpu_error, double reference_size) {
+  const double size = std::max(reference_size, 1e-3);
+  return std::min(kLargestRelativeError * size,
+                  std::max(kErrorFactor * bounds.error_scale * cpu_error, bounds.relative_floor * size));
+}
+
 SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
                                   std::span<const std::pair<int, int>> shapes,
                                   optim::OptimizerSettings settings, uint64_t seed,
@@ -456,17 +471,21 @@ SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
     models::CpuRnnClassifier<double> reference(layout.shape(), deterministic);
     cpu->copy_params_from_host(params);
     std::copy(params.begin(), params.end(), reference.params().begin());
+    const PrecisionBounds bounds = precision_bounds(options.precision);
     compare_slice(replica, device, *cpu, reference, kSliceRows, slice_steps, seed + 1,
-                  report.reference_batches);
+                  report.reference_batches, bounds);
     report.passed.push_back("loss, gradients and outputs = CPU's on " + std::to_string(kSliceRows) + "x" +
-                            std::to_string(slice_steps));
+                            std::to_string(slice_steps) +
+                            (options.precision == models::Precision::kFp32
+                                 ? std::string()
+                                 : " within " + models::precision_name(options.precision) + "'s bounds"));
     proceed();
 
     std::string shapes_text;
     for (std::size_t i = 0; i < shapes.size(); ++i) {
       const auto [batch, seq] = shapes[i];
       // The first shape is the training batch's; the others are evaluated only.
-      check_consistency(replica, device, batch, seq, /*train=*/i == 0, seed + 2 + i, kConsistencyTolerance);
+      check_consistency(replica, device, batch, seq, /*train=*/i == 0, seed + 2 + i, bounds.consistency);
       shapes_text += (i == 0 ? "" : ", ") + std::to_string(batch) + "x" + std::to_string(seq);
       proceed();
     }

@@ -50,10 +50,13 @@ struct SelfCheckReport {
   void add(const SelfCheckReport& next);
 };
 
-// Allowed error against the float64 reference: kErrorFactor x the float32 CPU replica's, at least
-// kRelativeFloor x the reference's size.
+// Allowed error against the float64 reference, at fp32: kErrorFactor x the float32 CPU replica's, at least
+// kRelativeFloor x the reference's size (precision_bounds() for the others).
 constexpr double kErrorFactor = 16;
 constexpr double kRelativeFloor = 1e-4;
+// Never more than this fraction of the reference's size, at any precision: a wrong result (an error the
+// size of the values themselves) must fail.
+constexpr double kLargestRelativeError = 0.25;
 
 // The slice the CPU references run on: enough rows for padded and unpadded ones, enough steps for the
 // recurrence to matter, few enough that the float64 reference of a large model takes well under a second.
@@ -63,6 +66,23 @@ constexpr int kSliceSteps = 24;
 // difference allowed. Another summation order moves a float32 LSTM's outputs and gradients by
 // about 1e-6 relative (more over long sequences); a wrong result, by about 1.
 constexpr double kConsistencyTolerance = 1e-3;
+
+// The tolerances at the GPU's precision (model.precision), derived from its unit roundoff u (precision.h),
+// which bounds the relative error of each product's rounded inputs. With s = u / u(fp32), the GPU may err
+// against the float64 reference by kErrorFactor x s x the float32 CPU's error (the CPU's error, had it
+// rounded at u), at least by relative_floor x the size, at most by kLargestRelativeError x the size; and a
+// shape's rows may differ from their halves' by `consistency`. Both floors are kErrorFactor units of u, or
+// fp32's constants where those are larger: at fp32 nothing changes (1, 1e-4, 1e-3); at tf32 (u = 2^-11)
+// s = 8192 and both floors are 7.8e-3.
+struct PrecisionBounds {
+  double error_scale = 1;
+  double relative_floor = kRelativeFloor;
+  double consistency = kConsistencyTolerance;
+};
+PrecisionBounds precision_bounds(models::Precision precision);
+// The norm-wise error allowed for a quantity whose float64 reference has norm `reference_size`, where the
+// float32 CPU replica erred by `cpu_error`.
+double reference_bound(const PrecisionBounds& bounds, double cpu_error, double reference_size);
 
 // `replica` runs on GPU `device` (or on the CPU: how the check itself is tested); its parameters and
 // running stats are overwritten (load the real ones afterwards). On parameters drawn from `seed`:

@@ -43,6 +43,10 @@ std::string model_extras(const Config& config, const models::ModelShape& shape) 
   if (config.model.embedding_dropout > 0)
     extras += fmt::format(", embedding dropout {}", config.model.embedding_dropout);
   if (shape.classes != 2) extras += fmt::format(", {} classes", shape.classes);
+  if (config.model.precision != "fp32") {
+    extras += fmt::format(", {} recurrent math on GPU ranks (CPU ranks compute in float32)",
+                          config.model.precision);
+  }
   return extras;
 }
 

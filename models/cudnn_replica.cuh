@@ -258,8 +258,9 @@ class CudaReplica final : public Replica {
   int device_ = 0;
   RnnAlgorithm requested_ = RnnAlgorithm::kAuto;
   bool masked_ = false;
-  double dropout_ = 0;            // between stacked layers, by cuDNN (training only)
-  double embedding_dropout_ = 0;  // on the embedding's output, by embedding_dropout (training only)
+  Precision precision_ = Precision::kFp32;  // model.precision: the math type of every plan's descriptor
+  double dropout_ = 0;                      // between stacked layers, by cuDNN (training only)
+  double embedding_dropout_ = 0;            // on the embedding's output, by embedding_dropout (training only)
   uint64_t dropout_key_ = 0;
   uint64_t dropout_draws_ = 0;
   uint64_t embedding_dropout_stream_ = 0;  // the last training forward's draw, for its backward

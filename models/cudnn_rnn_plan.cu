@@ -54,15 +54,18 @@ void CudaReplica::build_rnn(RnnPlan& plan) {
   }
   DDP_CUDNN_CHECK(cudnnCreateRNNDescriptor(plan.rnn.out()));
   // A descriptor that cuDNN turns down for this algorithm throws AlgorithmRefused.
-  // CUDNN_FMA_MATH: plain fp32 FMA kernels. CUDNN_DEFAULT_MATH would allow TF32 tensor cores on sm_80+, whose
-  // 10-bit mantissa breaks parity with the CPU replica. Unpacked (padded) data needs PADDED_IO_ENABLED:
-  // masked sequences are shorter than T.
+  // model.precision: fp32 takes CUDNN_FMA_MATH, plain float32 FMA kernels, the CPU replica's arithmetic;
+  // tf32 takes CUDNN_DEFAULT_MATH, which on sm_80 and newer lets cuDNN run the products on tensor cores with
+  // their inputs rounded to TF32 (10 mantissa bits) and summed in float32 (cudnn_graph.h: cudnnMathType_t),
+  // as PyTorch does under allow_tf32. Unpacked (padded) data needs PADDED_IO_ENABLED: masked sequences are
+  // shorter than T.
+  const cudnnMathType_t math = precision_ == Precision::kTf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
   DDP_CUDNN_CHECK_ALGORITHM(
       cudnnSetRNNDescriptor_v8(
           plan.rnn.get(), plan.algorithm, shape.cell == Cell::kGru ? CUDNN_GRU : CUDNN_LSTM,
           CUDNN_RNN_DOUBLE_BIAS, shape.bidirectional ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL,
-          CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, CUDNN_FMA_MATH, shape.embedding_dim,
-          shape.hidden, shape.hidden, shape.layers, plan.dropout.get(), CUDNN_RNN_PADDED_IO_ENABLED),
+          CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, math, shape.embedding_dim, shape.hidden,
+          shape.hidden, shape.layers, plan.dropout.get(), CUDNN_RNN_PADDED_IO_ENABLED),
       plan.algorithm);
   DDP_CUDNN_CHECK_ALGORITHM(
       cudnnGetRNNWeightSpaceSize(cudnn_.get(), plan.rnn.get(), &plan.weight_space_bytes), plan.algorithm);

@@ -14,6 +14,7 @@
 
 #include "engine/base/batch_view.h"
 #include "models/param_layout.h"
+#include "models/precision.h"
 
 namespace ddp::models {
 
@@ -49,6 +50,7 @@ struct ModelOptions {
   bool mask_padding = false;
   double dropout = 0;            // on each stacked layer's output but the top one's; training steps only
   double embedding_dropout = 0;  // on the embedding's output; training steps only
+  Precision precision = Precision::kFp32;  // a GPU replica's recurrent arithmetic; CPU replicas: float32
 };
 
 // Called during backward as each ParamSegment's gradient is final, once per segment, so that its reduction

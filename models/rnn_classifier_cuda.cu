@@ -34,6 +34,7 @@ CudaReplica::CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algor
       device_(device),
       requested_(algorithm),
       masked_(options.mask_padding),
+      precision_(options.precision),
       from_final_states_(options.mask_padding || shape.bidirectional),
       dropout_(shape.layers > 1 ? options.dropout : 0),
       embedding_dropout_(options.embedding_dropout) {
@@ -104,7 +105,9 @@ std::string CudaReplica::recurrent_kernels() const {
     }
   }
   if (!fallback.empty()) text += ", the standard one for batches " + fallback;
-  return text + " (model.cudnn_rnn_algo = " + rnn_algorithm_name(requested_) + ")";
+  text += " (model.cudnn_rnn_algo = " + rnn_algorithm_name(requested_) + ")";
+  if (precision_ == Precision::kTf32) text += ", TF32 tensor-core math (model.precision = tf32)";
+  return text;
 }
 
 void CudaReplica::refuse_preferred(const AlgorithmRefused& refused, const std::string& where) {

@@ -26,6 +26,13 @@ expect_user_error "learning rate past float" "train.learning_rate" "$ddptrain" "
 expect_user_error "epsilon below float" "train.epsilon" "$ddptrain" "${small[@]}" --train.epsilon 1e-50
 expect_user_error "hidden" "model.hidden = 100000" "$ddptrain" "${small[@]}" --model.hidden 100000
 expect_user_error "layers" "model.layers = 1000" "$ddptrain" "${small[@]}" --model.layers 1000
+expect_user_error "a 16-bit precision" "model.precision = bf16: 16-bit recurrent layers are not built yet" \
+  "$ddptrain" "${small[@]}" --model.precision bf16
+# tf32 is a GPU's arithmetic: a CPU run trains in float32 and its start log says so.
+"$ddptrain" "${small[@]}" --model.hidden 8 --checkpoint.dir tf32 --model.precision tf32 >tf32_out.txt 2>tf32_err.txt ||
+  fail "tf32 on the CPU: exit status $?" tf32_out.txt tf32_err.txt
+grep -qF "tf32 recurrent math on GPU ranks (CPU ranks compute in float32)" tf32_out.txt tf32_err.txt ||
+  fail "tf32 on the CPU: the start log does not say it is a GPU's" tf32_out.txt tf32_err.txt
 expect_user_error "a model too large for a rank" "parameters, more than" \
   "$ddptrain" --data.path d.h5 --model.embedding_dim 30000 --model.hidden 30000 --train.epochs 1
 # Fewer parameters than a rank can index, more than this node can hold with Adam (2e9 x 37 bytes = 74 GB):

@@ -565,6 +565,38 @@ TEST(SelfCheck, PassesOnThisGpu) {
   }
 }
 
+// model.precision = tf32: cuDNN may take the tensor cores (sm_80 and newer), and the self-check passes within
+// the bounds derived for TF32 at the IMDB shapes and at a larger model, every variant's cells among them.
+TEST(SelfCheck, PassesAtTf32OnThisGpu) {
+  DDP_REQUIRE_GPU();
+  models::ModelOptions tf32;
+  tf32.precision = models::Precision::kTf32;
+  struct Case {
+    models::ModelShape shape;
+    std::vector<std::pair<int, int>> shapes;
+    bool masked;
+  };
+  const std::vector<Case> cases{
+      {{20000, 128, 128, 1}, {{32, 80}, {7, 80}}, false},
+      {{20000, 256, 512, 2}, {{128, 200}, {3, 200}}, false},
+      {{5000, 64, 128, 2, models::Cell::kGru, true, 3}, {{32, 60}}, true},
+  };
+  for (const Case& c : cases) {
+    models::ModelOptions options = tf32;
+    options.mask_padding = c.masked;
+    auto replica = models::make_cuda_replica(c.shape, 0, models::RnnAlgorithm::kAuto, options);
+    for (const auto& [batch, seq] : c.shapes)
+      replica->settle_shape(batch, seq, replica->try_shape(batch, seq));
+    const SelfCheckReport report =
+        check_gpu_replica(*replica, 0, c.shapes, optim::OptimizerSettings{}, 1, options);
+    EXPECT_TRUE(report.ok) << "hidden " << c.shape.hidden << ": " << report.failure;
+    EXPECT_NE(replica->recurrent_kernels().find("TF32 tensor-core math"), std::string::npos)
+        << replica->recurrent_kernels();
+    std::printf("self-check at tf32 (E%d H%d L%d, %s): %s\n", c.shape.embedding_dim, c.shape.hidden,
+                c.shape.layers, replica->recurrent_kernels().c_str(), report.summary().c_str());
+  }
+}
+
 // A shape settled on the standard algorithm (another rank's GPU refused the persistent one) runs there,
 // says so, and still matches the CPU.
 TEST(CudaReplica, ShapesSettledOnTheStandardAlgorithmMatchTheCpu) {

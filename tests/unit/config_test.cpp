@@ -195,6 +195,28 @@ TEST(Config, CudnnRnnAlgorithmKey) {
   EXPECT_NE(error.find("persist_small_h"), std::string::npos) << error;
 }
 
+// model.precision: fp32 (the default) and tf32 reach the replica's options; the 16-bit ones, not built, and
+// anything else are one error naming the key and the value.
+TEST(Config, PrecisionKey) {
+  const Config defaults = parse_config({"--data.path", "x"}).config;
+  EXPECT_EQ(defaults.model.precision, "fp32");
+  EXPECT_EQ(model_options(defaults).precision, models::Precision::kFp32);
+  const Config tf32 = parse_config({"--data.path", "x", "--model.precision", "tf32"}).config;
+  EXPECT_EQ(model_options(tf32).precision, models::Precision::kTf32);
+  for (const char* name : {"fp32", "tf32"}) {
+    EXPECT_EQ(models::precision_name(models::parse_precision(name)), name);
+  }
+  for (const char* name : {"bf16", "fp16"}) {
+    const std::string error = error_of({"--data.path", "x", "--model.precision", name});
+    EXPECT_NE(
+        error.find(std::string("model.precision = ") + name + ": 16-bit recurrent layers are not built"),
+        std::string::npos)
+        << error;
+  }
+  const std::string error = error_of({"--data.path", "x", "--model.precision", "fp64"});
+  EXPECT_NE(error.find("model.precision = fp64: expected fp32 or tf32"), std::string::npos) << error;
+}
+
 TEST(Config, MissingConfigFile) {
   EXPECT_NE(error_of({"--config", "/nonexistent/ddptrain.ini"}).find("/nonexistent/ddptrain.ini"),
             std::string::npos);

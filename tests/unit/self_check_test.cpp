@@ -88,6 +88,57 @@ TEST(SelfCheck, TheCpuWorkDoesNotGrowWithTheRunsShapes) {
   for (const auto& [rows, steps] : reference_batches({{8, 12}})) EXPECT_EQ(steps, 12);
 }
 
+// The tolerances follow the precision's unit roundoff: unchanged at fp32, 2^13 times the CPU's error at tf32
+// with floors of 16 units of 2^-11, and never a quarter of the values' size, which a wrong result would pass.
+TEST(SelfCheck, TheBoundsFollowThePrecision) {
+  const PrecisionBounds fp32 = precision_bounds(models::Precision::kFp32);
+  EXPECT_EQ(fp32.error_scale, 1.0);
+  EXPECT_EQ(fp32.relative_floor, kRelativeFloor);
+  EXPECT_EQ(fp32.consistency, kConsistencyTolerance);
+  EXPECT_DOUBLE_EQ(reference_bound(fp32, 1e-6, 1.0), 1e-4);   // the floor
+  EXPECT_DOUBLE_EQ(reference_bound(fp32, 1e-4, 2.0), 16e-4);  // 16 x the CPU's error
+  const PrecisionBounds tf32 = precision_bounds(models::Precision::kTf32);
+  EXPECT_EQ(tf32.error_scale, 8192.0);
+  EXPECT_DOUBLE_EQ(tf32.relative_floor, 16.0 / 2048);
+  EXPECT_DOUBLE_EQ(tf32.consistency, 16.0 / 2048);
+  EXPECT_DOUBLE_EQ(reference_bound(tf32, 1e-8, 1.0), 16.0 / 2048);                // the floor
+  EXPECT_DOUBLE_EQ(reference_bound(tf32, 1e-6, 1.0), 16 * 8192 * 1e-6);           // the CPU's error, scaled
+  EXPECT_DOUBLE_EQ(reference_bound(tf32, 1e-4, 3.0), kLargestRelativeError * 3);  // the ceiling
+}
+
+// At tf32's looser bounds the CPU replica passes, and a wrong result still fails: two rows mixed up, or a
+// layer's gradient doubled.
+TEST(SelfCheck, AWrongResultFailsAtTf32) {
+  models::ModelOptions tf32;
+  tf32.precision = models::Precision::kTf32;
+  auto replica = models::make_cpu_replica(kShape);
+  const SelfCheckReport passes = check_gpu_replica(*replica, 0, kShapes, optim::OptimizerSettings{}, 5, tf32);
+  EXPECT_TRUE(passes.ok) << passes.failure;
+  EXPECT_NE(passes.summary().find("CPU's on 4x12 within tf32's bounds"), std::string::npos)
+      << passes.summary();
+  {
+    FaultyReplica faulty(kShape);
+    faulty.after_predict = [](std::span<float> p) { std::swap(p[0], p[1]); };
+    const SelfCheckReport report = check_gpu_replica(faulty, 0, kShapes, optim::OptimizerSettings{}, 5, tf32);
+    ASSERT_FALSE(report.ok);
+    // Two near-equal rows swapped hide below tf32's floor in the slice; the run's shapes against their
+    // halves, measured from the batch's mean, see them.
+    EXPECT_NE(report.failure.find("probabilities of rows 4..7 (batch 8 x 12"), std::string::npos)
+        << report.failure;
+  }
+  {
+    FaultyReplica faulty(kShape);
+    faulty.after_step = [](const models::ParamLayout& layout, std::span<float> grads) {
+      const models::ParamTensor& w_hh = layout.tensor("lstm.l1.w_hh");
+      for (std::size_t i = w_hh.offset; i < w_hh.offset + w_hh.size(); ++i) grads[i] *= 2;
+    };
+    const SelfCheckReport report = check_gpu_replica(faulty, 0, kShapes, optim::OptimizerSettings{}, 5, tf32);
+    ASSERT_FALSE(report.ok);
+    EXPECT_NE(report.failure.find("gradient of lstm.l1.w_hh (batch 4 x 12)"), std::string::npos)
+        << report.failure;
+  }
+}
+
 // What the slice cannot see, a kernel wrong only at the run's own large batch, shows against the batch's rows
 // run alone: in the outputs, and in the gradients.
 TEST(SelfCheck, AFaultAtTheRunsBatchSizeAloneFails) {
