@@ -73,7 +73,7 @@ constexpr double kConsistencyTolerance = 1e-3;
 // rounded at u), at least by relative_floor x the size, at most by kLargestRelativeError x the size; and a
 // shape's rows may differ from their halves' by `consistency`. Both floors are kErrorFactor units of u, or
 // fp32's constants where those are larger: at fp32 nothing changes (1, 1e-4, 1e-3); at tf32 (u = 2^-11)
-// s = 8192 and both floors are 7.8e-3.
+// s = 8192 and both floors are 7.8e-3; at bf16 (u = 2^-8) s = 65536 and both floors are 6.25e-2.
 struct PrecisionBounds {
   double error_scale = 1;
   double relative_floor = kRelativeFloor;

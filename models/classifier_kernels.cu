@@ -1,5 +1,6 @@
 #include "models/classifier_kernels.cuh"
 
+#include "engine/base/float16.h"
 #include "models/dropout.h"
 #include "models/output_math.h"
 #include "models/sequence_mask.h"
@@ -246,15 +247,67 @@ __global__ void dense_softmax_backward(const float* __restrict__ h_last, const f
 
 // Copies every run of the table (blockIdx.y picks the run) between the canonical buffer and cuDNN's weight
 // space: canonical -> cuDNN before a forward, cuDNN -> canonical for the weight gradients.
-__global__ void copy_weight_runs(const WeightRun* __restrict__ runs, const float* __restrict__ source,
-                                 float* __restrict__ target, bool to_cudnn) {
+namespace {
+
+__device__ inline float as_float(float value) {
+  return value;
+}
+__device__ inline float as_float(Bf16Bits value) {
+  return bfloat16_to_float(value);
+}
+template <typename Target>
+__device__ inline Target from_float(float value);
+template <>
+__device__ inline float from_float<float>(float value) {
+  return value;
+}
+template <>
+__device__ inline Bf16Bits from_float<Bf16Bits>(float value) {
+  return float_to_bfloat16(value);
+}
+
+}  // namespace
+
+// One run of copy_weight_runs' table per blockIdx.y, converting each element.
+template <typename Source, typename Target>
+__device__ void copy_runs(const WeightRun* __restrict__ runs, const Source* __restrict__ source,
+                          Target* __restrict__ target, bool to_cudnn) {
   const WeightRun run = runs[blockIdx.y];
   const std::size_t from = to_cudnn ? run.canonical : run.cudnn;
   const std::size_t to = to_cudnn ? run.cudnn : run.canonical;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < run.count;
        i += stride) {
-    target[to + i] = source[from + i];
+    target[to + i] = from_float<Target>(as_float(source[from + i]));
+  }
+}
+
+__global__ void copy_weight_runs(const WeightRun* __restrict__ runs, const float* __restrict__ source,
+                                 float* __restrict__ target, bool to_cudnn) {
+  copy_runs(runs, source, target, to_cudnn);
+}
+
+__global__ void gather_weight_runs_bf16(const WeightRun* __restrict__ runs,
+                                        const float* __restrict__ canonical, Bf16Bits* __restrict__ space) {
+  copy_runs(runs, canonical, space, /*to_cudnn=*/true);
+}
+
+__global__ void scatter_weight_runs_bf16(const WeightRun* __restrict__ runs,
+                                         const Bf16Bits* __restrict__ space, float* __restrict__ canonical) {
+  copy_runs(runs, space, canonical, /*to_cudnn=*/false);
+}
+
+__global__ void to_bf16(const float* __restrict__ from, Bf16Bits* __restrict__ to, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    to[i] = float_to_bfloat16(from[i]);
+  }
+}
+
+__global__ void from_bf16(const Bf16Bits* __restrict__ from, float* __restrict__ to, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    to[i] = bfloat16_to_float(from[i]);
   }
 }
 

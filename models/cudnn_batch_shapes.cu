@@ -50,18 +50,17 @@ std::unique_ptr<BatchShape> CudaReplica::build_shape(int batch, int seq, RnnPlan
   shape->plan = &plan;
   const std::vector<int> lengths(to_size(batch), seq);
   DDP_CUDNN_CHECK(cudnnCreateRNNDataDescriptor(shape->x.out()));
-  DDP_CUDNN_CHECK(cudnnSetRNNDataDescriptor(shape->x.get(), CUDNN_DATA_FLOAT,
+  DDP_CUDNN_CHECK(cudnnSetRNNDataDescriptor(shape->x.get(), data_type_,
                                             CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, seq, batch,
                                             model.embedding_dim, lengths.data(), &padding_fill_));
   DDP_CUDNN_CHECK(cudnnCreateRNNDataDescriptor(shape->y.out()));
-  DDP_CUDNN_CHECK(cudnnSetRNNDataDescriptor(shape->y.get(), CUDNN_DATA_FLOAT,
+  DDP_CUDNN_CHECK(cudnnSetRNNDataDescriptor(shape->y.get(), data_type_,
                                             CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, seq, batch,
                                             model.output_width(), lengths.data(), &padding_fill_));
   DDP_CUDNN_CHECK(cudnnCreateTensorDescriptor(shape->state.out()));
   const int state_dims[3] = {model.layers * model.directions(), batch, model.hidden};
   const int state_strides[3] = {batch * model.hidden, model.hidden, 1};
-  DDP_CUDNN_CHECK(
-      cudnnSetTensorNdDescriptor(shape->state.get(), CUDNN_DATA_FLOAT, 3, state_dims, state_strides));
+  DDP_CUDNN_CHECK(cudnnSetTensorNdDescriptor(shape->state.get(), data_type_, 3, state_dims, state_strides));
   DDP_CUDNN_CHECK_ALGORITHM(
       cudnnGetRNNTempSpaceSizes(cudnn_.get(), plan.rnn.get(), CUDNN_FWD_MODE_TRAINING, shape->x.get(),
                                 &shape->train_workspace, &shape->reserve),
@@ -78,18 +77,35 @@ std::unique_ptr<BatchShape> CudaReplica::build_shape(int batch, int seq, RnnPlan
 
   const std::size_t rows = to_size(batch) * to_size(seq);
   const std::size_t width = to_size(model.output_width());
+  const std::size_t states = to_size(model.layers) * to_size(model.directions()) * to_size(batch) * h_size();
+  // The embedding writes and reads float x and dx; bf16 converts them for cuDNN, whose y and dy it holds
+  // in 16 bits alone (dy's zeros are kept per shape: dy_shape_).
   x_.ensure(rows * to_size(model.embedding_dim));
   dx_.ensure(rows * to_size(model.embedding_dim));
-  y_.ensure(rows * width);
-  if (dy_.size() < rows * width) {
-    dy_.ensure(rows * width);
-    dy_shape_ = {0, 0};
+  if (sixteen_bit_) {
+    x16_.ensure(rows * to_size(model.embedding_dim));
+    dx16_.ensure(rows * to_size(model.embedding_dim));
+    y16_.ensure(rows * width);
+    if (dy16_.size() < rows * width) {
+      dy16_.ensure(rows * width);
+      dy_shape_ = {0, 0};
+    }
+  } else {
+    y_.ensure(rows * width);
+    if (dy_.size() < rows * width) {
+      dy_.ensure(rows * width);
+      dy_shape_ = {0, 0};
+    }
   }
   if (from_final_states_) {
-    const std::size_t states =
-        to_size(model.layers) * to_size(model.directions()) * to_size(batch) * h_size();
     hy_.ensure(states);
     dhy_.ensure(states);
+    if (sixteen_bit_) {
+      hy16_.ensure(states);
+      dhy16_.ensure(states);
+    }
+  }
+  if (from_final_states_ || sixteen_bit_) {
     final_states_.ensure(to_size(batch) * width);
     d_final_states_.ensure(to_size(batch) * width);
   }
@@ -120,32 +136,35 @@ void CudaReplica::probe(const BatchShape& shape) {
   // weights are the canonical parameters, as in a forward.
   cudaStream_t stream = stream_.get();
   const RnnPlan& plan = *shape.plan;
-  DDP_CUDA_CHECK(cudaMemsetAsync(x_.get(), 0, x_.bytes(), stream));
-  DDP_CUDA_CHECK(cudaMemsetAsync(dy_.get(), 0, dy_.bytes(), stream));
+  const CudnnIo io = cudnn_io();
+  const std::size_t x_bytes = sixteen_bit_ ? x16_.bytes() : x_.bytes();
+  const std::size_t dy_bytes = sixteen_bit_ ? dy16_.bytes() : dy_.bytes();
+  DDP_CUDA_CHECK(cudaMemsetAsync(io.x, 0, x_bytes, stream));
+  DDP_CUDA_CHECK(cudaMemsetAsync(io.dy, 0, dy_bytes, stream));
   dy_shape_ = {0, 0};
-  copy_weights(plan, params_.get(), plan.weight_space.get(), true, "copy_weight_runs (probe)");
+  gather_weights(plan, params_.get(), plan.weight_space.get(), "copy_weight_runs (probe)");
   DDP_CUDNN_CHECK_ALGORITHM(
       cudnnRNNForward(cudnn_.get(), plan.rnn.get(), CUDNN_FWD_MODE_INFERENCE, shape.seq_lengths.get(),
-                      shape.x.get(), x_.get(), shape.y.get(), y_.get(), shape.state.get(), nullptr, nullptr,
+                      shape.x.get(), io.x, shape.y.get(), io.y, shape.state.get(), nullptr, nullptr,
                       shape.state.get(), nullptr, nullptr, plan.weight_space_bytes, plan.weight_space.get(),
                       workspace_.bytes(), workspace_.get(), 0, nullptr),
       plan.algorithm);
   DDP_CUDNN_CHECK_ALGORITHM(
       cudnnRNNForward(cudnn_.get(), plan.rnn.get(), CUDNN_FWD_MODE_TRAINING, shape.seq_lengths.get(),
-                      shape.x.get(), x_.get(), shape.y.get(), y_.get(), shape.state.get(), nullptr, nullptr,
+                      shape.x.get(), io.x, shape.y.get(), io.y, shape.state.get(), nullptr, nullptr,
                       shape.state.get(), nullptr, nullptr, plan.weight_space_bytes, plan.weight_space.get(),
                       workspace_.bytes(), workspace_.get(), reserve_.bytes(), reserve_.get()),
       plan.algorithm);
   DDP_CUDNN_CHECK_ALGORITHM(
-      cudnnRNNBackwardData_v8(cudnn_.get(), plan.rnn.get(), shape.seq_lengths.get(), shape.y.get(), y_.get(),
-                              dy_.get(), shape.x.get(), dx_.get(), shape.state.get(), nullptr, nullptr,
-                              nullptr, shape.state.get(), nullptr, nullptr, nullptr, plan.weight_space_bytes,
+      cudnnRNNBackwardData_v8(cudnn_.get(), plan.rnn.get(), shape.seq_lengths.get(), shape.y.get(), io.y,
+                              io.dy, shape.x.get(), io.dx, shape.state.get(), nullptr, nullptr, nullptr,
+                              shape.state.get(), nullptr, nullptr, nullptr, plan.weight_space_bytes,
                               plan.weight_space.get(), workspace_.bytes(), workspace_.get(), reserve_.bytes(),
                               reserve_.get()),
       plan.algorithm);
   DDP_CUDNN_CHECK_ALGORITHM(
       cudnnRNNBackwardWeights_v8(cudnn_.get(), plan.rnn.get(), CUDNN_WGRAD_MODE_ADD, shape.seq_lengths.get(),
-                                 shape.x.get(), x_.get(), shape.state.get(), nullptr, shape.y.get(), y_.get(),
+                                 shape.x.get(), io.x, shape.state.get(), nullptr, shape.y.get(), io.y,
                                  plan.weight_space_bytes, plan.weight_grads.get(), workspace_.bytes(),
                                  workspace_.get(), reserve_.bytes(), reserve_.get()),
       plan.algorithm);

@@ -90,6 +90,7 @@
 
 namespace ddp::models::cudnn_replica {
 
+using kernels::Bf16Bits;
 using kernels::copy_weight_runs;
 using kernels::dense_backward;
 using kernels::dense_forward;
@@ -100,11 +101,15 @@ using kernels::embedding_backward;
 using kernels::embedding_dropout;
 using kernels::embedding_forward;
 using kernels::fill_int32;
+using kernels::from_bf16;
 using kernels::gather_final_states;
+using kernels::gather_weight_runs_bf16;
 using kernels::kDenseThreads;
 using kernels::kThreads;
 using kernels::scatter_final_states;
+using kernels::scatter_weight_runs_bf16;
 using kernels::sequence_starts;
+using kernels::to_bf16;
 
 // A persistent algorithm that cuDNN refused (a bad-parameter or not-supported status) for a call whose
 // support depends on the algorithm; the replica catches it and falls back or reports.
@@ -150,8 +155,8 @@ struct RnnPlan {
   DropoutDescriptor dropout;
   RnnDescriptor rnn;
   std::size_t weight_space_bytes = 0;
-  DeviceArray<float> weight_space;
-  DeviceArray<float> weight_grads;
+  DeviceArray<std::byte> weight_space;  // of the replica's data type (float, or bfloat16 bits)
+  DeviceArray<std::byte> weight_grads;
   DeviceArray<WeightRun> weight_runs;
   unsigned int weight_run_count = 0;
   std::size_t longest_weight_run = 0;
@@ -245,11 +250,31 @@ class CudaReplica final : public Replica {
   // The dense layer, sigmoid and loss on the forward's last hidden states.
   void dense_and_loss(const BatchView& batch, const float* labels, float* probabilities, float* d_logits,
                       bool add_stats);
-  // Copies the LSTM's parameters (to_cudnn) or weight gradients (!to_cudnn) between the canonical buffer
-  // and the plan's space, on the stream.
-  void copy_weights(const RnnPlan& plan, const float* source, float* target, bool to_cudnn, const char* what);
+  // The LSTM's parameters from the canonical buffer into a weight space of the plan's (of the data type),
+  // and weight gradients from such a space into the canonical gradients, on the stream.
+  void gather_weights(const RnnPlan& plan, const float* canonical, void* space, const char* what);
+  void scatter_weights(const RnnPlan& plan, const void* space, float* canonical, const char* what);
+  // What cuDNN reads and writes, of the data type: the float buffers below, or their 16-bit twins
+  // (model.precision = bf16), which the replica converts to and from around cuDNN's calls.
+  struct CudnnIo {
+    void* x;
+    void* dx;
+    void* y;
+    void* dy;
+    void* hy;
+    void* dhy;
+  };
+  CudnnIo cudnn_io();
+  // n floats into 16-bit `to`, or back, on the stream (bf16 only).
+  void to_sixteen_bit(const float* from, Bf16Bits* to, std::size_t n, const char* what);
+  void from_sixteen_bit(const Bf16Bits* from, float* to, std::size_t n, const char* what);
   unsigned int blocks_for(std::size_t n) const;
   std::size_t h_size() const { return to_size(layout_.shape().hidden); }
+  // Elements of h or c (and hy, dhy) for a batch: [L*D, B, H].
+  std::size_t states_count(int batch) const {
+    const ModelShape& shape = layout_.shape();
+    return to_size(shape.layers) * to_size(shape.directions()) * to_size(batch) * h_size();
+  }
   // Throws TokenOutsideVocabulary if a batch since the last check held a token outside the vocabulary (the
   // flag was copied to the host by the caller, which synchronised the stream); clears the flag.
   void report_bad_token();
@@ -259,8 +284,11 @@ class CudaReplica final : public Replica {
   RnnAlgorithm requested_ = RnnAlgorithm::kAuto;
   bool masked_ = false;
   Precision precision_ = Precision::kFp32;  // model.precision: the math type of every plan's descriptor
-  double dropout_ = 0;                      // between stacked layers, by cuDNN (training only)
-  double embedding_dropout_ = 0;            // on the embedding's output, by embedding_dropout (training only)
+  bool sixteen_bit_ = false;                // bf16: cuDNN's data and weights are bfloat16
+  cudnnDataType_t data_type_ = CUDNN_DATA_FLOAT;
+  std::size_t element_bytes_ = sizeof(float);
+  double dropout_ = 0;            // between stacked layers, by cuDNN (training only)
+  double embedding_dropout_ = 0;  // on the embedding's output, by embedding_dropout (training only)
   uint64_t dropout_key_ = 0;
   uint64_t dropout_draws_ = 0;
   uint64_t embedding_dropout_stream_ = 0;  // the last training forward's draw, for its backward
@@ -302,7 +330,15 @@ class CudaReplica final : public Replica {
   DeviceArray<float> final_states_;    // [B, D*H]: the dense layer's input gathered from hy_
   DeviceArray<float> d_final_states_;  // [B, D*H]
   DeviceArray<int32_t> starts_;        // [B]: masked, each row's first real step
-  std::vector<int> host_lengths_;      // [B]: masked, this batch's lengths for the descriptors
+  // bf16: what cuDNN reads and writes in place of x_, dx_, y_, dy_, hy_ and dhy_. The dense layer then reads
+  // final_states_ (the last step of y, or the final states, converted) and writes d_final_states_.
+  DeviceArray<Bf16Bits> x16_;
+  DeviceArray<Bf16Bits> dx16_;
+  DeviceArray<Bf16Bits> y16_;
+  DeviceArray<Bf16Bits> dy16_;
+  DeviceArray<Bf16Bits> hy16_;
+  DeviceArray<Bf16Bits> dhy16_;
+  std::vector<int> host_lengths_;  // [B]: masked, this batch's lengths for the descriptors
   // What cuDNN writes into y past a masked sequence's end (CUDNN_RNN_PADDED_IO_ENABLED); its API takes a
   // non-const pointer.
   float padding_fill_ = 0.0f;

@@ -3,6 +3,8 @@
 // check that the map round-trips every parameter.
 #include "models/cudnn_replica.cuh"
 
+#include "engine/base/float16.h"
+
 namespace ddp::models::cudnn_replica {
 
 void check_algorithm_status(cudnnStatus_t status, cudnnRNNAlgo_t algorithm, const char* call,
@@ -53,43 +55,51 @@ void CudaReplica::build_rnn(RnnPlan& plan) {
     DDP_CUDNN_CHECK(cudnnSetDropoutDescriptor(plan.dropout.get(), cudnn_.get(), 0.0f, nullptr, 0, 0));
   }
   DDP_CUDNN_CHECK(cudnnCreateRNNDescriptor(plan.rnn.out()));
-  // A descriptor that cuDNN turns down for this algorithm throws AlgorithmRefused.
   // model.precision: fp32 takes CUDNN_FMA_MATH, plain float32 FMA kernels, the CPU replica's arithmetic;
   // tf32 takes CUDNN_DEFAULT_MATH, which on sm_80 and newer lets cuDNN run the products on tensor cores with
   // their inputs rounded to TF32 (10 mantissa bits) and summed in float32 (cudnn_graph.h: cudnnMathType_t),
-  // as PyTorch does under allow_tf32. Unpacked (padded) data needs PADDED_IO_ENABLED: masked sequences are
+  // as PyTorch does under allow_tf32; bf16 gives cuDNN bfloat16 data and weights (dataType) with float32
+  // math (mathPrec) on the tensor cores. Unpacked (padded) data needs PADDED_IO_ENABLED: masked sequences are
   // shorter than T.
-  const cudnnMathType_t math = precision_ == Precision::kTf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
-  DDP_CUDNN_CHECK_ALGORITHM(
-      cudnnSetRNNDescriptor_v8(
-          plan.rnn.get(), plan.algorithm, shape.cell == Cell::kGru ? CUDNN_GRU : CUDNN_LSTM,
-          CUDNN_RNN_DOUBLE_BIAS, shape.bidirectional ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL,
-          CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, math, shape.embedding_dim, shape.hidden,
-          shape.hidden, shape.layers, plan.dropout.get(), CUDNN_RNN_PADDED_IO_ENABLED),
-      plan.algorithm);
+  const cudnnMathType_t math = sixteen_bit_                     ? CUDNN_TENSOR_OP_MATH
+                               : precision_ == Precision::kTf32 ? CUDNN_DEFAULT_MATH
+                                                                : CUDNN_FMA_MATH;
+  const cudnnStatus_t set = cudnnSetRNNDescriptor_v8(
+      plan.rnn.get(), plan.algorithm, shape.cell == Cell::kGru ? CUDNN_GRU : CUDNN_LSTM,
+      CUDNN_RNN_DOUBLE_BIAS, shape.bidirectional ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL,
+      CUDNN_LINEAR_INPUT, data_type_, CUDNN_DATA_FLOAT, math, shape.embedding_dim, shape.hidden, shape.hidden,
+      shape.layers, plan.dropout.get(), CUDNN_RNN_PADDED_IO_ENABLED);
+  // bfloat16 that this cuDNN turns down for the model even on the standard algorithm is a setting to change.
+  if (set != CUDNN_STATUS_SUCCESS && sixteen_bit_ && plan.algorithm == CUDNN_RNN_ALGO_STANDARD &&
+      classify_cudnn_failure(set, /*persistent_algorithm=*/true) == CudnnFailure::kRefused) {
+    throw UserError("model.precision = bf16: cuDNN " + std::to_string(cudnnGetVersion()) +
+                    " turned down bfloat16 recurrent layers for this model (" + cudnnGetErrorString(set) +
+                    "); use fp32 or tf32");
+  }
+  // A descriptor that cuDNN turns down for a persistent algorithm throws AlgorithmRefused.
+  DDP_CUDNN_CHECK_ALGORITHM(set, plan.algorithm);
   DDP_CUDNN_CHECK_ALGORITHM(
       cudnnGetRNNWeightSpaceSize(cudnn_.get(), plan.rnn.get(), &plan.weight_space_bytes), plan.algorithm);
-  if (plan.weight_space_bytes == 0 || plan.weight_space_bytes % sizeof(float) != 0) {
+  if (plan.weight_space_bytes == 0 || plan.weight_space_bytes % element_bytes_ != 0) {
     DDP_FATAL("cudnnGetRNNWeightSpaceSize: " + std::to_string(plan.weight_space_bytes) +
-              " bytes is not a whole number of floats");
+              " bytes is not a whole number of elements of " + std::to_string(element_bytes_) + " bytes");
   }
-  const std::size_t floats = plan.weight_space_bytes / sizeof(float);
-  plan.weight_space.ensure(floats);
-  plan.weight_grads.ensure(floats);
+  plan.weight_space.ensure(plan.weight_space_bytes);
+  plan.weight_grads.ensure(plan.weight_space_bytes);
   // Any padding cuDNN keeps in its space stays zero.
   DDP_CUDA_CHECK(cudaMemsetAsync(plan.weight_space.get(), 0, plan.weight_space_bytes, stream_.get()));
   DDP_CUDA_CHECK(cudaMemsetAsync(plan.weight_grads.get(), 0, plan.weight_space_bytes, stream_.get()));
 }
 
-// Reads a descriptor cudnnGetRNNWeightParams filled in: "" if it is a row-major [rows, cols] float matrix
-// ({1, rows, cols} with unit column stride and row stride cols), as the canonical layout stores it, else
-// what it is instead.
-// weight_map.h's check of a block cuDNN described.
-std::string row_major_problem(cudnnTensorDescriptor_t desc, int rows, int cols, const std::string& what) {
+// Reads a descriptor cudnnGetRNNWeightParams filled in: "" if it is a row-major [rows, cols] matrix of
+// `data_type` ({1, rows, cols} with unit column stride and row stride cols), as the canonical layout stores
+// it, else what it is instead: weight_map.h's check of a block cuDNN described.
+std::string row_major_problem(cudnnTensorDescriptor_t desc, cudnnDataType_t data_type, int rows, int cols,
+                              const std::string& what) {
   BlockDescription block;
   cudnnDataType_t type{};
   DDP_CUDNN_CHECK(cudnnGetTensorNdDescriptor(desc, 3, &type, &block.dims_count, block.dims, block.strides));
-  block.is_float = type == CUDNN_DATA_FLOAT;
+  block.of_data_type = type == data_type;
   return models::row_major_problem(block, rows, cols, what);
 }
 
@@ -103,15 +113,17 @@ void CudaReplica::build_weight_map(RnnPlan& plan) {
   const ModelShape& shape = layout_.shape();
   const int hidden = shape.hidden;
   const std::size_t h = to_size(hidden);
-  const std::size_t space_floats = plan.weight_space_bytes / sizeof(float);
+  // Offsets and counts in elements of the data type.
+  const std::size_t space_elements = plan.weight_space_bytes / element_bytes_;
   const auto* base = reinterpret_cast<const char*>(plan.weight_space.get());
   auto offset_in_space = [&](const void* address, std::size_t count, const std::string& what) {
     const auto* p = static_cast<const char*>(address);
-    if (p == nullptr || p < base || (p - base) % static_cast<std::ptrdiff_t>(sizeof(float)) != 0) {
-      weight_map_failed(plan, "cudnnGetRNNWeightParams: " + what + " is not a float inside the weight space");
+    if (p == nullptr || p < base || (p - base) % static_cast<std::ptrdiff_t>(element_bytes_) != 0) {
+      weight_map_failed(plan,
+                        "cudnnGetRNNWeightParams: " + what + " is not an element inside the weight space");
     }
-    const auto offset = static_cast<std::size_t>(p - base) / sizeof(float);
-    if (offset + count > space_floats) {
+    const auto offset = static_cast<std::size_t>(p - base) / element_bytes_;
+    if (offset + count > space_elements) {
       weight_map_failed(plan, "cudnnGetRNNWeightParams: " + what + " ends past the weight space");
     }
     return offset;
@@ -148,8 +160,9 @@ void CudaReplica::build_weight_map(RnnPlan& plan) {
                                                         plan.weight_space_bytes, plan.weight_space.get(), id,
                                                         matrix_desc.get(), &matrix, bias_desc.get(), &bias),
                                 plan.algorithm);
-      for (const std::string& problem : {row_major_problem(matrix_desc.get(), hidden, cols, what),
-                                         row_major_problem(bias_desc.get(), hidden, 1, what + " bias")}) {
+      for (const std::string& problem :
+           {row_major_problem(matrix_desc.get(), data_type_, hidden, cols, what),
+            row_major_problem(bias_desc.get(), data_type_, hidden, 1, what + " bias")}) {
         if (!problem.empty()) weight_map_failed(plan, problem);
       }
       const std::size_t matrix_count = h * to_size(cols);
@@ -175,10 +188,28 @@ void CudaReplica::build_weight_map(RnnPlan& plan) {
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
 }
 
-void CudaReplica::copy_weights(const RnnPlan& plan, const float* source, float* target, bool to_cudnn,
-                               const char* what) {
+void CudaReplica::gather_weights(const RnnPlan& plan, const float* canonical, void* space, const char* what) {
   const dim3 grid(blocks_for(plan.longest_weight_run), plan.weight_run_count);
-  copy_weight_runs<<<grid, kThreads, 0, stream_.get()>>>(plan.weight_runs.get(), source, target, to_cudnn);
+  if (sixteen_bit_) {
+    gather_weight_runs_bf16<<<grid, kThreads, 0, stream_.get()>>>(plan.weight_runs.get(), canonical,
+                                                                  static_cast<Bf16Bits*>(space));
+  } else {
+    copy_weight_runs<<<grid, kThreads, 0, stream_.get()>>>(plan.weight_runs.get(), canonical,
+                                                           static_cast<float*>(space), true);
+  }
+  DDP_CUDA_CHECK_LAUNCH(what);
+}
+
+void CudaReplica::scatter_weights(const RnnPlan& plan, const void* space, float* canonical,
+                                  const char* what) {
+  const dim3 grid(blocks_for(plan.longest_weight_run), plan.weight_run_count);
+  if (sixteen_bit_) {
+    scatter_weight_runs_bf16<<<grid, kThreads, 0, stream_.get()>>>(
+        plan.weight_runs.get(), static_cast<const Bf16Bits*>(space), canonical);
+  } else {
+    copy_weight_runs<<<grid, kThreads, 0, stream_.get()>>>(
+        plan.weight_runs.get(), static_cast<const float*>(space), canonical, false);
+  }
   DDP_CUDA_CHECK_LAUNCH(what);
 }
 
@@ -196,15 +227,17 @@ std::string CudaReplica::check_parameter_mapping() {
     if (plan == nullptr) continue;
     // All bits set is a NaN no parameter holds: a float the map never writes back keeps it.
     DDP_CUDA_CHECK(cudaMemsetAsync(back.get(), 0xFF, back.bytes(), stream_.get()));
-    copy_weights(*plan, params_.get(), plan->weight_space.get(), true, "copy_weight_runs (mapping check)");
-    copy_weights(*plan, plan->weight_space.get(), back.get(), false, "copy_weight_runs (mapping check)");
+    gather_weights(*plan, params_.get(), plan->weight_space.get(), "copy_weight_runs (mapping check)");
+    scatter_weights(*plan, plan->weight_space.get(), back.get(), "copy_weight_runs (mapping check)");
     DDP_CUDA_CHECK(
         cudaMemcpyAsync(received.data(), back.get(), back.bytes(), cudaMemcpyDeviceToHost, stream_.get()));
     DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
     for (std::size_t i = 0; i < total; ++i) {
       const bool lstm = i >= lstm_begin && i < lstm_end;
       const bool untouched = std::isnan(received[i]);
-      if (lstm ? std::memcmp(&received[i], &sent[i], sizeof(float)) == 0 : untouched) continue;
+      // A bfloat16 space keeps each parameter rounded to nearest even, as the host rounds it.
+      const float expected = sixteen_bit_ ? bfloat16_to_float(float_to_bfloat16(sent[i])) : sent[i];
+      if (lstm ? std::memcmp(&received[i], &expected, sizeof(float)) == 0 : untouched) continue;
       const ParamTensor* tensor = nullptr;
       for (const ParamTensor& t : layout_.tensors()) {
         if (i >= t.offset && i < t.offset + t.size()) tensor = &t;
@@ -213,8 +246,9 @@ std::string CudaReplica::check_parameter_mapping() {
                                 std::to_string(tensor != nullptr ? i - tensor->offset : i) + "]";
       return std::string("canonical -> cuDNN ") + cudnn_algorithm_name(plan->algorithm) +
              " weight space -> canonical: " + where +
-             (lstm ? " came back as " + std::to_string(received[i]) + " instead of " + std::to_string(sent[i])
-                   : " was written, but it is not a recurrent layer's weight");
+             (lstm
+                  ? " came back as " + std::to_string(received[i]) + " instead of " + std::to_string(expected)
+                  : " was written, but it is not a recurrent layer's weight");
     }
   }
   return "";

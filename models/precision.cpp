@@ -9,9 +9,10 @@
 namespace ddp::models {
 namespace {
 
-constexpr std::array<std::pair<Precision, const char*>, 2> kNames{{
+constexpr std::array<std::pair<Precision, const char*>, 3> kNames{{
     {Precision::kFp32, "fp32"},
     {Precision::kTf32, "tf32"},
+    {Precision::kBf16, "bf16"},
 }};
 
 }  // namespace
@@ -20,11 +21,12 @@ Precision parse_precision(const std::string& text, const std::string& key) {
   for (const auto& [precision, name] : kNames) {
     if (text == name) return precision;
   }
-  if (text == "bf16" || text == "fp16") {
-    throw UserError(key + " = " + text +
-                    ": 16-bit recurrent layers are not built yet; expected fp32 or tf32");
+  if (text == "fp16") {
+    throw UserError(key +
+                    " = fp16: not built yet (IEEE half needs dynamic loss scaling); bf16 has float32's range "
+                    "and needs none; expected fp32, tf32 or bf16");
   }
-  throw UserError(key + " = " + text + ": expected fp32 or tf32");
+  throw UserError(key + " = " + text + ": expected fp32, tf32 or bf16");
 }
 
 std::string precision_name(Precision precision) {
@@ -36,7 +38,19 @@ std::string precision_name(Precision precision) {
 
 double unit_roundoff(Precision precision) {
   // Half the spacing of the numbers near 1: 2^-(stored mantissa bits + 1).
-  return precision == Precision::kTf32 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -24);
+  switch (precision) {
+    case Precision::kTf32:
+      return std::ldexp(1.0, -11);
+    case Precision::kBf16:
+      return std::ldexp(1.0, -8);
+    case Precision::kFp32:
+      break;
+  }
+  return std::ldexp(1.0, -24);
+}
+
+bool sixteen_bit_data(Precision precision) {
+  return precision == Precision::kBf16;
 }
 
 }  // namespace ddp::models

@@ -35,6 +35,9 @@ CudaReplica::CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algor
       requested_(algorithm),
       masked_(options.mask_padding),
       precision_(options.precision),
+      sixteen_bit_(sixteen_bit_data(options.precision)),
+      data_type_(sixteen_bit_ ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT),
+      element_bytes_(sixteen_bit_ ? sizeof(Bf16Bits) : sizeof(float)),
       from_final_states_(options.mask_padding || shape.bidirectional),
       dropout_(shape.layers > 1 ? options.dropout : 0),
       embedding_dropout_(options.embedding_dropout) {
@@ -66,7 +69,18 @@ CudaReplica::CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algor
 
   preferred_algorithm_ = to_cudnn(requested_);
   int major = 0;
+  int minor = 0;
   DDP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
+  DDP_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_));
+  // bfloat16 recurrent layers: cuDNN has them from 9.13 on, for GPUs with bfloat16 tensor cores (sm_80 on).
+  if (sixteen_bit_ && major < 8) {
+    throw UserError("model.precision = bf16: this GPU (sm_" + std::to_string(major) + std::to_string(minor) +
+                    ") has no bfloat16 tensor cores (sm_80 and newer do); use fp32");
+  }
+  if (sixteen_bit_ && cudnnGetVersion() < 91300) {
+    throw UserError("model.precision = bf16: cuDNN " + std::to_string(cudnnGetVersion()) +
+                    " has no bfloat16 recurrent layers (9.13 and newer have); use fp32 or tf32");
+  }
   // Where PyTorch also takes it: LSTMs of hidden size <= 128 on sm_60 and newer; never with per-sample
   // lengths, which this replica runs on the standard algorithm only (make_cuda_replica refuses a named one).
   if (requested_ == RnnAlgorithm::kAuto && shape.hidden <= 128 && major >= 6 && !masked_) {
@@ -107,6 +121,7 @@ std::string CudaReplica::recurrent_kernels() const {
   if (!fallback.empty()) text += ", the standard one for batches " + fallback;
   text += " (model.cudnn_rnn_algo = " + rnn_algorithm_name(requested_) + ")";
   if (precision_ == Precision::kTf32) text += ", TF32 tensor-core math (model.precision = tf32)";
+  if (sixteen_bit_) text += ", bfloat16 data and weights, float32 math (model.precision = bf16)";
   return text;
 }
 
@@ -148,10 +163,10 @@ void CudaReplica::set_sequence_lengths(const BatchView& batch, const BatchShape&
   }
   // The descriptors copy the lengths when set; the device's are computed on the stream from the same tokens
   // by the same rule, ahead of the cuDNN calls that read them.
-  DDP_CUDNN_CHECK(cudnnSetRNNDataDescriptor(shape.x.get(), CUDNN_DATA_FLOAT,
+  DDP_CUDNN_CHECK(cudnnSetRNNDataDescriptor(shape.x.get(), data_type_,
                                             CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, batch.seq, batch.batch,
                                             model.embedding_dim, host_lengths_.data(), &padding_fill_));
-  DDP_CUDNN_CHECK(cudnnSetRNNDataDescriptor(shape.y.get(), CUDNN_DATA_FLOAT,
+  DDP_CUDNN_CHECK(cudnnSetRNNDataDescriptor(shape.y.get(), data_type_,
                                             CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, batch.seq, batch.batch,
                                             model.output_width(), host_lengths_.data(), &padding_fill_));
   sequence_starts<<<blocks_for(b_count), kThreads, 0, stream_.get()>>>(
@@ -181,7 +196,7 @@ void CudaReplica::forward(const BatchView& batch, const BatchShape& shape, bool 
   cudaStream_t stream = stream_.get();
   // The optimizer updated the canonical parameters in place since the last forward.
   const RnnPlan& plan = *shape.plan;
-  copy_weights(plan, params_.get(), plan.weight_space.get(), true, "copy_weight_runs (gather)");
+  gather_weights(plan, params_.get(), plan.weight_space.get(), "copy_weight_runs (gather)");
 
   set_sequence_lengths(batch, shape);
   const std::size_t x_count = to_size(batch.batch) * to_size(batch.seq) * to_size(model.embedding_dim);
@@ -197,24 +212,46 @@ void CudaReplica::forward(const BatchView& batch, const BatchShape& shape, bool 
     DDP_CUDA_CHECK_LAUNCH("embedding_dropout");
   }
 
+  const CudnnIo io = cudnn_io();
+  if (sixteen_bit_) to_sixteen_bit(x_.get(), x16_.get(), x_count, "to_bf16 (x)");
   // h0 = c0 = 0 (null pointers); hy when the dense layer reads it, cy never.
-  float* hy = from_final_states_ ? hy_.get() : nullptr;
+  void* hy = from_final_states_ ? io.hy : nullptr;
   DDP_CUDNN_CHECK(cudnnRNNForward(
       cudnn_.get(), plan.rnn.get(), training ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
-      shape.seq_lengths.get(), shape.x.get(), x_.get(), shape.y.get(), y_.get(), shape.state.get(), nullptr,
-      hy, shape.state.get(), nullptr, nullptr, plan.weight_space_bytes, plan.weight_space.get(),
+      shape.seq_lengths.get(), shape.x.get(), io.x, shape.y.get(), io.y, shape.state.get(), nullptr, hy,
+      shape.state.get(), nullptr, nullptr, plan.weight_space_bytes, plan.weight_space.get(),
       workspace_.bytes(), workspace_.get(), training ? reserve_.bytes() : 0,
       training ? reserve_.get() : nullptr));
+  const std::size_t step_count = to_size(batch.batch) * to_size(model.output_width());
   if (from_final_states_) {
-    const std::size_t count = to_size(batch.batch) * to_size(model.output_width());
-    gather_final_states<<<blocks_for(count), kThreads, 0, stream>>>(
+    if (sixteen_bit_) from_sixteen_bit(hy16_.get(), hy_.get(), states_count(batch.batch), "from_bf16 (hy)");
+    gather_final_states<<<blocks_for(step_count), kThreads, 0, stream>>>(
         hy_.get(), final_states_.get(), model.layers, model.directions(), batch.batch, model.hidden);
     DDP_CUDA_CHECK_LAUNCH("gather_final_states");
+  } else if (sixteen_bit_) {
+    // The dense layer's input, y's last step, in float.
+    from_sixteen_bit(y16_.get() + to_size(batch.seq - 1) * step_count, final_states_.get(), step_count,
+                     "from_bf16 (y's last step)");
   }
 }
 
+CudaReplica::CudnnIo CudaReplica::cudnn_io() {
+  if (sixteen_bit_) return {x16_.get(), dx16_.get(), y16_.get(), dy16_.get(), hy16_.get(), dhy16_.get()};
+  return {x_.get(), dx_.get(), y_.get(), dy_.get(), hy_.get(), dhy_.get()};
+}
+
+void CudaReplica::to_sixteen_bit(const float* from, Bf16Bits* to, std::size_t n, const char* what) {
+  to_bf16<<<blocks_for(n), kThreads, 0, stream_.get()>>>(from, to, n);
+  DDP_CUDA_CHECK_LAUNCH(what);
+}
+
+void CudaReplica::from_sixteen_bit(const Bf16Bits* from, float* to, std::size_t n, const char* what) {
+  from_bf16<<<blocks_for(n), kThreads, 0, stream_.get()>>>(from, to, n);
+  DDP_CUDA_CHECK_LAUNCH(what);
+}
+
 const float* CudaReplica::dense_input(const BatchView& batch) const {
-  if (from_final_states_) return final_states_.get();
+  if (from_final_states_ || sixteen_bit_) return final_states_.get();
   return y_.get() + to_size(batch.seq - 1) * to_size(batch.batch) * h_size();
 }
 
@@ -264,12 +301,14 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
   const int width = model.output_width();
   const std::size_t step_floats = to_size(batch.batch) * to_size(width);
   const std::size_t y_floats = to_size(batch.seq) * step_floats;
+  const CudnnIo io = cudnn_io();
   if (dy_shape_ != std::make_pair(batch.batch, batch.seq)) {
-    DDP_CUDA_CHECK(cudaMemsetAsync(dy_.get(), 0, y_floats * sizeof(float), stream));
+    DDP_CUDA_CHECK(cudaMemsetAsync(io.dy, 0, y_floats * element_bytes_, stream));
     dy_shape_ = {batch.batch, batch.seq};
   }
   const float* h_last = dense_input(batch);
-  float* d_h_last = from_final_states_ ? d_final_states_.get() : dy_.get() + y_floats - step_floats;
+  float* d_h_last =
+      from_final_states_ || sixteen_bit_ ? d_final_states_.get() : dy_.get() + y_floats - step_floats;
   if (model.classes != 2) {
     const std::size_t classes = to_size(model.classes);
     dense_softmax_backward<<<blocks_for(step_floats + classes * (to_size(width) + 1)), kThreads, 0, stream>>>(
@@ -283,13 +322,18 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
     DDP_CUDA_CHECK_LAUNCH("dense_backward");
   }
   ready(segments.size() - 1);
-  float* dhy = nullptr;
+  void* dhy = nullptr;
   if (from_final_states_) {
-    dhy = dhy_.get();
-    DDP_CUDA_CHECK(cudaMemsetAsync(dhy, 0, dhy_.bytes(), stream));
+    DDP_CUDA_CHECK(cudaMemsetAsync(dhy_.get(), 0, dhy_.bytes(), stream));
     scatter_final_states<<<blocks_for(step_floats), kThreads, 0, stream>>>(
-        d_final_states_.get(), dhy, model.layers, model.directions(), batch.batch, model.hidden);
+        d_final_states_.get(), dhy_.get(), model.layers, model.directions(), batch.batch, model.hidden);
     DDP_CUDA_CHECK_LAUNCH("scatter_final_states");
+    if (sixteen_bit_) to_sixteen_bit(dhy_.get(), dhy16_.get(), states_count(batch.batch), "to_bf16 (dhy)");
+    dhy = io.dhy;
+  } else if (sixteen_bit_) {
+    // The dense layer's gradient into dy's last step; the other steps stay zero.
+    to_sixteen_bit(d_final_states_.get(), dy16_.get() + y_floats - step_floats, step_floats,
+                   "to_bf16 (dy's last step)");
   }
 
   // cuDNN's dx first; from it the embedding's gradient, whose reduction (as a rule the largest) then
@@ -297,14 +341,15 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
   // (ParamLayout::reduction_order). The embedding's kernels touch neither the workspace nor the reserve
   // space, which the weight backward reads as the data backward left them.
   DDP_CUDNN_CHECK(cudnnRNNBackwardData_v8(
-      cudnn_.get(), plan.rnn.get(), shape.seq_lengths.get(), shape.y.get(), y_.get(), dy_.get(),
-      shape.x.get(), dx_.get(), shape.state.get(), nullptr, dhy, nullptr, shape.state.get(), nullptr, nullptr,
-      nullptr, plan.weight_space_bytes, plan.weight_space.get(), workspace_.bytes(), workspace_.get(),
+      cudnn_.get(), plan.rnn.get(), shape.seq_lengths.get(), shape.y.get(), io.y, io.dy, shape.x.get(), io.dx,
+      shape.state.get(), nullptr, dhy, nullptr, shape.state.get(), nullptr, nullptr, nullptr,
+      plan.weight_space_bytes, plan.weight_space.get(), workspace_.bytes(), workspace_.get(),
       reserve_.bytes(), reserve_.get()));
 
   const ParamSegment& embedding = segments.front();
   DDP_CUDA_CHECK(cudaMemsetAsync(grads_.get() + embedding.offset, 0, embedding.size * sizeof(float), stream));
   const std::size_t x_count = to_size(batch.batch) * to_size(batch.seq) * to_size(model.embedding_dim);
+  if (sixteen_bit_) from_sixteen_bit(dx16_.get(), dx_.get(), x_count, "from_bf16 (dx)");
   if (embedding_dropout_ > 0) {
     // The forward's mask on the input gradient: dropped elements pass no gradient to their rows.
     embedding_dropout<<<blocks_for(x_count), kThreads, 0, stream>>>(
@@ -320,10 +365,10 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
 
   DDP_CUDA_CHECK(cudaMemsetAsync(plan.weight_grads.get(), 0, plan.weight_space_bytes, stream));
   DDP_CUDNN_CHECK(cudnnRNNBackwardWeights_v8(
-      cudnn_.get(), plan.rnn.get(), CUDNN_WGRAD_MODE_ADD, shape.seq_lengths.get(), shape.x.get(), x_.get(),
-      shape.state.get(), nullptr, shape.y.get(), y_.get(), plan.weight_space_bytes, plan.weight_grads.get(),
+      cudnn_.get(), plan.rnn.get(), CUDNN_WGRAD_MODE_ADD, shape.seq_lengths.get(), shape.x.get(), io.x,
+      shape.state.get(), nullptr, shape.y.get(), io.y, plan.weight_space_bytes, plan.weight_grads.get(),
       workspace_.bytes(), workspace_.get(), reserve_.bytes(), reserve_.get()));
-  copy_weights(plan, plan.weight_grads.get(), grads_.get(), false, "copy_weight_runs (scatter)");
+  scatter_weights(plan, plan.weight_grads.get(), grads_.get(), "copy_weight_runs (scatter)");
   gpu_spans_->end(gpu_backward, "backward");
   for (int l = model.layers - 1; l >= 0; --l) ready(to_size(l) + 1);
 }

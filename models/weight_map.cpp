@@ -45,11 +45,12 @@ WeightMap merge_weight_runs(std::vector<WeightRun> runs, std::size_t lstm_begin,
 }
 
 std::string row_major_problem(const BlockDescription& b, int rows, int cols, const std::string& what) {
-  const bool ok = b.is_float && b.dims_count == 3 && b.dims[0] == 1 && b.dims[1] == rows &&
+  const bool ok = b.of_data_type && b.dims_count == 3 && b.dims[0] == 1 && b.dims[1] == rows &&
                   b.dims[2] == cols && b.strides[2] == 1 && (rows == 1 || b.strides[1] == cols);
   if (ok) return "";
   return fmt::format(
-      "cudnnGetRNNWeightParams: {} is not a row-major float [{}, {}] (got {} dims {{{}, {}, {}}}, strides "
+      "cudnnGetRNNWeightParams: {} is not a row-major [{}, {}] of the data type (got {} dims {{{}, {}, {}}}, "
+      "strides "
       "{{{}, {}, "
       "{}}})",
       what, rows, cols, b.dims_count, b.dims[0], b.dims[1], b.dims[2], b.strides[0], b.strides[1],

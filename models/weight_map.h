@@ -31,9 +31,10 @@ WeightMap merge_weight_runs(std::vector<WeightRun> runs, std::size_t lstm_begin,
                             std::string& problem);
 
 // What cuDNN described for one block (its tensor descriptor's data type, dims and strides), checked against
-// a row-major float [rows, cols] matrix; "" when it is one. `what` names the block in the message.
+// a row-major [rows, cols] matrix of the replica's data type; "" when it is one. `what` names the block in
+// the message.
 struct BlockDescription {
-  bool is_float = false;
+  bool of_data_type = false;  // the replica's data type (float, or bfloat16 at model.precision = bf16)
   int dims_count = 0;
   int dims[3] = {};
   int strides[3] = {};

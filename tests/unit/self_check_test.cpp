@@ -89,7 +89,8 @@ TEST(SelfCheck, TheCpuWorkDoesNotGrowWithTheRunsShapes) {
 }
 
 // The tolerances follow the precision's unit roundoff: unchanged at fp32, 2^13 times the CPU's error at tf32
-// with floors of 16 units of 2^-11, and never a quarter of the values' size, which a wrong result would pass.
+// with floors of 16 units of 2^-11 (bf16: 2^16, 16 units of 2^-8), and never a quarter of the values' size,
+// which a wrong result would pass.
 TEST(SelfCheck, TheBoundsFollowThePrecision) {
   const PrecisionBounds fp32 = precision_bounds(models::Precision::kFp32);
   EXPECT_EQ(fp32.error_scale, 1.0);
@@ -104,6 +105,10 @@ TEST(SelfCheck, TheBoundsFollowThePrecision) {
   EXPECT_DOUBLE_EQ(reference_bound(tf32, 1e-8, 1.0), 16.0 / 2048);                // the floor
   EXPECT_DOUBLE_EQ(reference_bound(tf32, 1e-6, 1.0), 16 * 8192 * 1e-6);           // the CPU's error, scaled
   EXPECT_DOUBLE_EQ(reference_bound(tf32, 1e-4, 3.0), kLargestRelativeError * 3);  // the ceiling
+  const PrecisionBounds bf16 = precision_bounds(models::Precision::kBf16);
+  EXPECT_EQ(bf16.error_scale, 65536.0);
+  EXPECT_DOUBLE_EQ(bf16.relative_floor, 16.0 / 256);
+  EXPECT_DOUBLE_EQ(bf16.consistency, 16.0 / 256);
 }
 
 // At tf32's looser bounds the CPU replica passes, and a wrong result still fails: two rows mixed up, or a

@@ -112,11 +112,11 @@ TEST(WeightMap, BlocksMustBeRowMajorFloats) {
   EXPECT_EQ(row_major_problem(matrix, 8, 5, "w_ih gate 0"), "");
   BlockDescription padded = matrix;
   padded.strides[1] = 8;
-  EXPECT_NE(
-      row_major_problem(padded, 8, 5, "w_ih gate 0").find("w_ih gate 0 is not a row-major float [8, 5]"),
-      std::string::npos);
+  EXPECT_NE(row_major_problem(padded, 8, 5, "w_ih gate 0")
+                .find("w_ih gate 0 is not a row-major [8, 5] of the data type"),
+            std::string::npos);
   BlockDescription half = matrix;
-  half.is_float = false;
+  half.of_data_type = false;
   EXPECT_NE(row_major_problem(half, 8, 5, "w"), "");
   const BlockDescription bias{true, 3, {1, 8, 1}, {8, 1, 1}};
   EXPECT_EQ(row_major_problem(bias, 8, 1, "bias"), "");
