@@ -13,6 +13,7 @@
 //   build/benchmarks/cudnn_floor_bench --batch 256 --math default --algo persist_small_h --replica
 //   build/benchmarks/cudnn_floor_bench --batch 32 --io packed     # the layout PyTorch uses
 //   build/benchmarks/cudnn_floor_bench --batch 128 --seq 200 --cell gru --bidirectional
+//   build/benchmarks/cudnn_floor_bench --batch 128 --data bf16 --replica   # model.precision = bf16
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "engine/base/errors.h"
+#include "engine/base/float16.h"
 #include "models/cuda_replica.h"
 #include "models/initializers.h"
 #include "models/replica.h"
@@ -73,6 +75,7 @@ struct Options {
   int batch = 32, seq = 80, embed = 128, hidden = 128, layers = 1, vocab = 20000;
   int warmup = 10, iters = 50;
   std::string math = "fma";
+  std::string data = "float";  // float, or bf16 (bfloat16 data and weights, tensor-op math)
   std::string algo = "standard";
   std::string io = "padded";
   std::string cell = "lstm";
@@ -80,6 +83,8 @@ struct Options {
   bool replica = false;
 
   int directions() const { return bidirectional ? 2 : 1; }
+  bool bf16() const { return data == "bf16"; }
+  std::size_t element_bytes() const { return bf16() ? sizeof(uint16_t) : sizeof(float); }
 };
 
 std::size_t to_size(int v) {
@@ -92,13 +97,18 @@ void* device_alloc(std::size_t bytes) {
   return p;
 }
 
-// Uniform(-0.1, 0.1) floats into device memory.
-void fill_random(void* device, std::size_t count, uint64_t seed) {
+// Uniform(-0.1, 0.1) floats, or their bfloat16 bits, into device memory.
+void fill_random(void* device, std::size_t count, uint64_t seed, bool bf16) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> dist(-0.1f, 0.1f);
   std::vector<float> host(count);
   for (auto& x : host) x = dist(rng);
-  CHECK(cudaMemcpy(device, host.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+  std::vector<uint16_t> bits;
+  if (bf16) {
+    for (const float x : host) bits.push_back(ddp::float_to_bfloat16(x));
+  }
+  CHECK(cudaMemcpy(device, bf16 ? static_cast<const void*>(bits.data()) : host.data(),
+                   count * (bf16 ? sizeof(uint16_t) : sizeof(float)), cudaMemcpyHostToDevice));
   // From pageable memory the copy may return before its DMA lands; the stream below is non-blocking.
   CHECK(cudaDeviceSynchronize());
 }
@@ -112,9 +122,12 @@ double floor_ms(const Options& o) {
   cudnnDropoutDescriptor_t dropout = nullptr;
   CHECK(cudnnCreateDropoutDescriptor(&dropout));
   CHECK(cudnnSetDropoutDescriptor(dropout, handle, 0.0f, nullptr, 0, 0));
-  const cudnnMathType_t math = o.math == "default"  ? CUDNN_DEFAULT_MATH
-                               : o.math == "tensor" ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
-                                                    : CUDNN_FMA_MATH;
+  // bf16 as the replica sets it up (model.precision = bf16): tensor-op math, float32 mathPrec.
+  const cudnnMathType_t math = o.bf16()              ? CUDNN_TENSOR_OP_MATH
+                               : o.math == "default" ? CUDNN_DEFAULT_MATH
+                               : o.math == "tensor"  ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
+                                                     : CUDNN_FMA_MATH;
+  const cudnnDataType_t data = o.bf16() ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
   const ddp::models::RnnAlgorithm requested = ddp::models::parse_rnn_algorithm(o.algo, "--algo");
   const cudnnRNNAlgo_t algo =
       requested == ddp::models::RnnAlgorithm::kPersistStaticSmallH ? CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H
@@ -129,7 +142,7 @@ double floor_ms(const Options& o) {
   CHECK(cudnnCreateRNNDescriptor(&rnn));
   CHECK_SUPPORTED(cudnnSetRNNDescriptor_v8(
       rnn, algo, o.cell == "gru" ? CUDNN_GRU : CUDNN_LSTM, CUDNN_RNN_DOUBLE_BIAS,
-      o.bidirectional ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT,
+      o.bidirectional ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, data,
       CUDNN_DATA_FLOAT, math, o.embed, o.hidden, o.hidden, o.layers, dropout,
       padded ? CUDNN_RNN_PADDED_IO_ENABLED : CUDNN_RNN_PADDED_IO_DISABLED));
 
@@ -138,17 +151,15 @@ double floor_ms(const Options& o) {
   cudnnRNNDataDescriptor_t y_desc = nullptr;
   CHECK(cudnnCreateRNNDataDescriptor(&x_desc));
   CHECK(cudnnCreateRNNDataDescriptor(&y_desc));
-  CHECK(cudnnSetRNNDataDescriptor(x_desc, CUDNN_DATA_FLOAT, layout, o.seq, o.batch, o.embed, lengths.data(),
-                                  nullptr));
+  CHECK(cudnnSetRNNDataDescriptor(x_desc, data, layout, o.seq, o.batch, o.embed, lengths.data(), nullptr));
   // y holds both directions' outputs side by side.
   const int y_width = o.directions() * o.hidden;
-  CHECK(cudnnSetRNNDataDescriptor(y_desc, CUDNN_DATA_FLOAT, layout, o.seq, o.batch, y_width, lengths.data(),
-                                  nullptr));
+  CHECK(cudnnSetRNNDataDescriptor(y_desc, data, layout, o.seq, o.batch, y_width, lengths.data(), nullptr));
   cudnnTensorDescriptor_t state = nullptr;
   CHECK(cudnnCreateTensorDescriptor(&state));
   const int dims[3] = {o.layers * o.directions(), o.batch, o.hidden};
   const int strides[3] = {o.batch * o.hidden, o.hidden, 1};
-  CHECK(cudnnSetTensorNdDescriptor(state, CUDNN_DATA_FLOAT, 3, dims, strides));
+  CHECK(cudnnSetTensorNdDescriptor(state, data, 3, dims, strides));
 
   std::size_t weight_bytes = 0, work_bytes = 0, reserve_bytes = 0;
   CHECK_SUPPORTED(cudnnGetRNNWeightSpaceSize(handle, rnn, &weight_bytes));
@@ -159,16 +170,16 @@ double floor_ms(const Options& o) {
   void* d_weights = device_alloc(weight_bytes);
   void* work = device_alloc(work_bytes);
   void* reserve = device_alloc(reserve_bytes);
-  void* x = device_alloc(rows * to_size(o.embed) * sizeof(float));
-  void* dx = device_alloc(rows * to_size(o.embed) * sizeof(float));
-  void* y = device_alloc(rows * to_size(y_width) * sizeof(float));
-  void* dy = device_alloc(rows * to_size(y_width) * sizeof(float));
+  void* x = device_alloc(rows * to_size(o.embed) * o.element_bytes());
+  void* dx = device_alloc(rows * to_size(o.embed) * o.element_bytes());
+  void* y = device_alloc(rows * to_size(y_width) * o.element_bytes());
+  void* dy = device_alloc(rows * to_size(y_width) * o.element_bytes());
   auto* seq_lengths = static_cast<int32_t*>(device_alloc(lengths.size() * sizeof(int32_t)));
   CHECK(cudaMemcpy(seq_lengths, lengths.data(), lengths.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   CHECK(cudaDeviceSynchronize());  // as in fill_random
-  fill_random(weights, weight_bytes / sizeof(float), 1);
-  fill_random(x, rows * to_size(o.embed), 2);
-  fill_random(dy, rows * to_size(y_width), 3);
+  fill_random(weights, weight_bytes / o.element_bytes(), 1, o.bf16());
+  fill_random(x, rows * to_size(o.embed), 2, o.bf16());
+  fill_random(dy, rows * to_size(y_width), 3, o.bf16());
 
   auto step = [&] {
     CHECK_SUPPORTED(cudnnRNNForward(handle, rnn, CUDNN_FWD_MODE_TRAINING, seq_lengths, x_desc, x, y_desc, y,
@@ -216,7 +227,12 @@ double replica_ms(const Options& o) {
   ddp::models::ModelShape shape{o.vocab, o.embed, o.hidden, o.layers};
   shape.cell = o.cell == "gru" ? ddp::models::Cell::kGru : ddp::models::Cell::kLstm;
   shape.bidirectional = o.bidirectional;
-  auto replica = ddp::models::make_cuda_replica(shape, 0, ddp::models::parse_rnn_algorithm(o.algo, "--algo"));
+  ddp::models::ModelOptions options;
+  options.precision = o.bf16()              ? ddp::models::Precision::kBf16
+                      : o.math == "default" ? ddp::models::Precision::kTf32
+                                            : ddp::models::Precision::kFp32;
+  auto replica =
+      ddp::models::make_cuda_replica(shape, 0, ddp::models::parse_rnn_algorithm(o.algo, "--algo"), options);
   std::vector<float> params(replica->layout().total_size());
   ddp::models::initialize_keras(replica->layout(), params, 1);
   replica->copy_params_from_host(params);
@@ -266,6 +282,8 @@ int main(int argc, char** argv) {
       "math", po::value(&o.math)->default_value(o.math),
       "the floor's cuDNN math: fma (fp32, as the replica), default (TF32 allowed on sm_80+) or tensor "
       "(tensor cores, fp32 data converted down)")(
+      "data", po::value(&o.data)->default_value(o.data),
+      "the data and weights' type: float, or bf16 (bfloat16 with tensor-op math, as model.precision = bf16)")(
       "algo", po::value(&o.algo)->default_value(o.algo),
       "cuDNN's RNN algorithm: standard, persist_small_h or persist_static (the replica's too)")(
       "io", po::value(&o.io)->default_value(o.io),
@@ -289,11 +307,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (o.batch <= 0 || o.seq <= 0 || o.embed <= 0 || o.hidden <= 0 || o.layers <= 0 || o.iters <= 0 ||
-      o.warmup < 0 || (o.math != "fma" && o.math != "default" && o.math != "tensor") || o.algo == "auto" ||
-      (o.io != "packed" && o.io != "padded") || (o.cell != "lstm" && o.cell != "gru")) {
+      o.warmup < 0 || (o.math != "fma" && o.math != "default" && o.math != "tensor") ||
+      (o.data != "float" && o.data != "bf16") || o.algo == "auto" || (o.io != "packed" && o.io != "padded") ||
+      (o.cell != "lstm" && o.cell != "gru")) {
     std::cerr
-        << "cudnn_floor_bench: every size must be positive, --math one of fma, default, tensor, --io packed "
-           "or padded, --cell lstm or gru and --algo a named algorithm\n";
+        << "cudnn_floor_bench: every size must be positive, --math one of fma, default, tensor, --data float "
+           "or bf16, --io packed or padded, --cell lstm or gru and --algo a named algorithm\n";
     return 2;
   }
   try {

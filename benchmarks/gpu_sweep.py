@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Every model shape side by side on one GPU: for each shape, ddptrain's epoch, PyTorch's eager epoch and its
 epoch with the whole step in one CUDA graph (fp32, TF32 off on both; --precision tf32: TF32 on both, as
-ddptrain's model.precision = tf32 and PyTorch's allow_tf32), the cuDNN floor x steps, and the
+ddptrain's model.precision = tf32 and PyTorch's allow_tf32; --precision bf16: ddptrain's model.precision =
+bf16 against PyTorch's forward and loss under torch.autocast(dtype=bfloat16), TF32 off, and the floor with
+bfloat16 data), the cuDNN floor x steps, and the
 time from process start to the first step of both, against the targets (ddptrain's epoch at most 0.9x
 PyTorch's CUDA-graph epoch; at most 1.10x the cuDNN floor x steps at batch 128 or more; the first step
 within 5 s). Prints a Markdown table for benchmarks/RESULTS.md and writes WORK/sweep.csv.
 
     python3 benchmarks/gpu_sweep.py --ddptrain build/ddptrain --floor build/benchmarks/cudnn_floor_bench \\
         --work /tmp/sweep [--grid full|quick|tiny] [--part K/N] [--seconds 1.5] [--device cuda|cpu] \\
-        [--precision fp32|tf32]
+        [--precision fp32|tf32|bf16]
 
 Grids. full: LSTM and GRU; hidden 128, 256, 512, 1024 (embedding min(hidden, 256)); 1 and 2 layers; T 80
 and 200; batch 32, 128, 512; and a masked bidirectional 3-class GRU (hidden 128 and 256, T 200, every
@@ -30,6 +32,7 @@ the fastest algorithm cuDNN accepts for the shape (standard, persist_small_h, pe
 sequence full length.
 """
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -148,7 +151,7 @@ def torch_step_ms(torch, s, steps, graphed):
     def eager(i):
         xb, yb = batches[i % 8]
         optimizer.zero_grad(set_to_none=True)
-        model.loss(model(xb), yb).backward()
+        loss_of(torch, model, s, xb, yb).backward()
         optimizer.step()
 
     step = eager
@@ -159,13 +162,13 @@ def torch_step_ms(torch, s, steps, graphed):
         with torch.cuda.stream(side):  # warm-up before capture, as CUDA graphs require
             for _ in range(3):
                 optimizer.zero_grad(set_to_none=True)
-                model.loss(model(static_x), static_y).backward()
+                loss_of(torch, model, s, static_x, static_y).backward()
                 optimizer.step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         optimizer.zero_grad(set_to_none=True)
         with torch.cuda.graph(graph):
-            model.loss(model(static_x), static_y).backward()
+            loss_of(torch, model, s, static_x, static_y).backward()
             optimizer.step()
 
         def replay(i):
@@ -185,9 +188,22 @@ def torch_step_ms(torch, s, steps, graphed):
 
 
 def set_torch_precision(torch, precision):
-    """TF32 off for fp32 (the same arithmetic as ddptrain's fp32), on for tf32 (as ddptrain's tf32)."""
+    """TF32 off for fp32 (the same arithmetic as ddptrain's fp32) and bf16 (autocast's), on for tf32 (as
+    ddptrain's tf32)."""
     torch.backends.cudnn.allow_tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+
+
+def autocast(torch, precision):
+    """The context a PyTorch forward and loss run in: autocast to bfloat16 for bf16, else none."""
+    if precision == "bf16":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def loss_of(torch, model, s, x, y):
+    with autocast(torch, s["precision"]):
+        return model.loss(model(x), y)
 
 
 def torch_first_step_child(shape_json):
@@ -204,7 +220,7 @@ def torch_first_step_child(shape_json):
     torch.cuda.synchronize()
     print(f"first_step_at {time.time():.6f}", flush=True)
     optimizer.zero_grad(set_to_none=True)
-    model.loss(model(x[:s["batch"]]), y[:s["batch"]]).backward()
+    loss_of(torch, model, s, x[:s["batch"]], y[:s["batch"]]).backward()
     optimizer.step()
     torch.cuda.synchronize()
     return 0
@@ -232,7 +248,8 @@ def floor_ms(binary, s, iterations, precision):
         command = [binary, "--batch", str(s["batch"]), "--seq", str(s["seq"]), "--embed", str(s["embed"]),
                    "--hidden", str(s["hidden"]), "--layers", str(s["layers"]), "--cell", s["cell"], "--algo",
                    algo, "--warmup", "3", "--iters", str(iterations), "--math",
-                   "default" if precision == "tf32" else "fma"]
+                   "default" if precision == "tf32" else "fma", "--data",
+                   "bf16" if precision == "bf16" else "float"]
         if s["bidirectional"]:
             command.append("--bidirectional")
         run = subprocess.run(command, capture_output=True, text=True)
@@ -277,8 +294,8 @@ def main():
     parser.add_argument("--seconds", type=float, default=1.5, help="about how long each measurement runs")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--torch-start", choices=("some", "all", "none"), default="some")
-    parser.add_argument("--precision", choices=("fp32", "tf32"), default="fp32",
-                        help="the arithmetic of every side: fp32 (TF32 off) or tf32")
+    parser.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="fp32",
+                        help="the arithmetic of every side: fp32 (TF32 off), tf32, or bf16 (PyTorch: autocast)")
     parser.add_argument("--torch-first-step", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.torch_first_step:
@@ -355,7 +372,8 @@ def main():
         writer.writeheader()
         writer.writerows(rows)
 
-    print(f"Precision {args.precision} on every side (TF32 {'on' if args.precision == 'tf32' else 'off'}).\n")
+    print(f"Precision {args.precision} on every side (TF32 {'on' if args.precision == 'tf32' else 'off'}"
+          f"{'; PyTorch under autocast to bfloat16' if args.precision == 'bf16' else ''}).\n")
     print("| shape | batch | ddptrain epoch | PyTorch eager | PyTorch CUDA graph | cuDNN floor x steps | "
           f"ddptrain / graph (<= {TARGET_VS_GRAPH}) | ddptrain / floor (<= {TARGET_VS_FLOOR}, batch >= 128) | "
           f"start to first step, ddptrain (<= {TARGET_START_S:.0f} s) | start, PyTorch |")
