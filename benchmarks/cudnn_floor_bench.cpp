@@ -13,7 +13,7 @@
 //   build/benchmarks/cudnn_floor_bench --batch 256 --math default --algo persist_small_h --replica
 //   build/benchmarks/cudnn_floor_bench --batch 32 --io packed     # the layout PyTorch uses
 //   build/benchmarks/cudnn_floor_bench --batch 128 --seq 200 --cell gru --bidirectional
-//   build/benchmarks/cudnn_floor_bench --batch 128 --data bf16 --replica   # model.precision = bf16
+//   build/benchmarks/cudnn_floor_bench --batch 128 --data bf16 --replica   # model.precision = bf16 (or fp16)
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
@@ -75,7 +75,7 @@ struct Options {
   int batch = 32, seq = 80, embed = 128, hidden = 128, layers = 1, vocab = 20000;
   int warmup = 10, iters = 50;
   std::string math = "fma";
-  std::string data = "float";  // float, or bf16 (bfloat16 data and weights, tensor-op math)
+  std::string data = "float";  // float, bf16 or fp16 (16-bit data and weights, tensor-op math)
   std::string algo = "standard";
   std::string io = "padded";
   std::string cell = "lstm";
@@ -83,8 +83,8 @@ struct Options {
   bool replica = false;
 
   int directions() const { return bidirectional ? 2 : 1; }
-  bool bf16() const { return data == "bf16"; }
-  std::size_t element_bytes() const { return bf16() ? sizeof(uint16_t) : sizeof(float); }
+  bool sixteen() const { return data == "bf16" || data == "fp16"; }
+  std::size_t element_bytes() const { return sixteen() ? sizeof(uint16_t) : sizeof(float); }
 };
 
 std::size_t to_size(int v) {
@@ -97,18 +97,20 @@ void* device_alloc(std::size_t bytes) {
   return p;
 }
 
-// Uniform(-0.1, 0.1) floats, or their bfloat16 bits, into device memory.
-void fill_random(void* device, std::size_t count, uint64_t seed, bool bf16) {
+// Uniform(-0.1, 0.1) floats, or their bfloat16 or half bits (`data`), into device memory.
+void fill_random(void* device, std::size_t count, uint64_t seed, const std::string& data) {
+  const bool bf16 = data == "bf16";
+  const bool sixteen = bf16 || data == "fp16";
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> dist(-0.1f, 0.1f);
   std::vector<float> host(count);
   for (auto& x : host) x = dist(rng);
   std::vector<uint16_t> bits;
-  if (bf16) {
-    for (const float x : host) bits.push_back(ddp::float_to_bfloat16(x));
+  if (sixteen) {
+    for (const float x : host) bits.push_back(bf16 ? ddp::float_to_bfloat16(x) : ddp::float_to_half(x));
   }
-  CHECK(cudaMemcpy(device, bf16 ? static_cast<const void*>(bits.data()) : host.data(),
-                   count * (bf16 ? sizeof(uint16_t) : sizeof(float)), cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(device, sixteen ? static_cast<const void*>(bits.data()) : host.data(),
+                   count * (sixteen ? sizeof(uint16_t) : sizeof(float)), cudaMemcpyHostToDevice));
   // From pageable memory the copy may return before its DMA lands; the stream below is non-blocking.
   CHECK(cudaDeviceSynchronize());
 }
@@ -121,13 +123,16 @@ double floor_ms(const Options& o) {
   CHECK(cudnnSetStream(handle, stream));
   cudnnDropoutDescriptor_t dropout = nullptr;
   CHECK(cudnnCreateDropoutDescriptor(&dropout));
-  CHECK(cudnnSetDropoutDescriptor(dropout, handle, 0.0f, nullptr, 0, 0));
-  // bf16 as the replica sets it up (model.precision = bf16): tensor-op math, float32 mathPrec.
-  const cudnnMathType_t math = o.bf16()              ? CUDNN_TENSOR_OP_MATH
+  CHECK(cudnnSetDropoutDescriptor(dropout, handle, 0.0f, nullptr, 0,
+                                  0));  // 16 bits as the replica sets them up (model.precision = bf16, fp16):
+                                        // tensor-op math, float32 mathPrec.
+  const cudnnMathType_t math = o.sixteen()           ? CUDNN_TENSOR_OP_MATH
                                : o.math == "default" ? CUDNN_DEFAULT_MATH
                                : o.math == "tensor"  ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
                                                      : CUDNN_FMA_MATH;
-  const cudnnDataType_t data = o.bf16() ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+  const cudnnDataType_t data = o.data == "bf16"   ? CUDNN_DATA_BFLOAT16
+                               : o.data == "fp16" ? CUDNN_DATA_HALF
+                                                  : CUDNN_DATA_FLOAT;
   const ddp::models::RnnAlgorithm requested = ddp::models::parse_rnn_algorithm(o.algo, "--algo");
   const cudnnRNNAlgo_t algo =
       requested == ddp::models::RnnAlgorithm::kPersistStaticSmallH ? CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H
@@ -177,9 +182,9 @@ double floor_ms(const Options& o) {
   auto* seq_lengths = static_cast<int32_t*>(device_alloc(lengths.size() * sizeof(int32_t)));
   CHECK(cudaMemcpy(seq_lengths, lengths.data(), lengths.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   CHECK(cudaDeviceSynchronize());  // as in fill_random
-  fill_random(weights, weight_bytes / o.element_bytes(), 1, o.bf16());
-  fill_random(x, rows * to_size(o.embed), 2, o.bf16());
-  fill_random(dy, rows * to_size(y_width), 3, o.bf16());
+  fill_random(weights, weight_bytes / o.element_bytes(), 1, o.data);
+  fill_random(x, rows * to_size(o.embed), 2, o.data);
+  fill_random(dy, rows * to_size(y_width), 3, o.data);
 
   auto step = [&] {
     CHECK_SUPPORTED(cudnnRNNForward(handle, rnn, CUDNN_FWD_MODE_TRAINING, seq_lengths, x_desc, x, y_desc, y,
@@ -228,7 +233,8 @@ double replica_ms(const Options& o) {
   shape.cell = o.cell == "gru" ? ddp::models::Cell::kGru : ddp::models::Cell::kLstm;
   shape.bidirectional = o.bidirectional;
   ddp::models::ModelOptions options;
-  options.precision = o.bf16()              ? ddp::models::Precision::kBf16
+  options.precision = o.data == "fp16"      ? ddp::models::Precision::kFp16
+                      : o.data == "bf16"    ? ddp::models::Precision::kBf16
                       : o.math == "default" ? ddp::models::Precision::kTf32
                                             : ddp::models::Precision::kFp32;
   auto replica =
@@ -283,7 +289,7 @@ int main(int argc, char** argv) {
       "the floor's cuDNN math: fma (fp32, as the replica), default (TF32 allowed on sm_80+) or tensor "
       "(tensor cores, fp32 data converted down)")(
       "data", po::value(&o.data)->default_value(o.data),
-      "the data and weights' type: float, or bf16 (bfloat16 with tensor-op math, as model.precision = bf16)")(
+      "the data and weights' type: float, bf16 or fp16 (16 bits with tensor-op math, as model.precision)")(
       "algo", po::value(&o.algo)->default_value(o.algo),
       "cuDNN's RNN algorithm: standard, persist_small_h or persist_static (the replica's too)")(
       "io", po::value(&o.io)->default_value(o.io),
@@ -308,11 +314,11 @@ int main(int argc, char** argv) {
   }
   if (o.batch <= 0 || o.seq <= 0 || o.embed <= 0 || o.hidden <= 0 || o.layers <= 0 || o.iters <= 0 ||
       o.warmup < 0 || (o.math != "fma" && o.math != "default" && o.math != "tensor") ||
-      (o.data != "float" && o.data != "bf16") || o.algo == "auto" || (o.io != "packed" && o.io != "padded") ||
-      (o.cell != "lstm" && o.cell != "gru")) {
-    std::cerr
-        << "cudnn_floor_bench: every size must be positive, --math one of fma, default, tensor, --data float "
-           "or bf16, --io packed or padded, --cell lstm or gru and --algo a named algorithm\n";
+      (o.data != "float" && o.data != "bf16" && o.data != "fp16") || o.algo == "auto" ||
+      (o.io != "packed" && o.io != "padded") || (o.cell != "lstm" && o.cell != "gru")) {
+    std::cerr << "cudnn_floor_bench: every size must be positive, --math one of fma, default, tensor, --data "
+                 "float, "
+                 "bf16 or fp16, --io packed or padded, --cell lstm or gru and --algo a named algorithm\n";
     return 2;
   }
   try {

@@ -29,8 +29,8 @@
 #   sweep          (only when named in CHECKS: minutes) every shape against PyTorch eager, PyTorch with the
 #                  step in a CUDA graph and the cuDNN floor, with the start to the first step
 #                  (benchmarks/gpu_sweep.py; SWEEP_GRID full or quick, the default; SWEEP_PART K/N splits
-#                  it over calls; SWEEP_PRECISION fp32, the default, tf32 or bf16 on every side); SKIP without
-#                  PyTorch
+#                  it over calls; SWEEP_PRECISION fp32, the default, tf32, bf16 or fp16 on every side);
+#                  SKIP without PyTorch
 #   multi_gpu      (two or more GPUs; SKIP saying so on one) the quickstart on every GPU with comm.backend
 #                  nccl, once per comm.compression (none, bf16, fp16): every rank's self-check and NCCL
 #                  average check pass, val_acc >= 0.90, every epoch's replicas agree bit for bit (the run

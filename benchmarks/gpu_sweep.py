@@ -3,14 +3,15 @@
 epoch with the whole step in one CUDA graph (fp32, TF32 off on both; --precision tf32: TF32 on both, as
 ddptrain's model.precision = tf32 and PyTorch's allow_tf32; --precision bf16: ddptrain's model.precision =
 bf16 against PyTorch's forward and loss under torch.autocast(dtype=bfloat16), TF32 off, and the floor with
-bfloat16 data), the cuDNN floor x steps, and the
+bfloat16 data; --precision fp16 the same in float16, PyTorch with GradScaler, whose host check of each step
+no CUDA graph captures), the cuDNN floor x steps, and the
 time from process start to the first step of both, against the targets (ddptrain's epoch at most 0.9x
 PyTorch's CUDA-graph epoch; at most 1.10x the cuDNN floor x steps at batch 128 or more; the first step
 within 5 s). Prints a Markdown table for benchmarks/RESULTS.md and writes WORK/sweep.csv.
 
     python3 benchmarks/gpu_sweep.py --ddptrain build/ddptrain --floor build/benchmarks/cudnn_floor_bench \\
         --work /tmp/sweep [--grid full|quick|tiny] [--part K/N] [--seconds 1.5] [--device cuda|cpu] \\
-        [--precision fp32|tf32|bf16]
+        [--precision fp32|tf32|bf16|fp16]
 
 Grids. full: LSTM and GRU; hidden 128, 256, 512, 1024 (embedding min(hidden, 256)); 1 and 2 layers; T 80
 and 200; batch 32, 128, 512; and a masked bidirectional 3-class GRU (hidden 128 and 256, T 200, every
@@ -139,8 +140,8 @@ def torch_model(torch, s):
 def torch_step_ms(torch, s, steps, graphed):
     """Mean ms per training step over `steps`, eager or with the whole step (forward, loss, backward, Adam)
     replayed from one CUDA graph; None where the step cannot be captured."""
-    if graphed and s["masked"]:
-        return None
+    if graphed and (s["masked"] or s["precision"] == "fp16"):
+        return None  # packed sequences, or GradScaler's host check of every step
     model = torch_model(torch, s)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-7, capturable=graphed)
     generator = torch.Generator(device="cuda").manual_seed(1)
@@ -148,11 +149,19 @@ def torch_step_ms(torch, s, steps, graphed):
     x, y = torch_data(torch, s, batch * 8, "cuda", generator)
     batches = [(x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]) for i in range(8)]
 
+    scaler = torch.amp.GradScaler("cuda") if s["precision"] == "fp16" else None
+
     def eager(i):
         xb, yb = batches[i % 8]
         optimizer.zero_grad(set_to_none=True)
-        loss_of(torch, model, s, xb, yb).backward()
-        optimizer.step()
+        loss = loss_of(torch, model, s, xb, yb)
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:  # dynamic loss scaling, as ddptrain's fp16
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
 
     step = eager
     if graphed:
@@ -195,9 +204,11 @@ def set_torch_precision(torch, precision):
 
 
 def autocast(torch, precision):
-    """The context a PyTorch forward and loss run in: autocast to bfloat16 for bf16, else none."""
+    """The context a PyTorch forward and loss run in: autocast to bfloat16 or float16, else none."""
     if precision == "bf16":
         return torch.autocast("cuda", dtype=torch.bfloat16)
+    if precision == "fp16":
+        return torch.autocast("cuda", dtype=torch.float16)
     return contextlib.nullcontext()
 
 
@@ -249,7 +260,7 @@ def floor_ms(binary, s, iterations, precision):
                    "--hidden", str(s["hidden"]), "--layers", str(s["layers"]), "--cell", s["cell"], "--algo",
                    algo, "--warmup", "3", "--iters", str(iterations), "--math",
                    "default" if precision == "tf32" else "fma", "--data",
-                   "bf16" if precision == "bf16" else "float"]
+                   precision if precision in ("bf16", "fp16") else "float"]
         if s["bidirectional"]:
             command.append("--bidirectional")
         run = subprocess.run(command, capture_output=True, text=True)
@@ -294,8 +305,9 @@ def main():
     parser.add_argument("--seconds", type=float, default=1.5, help="about how long each measurement runs")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--torch-start", choices=("some", "all", "none"), default="some")
-    parser.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="fp32",
-                        help="the arithmetic of every side: fp32 (TF32 off), tf32, or bf16 (PyTorch: autocast)")
+    parser.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16"), default="fp32",
+                        help="the arithmetic of every side: fp32 (TF32 off), tf32, bf16 or fp16 (PyTorch: "
+                        "autocast, and GradScaler for fp16)")
     parser.add_argument("--torch-first-step", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.torch_first_step:
@@ -373,14 +385,15 @@ def main():
         writer.writerows(rows)
 
     print(f"Precision {args.precision} on every side (TF32 {'on' if args.precision == 'tf32' else 'off'}"
-          f"{'; PyTorch under autocast to bfloat16' if args.precision == 'bf16' else ''}).\n")
+          f"{'; PyTorch under autocast to ' + args.precision if args.precision in ('bf16', 'fp16') else ''}"
+          f"{', with GradScaler (no CUDA graph)' if args.precision == 'fp16' else ''}).\n")
     print("| shape | batch | ddptrain epoch | PyTorch eager | PyTorch CUDA graph | cuDNN floor x steps | "
           f"ddptrain / graph (<= {TARGET_VS_GRAPH}) | ddptrain / floor (<= {TARGET_VS_FLOOR}, batch >= 128) | "
           f"start to first step, ddptrain (<= {TARGET_START_S:.0f} s) | start, PyTorch |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         graph = text(r["graph_s"], " s") if r["graph_s"] is not None or r["eager_s"] is None else (
-            "not capturable (packed sequences)")
+            "not capturable (GradScaler)" if args.precision == "fp16" else "not capturable (packed sequences)")
         floor = text(r["floor_s"], " s") + (f" ({r['floor_algo']})" if r["floor_algo"] else "")
         start = r["ddptrain_start_s"]
         start_text = "n/a" if start is None else (f"**{start:.2f} s**" if start > TARGET_START_S else

@@ -100,7 +100,16 @@ BackendChoice choose_backend(const BackendRequest& request, HostGroup& group) {
     no_server = "lazy embedding updates (train.embedding_update = lazy) need the all-reduce";
   if (!shared_board.empty()) no_server = shared_board + ", which NCCL refuses; every rank still trains";
   if (request.delayed_exchange) no_server = "comm.overlap = delayed needs the all-reduce";
+  // fp16 scales the loss on GPU ranks only (CPU ranks compute in float32).
+  const bool skips_nonfinite = request.skips_nonfinite && gpu_ranks > 0;
+  if (skips_nonfinite) no_server = "model.precision = fp16 on GPU ranks needs the all-reduce";
   if (backend == "ps" || (backend == "auto" && no_server.empty())) {
+    if (skips_nonfinite) {
+      throw UserError(
+          "comm.backend = ps: model.precision = fp16 needs an all-reduce backend (mpi or nccl), whose ranks "
+          "all see the averaged gradient to skip a step that overflowed; use bf16, which needs no loss "
+          "scaling");
+    }
     if (request.lazy_update) {
       throw UserError(
           "comm.backend = ps: train.embedding_update = lazy needs an all-reduce backend (mpi or "

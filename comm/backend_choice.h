@@ -34,6 +34,10 @@ struct BackendRequest {
   // comm.overlap = delayed: the all-reduce, whose steps apply the last step's average (the parameter server
   // has its own way to let workers run ahead: ps_async); on CPU ranks only, for now.
   bool delayed_exchange = false;
+  // model.precision = fp16: where a rank is on a GPU, a step whose averaged gradient is not finite is skipped
+  // on every rank, which needs the all-reduce, whose ranks all hold that average (the parameter server's
+  // ranks do not).
+  bool skips_nonfinite = false;
 };
 
 struct BackendChoice {

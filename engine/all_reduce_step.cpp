@@ -20,16 +20,20 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 
 AllReduceStep::AllReduceStep(models::Replica& replica, comm::GradientReducer& reducer,
                              optim::Optimizer& optimizer, bool sparse_exchange, double clip_norm,
-                             bool delayed, bool gpu_job)
+                             bool delayed, bool gpu_job, bool skip_nonfinite)
     : replica_(replica),
       reducer_(reducer),
       optimizer_(optimizer),
       sparse_exchange_(sparse_exchange),
       clip_norm_(clip_norm),
+      skip_nonfinite_(skip_nonfinite),
       delayed_(delayed),
       order_(replica.layout().reduction_order(gpu_job)) {
   if (delayed_ && replica_.device() != models::DeviceKind::kCpu) {
     throw std::invalid_argument("AllReduceStep: the delayed exchange runs on CPU replicas");
+  }
+  if (delayed_ && skip_nonfinite_) {
+    throw std::invalid_argument("AllReduceStep: the delayed exchange does not skip steps");
   }
 }
 
@@ -85,7 +89,10 @@ void AllReduceStep::run(const BatchView& batch) {
   }
   const auto reduced = Clock::now();
 
-  apply(grads);
+  // fp16 overflowed on some rank: every rank holds the same average, so every rank skips alike.
+  const bool applies = !skip_nonfinite_ || replica_.gradients_finite();
+  if (applies) apply(grads);
+  if (skip_nonfinite_) replica_.after_update(applies);
 
   // The exchange wrote other ranks' rows into this rank's embedding gradient. Clear them, so that the
   // replica's promise (rows it did not touch are zero) holds at the next step.

@@ -27,8 +27,12 @@ class AllReduceStep {
   // optimizer where the gradient is, the same on every rank (Optimizer::step_clipped).
   // `delayed`: comm.overlap = delayed (above); the replica must be on the CPU. `gpu_job`: some rank of the
   // job runs on a GPU, which picks the order of the reductions (ParamLayout::reduction_order).
+  // `skip_nonfinite`: model.precision = fp16 somewhere in the job (dynamic loss scaling, models/
+  // loss_scale.h): a step whose averaged gradient is not finite is not applied, on every rank alike (they
+  // all hold the same average), and the replica hears of every step's fate (Replica::after_update).
   AllReduceStep(models::Replica& replica, comm::GradientReducer& reducer, optim::Optimizer& optimizer,
-                bool sparse_exchange, double clip_norm = 0, bool delayed = false, bool gpu_job = false);
+                bool sparse_exchange, double clip_norm = 0, bool delayed = false, bool gpu_job = false,
+                bool skip_nonfinite = false);
   // A step left with its exchange in flight (an error on this rank between steps) leaves the exchange's
   // buffer to the reducer, which MPI may still write into until the job ends.
   ~AllReduceStep();
@@ -54,6 +58,7 @@ class AllReduceStep {
   optim::Optimizer& optimizer_;
   bool sparse_exchange_;
   double clip_norm_;
+  bool skip_nonfinite_;
   // The optimizer on `grads`, averaged (with the embedding rows of embedding_rows_ where sparse).
   void apply(std::span<const float> grads);
   void run_delayed(const BatchView& batch);

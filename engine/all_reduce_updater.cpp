@@ -13,12 +13,12 @@ class AllReduceUpdater final : public Updater {
  public:
   AllReduceUpdater(models::Replica& replica, comm::HostGroup& trainers, comm::GradientReducer& reducer,
                    std::unique_ptr<optim::Optimizer> optimizer, bool sparse_exchange, double clip_norm,
-                   bool delayed, bool gpu_job)
+                   bool delayed, bool gpu_job, bool skip_nonfinite)
       : replica_(replica),
         comm_(trainers),
         reducer_(reducer),
         optimizer_(std::move(optimizer)),
-        step_(replica, reducer, *optimizer_, sparse_exchange, clip_norm, delayed, gpu_job) {}
+        step_(replica, reducer, *optimizer_, sparse_exchange, clip_norm, delayed, gpu_job, skip_nonfinite) {}
 
   std::string optimizer_name() const override { return optimizer_->name(); }
 
@@ -67,10 +67,11 @@ std::unique_ptr<optim::Optimizer> make_optimizer_for(models::Replica& replica, i
 std::unique_ptr<Updater> make_all_reduce_updater(models::Replica& replica, int gpu, comm::HostGroup& trainers,
                                                  comm::GradientReducer& reducer,
                                                  const optim::OptimizerSettings& settings,
-                                                 bool sparse_exchange, bool delayed, bool gpu_job) {
+                                                 bool sparse_exchange, bool delayed, bool gpu_job,
+                                                 bool skip_nonfinite) {
   return std::make_unique<AllReduceUpdater>(replica, trainers, reducer,
                                             make_optimizer_for(replica, gpu, settings), sparse_exchange,
-                                            settings.clip_norm, delayed, gpu_job);
+                                            settings.clip_norm, delayed, gpu_job, skip_nonfinite);
 }
 
 }  // namespace ddp::engine

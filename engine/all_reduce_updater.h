@@ -16,11 +16,12 @@ namespace ddp::engine {
 // its gradients over the ranks of `trainers`, which the starting point is broadcast over. With
 // `sparse_exchange` only the embedding rows some rank touched travel (comm.sparse_embedding); `delayed`:
 // comm.overlap = delayed (all_reduce_step.h), each run of steps ending with the last gradient applied;
-// `gpu_job`: some rank of the job runs on a GPU (the reductions' order).
+// `gpu_job`: some rank of the job runs on a GPU (the reductions' order); `skip_nonfinite`: model.precision =
+// fp16 (a step whose average is not finite is skipped, all_reduce_step.h).
 std::unique_ptr<Updater> make_all_reduce_updater(models::Replica& replica, int gpu, comm::HostGroup& trainers,
                                                  comm::GradientReducer& reducer,
                                                  const optim::OptimizerSettings& settings,
                                                  bool sparse_exchange, bool delayed = false,
-                                                 bool gpu_job = false);
+                                                 bool gpu_job = false, bool skip_nonfinite = false);
 
 }  // namespace ddp::engine

@@ -94,11 +94,13 @@ void visit_keys(C& c, Visitor&& key) {
       one_of("auto, standard, persist_small_h, persist_static"),
       "GPU: cuDNN's LSTM algorithm: auto (persistent small-hidden kernels where cuDNN has them, else "
       "standard), standard, persist_small_h or persist_static");
-  key("model", "precision", c.model.precision, one_of("fp32, tf32, bf16"),
+  key("model", "precision", c.model.precision, one_of("fp32, tf32, bf16, fp16"),
       "GPU: the recurrent layers' arithmetic: fp32 (float32 products, the CPU replica's), tf32 (tensor cores "
-      "on sm_80 and newer, inputs rounded to 10 mantissa bits, sums in float32; as PyTorch's allow_tf32) or "
-      "bf16 (bfloat16 data and weights in cuDNN 9.13 and newer on sm_80 and newer, float32 sums). "
-      "Parameters, gradients and the optimizer stay float32; CPU ranks compute in float32");
+      "on sm_80 and newer, inputs rounded to 10 mantissa bits, sums in float32; as PyTorch's allow_tf32), "
+      "bf16 (bfloat16 data and weights in cuDNN 9.13 and newer on sm_80 and newer, float32 sums) or fp16 "
+      "(IEEE half on sm_70 and newer, float32 sums, dynamic loss scaling: a step that overflows is skipped "
+      "on every rank; all-reduce backends only). Parameters, gradients and the optimizer stay float32; CPU "
+      "ranks compute in float32");
   key("train", "batch_size", c.train.batch_size, "1 or more",
       "samples per step on each rank (global batch = ranks x this)");
   key("train", "epochs", c.train.epochs, "1 or more", "passes over the training split");

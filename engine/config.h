@@ -36,7 +36,7 @@ struct Config {
     double embedding_dropout = 0;
     std::string cudnn_rnn_algo = "auto";  // auto | standard | persist_small_h | persist_static (GPU only)
     std::string cpu_kernels = "auto";     // auto | builtin | onednn | onednn_gemm | packed (CPU RNN)
-    std::string precision = "fp32";       // fp32 | tf32 | bf16: a GPU's recurrent arithmetic (CPUs: float32)
+    std::string precision = "fp32";       // fp32 | tf32 | bf16 | fp16: a GPU's recurrent math (CPUs: float32)
   } model;
 
   struct Train {

@@ -49,6 +49,15 @@ void EpochRecorder::add_run_facts(EpochMetrics& m) {
   m.device = ranks_.topology.device;
   if (!first_step_reported_) m.start_to_first_step_s = start_to_first_step_s_;
   first_step_reported_ = true;
+  // The loss scale of the ranks that scale (fp16 on a GPU), which every such rank holds alike.
+  const bool scales = replica_.loss_scale() != 1.0f || replica_.skipped_steps() > 0;
+  std::vector<double> scaling{scales ? 1.0 : 0.0, scales ? replica_.loss_scale() : 0.0,
+                              scales ? static_cast<double>(replica_.skipped_steps()) : 0.0};
+  ranks_.comm.sum(scaling);
+  if (scaling[0] > 0) {
+    m.loss_scale = scaling[1] / scaling[0];
+    m.skipped_steps = static_cast<int64_t>(scaling[2] / scaling[0]);
+  }
   GpuSample sample;
   if (gpu_monitor_) sample = gpu_monitor_->take();
   const bool have = sample.readings > 0;

@@ -60,6 +60,10 @@ std::string to_json(const EpochMetrics& m) {
     json::put_number(line, "gpu_util", m.gpu_util);
     json::put_number(line, "gpu_mem_mib", m.gpu_mem_mib);
   }
+  if (m.loss_scale >= 0) {
+    json::put_number(line, "loss_scale", m.loss_scale);
+    line["skipped_steps"] = m.skipped_steps;
+  }
   if (!m.parameters_checksum.empty()) line["parameters_checksum"] = m.parameters_checksum;
   return line.dump();
 }

@@ -42,6 +42,10 @@ struct EpochMetrics {
   // GPU ranks through NVML (engine/gpu_monitor.h), averaged over the ranks that report; -1 when none does.
   double gpu_util = -1;     // mean utilization over the epoch, %
   double gpu_mem_mib = -1;  // peak memory used during the epoch
+  // model.precision = fp16 on GPU ranks: the loss scale at the epoch's end and the steps skipped so far for
+  // a gradient that overflowed (models/loss_scale.h), the same on every such rank; -1 elsewhere.
+  double loss_scale = -1;
+  int64_t skipped_steps = -1;
   // parameters_checksum() of the parameters at the epoch's end, the same on every training rank (checked).
   std::string parameters_checksum;
 };

@@ -93,6 +93,17 @@ GeneratedBatch rows_of(const GeneratedBatch& data, int seq, int first, int rows)
   return out;
 }
 
+// One train_step of the checked replica. One that scales its loss (fp16) may overflow at its first scale: as
+// in training, the step is skipped (its stats dropped) and taken again at half the scale, until finite.
+void train_checked(models::Replica& replica, const BatchView& batch) {
+  replica.train_step(batch, {});
+  for (int tries = 0; tries < 32 && replica.loss_scale() > 1.0f && !replica.gradients_finite(); ++tries) {
+    replica.take_stats();
+    replica.after_update(false);
+    replica.train_step(batch, {});
+  }
+}
+
 // `gpu` against the float64 `reference`, with the bound derived from the float32 CPU's error (self_check.h).
 // `what` names the compared quantity for the failure line.
 template <typename GpuValues, typename CpuValues, typename ReferenceValues>
@@ -159,7 +170,7 @@ void compare_slice(models::Replica& gpu, int device, models::Replica& cpu,
 
   gpu.take_stats();
   cpu.take_stats();
-  gpu.train_step(on_gpu, {});
+  train_checked(gpu, on_gpu);
   cpu.train_step(on_host, {});
   const models::BatchStats gpu_stats = gpu.take_stats();
   const models::BatchStats cpu_stats = cpu.take_stats();
@@ -240,7 +251,7 @@ std::pair<double, std::vector<float>> train_rows(models::Replica& gpu, int devic
   const OnReplica tokens(gpu, device, data.tokens.data(), data.tokens.size() * sizeof(int32_t));
   const OnReplica labels(gpu, device, data.labels.data(), data.labels.size() * sizeof(float));
   gpu.take_stats();
-  gpu.train_step({tokens.get<int32_t>(), labels.get<float>(), rows, seq, data.tokens.data()}, {});
+  train_checked(gpu, {tokens.get<int32_t>(), labels.get<float>(), rows, seq, data.tokens.data()});
   std::vector<float> grads(gpu.layout().total_size());
   gpu.copy_grads_to_host(grads);
   return {gpu.take_stats().loss_sum, std::move(grads)};

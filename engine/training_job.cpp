@@ -101,6 +101,7 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
     request.ps_async = config.comm.ps_mode == "async";
     request.lazy_update = config.train.embedding_update == "lazy";
     request.delayed_exchange = config.comm.overlap == "delayed";
+    request.skips_nonfinite = models::scales_loss(models::parse_precision(config.model.precision));
     backend = comm::choose_backend(request, boot);
   });
 
@@ -124,7 +125,9 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
       std::unique_ptr<Updater> updater = make_all_reduce_updater(
           *replica, topology.gpu, boot, *backend.reducer, optimizer_settings(config, steps),
           config.comm.sparse_embedding && backend.all_on_cpu, config.comm.overlap == "delayed",
-          /*gpu_job=*/!backend.all_on_cpu);
+          /*gpu_job=*/!backend.all_on_cpu,
+          /*skip_nonfinite=*/!backend.all_on_cpu &&
+              models::scales_loss(models::parse_precision(config.model.precision)));
       run = std::make_unique<TrainingRun>(
           config, TrainingRanks{boot, boot.size(), topology, watchdog, stop_signal}, data, std::move(replica),
           std::move(updater), backend.reason, epoch_written);

@@ -249,65 +249,75 @@ __global__ void dense_softmax_backward(const float* __restrict__ h_last, const f
 // space: canonical -> cuDNN before a forward, cuDNN -> canonical for the weight gradients.
 namespace {
 
-__device__ inline float as_float(float value) {
+__device__ inline float widen(float value, bool /*half*/) {
   return value;
 }
-__device__ inline float as_float(Bf16Bits value) {
-  return bfloat16_to_float(value);
+__device__ inline float widen(SixteenBits value, bool half) {
+  return half ? half_to_float(value) : bfloat16_to_float(value);
 }
-template <typename Target>
-__device__ inline Target from_float(float value);
-template <>
-__device__ inline float from_float<float>(float value) {
-  return value;
+__device__ inline void narrow(float value, bool /*half*/, float& to) {
+  to = value;
 }
-template <>
-__device__ inline Bf16Bits from_float<Bf16Bits>(float value) {
-  return float_to_bfloat16(value);
+__device__ inline void narrow(float value, bool half, SixteenBits& to) {
+  to = half ? float_to_half(value) : float_to_bfloat16(value);
 }
 
-}  // namespace
-
-// One run of copy_weight_runs' table per blockIdx.y, converting each element.
+// One run of a weight table per blockIdx.y, each element converted and scaled.
 template <typename Source, typename Target>
 __device__ void copy_runs(const WeightRun* __restrict__ runs, const Source* __restrict__ source,
-                          Target* __restrict__ target, bool to_cudnn) {
+                          Target* __restrict__ target, bool to_cudnn, bool half, float scale) {
   const WeightRun run = runs[blockIdx.y];
   const std::size_t from = to_cudnn ? run.canonical : run.cudnn;
   const std::size_t to = to_cudnn ? run.cudnn : run.canonical;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < run.count;
        i += stride) {
-    target[to + i] = from_float<Target>(as_float(source[from + i]));
+    narrow(widen(source[from + i], half) * scale, half, target[to + i]);
   }
 }
+
+}  // namespace
 
 __global__ void copy_weight_runs(const WeightRun* __restrict__ runs, const float* __restrict__ source,
                                  float* __restrict__ target, bool to_cudnn) {
-  copy_runs(runs, source, target, to_cudnn);
+  copy_runs(runs, source, target, to_cudnn, false, 1.0f);
 }
 
-__global__ void gather_weight_runs_bf16(const WeightRun* __restrict__ runs,
-                                        const float* __restrict__ canonical, Bf16Bits* __restrict__ space) {
-  copy_runs(runs, canonical, space, /*to_cudnn=*/true);
+__global__ void gather_weight_runs_16(const WeightRun* __restrict__ runs, const float* __restrict__ canonical,
+                                      SixteenBits* __restrict__ space, bool half) {
+  copy_runs(runs, canonical, space, /*to_cudnn=*/true, half, 1.0f);
 }
 
-__global__ void scatter_weight_runs_bf16(const WeightRun* __restrict__ runs,
-                                         const Bf16Bits* __restrict__ space, float* __restrict__ canonical) {
-  copy_runs(runs, space, canonical, /*to_cudnn=*/false);
+__global__ void scatter_weight_runs_16(const WeightRun* __restrict__ runs,
+                                       const SixteenBits* __restrict__ space, float* __restrict__ canonical,
+                                       bool half, float scale) {
+  copy_runs(runs, space, canonical, /*to_cudnn=*/false, half, scale);
 }
 
-__global__ void to_bf16(const float* __restrict__ from, Bf16Bits* __restrict__ to, std::size_t n) {
+__global__ void to_sixteen(const float* __restrict__ from, SixteenBits* __restrict__ to, std::size_t n,
+                           bool half, float scale) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    to[i] = float_to_bfloat16(from[i]);
+    narrow(from[i] * scale, half, to[i]);
   }
 }
 
-__global__ void from_bf16(const Bf16Bits* __restrict__ from, float* __restrict__ to, std::size_t n) {
+__global__ void from_sixteen(const SixteenBits* __restrict__ from, float* __restrict__ to, std::size_t n,
+                             bool half, float scale) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    to[i] = bfloat16_to_float(from[i]);
+    to[i] = widen(from[i], half) * scale;
+  }
+}
+
+__global__ void flag_nonfinite(const float* __restrict__ values, std::size_t n,
+                               unsigned int* __restrict__ flag) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if (!isfinite(values[i])) {
+      *flag = 1u;  // any writer's 1 will do
+      return;
+    }
   }
 }
 

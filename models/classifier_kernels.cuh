@@ -98,22 +98,32 @@ __global__ void dense_softmax_backward(const float* __restrict__ h_last, const f
                                        float* __restrict__ d_b, float* __restrict__ dy_last, int batch,
                                        int hidden, int classes);
 
-// model.precision = bf16: cuDNN's recurrent layers read and write bfloat16, held as its bits (engine/base/
-// float16.h's casts, tested on the host); the replica's own kernels and buffers stay float.
-using Bf16Bits = uint16_t;
+// model.precision = bf16 | fp16: cuDNN's recurrent layers read and write 16-bit data, held as its bits
+// (engine/base/float16.h's casts, tested on the host): bfloat16, or IEEE half where `half`. The replica's own
+// kernels and buffers stay float.
+using SixteenBits = uint16_t;
 
 // Copies every run of the table (blockIdx.y picks the run) between the canonical buffer and cuDNN's weight
-// space: canonical -> cuDNN before a forward, cuDNN -> canonical for the weight gradients. The bf16 ones
-// convert on the way (float -> bfloat16 rounds to nearest even; back is exact).
+// space: canonical -> cuDNN before a forward, cuDNN -> canonical for the weight gradients. The 16-bit ones
+// convert on the way (float -> 16 bits rounds to nearest even; back is exact, then times `scale`: fp16's
+// 1 / loss scale).
 __global__ void copy_weight_runs(const WeightRun* __restrict__ runs, const float* __restrict__ source,
                                  float* __restrict__ target, bool to_cudnn);
-__global__ void gather_weight_runs_bf16(const WeightRun* __restrict__ runs,
-                                        const float* __restrict__ canonical, Bf16Bits* __restrict__ space);
-__global__ void scatter_weight_runs_bf16(const WeightRun* __restrict__ runs,
-                                         const Bf16Bits* __restrict__ space, float* __restrict__ canonical);
+__global__ void gather_weight_runs_16(const WeightRun* __restrict__ runs, const float* __restrict__ canonical,
+                                      SixteenBits* __restrict__ space, bool half);
+__global__ void scatter_weight_runs_16(const WeightRun* __restrict__ runs,
+                                       const SixteenBits* __restrict__ space, float* __restrict__ canonical,
+                                       bool half, float scale);
 
-// n elements, float -> bfloat16 (to nearest even) or bfloat16 -> float (exact).
-__global__ void to_bf16(const float* __restrict__ from, Bf16Bits* __restrict__ to, std::size_t n);
-__global__ void from_bf16(const Bf16Bits* __restrict__ from, float* __restrict__ to, std::size_t n);
+// n elements: to[i] = 16-bit(from[i] x scale) (to nearest even), or to[i] = float(from[i]) x scale. The
+// scales are fp16's loss scale and its inverse, powers of two (exact); 1 otherwise.
+__global__ void to_sixteen(const float* __restrict__ from, SixteenBits* __restrict__ to, std::size_t n,
+                           bool half, float scale);
+__global__ void from_sixteen(const SixteenBits* __restrict__ from, float* __restrict__ to, std::size_t n,
+                             bool half, float scale);
+
+// *flag becomes nonzero if any of the n values is not finite (fp16's overflow check).
+__global__ void flag_nonfinite(const float* __restrict__ values, std::size_t n,
+                               unsigned int* __restrict__ flag);
 
 }  // namespace ddp::models::kernels

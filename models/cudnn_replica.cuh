@@ -77,6 +77,7 @@
 #include "models/cuda_replica.h"
 #include "models/cudnn_status.h"
 #include "models/dropout.h"
+#include "models/loss_scale.h"
 #include "models/sequence_mask.h"
 #include "models/weight_map.h"
 
@@ -90,7 +91,6 @@
 
 namespace ddp::models::cudnn_replica {
 
-using kernels::Bf16Bits;
 using kernels::copy_weight_runs;
 using kernels::dense_backward;
 using kernels::dense_forward;
@@ -101,15 +101,17 @@ using kernels::embedding_backward;
 using kernels::embedding_dropout;
 using kernels::embedding_forward;
 using kernels::fill_int32;
-using kernels::from_bf16;
+using kernels::flag_nonfinite;
+using kernels::from_sixteen;
 using kernels::gather_final_states;
-using kernels::gather_weight_runs_bf16;
+using kernels::gather_weight_runs_16;
 using kernels::kDenseThreads;
 using kernels::kThreads;
 using kernels::scatter_final_states;
-using kernels::scatter_weight_runs_bf16;
+using kernels::scatter_weight_runs_16;
 using kernels::sequence_starts;
-using kernels::to_bf16;
+using kernels::SixteenBits;
+using kernels::to_sixteen;
 
 // A persistent algorithm that cuDNN refused (a bad-parameter or not-supported status) for a call whose
 // support depends on the algorithm; the replica catches it and falls back or reports.
@@ -155,7 +157,7 @@ struct RnnPlan {
   DropoutDescriptor dropout;
   RnnDescriptor rnn;
   std::size_t weight_space_bytes = 0;
-  DeviceArray<std::byte> weight_space;  // of the replica's data type (float, or bfloat16 bits)
+  DeviceArray<std::byte> weight_space;  // of the replica's data type (float, or 16-bit)
   DeviceArray<std::byte> weight_grads;
   DeviceArray<WeightRun> weight_runs;
   unsigned int weight_run_count = 0;
@@ -196,6 +198,10 @@ class CudaReplica final : public Replica {
   void evaluate(const BatchView& batch) override;
   void predict(const BatchView& batch, std::span<float> probabilities) override;
   BatchStats take_stats() override;
+  bool gradients_finite() override;
+  void after_update(bool applied) override;
+  float loss_scale() const override { return half_ ? loss_scale_.scale() : 1.0f; }
+  int64_t skipped_steps() const override { return loss_scale_.skipped(); }
 
   bool try_shape(int batch, int seq) override;
   void settle_shape(int batch, int seq, bool preferred) override;
@@ -253,7 +259,9 @@ class CudaReplica final : public Replica {
   // The LSTM's parameters from the canonical buffer into a weight space of the plan's (of the data type),
   // and weight gradients from such a space into the canonical gradients, on the stream.
   void gather_weights(const RnnPlan& plan, const float* canonical, void* space, const char* what);
-  void scatter_weights(const RnnPlan& plan, const void* space, float* canonical, const char* what);
+  // `scale` multiplies the gradients on the way (fp16: 1 / loss scale).
+  void scatter_weights(const RnnPlan& plan, const void* space, float* canonical, float scale,
+                       const char* what);
   // What cuDNN reads and writes, of the data type: the float buffers below, or their 16-bit twins
   // (model.precision = bf16), which the replica converts to and from around cuDNN's calls.
   struct CudnnIo {
@@ -265,9 +273,9 @@ class CudaReplica final : public Replica {
     void* dhy;
   };
   CudnnIo cudnn_io();
-  // n floats into 16-bit `to`, or back, on the stream (bf16 only).
-  void to_sixteen_bit(const float* from, Bf16Bits* to, std::size_t n, const char* what);
-  void from_sixteen_bit(const Bf16Bits* from, float* to, std::size_t n, const char* what);
+  // n floats times `scale` into 16-bit `to`, or back, on the stream (bf16 and fp16 only).
+  void to_sixteen_bit(const float* from, SixteenBits* to, std::size_t n, float scale, const char* what);
+  void from_sixteen_bit(const SixteenBits* from, float* to, std::size_t n, float scale, const char* what);
   unsigned int blocks_for(std::size_t n) const;
   std::size_t h_size() const { return to_size(layout_.shape().hidden); }
   // Elements of h or c (and hy, dhy) for a batch: [L*D, B, H].
@@ -284,7 +292,8 @@ class CudaReplica final : public Replica {
   RnnAlgorithm requested_ = RnnAlgorithm::kAuto;
   bool masked_ = false;
   Precision precision_ = Precision::kFp32;  // model.precision: the math type of every plan's descriptor
-  bool sixteen_bit_ = false;                // bf16: cuDNN's data and weights are bfloat16
+  bool sixteen_bit_ = false;                // bf16, fp16: cuDNN's data and weights are 16-bit
+  bool half_ = false;                       // fp16: IEEE half (else bfloat16), with loss scaling
   cudnnDataType_t data_type_ = CUDNN_DATA_FLOAT;
   std::size_t element_bytes_ = sizeof(float);
   double dropout_ = 0;            // between stacked layers, by cuDNN (training only)
@@ -330,14 +339,14 @@ class CudaReplica final : public Replica {
   DeviceArray<float> final_states_;    // [B, D*H]: the dense layer's input gathered from hy_
   DeviceArray<float> d_final_states_;  // [B, D*H]
   DeviceArray<int32_t> starts_;        // [B]: masked, each row's first real step
-  // bf16: what cuDNN reads and writes in place of x_, dx_, y_, dy_, hy_ and dhy_. The dense layer then reads
-  // final_states_ (the last step of y, or the final states, converted) and writes d_final_states_.
-  DeviceArray<Bf16Bits> x16_;
-  DeviceArray<Bf16Bits> dx16_;
-  DeviceArray<Bf16Bits> y16_;
-  DeviceArray<Bf16Bits> dy16_;
-  DeviceArray<Bf16Bits> hy16_;
-  DeviceArray<Bf16Bits> dhy16_;
+  // bf16, fp16: what cuDNN reads and writes in place of x_, dx_, y_, dy_, hy_ and dhy_. The dense layer then
+  // reads final_states_ (the last step of y, or the final states, converted) and writes d_final_states_.
+  DeviceArray<SixteenBits> x16_;
+  DeviceArray<SixteenBits> dx16_;
+  DeviceArray<SixteenBits> y16_;
+  DeviceArray<SixteenBits> dy16_;
+  DeviceArray<SixteenBits> hy16_;
+  DeviceArray<SixteenBits> dhy16_;
   std::vector<int> host_lengths_;  // [B]: masked, this batch's lengths for the descriptors
   // What cuDNN writes into y past a masked sequence's end (CUDNN_RNN_PADDED_IO_ENABLED); its API takes a
   // non-const pointer.
@@ -352,6 +361,11 @@ class CudaReplica final : public Replica {
   DeviceArray<unsigned int> bad_token_;
   PinnedValue<DeviceStats> host_stats_;
   PinnedValue<unsigned int> host_bad_token_;
+  // fp16: the loss scale (host: the trainer's verdict on each step comes before the next step's kernels),
+  // and the flag of a gradient that is not finite.
+  LossScale loss_scale_;
+  DeviceArray<unsigned int> nonfinite_;
+  PinnedValue<unsigned int> host_nonfinite_;
   int64_t count_ = 0;  // samples since the last take_stats(): known on the host
 };
 

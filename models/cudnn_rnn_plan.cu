@@ -58,9 +58,9 @@ void CudaReplica::build_rnn(RnnPlan& plan) {
   // model.precision: fp32 takes CUDNN_FMA_MATH, plain float32 FMA kernels, the CPU replica's arithmetic;
   // tf32 takes CUDNN_DEFAULT_MATH, which on sm_80 and newer lets cuDNN run the products on tensor cores with
   // their inputs rounded to TF32 (10 mantissa bits) and summed in float32 (cudnn_graph.h: cudnnMathType_t),
-  // as PyTorch does under allow_tf32; bf16 gives cuDNN bfloat16 data and weights (dataType) with float32
-  // math (mathPrec) on the tensor cores. Unpacked (padded) data needs PADDED_IO_ENABLED: masked sequences are
-  // shorter than T.
+  // as PyTorch does under allow_tf32; bf16 and fp16 give cuDNN bfloat16 or half data and weights (dataType)
+  // with float32 math (mathPrec) on the tensor cores. Unpacked (padded) data needs PADDED_IO_ENABLED: masked
+  // sequences are shorter than T.
   const cudnnMathType_t math = sixteen_bit_                     ? CUDNN_TENSOR_OP_MATH
                                : precision_ == Precision::kTf32 ? CUDNN_DEFAULT_MATH
                                                                 : CUDNN_FMA_MATH;
@@ -69,12 +69,13 @@ void CudaReplica::build_rnn(RnnPlan& plan) {
       CUDNN_RNN_DOUBLE_BIAS, shape.bidirectional ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL,
       CUDNN_LINEAR_INPUT, data_type_, CUDNN_DATA_FLOAT, math, shape.embedding_dim, shape.hidden, shape.hidden,
       shape.layers, plan.dropout.get(), CUDNN_RNN_PADDED_IO_ENABLED);
-  // bfloat16 that this cuDNN turns down for the model even on the standard algorithm is a setting to change.
+  // 16-bit data that this cuDNN turns down for the model even on the standard algorithm is a setting to
+  // change.
   if (set != CUDNN_STATUS_SUCCESS && sixteen_bit_ && plan.algorithm == CUDNN_RNN_ALGO_STANDARD &&
       classify_cudnn_failure(set, /*persistent_algorithm=*/true) == CudnnFailure::kRefused) {
-    throw UserError("model.precision = bf16: cuDNN " + std::to_string(cudnnGetVersion()) +
-                    " turned down bfloat16 recurrent layers for this model (" + cudnnGetErrorString(set) +
-                    "); use fp32 or tf32");
+    throw UserError("model.precision = " + precision_name(precision_) + ": cuDNN " +
+                    std::to_string(cudnnGetVersion()) + " turned down " + (half_ ? "half" : "bfloat16") +
+                    " recurrent layers for this model (" + cudnnGetErrorString(set) + "); use fp32 or tf32");
   }
   // A descriptor that cuDNN turns down for a persistent algorithm throws AlgorithmRefused.
   DDP_CUDNN_CHECK_ALGORITHM(set, plan.algorithm);
@@ -191,8 +192,8 @@ void CudaReplica::build_weight_map(RnnPlan& plan) {
 void CudaReplica::gather_weights(const RnnPlan& plan, const float* canonical, void* space, const char* what) {
   const dim3 grid(blocks_for(plan.longest_weight_run), plan.weight_run_count);
   if (sixteen_bit_) {
-    gather_weight_runs_bf16<<<grid, kThreads, 0, stream_.get()>>>(plan.weight_runs.get(), canonical,
-                                                                  static_cast<Bf16Bits*>(space));
+    gather_weight_runs_16<<<grid, kThreads, 0, stream_.get()>>>(plan.weight_runs.get(), canonical,
+                                                                static_cast<SixteenBits*>(space), half_);
   } else {
     copy_weight_runs<<<grid, kThreads, 0, stream_.get()>>>(plan.weight_runs.get(), canonical,
                                                            static_cast<float*>(space), true);
@@ -200,12 +201,12 @@ void CudaReplica::gather_weights(const RnnPlan& plan, const float* canonical, vo
   DDP_CUDA_CHECK_LAUNCH(what);
 }
 
-void CudaReplica::scatter_weights(const RnnPlan& plan, const void* space, float* canonical,
+void CudaReplica::scatter_weights(const RnnPlan& plan, const void* space, float* canonical, float scale,
                                   const char* what) {
   const dim3 grid(blocks_for(plan.longest_weight_run), plan.weight_run_count);
   if (sixteen_bit_) {
-    scatter_weight_runs_bf16<<<grid, kThreads, 0, stream_.get()>>>(
-        plan.weight_runs.get(), static_cast<const Bf16Bits*>(space), canonical);
+    scatter_weight_runs_16<<<grid, kThreads, 0, stream_.get()>>>(
+        plan.weight_runs.get(), static_cast<const SixteenBits*>(space), canonical, half_, scale);
   } else {
     copy_weight_runs<<<grid, kThreads, 0, stream_.get()>>>(
         plan.weight_runs.get(), static_cast<const float*>(space), canonical, false);
@@ -228,15 +229,17 @@ std::string CudaReplica::check_parameter_mapping() {
     // All bits set is a NaN no parameter holds: a float the map never writes back keeps it.
     DDP_CUDA_CHECK(cudaMemsetAsync(back.get(), 0xFF, back.bytes(), stream_.get()));
     gather_weights(*plan, params_.get(), plan->weight_space.get(), "copy_weight_runs (mapping check)");
-    scatter_weights(*plan, plan->weight_space.get(), back.get(), "copy_weight_runs (mapping check)");
+    scatter_weights(*plan, plan->weight_space.get(), back.get(), 1.0f, "copy_weight_runs (mapping check)");
     DDP_CUDA_CHECK(
         cudaMemcpyAsync(received.data(), back.get(), back.bytes(), cudaMemcpyDeviceToHost, stream_.get()));
     DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
     for (std::size_t i = 0; i < total; ++i) {
       const bool lstm = i >= lstm_begin && i < lstm_end;
       const bool untouched = std::isnan(received[i]);
-      // A bfloat16 space keeps each parameter rounded to nearest even, as the host rounds it.
-      const float expected = sixteen_bit_ ? bfloat16_to_float(float_to_bfloat16(sent[i])) : sent[i];
+      // A 16-bit space keeps each parameter rounded to nearest even, as the host rounds it.
+      const float expected = half_          ? half_to_float(float_to_half(sent[i]))
+                             : sixteen_bit_ ? bfloat16_to_float(float_to_bfloat16(sent[i]))
+                                            : sent[i];
       if (lstm ? std::memcmp(&received[i], &expected, sizeof(float)) == 0 : untouched) continue;
       const ParamTensor* tensor = nullptr;
       for (const ParamTensor& t : layout_.tensors()) {

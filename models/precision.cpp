@@ -9,10 +9,11 @@
 namespace ddp::models {
 namespace {
 
-constexpr std::array<std::pair<Precision, const char*>, 3> kNames{{
+constexpr std::array<std::pair<Precision, const char*>, 4> kNames{{
     {Precision::kFp32, "fp32"},
     {Precision::kTf32, "tf32"},
     {Precision::kBf16, "bf16"},
+    {Precision::kFp16, "fp16"},
 }};
 
 }  // namespace
@@ -21,12 +22,7 @@ Precision parse_precision(const std::string& text, const std::string& key) {
   for (const auto& [precision, name] : kNames) {
     if (text == name) return precision;
   }
-  if (text == "fp16") {
-    throw UserError(key +
-                    " = fp16: not built yet (IEEE half needs dynamic loss scaling); bf16 has float32's range "
-                    "and needs none; expected fp32, tf32 or bf16");
-  }
-  throw UserError(key + " = " + text + ": expected fp32, tf32 or bf16");
+  throw UserError(key + " = " + text + ": expected fp32, tf32, bf16 or fp16");
 }
 
 std::string precision_name(Precision precision) {
@@ -40,6 +36,7 @@ double unit_roundoff(Precision precision) {
   // Half the spacing of the numbers near 1: 2^-(stored mantissa bits + 1).
   switch (precision) {
     case Precision::kTf32:
+    case Precision::kFp16:
       return std::ldexp(1.0, -11);
     case Precision::kBf16:
       return std::ldexp(1.0, -8);
@@ -50,7 +47,11 @@ double unit_roundoff(Precision precision) {
 }
 
 bool sixteen_bit_data(Precision precision) {
-  return precision == Precision::kBf16;
+  return precision == Precision::kBf16 || precision == Precision::kFp16;
+}
+
+bool scales_loss(Precision precision) {
+  return precision == Precision::kFp16;
 }
 
 }  // namespace ddp::models

@@ -116,6 +116,17 @@ class Replica {
   // call it per epoch or per logging interval, not per step.
   virtual BatchStats take_stats() = 0;
 
+  // model.precision = fp16 (scales_loss): the replica multiplies the loss gradient by a power of two in its
+  // half-precision backward and divides it out of grads() (models/loss_scale.h). After each exchange the
+  // trainer asks whether grads() (then the average) is finite on every rank alike, skips the update where it
+  // is not, and tells the replica, whose scale backs off or grows. gradients_finite() reads grads(): on a
+  // GPU it waits for the stream, a host synchronisation per step, as PyTorch's GradScaler makes.
+  virtual bool gradients_finite();
+  virtual void after_update(bool /*applied*/) {}
+  // The loss scale now, and the steps skipped so far; 1 and 0 where the replica does not scale.
+  virtual float loss_scale() const { return 1.0f; }
+  virtual int64_t skipped_steps() const { return 0; }
+
   // Batch shapes before the first batch, so that the kernels a device turns down show at start-up and every
   // rank runs the same ones. try_shape prepares (batch, seq) and says whether the replica's preferred kernels
   // take it (a GPU replica tries its persistent cuDNN algorithm on scratch data; false: it would fall back);

@@ -36,8 +36,11 @@ CudaReplica::CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algor
       masked_(options.mask_padding),
       precision_(options.precision),
       sixteen_bit_(sixteen_bit_data(options.precision)),
-      data_type_(sixteen_bit_ ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT),
-      element_bytes_(sixteen_bit_ ? sizeof(Bf16Bits) : sizeof(float)),
+      half_(options.precision == Precision::kFp16),
+      data_type_(half_          ? CUDNN_DATA_HALF
+                 : sixteen_bit_ ? CUDNN_DATA_BFLOAT16
+                                : CUDNN_DATA_FLOAT),
+      element_bytes_(sixteen_bit_ ? sizeof(SixteenBits) : sizeof(float)),
       from_final_states_(options.mask_padding || shape.bidirectional),
       dropout_(shape.layers > 1 ? options.dropout : 0),
       embedding_dropout_(options.embedding_dropout) {
@@ -66,18 +69,25 @@ CudaReplica::CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algor
   DDP_CUDA_CHECK(cudaMemsetAsync(bad_token_.get(), 0, sizeof(unsigned int), stream_.get()));
   host_stats_.allocate();
   host_bad_token_.allocate();
+  nonfinite_.ensure(1);
+  host_nonfinite_.allocate();
 
   preferred_algorithm_ = to_cudnn(requested_);
   int major = 0;
   int minor = 0;
   DDP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
   DDP_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_));
-  // bfloat16 recurrent layers: cuDNN has them from 9.13 on, for GPUs with bfloat16 tensor cores (sm_80 on).
-  if (sixteen_bit_ && major < 8) {
+  // Half recurrent layers on tensor cores: sm_70 on. bfloat16 ones: cuDNN has them from 9.13 on, for GPUs
+  // with bfloat16 tensor cores (sm_80 on).
+  if (half_ && major < 7) {
+    throw UserError("model.precision = fp16: this GPU (sm_" + std::to_string(major) + std::to_string(minor) +
+                    ") has no half-precision tensor cores (sm_70 and newer do); use fp32");
+  }
+  if (sixteen_bit_ && !half_ && major < 8) {
     throw UserError("model.precision = bf16: this GPU (sm_" + std::to_string(major) + std::to_string(minor) +
                     ") has no bfloat16 tensor cores (sm_80 and newer do); use fp32");
   }
-  if (sixteen_bit_ && cudnnGetVersion() < 91300) {
+  if (sixteen_bit_ && !half_ && cudnnGetVersion() < 91300) {
     throw UserError("model.precision = bf16: cuDNN " + std::to_string(cudnnGetVersion()) +
                     " has no bfloat16 recurrent layers (9.13 and newer have); use fp32 or tf32");
   }
@@ -121,7 +131,8 @@ std::string CudaReplica::recurrent_kernels() const {
   if (!fallback.empty()) text += ", the standard one for batches " + fallback;
   text += " (model.cudnn_rnn_algo = " + rnn_algorithm_name(requested_) + ")";
   if (precision_ == Precision::kTf32) text += ", TF32 tensor-core math (model.precision = tf32)";
-  if (sixteen_bit_) text += ", bfloat16 data and weights, float32 math (model.precision = bf16)";
+  if (sixteen_bit_ && !half_) text += ", bfloat16 data and weights, float32 math (model.precision = bf16)";
+  if (half_) text += ", half data and weights, float32 math, dynamic loss scaling (model.precision = fp16)";
   return text;
 }
 
@@ -213,7 +224,7 @@ void CudaReplica::forward(const BatchView& batch, const BatchShape& shape, bool 
   }
 
   const CudnnIo io = cudnn_io();
-  if (sixteen_bit_) to_sixteen_bit(x_.get(), x16_.get(), x_count, "to_bf16 (x)");
+  if (sixteen_bit_) to_sixteen_bit(x_.get(), x16_.get(), x_count, 1.0f, "to_sixteen (x)");
   // h0 = c0 = 0 (null pointers); hy when the dense layer reads it, cy never.
   void* hy = from_final_states_ ? io.hy : nullptr;
   DDP_CUDNN_CHECK(cudnnRNNForward(
@@ -224,14 +235,15 @@ void CudaReplica::forward(const BatchView& batch, const BatchShape& shape, bool 
       training ? reserve_.get() : nullptr));
   const std::size_t step_count = to_size(batch.batch) * to_size(model.output_width());
   if (from_final_states_) {
-    if (sixteen_bit_) from_sixteen_bit(hy16_.get(), hy_.get(), states_count(batch.batch), "from_bf16 (hy)");
+    if (sixteen_bit_)
+      from_sixteen_bit(hy16_.get(), hy_.get(), states_count(batch.batch), 1.0f, "from_sixteen (hy)");
     gather_final_states<<<blocks_for(step_count), kThreads, 0, stream>>>(
         hy_.get(), final_states_.get(), model.layers, model.directions(), batch.batch, model.hidden);
     DDP_CUDA_CHECK_LAUNCH("gather_final_states");
   } else if (sixteen_bit_) {
     // The dense layer's input, y's last step, in float.
-    from_sixteen_bit(y16_.get() + to_size(batch.seq - 1) * step_count, final_states_.get(), step_count,
-                     "from_bf16 (y's last step)");
+    from_sixteen_bit(y16_.get() + to_size(batch.seq - 1) * step_count, final_states_.get(), step_count, 1.0f,
+                     "from_sixteen (y's last step)");
   }
 }
 
@@ -240,14 +252,33 @@ CudaReplica::CudnnIo CudaReplica::cudnn_io() {
   return {x_.get(), dx_.get(), y_.get(), dy_.get(), hy_.get(), dhy_.get()};
 }
 
-void CudaReplica::to_sixteen_bit(const float* from, Bf16Bits* to, std::size_t n, const char* what) {
-  to_bf16<<<blocks_for(n), kThreads, 0, stream_.get()>>>(from, to, n);
+void CudaReplica::to_sixteen_bit(const float* from, SixteenBits* to, std::size_t n, float scale,
+                                 const char* what) {
+  to_sixteen<<<blocks_for(n), kThreads, 0, stream_.get()>>>(from, to, n, half_, scale);
   DDP_CUDA_CHECK_LAUNCH(what);
 }
 
-void CudaReplica::from_sixteen_bit(const Bf16Bits* from, float* to, std::size_t n, const char* what) {
-  from_bf16<<<blocks_for(n), kThreads, 0, stream_.get()>>>(from, to, n);
+void CudaReplica::from_sixteen_bit(const SixteenBits* from, float* to, std::size_t n, float scale,
+                                   const char* what) {
+  from_sixteen<<<blocks_for(n), kThreads, 0, stream_.get()>>>(from, to, n, half_, scale);
   DDP_CUDA_CHECK_LAUNCH(what);
+}
+
+bool CudaReplica::gradients_finite() {
+  select_device();
+  cudaStream_t stream = stream_.get();
+  DDP_CUDA_CHECK(cudaMemsetAsync(nonfinite_.get(), 0, sizeof(unsigned int), stream));
+  flag_nonfinite<<<blocks_for(layout_.total_size()), kThreads, 0, stream>>>(
+      grads_.get(), layout_.total_size(), nonfinite_.get());
+  DDP_CUDA_CHECK_LAUNCH("flag_nonfinite");
+  DDP_CUDA_CHECK(cudaMemcpyAsync(host_nonfinite_.get(), nonfinite_.get(), sizeof(unsigned int),
+                                 cudaMemcpyDeviceToHost, stream));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return *host_nonfinite_.get() == 0;
+}
+
+void CudaReplica::after_update(bool applied) {
+  if (half_) loss_scale_.update(applied);
 }
 
 const float* CudaReplica::dense_input(const BatchView& batch) const {
@@ -306,6 +337,9 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
     DDP_CUDA_CHECK(cudaMemsetAsync(io.dy, 0, y_floats * element_bytes_, stream));
     dy_shape_ = {batch.batch, batch.seq};
   }
+  // fp16: the loss gradient enters cuDNN's half backward times the loss scale, which dx and the weight
+  // gradients leave divided out again (powers of two: exact in float).
+  const float scale = half_ ? loss_scale_.scale() : 1.0f;
   const float* h_last = dense_input(batch);
   float* d_h_last =
       from_final_states_ || sixteen_bit_ ? d_final_states_.get() : dy_.get() + y_floats - step_floats;
@@ -328,12 +362,13 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
     scatter_final_states<<<blocks_for(step_floats), kThreads, 0, stream>>>(
         d_final_states_.get(), dhy_.get(), model.layers, model.directions(), batch.batch, model.hidden);
     DDP_CUDA_CHECK_LAUNCH("scatter_final_states");
-    if (sixteen_bit_) to_sixteen_bit(dhy_.get(), dhy16_.get(), states_count(batch.batch), "to_bf16 (dhy)");
+    if (sixteen_bit_)
+      to_sixteen_bit(dhy_.get(), dhy16_.get(), states_count(batch.batch), scale, "to_sixteen (dhy)");
     dhy = io.dhy;
   } else if (sixteen_bit_) {
     // The dense layer's gradient into dy's last step; the other steps stay zero.
-    to_sixteen_bit(d_final_states_.get(), dy16_.get() + y_floats - step_floats, step_floats,
-                   "to_bf16 (dy's last step)");
+    to_sixteen_bit(d_final_states_.get(), dy16_.get() + y_floats - step_floats, step_floats, scale,
+                   "to_sixteen (dy's last step)");
   }
 
   // cuDNN's dx first; from it the embedding's gradient, whose reduction (as a rule the largest) then
@@ -349,7 +384,7 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
   const ParamSegment& embedding = segments.front();
   DDP_CUDA_CHECK(cudaMemsetAsync(grads_.get() + embedding.offset, 0, embedding.size * sizeof(float), stream));
   const std::size_t x_count = to_size(batch.batch) * to_size(batch.seq) * to_size(model.embedding_dim);
-  if (sixteen_bit_) from_sixteen_bit(dx16_.get(), dx_.get(), x_count, "from_bf16 (dx)");
+  if (sixteen_bit_) from_sixteen_bit(dx16_.get(), dx_.get(), x_count, 1.0f / scale, "from_sixteen (dx)");
   if (embedding_dropout_ > 0) {
     // The forward's mask on the input gradient: dropped elements pass no gradient to their rows.
     embedding_dropout<<<blocks_for(x_count), kThreads, 0, stream>>>(
@@ -368,7 +403,7 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
       cudnn_.get(), plan.rnn.get(), CUDNN_WGRAD_MODE_ADD, shape.seq_lengths.get(), shape.x.get(), io.x,
       shape.state.get(), nullptr, shape.y.get(), io.y, plan.weight_space_bytes, plan.weight_grads.get(),
       workspace_.bytes(), workspace_.get(), reserve_.bytes(), reserve_.get()));
-  scatter_weights(plan, plan.weight_grads.get(), grads_.get(), "copy_weight_runs (scatter)");
+  scatter_weights(plan, plan.weight_grads.get(), grads_.get(), 1.0f / scale, "copy_weight_runs (scatter)");
   gpu_spans_->end(gpu_backward, "backward");
   for (int l = model.layers - 1; l >= 0; --l) ready(to_size(l) + 1);
 }

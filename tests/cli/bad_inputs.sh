@@ -26,9 +26,9 @@ expect_user_error "learning rate past float" "train.learning_rate" "$ddptrain" "
 expect_user_error "epsilon below float" "train.epsilon" "$ddptrain" "${small[@]}" --train.epsilon 1e-50
 expect_user_error "hidden" "model.hidden = 100000" "$ddptrain" "${small[@]}" --model.hidden 100000
 expect_user_error "layers" "model.layers = 1000" "$ddptrain" "${small[@]}" --model.layers 1000
-expect_user_error "an IEEE half precision" "model.precision = fp16: not built yet" \
-  "$ddptrain" "${small[@]}" --model.precision fp16
-# tf32 (and bf16) is a GPU's arithmetic: a CPU run trains in float32 and its start log says so.
+expect_user_error "a precision no replica has" "model.precision = fp64: expected fp32, tf32, bf16 or fp16" \
+  "$ddptrain" "${small[@]}" --model.precision fp64
+# tf32 (bf16, fp16) is a GPU's arithmetic: a CPU run trains in float32 and its start log says so.
 "$ddptrain" "${small[@]}" --model.hidden 8 --checkpoint.dir tf32 --model.precision tf32 >tf32_out.txt 2>tf32_err.txt ||
   fail "tf32 on the CPU: exit status $?" tf32_out.txt tf32_err.txt
 grep -qF "tf32 recurrent math on GPU ranks (CPU ranks compute in float32)" tf32_out.txt tf32_err.txt ||

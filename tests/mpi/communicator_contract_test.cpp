@@ -358,6 +358,28 @@ TEST(ChooseBackend, RefusesNcclForRanksThatShareAGpuBoard) {
   }
 }
 
+// model.precision = fp16 on a GPU rank skips the steps that overflowed on every rank alike, which the
+// parameter server cannot: one UserError on every rank. CPU ranks compute in float32 and keep the server.
+TEST(ChooseBackend, RefusesTheParameterServerForFp16OnGpuRanks) {
+  comm::HostGroup world(MPI_COMM_WORLD);
+  if (world.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  comm::BackendRequest request;
+  request.backend = "ps";
+  request.skips_nonfinite = true;
+  request.on_gpu = world.rank() == 0;
+  try {
+    comm::choose_backend(request, world);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("comm.backend = ps: model.precision = fp16 needs an all-reduce backend"),
+        std::string::npos)
+        << e.what();
+  }
+  request.on_gpu = false;
+  EXPECT_TRUE(comm::choose_backend(request, world).parameter_server);
+}
+
 // The progress period's override (DDPTRAIN_MPI_PROGRESS_US) is checked before any collective, on every rank.
 TEST(MpiReducer, RefusesAProgressPeriodThatIsNotMicroseconds) {
   comm::HostGroup world(MPI_COMM_WORLD);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <optional>
 #include <random>
@@ -18,6 +19,7 @@
 #include "engine/base/errors.h"
 #include "engine/optimizer/optimizer.h"
 #include "models/initializers.h"
+#include "models/loss_scale.h"
 #include "models/param_layout.h"
 #include "models/replica.h"
 #include "tests/forwarding_replica.h"
@@ -230,6 +232,80 @@ TEST(AllReduceStep, TheDelayedExchangeAppliesGradientKAtStepKPlusOne) {
       EXPECT_EQ(after, (std::vector<float>{-1, -3, -6, -6})) << "each step's own gradient";
     }
   }
+}
+
+// model.precision = fp16: a step whose averaged gradient is not finite is not applied (parameters and the
+// optimizer's count stay), the replica hears of every step's fate, and the next finite step applies again.
+class OverflowingGradients final : public ddp::testing::ForwardingReplica {
+ public:
+  using ForwardingReplica::ForwardingReplica;
+  void train_step(const BatchView& batch, const models::GradientReadyFn& on_ready) override {
+    inner().train_step(batch, on_ready);
+    ++steps;
+    for (float& g : inner().grads()) g = 1.0f;
+    if (steps == 2) inner().grads()[5] = INFINITY;
+    if (steps == 3) inner().grads()[0] = NAN;
+  }
+  void after_update(bool applied) override { fates.push_back(applied); }
+  int steps = 0;
+  std::vector<bool> fates;
+};
+
+TEST(AllReduceStep, AStepWhoseAverageIsNotFiniteIsSkipped) {
+  const models::ModelShape shape{30, 4, 3, 1};
+  std::vector<int32_t> tokens(2 * 5, 3);
+  const std::vector<float> labels{0, 1};
+  const BatchView batch{tokens.data(), labels.data(), 2, 5, tokens.data()};
+  optim::OptimizerSettings sgd;
+  sgd.name = "sgd";
+  sgd.learning_rate = 1;
+  OverflowingGradients replica(models::make_cpu_replica(shape));
+  const std::vector<float> zeros(replica.layout().total_size(), 0.0f);
+  replica.copy_params_from_host(zeros);
+  comm::FakeReducer comm(2, replica.grads());
+  auto optimizer = optim::make_optimizer(sgd, replica.layout().total_size());
+  AllReduceStep step(replica, comm, *optimizer, /*sparse_exchange=*/false, 0, false, /*gpu_job=*/true,
+                     /*skip_nonfinite=*/true);
+  std::vector<float> after;
+  for (int k = 0; k < 4; ++k) {
+    step.run(batch);
+    after.push_back(replica.params()[1]);
+  }
+  EXPECT_EQ(after, (std::vector<float>{-1, -1, -1, -2}));
+  EXPECT_EQ(replica.fates, (std::vector<bool>{true, false, false, true}));
+  EXPECT_EQ(optimizer->iterations(), 2);
+  // Without skipping (every other precision) the infinity reaches the parameters.
+  OverflowingGradients plain(models::make_cpu_replica(shape));
+  plain.copy_params_from_host(zeros);
+  comm::FakeReducer plain_comm(2, plain.grads());
+  auto plain_optimizer = optim::make_optimizer(sgd, plain.layout().total_size());
+  AllReduceStep plain_step(plain, plain_comm, *plain_optimizer, false);
+  plain_step.run(batch);
+  plain_step.run(batch);
+  EXPECT_TRUE(std::isinf(plain.params()[5]));
+  EXPECT_TRUE(plain.fates.empty());
+}
+
+// The loss scale: 2^16 at first, halved by each skipped step (not below 1), doubled after 2000 applied steps
+// in a row (not above 2^24).
+TEST(LossScale, BacksOffOnOverflowAndGrowsAfterCleanSteps) {
+  models::LossScale scale;
+  EXPECT_EQ(scale.scale(), 65536.0f);
+  scale.update(false);
+  EXPECT_EQ(scale.scale(), 32768.0f);
+  for (int i = 0; i < 1999; ++i) scale.update(true);
+  EXPECT_EQ(scale.scale(), 32768.0f);
+  scale.update(true);
+  EXPECT_EQ(scale.scale(), 65536.0f);
+  for (int i = 0; i < 1999; ++i) scale.update(true);
+  scale.update(false);  // an overflow restarts the count
+  for (int i = 0; i < 1999; ++i) scale.update(true);
+  EXPECT_EQ(scale.scale(), 32768.0f);
+  EXPECT_EQ(scale.skipped(), 2);
+  for (int i = 0; i < 40; ++i) scale.update(false);
+  EXPECT_EQ(scale.scale(), 1.0f);
+  for (int i = 0; i < 2000 * 30; ++i) scale.update(true);
+  EXPECT_EQ(scale.scale(), 16777216.0f);
 }
 
 }  // namespace

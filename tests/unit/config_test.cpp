@@ -195,27 +195,27 @@ TEST(Config, CudnnRnnAlgorithmKey) {
   EXPECT_NE(error.find("persist_small_h"), std::string::npos) << error;
 }
 
-// model.precision: fp32 (the default), tf32 and bf16 reach the replica's options; fp16, not built, and
-// anything else are one error naming the key and the value.
+// model.precision: fp32 (the default), tf32, bf16 and fp16 reach the replica's options; anything else is one
+// error naming the key and the value.
 TEST(Config, PrecisionKey) {
   const Config defaults = parse_config({"--data.path", "x"}).config;
   EXPECT_EQ(defaults.model.precision, "fp32");
   EXPECT_EQ(model_options(defaults).precision, models::Precision::kFp32);
-  const Config tf32 = parse_config({"--data.path", "x", "--model.precision", "tf32"}).config;
-  EXPECT_EQ(model_options(tf32).precision, models::Precision::kTf32);
-  const Config bf16 = parse_config({"--data.path", "x", "--model.precision", "bf16"}).config;
-  EXPECT_EQ(model_options(bf16).precision, models::Precision::kBf16);
-  for (const char* name : {"fp32", "tf32", "bf16"}) {
-    EXPECT_EQ(models::precision_name(models::parse_precision(name)), name);
+  const std::pair<const char*, models::Precision> names[] = {{"fp32", models::Precision::kFp32},
+                                                             {"tf32", models::Precision::kTf32},
+                                                             {"bf16", models::Precision::kBf16},
+                                                             {"fp16", models::Precision::kFp16}};
+  for (const auto& [name, precision] : names) {
+    const Config config = parse_config({"--data.path", "x", "--model.precision", name}).config;
+    EXPECT_EQ(model_options(config).precision, precision);
+    EXPECT_EQ(models::precision_name(precision), name);
+    EXPECT_EQ(models::sixteen_bit_data(precision),
+              precision == models::Precision::kBf16 || precision == models::Precision::kFp16);
+    EXPECT_EQ(models::scales_loss(precision), precision == models::Precision::kFp16);
   }
-  EXPECT_FALSE(models::sixteen_bit_data(models::Precision::kTf32));
-  EXPECT_TRUE(models::sixteen_bit_data(models::Precision::kBf16));
-  const std::string fp16 = error_of({"--data.path", "x", "--model.precision", "fp16"});
-  EXPECT_NE(fp16.find("model.precision = fp16: not built yet (IEEE half needs dynamic loss scaling)"),
-            std::string::npos)
-      << fp16;
   const std::string error = error_of({"--data.path", "x", "--model.precision", "fp64"});
-  EXPECT_NE(error.find("model.precision = fp64: expected fp32, tf32 or bf16"), std::string::npos) << error;
+  EXPECT_NE(error.find("model.precision = fp64: expected fp32, tf32, bf16 or fp16"), std::string::npos)
+      << error;
 }
 
 TEST(Config, MissingConfigFile) {

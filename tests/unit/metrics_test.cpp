@@ -49,6 +49,12 @@ TEST(Metrics, EpochLineAndJson) {
   EXPECT_FALSE(line.contains("start_to_first_step_s")) << "only the process's first epoch says it";
   m.start_to_first_step_s = 2.25;
   EXPECT_EQ(nlohmann::json::parse(to_json(m))["start_to_first_step_s"], 2.25);
+  EXPECT_FALSE(line.contains("loss_scale")) << "only where fp16 scales the loss";
+  m.loss_scale = 32768;
+  m.skipped_steps = 3;
+  const nlohmann::json fp16 = nlohmann::json::parse(to_json(m));
+  EXPECT_EQ(fp16["loss_scale"], 32768);
+  EXPECT_EQ(fp16["skipped_steps"], 3);
 }
 
 // The process's age counts from its exec: more than this test's own time, and growing with the clock.
