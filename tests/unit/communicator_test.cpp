@@ -199,16 +199,26 @@ class CountingGradients final : public ddp::testing::ForwardingReplica {
   int steps = 0;
 };
 
-// comm.overlap = delayed: step k's gradient is applied at step k + 1, and flush() applies the last one; the
-// default applies each step's own. Plain SGD with learning rate 1 from zero parameters shows which.
-TEST(AllReduceStep, TheDelayedExchangeAppliesGradientKAtStepKPlusOne) {
+// A tiny model, a batch of one token, and plain SGD with learning rate 1: from zero parameters, their values
+// after each step tell which gradients were applied.
+struct TinySgdRun {
   const models::ModelShape shape{30, 4, 3, 1};
-  std::vector<int32_t> tokens(2 * 5, 3);
+  const std::vector<int32_t> tokens = std::vector<int32_t>(2 * 5, 3);
   const std::vector<float> labels{0, 1};
   const BatchView batch{tokens.data(), labels.data(), 2, 5, tokens.data()};
-  optim::OptimizerSettings sgd;
-  sgd.name = "sgd";
-  sgd.learning_rate = 1;
+  const optim::OptimizerSettings sgd = [] {
+    optim::OptimizerSettings settings;
+    settings.name = "sgd";
+    settings.learning_rate = 1;
+    return settings;
+  }();
+};
+
+// comm.overlap = delayed: step k's gradient is applied at step k + 1, and flush() applies the last one; the
+// default applies each step's own.
+TEST(AllReduceStep, TheDelayedExchangeAppliesGradientKAtStepKPlusOne) {
+  const TinySgdRun run;
+  const auto& [shape, tokens, labels, batch, sgd] = run;
   for (const bool delayed : {false, true}) {
     CountingGradients replica(models::make_cpu_replica(shape));
     const std::vector<float> zeros(replica.layout().total_size(), 0.0f);
@@ -252,13 +262,8 @@ class OverflowingGradients final : public ddp::testing::ForwardingReplica {
 };
 
 TEST(AllReduceStep, AStepWhoseAverageIsNotFiniteIsSkipped) {
-  const models::ModelShape shape{30, 4, 3, 1};
-  std::vector<int32_t> tokens(2 * 5, 3);
-  const std::vector<float> labels{0, 1};
-  const BatchView batch{tokens.data(), labels.data(), 2, 5, tokens.data()};
-  optim::OptimizerSettings sgd;
-  sgd.name = "sgd";
-  sgd.learning_rate = 1;
+  const TinySgdRun run;
+  const auto& [shape, tokens, labels, batch, sgd] = run;
   OverflowingGradients replica(models::make_cpu_replica(shape));
   const std::vector<float> zeros(replica.layout().total_size(), 0.0f);
   replica.copy_params_from_host(zeros);
