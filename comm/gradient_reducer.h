@@ -36,6 +36,11 @@ class GradientReducer {
   virtual void start_average(std::span<float> segment) = 0;
   // Waits until every started segment holds the average over all ranks.
   virtual void finish_average() = 0;
+  // Whether start_average() and finish_average() (after a first step that sized the backend's buffers) only
+  // enqueue work on CUDA streams ordered by events, never waiting on the host nor allocating: then a whole
+  // step, its exchange included, can be captured into a CUDA graph and replayed (engine/step_graph.h).
+  // NCCL's do; the MPI backends' go through the host.
+  virtual bool capturable() const { return false; }
   // Both at once.
   void average(std::span<float> data) {
     start_average(data);

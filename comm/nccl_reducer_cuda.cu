@@ -190,6 +190,9 @@ class NcclReducer final : public GradientReducer {
 
   std::string backend() const override { return "nccl"; }
   int size() const override { return size_; }
+  // NCCL's collectives can be captured into a CUDA graph (NCCL 2.9 and newer); the events that order the
+  // two streams become the graph's edges.
+  bool capturable() const override { return true; }
 
   // `segment` is device memory on this communicator's device. Even with one rank the segment goes through
   // NCCL (a copy) and, with compression, the casts: a run rounds its gradients the same way at any size.

@@ -20,6 +20,10 @@ __global__ void sequence_starts(const int32_t* __restrict__ tokens, int batch, i
   }
 }
 
+__global__ void store_uint64(uint64_t value, uint64_t* to) {
+  *to = value;
+}
+
 namespace {
 
 constexpr int32_t kNoToken = -1;
@@ -322,7 +326,9 @@ __global__ void flag_nonfinite(const float* __restrict__ values, std::size_t n,
 }
 
 __global__ void embedding_dropout(float* __restrict__ values, const int32_t* __restrict__ starts, int batch,
-                                  int seq, int embed, uint64_t stream, double rate) {
+                                  int seq, int embed, const uint64_t* __restrict__ stream_on_device,
+                                  double rate) {
+  const uint64_t stream = *stream_on_device;
   const std::size_t n = static_cast<std::size_t>(seq) * batch * embed;
   const std::size_t grid_stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;

@@ -46,10 +46,14 @@ __global__ void embedding_backward(const int32_t* __restrict__ tokens, const int
                                    int seq, int embed, int vocab);
 
 // Embedding dropout (model.embedding_dropout) on x or dx [T, B, E], in place: the CPU replica's mask
-// (dropout.h) element for element, under the same draw's `stream`. With `starts`, x's row t*B+b holds time
-// t + starts[b] of the CPU's unshifted rows; rows past a shifted sequence's end are left as they are.
+// (dropout.h) element for element, under the same draw's `stream`, read from the device (store_uint64'd by
+// the step's host part, so that a CUDA graph's replay draws each step's own). With `starts`, x's row t*B+b
+// holds time t + starts[b] of the CPU's unshifted rows; rows past a shifted sequence's end are left as
+// they are.
 __global__ void embedding_dropout(float* __restrict__ values, const int32_t* __restrict__ starts, int batch,
-                                  int seq, int embed, uint64_t stream, double rate);
+                                  int seq, int embed, const uint64_t* __restrict__ stream, double rate);
+// *to = value, on the stream: a kernel argument is copied at the launch, so no host buffer must outlive it.
+__global__ void store_uint64(uint64_t value, uint64_t* to);
 
 // The dense layer's input when it reads final states (bidirectional or masked): cuDNN's hy [L*D, B, H]
 // (layer-major, directions inner) -> final_states [B, D*H], the top layer's directions side by side (forward

@@ -118,6 +118,9 @@ std::unique_ptr<BatchShape> CudaReplica::build_shape(int batch, int seq, RnnPlan
   reserve_.ensure(std::max<std::size_t>(shape->reserve, 1));
   probabilities_.ensure(to_size(batch) * to_size(model.outputs()));
   d_logits_.ensure(to_size(batch) * to_size(model.outputs()));
+  staged_tokens_.ensure(rows);
+  staged_labels_.ensure(to_size(batch));
+  ++memory_generation_;  // any of the above may have moved
   if (plan.algorithm != CUDNN_RNN_ALGO_STANDARD) {
     try {
       probe(*shape);

@@ -111,6 +111,7 @@ using kernels::scatter_final_states;
 using kernels::scatter_weight_runs_16;
 using kernels::sequence_starts;
 using kernels::SixteenBits;
+using kernels::store_uint64;
 using kernels::to_sixteen;
 
 // A persistent algorithm that cuDNN refused (a bad-parameter or not-supported status) for a call whose
@@ -195,6 +196,10 @@ class CudaReplica final : public Replica {
   void copy_grads_to_host(std::span<float> host) override;
 
   void train_step(const BatchView& batch, const GradientReadyFn& on_ready) override;
+  std::string step_graph_refusal() const override;
+  BatchView begin_step(const BatchView& batch) override;
+  void enqueue_step(const BatchView& staged, const GradientReadyFn& on_ready) override;
+  uint64_t memory_generation() const override { return memory_generation_; }
   void evaluate(const BatchView& batch) override;
   void predict(const BatchView& batch, std::span<float> probabilities) override;
   BatchStats take_stats() override;
@@ -249,6 +254,10 @@ class CudaReplica final : public Replica {
   // (device, on the stream), and scratch space for them. Unmasked, every length is T, as the shape was built.
   void set_sequence_lengths(const BatchView& batch, const BatchShape& shape);
   void check_batch(const BatchView& batch, bool need_labels, const char* what) const;
+  // A training step's host part (its count, dy's zeros for the shape, the embedding dropout's draw stored
+  // on the device), and its device work, which reads nothing of the host that changes between steps.
+  void begin_training(const BatchView& batch);
+  void enqueue_training(const BatchView& batch, const GradientReadyFn& on_ready);
   // Parameters into cuDNN's weight space, the embedding lookup and cuDNN's forward.
   void forward(const BatchView& batch, const BatchShape& shape, bool training);
   // The dense layer's input, [B, D*H]: the top layer's output at the last step, or its final states.
@@ -300,7 +309,9 @@ class CudaReplica final : public Replica {
   double embedding_dropout_ = 0;  // on the embedding's output, by embedding_dropout (training only)
   uint64_t dropout_key_ = 0;
   uint64_t dropout_draws_ = 0;
-  uint64_t embedding_dropout_stream_ = 0;  // the last training forward's draw, for its backward
+  // [1]: the step's embedding dropout draw (begin_training's), read by the forward's and backward's
+  // kernels on the device.
+  DeviceArray<uint64_t> embedding_dropout_stream_;
   bool dropout_seeded_ = false;
   // The dense layer reads hy (bidirectional or masked) instead of the last step of y.
   bool from_final_states_ = false;
@@ -348,6 +359,11 @@ class CudaReplica final : public Replica {
   DeviceArray<SixteenBits> hy16_;
   DeviceArray<SixteenBits> dhy16_;
   std::vector<int> host_lengths_;  // [B]: masked, this batch's lengths for the descriptors
+  // begin_step's copies of the batch, at addresses that stay while the shapes do, for a captured step.
+  DeviceArray<int32_t> staged_tokens_;  // [B, T]
+  DeviceArray<float> staged_labels_;    // [B]
+  // Counts the reallocations of buffers that a step's enqueued work points at (memory_generation()).
+  uint64_t memory_generation_ = 0;
   // What cuDNN writes into y past a masked sequence's end (CUDNN_RNN_PADDED_IO_ENABLED); its API takes a
   // non-const pointer.
   float padding_fill_ = 0.0f;

@@ -106,6 +106,22 @@ class Replica {
   // Forward and backward on one batch: grads() becomes d(mean loss over the batch)/d(params). The batch's
   // loss and accuracy are added to the running stats.
   virtual void train_step(const BatchView& batch, const GradientReadyFn& on_ready) = 0;
+  // A training step captured once into a CUDA graph and replayed (engine/step_graph.h). Why this replica's
+  // steps cannot be, or "" where they can; then train_step splits in two. begin_step() does what every step
+  // needs of the host (its counts, the embedding dropout's stream stored on the device, the batch copied
+  // into the replica's own buffers, whose view it returns); enqueue_step() enqueues the step's device work on
+  // that view, reading everything that changes between steps from device memory, so that the same enqueued
+  // work serves every step of the shape. memory_generation() changes whenever the replica reallocates memory
+  // that enqueued work points at (a larger batch shape): graphs captured before are stale. A replica that
+  // refuses throws std::logic_error from the two.
+  virtual std::string step_graph_refusal() const { return "the replica runs on the CPU"; }
+  virtual BatchView begin_step(const BatchView& /*batch*/) {
+    throw std::logic_error("Replica::begin_step: " + step_graph_refusal());
+  }
+  virtual void enqueue_step(const BatchView& /*staged*/, const GradientReadyFn& /*on_ready*/) {
+    throw std::logic_error("Replica::enqueue_step: " + step_graph_refusal());
+  }
+  virtual uint64_t memory_generation() const { return 0; }
   // Forward only; adds to the running stats.
   virtual void evaluate(const BatchView& batch) = 0;
   // Forward only, no dropout: into `probabilities` (host memory, batch x layout().shape().outputs()

@@ -71,6 +71,8 @@ CudaReplica::CudaReplica(const ModelShape& shape, int device, RnnAlgorithm algor
   host_bad_token_.allocate();
   nonfinite_.ensure(1);
   host_nonfinite_.allocate();
+  embedding_dropout_stream_.ensure(1);
+  DDP_CUDA_CHECK(cudaMemsetAsync(embedding_dropout_stream_.get(), 0, sizeof(uint64_t), stream_.get()));
 
   preferred_algorithm_ = to_cudnn(requested_);
   int major = 0;
@@ -199,6 +201,7 @@ void CudaReplica::set_sequence_lengths(const BatchView& batch, const BatchShape&
     DDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));  // the old buffers may be in use
     workspace_.ensure(workspace);
     reserve_.ensure(reserve);
+    ++memory_generation_;
   }
 }
 
@@ -216,10 +219,9 @@ void CudaReplica::forward(const BatchView& batch, const BatchShape& shape, bool 
       batch.batch, batch.seq, model.embedding_dim, model.vocab_size, bad_token_.get());
   DDP_CUDA_CHECK_LAUNCH("embedding_forward");
   if (training && embedding_dropout_ > 0) {
-    embedding_dropout_stream_ = dropout_stream(dropout_key_, ++dropout_draws_);
     embedding_dropout<<<blocks_for(x_count), kThreads, 0, stream>>>(
         x_.get(), masked_ ? starts_.get() : nullptr, batch.batch, batch.seq, model.embedding_dim,
-        embedding_dropout_stream_, embedding_dropout_);
+        embedding_dropout_stream_.get(), embedding_dropout_);
     DDP_CUDA_CHECK_LAUNCH("embedding_dropout");
   }
 
@@ -306,6 +308,67 @@ void CudaReplica::dense_and_loss(const BatchView& batch, const float* labels, fl
 void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_ready) {
   check_batch(batch, true, "train_step");
   select_device();
+  begin_training(batch);
+  enqueue_training(batch, on_ready);
+}
+
+std::string CudaReplica::step_graph_refusal() const {
+  // The host sets what these change per batch or per step, so a replayed step would repeat the first's.
+  if (masked_) return "model.mask_padding: each batch's sequence lengths go into cuDNN's descriptors";
+  if (half_)
+    return "model.precision = fp16: the loss scale and the skip of an overflowed step are the host's";
+  // Whether cuDNN's dropout between layers draws new masks on a replay is not established: its state is
+  // cuDNN's own.
+  if (dropout_ > 0) return "model.dropout: cuDNN's dropout between layers runs eagerly";
+  return "";
+}
+
+BatchView CudaReplica::begin_step(const BatchView& batch) {
+  check_batch(batch, true, "begin_step");
+  if (const std::string refusal = step_graph_refusal(); !refusal.empty())
+    throw std::logic_error("CudaReplica::begin_step: " + refusal);
+  select_device();
+  begin_training(batch);  // the shape, with the staging buffers, exists from here on
+  cudaStream_t stream = stream_.get();
+  const std::size_t tokens = to_size(batch.batch) * to_size(batch.seq);
+  DDP_CUDA_CHECK(cudaMemcpyAsync(staged_tokens_.get(), batch.tokens, tokens * sizeof(int32_t),
+                                 cudaMemcpyDeviceToDevice, stream));
+  DDP_CUDA_CHECK(cudaMemcpyAsync(staged_labels_.get(), batch.labels, to_size(batch.batch) * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, stream));
+  BatchView staged = batch;
+  staged.tokens = staged_tokens_.get();
+  staged.labels = staged_labels_.get();
+  return staged;
+}
+
+void CudaReplica::enqueue_step(const BatchView& staged, const GradientReadyFn& on_ready) {
+  if (staged.tokens != staged_tokens_.get() || staged.labels != staged_labels_.get()) {
+    throw std::logic_error("CudaReplica::enqueue_step: the batch is not begin_step's");
+  }
+  select_device();
+  enqueue_training(staged, on_ready);
+}
+
+void CudaReplica::begin_training(const BatchView& batch) {
+  shape_for(batch.batch, batch.seq);
+  count_ += batch.batch;
+  cudaStream_t stream = stream_.get();
+  // dy is zero but, when the dense layer reads y's last step, that step's block, which dense_backward
+  // writes; re-zero only when the shape moved the block. Reading final states, the gradient goes to dhy.
+  if (dy_shape_ != std::make_pair(batch.batch, batch.seq)) {
+    const std::size_t y_count =
+        to_size(batch.batch) * to_size(batch.seq) * to_size(layout_.shape().output_width());
+    DDP_CUDA_CHECK(cudaMemsetAsync(cudnn_io().dy, 0, y_count * element_bytes_, stream));
+    dy_shape_ = {batch.batch, batch.seq};
+  }
+  if (embedding_dropout_ > 0) {
+    store_uint64<<<1, 1, 0, stream>>>(dropout_stream(dropout_key_, ++dropout_draws_),
+                                      embedding_dropout_stream_.get());
+    DDP_CUDA_CHECK_LAUNCH("store_uint64 (embedding dropout stream)");
+  }
+}
+
+void CudaReplica::enqueue_training(const BatchView& batch, const GradientReadyFn& on_ready) {
   const BatchShape& shape = shape_for(batch.batch, batch.seq);
   const RnnPlan& plan = *shape.plan;
   const ModelShape& model = layout_.shape();
@@ -321,22 +384,15 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
     timeline::Span span("enqueue forward");
     forward(batch, shape, /*training=*/true);
     dense_and_loss(batch, batch.labels, nullptr, d_logits_.get(), /*add_stats=*/true);
-    count_ += batch.batch;
   }
   gpu_spans_->end(gpu_forward, "forward");
   void* gpu_backward = gpu_spans_->begin();
   timeline::Span backward_span("enqueue backward");
 
-  // dy is zero but, when the dense layer reads y's last step, that step's block, which dense_backward
-  // writes; re-zero only when the shape moved the block. Reading final states, the gradient goes to dhy.
   const int width = model.output_width();
   const std::size_t step_floats = to_size(batch.batch) * to_size(width);
   const std::size_t y_floats = to_size(batch.seq) * step_floats;
   const CudnnIo io = cudnn_io();
-  if (dy_shape_ != std::make_pair(batch.batch, batch.seq)) {
-    DDP_CUDA_CHECK(cudaMemsetAsync(io.dy, 0, y_floats * element_bytes_, stream));
-    dy_shape_ = {batch.batch, batch.seq};
-  }
   // fp16: the loss gradient enters cuDNN's half backward times the loss scale, which dx and the weight
   // gradients leave divided out again (powers of two: exact in float).
   const float scale = half_ ? loss_scale_.scale() : 1.0f;
@@ -389,7 +445,7 @@ void CudaReplica::train_step(const BatchView& batch, const GradientReadyFn& on_r
     // The forward's mask on the input gradient: dropped elements pass no gradient to their rows.
     embedding_dropout<<<blocks_for(x_count), kThreads, 0, stream>>>(
         dx_.get(), masked_ ? starts_.get() : nullptr, batch.batch, batch.seq, model.embedding_dim,
-        embedding_dropout_stream_, embedding_dropout_);
+        embedding_dropout_stream_.get(), embedding_dropout_);
     DDP_CUDA_CHECK_LAUNCH("embedding_dropout (backward)");
   }
   embedding_backward<<<blocks_for(x_count), kThreads, 0, stream>>>(

@@ -240,6 +240,15 @@ void Optimizer::step_pieces(std::span<float> /*params*/, std::span<const Gradien
   throw std::logic_error("the " + name() + " optimizer in device memory takes dense gradients only");
 }
 
+void Optimizer::prepare_step() {
+  throw std::logic_error("the " + name() + " optimizer does not split its steps");
+}
+
+void Optimizer::enqueue_step(std::span<float> /*params*/, std::span<const float> /*grads*/,
+                             double /*clip_norm*/) {
+  throw std::logic_error("the " + name() + " optimizer does not split its steps");
+}
+
 void Optimizer::visit_state(const StateBufferVisitor& visit) const {
   for (const auto& [name, buffer] : state().buffers) visit(name, buffer);
 }

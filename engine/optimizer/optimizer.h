@@ -73,6 +73,14 @@ class Optimizer {
   // (lazy updates do not apply). Host optimizers only: others throw std::logic_error.
   virtual void step_pieces(std::span<float> params, std::span<const GradientPiece> pieces,
                            float gradient_scale = 1.0f);
+  // step_clipped() in two parts, for a step replayed from a CUDA graph (engine/step_graph.h): prepare_step()
+  // counts the update and puts its coefficients (learning rate, bias correction) where the device reads
+  // them; enqueue_step() enqueues the update (after the norm, where clip_norm > 0) reading them there, so
+  // that the same enqueued work serves every step. Dense gradients only. Only optimizers whose
+  // splits_steps() is true (the GPU's) have them; the others throw std::logic_error.
+  virtual bool splits_steps() const { return false; }
+  virtual void prepare_step();
+  virtual void enqueue_step(std::span<float> params, std::span<const float> grads, double clip_norm);
   virtual OptimizerState state() const = 0;
   // The state's update count, and each of its buffers in turn: in place where the state is in host memory,
   // else copied (a GPU's).

@@ -1,5 +1,8 @@
 // Adam and SGD over a flat device buffer (optimizer.h): one fused kernel per step on the replica's stream, no
-// host synchronisation. The element-wise math is the host loop's own (optimizer_math.h), compiled here with
+// host synchronisation. The step's coefficients (learning rate, bias correction) are computed on the host and
+// stored on the device by a one-thread kernel before the update, which reads them there: the update itself
+// has the same arguments at every step, so a CUDA graph can capture it once (prepare_step, enqueue_step). The
+// element-wise math is the host loop's own (optimizer_math.h), compiled here with
 // --fmad=false and there with -ffp-contract=off, so the two agree to the last bit.
 #include <cuda_runtime.h>
 
@@ -77,10 +80,19 @@ __device__ void update_elements(std::size_t n, bool vec4, Update update, Arrays*
   for (std::size_t i = done + first; i < n; i += stride) update(arrays[i]...);
 }
 
-// `scale` (clipping, on the device; null: c's) multiplies every gradient.
+// A step's coefficients, computed on the host, into the device memory the update kernels read: a kernel
+// argument is copied when the launch is enqueued, so the host needs no buffer that outlives the call.
+template <typename Coefficients>
+__global__ void store_coefficients(Coefficients value, Coefficients* __restrict__ to) {
+  *to = value;
+}
+
+// The step's coefficients from the device (prepare_step's); `scale` (clipping, on the device; null: theirs)
+// multiplies every gradient.
 __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                            float* __restrict__ v, std::size_t n, AdamCoefficients c,
+                            float* __restrict__ v, std::size_t n, const AdamCoefficients* __restrict__ stored,
                             const float* __restrict__ scale, bool vec4) {
+  AdamCoefficients c = *stored;
   if (scale != nullptr) c.grad_scale = *scale;
   update_elements(
       n, vec4, [&](float& pi, float gi, float& mi, float& vi) { adam_update_one(pi, gi, mi, vi, c); }, p, g,
@@ -88,7 +100,9 @@ __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, 
 }
 
 __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ velocity,
-                           std::size_t n, SgdCoefficients c, const float* __restrict__ scale, bool vec4) {
+                           std::size_t n, const SgdCoefficients* __restrict__ stored,
+                           const float* __restrict__ scale, bool vec4) {
+  SgdCoefficients c = *stored;
   if (scale != nullptr) c.grad_scale = *scale;
   update_elements(
       n, vec4, [&](float& pi, float gi, float& vi) { sgd_update_one(pi, gi, vi, c); }, p, g, velocity);
@@ -104,28 +118,22 @@ class CudaOptimizer : public Optimizer {
             float gradient_scale) final {
     // `sparse` is ignored: lazy rows were refused at construction, so the update is dense.
     DDP_CHECK(params.size() == size_ && grads.size() == size_);
-    ++iterations_;
-    gradient_scale_ = gradient_scale;
-    if (size_ == 0) return;
-    DDP_CUDA_CHECK(cudaSetDevice(device_));
-    launch(params.data(), grads.data(), nullptr);
+    prepare(gradient_scale);
+    enqueue(params.data(), grads.data(), 0);
   }
 
   void step_clipped(std::span<float> params, std::span<const float> grads, const TouchedRows*,
                     double clip_norm) final {
     DDP_CHECK(params.size() == size_ && grads.size() == size_);
-    ++iterations_;
-    gradient_scale_ = 1.0f;  // replaced on the device by the clipping scale
-    if (size_ == 0) return;
-    DDP_CUDA_CHECK(cudaSetDevice(device_));
-    norm_lanes_.ensure(kNormLanes);
-    clip_scale_.ensure(1);
-    squared_norm_lanes<<<static_cast<unsigned int>((kNormLanes + kThreads - 1) / kThreads), kThreads, 0,
-                         stream_>>>(grads.data(), size_, norm_lanes_.get());
-    DDP_CUDA_CHECK_LAUNCH("squared_norm_lanes");
-    clipping_scale_kernel<<<1, 1, 0, stream_>>>(norm_lanes_.get(), clip_norm, clip_scale_.get());
-    DDP_CUDA_CHECK_LAUNCH("clipping_scale_kernel");
-    launch(params.data(), grads.data(), clip_scale_.get());
+    prepare(1.0f);  // the gradient scale is replaced on the device by the clipping scale
+    enqueue(params.data(), grads.data(), clip_norm);
+  }
+
+  bool splits_steps() const final { return true; }
+  void prepare_step() final { prepare(1.0f); }
+  void enqueue_step(std::span<float> params, std::span<const float> grads, double clip_norm) final {
+    DDP_CHECK(params.size() == size_ && grads.size() == size_);
+    enqueue(params.data(), grads.data(), clip_norm);
   }
 
   int64_t iterations() const final { return iterations_; }
@@ -174,11 +182,42 @@ class CudaOptimizer : public Optimizer {
       moment.ensure(size_);
       if (size_ > 0) DDP_CUDA_CHECK(cudaMemsetAsync(moment.get(), 0, moment.bytes(), stream_));
     }
+    // Allocated here, never in a step: a step captured into a CUDA graph must not allocate.
+    norm_lanes_.ensure(kNormLanes);
+    clip_scale_.ensure(1);
     DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
-  // Enqueues the update of this step (iterations_ already counts it); a non-null `scale` on the device
-  // replaces gradient_scale_.
+  // Counts the step and enqueues the store of its coefficients, computed with `gradient_scale`.
+  void prepare(float gradient_scale) {
+    ++iterations_;
+    gradient_scale_ = gradient_scale;
+    if (size_ == 0) return;
+    DDP_CUDA_CHECK(cudaSetDevice(device_));
+    store();
+  }
+
+  // The update on the stored coefficients, clipped to `clip_norm` where it is > 0.
+  void enqueue(float* params, const float* grads, double clip_norm) {
+    if (size_ == 0) return;
+    DDP_CUDA_CHECK(cudaSetDevice(device_));
+    const float* scale = nullptr;
+    if (clip_norm > 0) {
+      squared_norm_lanes<<<static_cast<unsigned int>((kNormLanes + kThreads - 1) / kThreads), kThreads, 0,
+                           stream_>>>(grads, size_, norm_lanes_.get());
+      DDP_CUDA_CHECK_LAUNCH("squared_norm_lanes");
+      clipping_scale_kernel<<<1, 1, 0, stream_>>>(norm_lanes_.get(), clip_norm, clip_scale_.get());
+      DDP_CUDA_CHECK_LAUNCH("clipping_scale_kernel");
+      scale = clip_scale_.get();
+    }
+    launch(params, grads, scale);
+  }
+
+  // Enqueues the store of this step's coefficients (iterations_ already counts it, gradient_scale_ is its
+  // scale) into the device memory launch() reads.
+  virtual void store() = 0;
+  // Enqueues the update on the stored coefficients; a non-null `scale` on the device replaces their
+  // gradient scale.
   virtual void launch(float* params, const float* grads, const float* scale) = 0;
 
   // Blocks for `items` work items (float4 or floats), at most a few waves.
@@ -203,41 +242,56 @@ class CudaOptimizer : public Optimizer {
 class CudaAdam final : public CudaOptimizer {
  public:
   CudaAdam(const OptimizerSettings& s, std::size_t size, int device, cudaStream_t stream)
-      : CudaOptimizer(size, device, stream, {"m", "v"}), s_(s) {}
+      : CudaOptimizer(size, device, stream, {"m", "v"}), s_(s) {
+    coefficients_.ensure(1);
+  }
   std::string name() const override { return "adam"; }
 
  protected:
+  void store() override {
+    store_coefficients<<<1, 1, 0, stream_>>>(adam_coefficients(s_, iterations_, gradient_scale_),
+                                             coefficients_.get());
+    DDP_CUDA_CHECK_LAUNCH("store_coefficients (adam)");
+  }
   void launch(float* params, const float* grads, const float* scale) override {
-    const AdamCoefficients c = adam_coefficients(s_, iterations_, gradient_scale_);
     float* m = buffers_[0]->get();
     float* v = buffers_[1]->get();
     const bool vec4 = aligned16(params) && aligned16(grads) && aligned16(m) && aligned16(v);
-    adam_kernel<<<blocks_for(vec4 ? size_ / 4 + 1 : size_), kThreads, 0, stream_>>>(params, grads, m, v,
-                                                                                    size_, c, scale, vec4);
+    adam_kernel<<<blocks_for(vec4 ? size_ / 4 + 1 : size_), kThreads, 0, stream_>>>(
+        params, grads, m, v, size_, coefficients_.get(), scale, vec4);
     DDP_CUDA_CHECK_LAUNCH("adam_kernel");
   }
 
  private:
   OptimizerSettings s_;
+  cuda::DeviceArray<AdamCoefficients> coefficients_;  // the step's, from store()
 };
 
 class CudaSgd final : public CudaOptimizer {
  public:
   CudaSgd(const OptimizerSettings& s, std::size_t size, int device, cudaStream_t stream)
-      : CudaOptimizer(size, device, stream, {"velocity"}), s_(s) {}
+      : CudaOptimizer(size, device, stream, {"velocity"}), s_(s) {
+    coefficients_.ensure(1);
+  }
   std::string name() const override { return "sgd"; }
 
  protected:
+  void store() override {
+    store_coefficients<<<1, 1, 0, stream_>>>(sgd_coefficients(s_, iterations_, gradient_scale_),
+                                             coefficients_.get());
+    DDP_CUDA_CHECK_LAUNCH("store_coefficients (sgd)");
+  }
   void launch(float* params, const float* grads, const float* scale) override {
     float* velocity = buffers_[0]->get();
     const bool vec4 = aligned16(params) && aligned16(grads) && aligned16(velocity);
     sgd_kernel<<<blocks_for(vec4 ? size_ / 4 + 1 : size_), kThreads, 0, stream_>>>(
-        params, grads, velocity, size_, sgd_coefficients(s_, iterations_, gradient_scale_), scale, vec4);
+        params, grads, velocity, size_, coefficients_.get(), scale, vec4);
     DDP_CUDA_CHECK_LAUNCH("sgd_kernel");
   }
 
  private:
   OptimizerSettings s_;
+  cuda::DeviceArray<SgdCoefficients> coefficients_;  // the step's, from store()
 };
 
 }  // namespace
