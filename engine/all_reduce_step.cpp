@@ -6,6 +6,7 @@
 
 #include "engine/base/errors.h"
 #include "engine/base/timeline.h"
+#include "engine/step_graph.h"
 
 namespace ddp::engine {
 namespace {
@@ -20,7 +21,7 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 
 AllReduceStep::AllReduceStep(models::Replica& replica, comm::GradientReducer& reducer,
                              optim::Optimizer& optimizer, bool sparse_exchange, double clip_norm,
-                             bool delayed, bool gpu_job, bool skip_nonfinite)
+                             bool delayed, bool gpu_job, bool skip_nonfinite, bool cuda_graphs)
     : replica_(replica),
       reducer_(reducer),
       optimizer_(optimizer),
@@ -35,6 +36,21 @@ AllReduceStep::AllReduceStep(models::Replica& replica, comm::GradientReducer& re
   if (delayed_ && skip_nonfinite_) {
     throw std::invalid_argument("AllReduceStep: the delayed exchange does not skip steps");
   }
+  if (replica_.device() == models::DeviceKind::kCuda) {
+    graph_refusal_ = step_graph_refusal(step_graph_facts(replica_, reducer_, optimizer_, cuda_graphs,
+                                                         skip_nonfinite_, delayed_, timeline::enabled()));
+    uses_graphs_ = graph_refusal_.empty();
+  }
+}
+
+std::string AllReduceStep::graph_note() const {
+  if (replica_.device() != models::DeviceKind::kCuda) return "";
+  return uses_graphs_ ? "step in a CUDA graph per batch shape" : "eager step (" + graph_refusal_ + ")";
+}
+
+void AllReduceStep::use_graph_recorder(std::unique_ptr<GraphRecorder> recorder) {
+  if (!uses_graphs_) throw std::logic_error("AllReduceStep: no graphs to record (" + graph_refusal_ + ")");
+  graphs_ = std::make_unique<StepGraphs>(std::move(recorder));
 }
 
 AllReduceStep::~AllReduceStep() {
@@ -48,38 +64,20 @@ void AllReduceStep::run(const BatchView& batch) {
     run_delayed(batch);
     return;
   }
+  if (uses_graphs_) {
+    run_graphed(batch);
+    return;
+  }
   const auto start = Clock::now();
   std::span<float> grads = replica_.grads();
-  const models::ParamLayout& layout = replica_.layout();
-  const models::ParamSegment& embedding = layout.segments().front();
-  const auto width = static_cast<std::size_t>(layout.shape().embedding_dim);
   // The reductions start in one order on every rank (ParamLayout::reduction_order), whatever order this
-  // rank's replica finishes the segments in: collectives pair up by order, and a GPU rank and a CPU rank of
-  // one job differ (the CPU replica hands the embedding over before the first layer's weights, cuDNN computes
-  // every layer's weights in one call). A segment that finishes early waits for the ones before it. The
-  // embedding's rows (all-CPU jobs only, whose replicas all report alike) start as soon as it is ready.
-  const std::vector<models::ParamSegment>& segments = layout.segments();
-  const std::vector<std::size_t>& order = order_;
-  finished_.assign(segments.size(), false);
-  std::size_t next = 0;  // segments[order[next]] is the next to start
-  replica_.train_step(batch, [&](const models::ParamSegment& segment) {
-    if (sparse_exchange_ && segment.offset == embedding.offset) {
-      // By rows, in the background like the other segments: the CPU replica hands the embedding over
-      // before the first layer's weight gradients, which it computes while the rows travel.
-      timeline::Span span("embedding rows exchange");
-      embedding_rows_ = reducer_.start_average_rows(grads.subspan(embedding.offset, embedding.size), width,
-                                                    replica_.touched_embedding_rows());
-    }
-    finished_[layout.segment_index(segment.offset)] = true;
-    for (; next < order.size() && finished_[order[next]]; ++next) {
-      const models::ParamSegment& ready = segments[order[next]];
-      if (sparse_exchange_ && ready.offset == embedding.offset) continue;  // its rows are on their way
-      reducer_.start_average(grads.subspan(ready.offset, ready.size));
-    }
-  });
-  if (next != order.size()) {
-    throw std::logic_error("the replica's train_step left the gradient of " + segments[order[next]].name +
-                           " unreported");
+  // rank's replica finishes the segments in (start_due_reductions).
+  finished_.assign(replica_.layout().segments().size(), false);
+  next_ = 0;
+  replica_.train_step(batch, [this](const models::ParamSegment& segment) { start_due_reductions(segment); });
+  if (next_ != order_.size()) {
+    throw std::logic_error("the replica's train_step left the gradient of " +
+                           replica_.layout().segments()[order_[next_]].name + " unreported");
   }
   const auto computed = Clock::now();
 
@@ -104,6 +102,57 @@ void AllReduceStep::run(const BatchView& batch) {
   const auto done = Clock::now();
   timing_ = {seconds_between(start, computed), seconds_between(computed, reduced),
              seconds_between(reduced, done)};
+}
+
+void AllReduceStep::start_due_reductions(const models::ParamSegment& segment) {
+  // Collectives pair up by order, and a GPU rank and a CPU rank of one job differ (the CPU replica hands the
+  // embedding over before the first layer's weights, cuDNN computes every layer's weights in one call), so a
+  // segment that finishes early waits for the ones before it. The embedding's rows (all-CPU jobs only, whose
+  // replicas all report alike) start as soon as it is ready.
+  const models::ParamLayout& layout = replica_.layout();
+  const std::vector<models::ParamSegment>& segments = layout.segments();
+  const models::ParamSegment& embedding = segments.front();
+  const std::span<float> grads = replica_.grads();
+  if (sparse_exchange_ && segment.offset == embedding.offset) {
+    // By rows, in the background like the other segments: the CPU replica hands the embedding over before
+    // the first layer's weight gradients, which it computes while the rows travel.
+    timeline::Span span("embedding rows exchange");
+    embedding_rows_ = reducer_.start_average_rows(grads.subspan(embedding.offset, embedding.size),
+                                                  static_cast<std::size_t>(layout.shape().embedding_dim),
+                                                  replica_.touched_embedding_rows());
+  }
+  finished_[layout.segment_index(segment.offset)] = true;
+  for (; next_ < order_.size() && finished_[order_[next_]]; ++next_) {
+    const models::ParamSegment& ready = segments[order_[next_]];
+    if (sparse_exchange_ && ready.offset == embedding.offset) continue;  // its rows are on their way
+    reducer_.start_average(grads.subspan(ready.offset, ready.size));
+  }
+}
+
+void AllReduceStep::run_graphed(const BatchView& batch) {
+  if (!graphs_) graphs_ = std::make_unique<StepGraphs>(make_cuda_graph_recorder(replica_.stream()));
+  const auto start = Clock::now();
+  // The host's part of the step, outside any graph: the batch into the replica's buffers, this step's
+  // dropout draw and optimizer coefficients onto the device.
+  const BatchView staged = replica_.begin_step(batch);
+  optimizer_.prepare_step();
+  last_run_ = graphs_->run(batch.batch, batch.seq, replica_.memory_generation(), [&] {
+    // The step's device work, in the eager step's order: backward starting the reductions, the wait for
+    // them on the device, the (clipped) update. A GPU replica's embedding gradient is dense and exchanged
+    // whole, so nothing is left to clear.
+    finished_.assign(replica_.layout().segments().size(), false);
+    next_ = 0;
+    replica_.enqueue_step(staged,
+                          [this](const models::ParamSegment& segment) { start_due_reductions(segment); });
+    if (next_ != order_.size()) {
+      throw std::logic_error("the replica's enqueue_step left the gradient of " +
+                             replica_.layout().segments()[order_[next_]].name + " unreported");
+    }
+    reducer_.finish_average();
+    optimizer_.enqueue_step(replica_.params(), replica_.grads(), clip_norm_);
+  });
+  // The host waited for nothing: the whole step is the time to enqueue it.
+  timing_ = {seconds_between(start, Clock::now()), 0, 0};
 }
 
 void AllReduceStep::apply(std::span<const float> grads) {

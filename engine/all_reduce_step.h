@@ -12,10 +12,13 @@
 // checkpoint starts as the uninterrupted run goes on.
 #pragma once
 
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/gradient_reducer.h"
 #include "engine/optimizer/optimizer.h"
+#include "engine/step_graph.h"
 #include "models/replica.h"
 
 namespace ddp::engine {
@@ -30,9 +33,11 @@ class AllReduceStep {
   // `skip_nonfinite`: model.precision = fp16 somewhere in the job (dynamic loss scaling, models/
   // loss_scale.h): a step whose averaged gradient is not finite is not applied, on every rank alike (they
   // all hold the same average), and the replica hears of every step's fate (Replica::after_update).
+  // `cuda_graphs`: train.cuda_graph = auto; a GPU replica's steps are replayed from CUDA graphs where the
+  // replica, the reducer and the optimizer allow it (step_graph.h; graph_note() says which).
   AllReduceStep(models::Replica& replica, comm::GradientReducer& reducer, optim::Optimizer& optimizer,
                 bool sparse_exchange, double clip_norm = 0, bool delayed = false, bool gpu_job = false,
-                bool skip_nonfinite = false);
+                bool skip_nonfinite = false, bool cuda_graphs = false);
   // A step left with its exchange in flight (an error on this rank between steps) leaves the exchange's
   // buffer to the reducer, which MPI may still write into until the job ends.
   ~AllReduceStep();
@@ -52,6 +57,14 @@ class AllReduceStep {
   };
   const Timing& last_timing() const { return timing_; }
 
+  // A GPU rank's way of running the step, for the start log: "step in a CUDA graph per batch shape" or
+  // "eager step (why not)"; "" on a CPU rank.
+  std::string graph_note() const;
+  // How the last run() went (kEager where no graphs are used).
+  StepGraphs::Run last_run() const { return last_run_; }
+  // For tests: the graphs record and replay through `recorder` instead of CUDA's. Before the first run().
+  void use_graph_recorder(std::unique_ptr<GraphRecorder> recorder);
+
  private:
   models::Replica& replica_;
   comm::GradientReducer& reducer_;
@@ -62,9 +75,14 @@ class AllReduceStep {
   // The optimizer on `grads`, averaged (with the embedding rows of embedding_rows_ where sparse).
   void apply(std::span<const float> grads);
   void run_delayed(const BatchView& batch);
+  // The step split for graphs (Replica::begin_step, Optimizer::prepare_step), its device work replayed.
+  void run_graphed(const BatchView& batch);
+  // Backward has finished `segment`: starts the reductions now due, in order_ (next_ is the next to start).
+  void start_due_reductions(const models::ParamSegment& segment);
 
   std::vector<int32_t> embedding_rows_;  // rows averaged in the last step
   std::vector<bool> finished_;           // per segment: the replica has reported its gradient this step
+  std::size_t next_ = 0;                 // order_[next_] is the next reduction to start
   Timing timing_;
   const bool delayed_;
   const std::vector<std::size_t> order_;  // the reductions' start order
@@ -76,6 +94,10 @@ class AllReduceStep {
   bool has_last_update_ = false;
   // Delayed: waits for the gradient in flight and applies it (nothing if none).
   void apply_in_flight();
+  bool uses_graphs_ = false;            // a GPU replica whose steps can be replayed
+  std::string graph_refusal_;           // why not, where they cannot
+  std::unique_ptr<StepGraphs> graphs_;  // made at the first run()
+  StepGraphs::Run last_run_ = StepGraphs::Run::kEager;
 };
 
 }  // namespace ddp::engine

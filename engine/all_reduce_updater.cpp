@@ -13,12 +13,13 @@ class AllReduceUpdater final : public Updater {
  public:
   AllReduceUpdater(models::Replica& replica, comm::HostGroup& trainers, comm::GradientReducer& reducer,
                    std::unique_ptr<optim::Optimizer> optimizer, bool sparse_exchange, double clip_norm,
-                   bool delayed, bool gpu_job, bool skip_nonfinite)
+                   bool delayed, bool gpu_job, bool skip_nonfinite, bool cuda_graphs)
       : replica_(replica),
         comm_(trainers),
         reducer_(reducer),
         optimizer_(std::move(optimizer)),
-        step_(replica, reducer, *optimizer_, sparse_exchange, clip_norm, delayed, gpu_job, skip_nonfinite) {}
+        step_(replica, reducer, *optimizer_, sparse_exchange, clip_norm, delayed, gpu_job, skip_nonfinite,
+              cuda_graphs) {}
 
   std::string optimizer_name() const override { return optimizer_->name(); }
 
@@ -43,6 +44,7 @@ class AllReduceUpdater final : public Updater {
   }
   void finish(std::span<float> host_params) override { replica_.copy_params_to_host(host_params); }
   std::string backend() const override { return reducer_.backend(); }
+  std::string step_note() const override { return step_.graph_note(); }
   comm::GradientReducer* gradient_reducer() override { return &reducer_; }
 
  private:
@@ -68,10 +70,10 @@ std::unique_ptr<Updater> make_all_reduce_updater(models::Replica& replica, int g
                                                  comm::GradientReducer& reducer,
                                                  const optim::OptimizerSettings& settings,
                                                  bool sparse_exchange, bool delayed, bool gpu_job,
-                                                 bool skip_nonfinite) {
-  return std::make_unique<AllReduceUpdater>(replica, trainers, reducer,
-                                            make_optimizer_for(replica, gpu, settings), sparse_exchange,
-                                            settings.clip_norm, delayed, gpu_job, skip_nonfinite);
+                                                 bool skip_nonfinite, bool cuda_graphs) {
+  return std::make_unique<AllReduceUpdater>(
+      replica, trainers, reducer, make_optimizer_for(replica, gpu, settings), sparse_exchange,
+      settings.clip_norm, delayed, gpu_job, skip_nonfinite, cuda_graphs);
 }
 
 }  // namespace ddp::engine

@@ -137,6 +137,10 @@ void visit_keys(C& c, Visitor&& key) {
       "decoupled weight decay (AdamW; sgd alike): each step p -= learning rate x this x p; 0: none");
   key("train", "clip_norm", c.train.clip_norm, "0 (never) or more",
       "clip the averaged gradient to this global L2 norm before the update; 0: never");
+  key("train", "cuda_graph", c.train.cuda_graph, one_of("auto, off"),
+      "GPU ranks: auto (each batch shape's whole step, from the embedding to the optimizer with NCCL's "
+      "all-reduce, captured once into a CUDA graph and replayed, one launch per step; the start log says "
+      "where a model, backend or option keeps the step eager) or off (every kernel launched by the host)");
   key("train", "early_stopping_patience", c.train.early_stopping_patience, "0 (never) or more",
       "stop after this many epochs without a lower val_loss (best.h5 keeps the best); 0: never");
   key("train", "straggle_ms", c.train.straggle_ms, "0 to 3600000 (an hour)",
@@ -388,6 +392,8 @@ void check_values(const Config& c) {
           "expected none or delayed");
   require(c.comm.hierarchy == "auto" || c.comm.hierarchy == "off", "comm.hierarchy", c.comm.hierarchy,
           "expected auto or off");
+  require(c.train.cuda_graph == "auto" || c.train.cuda_graph == "off", "train.cuda_graph", c.train.cuda_graph,
+          "expected auto or off");
   require(c.log.progress == "auto" || c.log.progress == "bar" || c.log.progress == "lines", "log.progress",
           c.log.progress, "expected auto, bar or lines");
   require(c.log.interval >= 0, "log.interval", value_text(c.log.interval), "must be 0 or more");
@@ -466,6 +472,7 @@ std::vector<std::string> job_wide_settings(const Config& c) {
                                               "model.cpu_kernels",
                                               "model.cudnn_rnn_algo",
                                               "train.threads",
+                                              "train.cuda_graph",
                                               "train.straggle_ms",
                                               "comm.timeout_s",
                                               "checkpoint.dir",

@@ -60,6 +60,7 @@ struct Config {
     double lr_decay_rate = 0.1;            // step: by this factor
     double weight_decay = 0;               // decoupled (AdamW)
     double clip_norm = 0;                  // clip the averaged gradient's global norm; 0: never
+    std::string cuda_graph = "auto";       // auto | off: a GPU rank's step replayed from a CUDA graph
     int early_stopping_patience = 0;       // epochs without a better val_loss before stopping; 0: never
   } train;
 
@@ -97,10 +98,10 @@ struct Config {
 
 // The settings every rank of a job must share, as "key = value" lines in the order of --help: every key but
 // those a node may set for itself (device, data.path and data.prefetch, data.validate, model.cpu_kernels,
-// model.cudnn_rnn_algo, train.threads, train.straggle_ms, comm.timeout_s) and those rank 0 alone acts on
-// (checkpoint.dir, checkpoint.overwrite, checkpoint.allow_data_change, log.progress, log.interval). Keys that
-// decide whether a rank takes part in a collective (comm.selfcheck: the NCCL average check; log.timeline:
-// the timeline's barrier and gather) are job-wide.
+// model.cudnn_rnn_algo, train.threads, train.cuda_graph, train.straggle_ms, comm.timeout_s) and those rank 0
+// alone acts on (checkpoint.dir, checkpoint.overwrite, checkpoint.allow_data_change, log.progress,
+// log.interval). Keys that decide whether a rank takes part in a collective (comm.selfcheck: the NCCL average
+// check; log.timeline: the timeline's barrier and gather) are job-wide.
 std::vector<std::string> job_wide_settings(const Config& c);
 
 // What the command line asked for.

@@ -22,6 +22,7 @@ RankStartFacts this_rank(const TrainingSetup& setup, const std::string& self_che
                     : topology.device;
   if (const std::string kernels = setup.replica.recurrent_kernels(); !kernels.empty())
     rank.device += ", " + kernels;
+  if (const std::string step = setup.updater.step_note(); !step.empty()) rank.device += ", " + step;
   if (!self_check_summary.empty()) rank.device += ", " + self_check_summary;
   rank.device_reason = topology.device_reason;
   rank.train_rows = setup.plan.train;

@@ -127,7 +127,8 @@ TrainResult train(const Config& config, const Topology& topology, const io::Data
           config.comm.sparse_embedding && backend.all_on_cpu, config.comm.overlap == "delayed",
           /*gpu_job=*/!backend.all_on_cpu,
           /*skip_nonfinite=*/!backend.all_on_cpu &&
-              models::scales_loss(models::parse_precision(config.model.precision)));
+              models::scales_loss(models::parse_precision(config.model.precision)),
+          /*cuda_graphs=*/config.train.cuda_graph == "auto");
       run = std::make_unique<TrainingRun>(
           config, TrainingRanks{boot, boot.size(), topology, watchdog, stop_signal}, data, std::move(replica),
           std::move(updater), backend.reason, epoch_written);

@@ -59,6 +59,9 @@ class Updater {
 
   // For logs and metrics: "mpi", "nccl" or "ps".
   virtual std::string backend() const = 0;
+  // A GPU rank's way of running its steps, for its start line (AllReduceStep::graph_note); "" where there
+  // is nothing to say.
+  virtual std::string step_note() const { return ""; }
   // The all-reduce's gradient reducer, for the GPU self-check of its averages; null for the parameter server.
   virtual comm::GradientReducer* gradient_reducer() { return nullptr; }
   // Rank 0, after distribute_start(): the start-up lines of the ranks that serve and do not train.

@@ -1,0 +1,375 @@
+// A GPU rank's step replayed from CUDA graphs (engine/step_graph.h), on the host: a fake stream whose work
+// runs at once, or is recorded while a capture is on and run again at each launch, as CUDA's graphs do. The
+// fakes keep what changes per step "on the device" (set by enqueued work), so a replay computes the eager
+// step only where AllReduceStep does the host's part of every step outside the graph.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/all_reduce_step.h"
+#include "engine/step_graph.h"
+#include "models/replica.h"
+#include "tests/forwarding_replica.h"
+
+namespace ddp::engine {
+namespace {
+
+// Work enqueued runs at once, unless a capture is on: then it is recorded for the graph.
+struct FakeStream {
+  std::vector<std::function<void()>>* capture = nullptr;
+  void enqueue(std::function<void()> work) {
+    if (capture != nullptr) {
+      capture->push_back(std::move(work));
+    } else {
+      work();
+    }
+  }
+};
+
+class FakeRecorder final : public GraphRecorder {
+ public:
+  explicit FakeRecorder(FakeStream& stream) : stream_(stream) {}
+  void begin_capture() override {
+    capturing_.clear();
+    stream_.capture = &capturing_;
+    ++captures;
+  }
+  std::size_t end_capture() override {
+    stream_.capture = nullptr;
+    graphs.push_back(std::move(capturing_));
+    return graphs.size() - 1;
+  }
+  void abandon_capture() noexcept override {
+    stream_.capture = nullptr;
+    ++abandoned;
+  }
+  void launch(std::size_t graph) override {
+    ++launches;
+    for (const auto& work : graphs.at(graph)) work();
+  }
+  void clear() override {
+    graphs.clear();
+    ++clears;
+  }
+
+  std::vector<std::vector<std::function<void()>>> graphs;
+  int captures = 0;
+  int launches = 0;
+  int clears = 0;
+  int abandoned = 0;
+
+ private:
+  FakeStream& stream_;
+  std::vector<std::function<void()>> capturing_;
+};
+
+// --- StepGraphs' rules
+
+TEST(StepGraphs, RunsAShapeEagerlyThenCapturesItThenReplaysIt) {
+  FakeStream stream;
+  auto owned = std::make_unique<FakeRecorder>(stream);
+  FakeRecorder& recorder = *owned;
+  StepGraphs graphs(std::move(owned), /*max_graphs=*/2);
+  int ran = 0;  // the step's device work, run
+  int enqueued = 0;
+  const auto step = [&] {
+    ++enqueued;
+    stream.enqueue([&] { ++ran; });
+  };
+  using Run = StepGraphs::Run;
+  EXPECT_EQ(graphs.run(32, 80, 1, step), Run::kEager);
+  EXPECT_EQ(graphs.run(32, 80, 1, step), Run::kCaptured);
+  EXPECT_EQ(graphs.run(32, 80, 1, step), Run::kReplayed);
+  EXPECT_EQ(graphs.run(32, 80, 1, step), Run::kReplayed);
+  EXPECT_EQ(enqueued, 2) << "the host enqueues the work of the first two steps only";
+  EXPECT_EQ(ran, 4) << "every step's work runs once, the captured one from its graph";
+  // The last, shorter batch: its own graph from its second time on.
+  EXPECT_EQ(graphs.run(7, 80, 1, step), Run::kEager);
+  EXPECT_EQ(graphs.run(32, 80, 1, step), Run::kReplayed);
+  EXPECT_EQ(graphs.run(7, 80, 1, step), Run::kCaptured);
+  EXPECT_EQ(graphs.run(7, 80, 1, step), Run::kReplayed);
+  EXPECT_EQ(graphs.graphs(), 2u);
+  // Beyond max_graphs shapes run eagerly, however often they come.
+  EXPECT_EQ(graphs.run(5, 80, 1, step), Run::kEager);
+  EXPECT_EQ(graphs.run(5, 80, 1, step), Run::kEager);
+  EXPECT_EQ(ran, 10);
+  EXPECT_EQ(recorder.captures, 2);
+  EXPECT_EQ(recorder.launches, 6);
+}
+
+TEST(StepGraphs, DropsItsGraphsWhenTheMemoryMoves) {
+  FakeStream stream;
+  auto owned = std::make_unique<FakeRecorder>(stream);
+  FakeRecorder& recorder = *owned;
+  StepGraphs graphs(std::move(owned));
+  const auto step = [&] { stream.enqueue([] {}); };
+  using Run = StepGraphs::Run;
+  graphs.run(32, 80, 1, step);
+  EXPECT_EQ(graphs.run(32, 80, 1, step), Run::kCaptured);
+  EXPECT_EQ(graphs.run(32, 80, 2, step), Run::kEager) << "a graph of the old memory is not replayed";
+  EXPECT_EQ(recorder.clears, 1);
+  EXPECT_EQ(graphs.graphs(), 0u);
+  EXPECT_EQ(graphs.run(32, 80, 2, step), Run::kCaptured);
+  EXPECT_EQ(graphs.run(32, 80, 2, step), Run::kReplayed);
+}
+
+TEST(StepGraphs, AnErrorWhileCapturingEndsTheCaptureAndPropagates) {
+  FakeStream stream;
+  auto owned = std::make_unique<FakeRecorder>(stream);
+  FakeRecorder& recorder = *owned;
+  StepGraphs graphs(std::move(owned));
+  graphs.run(32, 80, 1, [] {});
+  EXPECT_THROW(graphs.run(32, 80, 1, [] { throw std::runtime_error("cudnnRNNForward failed"); }),
+               std::runtime_error);
+  EXPECT_EQ(recorder.abandoned, 1);
+  EXPECT_EQ(stream.capture, nullptr);
+  EXPECT_EQ(graphs.graphs(), 0u);
+}
+
+// --- When a step can be replayed
+
+TEST(StepGraphRefusal, NamesWhatKeepsTheStepEager) {
+  EXPECT_EQ(step_graph_refusal(StepGraphFacts{}), "");
+  StepGraphFacts off;
+  off.wanted = false;
+  EXPECT_EQ(step_graph_refusal(off), "train.cuda_graph = off");
+  StepGraphFacts masked;
+  masked.replica_refusal = "model.mask_padding: each batch's sequence lengths go into cuDNN's descriptors";
+  EXPECT_EQ(step_graph_refusal(masked), masked.replica_refusal);
+  StepGraphFacts staged;
+  staged.reducer_capturable = false;
+  staged.backend = "mpi";
+  EXPECT_EQ(step_graph_refusal(staged), "the mpi exchange goes through the host");
+  StepGraphFacts host_optimizer;
+  host_optimizer.optimizer_splits = false;
+  EXPECT_EQ(step_graph_refusal(host_optimizer), "the optimizer runs on the host");
+  StepGraphFacts fp16;
+  fp16.skips_nonfinite = true;
+  EXPECT_EQ(step_graph_refusal(fp16), "fp16's skipped steps are decided on the host");
+  StepGraphFacts timeline;
+  timeline.timeline = true;
+  EXPECT_EQ(step_graph_refusal(timeline), "log.timeline times each launch");
+  StepGraphFacts delayed;
+  delayed.delayed = true;
+  EXPECT_EQ(step_graph_refusal(delayed), "comm.overlap = delayed");
+}
+
+// --- AllReduceStep's graphed step equals its eager one
+
+// A GPU replica over the CPU one: its "device memory" is the CPU replica's buffers and the values below,
+// written only by work on the fake stream. Each step's gradient gets this step's draw added (as the
+// embedding dropout's stream is drawn per step), read from the device when the work runs.
+class FakeGpuReplica final : public ddp::testing::ForwardingReplica {
+ public:
+  FakeGpuReplica(std::unique_ptr<models::Replica> inner, FakeStream& stream)
+      : ForwardingReplica(std::move(inner)), stream_(stream) {}
+  models::DeviceKind device() const override { return models::DeviceKind::kCuda; }
+  std::string step_graph_refusal() const override { return ""; }
+  uint64_t memory_generation() const override { return generation; }
+
+  void train_step(const BatchView& batch, const models::GradientReadyFn& on_ready) override {
+    begin_training();
+    enqueue_training(batch, on_ready);
+  }
+  BatchView begin_step(const BatchView& batch) override {
+    begin_training();
+    const std::vector<int32_t> tokens(batch.tokens, batch.tokens + batch.batch * batch.seq);
+    const std::vector<float> labels(batch.labels, batch.labels + batch.batch);
+    stream_.enqueue([this, tokens, labels] {
+      std::copy(tokens.begin(), tokens.end(), staged_tokens_.begin());
+      std::copy(labels.begin(), labels.end(), staged_labels_.begin());
+    });
+    return {staged_tokens_.data(), staged_labels_.data(), batch.batch, batch.seq, staged_tokens_.data()};
+  }
+  void enqueue_step(const BatchView& staged, const models::GradientReadyFn& on_ready) override {
+    if (staged.tokens != staged_tokens_.data()) throw std::logic_error("not begin_step's batch");
+    enqueue_training(staged, on_ready);
+  }
+
+  // As the GPU replica: every step zeroes the whole gradient first, so there is nothing to clear.
+  void clear_embedding_gradient_rows(std::span<const int32_t>) override {}
+  void clear_embedding_gradient() override {}
+
+  uint64_t generation = 1;
+
+ private:
+  void begin_training() {
+    const float draw = static_cast<float>(++draws_) * 0.25f;
+    stream_.enqueue([this, draw] { device_draw_ = draw; });
+  }
+  void enqueue_training(const BatchView& batch, const models::GradientReadyFn& on_ready) {
+    stream_.enqueue([this, batch] {
+      std::fill(inner().grads().begin(), inner().grads().end(), 0.0f);
+      inner().train_step(batch, {});
+      for (float& g : inner().grads()) g += device_draw_;
+    });
+    // The GPU replica's order: the dense layer, the embedding, the layers.
+    const auto& segments = layout().segments();
+    on_ready(segments.back());
+    on_ready(segments.front());
+    for (std::size_t s = segments.size() - 1; s-- > 1;) on_ready(segments[s]);
+  }
+
+  FakeStream& stream_;
+  int draws_ = 0;
+  float device_draw_ = 0;
+  std::vector<int32_t> staged_tokens_ = std::vector<int32_t>(64 * 64);
+  std::vector<float> staged_labels_ = std::vector<float>(64);
+};
+
+// Two ranks that agree, on the fake stream: the average is our own gradient, halved and doubled.
+class FakeStreamReducer final : public comm::GradientReducer {
+ public:
+  explicit FakeStreamReducer(FakeStream& stream) : stream_(stream) {}
+  std::string backend() const override { return "fake"; }
+  int size() const override { return 2; }
+  bool capturable() const override { return true; }
+  void start_average(std::span<float> segment) override {
+    ++started;
+    stream_.enqueue([segment] {
+      for (float& g : segment) g = (g + g) / 2;
+    });
+  }
+  void finish_average() override {}
+  std::vector<int32_t> start_average_rows(std::span<float> matrix, std::size_t,
+                                          std::span<const int32_t>) override {
+    start_average(matrix);
+    return {};
+  }
+  int started = 0;
+
+ private:
+  FakeStream& stream_;
+};
+
+// SGD whose learning rate decays with its count: the count and the rate are the host's, the rate reaches
+// the update through the device.
+class FakeSplitOptimizer final : public optim::Optimizer {
+ public:
+  explicit FakeSplitOptimizer(FakeStream& stream) : stream_(stream) {}
+  void step(std::span<float> params, std::span<const float> grads, const optim::TouchedRows*,
+            float) override {
+    prepare_step();
+    enqueue_step(params, grads, 0);
+  }
+  void step_clipped(std::span<float> params, std::span<const float> grads, const optim::TouchedRows*,
+                    double clip_norm) override {
+    prepare_step();
+    enqueue_step(params, grads, clip_norm);
+  }
+  bool splits_steps() const override { return true; }
+  void prepare_step() override {
+    const float rate = 1.0f / static_cast<float>(++iterations_ + 1);
+    stream_.enqueue([this, rate] { device_rate_ = rate; });
+  }
+  void enqueue_step(std::span<float> params, std::span<const float> grads, double) override {
+    stream_.enqueue([this, params, grads] {
+      for (std::size_t i = 0; i < params.size(); ++i) params[i] -= device_rate_ * grads[i];
+    });
+  }
+  optim::OptimizerState state() const override { return {iterations_, {}}; }
+  int64_t iterations() const override { return iterations_; }
+  void load_state(const optim::OptimizerState& state) override { iterations_ = state.iterations; }
+  std::string name() const override { return "fake sgd"; }
+
+ private:
+  FakeStream& stream_;
+  int64_t iterations_ = 0;
+  float device_rate_ = 0;
+};
+
+// Two epochs of 3 full batches and a shorter last one, eager and from graphs: the same parameters bit for
+// bit, after every step; the full batch captured at its second step, the short one at its second epoch.
+TEST(AllReduceStep, StepsReplayedFromGraphsEqualTheEagerSteps) {
+  const models::ModelShape shape{30, 4, 3, 1};
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<float>> labels;
+  for (int b = 0; b < 8; ++b) {  // every batch in memory of its own, as a prefetcher's
+    const int rows = b % 4 == 3 ? 3 : 5;
+    tokens.emplace_back(static_cast<std::size_t>(rows * 6));
+    for (std::size_t i = 0; i < tokens.back().size(); ++i)
+      tokens.back()[i] = static_cast<int32_t>((i * 7 + static_cast<std::size_t>(b) * 3) % 30);
+    labels.emplace_back(static_cast<std::size_t>(rows));
+    for (int r = 0; r < rows; ++r)
+      labels.back()[static_cast<std::size_t>(r)] = static_cast<float>((r + b) % 2);
+  }
+  const auto batch = [&](int b) {
+    const auto i = static_cast<std::size_t>(b);
+    return BatchView{tokens[i].data(), labels[i].data(), static_cast<int>(labels[i].size()), 6,
+                     tokens[i].data()};
+  };
+  const std::vector<float> start = [&] {
+    auto replica = models::make_cpu_replica(shape);
+    std::vector<float> values(replica->layout().total_size());
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = 0.01f * static_cast<float>(i % 17) - 0.08f;
+    return values;
+  }();
+
+  std::vector<std::vector<float>> after[2];
+  std::vector<StepGraphs::Run> runs;
+  for (const bool graphed : {false, true}) {
+    FakeStream stream;
+    FakeGpuReplica replica(models::make_cpu_replica(shape), stream);
+    replica.copy_params_from_host(start);
+    FakeStreamReducer reducer(stream);
+    FakeSplitOptimizer optimizer(stream);
+    AllReduceStep step(replica, reducer, optimizer, /*sparse_exchange=*/false, 0, false, /*gpu_job=*/true,
+                       false, /*cuda_graphs=*/graphed);
+    FakeRecorder* recorder = nullptr;
+    if (graphed) {
+      auto owned = std::make_unique<FakeRecorder>(stream);
+      recorder = owned.get();
+      step.use_graph_recorder(std::move(owned));
+      EXPECT_EQ(step.graph_note(), "step in a CUDA graph per batch shape");
+    } else {
+      EXPECT_EQ(step.graph_note(), "eager step (train.cuda_graph = off)");
+    }
+    for (int b = 0; b < 8; ++b) {
+      step.run(batch(b));
+      after[graphed].emplace_back(replica.params().begin(), replica.params().end());
+      if (graphed) runs.push_back(step.last_run());
+    }
+    EXPECT_EQ(optimizer.iterations(), 8);
+    if (graphed) {
+      EXPECT_EQ(recorder->captures, 2);
+      EXPECT_EQ(reducer.started, 4 * static_cast<int>(replica.layout().segments().size()))
+          << "reductions enqueued at the two eager steps and the two captures only";
+    }
+  }
+  using Run = StepGraphs::Run;
+  EXPECT_EQ(runs, (std::vector<Run>{Run::kEager, Run::kCaptured, Run::kReplayed, Run::kEager, Run::kReplayed,
+                                    Run::kReplayed, Run::kReplayed, Run::kCaptured}));
+  for (std::size_t k = 0; k < after[0].size(); ++k) {
+    EXPECT_EQ(after[1][k], after[0][k]) << "step " << k;
+    if (k > 0) {
+      EXPECT_NE(after[1][k], after[1][k - 1]) << "step " << k << " changed nothing";
+    }
+  }
+}
+
+// A CPU replica, or an exchange through the host, keeps the step eager, and says so on GPU ranks only.
+TEST(AllReduceStep, SaysWhyAGpuStepStaysEager) {
+  const models::ModelShape shape{30, 4, 3, 1};
+  FakeStream stream;
+  auto cpu = models::make_cpu_replica(shape);
+  FakeStreamReducer reducer(stream);
+  FakeSplitOptimizer optimizer(stream);
+  AllReduceStep on_cpu(*cpu, reducer, optimizer, false, 0, false, true, false, /*cuda_graphs=*/true);
+  EXPECT_EQ(on_cpu.graph_note(), "");
+  EXPECT_THROW(on_cpu.use_graph_recorder(std::make_unique<FakeRecorder>(stream)), std::logic_error);
+
+  FakeGpuReplica gpu(models::make_cpu_replica(shape), stream);
+  auto host_optimizer = optim::make_optimizer(optim::OptimizerSettings{}, gpu.layout().total_size());
+  AllReduceStep host_update(gpu, reducer, *host_optimizer, false, 0, false, true, false, true);
+  EXPECT_EQ(host_update.graph_note(), "eager step (the optimizer runs on the host)");
+  AllReduceStep fp16(gpu, reducer, optimizer, false, 0, false, true, /*skip_nonfinite=*/true, true);
+  EXPECT_EQ(fp16.graph_note(), "eager step (fp16's skipped steps are decided on the host)");
+}
+
+}  // namespace
+}  // namespace ddp::engine
