@@ -15,7 +15,8 @@
 #   gpu_tests      the GPU tests (CPU/GPU parity, layout round trip, NCCL, the input pipeline); none may skip;
 #                  then the stream-order tests at 2 ranks (a gradient produced behind a delay on another
 #                  stream): staged MPI on any GPU count, NCCL's where each rank has a GPU
-#   quickstart     the quickstart on the GPU reaches val_acc >= 0.90; NVML's gpu_util is in metrics.jsonl
+#   quickstart     the quickstart on the GPU reaches val_acc >= 0.90; NVML's gpu_util is in metrics.jsonl;
+#                  the start log says its steps replay CUDA graphs
 #   variants       a 2-layer masked bidirectional GRU over 4 classes with dropout and clipping trains on the
 #                  GPU (self-check passed, test_acc >= 0.90), and the CPU predicts its checkpoint alike
 #   resume_cpu     the GPU run's checkpoint resumes on the CPU for one more epoch
@@ -286,7 +287,11 @@ check_sanitizer_synccheck() { sanitize synccheck; }
 
 check_quickstart() {
   rm -rf "$scratch/run-gpu"
-  quickstart --device cuda --checkpoint.dir "$scratch/run-gpu" || return 1
+  quickstart --device cuda --checkpoint.dir "$scratch/run-gpu" 2>&1 | tee "$scratch/quickstart.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
+  # train.cuda_graph = auto: one rank on NCCL replays its steps from graphs.
+  grep -q "step in a CUDA graph per batch shape" "$scratch/quickstart.txt" ||
+    { echo "the start log does not say 'step in a CUDA graph per batch shape'"; return 1; }
   local metrics=$scratch/run-gpu/metrics.jsonl best best_epoch
   tail -n 1 "$metrics"
   read -r best best_epoch < <(python3 -c '
@@ -295,7 +300,7 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if "\"epoch\"" in l]
 top = max(rows, key=lambda r: r["val_acc"])
 print(top["val_acc"], top["epoch"])' "$metrics")
   note quickstart "best val_acc $best (epoch $best_epoch), final epoch $(metric "$metrics" epoch)," \
-    "gpu_util $(metric "$metrics" gpu_util)"
+    "gpu_util $(metric "$metrics" gpu_util), steps from CUDA graphs"
   at_least "$best" 0.90 || { echo "best val_acc $best < 0.90"; return 1; }
   [ -n "$(metric "$metrics" gpu_util)" ] || { echo "no gpu_util in metrics.jsonl (NVML)"; return 1; }
   case $(metric "$metrics" device) in
