@@ -43,8 +43,13 @@ SelfCheckReport check_gpu_replica_of(models::Replica& replica, const Config& con
         models::make_cuda_replica(replica.layout().shape(), topology.gpu,
                                   models::parse_rnn_algorithm(config.model.cudnn_rnn_algo), without_dropout);
   }
+  // train.cuda_graph: where this replica's steps will be replayed, a replayed step is checked too.
+  const GraphRecorderFactory make_recorder =
+      config.train.cuda_graph == "auto" && replica.step_graph_refusal().empty()
+          ? GraphRecorderFactory(make_cuda_graph_recorder)
+          : GraphRecorderFactory();
   return check_gpu_replica(twin ? *twin : replica, topology.gpu, shapes, optimizer_settings(config),
-                           config.train.seed, options, progress);
+                           config.train.seed, options, progress, make_recorder);
 }
 
 }  // namespace

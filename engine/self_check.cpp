@@ -319,6 +319,55 @@ void check_consistency(models::Replica& gpu, int device, int batch, int seq, boo
   }
 }
 
+// The training shape's step replayed from a CUDA graph (train.cuda_graph, step_graph.h) against the same step
+// enqueued eagerly, on two batches: the graph is captured on the first and replayed on both, and must give
+// each the eager step's gradients. A value the capture froze (a batch's address, a per-step scalar) would
+// give the second batch the first's gradient; a kernel or cuDNN call that a replay runs wrongly, anything.
+void check_replayed_step(models::Replica& gpu, int device, int batch, int seq, uint64_t seed,
+                         const GraphRecorderFactory& make_recorder) {
+  const std::string hint = " (train.cuda_graph = off runs the step eagerly)";
+  const std::string shape = "batch " + std::to_string(batch) + " x " + std::to_string(seq);
+  const int vocab = gpu.layout().shape().vocab_size;
+  const GeneratedBatch data[] = {generate_batch(vocab, batch, seq, seed),
+                                 generate_batch(vocab, batch, seq, seed + 1)};
+  const OnReplica tokens[] = {{gpu, device, data[0].tokens.data(), data[0].tokens.size() * sizeof(int32_t)},
+                              {gpu, device, data[1].tokens.data(), data[1].tokens.size() * sizeof(int32_t)}};
+  const OnReplica labels[] = {{gpu, device, data[0].labels.data(), data[0].labels.size() * sizeof(float)},
+                              {gpu, device, data[1].labels.data(), data[1].labels.size() * sizeof(float)}};
+  const auto view = [&](int i) {
+    const auto k = static_cast<std::size_t>(i);
+    return BatchView{tokens[k].get<int32_t>(), labels[k].get<float>(), batch, seq, data[k].tokens.data()};
+  };
+  const auto gradients = [&] {
+    std::vector<float> grads(gpu.layout().total_size());
+    gpu.copy_grads_to_host(grads);
+    return grads;
+  };
+  std::vector<float> eager[2];
+  for (int i = 0; i < 2; ++i) {
+    gpu.enqueue_step(gpu.begin_step(view(i)), {});
+    eager[i] = gradients();
+  }
+  const std::unique_ptr<GraphRecorder> recorder = make_recorder(gpu.stream());
+  const BatchView staged = gpu.begin_step(view(0));
+  recorder->begin_capture();
+  try {
+    gpu.enqueue_step(staged, {});
+  } catch (...) {
+    recorder->abandon_capture();
+    throw;
+  }
+  const std::size_t graph = recorder->end_capture();
+  for (int i = 0; i < 2; ++i) {
+    if (i > 0) gpu.begin_step(view(i));
+    recorder->launch(graph);
+    compare_consistent("gradients of a step replayed from a CUDA graph (" + shape + ", batch " +
+                           std::to_string(i + 1) + " of 2, against the eager step)" + hint,
+                       gradients(), widened(eager[i]), kReplayTolerance);
+  }
+  gpu.take_stats();
+}
+
 // One optimizer step on the GPU and on the host from the same parameters and gradients: the kernels round
 // every operation as the host code does (optimizer.cpp), so the results must be equal bit for bit.
 void compare_optimizer_step(models::Replica& gpu, int device, const optim::OptimizerSettings& settings,
@@ -457,8 +506,8 @@ double reference_bound(const PrecisionBounds& bounds, double cpu_error, double r
 SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
                                   std::span<const std::pair<int, int>> shapes,
                                   optim::OptimizerSettings settings, uint64_t seed,
-                                  const models::ModelOptions& options,
-                                  const std::function<void()>& progress) {
+                                  const models::ModelOptions& options, const std::function<void()>& progress,
+                                  const GraphRecorderFactory& make_recorder) {
   const auto start = Clock::now();
   const auto proceed = [&] {
     if (progress) progress();
@@ -501,6 +550,14 @@ SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
       proceed();
     }
     if (!shapes.empty()) report.passed.push_back(shapes_text + " = their rows in small batches");
+
+    // train.cuda_graph: the training shape's step, replayed from a graph, against the eager step.
+    if (make_recorder && !shapes.empty() && replica.step_graph_refusal().empty()) {
+      check_replayed_step(replica, device, shapes.front().first, shapes.front().second,
+                          seed + 2 + shapes.size(), make_recorder);
+      report.passed.push_back("a step replayed from a CUDA graph = its eager step");
+      proceed();
+    }
 
     if (const std::string problem = replica.check_parameter_mapping(); !problem.empty()) {
       throw CheckFailed{"parameter mapping: " + problem};

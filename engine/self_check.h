@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -30,6 +31,7 @@
 #include "comm/gradient_reducer.h"
 #include "comm/host_group.h"
 #include "engine/optimizer/optimizer.h"
+#include "engine/step_graph.h"
 #include "models/replica.h"
 
 namespace ddp::engine {
@@ -66,6 +68,9 @@ constexpr int kSliceSteps = 24;
 // difference allowed. Another summation order moves a float32 LSTM's outputs and gradients by
 // about 1e-6 relative (more over long sequences); a wrong result, by about 1.
 constexpr double kConsistencyTolerance = 1e-3;
+// A step replayed from a CUDA graph runs the eager step's kernels on the same data: only the embedding
+// gradient's atomics (repeated tokens, added in the order the GPU runs them) may move its last bits.
+constexpr double kReplayTolerance = 1e-5;
 
 // The tolerances at the GPU's precision (model.precision), derived from its unit roundoff u (precision.h),
 // which bounds the relative error of each product's rounded inputs. With s = u / u(fp32), the GPU may err
@@ -99,11 +104,16 @@ double reference_bound(const PrecisionBounds& bounds, double cpu_error, double r
 // must say so); call it only where no other rank waits for this one in a collective meanwhile, or agree on
 // the result. `options` are the replica's (masking; the CPU replicas run them without dropout, which the
 // GPU replica does not run).
+// With `make_recorder` (train.cuda_graph = auto: make_cuda_graph_recorder) and a replica whose steps can be
+// replayed (Replica::step_graph_refusal), also the training shape's step captured into a graph and replayed
+// on two batches against the eager step on each (kReplayTolerance; a failure names train.cuda_graph = off).
+using GraphRecorderFactory = std::function<std::unique_ptr<GraphRecorder>(void* stream)>;
 SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
                                   std::span<const std::pair<int, int>> shapes,
                                   optim::OptimizerSettings settings, uint64_t seed,
                                   const models::ModelOptions& options = {},
-                                  const std::function<void()>& progress = {});
+                                  const std::function<void()>& progress = {},
+                                  const GraphRecorderFactory& make_recorder = {});
 
 // Collective over `group`, whose gradients `reducer` averages in the memory of GPU `device` (NCCL):
 // comm::check_average over

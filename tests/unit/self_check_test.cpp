@@ -19,6 +19,7 @@
 #include "models/param_layout.h"
 #include "models/replica.h"
 #include "tests/forwarding_replica.h"
+#include "tests/step_graph_fakes.h"
 
 namespace ddp::engine {
 namespace {
@@ -349,6 +350,35 @@ TEST(SelfCheck, AverageTolerances) {
   EXPECT_LT(comm::average_tolerance("none", 1024), 1e-4);
   EXPECT_LT(comm::average_tolerance("fp16", 8), comm::average_tolerance("bf16", 8));
   EXPECT_THROW(comm::average_tolerance("int8", 2), std::invalid_argument);
+}
+
+// train.cuda_graph = auto: the training shape's step, captured once and replayed on two batches, must give
+// each the eager step's gradients. A replica whose graph would read the batch where it was at the capture
+// passes every eager check and fails this one, at the second batch; without a recorder (off) the check is
+// not made.
+TEST(SelfCheck, AStepReplayedFromAGraphMustEqualItsEagerStep) {
+  testing::FakeStream stream;
+  const GraphRecorderFactory recorder = [&stream](void*) {
+    return std::make_unique<testing::FakeRecorder>(stream);
+  };
+  optim::OptimizerSettings adam;
+  adam.learning_rate = 0.01;
+  testing::FakeGpuReplica replica(models::make_cpu_replica(kShape), stream, models::DeviceKind::kCpu);
+  replica.adds_draw = false;  // the CPU replica's gradients, which the slice compares with its references
+  const SelfCheckReport report = check_gpu_replica(replica, 0, kShapes, adam, 5, {}, {}, recorder);
+  EXPECT_TRUE(report.ok) << report.failure;
+  EXPECT_NE(report.summary().find("a step replayed from a CUDA graph = its eager step"), std::string::npos)
+      << report.summary();
+
+  testing::FakeGpuReplica frozen(models::make_cpu_replica(kShape), stream, models::DeviceKind::kCpu);
+  frozen.adds_draw = false;
+  frozen.stages_batch = false;
+  const SelfCheckReport fails = check_gpu_replica(frozen, 0, kShapes, adam, 5, {}, {}, recorder);
+  EXPECT_FALSE(fails.ok);
+  EXPECT_NE(fails.failure.find("replayed from a CUDA graph (batch 8 x 12, batch 2 of 2"), std::string::npos)
+      << fails.failure;
+  EXPECT_NE(fails.failure.find("train.cuda_graph = off"), std::string::npos) << fails.failure;
+  EXPECT_TRUE(check_gpu_replica(frozen, 0, kShapes, adam, 5).ok) << "no recorder: no replay to check";
 }
 
 }  // namespace

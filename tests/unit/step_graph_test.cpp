@@ -1,7 +1,5 @@
-// A GPU rank's step replayed from CUDA graphs (engine/step_graph.h), on the host: a fake stream whose work
-// runs at once, or is recorded while a capture is on and run again at each launch, as CUDA's graphs do. The
-// fakes keep what changes per step "on the device" (set by enqueued work), so a replay computes the eager
-// step only where AllReduceStep does the host's part of every step outside the graph.
+// A GPU rank's step replayed from CUDA graphs (engine/step_graph.h), on the host, over the fakes of
+// tests/step_graph_fakes.h.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,59 +12,14 @@
 #include "engine/all_reduce_step.h"
 #include "engine/step_graph.h"
 #include "models/replica.h"
-#include "tests/forwarding_replica.h"
+#include "tests/step_graph_fakes.h"
 
 namespace ddp::engine {
 namespace {
 
-// Work enqueued runs at once, unless a capture is on: then it is recorded for the graph.
-struct FakeStream {
-  std::vector<std::function<void()>>* capture = nullptr;
-  void enqueue(std::function<void()> work) {
-    if (capture != nullptr) {
-      capture->push_back(std::move(work));
-    } else {
-      work();
-    }
-  }
-};
-
-class FakeRecorder final : public GraphRecorder {
- public:
-  explicit FakeRecorder(FakeStream& stream) : stream_(stream) {}
-  void begin_capture() override {
-    capturing_.clear();
-    stream_.capture = &capturing_;
-    ++captures;
-  }
-  std::size_t end_capture() override {
-    stream_.capture = nullptr;
-    graphs.push_back(std::move(capturing_));
-    return graphs.size() - 1;
-  }
-  void abandon_capture() noexcept override {
-    stream_.capture = nullptr;
-    ++abandoned;
-  }
-  void launch(std::size_t graph) override {
-    ++launches;
-    for (const auto& work : graphs.at(graph)) work();
-  }
-  void clear() override {
-    graphs.clear();
-    ++clears;
-  }
-
-  std::vector<std::vector<std::function<void()>>> graphs;
-  int captures = 0;
-  int launches = 0;
-  int clears = 0;
-  int abandoned = 0;
-
- private:
-  FakeStream& stream_;
-  std::vector<std::function<void()>> capturing_;
-};
+using testing::FakeGpuReplica;
+using testing::FakeRecorder;
+using testing::FakeStream;
 
 // --- StepGraphs' rules
 
@@ -160,67 +113,6 @@ TEST(StepGraphRefusal, NamesWhatKeepsTheStepEager) {
 }
 
 // --- AllReduceStep's graphed step equals its eager one
-
-// A GPU replica over the CPU one: its "device memory" is the CPU replica's buffers and the values below,
-// written only by work on the fake stream. Each step's gradient gets this step's draw added (as the
-// embedding dropout's stream is drawn per step), read from the device when the work runs.
-class FakeGpuReplica final : public ddp::testing::ForwardingReplica {
- public:
-  FakeGpuReplica(std::unique_ptr<models::Replica> inner, FakeStream& stream)
-      : ForwardingReplica(std::move(inner)), stream_(stream) {}
-  models::DeviceKind device() const override { return models::DeviceKind::kCuda; }
-  std::string step_graph_refusal() const override { return ""; }
-  uint64_t memory_generation() const override { return generation; }
-
-  void train_step(const BatchView& batch, const models::GradientReadyFn& on_ready) override {
-    begin_training();
-    enqueue_training(batch, on_ready);
-  }
-  BatchView begin_step(const BatchView& batch) override {
-    begin_training();
-    const std::vector<int32_t> tokens(batch.tokens, batch.tokens + batch.batch * batch.seq);
-    const std::vector<float> labels(batch.labels, batch.labels + batch.batch);
-    stream_.enqueue([this, tokens, labels] {
-      std::copy(tokens.begin(), tokens.end(), staged_tokens_.begin());
-      std::copy(labels.begin(), labels.end(), staged_labels_.begin());
-    });
-    return {staged_tokens_.data(), staged_labels_.data(), batch.batch, batch.seq, staged_tokens_.data()};
-  }
-  void enqueue_step(const BatchView& staged, const models::GradientReadyFn& on_ready) override {
-    if (staged.tokens != staged_tokens_.data()) throw std::logic_error("not begin_step's batch");
-    enqueue_training(staged, on_ready);
-  }
-
-  // As the GPU replica: every step zeroes the whole gradient first, so there is nothing to clear.
-  void clear_embedding_gradient_rows(std::span<const int32_t>) override {}
-  void clear_embedding_gradient() override {}
-
-  uint64_t generation = 1;
-
- private:
-  void begin_training() {
-    const float draw = static_cast<float>(++draws_) * 0.25f;
-    stream_.enqueue([this, draw] { device_draw_ = draw; });
-  }
-  void enqueue_training(const BatchView& batch, const models::GradientReadyFn& on_ready) {
-    stream_.enqueue([this, batch] {
-      std::fill(inner().grads().begin(), inner().grads().end(), 0.0f);
-      inner().train_step(batch, {});
-      for (float& g : inner().grads()) g += device_draw_;
-    });
-    // The GPU replica's order: the dense layer, the embedding, the layers.
-    const auto& segments = layout().segments();
-    on_ready(segments.back());
-    on_ready(segments.front());
-    for (std::size_t s = segments.size() - 1; s-- > 1;) on_ready(segments[s]);
-  }
-
-  FakeStream& stream_;
-  int draws_ = 0;
-  float device_draw_ = 0;
-  std::vector<int32_t> staged_tokens_ = std::vector<int32_t>(64 * 64);
-  std::vector<float> staged_labels_ = std::vector<float>(64);
-};
 
 // Two ranks that agree, on the fake stream: the average is our own gradient, halved and doubled.
 class FakeStreamReducer final : public comm::GradientReducer {
