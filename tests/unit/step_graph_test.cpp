@@ -7,6 +7,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/all_reduce_step.h"
@@ -88,28 +89,24 @@ TEST(StepGraphs, AnErrorWhileCapturingEndsTheCaptureAndPropagates) {
 
 TEST(StepGraphRefusal, NamesWhatKeepsTheStepEager) {
   EXPECT_EQ(step_graph_refusal(StepGraphFacts{}), "");
-  StepGraphFacts off;
-  off.wanted = false;
-  EXPECT_EQ(step_graph_refusal(off), "train.cuda_graph = off");
-  StepGraphFacts masked;
-  masked.replica_refusal = "model.mask_padding: each batch's sequence lengths go into cuDNN's descriptors";
-  EXPECT_EQ(step_graph_refusal(masked), masked.replica_refusal);
-  StepGraphFacts staged;
-  staged.reducer_capturable = false;
-  staged.backend = "mpi";
-  EXPECT_EQ(step_graph_refusal(staged), "the mpi exchange goes through the host");
-  StepGraphFacts host_optimizer;
-  host_optimizer.optimizer_splits = false;
-  EXPECT_EQ(step_graph_refusal(host_optimizer), "the optimizer runs on the host");
-  StepGraphFacts fp16;
-  fp16.skips_nonfinite = true;
-  EXPECT_EQ(step_graph_refusal(fp16), "fp16's skipped steps are decided on the host");
-  StepGraphFacts timeline;
-  timeline.timeline = true;
-  EXPECT_EQ(step_graph_refusal(timeline), "log.timeline times each launch");
-  StepGraphFacts delayed;
-  delayed.delayed = true;
-  EXPECT_EQ(step_graph_refusal(delayed), "comm.overlap = delayed");
+  const std::string masked = "model.mask_padding: each batch's sequence lengths go into cuDNN's descriptors";
+  const std::vector<std::pair<std::function<void(StepGraphFacts&)>, std::string>> cases{
+      {[](StepGraphFacts& f) { f.wanted = false; }, "train.cuda_graph = off"},
+      {[&](StepGraphFacts& f) { f.replica_refusal = masked; }, masked},
+      {[](StepGraphFacts& f) {
+         f.reducer_capturable = false;
+         f.backend = "mpi";
+       },
+       "the mpi exchange goes through the host"},
+      {[](StepGraphFacts& f) { f.optimizer_splits = false; }, "the optimizer runs on the host"},
+      {[](StepGraphFacts& f) { f.skips_nonfinite = true; }, "fp16's skipped steps are decided on the host"},
+      {[](StepGraphFacts& f) { f.timeline = true; }, "log.timeline times each launch"},
+      {[](StepGraphFacts& f) { f.delayed = true; }, "comm.overlap = delayed"}};
+  for (const auto& [change, refusal] : cases) {
+    StepGraphFacts facts;
+    change(facts);
+    EXPECT_EQ(step_graph_refusal(facts), refusal);
+  }
 }
 
 // --- AllReduceStep's graphed step equals its eager one
