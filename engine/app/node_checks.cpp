@@ -18,6 +18,7 @@
 #include "engine/base/json.h"
 #include "engine/device.h"
 #include "engine/optimizer/optimizer.h"
+#include "engine/step_graph.h"
 #include "models/cuda_replica.h"
 #include "models/initializers.h"
 #include "models/param_layout.h"
@@ -150,7 +151,9 @@ SelfCheckReport imdb_self_check(int gpu) {
     const ThrowFatalErrors report_instead_of_abort;
     auto replica = models::make_cuda_replica(kImdbShape, gpu);
     for (const auto& [batch, seq] : shapes) replica->settle_shape(batch, seq, replica->try_shape(batch, seq));
-    return check_gpu_replica(*replica, gpu, shapes, optim::OptimizerSettings{}, kSmokeSeed);
+    // With the default train.cuda_graph = auto, a step replayed from a CUDA graph too.
+    return check_gpu_replica(*replica, gpu, shapes, optim::OptimizerSettings{}, kSmokeSeed, {}, {},
+                             make_cuda_graph_recorder);
   } catch (const std::exception& e) {
     SelfCheckReport report;
     report.ok = false;
