@@ -30,7 +30,8 @@
 #   sweep          (only when named in CHECKS: minutes) every shape against PyTorch eager, PyTorch with the
 #                  step in a CUDA graph and the cuDNN floor, with the start to the first step
 #                  (benchmarks/gpu_sweep.py; SWEEP_GRID full or quick, the default; SWEEP_PART K/N splits
-#                  it over calls; SWEEP_PRECISION fp32, the default, tf32, bf16 or fp16 on every side);
+#                  it over calls; SWEEP_PRECISION fp32, the default, tf32, bf16 or fp16 on every side;
+#                  SWEEP_CUDA_GRAPH=off runs ddptrain's steps eagerly, against the default auto);
 #                  SKIP without PyTorch
 #   multi_gpu      (two or more GPUs; SKIP saying so on one) the quickstart on every GPU with comm.backend
 #                  nccl, once per comm.compression (none, bf16, fp16): every rank's self-check and NCCL
@@ -531,10 +532,12 @@ check_sweep() {
   fi
   [ -x "$build/benchmarks/cudnn_floor_bench" ] && floor=(--floor "$build/benchmarks/cudnn_floor_bench")
   PYTHONUNBUFFERED=1 python3 benchmarks/gpu_sweep.py --ddptrain "$ddptrain" "${floor[@]}" --work "$scratch/sweep" \
-    --grid "${SWEEP_GRID:-quick}" --part "${SWEEP_PART:-1/1}" --precision "${SWEEP_PRECISION:-fp32}" |
+    --grid "${SWEEP_GRID:-quick}" --part "${SWEEP_PART:-1/1}" --precision "${SWEEP_PRECISION:-fp32}" \
+    --cuda-graph "${SWEEP_CUDA_GRAPH:-auto}" |
     tee "$logs/sweep_table.md"
   local rc=${PIPESTATUS[0]}
-  note sweep "grid ${SWEEP_GRID:-quick}, part ${SWEEP_PART:-1/1}, precision ${SWEEP_PRECISION:-fp32}: table below"
+  note sweep "grid ${SWEEP_GRID:-quick}, part ${SWEEP_PART:-1/1}, precision ${SWEEP_PRECISION:-fp32}," \
+    "train.cuda_graph ${SWEEP_CUDA_GRAPH:-auto}: table below"
   return "$rc"
 }
 

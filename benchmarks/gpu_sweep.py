@@ -97,7 +97,7 @@ def dataset(binary, work, seq, classes):
     return path
 
 
-def ddptrain_run(binary, work, s, steps, device, precision):
+def ddptrain_run(binary, work, s, steps, device, precision, cuda_graph):
     """(step ms of the second epoch, seconds from exec to the first step), or (None, reason)."""
     run_dir = os.path.join(work, "run")
     subprocess.run(["rm", "-rf", run_dir], check=True)
@@ -107,7 +107,8 @@ def ddptrain_run(binary, work, s, steps, device, precision):
                "--model.bidirectional", str(s["bidirectional"]).lower(), "--model.mask_padding",
                str(s["masked"]).lower(), "--train.batch_size", str(s["batch"]), "--train.epochs", "2",
                "--train.max_steps_per_epoch", str(steps), "--log.progress", "lines", "--data.validate",
-               "false", "--data.validation", "test", "--model.precision", precision]
+               "false", "--data.validation", "test", "--model.precision", precision, "--train.cuda_graph",
+               cuda_graph]
     run = subprocess.run(command, capture_output=True, text=True)
     if run.returncode != 0:
         last = (run.stderr.strip() or run.stdout.strip()).splitlines()[-1:] or ["no output"]
@@ -308,6 +309,8 @@ def main():
     parser.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16"), default="fp32",
                         help="the arithmetic of every side: fp32 (TF32 off), tf32, bf16 or fp16 (PyTorch: "
                         "autocast, and GradScaler for fp16)")
+    parser.add_argument("--cuda-graph", choices=("auto", "off"), default="auto",
+                        help="ddptrain's train.cuda_graph: its steps replayed from CUDA graphs (auto) or eager")
     parser.add_argument("--torch-first-step", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.torch_first_step:
@@ -351,7 +354,8 @@ def main():
         if torch is not None:
             probe = torch_step_ms(torch, s, 3, graphed=False)
             steps = max(5, min(epoch_steps, int(1000 * args.seconds / max(probe, 1e-3))))
-        ours_ms, ours_start = ddptrain_run(args.ddptrain, args.work, s, steps, args.device, args.precision)
+        ours_ms, ours_start = ddptrain_run(args.ddptrain, args.work, s, steps, args.device, args.precision,
+                                           args.cuda_graph)
         if ours_ms is None:
             say(f"{name_of(s)}, batch {batch}: {ours_start}")
             ours_start = None
@@ -386,7 +390,8 @@ def main():
 
     print(f"Precision {args.precision} on every side (TF32 {'on' if args.precision == 'tf32' else 'off'}"
           f"{'; PyTorch under autocast to ' + args.precision if args.precision in ('bf16', 'fp16') else ''}"
-          f"{', with GradScaler (no CUDA graph)' if args.precision == 'fp16' else ''}).\n")
+          f"{', with GradScaler (no CUDA graph)' if args.precision == 'fp16' else ''}); ddptrain's "
+          f"train.cuda_graph = {args.cuda_graph}.\n")
     print("| shape | batch | ddptrain epoch | PyTorch eager | PyTorch CUDA graph | cuDNN floor x steps | "
           f"ddptrain / graph (<= {TARGET_VS_GRAPH}) | ddptrain / floor (<= {TARGET_VS_FLOOR}, batch >= 128) | "
           f"start to first step, ddptrain (<= {TARGET_START_S:.0f} s) | start, PyTorch |")
