@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -300,8 +301,9 @@ void broadcast_progress(comm::HostGroup& trainers, TrainingProgress& p, bool& re
 
 InitialParameters::InitialParameters(const models::ParamLayout& layout, uint64_t seed,
                                      ProgressWatchdog& watchdog, int parallel)
-    : size_(layout.total_size()) {
+    : size_(layout.total_size()), watchdog_(watchdog) {
   draw_ = std::async(std::launch::async, [this, &layout, seed, &watchdog, parallel] {
+    const auto start = std::chrono::steady_clock::now();
     std::vector<float> params(size_);
     models::initialize_keras(
         layout, params, seed,
@@ -310,6 +312,7 @@ InitialParameters::InitialParameters(const models::ParamLayout& layout, uint64_t
           watchdog.proceed();
         },
         parallel);
+    draw_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return params;
   });
 }
@@ -324,7 +327,10 @@ void InitialParameters::drop() {
 }
 
 std::vector<float> InitialParameters::take() {
-  return draw_.get();
+  std::vector<float> params = draw_.get();
+  watchdog_.allow_silence(std::chrono::duration<double>(2 * draw_seconds_),
+                          "the other ranks' draws of the same initial parameters");
+  return params;
 }
 
 RunStart start_run(const Config& config, const RunFiles& files, const io::DatasetInfo& data,

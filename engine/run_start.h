@@ -62,14 +62,21 @@ class InitialParameters {
   InitialParameters(const InitialParameters&) = delete;
   InitialParameters& operator=(const InitialParameters&) = delete;
 
-  // Waits for the parameters (rethrowing the draw's failure); once.
+  // Waits for the parameters (rethrowing the draw's failure); once. The other ranks draw the same ones, about
+  // as long, and the collective that follows waits for the slowest: take() allows the watchdog twice this
+  // rank's draw of silence for it (rank 0's draw, with more matrices at once, or any rank's on a busier core,
+  // may end seconds after this one's), so that known work is not called a hang.
   std::vector<float> take();
+  // How long this rank's draw took, once take() has returned.
+  double draw_seconds() const { return draw_seconds_; }
   // Ends the draw at its next block of work; take() then throws.
   void drop();
 
  private:
   struct Dropped {};
   const std::size_t size_;
+  ProgressWatchdog& watchdog_;
+  double draw_seconds_ = 0;  // written by the draw's thread before its result
   std::atomic<bool> dropped_{false};
   std::future<std::vector<float>> draw_;
 };

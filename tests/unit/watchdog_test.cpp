@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/optimizer/optimizer.h"
+#include "engine/run_start.h"
 #include "engine/self_check.h"
 #include "engine/watchdog.h"
 #include "models/initializers.h"
@@ -299,6 +300,28 @@ TEST(ProgressWatchdog, ItsThreadCallsTheHandler) {
   // Not which phase: with a 1 ms timeout the thread may fire before enter() names one (the phase in the
   // reason is checked with a clock the test drives).
   EXPECT_NE(reason.find("no progress for"), std::string::npos) << reason;
+}
+
+// A rank that has drawn the initial parameters waits for the other ranks' draws of the same ones in the
+// collective that follows, silently: twice its own draw's time is allowed for that on top of the timeout
+// (under load rank 0's draw ended seconds after rank 1's, whose watchdog called that wait a hang). Beyond
+// the allowance the silence is a stall again.
+TEST(ProgressWatchdog, TheWaitForTheOtherRanksDrawsIsAllowedTwiceThisRanksDraw) {
+  ManualClock clock;
+  int stalls = 0;
+  auto watchdog = ProgressWatchdog::without_thread(0.5, clock.now(), [&](const std::string&) { ++stalls; });
+  watchdog->enter("drawing the initial parameters");
+  models::ModelShape shape{2000, 64, 256, 2};
+  const models::ParamLayout layout(shape);
+  InitialParameters initial(layout, 7, *watchdog, 1);
+  EXPECT_EQ(initial.take().size(), layout.total_size());
+  const double draw = initial.draw_seconds();
+  ASSERT_GT(draw, 0.0);
+  clock.advance(0.5 + 1.9 * draw);
+  EXPECT_FALSE(watchdog->check()) << "within the timeout and twice the draw (" << draw << " s)";
+  clock.advance(0.2 * draw);
+  EXPECT_TRUE(watchdog->check());
+  EXPECT_EQ(stalls, 1);
 }
 
 }  // namespace
