@@ -172,72 +172,98 @@ class FakeSplitOptimizer final : public optim::Optimizer {
   float device_rate_ = 0;
 };
 
-// Two epochs of 3 full batches and a shorter last one, eager and from graphs: the same parameters bit for
-// bit, after every step; the full batch captured at its second step, the short one at its second epoch.
-TEST(AllReduceStep, StepsReplayedFromGraphsEqualTheEagerSteps) {
+// Two epochs of 3 full batches and a shorter last one, each batch in memory of its own (as a prefetcher's),
+// through AllReduceStep over the fakes, eager or from graphs.
+struct TwoEpochs {
   const models::ModelShape shape{30, 4, 3, 1};
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<float>> labels;
-  for (int b = 0; b < 8; ++b) {  // every batch in memory of its own, as a prefetcher's
-    const int rows = b % 4 == 3 ? 3 : 5;
-    tokens.emplace_back(static_cast<std::size_t>(rows * 6));
-    for (std::size_t i = 0; i < tokens.back().size(); ++i)
-      tokens.back()[i] = static_cast<int32_t>((i * 7 + static_cast<std::size_t>(b) * 3) % 30);
-    labels.emplace_back(static_cast<std::size_t>(rows));
-    for (int r = 0; r < rows; ++r)
-      labels.back()[static_cast<std::size_t>(r)] = static_cast<float>((r + b) % 2);
-  }
-  const auto batch = [&](int b) {
-    const auto i = static_cast<std::size_t>(b);
-    return BatchView{tokens[i].data(), labels[i].data(), static_cast<int>(labels[i].size()), 6,
-                     tokens[i].data()};
-  };
-  const std::vector<float> start = [&] {
-    auto replica = models::make_cpu_replica(shape);
-    std::vector<float> values(replica->layout().total_size());
-    for (std::size_t i = 0; i < values.size(); ++i) values[i] = 0.01f * static_cast<float>(i % 17) - 0.08f;
-    return values;
-  }();
+  std::vector<float> start;
 
-  std::vector<std::vector<float>> after[2];
-  std::vector<StepGraphs::Run> runs;
-  for (const bool graphed : {false, true}) {
+  TwoEpochs() {
+    for (int b = 0; b < 8; ++b) {
+      const int rows = b % 4 == 3 ? 3 : 5;
+      tokens.emplace_back(static_cast<std::size_t>(rows * 6));
+      for (std::size_t i = 0; i < tokens.back().size(); ++i)
+        tokens.back()[i] = static_cast<int32_t>((i * 7 + static_cast<std::size_t>(b) * 3) % 30);
+      labels.emplace_back(static_cast<std::size_t>(rows));
+      for (int r = 0; r < rows; ++r)
+        labels.back()[static_cast<std::size_t>(r)] = static_cast<float>((r + b) % 2);
+    }
+    start.resize(models::ParamLayout(shape).total_size());
+    for (std::size_t i = 0; i < start.size(); ++i) start[i] = 0.01f * static_cast<float>(i % 17) - 0.08f;
+  }
+
+  struct Result {
+    std::vector<std::vector<float>> params;  // after each step
+    std::vector<StepGraphs::Run> runs;
+    int captures = 0;
+    int reductions_enqueued = 0;
+    int64_t updates = 0;
+  };
+  // `fault` is done to the replica first.
+  Result train(bool graphed, const std::function<void(FakeGpuReplica&)>& fault = {}) const {
+    Result result;
     FakeStream stream;
     FakeGpuReplica replica(models::make_cpu_replica(shape), stream);
+    if (fault) fault(replica);
     replica.copy_params_from_host(start);
     FakeStreamReducer reducer(stream);
     FakeSplitOptimizer optimizer(stream);
     AllReduceStep step(replica, reducer, optimizer, /*sparse_exchange=*/false, 0, false, /*gpu_job=*/true,
                        false, /*cuda_graphs=*/graphed);
-    FakeRecorder* recorder = nullptr;
-    if (graphed) {
-      auto owned = std::make_unique<FakeRecorder>(stream);
-      recorder = owned.get();
-      step.use_graph_recorder(std::move(owned));
-      EXPECT_EQ(step.graph_note(), "step in a CUDA graph per batch shape");
-    } else {
-      EXPECT_EQ(step.graph_note(), "eager step (train.cuda_graph = off)");
+    auto owned = std::make_unique<FakeRecorder>(stream);
+    const FakeRecorder& recorder = *owned;
+    if (graphed) step.use_graph_recorder(std::move(owned));
+    EXPECT_EQ(step.graph_note(),
+              graphed ? "step in a CUDA graph per batch shape" : "eager step (train.cuda_graph = off)");
+    for (std::size_t b = 0; b < tokens.size(); ++b) {
+      step.run({tokens[b].data(), labels[b].data(), static_cast<int>(labels[b].size()), 6, tokens[b].data()});
+      result.params.emplace_back(replica.params().begin(), replica.params().end());
+      result.runs.push_back(step.last_run());
     }
-    for (int b = 0; b < 8; ++b) {
-      step.run(batch(b));
-      after[graphed].emplace_back(replica.params().begin(), replica.params().end());
-      if (graphed) runs.push_back(step.last_run());
-    }
-    EXPECT_EQ(optimizer.iterations(), 8);
-    if (graphed) {
-      EXPECT_EQ(recorder->captures, 2);
-      EXPECT_EQ(reducer.started, 4 * static_cast<int>(replica.layout().segments().size()))
-          << "reductions enqueued at the two eager steps and the two captures only";
+    result.captures = graphed ? recorder.captures : 0;
+    result.reductions_enqueued = reducer.started;
+    result.updates = optimizer.iterations();
+    return result;
+  }
+};
+
+// Eager and from graphs: the same parameters bit for bit after every step; the full batch captured at its
+// second step, the short one at its second epoch; the host enqueues the work of those steps only.
+TEST(AllReduceStep, StepsReplayedFromGraphsEqualTheEagerSteps) {
+  const TwoEpochs epochs;
+  const TwoEpochs::Result eager = epochs.train(false);
+  const TwoEpochs::Result graphed = epochs.train(true);
+  using Run = StepGraphs::Run;
+  EXPECT_EQ(graphed.runs, (std::vector<Run>{Run::kEager, Run::kCaptured, Run::kReplayed, Run::kEager,
+                                            Run::kReplayed, Run::kReplayed, Run::kReplayed, Run::kCaptured}));
+  EXPECT_EQ(graphed.captures, 2);
+  const int segments = static_cast<int>(models::ParamLayout(epochs.shape).segments().size());
+  EXPECT_EQ(graphed.reductions_enqueued, 4 * segments)
+      << "reductions enqueued at the two eager steps and the two captures only";
+  EXPECT_EQ(eager.reductions_enqueued, 8 * segments);
+  EXPECT_EQ(graphed.updates, 8);
+  for (std::size_t k = 0; k < eager.params.size(); ++k) {
+    EXPECT_EQ(graphed.params[k], eager.params[k]) << "step " << k;
+    if (k > 0) {
+      EXPECT_NE(graphed.params[k], graphed.params[k - 1]) << "step " << k << " changed nothing";
     }
   }
-  using Run = StepGraphs::Run;
-  EXPECT_EQ(runs, (std::vector<Run>{Run::kEager, Run::kCaptured, Run::kReplayed, Run::kEager, Run::kReplayed,
-                                    Run::kReplayed, Run::kReplayed, Run::kCaptured}));
-  for (std::size_t k = 0; k < after[0].size(); ++k) {
-    EXPECT_EQ(after[1][k], after[0][k]) << "step " << k;
-    if (k > 0) {
-      EXPECT_NE(after[1][k], after[1][k - 1]) << "step " << k << " changed nothing";
-    }
+}
+
+// What the comparison above catches: a step whose work takes a per-step value from the host when it is
+// enqueued, or reads its batch where the caller had it, trains alike eagerly and differently from graphs.
+TEST(AllReduceStep, AValueFrozenAtTheCaptureMakesTheReplayedStepsDiffer) {
+  const TwoEpochs epochs;
+  const std::vector<std::function<void(FakeGpuReplica&)>> faults{
+      [](FakeGpuReplica& replica) { replica.reads_draw_on_host = true; },
+      [](FakeGpuReplica& replica) { replica.stages_batch = false; }};
+  const TwoEpochs::Result reference = epochs.train(false);
+  for (std::size_t f = 0; f < faults.size(); ++f) {
+    EXPECT_EQ(epochs.train(false, faults[f]).params, reference.params) << "fault " << f << ", eager";
+    EXPECT_NE(epochs.train(true, faults[f]).params.back(), reference.params.back())
+        << "fault " << f << ", from graphs";
   }
 }
 
