@@ -382,6 +382,11 @@ CheckpointWriter::CheckpointWriter(const std::string& path, const models::ModelS
     write_double_attribute(root, "loss_sum", progress.loss_sum);
     write_double_attribute(root, "correct", progress.correct);
     write_double_attribute(root, "count", progress.count);
+    if (progress.loss_scaling) {
+      write_double_attribute(root, "loss_scale", progress.loss_scaling->scale);
+      io::write_int_attribute(root, "loss_scale_clean_steps", progress.loss_scaling->clean_steps);
+      io::write_int_attribute(root, "skipped_steps", progress.loss_scaling->skipped);
+    }
     io::write_string_attribute(root, "config", config_ini);
     io::write_string_attribute(root, "run_id", run.run_id);
     io::write_string_attribute(root, "data_path", run.data_path);
@@ -581,6 +586,23 @@ Checkpoint read_checkpoint(const std::string& path, CheckpointParts parts) try {
   p.correct = read_double_attribute(root, path, "correct");
   p.count = read_double_attribute(root, path, "count");
   check_epoch_sums(path, p);
+  if (io::has_attribute(root, "loss_scale")) {
+    using models::LossScale;
+    const double scale = read_double_attribute(root, path, "loss_scale");
+    // In range before it becomes a float, which cannot hold every double.
+    if (!(scale >= LossScale::kSmallest && scale <= LossScale::kLargest)) {
+      throw UserError(
+          fmt::format("{}: checkpoint attribute loss_scale = {} is not a power of two in [{}, {}]", path,
+                      scale, LossScale::kSmallest, LossScale::kLargest));
+    }
+    LossScale::State scaling;
+    scaling.scale = static_cast<float>(scale);
+    scaling.clean_steps = read_count(root, path, "loss_scale_clean_steps", 0);
+    scaling.skipped = read_count(root, path, "skipped_steps", 0);
+    if (const std::string why = LossScale::invalid(scaling); !why.empty())
+      throw UserError(path + ": checkpoint attributes loss_scale and loss_scale_clean_steps: " + why);
+    p.loss_scaling = scaling;
+  }
   c.config_ini = io::read_string_attribute(root, "config");
   c.run.run_id = io::read_string_attribute(root, "run_id");
   c.run.data_path = io::read_string_attribute(root, "data_path");

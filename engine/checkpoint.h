@@ -8,7 +8,9 @@
 //                           epoch, step_in_epoch, global_step, seed, world_size, batch_size,
 //                           best_val_loss, best_epoch, loss_sum, correct, count (the interrupted epoch's
 //                           running sums), config (the effective INI text), run_id, data_path,
-//                           data_fingerprint (io/dataset_fingerprint.h), data_plan (io/data_plan.h), maxlen
+//                           data_fingerprint (io/dataset_fingerprint.h), data_plan (io/data_plan.h), maxlen;
+//                           where ranks scaled the loss (fp16): loss_scale, loss_scale_clean_steps,
+//                           skipped_steps (models/loss_scale.h)
 //   /vocab                  optional UTF-8 strings, copied from the dataset: /vocab[i] is the word of id i,
 //                           so predict needs only the checkpoint
 //   /classes                optional UTF-8 strings, the dataset's class names
@@ -29,6 +31,7 @@
 #include <vector>
 
 #include "engine/optimizer/optimizer.h"
+#include "models/loss_scale.h"
 #include "models/param_layout.h"
 
 namespace ddp::engine {
@@ -45,6 +48,9 @@ struct TrainingProgress {
   double loss_sum = 0;       // running sums of the interrupted epoch, over all ranks
   double correct = 0;
   double count = 0;
+  // fp16's loss scaling as the ranks that scale hold it; none where no rank scaled (and in checkpoints of
+  // before it was kept, whose resumed runs start from the initial scale).
+  std::optional<models::LossScale::State> loss_scaling;
   // Not saved, for the logs: steps the interrupted epoch trained beyond step_in_epoch, where a lowered
   // train.max_steps_per_epoch (or a larger batch) left it fewer steps than it had had; and on rank 0 its
   // steps as the checkpoint counts them, before another batch size or number of ranks converts them.

@@ -49,14 +49,9 @@ void EpochRecorder::add_run_facts(EpochMetrics& m) {
   m.device = ranks_.topology.device;
   if (!first_step_reported_) m.start_to_first_step_s = start_to_first_step_s_;
   first_step_reported_ = true;
-  // The loss scale of the ranks that scale (fp16 on a GPU), which every such rank holds alike.
-  const bool scales = replica_.loss_scale() != 1.0f || replica_.skipped_steps() > 0;
-  std::vector<double> scaling{scales ? 1.0 : 0.0, scales ? replica_.loss_scale() : 0.0,
-                              scales ? static_cast<double>(replica_.skipped_steps()) : 0.0};
-  ranks_.comm.sum(scaling);
-  if (scaling[0] > 0) {
-    m.loss_scale = scaling[1] / scaling[0];
-    m.skipped_steps = static_cast<int64_t>(scaling[2] / scaling[0]);
+  if (const std::optional<models::LossScale::State> scaling = loss_scaling_of_the_ranks()) {
+    m.loss_scale = scaling->scale;
+    m.skipped_steps = scaling->skipped;
   }
   GpuSample sample;
   if (gpu_monitor_) sample = gpu_monitor_->take();
@@ -67,6 +62,20 @@ void EpochRecorder::add_run_facts(EpochMetrics& m) {
   if (sums[2] == 0) return;
   m.gpu_util = sums[0] / sums[2];
   m.gpu_mem_mib = sums[1] / sums[2];
+}
+
+std::optional<models::LossScale::State> EpochRecorder::loss_scaling_of_the_ranks() {
+  const std::optional<models::LossScale::State> mine = replica_.loss_scaling();
+  // Every rank that scales holds the same state (start_loss_scaling), so their mean is it: exact in doubles,
+  // a sum of equal powers of two and of equal integers below 2^53.
+  std::vector<double> sums{mine ? 1.0 : 0.0, mine ? mine->scale : 0.0,
+                           mine ? static_cast<double>(mine->clean_steps) : 0.0,
+                           mine ? static_cast<double>(mine->skipped) : 0.0};
+  ranks_.comm.sum(sums);
+  if (sums[0] == 0) return std::nullopt;
+  return models::LossScale::State{static_cast<float>(sums[1] / sums[0]),
+                                  static_cast<int64_t>(sums[2] / sums[0]),
+                                  static_cast<int64_t>(sums[3] / sums[0])};
 }
 
 void EpochRecorder::record_epoch(const EpochMetrics& m, const TrainingProgress& progress, bool best) {
@@ -132,6 +141,8 @@ void EpochRecorder::write_last_checkpoint(const TrainingProgress& progress,
   ranks_.wait_for_root_files(std::string("writing last.h5") + (best ? " and best.h5" : ""),
                              best ? 2 * file_bytes : file_bytes);
   const std::vector<std::string> rng_states = ranks_.comm.gather(replica_.rng_state(), 0);
+  TrainingProgress saved = progress;
+  saved.loss_scaling = loss_scaling_of_the_ranks();
   ranks_.on_root_or_abort(
       files_,
       [&] {
@@ -139,7 +150,7 @@ void EpochRecorder::write_last_checkpoint(const TrainingProgress& progress,
         replica_.copy_params_to_host(host_params_);
         writer = std::make_unique<CheckpointWriter>(
             files_.last(), replica_.layout().shape(), host_params_, updater_.optimizer_name(),
-            updater_.optimizer_iterations(), progress, config_ini_, record_);
+            updater_.optimizer_iterations(), saved, config_ini_, record_);
       },
       params_bytes);
   updater_.visit_optimizer_state([&](const std::string& name, std::span<const float> values) {

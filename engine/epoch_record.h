@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,8 @@ class EpochRecorder {
   // replica's random state; `before` runs on rank 0 first.
   void write_last_checkpoint(const TrainingProgress& progress, const std::function<void()>& before,
                              bool best);
+  // Collective: the loss scaling of the ranks that scale (fp16 on a GPU), none where no rank does.
+  std::optional<models::LossScale::State> loss_scaling_of_the_ranks();
   void print_and_append(const EpochMetrics& m);
   // Collective: `local` summed over the ranks, plus `progress`' sums: loss, correct and count.
   std::vector<double> sums_over_ranks(const models::BatchStats& local, const TrainingProgress& progress);

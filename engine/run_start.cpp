@@ -285,7 +285,11 @@ void broadcast_progress(comm::HostGroup& trainers, TrainingProgress& p, bool& re
                              static_cast<double>(p.seed >> 32),
                              static_cast<double>(p.seed & 0xFFFFFFFFu),
                              static_cast<double>(p.best_epoch),
-                             static_cast<double>(p.steps_beyond)};
+                             static_cast<double>(p.steps_beyond),
+                             p.loss_scaling ? 1.0 : 0.0,
+                             p.loss_scaling ? p.loss_scaling->scale : 0.0,
+                             p.loss_scaling ? static_cast<double>(p.loss_scaling->clean_steps) : 0.0,
+                             p.loss_scaling ? static_cast<double>(p.loss_scaling->skipped) : 0.0};
   trainers.broadcast(std::span<double>(values), 0);
   p.epoch = static_cast<int64_t>(values[0]);
   p.step_in_epoch = static_cast<int64_t>(values[1]);
@@ -295,6 +299,11 @@ void broadcast_progress(comm::HostGroup& trainers, TrainingProgress& p, bool& re
   p.seed = (static_cast<uint64_t>(values[5]) << 32) | static_cast<uint64_t>(values[6]);
   p.best_epoch = static_cast<int64_t>(values[7]);
   p.steps_beyond = static_cast<int64_t>(values[8]);
+  p.loss_scaling.reset();
+  if (values[9] != 0.0) {
+    p.loss_scaling = models::LossScale::State{
+        static_cast<float>(values[10]), static_cast<int64_t>(values[11]), static_cast<int64_t>(values[12])};
+  }
 }
 
 }  // namespace

@@ -97,7 +97,11 @@ GeneratedBatch rows_of(const GeneratedBatch& data, int seq, int first, int rows)
 // in training, the step is skipped (its stats dropped) and taken again at half the scale, until finite.
 void train_checked(models::Replica& replica, const BatchView& batch) {
   replica.train_step(batch, {});
-  for (int tries = 0; tries < 32 && replica.loss_scale() > 1.0f && !replica.gradients_finite(); ++tries) {
+  const auto scale = [&replica] {
+    const std::optional<models::LossScale::State> scaling = replica.loss_scaling();
+    return scaling ? scaling->scale : 1.0f;
+  };
+  for (int tries = 0; tries < 32 && scale() > 1.0f && !replica.gradients_finite(); ++tries) {
     replica.take_stats();
     replica.after_update(false);
     replica.train_step(batch, {});
@@ -514,6 +518,7 @@ SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
   };
   SelfCheckReport report;
   const models::ParamLayout& layout = replica.layout();
+  const std::optional<models::LossScale::State> scaling_before = replica.loss_scaling();
   try {
     const ThrowFatalErrors report_instead_of_abort;
     const std::vector<float> params = generate_params(layout, seed);
@@ -581,6 +586,11 @@ SelfCheckReport check_gpu_replica(models::Replica& replica, int device,
     report.ok = false;
     report.failure = std::string("a GPU call failed: ") + e.what();
   }
+  // fp16: training keeps the scale that the check's overflowing steps lowered (one that fits), but those
+  // steps were no training steps skipped.
+  if (const std::optional<models::LossScale::State> scaling = replica.loss_scaling();
+      scaling && scaling_before)
+    replica.restore_loss_scale({scaling->scale, scaling->clean_steps, scaling_before->skipped});
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return report;
 }

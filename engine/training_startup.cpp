@@ -1,6 +1,8 @@
 #include "engine/training_startup.h"
 
 #include <cstdio>
+#include <limits>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -46,6 +48,21 @@ void restore_replica_rng(const TrainingSetup& setup, const RunFiles& files, cons
   }
 }
 
+// Collective over the training ranks: the replicas that scale the loss (fp16 on a GPU) take the scaling a
+// resumed run saved, so that it skips and grows as the uninterrupted run would; then every such rank takes
+// the smallest scale among them (the start-up self-check's overflowing steps may have lowered one GPU model's
+// and not another's), so that all hold the same state from the first step on.
+void start_loss_scaling(const TrainingSetup& setup, const std::optional<models::LossScale::State>& saved) {
+  models::Replica& replica = setup.replica;
+  if (saved) replica.restore_loss_scale(*saved);
+  const std::optional<models::LossScale::State> mine = replica.loss_scaling();
+  // The smallest scale as the largest negated one; scales are powers of two up to 2^24, exact in int64.
+  std::vector<int64_t> negated{mine ? -static_cast<int64_t>(mine->scale)
+                                    : std::numeric_limits<int64_t>::min()};
+  setup.ranks.comm.max(negated);
+  if (mine) replica.restore_loss_scale({static_cast<float>(-negated[0]), mine->clean_steps, mine->skipped});
+}
+
 // NVML's view of this rank's GPU, where the driver provides it; the log says why not otherwise.
 std::unique_ptr<GpuMonitor> start_gpu_monitor(const TrainingRanks& ranks) {
   if (ranks.topology.gpu < 0) return nullptr;
@@ -87,6 +104,7 @@ StartedRun start_training(const TrainingSetup& setup, const std::string& backend
   setup.updater.distribute_start(params, start.optimizer ? &*start.optimizer : nullptr);
   start.optimizer.reset();  // rank 0 of a resumed run: the whole state, now handed out
   if (started.resumed) restore_replica_rng(setup, files, start.replica_rng_state);
+  start_loss_scaling(setup, started.progress.loss_scaling);
   ranks.watchdog.enter("gathering the start-up log");
   log_start(setup, backend_reason, self_check_summary,
             started.finished  ? RunStartFacts::Start::kAlreadyFinished

@@ -205,8 +205,13 @@ class CudaReplica final : public Replica {
   BatchStats take_stats() override;
   bool gradients_finite() override;
   void after_update(bool applied) override;
-  float loss_scale() const override { return half_ ? loss_scale_.scale() : 1.0f; }
-  int64_t skipped_steps() const override { return loss_scale_.skipped(); }
+  std::optional<LossScale::State> loss_scaling() const override {
+    if (!half_) return std::nullopt;
+    return loss_scale_.state();
+  }
+  void restore_loss_scale(const LossScale::State& state) override {
+    if (half_) loss_scale_.restore(state);
+  }
 
   bool try_shape(int batch, int seq) override;
   void settle_shape(int batch, int seq, bool preferred) override;

@@ -7,11 +7,19 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace ddp::models {
 
 class LossScale {
  public:
+  // What a checkpoint keeps, so that a resumed run scales (and skips) as the uninterrupted one would.
+  struct State {
+    float scale = 65536.0f;
+    int64_t clean_steps = 0;  // applied steps since the scale last changed, below kGrowthInterval
+    int64_t skipped = 0;      // steps skipped so far
+  };
+
   static constexpr float kInitial = 65536.0f;     // 2^16, PyTorch's init_scale
   static constexpr float kLargest = 16777216.0f;  // 2^24: past it every half gradient would overflow anyway
   static constexpr float kSmallest = 1.0f;
@@ -21,6 +29,11 @@ class LossScale {
   // After a step: `applied` false when its averaged gradient was not finite (the update was skipped).
   void update(bool applied);
   int64_t skipped() const { return skipped_; }
+  State state() const { return {scale_, clean_steps_, skipped_}; }
+  void restore(const State& state);
+  // Why `state` is none that update() could reach (a power of two in [kSmallest, kLargest], clean steps in
+  // [0, kGrowthInterval), skipped >= 0), or "" where it is one.
+  static std::string invalid(const State& state);
 
  private:
   float scale_ = kInitial;

@@ -7,12 +7,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "engine/base/batch_view.h"
+#include "models/loss_scale.h"
 #include "models/param_layout.h"
 #include "models/precision.h"
 
@@ -139,9 +141,11 @@ class Replica {
   // GPU it waits for the stream, a host synchronisation per step, as PyTorch's GradScaler makes.
   virtual bool gradients_finite();
   virtual void after_update(bool /*applied*/) {}
-  // The loss scale now, and the steps skipped so far; 1 and 0 where the replica does not scale.
-  virtual float loss_scale() const { return 1.0f; }
-  virtual int64_t skipped_steps() const { return 0; }
+  // The scale now, its clean steps and the steps skipped so far; none where the replica does not scale. A
+  // checkpoint keeps it, and restore_loss_scale gives a resumed replica back what it held (ignored where the
+  // replica does not scale).
+  virtual std::optional<LossScale::State> loss_scaling() const { return std::nullopt; }
+  virtual void restore_loss_scale(const LossScale::State& /*state*/) {}
 
   // Batch shapes before the first batch, so that the kernels a device turns down show at start-up and every
   // rank runs the same ones. try_shape prepares (batch, seq) and says whether the replica's preferred kernels

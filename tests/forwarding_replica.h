@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -37,8 +38,10 @@ class ForwardingReplica : public models::Replica {
   models::BatchStats take_stats() override { return inner_->take_stats(); }
   bool gradients_finite() override { return inner_->gradients_finite(); }
   void after_update(bool applied) override { inner_->after_update(applied); }
-  float loss_scale() const override { return inner_->loss_scale(); }
-  int64_t skipped_steps() const override { return inner_->skipped_steps(); }
+  std::optional<models::LossScale::State> loss_scaling() const override { return inner_->loss_scaling(); }
+  void restore_loss_scale(const models::LossScale::State& state) override {
+    inner_->restore_loss_scale(state);
+  }
   bool try_shape(int batch, int seq) override { return inner_->try_shape(batch, seq); }
   void settle_shape(int batch, int seq, bool preferred) override {
     inner_->settle_shape(batch, seq, preferred);

@@ -32,6 +32,7 @@
 #include "models/replica.h"
 #include "tests/forwarding_replica.h"
 #include "tests/mpi/mpi_test_util.h"
+#include "tests/scaling_replica.h"
 
 namespace ddp {
 namespace {
@@ -51,13 +52,13 @@ std::vector<std::string> read_lines(const std::string& path) {
 // state: "rank R after N steps", N counting train_steps from the start or from the state it restored.
 class ReplicaWithItsOwnRandomState final : public ddp::testing::ForwardingReplica {
  public:
-  ReplicaWithItsOwnRandomState(std::unique_ptr<models::Replica> inner, int rank)
-      : ForwardingReplica(std::move(inner)), rank_(rank) {}
-  std::string restored;  // what restore_rng_state was given
+  // `restored` gets what restore_rng_state was given.
+  ReplicaWithItsOwnRandomState(std::unique_ptr<models::Replica> inner, int rank, std::string& restored)
+      : ForwardingReplica(std::move(inner)), rank_(rank), restored_(restored) {}
 
   std::string rng_state() override { return state_text(rank_, steps_); }
   bool restore_rng_state(const std::string& saved) override {
-    restored = saved;
+    restored_ = saved;
     const std::string prefix = state_text(rank_, 0).substr(0, state_text(rank_, 0).find(" after ") + 7);
     if (saved.rfind(prefix, 0) != 0) return false;
     steps_ = std::stoll(saved.substr(prefix.size()));
@@ -74,8 +75,12 @@ class ReplicaWithItsOwnRandomState final : public ddp::testing::ForwardingReplic
 
  private:
   int rank_;
+  std::string& restored_;
   int64_t steps_ = 0;
 };
+
+// Overflows above 2^12: a run skips its first four steps (2^16 down to 2^12).
+constexpr float kScaleThatFits = 4096.0f;
 
 class TrainerTest : public ::testing::Test {
  protected:
@@ -108,29 +113,49 @@ class TrainerTest : public ::testing::Test {
     return engine::train(config, topology_, data, *comm_, watchdog);
   }
 
-  // The same all-reduce run through the epoch loop itself, on ReplicaWithItsOwnRandomState; `restored` gets
-  // what its replica was given to restore.
-  engine::TrainResult run_with_own_random_state(const std::string& run_dir, std::vector<std::string> args,
-                                                std::string& restored) {
+  // The same all-reduce run through the epoch loop itself, on the replica `wrap` makes of the CPU one;
+  // `skip_nonfinite` as for fp16 (the replica's verdict on each averaged gradient decides whether it
+  // applies).
+  template <typename Wrap>
+  engine::TrainResult run_on(const std::string& run_dir, std::vector<std::string> args, Wrap&& wrap,
+                             bool skip_nonfinite = false) {
     args.insert(args.end(), {"--data.path", data_path_, "--checkpoint.dir", run_dir, "--model.embedding_dim",
                              "8", "--model.hidden", "8", "--train.batch_size", "10", "--log.progress",
                              "lines", "--comm.backend", "mpi"});
     const engine::Config config = engine::parse_config(args).config;
     engine::ProgressWatchdog watchdog(config.comm.timeout_s);
     engine::StopAgreement stop_signal(*comm_);
-    auto replica = std::make_unique<ReplicaWithItsOwnRandomState>(
-        models::make_cpu_replica(engine::model_shape(config, data_.vocab_size, data_.num_classes)),
-        comm_->rank());
-    ReplicaWithItsOwnRandomState& own = *replica;
+    std::unique_ptr<models::Replica> replica =
+        wrap(models::make_cpu_replica(engine::model_shape(config, data_.vocab_size, data_.num_classes)));
     auto updater =
         engine::make_all_reduce_updater(*replica, -1, *comm_, *reducer_, engine::optimizer_settings(config),
-                                        /*sparse_exchange=*/false);
+                                        /*sparse_exchange=*/false, /*delayed=*/false,
+                                        /*gpu_job=*/false, skip_nonfinite);
     engine::TrainingRun run(config,
                             engine::TrainingRanks{*comm_, comm_->size(), topology_, watchdog, stop_signal},
                             data_, std::move(replica), std::move(updater), "test", {});
-    engine::TrainResult result = run.run();
-    restored = own.restored;
-    return result;
+    return run.run();
+  }
+
+  // On ReplicaWithItsOwnRandomState; `restored` gets what its replica was given to restore.
+  engine::TrainResult run_with_own_random_state(const std::string& run_dir, std::vector<std::string> args,
+                                                std::string& restored) {
+    restored.clear();
+    return run_on(run_dir, std::move(args), [&](std::unique_ptr<models::Replica> cpu) {
+      return std::make_unique<ReplicaWithItsOwnRandomState>(std::move(cpu), comm_->rank(), restored);
+    });
+  }
+
+  // On ReplicaThatScalesItsLoss (overflowing above kScaleThatFits), this rank's starting at `initial_scale`.
+  engine::TrainResult run_scaling_the_loss(const std::string& run_dir, std::vector<std::string> args,
+                                           float initial_scale = models::LossScale::kInitial) {
+    return run_on(
+        run_dir, std::move(args),
+        [&](std::unique_ptr<models::Replica> cpu) {
+          return std::make_unique<ddp::testing::ReplicaThatScalesItsLoss>(std::move(cpu), kScaleThatFits,
+                                                                          initial_scale);
+        },
+        /*skip_nonfinite=*/true);
   }
 
   bool identical_on_all_ranks(const std::vector<float>& params) {
@@ -274,6 +299,46 @@ TEST_F(TrainerTest, EachRanksReplicaRandomStateIsCheckpointedAndRestored) {
   MPI_Barrier(MPI_COMM_WORLD);
   run_with_own_random_state(dir_.file("own"), {"--train.epochs", "3", "--resume"}, restored);
   EXPECT_EQ(restored, "") << "a state saved by another number of ranks was handed out";
+}
+
+// fp16's loss scaling is in every checkpoint: a run stopped in the middle of an epoch and resumed goes on at
+// the scale it had, with the steps it had skipped, and ends with the parameters of the uninterrupted run
+// (resumed at the initial scale, it would skip the first steps again).
+TEST_F(TrainerTest, TheLossScaleIsCheckpointedAndAResumedRunScalesAsTheUninterruptedOne) {
+  constexpr int64_t kSkipped = 4;
+  const engine::TrainResult straight = run_scaling_the_loss(dir_.file("straight"), {"--train.epochs", "2"});
+  const int64_t steps_per_epoch = straight.history.at(0).steps;
+  ASSERT_GT(steps_per_epoch, kSkipped);
+  EXPECT_EQ(straight.history[0].loss_scale, kScaleThatFits);
+  EXPECT_EQ(straight.history[0].skipped_steps, kSkipped);
+  run_scaling_the_loss(dir_.file("interrupted"), {"--train.epochs", "2", "--train.stop_after_steps",
+                                                  std::to_string(steps_per_epoch + 3)});
+  if (world_rank() == 0) {
+    const engine::Checkpoint c = engine::read_checkpoint(dir_.file("interrupted/last.h5"));
+    ASSERT_TRUE(c.progress.loss_scaling.has_value());
+    EXPECT_EQ(c.progress.loss_scaling->scale, kScaleThatFits);
+    EXPECT_EQ(c.progress.loss_scaling->clean_steps, steps_per_epoch + 3 - kSkipped);
+    EXPECT_EQ(c.progress.loss_scaling->skipped, kSkipped);
+  }
+  const engine::TrainResult second =
+      run_scaling_the_loss(dir_.file("interrupted"), {"--train.epochs", "2", "--resume"});
+  ASSERT_EQ(second.history.size(), 1u);
+  EXPECT_EQ(second.history[0].skipped_steps, kSkipped) << "the resumed run skipped steps again";
+  EXPECT_EQ(second.params, straight.params) << "resumed run differs from the uninterrupted one";
+  EXPECT_TRUE(identical_on_all_ranks(second.params));
+}
+
+// The ranks that scale start from one scale, the smallest (the start-up self-check may have lowered one GPU's
+// and not another's): here the last rank's replica starts at kScaleThatFits and the others above it, so that
+// without the agreement the others would skip steps the last one applies, and the replicas would part.
+TEST_F(TrainerTest, TheRanksThatScaleTheLossStartFromTheSmallestScale) {
+  const float initial = world_rank() == world_size() - 1 ? kScaleThatFits : models::LossScale::kInitial;
+  const engine::TrainResult result =
+      run_scaling_the_loss(dir_.file("agreed"), {"--train.epochs", "1"}, initial);
+  ASSERT_EQ(result.history.size(), 1u);
+  EXPECT_EQ(result.history[0].loss_scale, kScaleThatFits);
+  EXPECT_EQ(result.history[0].skipped_steps, 0);
+  EXPECT_TRUE(identical_on_all_ranks(result.params));
 }
 
 // The same with every control that has state over the run: a cosine schedule after a warm-up, clipping,

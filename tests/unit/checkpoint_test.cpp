@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "engine/base/errors.h"
@@ -127,6 +129,48 @@ TEST(Checkpoint, KeepsEachRanksReplicaRandomState) {
     writer.commit();
   }
   EXPECT_TRUE(read_checkpoint(path).replica_rng_states.empty());
+}
+
+// fp16's loss scaling, where ranks scaled: kept, and refused where damaged; none in other checkpoints.
+TEST(Checkpoint, KeepsTheLossScaling) {
+  TempDir dir;
+  const models::ModelShape shape{30, 4, 3, 2};
+  const std::vector<float> params(models::ParamLayout(shape).total_size(), 0.5f);
+  const std::string path = dir.file("last.h5");
+  TrainingProgress progress;
+  write_checkpoint(path, shape, params, "adam", {}, progress, "");
+  EXPECT_FALSE(read_checkpoint(path).progress.loss_scaling.has_value());
+  progress.loss_scaling = models::LossScale::State{2048.0f, 1234, 17};
+  write_checkpoint(path, shape, params, "adam", {}, progress, "");
+  const std::optional<models::LossScale::State> read = read_checkpoint(path).progress.loss_scaling;
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(read->scale, 2048.0f);
+  EXPECT_EQ(read->clean_steps, 1234);
+  EXPECT_EQ(read->skipped, 17);
+
+  // An edit made on purpose (the header's checksum dropped): `value` as a double, or as an integer.
+  const auto set_number = [&](const char* name, auto value) {
+    const bool integer = std::is_integral_v<decltype(value)>;
+    const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(file, 0);
+    H5Adelete(file, "header_checksum");
+    H5Adelete(file, name);
+    const hid_t space = H5Screate(H5S_SCALAR);
+    const hid_t attr =
+        H5Acreate2(file, name, integer ? H5T_STD_I64LE : H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+    EXPECT_GE(H5Awrite(attr, integer ? H5T_NATIVE_INT64 : H5T_NATIVE_DOUBLE, &value), 0);
+    H5Aclose(attr);
+    H5Sclose(space);
+    H5Fclose(file);
+  };
+  for (const double bad : {3.0, 0.25, 1e300, -4.0, std::nan("")}) {
+    write_checkpoint(path, shape, params, "adam", {}, progress, "");
+    set_number("loss_scale", bad);
+    expect_user_error([&] { read_checkpoint(path); }, {path, "loss_scale", "is not a power of two"});
+  }
+  write_checkpoint(path, shape, params, "adam", {}, progress, "");
+  set_number("loss_scale_clean_steps", int64_t{2000});
+  expect_user_error([&] { read_checkpoint(path); }, {path, "loss_scale_clean_steps", "outside [0, 2000)"});
 }
 
 TEST(Checkpoint, DamagedCountersSumsFlagsAndClassNamesAreUserErrors) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <random>
 #include <span>
@@ -311,6 +312,43 @@ TEST(LossScale, BacksOffOnOverflowAndGrowsAfterCleanSteps) {
   EXPECT_EQ(scale.scale(), 1.0f);
   for (int i = 0; i < 2000 * 30; ++i) scale.update(true);
   EXPECT_EQ(scale.scale(), 16777216.0f);
+}
+
+// A checkpoint's state: restored into a fresh scale, the updates go on as they would have, down to the step
+// at which the scale grows; states update() cannot reach are refused.
+TEST(LossScale, ARestoredStateGoesOnAsTheUninterruptedOne) {
+  models::LossScale straight;
+  for (int i = 0; i < 3; ++i) straight.update(false);
+  for (int i = 0; i < 1500; ++i) straight.update(true);
+  models::LossScale resumed;
+  resumed.restore(straight.state());
+  EXPECT_EQ(resumed.state().scale, 8192.0f);
+  EXPECT_EQ(resumed.state().clean_steps, 1500);
+  EXPECT_EQ(resumed.skipped(), 3);
+  for (int i = 0; i < 499; ++i) {
+    straight.update(true);
+    resumed.update(true);
+  }
+  EXPECT_EQ(resumed.scale(), 8192.0f);
+  straight.update(true);
+  resumed.update(true);
+  EXPECT_EQ(resumed.scale(), 16384.0f);
+  EXPECT_EQ(resumed.state().clean_steps, straight.state().clean_steps);
+
+  EXPECT_EQ(models::LossScale::invalid({65536.0f, 0, 0}), "");
+  EXPECT_EQ(models::LossScale::invalid({1.0f, 1999, 5}), "");
+  for (const models::LossScale::State bad : {models::LossScale::State{3.0f, 0, 0},
+                                             {0.5f, 0, 0},
+                                             {33554432.0f, 0, 0},
+                                             {-2.0f, 0, 0},
+                                             {std::numeric_limits<float>::quiet_NaN(), 0, 0},
+                                             {1024.0f, 2000, 0},
+                                             {1024.0f, -1, 0},
+                                             {1024.0f, 0, -1}}) {
+    EXPECT_NE(models::LossScale::invalid(bad), "")
+        << bad.scale << " " << bad.clean_steps << " " << bad.skipped;
+    EXPECT_THROW(resumed.restore(bad), std::invalid_argument);
+  }
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "models/param_layout.h"
 #include "models/replica.h"
 #include "tests/forwarding_replica.h"
+#include "tests/scaling_replica.h"
 #include "tests/step_graph_fakes.h"
 
 namespace ddp::engine {
@@ -66,6 +67,17 @@ TEST(SelfCheck, TheCpuReplicaPasses) {
   EXPECT_NE(report.summary().find("CPU's on 4x12"), std::string::npos) << report.summary();
   EXPECT_NE(report.summary().find("8x12, 3x12 = their rows in small batches"), std::string::npos)
       << report.summary();
+}
+
+// fp16: a step of the check that overflows is taken again at half the scale, as training would take it; the
+// scale that fits stays for training, but the check's overflowing steps are no skipped training steps.
+TEST(SelfCheck, ItsOverflowingStepsLowerTheLossScaleButSkipNoTrainingStep) {
+  ddp::testing::ReplicaThatScalesItsLoss replica(models::make_cpu_replica(kShape), /*fits=*/1024.0f);
+  const SelfCheckReport report = check(replica);
+  EXPECT_TRUE(report.ok) << report.failure;
+  ASSERT_TRUE(replica.loss_scaling().has_value());
+  EXPECT_EQ(replica.loss_scaling()->scale, 1024.0f);
+  EXPECT_EQ(replica.loss_scaling()->skipped, 0);
 }
 
 // The CPU references (float and float64, slow at large hidden sizes) run on the same small slice whatever
