@@ -50,7 +50,7 @@ std::string AllReduceStep::graph_note() const {
 
 void AllReduceStep::use_graph_recorder(std::unique_ptr<GraphRecorder> recorder) {
   if (!uses_graphs_) throw std::logic_error("AllReduceStep: no graphs to record (" + graph_refusal_ + ")");
-  graphs_ = std::make_unique<StepGraphs>(std::move(recorder));
+  graphs_ = std::make_unique<StepGraphs>(std::move(recorder), reducer_.size() > 1);
 }
 
 AllReduceStep::~AllReduceStep() {
@@ -130,7 +130,9 @@ void AllReduceStep::start_due_reductions(const models::ParamSegment& segment) {
 }
 
 void AllReduceStep::run_graphed(const BatchView& batch) {
-  if (!graphs_) graphs_ = std::make_unique<StepGraphs>(make_cuda_graph_recorder(replica_.stream()));
+  if (!graphs_) {
+    graphs_ = std::make_unique<StepGraphs>(make_cuda_graph_recorder(replica_.stream()), reducer_.size() > 1);
+  }
   const auto start = Clock::now();
   // The host's part of the step, outside any graph: the batch into the replica's buffers, this step's
   // dropout draw and optimizer coefficients onto the device.
@@ -151,6 +153,11 @@ void AllReduceStep::run_graphed(const BatchView& batch) {
     reducer_.finish_average();
     optimizer_.enqueue_step(replica_.params(), replica_.grads(), clip_norm_);
   });
+  // A replay enqueued no reduction through the reducer, which checks for a peer's failure there: ask now,
+  // before a later host synchronisation waits on a collective that will not finish.
+  if (last_run_ == StepGraphs::Run::kReplayed) {
+    if (const std::optional<std::string> error = reducer_.asynchronous_error()) DDP_FATAL(*error);
+  }
   // The host waited for nothing: the whole step is the time to enqueue it.
   timing_ = {seconds_between(start, Clock::now()), 0, 0};
 }

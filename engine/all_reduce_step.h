@@ -60,6 +60,7 @@ class AllReduceStep {
   // A GPU rank's way of running the step, for the start log: "step in a CUDA graph per batch shape" or
   // "eager step (why not)"; "" on a CPU rank.
   std::string graph_note() const;
+  bool uses_graphs() const { return uses_graphs_; }
   // How the last run() went (kEager where no graphs are used).
   StepGraphs::Run last_run() const { return last_run_; }
   // For tests: the graphs record and replay through `recorder` instead of CUDA's. Before the first run().

@@ -45,6 +45,7 @@ class AllReduceUpdater final : public Updater {
   void finish(std::span<float> host_params) override { replica_.copy_params_to_host(host_params); }
   std::string backend() const override { return reducer_.backend(); }
   std::string step_note() const override { return step_.graph_note(); }
+  bool steps_from_graphs() const override { return step_.uses_graphs(); }
   comm::GradientReducer* gradient_reducer() override { return &reducer_; }
 
  private:

@@ -31,7 +31,7 @@ std::string self_check_failure(const SelfCheckReport& report, const Topology& to
 // between layers the GPU's are not: a model with dropout is checked on a twin without it (same shape, masking
 // and algorithm).
 SelfCheckReport check_gpu_replica_of(models::Replica& replica, const Config& config, const Topology& topology,
-                                     const std::vector<std::pair<int, int>>& shapes,
+                                     const std::vector<std::pair<int, int>>& shapes, bool steps_from_graphs,
                                      const std::function<void()>& progress) {
   const models::ModelOptions options = model_options(config);
   std::unique_ptr<models::Replica> twin;
@@ -43,11 +43,9 @@ SelfCheckReport check_gpu_replica_of(models::Replica& replica, const Config& con
         models::make_cuda_replica(replica.layout().shape(), topology.gpu,
                                   models::parse_rnn_algorithm(config.model.cudnn_rnn_algo), without_dropout);
   }
-  // train.cuda_graph: where this replica's steps will be replayed, a replayed step is checked too.
+  // train.cuda_graph: where the run's steps will be replayed, a replayed step is checked too.
   const GraphRecorderFactory make_recorder =
-      config.train.cuda_graph == "auto" && replica.step_graph_refusal().empty()
-          ? GraphRecorderFactory(make_cuda_graph_recorder)
-          : GraphRecorderFactory();
+      steps_from_graphs ? GraphRecorderFactory(make_cuda_graph_recorder) : GraphRecorderFactory();
   return check_gpu_replica(twin ? *twin : replica, topology.gpu, shapes, optimizer_settings(config),
                            config.train.seed, options, progress, make_recorder);
 }
@@ -82,7 +80,8 @@ std::vector<std::pair<int, int>> every_ranks_batch_shapes(comm::HostGroup& train
 
 std::string prepare_device(models::Replica& replica, const std::vector<std::pair<int, int>>& shapes,
                            const Config& config, const Topology& topology, comm::HostGroup& trainers,
-                           comm::GradientReducer* reducer, const std::function<void()>& progress) {
+                           comm::GradientReducer* reducer, bool steps_from_graphs,
+                           const std::function<void()>& progress) {
   std::string summary;
   const auto proceed = [&] {
     if (progress) progress();
@@ -114,7 +113,7 @@ std::string prepare_device(models::Replica& replica, const std::vector<std::pair
     std::optional<SelfCheckReport> report;
     if (replica.device() == models::DeviceKind::kCuda && config.comm.selfcheck) {
       try {
-        report = check_gpu_replica_of(replica, config, topology, shapes, progress);
+        report = check_gpu_replica_of(replica, config, topology, shapes, steps_from_graphs, progress);
         if (!report->ok) error = self_check_failure(*report, topology, trainers.rank());
       } catch (const UserError& e) {
         error = on_this_rank(e);

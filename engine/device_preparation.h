@@ -33,13 +33,15 @@ std::vector<std::pair<int, int>> every_ranks_batch_shapes(comm::HostGroup& train
 // Collective over `trainers`, the training ranks, of which this is one: tries and settles `shapes` (the same
 // list on every rank: every_ranks_batch_shapes) on `replica`, then, on a GPU with comm.selfcheck, runs the
 // self-check of the replica and, with NCCL (`reducer`: the all-reduce's, null for the parameter server), of
-// the reducer's averages. Errors throw the first failing
+// the reducer's averages, and where the steps are replayed from CUDA graphs (`steps_from_graphs`:
+// Updater::steps_from_graphs), a replayed step. Errors throw the first failing
 // rank's line as a UserError on every rank. The self-check overwrites the replica's parameters: call this
 // before the starting point is loaded. Returns the self-check's summary for the start log ("" where it did
 // not run). `progress` is called as each piece of the work is done (a shape tried or settled, a part of the
 // self-check), for the watchdog.
 std::string prepare_device(models::Replica& replica, const std::vector<std::pair<int, int>>& shapes,
                            const Config& config, const Topology& topology, comm::HostGroup& trainers,
-                           comm::GradientReducer* reducer, const std::function<void()>& progress = {});
+                           comm::GradientReducer* reducer, bool steps_from_graphs,
+                           const std::function<void()>& progress = {});
 
 }  // namespace ddp::engine

@@ -1,6 +1,10 @@
 #include "engine/step_graph.h"
 
+#include <fmt/format.h>
+
 #include <exception>
+
+#include "engine/base/errors.h"
 
 namespace ddp::engine {
 
@@ -30,12 +34,20 @@ StepGraphFacts step_graph_facts(const models::Replica& replica, const comm::Grad
   return facts;
 }
 
-StepGraphs::StepGraphs(std::unique_ptr<GraphRecorder> recorder, std::size_t max_graphs)
-    : recorder_(std::move(recorder)), max_graphs_(max_graphs) {}
+StepGraphs::StepGraphs(std::unique_ptr<GraphRecorder> recorder, bool collective, std::size_t max_graphs)
+    : recorder_(std::move(recorder)), collective_(collective), max_graphs_(max_graphs) {}
 
 StepGraphs::Run StepGraphs::run(int batch, int seq, uint64_t generation,
                                 const std::function<void()>& enqueue) {
   if (generation != generation_) {
+    if (collective_ && !(graphs_.empty() && eager_runs_.empty())) {
+      DDP_FATAL(fmt::format(
+          "the replica reallocated its memory after its first step (generation {} to {}, a {}x{} batch): its "
+          "steps would leave their CUDA graphs while other ranks replay theirs, and NCCL's all-reduce in "
+          "them "
+          "must be launched alike on every rank (train.cuda_graph = off steps eagerly)",
+          generation_, generation, batch, seq));
+    }
     // The graphs point at memory the replica has since reallocated; a shape's next step runs eagerly first,
     // as the new memory may be new to the libraries too.
     if (!graphs_.empty()) recorder_->clear();

@@ -5,9 +5,14 @@
 // copied into the replica's own buffers (Replica::begin_step), the optimizer's coefficients
 // (Optimizer::prepare_step) and the embedding dropout's draw. Each batch shape gets its own graph: its first
 // step runs eagerly (libraries set themselves up on first use, which a capture must not see), the second is
-// captured and launched, the others replay it, so the last, shorter batch of an epoch gets a graph of its
-// own from the second epoch on. A replica that reallocates the memory its graphs point at (a larger shape)
-// makes them stale: they are dropped and captured again.
+// captured and launched, the others replay it (training's batches are all full: one shape, one graph; a
+// shorter batch would get a graph of its own at its second step). A replica that reallocates the memory its
+// graphs point at (a larger shape) makes them stale: they are dropped and captured again. Where the step
+// holds a collective over several ranks (NCCL's all-reduce), whether it runs eagerly, captured or from a
+// graph must be the same on every rank (NCCL's rule for collectives in graphs): every rank steps through the
+// same shapes in the same order (every rank settles the same shapes at start-up), so the decision is the
+// same everywhere as long as no rank reallocates after its first step; one that does ends the job rather
+// than launch a collective the others do not.
 #pragma once
 
 #include <cstddef>
@@ -63,8 +68,9 @@ std::unique_ptr<GraphRecorder> make_cuda_graph_recorder(void* stream);
 
 class StepGraphs {
  public:
-  // At most `max_graphs` shapes get graphs; steps of further shapes run eagerly.
-  explicit StepGraphs(std::unique_ptr<GraphRecorder> recorder, std::size_t max_graphs = 4);
+  // At most `max_graphs` shapes get graphs; steps of further shapes run eagerly. `collective`: the step
+  // holds a collective over several ranks.
+  StepGraphs(std::unique_ptr<GraphRecorder> recorder, bool collective, std::size_t max_graphs = 4);
 
   enum class Run { kEager, kCaptured, kReplayed };
   // One step of a batch of `batch` x `seq`, whose device work `enqueue` enqueues on the recorder's stream,
@@ -76,6 +82,7 @@ class StepGraphs {
 
  private:
   std::unique_ptr<GraphRecorder> recorder_;
+  bool collective_;
   std::size_t max_graphs_;
   uint64_t generation_ = 0;
   std::map<std::pair<int, int>, std::size_t> graphs_;  // by (batch, seq): the recorder's handle

@@ -35,7 +35,10 @@ class CudaGraphRecorder final : public GraphRecorder {
                 cudaGetErrorString(ended) + " (train.cuda_graph = off runs the step eagerly)");
     }
     cudaGraphExec_t exec = nullptr;
-    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    // Each node keeps the priority of the stream it was captured on: NCCL's kernels stay ahead of the
+    // backward's, which they overlap (a graph would otherwise run at the launching stream's priority).
+    const cudaError_t instantiated =
+        cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
     warn_cuda(cudaGraphDestroy(graph), "cudaGraphDestroy");
     if (instantiated != cudaSuccess) {
       DDP_FATAL(std::string("cudaGraphInstantiate of the training step failed: ") +

@@ -28,7 +28,7 @@ std::string prepare_device_for_the_run(const TrainingSetup& setup) {
                         every_ranks_batch_shapes(ranks.comm, setup.config.train.batch_size, setup.data.maxlen,
                                                  setup.plan.validation.shard.size(), test_rows),
                         setup.config, ranks.topology, ranks.comm, setup.updater.gradient_reducer(),
-                        [&ranks] { ranks.watchdog.proceed(); });
+                        setup.updater.steps_from_graphs(), [&ranks] { ranks.watchdog.proceed(); });
 }
 
 // Collective over the training ranks: each rank's replica takes the random state it saved, where it can;

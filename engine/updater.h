@@ -62,6 +62,8 @@ class Updater {
   // A GPU rank's way of running its steps, for its start line (AllReduceStep::graph_note); "" where there
   // is nothing to say.
   virtual std::string step_note() const { return ""; }
+  // Whether the steps are replayed from CUDA graphs (step_graph.h), which the GPU self-check then checks too.
+  virtual bool steps_from_graphs() const { return false; }
   // The all-reduce's gradient reducer, for the GPU self-check of its averages; null for the parameter server.
   virtual comm::GradientReducer* gradient_reducer() { return nullptr; }
   // Rank 0, after distribute_start(): the start-up lines of the ranks that serve and do not train.

@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "engine/all_reduce_step.h"
+#include "engine/base/errors.h"
 #include "engine/step_graph.h"
 #include "models/replica.h"
 #include "tests/step_graph_fakes.h"
@@ -28,7 +30,7 @@ TEST(StepGraphs, RunsAShapeEagerlyThenCapturesItThenReplaysIt) {
   FakeStream stream;
   auto owned = std::make_unique<FakeRecorder>(stream);
   FakeRecorder& recorder = *owned;
-  StepGraphs graphs(std::move(owned), /*max_graphs=*/2);
+  StepGraphs graphs(std::move(owned), /*collective=*/false, /*max_graphs=*/2);
   int ran = 0;  // the step's device work, run
   int enqueued = 0;
   const auto step = [&] {
@@ -60,7 +62,7 @@ TEST(StepGraphs, DropsItsGraphsWhenTheMemoryMoves) {
   FakeStream stream;
   auto owned = std::make_unique<FakeRecorder>(stream);
   FakeRecorder& recorder = *owned;
-  StepGraphs graphs(std::move(owned));
+  StepGraphs graphs(std::move(owned), /*collective=*/false);
   const auto step = [&] { stream.enqueue([] {}); };
   using Run = StepGraphs::Run;
   graphs.run(32, 80, 1, step);
@@ -72,11 +74,32 @@ TEST(StepGraphs, DropsItsGraphsWhenTheMemoryMoves) {
   EXPECT_EQ(graphs.run(32, 80, 2, step), Run::kReplayed);
 }
 
+// With NCCL's all-reduce in the step, every rank must run it eagerly, captured or replayed alike: memory
+// settled before the first step is fine, a rank whose memory moves later ends the job instead of running
+// eagerly while the others replay.
+TEST(StepGraphs, WithACollectiveTheMemoryMayNotMoveAfterTheFirstStep) {
+  FakeStream stream;
+  StepGraphs graphs(std::make_unique<FakeRecorder>(stream), /*collective=*/true);
+  const auto step = [&] { stream.enqueue([] {}); };
+  using Run = StepGraphs::Run;
+  EXPECT_EQ(graphs.run(32, 80, 7, step), Run::kEager) << "the generation of start-up's shapes";
+  EXPECT_EQ(graphs.run(32, 80, 7, step), Run::kCaptured);
+  EXPECT_EQ(graphs.run(32, 80, 7, step), Run::kReplayed);
+  const ThrowFatalErrors throw_instead_of_abort;
+  try {
+    graphs.run(32, 80, 8, step);
+    ADD_FAILURE() << "a reallocation after the first step went on";
+  } catch (const FatalError& e) {
+    EXPECT_NE(std::string(e.what()).find("generation 7 to 8, a 32x80 batch"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("train.cuda_graph = off"), std::string::npos) << e.what();
+  }
+}
+
 TEST(StepGraphs, AnErrorWhileCapturingEndsTheCaptureAndPropagates) {
   FakeStream stream;
   auto owned = std::make_unique<FakeRecorder>(stream);
   FakeRecorder& recorder = *owned;
-  StepGraphs graphs(std::move(owned));
+  StepGraphs graphs(std::move(owned), /*collective=*/false);
   graphs.run(32, 80, 1, [] {});
   EXPECT_THROW(graphs.run(32, 80, 1, [] { throw std::runtime_error("cudnnRNNForward failed"); }),
                std::runtime_error);
@@ -130,7 +153,9 @@ class FakeStreamReducer final : public comm::GradientReducer {
     start_average(matrix);
     return {};
   }
+  std::optional<std::string> asynchronous_error() override { return failure; }
   int started = 0;
+  std::optional<std::string> failure;  // a peer's, as NCCL would report it
 
  private:
   FakeStream& stream_;
@@ -264,6 +289,34 @@ TEST(AllReduceStep, AValueFrozenAtTheCaptureMakesTheReplayedStepsDiffer) {
     EXPECT_EQ(epochs.train(false, faults[f]).params, reference.params) << "fault " << f << ", eager";
     EXPECT_NE(epochs.train(true, faults[f]).params.back(), reference.params.back())
         << "fault " << f << ", from graphs";
+  }
+}
+
+// An eager step learns of a peer's failure as it enqueues the reductions (NCCL's asynchronous error); a
+// replayed one enqueues nothing through the reducer, so it asks after the launch, and a failure ends the job
+// there rather than at a later wait for a collective that will not finish.
+TEST(AllReduceStep, AReplayedStepEndsTheJobOnAPeersFailure) {
+  const models::ModelShape shape{30, 4, 3, 1};
+  FakeStream stream;
+  FakeGpuReplica replica(models::make_cpu_replica(shape), stream);
+  FakeStreamReducer reducer(stream);
+  FakeSplitOptimizer optimizer(stream);
+  AllReduceStep step(replica, reducer, optimizer, false, 0, false, /*gpu_job=*/true, false,
+                     /*cuda_graphs=*/true);
+  step.use_graph_recorder(std::make_unique<FakeRecorder>(stream));
+  std::vector<int32_t> tokens(5 * 6);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 30);
+  const std::vector<float> labels{0, 1, 0, 1, 1};
+  const BatchView batch{tokens.data(), labels.data(), 5, 6, tokens.data()};
+  for (int k = 0; k < 3; ++k) step.run(batch);
+  EXPECT_EQ(step.last_run(), StepGraphs::Run::kReplayed);
+  reducer.failure = "NCCL asynchronous error: remote process exited (a peer failed or the network went down)";
+  const ThrowFatalErrors throw_instead_of_abort;
+  try {
+    step.run(batch);
+    ADD_FAILURE() << "a replayed step went on past a peer's failure";
+  } catch (const FatalError& e) {
+    EXPECT_NE(std::string(e.what()).find("remote process exited"), std::string::npos) << e.what();
   }
 }
 
