@@ -63,6 +63,10 @@ class AllReduceStep {
   bool uses_graphs() const { return uses_graphs_; }
   // How the last run() went (kEager where no graphs are used).
   StepGraphs::Run last_run() const { return last_run_; }
+  // On the way out of a failed run: the step's graphs go (StepGraphs::release). No step may follow.
+  void release_graphs() noexcept {
+    if (graphs_) graphs_->release();
+  }
   // For tests: the graphs record and replay through `recorder` instead of CUDA's. Before the first run().
   void use_graph_recorder(std::unique_ptr<GraphRecorder> recorder);
 

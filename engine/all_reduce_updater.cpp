@@ -46,6 +46,7 @@ class AllReduceUpdater final : public Updater {
   std::string backend() const override { return reducer_.backend(); }
   std::string step_note() const override { return step_.graph_note(); }
   bool steps_from_graphs() const override { return step_.uses_graphs(); }
+  void release_step_graphs() noexcept override { step_.release_graphs(); }
   comm::GradientReducer* gradient_reducer() override { return &reducer_; }
 
  private:

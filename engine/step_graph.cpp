@@ -37,6 +37,14 @@ StepGraphFacts step_graph_facts(const models::Replica& replica, const comm::Grad
 StepGraphs::StepGraphs(std::unique_ptr<GraphRecorder> recorder, bool collective, std::size_t max_graphs)
     : recorder_(std::move(recorder)), collective_(collective), max_graphs_(max_graphs) {}
 
+void StepGraphs::release() noexcept {
+  // The recorder's destructor destroys its graphs, warning of an error rather than ending the job with it:
+  // the error being unwound is the one to report.
+  recorder_.reset();
+  graphs_.clear();
+  eager_runs_.clear();
+}
+
 StepGraphs::Run StepGraphs::run(int batch, int seq, uint64_t generation,
                                 const std::function<void()>& enqueue) {
   if (generation != generation_) {

@@ -79,6 +79,10 @@ class StepGraphs {
   Run run(int batch, int seq, uint64_t generation, const std::function<void()>& enqueue);
 
   std::size_t graphs() const { return graphs_.size(); }
+  // Destroys every graph (one still running is freed when it completes) and the recorder: on the way out of
+  // a failed run, before NCCL's communicator is aborted, which waits until no graph holds its collectives.
+  // No run() may follow.
+  void release() noexcept;
 
  private:
   std::unique_ptr<GraphRecorder> recorder_;

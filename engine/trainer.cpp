@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <optional>
 #include <thread>
 
@@ -49,6 +50,15 @@ class TrainingRun::Loop {
     record_.emplace(ranks_, RunFiles{config_.checkpoint.dir}, std::move(start.record),
                     std::move(start.config_ini), *replica_, *updater_, std::move(start.gpu_monitor),
                     std::move(epoch_written_));
+    // Leaving on an error, the steps' CUDA graphs go first: NCCL's abort on the way out
+    // (comm::AbortOnUnwind) waits until no graph holds its collectives.
+    struct ReleaseGraphsOnUnwind {
+      Updater& updater;
+      int exceptions = std::uncaught_exceptions();
+      ~ReleaseGraphsOnUnwind() {
+        if (std::uncaught_exceptions() > exceptions) updater.release_step_graphs();
+      }
+    } release_graphs_on_unwind{*updater_};
     try {
       return train_and_test();
     } catch (const models::BatchValueOutOfRange& e) {

@@ -62,6 +62,9 @@ class Updater {
   // A GPU rank's way of running its steps, for its start line (AllReduceStep::graph_note); "" where there
   // is nothing to say.
   virtual std::string step_note() const { return ""; }
+  // On the way out of a failed run, before the reducer is aborted: the steps' CUDA graphs go (NCCL's abort
+  // waits until no graph holds its collectives). No step may follow.
+  virtual void release_step_graphs() noexcept {}
   // Whether the steps are replayed from CUDA graphs (step_graph.h), which the GPU self-check then checks too.
   virtual bool steps_from_graphs() const { return false; }
   // The all-reduce's gradient reducer, for the GPU self-check of its averages; null for the parameter server.

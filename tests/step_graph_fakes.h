@@ -33,7 +33,13 @@ struct FakeStream {
 
 class FakeRecorder final : public engine::GraphRecorder {
  public:
-  explicit FakeRecorder(FakeStream& stream) : stream_(stream) {}
+  explicit FakeRecorder(FakeStream& stream, int* destroyed = nullptr)
+      : stream_(stream), destroyed_(destroyed) {}
+  ~FakeRecorder() override {
+    if (destroyed_ != nullptr) ++*destroyed_;
+  }
+  FakeRecorder(const FakeRecorder&) = delete;
+  FakeRecorder& operator=(const FakeRecorder&) = delete;
   void begin_capture() override {
     capturing_.clear();
     stream_.capture = &capturing_;
@@ -65,6 +71,7 @@ class FakeRecorder final : public engine::GraphRecorder {
 
  private:
   FakeStream& stream_;
+  int* destroyed_;  // counts this recorder's end
   std::vector<std::function<void()>> capturing_;
 };
 

@@ -320,6 +320,29 @@ TEST(AllReduceStep, AReplayedStepEndsTheJobOnAPeersFailure) {
   }
 }
 
+// On the way out of a failed run the step's graphs go before NCCL's communicator is aborted (its abort waits
+// until no graph holds its collectives): release_graphs() destroys them, and the recorder with them.
+TEST(AllReduceStep, ReleasingTheGraphsDestroysThem) {
+  const models::ModelShape shape{30, 4, 3, 1};
+  FakeStream stream;
+  FakeGpuReplica replica(models::make_cpu_replica(shape), stream);
+  FakeStreamReducer reducer(stream);
+  FakeSplitOptimizer optimizer(stream);
+  AllReduceStep step(replica, reducer, optimizer, false, 0, false, /*gpu_job=*/true, false,
+                     /*cuda_graphs=*/true);
+  int destroyed = 0;
+  step.use_graph_recorder(std::make_unique<FakeRecorder>(stream, &destroyed));
+  std::vector<int32_t> tokens(5 * 6, 3);
+  const std::vector<float> labels{0, 1, 0, 1, 1};
+  for (int k = 0; k < 2; ++k) step.run({tokens.data(), labels.data(), 5, 6, tokens.data()});
+  EXPECT_EQ(step.last_run(), StepGraphs::Run::kCaptured);
+  EXPECT_EQ(destroyed, 0);
+  step.release_graphs();
+  EXPECT_EQ(destroyed, 1);
+  step.release_graphs();
+  EXPECT_EQ(destroyed, 1);
+}
+
 // A CPU replica, or an exchange through the host, keeps the step eager, and says so on GPU ranks only.
 TEST(AllReduceStep, SaysWhyAGpuStepStaysEager) {
   const models::ModelShape shape{30, 4, 3, 1};
