@@ -50,10 +50,9 @@ StepGraphs::Run StepGraphs::run(int batch, int seq, uint64_t generation,
   if (generation != generation_) {
     if (collective_ && !(graphs_.empty() && eager_runs_.empty())) {
       DDP_FATAL(fmt::format(
-          "the replica reallocated its memory after its first step (generation {} to {}, a {}x{} batch): its "
-          "steps would leave their CUDA graphs while other ranks replay theirs, and NCCL's all-reduce in "
-          "them "
-          "must be launched alike on every rank (train.cuda_graph = off steps eagerly)",
+          "the replica reallocated its memory after its first step (generation {} to {}, a {}x{} batch): "
+          "its steps would leave their CUDA graphs while other ranks replay theirs, and NCCL's all-reduce "
+          "in them must be launched alike on every rank (train.cuda_graph = off steps eagerly)",
           generation_, generation, batch, seq));
     }
     // The graphs point at memory the replica has since reallocated; a shape's next step runs eagerly first,

@@ -13,17 +13,17 @@ namespace ddp::models {
 
 class LossScale {
  public:
-  // What a checkpoint keeps, so that a resumed run scales (and skips) as the uninterrupted one would.
-  struct State {
-    float scale = 65536.0f;
-    int64_t clean_steps = 0;  // applied steps since the scale last changed, below kGrowthInterval
-    int64_t skipped = 0;      // steps skipped so far
-  };
-
   static constexpr float kInitial = 65536.0f;     // 2^16, PyTorch's init_scale
   static constexpr float kLargest = 16777216.0f;  // 2^24: past it every half gradient would overflow anyway
   static constexpr float kSmallest = 1.0f;
   static constexpr int64_t kGrowthInterval = 2000;  // PyTorch's growth_interval
+
+  // What a checkpoint keeps, so that a resumed run scales (and skips) as the uninterrupted one would.
+  struct State {
+    float scale = kInitial;
+    int64_t clean_steps = 0;  // applied steps since the scale last changed, below kGrowthInterval
+    int64_t skipped = 0;      // steps skipped so far
+  };
 
   float scale() const { return scale_; }
   // After a step: `applied` false when its averaged gradient was not finite (the update was skipped).
@@ -37,7 +37,7 @@ class LossScale {
 
  private:
   float scale_ = kInitial;
-  int64_t clean_steps_ = 0;  // applied steps since the scale last changed
+  int64_t clean_steps_ = 0;
   int64_t skipped_ = 0;
 };
 
