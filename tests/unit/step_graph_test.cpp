@@ -292,28 +292,36 @@ TEST(AllReduceStep, AValueFrozenAtTheCaptureMakesTheReplayedStepsDiffer) {
   }
 }
 
+// One GPU step over the fakes, from graphs through `recorder`, on a batch of 5 x 6.
+struct GraphedStep {
+  explicit GraphedStep(const std::function<std::unique_ptr<FakeRecorder>(FakeStream&)>& recorder) {
+    step.use_graph_recorder(recorder(stream));
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 30);
+  }
+  void run() { step.run({tokens.data(), labels.data(), 5, 6, tokens.data()}); }
+
+  FakeStream stream;
+  FakeGpuReplica replica{models::make_cpu_replica(models::ModelShape{30, 4, 3, 1}), stream};
+  FakeStreamReducer reducer{stream};
+  FakeSplitOptimizer optimizer{stream};
+  AllReduceStep step{replica,          reducer, optimizer,           false, 0, false,
+                     /*gpu_job=*/true, false,   /*cuda_graphs=*/true};
+  std::vector<int32_t> tokens = std::vector<int32_t>(5 * 6);
+  std::vector<float> labels{0, 1, 0, 1, 1};
+};
+
 // An eager step learns of a peer's failure as it enqueues the reductions (NCCL's asynchronous error); a
 // replayed one enqueues nothing through the reducer, so it asks after the launch, and a failure ends the job
 // there rather than at a later wait for a collective that will not finish.
 TEST(AllReduceStep, AReplayedStepEndsTheJobOnAPeersFailure) {
-  const models::ModelShape shape{30, 4, 3, 1};
-  FakeStream stream;
-  FakeGpuReplica replica(models::make_cpu_replica(shape), stream);
-  FakeStreamReducer reducer(stream);
-  FakeSplitOptimizer optimizer(stream);
-  AllReduceStep step(replica, reducer, optimizer, false, 0, false, /*gpu_job=*/true, false,
-                     /*cuda_graphs=*/true);
-  step.use_graph_recorder(std::make_unique<FakeRecorder>(stream));
-  std::vector<int32_t> tokens(5 * 6);
-  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 30);
-  const std::vector<float> labels{0, 1, 0, 1, 1};
-  const BatchView batch{tokens.data(), labels.data(), 5, 6, tokens.data()};
-  for (int k = 0; k < 3; ++k) step.run(batch);
-  EXPECT_EQ(step.last_run(), StepGraphs::Run::kReplayed);
-  reducer.failure = "NCCL asynchronous error: remote process exited (a peer failed or the network went down)";
+  GraphedStep graphed([](FakeStream& stream) { return std::make_unique<FakeRecorder>(stream); });
+  for (int k = 0; k < 3; ++k) graphed.run();
+  EXPECT_EQ(graphed.step.last_run(), StepGraphs::Run::kReplayed);
+  graphed.reducer.failure =
+      "NCCL asynchronous error: remote process exited (a peer failed or the network went down)";
   const ThrowFatalErrors throw_instead_of_abort;
   try {
-    step.run(batch);
+    graphed.run();
     ADD_FAILURE() << "a replayed step went on past a peer's failure";
   } catch (const FatalError& e) {
     EXPECT_NE(std::string(e.what()).find("remote process exited"), std::string::npos) << e.what();
@@ -323,23 +331,14 @@ TEST(AllReduceStep, AReplayedStepEndsTheJobOnAPeersFailure) {
 // On the way out of a failed run the step's graphs go before NCCL's communicator is aborted (its abort waits
 // until no graph holds its collectives): release_graphs() destroys them, and the recorder with them.
 TEST(AllReduceStep, ReleasingTheGraphsDestroysThem) {
-  const models::ModelShape shape{30, 4, 3, 1};
-  FakeStream stream;
-  FakeGpuReplica replica(models::make_cpu_replica(shape), stream);
-  FakeStreamReducer reducer(stream);
-  FakeSplitOptimizer optimizer(stream);
-  AllReduceStep step(replica, reducer, optimizer, false, 0, false, /*gpu_job=*/true, false,
-                     /*cuda_graphs=*/true);
   int destroyed = 0;
-  step.use_graph_recorder(std::make_unique<FakeRecorder>(stream, &destroyed));
-  std::vector<int32_t> tokens(5 * 6, 3);
-  const std::vector<float> labels{0, 1, 0, 1, 1};
-  for (int k = 0; k < 2; ++k) step.run({tokens.data(), labels.data(), 5, 6, tokens.data()});
-  EXPECT_EQ(step.last_run(), StepGraphs::Run::kCaptured);
+  GraphedStep graphed([&](FakeStream& stream) { return std::make_unique<FakeRecorder>(stream, &destroyed); });
+  for (int k = 0; k < 2; ++k) graphed.run();
+  EXPECT_EQ(graphed.step.last_run(), StepGraphs::Run::kCaptured);
   EXPECT_EQ(destroyed, 0);
-  step.release_graphs();
+  graphed.step.release_graphs();
   EXPECT_EQ(destroyed, 1);
-  step.release_graphs();
+  graphed.step.release_graphs();
   EXPECT_EQ(destroyed, 1);
 }
 
