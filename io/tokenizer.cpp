@@ -313,11 +313,16 @@ class WordSplitter {
     std::string word;
     IcuText::for_this_thread().segment(run_, [&](size_t begin, size_t end) {
       word.clear();
+      bool needs_nfc = false;
       for (size_t i = begin; i < end;) {
         UChar32 c = 0;
         U16_NEXT(run_.data(), i, end, c);
+        needs_nfc = needs_nfc || u_getIntPropertyValue(c, UCHAR_NFC_QUICK_CHECK) != UNORM_YES;
         append_utf8(word, static_cast<uint32_t>(c));
       }
+      // As end_word(): a word is in NFC, so that tokenizing it again yields it (a combining mark that a
+      // run of Chinese carried along, as U+0343, which NFC writes U+0313).
+      if (needs_nfc && word.size() <= 4 * kMaxWordBytes) word = *IcuText::for_this_thread().nfc(word);
       emit(word);
     });
     run_.clear();
@@ -586,6 +591,18 @@ namespace {
 
 // Whether `word` is written in scripts without spaces only, whose dictionary cut depends on the text around
 // a word: alone it may be cut differently than where a document held it.
+// True where every character of `word` may stand in a run of a script written without spaces.
+bool of_segmented_runs(std::string_view word) {
+  for (size_t i = 0; i < word.size();) {
+    if (static_cast<unsigned char>(word[i]) < 0x80) return false;
+    const Decoded decoded = decode_non_ascii(word, i);
+    i += decoded.length;
+    const CharRole role = role_of(decoded.code_point);
+    if (role != CharRole::kSegmentedPart && role != CharRole::kEitherPart) return false;
+  }
+  return !word.empty();
+}
+
 bool in_segmented_scripts_only(std::string_view word) {
   bool segmented = false;
   for (size_t i = 0; i < word.size();) {
@@ -606,10 +623,13 @@ std::size_t Vocabulary::unreachable_words(std::string* example) const {
   for (std::size_t i = kFirstWordId; i < words_.size(); ++i) {
     const std::vector<std::string> yielded = tokenize(words_[i]);
     if (yielded.size() == 1 && yielded[0] == words_[i]) continue;
-    // A word of Chinese, Japanese or Thai is reachable if the tokenizer keeps all of its characters.
+    // A word of Chinese, Japanese or Thai is reachable if the tokenizer keeps all of its characters. Such
+    // words are cut from their run by ICU's dictionaries, in context: a mark that is a word only beside
+    // others (the iteration mark 々 after a katakana word) yields nothing standing alone.
     std::string joined;
     for (const std::string& part : yielded) joined += part;
     if (joined == words_[i] && in_segmented_scripts_only(words_[i])) continue;
+    if (yielded.empty() && of_segmented_runs(words_[i])) continue;
     if (count++ == 0 && example != nullptr) *example = words_[i];
   }
   return count;

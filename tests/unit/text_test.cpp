@@ -166,6 +166,13 @@ TEST(Vocabulary, WordsOfSegmentedScriptsAreReachable) {
     words.push_back(word);
   }
   words.push_back("很好看");  // three characters ICU may cut into two
+  // The iteration mark, cut off a katakana word: a word in context, nothing standing alone.
+  for (const std::string& word : tokenize("ラーメン々")) words.push_back(word);
+  // A combining mark carried along by a run of Chinese (U+0343 after 濿, amid bytes that are no UTF-8):
+  // its word is in NFC (U+0313), as every other word is, so it yields itself again.
+  for (const std::string& word : tokenize("\xE6\xBF\xBF\x88\xCD\x83{\x83\x83{\x83\xE0\xCD\x83\xB6")) {
+    words.push_back(word);
+  }
   std::string example;
   EXPECT_EQ(Vocabulary(words).unreachable_words(&example), 0u) << example;
   EXPECT_EQ(Vocabulary({"<pad>", "<start>", "<oov>", "电影 好", "電影!"}).unreachable_words(&example), 2u);
