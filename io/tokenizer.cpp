@@ -589,31 +589,24 @@ Vocabulary Vocabulary::from_counts(const WordCounts& counts, int size) {
 
 namespace {
 
-// Whether `word` is written in scripts without spaces only, whose dictionary cut depends on the text around
-// a word: alone it may be cut differently than where a document held it.
-// True where every character of `word` may stand in a run of a script written without spaces.
-bool of_segmented_runs(std::string_view word) {
-  for (size_t i = 0; i < word.size();) {
-    if (static_cast<unsigned char>(word[i]) < 0x80) return false;
-    const Decoded decoded = decode_non_ascii(word, i);
-    i += decoded.length;
-    const CharRole role = role_of(decoded.code_point);
-    if (role != CharRole::kSegmentedPart && role != CharRole::kEitherPart) return false;
-  }
-  return !word.empty();
-}
-
-bool in_segmented_scripts_only(std::string_view word) {
+// The characters of a word that ICU's dictionaries may have cut from a run of a script written without
+// spaces, where the cut depends on the text around the word: `of_runs` where every character may stand in
+// such a run, `segmented` where one is of such a script itself.
+struct RunCharacters {
+  bool of_runs = false;
   bool segmented = false;
+};
+RunCharacters run_characters(std::string_view word) {
+  RunCharacters characters{!word.empty(), false};
   for (size_t i = 0; i < word.size();) {
-    if (static_cast<unsigned char>(word[i]) < 0x80) return false;
+    if (static_cast<unsigned char>(word[i]) < 0x80) return {};
     const Decoded decoded = decode_non_ascii(word, i);
     i += decoded.length;
     const CharRole role = role_of(decoded.code_point);
-    if (role != CharRole::kSegmentedPart && role != CharRole::kEitherPart) return false;
-    segmented = segmented || role == CharRole::kSegmentedPart;
+    if (role != CharRole::kSegmentedPart && role != CharRole::kEitherPart) return {};
+    characters.segmented = characters.segmented || role == CharRole::kSegmentedPart;
   }
-  return segmented;
+  return characters;
 }
 
 }  // namespace
@@ -628,8 +621,9 @@ std::size_t Vocabulary::unreachable_words(std::string* example) const {
     // others (the iteration mark 々 after a katakana word) yields nothing standing alone.
     std::string joined;
     for (const std::string& part : yielded) joined += part;
-    if (joined == words_[i] && in_segmented_scripts_only(words_[i])) continue;
-    if (yielded.empty() && of_segmented_runs(words_[i])) continue;
+    const RunCharacters characters = run_characters(words_[i]);
+    if (joined == words_[i] && characters.segmented) continue;
+    if (yielded.empty() && characters.of_runs) continue;
     if (count++ == 0 && example != nullptr) *example = words_[i];
   }
   return count;
